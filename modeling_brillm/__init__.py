@@ -1,0 +1,28 @@
+"""BriLLM for Hugging Face transformers. Importing this package registers the `brillm` model type with
+AutoConfig, AutoModel and AutoModelForCausalLM, and marks the classes so `save_pretrained` ships their code."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .configuration_brillm import BriLLMConfig
+from .graph import BigramGraph, build_sparse_graph, count_bigrams, graph_from_edges
+from .modeling_brillm import BriLLMForCausalLM, BriLLMModel, BriLLMPreTrainedModel, BriLLMState, positional_encoding
+
+AutoConfig.register("brillm", BriLLMConfig, exist_ok=True)
+AutoModel.register(BriLLMConfig, BriLLMModel, exist_ok=True)
+AutoModelForCausalLM.register(BriLLMConfig, BriLLMForCausalLM, exist_ok=True)
+BriLLMConfig.register_for_auto_class()
+BriLLMModel.register_for_auto_class("AutoModel")
+BriLLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+__all__ = [
+    "BriLLMConfig",
+    "BriLLMModel",
+    "BriLLMForCausalLM",
+    "BriLLMPreTrainedModel",
+    "BriLLMState",
+    "BigramGraph",
+    "build_sparse_graph",
+    "count_bigrams",
+    "graph_from_edges",
+    "positional_encoding",
+]

@@ -1,0 +1,137 @@
+"""Configuration of a BriLLM model: the graph's size and shape, its positional encoding and its loss."""
+
+from transformers import PreTrainedConfig
+
+GRAPHS = ("sparse", "dense")
+POSITION_ENCODINGS = ("released", "sinusoidal")
+LOSS_TYPES = ("exact", "sampled")
+NEGATIVE_SAMPLINGS = ("frequency", "uniform")
+
+
+class BriLLMConfig(PreTrainedConfig):
+    r"""
+    Configuration of [`BriLLMForCausalLM`]. Every token is a node of a directed graph; every edge u→v
+    is a `node_size × node_size` matrix plus a bias.
+
+    Args:
+        vocab_size (`int`, defaults to 4000):
+            Number of nodes V (one per token of the tokenizer).
+        node_size (`int`, defaults to 32):
+            Neurons per node, d. Every edge is a d×d matrix plus a length-d bias.
+        max_position_embeddings (`int`, defaults to 512):
+            Longest sequence the model reads: the number of learned position weights of the energy
+            mix and of rows of the positional encoding. Longer inputs raise a `ValueError`.
+        graph (`str`, defaults to `"sparse"`):
+            `"sparse"`: only `num_edges` edges are real (the ones seen in training data, stored in the
+            checkpoint in CSR order by source); every other pair u→v uses one shared edge.
+            `"dense"`: every ordered pair is a real edge (V² edges; 16.9B parameters at V=4000, d=32).
+        num_edges (`int`, *optional*):
+            Number of real edges of a sparse graph. Required when `graph="sparse"`; ignored (computed
+            as V²) when dense.
+        position_encoding (`str`, defaults to `"released"`):
+            `"released"`: `PE[pos, 2j] = sin(pos * 10000^(2j/d))`, `PE[pos, 2j+1] = cos(...)` exactly as
+            BriLLM0.5 was trained (note: it multiplies where the textbook formula divides).
+            `"sinusoidal"`: the textbook `pos / 10000^(2j/d)`.
+        initializer_range (`float`, defaults to 0.5):
+            Edge matrices, edge biases and node biases start uniform in `[-initializer_range,
+            initializer_range]`, as in the release. Position weights start at one.
+        loss_type (`str`, defaults to `"exact"`):
+            `"exact"`: cross-entropy over all V nodes (non-real successors share one energy, so the
+            cost follows the real successors). `"sampled"`: the release's objective, cross-entropy
+            over the true target and `num_negatives` negative targets of the same source.
+        num_negatives (`int`, defaults to 400):
+            K, the negatives per step of the sampled loss.
+        negative_sampling (`str`, defaults to `"frequency"`):
+            `"frequency"`: the K most frequent successors of the source in the training bigrams
+            (needs a sparse graph, which stores the counts). `"uniform"`: K nodes drawn uniformly.
+        bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*):
+            Special token ids of the tokenizer the graph was built for.
+    """
+
+    model_type = "brillm"
+
+    vocab_size: int = 4000
+    node_size: int = 32
+    max_position_embeddings: int = 512
+    graph: str = "sparse"
+    num_edges: int | None = None
+    position_encoding: str = "released"
+    initializer_range: float = 0.5
+    loss_type: str = "exact"
+    num_negatives: int = 400
+    negative_sampling: str = "frequency"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    unk_token_id: int | None = None
+    tie_word_embeddings: bool = False
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs):
+        if self.graph == "dense" and self.num_edges is None:
+            self.num_edges = self.vocab_size * self.vocab_size
+        super().__post_init__(**kwargs)
+        self.check()
+
+    # `generate()` and other generic code read these names.
+    @property
+    def hidden_size(self) -> int:
+        return self.node_size
+
+    @property
+    def num_edge_rows(self) -> int:
+        """Rows of the edge tables: the shared edge (row 0) plus the real edges."""
+        return self.num_edges + 1
+
+    def num_parameters_formula(self) -> int:
+        """The paper's count: P·(d² + d) + V·d + max_positions, with P = real edges + 1."""
+        d = self.node_size
+        return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings
+
+    def check(self):
+        """Raise a `ValueError` naming the first invalid field and how to fix it."""
+        def need(ok: bool, message: str):
+            if not ok:
+                raise ValueError(f"Invalid BriLLMConfig: {message}")
+
+        def positive_int(name):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                 f"{name} must be a positive integer, got {value!r}.")
+
+        for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives"):
+            positive_int(name)
+        need(self.vocab_size >= 2, "vocab_size must be at least 2 (a graph needs two nodes).")
+        need(self.graph in GRAPHS, f"graph must be one of {GRAPHS}, got {self.graph!r}.")
+        need(self.position_encoding in POSITION_ENCODINGS,
+             f"position_encoding must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}.")
+        need(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}.")
+        need(self.negative_sampling in NEGATIVE_SAMPLINGS,
+             f"negative_sampling must be one of {NEGATIVE_SAMPLINGS}, got {self.negative_sampling!r}.")
+        if self.graph == "sparse":
+            need(self.num_edges is not None,
+                 "a sparse graph needs num_edges (build one with BriLLMForCausalLM.from_token_sequences, "
+                 "or pass graph='dense').")
+            positive_int("num_edges")
+            need(self.num_edges <= self.vocab_size ** 2,
+                 f"num_edges={self.num_edges} exceeds vocab_size**2={self.vocab_size ** 2}.")
+        else:
+            need(self.num_edges == self.vocab_size ** 2,
+                 f"a dense graph has vocab_size**2={self.vocab_size ** 2} edges, got num_edges={self.num_edges}.")
+        need(isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0,
+             f"initializer_range must be a positive number, got {self.initializer_range!r}.")
+        if self.loss_type == "sampled":
+            need(self.num_negatives < self.vocab_size,
+                 f"num_negatives={self.num_negatives} must be smaller than vocab_size={self.vocab_size}.")
+            need(not (self.negative_sampling == "frequency" and self.graph == "dense"),
+                 "frequency negatives need the bigram counts of a sparse graph; use "
+                 "negative_sampling='uniform' with a dense graph.")
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+            value = getattr(self, name, None)
+            ids = value if isinstance(value, (list, tuple)) else [value]
+            for token_id in ids:
+                need(token_id is None or (isinstance(token_id, int) and 0 <= token_id < self.vocab_size),
+                     f"{name}={value!r} is not a node id in [0, {self.vocab_size}).")
+
+
+__all__ = ["BriLLMConfig"]

@@ -1,0 +1,123 @@
+"""The BriLLM graph: which edges u→v are real, stored as CSR by source (row 0 of the edge tables is shared).
+
+Edge table row of the j-th real edge (in (source, target) order) is j + 1; every pair u→v that is not a
+real edge uses row 0, the shared edge. A dense graph has every pair real: row of u→v is 1 + u·V + v.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class BigramGraph:
+    """A sparse graph in CSR form: successors of u are `indices[indptr[u]:indptr[u+1]]`, sorted."""
+
+    indptr: torch.Tensor  # (V + 1,) int64
+    indices: torch.Tensor  # (E,) int64 target node of every real edge
+    counts: torch.Tensor  # (E,) int64 bigram count of every real edge (0 when unknown)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.numel()
+
+
+def count_bigrams(
+    sequences: Iterable, vocab_size: int, ignore_ids: Iterable[int] = (), chunk_tokens: int = 1 << 22
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Count every bigram u→v of the token-id sequences; returns sorted keys u·V+v and their counts.
+
+    `ignore_ids` (padding, say) never form an edge. Counting is vectorised per chunk of sequences and merged,
+    so a corpus of hundreds of millions of tokens needs memory for its distinct bigrams only.
+    """
+    ignore = torch.tensor(sorted(set(int(i) for i in ignore_ids)), dtype=torch.long)
+    keys = torch.empty(0, dtype=torch.long)
+    counts = torch.empty(0, dtype=torch.long)
+    pending, pending_tokens = [], 0
+
+    def flush():
+        nonlocal keys, counts, pending, pending_tokens
+        if not pending:
+            return
+        src = torch.cat([s[:-1] for s in pending])
+        tgt = torch.cat([s[1:] for s in pending])
+        if ignore.numel():
+            keep = ~(torch.isin(src, ignore) | torch.isin(tgt, ignore))
+            src, tgt = src[keep], tgt[keep]
+        new_keys, new_counts = torch.unique(src * vocab_size + tgt, return_counts=True)
+        merged, inverse = torch.unique(torch.cat([keys, new_keys]), return_inverse=True)
+        counts = torch.zeros(merged.numel(), dtype=torch.long).index_add_(0, inverse, torch.cat([counts, new_counts]))
+        keys, pending, pending_tokens = merged, [], 0
+
+    for seq in sequences:
+        seq = torch.as_tensor(seq, dtype=torch.long).reshape(-1)
+        if seq.numel() < 2:
+            continue
+        if seq.min() < 0 or seq.max() >= vocab_size:
+            raise ValueError(
+                f"token id out of range: sequences must hold ids in [0, {vocab_size}), found "
+                f"{int(seq.min())}..{int(seq.max())}. Use the tokenizer the graph is built for."
+            )
+        pending.append(seq)
+        pending_tokens += seq.numel()
+        if pending_tokens >= chunk_tokens:
+            flush()
+    flush()
+    return keys, counts
+
+
+def build_sparse_graph(
+    sequences: Iterable, vocab_size: int, min_count: int = 1, ignore_ids: Iterable[int] = ()
+) -> BigramGraph:
+    """The sparse graph of the bigrams seen at least `min_count` times in `sequences` (token-id lists)."""
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}.")
+    keys, counts = count_bigrams(sequences, vocab_size, ignore_ids)
+    keep = counts >= min_count
+    keys, counts = keys[keep], counts[keep]
+    if keys.numel() == 0:
+        raise ValueError(
+            "no bigram was seen "
+            + (f"{min_count} times or more" if min_count > 1 else "at all")
+            + ": the training sequences need at least two tokens each (or lower min_count)."
+        )
+    return graph_from_edges(keys // vocab_size, keys % vocab_size, vocab_size, counts)
+
+
+def graph_from_edges(sources, targets, vocab_size: int, counts=None) -> BigramGraph:
+    """CSR graph from edge lists (any order, no duplicates)."""
+    sources = torch.as_tensor(sources, dtype=torch.long)
+    targets = torch.as_tensor(targets, dtype=torch.long)
+    counts = torch.zeros_like(sources) if counts is None else torch.as_tensor(counts, dtype=torch.long)
+    keys, order = torch.sort(sources * vocab_size + targets)
+    if keys.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
+        raise ValueError("duplicate edges: each pair u→v may be listed once.")
+    indptr = torch.zeros(vocab_size + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum(torch.bincount(sources, minlength=vocab_size), 0)
+    return BigramGraph(indptr=indptr, indices=targets[order], counts=counts[order])
+
+
+def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> str | None:
+    """Why a CSR edge list is malformed, or None when it is well formed."""
+    if indptr.numel() != vocab_size + 1:
+        return f"graph_indptr has {indptr.numel()} entries, expected vocab_size + 1 = {vocab_size + 1}"
+    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
+        return f"graph_indptr must run from 0 to num_edges={indices.numel()}, got {int(indptr[0])}..{int(indptr[-1])}"
+    if bool((indptr[1:] < indptr[:-1]).any()):
+        return "graph_indptr is not non-decreasing"
+    if indices.numel():
+        if int(indices.min()) < 0 or int(indices.max()) >= vocab_size:
+            return f"graph_indices hold node ids outside [0, {vocab_size})"
+        sources = torch.repeat_interleave(torch.arange(vocab_size), indptr.diff())
+        keys = sources * vocab_size + indices
+        if bool((keys[1:] <= keys[:-1]).any()):
+            return "graph_indices are not sorted and unique within each source"
+    return None
+
+
+__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "check_csr"]
