@@ -10,7 +10,6 @@ import os
 import random
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -246,6 +245,9 @@ def test_input_forms_give_same_vocab(tmp_path, chinese_texts):
     assert from_strs.get_vocab() == reference
     assert from_gen.get_vocab() == reference
     assert "\n" not in from_paths.get_vocab()  # files are one document per line
+    assert build_tokenizer(str(f1), kind="char", vocab_size=CHAR_VOCAB).get_vocab() == (
+        build_tokenizer(chinese_texts[:half], kind="char", vocab_size=CHAR_VOCAB).get_vocab()
+    )
 
 
 def test_dataset_input(chinese_texts):
@@ -290,8 +292,24 @@ def test_empty_file_and_missing_file(tmp_path):
         build_tokenizer([str(tmp_path / "missing.txt")], kind="char", vocab_size=10)
     with pytest.raises(FileNotFoundError):
         build_tokenizer(tmp_path / "missing.txt", kind="char", vocab_size=10)
+    with pytest.raises(FileNotFoundError, match="no_such_corpus"):
+        build_tokenizer("no_such_corpus", kind="char", vocab_size=10)  # a lone str is a path
+    with pytest.raises(ValueError, match="mixes file paths and raw texts"):
+        build_tokenizer([empty, "some raw text"], kind="char", vocab_size=10)
     with pytest.raises(TypeError):
         build_tokenizer([b"bytes are not text"], kind="char", vocab_size=10)
+
+
+def test_package_reexports():
+    import importlib
+
+    import tokenization
+
+    module = importlib.import_module("tokenization.build_tokenizer")
+
+    for name in tokenization.__all__:
+        assert getattr(tokenization, name) is getattr(module, name)
+    assert callable(tokenization.build_tokenizer)  # the function, not the same-named submodule
 
 
 # --------------------------------------------------------------------------- #
@@ -376,6 +394,7 @@ def _run_cli(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
 def test_cli_help():
     result = _run_cli("--help")
     assert result.returncode == 0, result.stderr
+    assert "RuntimeWarning" not in result.stderr  # package __init__ must not pre-import the CLI module
     for flag in ("--kind", "--vocab_size", "--output_dir", "--train_file", "--dataset_name", "--text_column"):
         assert flag in result.stdout
 

@@ -108,20 +108,28 @@ def _iter_file(path: Path) -> Iterator[str]:
 
 
 def _iter_dataset(dataset: Any, text_column: str) -> Iterator[str]:
-    """Yield the ``text_column`` of a ``datasets`` dataset, reading in batches."""
+    """Return an iterator over the ``text_column`` of a ``datasets`` dataset.
+
+    The column is checked here, before training starts (not lazily inside the
+    trainer), and rows are read in batches.
+    """
     columns = dataset.column_names
     if columns is not None and text_column not in columns:
         raise ValueError(
             f"text_column={text_column!r} is not a column of the dataset (columns: {list(columns)}); "
             "pass text_column=<name of the text column>."
         )
-    if hasattr(dataset, "iter"):
-        # Batched access is much faster than row-by-row for Arrow-backed datasets.
-        for batch in dataset.iter(batch_size=_BATCH_SIZE):
-            yield from batch[text_column]
-    else:
-        for row in dataset:
-            yield row[text_column]
+
+    def generate() -> Iterator[str]:
+        if hasattr(dataset, "iter"):
+            # Batched access is much faster than row-by-row for Arrow-backed datasets.
+            for batch in dataset.iter(batch_size=_BATCH_SIZE):
+                yield from batch[text_column]
+        else:
+            for row in dataset:
+                yield row[text_column]
+
+    return generate()
 
 
 def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
@@ -130,8 +138,9 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
     Supported inputs:
 
     * a ``datasets.Dataset`` / ``IterableDataset`` -> its ``text_column``;
-    * one path (``str``/``os.PathLike``) or a list/tuple of paths -> the lines
-      of each file (see :func:`_iter_file`);
+    * one path (``str``/``os.PathLike``; a lone ``str`` is never read as
+      text) or a list/tuple of paths -> the lines of each file (see
+      :func:`_iter_file`);
     * a list/tuple/iterator of strings -> each string is one document.
 
     A list is read as file paths when every item is an ``os.PathLike`` or an
@@ -143,8 +152,9 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
     if _is_dataset(data):
         return _iter_dataset(data, text_column)
     if isinstance(data, (str, os.PathLike)):
-        # A lone string is a path: raw text must be wrapped in a list.
-        data = [data]
+        # A lone string is always a path (raw text must be wrapped in a list),
+        # so a mistyped file name fails instead of becoming the corpus.
+        return _iter_files([Path(data)])
     if isinstance(data, (list, tuple)):
         if not data:
             raise ValueError("Empty training input: the list of texts/files is empty.")
@@ -152,6 +162,8 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
             return _iter_files([Path(item) for item in data])
         for item in data:
             if isinstance(item, os.PathLike) or _looks_like_path(item):
+                if os.path.isfile(item):
+                    raise ValueError("The input mixes file paths and raw texts; pass only paths or only texts.")
                 raise FileNotFoundError(f"Training file not found: {os.fspath(item)!r}")
         return iter(data)
     if isinstance(data, Iterable):
@@ -163,11 +175,12 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
 
 
 def _iter_files(paths: list[Path]) -> Iterator[str]:
+    """Check that every file exists (eagerly, before training), then return
+    an iterator over the documents of all files in order."""
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"Training file not found: {str(path)!r}")
-    for path in paths:
-        yield from _iter_file(path)
+    return (doc for path in paths for doc in _iter_file(path))
 
 
 class _CountingTexts:
@@ -451,7 +464,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True, help="Folder to write the tokenizer to (created if needed).")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--train_file", nargs="+", help="One or more UTF-8 text files, one document per line.")
-    source.add_argument("--dataset_name", help="A datasets Hub name or local dataset script/folder; its train split is used.")
+    source.add_argument("--dataset_name", help="A datasets Hub name or local dataset folder (see --dataset_split).")
     parser.add_argument("--dataset_config_name", default=None, help="Dataset configuration name.")
     parser.add_argument("--dataset_split", default="train", help="Dataset split to train on (default: train).")
     parser.add_argument("--text_column", default="text", help="Dataset column holding the text (default: text).")
