@@ -212,10 +212,33 @@ class BriLLMModel(BriLLMPreTrainedModel):
                 )
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        model = super().from_pretrained(*args, **kwargs)
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        try:
+            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except RuntimeError as error:
+            if "mismatch" not in str(error):
+                raise
+            raise ValueError(
+                f"{pretrained_model_name_or_path}: config.json and the weights disagree in shape (see the report "
+                "above): the config's vocab_size / node_size / num_edges / max_position_embeddings must be the ones "
+                "the weights were saved with."
+            ) from error
+        except Exception as error:
+            if type(error).__name__ != "SafetensorError":
+                raise
+            raise OSError(
+                f"{pretrained_model_name_or_path}: the weights file is corrupt or incomplete ({error}); save or "
+                "download it again."
+            ) from error
         model.check_graph()
         return model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # ship both entry points in auto_map; save_pretrained adds the saved class's own entry
+        auto_map = dict(getattr(self.config, "auto_map", None) or {})
+        auto_map.setdefault("AutoModel", "modeling_brillm.BriLLMModel")
+        self.config.auto_map = auto_map
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     def csr(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(indptr, indices) of the real edges; indices None for a dense graph (every target, in order)."""
