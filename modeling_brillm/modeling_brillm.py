@@ -44,6 +44,28 @@ def positional_encoding(positions: torch.Tensor, d: int, variant: str = "release
     return pe
 
 
+class _RowView(torch.autograd.Function):
+    """`tensor.view(shape)` keeping the first (row) dimension, whose backward also accepts sparse row gradients
+    (autograd's own view backward cannot reshape a sparse COO gradient)."""
+
+    @staticmethod
+    def forward(ctx, tensor, shape):
+        ctx.shape = tensor.shape
+        return tensor.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad.is_sparse:
+            values = grad._values().reshape(-1, *ctx.shape[1:])
+            return torch.sparse_coo_tensor(grad._indices(), values, ctx.shape, is_coalesced=grad.is_coalesced()), None
+        return grad.reshape(ctx.shape), None
+
+
+def _rows(tensor: torch.Tensor, *row_shape: int) -> torch.Tensor:
+    """View a parameter as (rows, *row_shape) for row gathers; sparse-gradient safe."""
+    return _RowView.apply(tensor, (tensor.shape[0], *row_shape))
+
+
 class BriLLMState:
     """What a sequence needs to go on: O(d) per sequence, whatever its length.
 
@@ -349,8 +371,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
-        w_steps = F.embedding(rows, self.weights.view(P, d * d), sparse=self.sparse_gradients)
-        b_steps = F.embedding(rows, self.biases.view(P, d), sparse=self.sparse_gradients)
+        w_steps = F.embedding(rows, _rows(self.weights, d * d), sparse=self.sparse_gradients)
+        b_steps = F.embedding(rows, _rows(self.biases, d), sparse=self.sparse_gradients)
         w_steps, b_steps = w_steps.view(B, L, d, d).unbind(1), b_steps.unbind(1)
         pe_edge = positional_encoding(index, d, cfg.position_encoding).to(wdtype).unbind(1)  # PE[i+1] of edge i
         mix_weight = self.positions.view(-1).float()[(index - 1).clamp(0, cfg.max_position_embeddings - 1)].unbind(1)
@@ -358,7 +380,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         first = valid[:, 0] & (index[:, 0] == 0)
         if bool(first.any()):
             start_pe = positional_encoding(torch.zeros(1, dtype=torch.long, device=device), d, cfg.position_encoding)
-            node_bias = F.embedding(tokens[:, 0], self.node_bias.view(-1, d), sparse=self.sparse_gradients)
+            node_bias = F.embedding(tokens[:, 0], _rows(self.node_bias, d), sparse=self.sparse_gradients)
             s0 = F.gelu(1.0 / d + node_bias.float() + start_pe)
             signal = torch.where(first.unsqueeze(1), s0, signal)
 
@@ -456,7 +478,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         x = run.signals[b_idx, j_idx].to(self.weights.dtype)
         pe = positional_encoding(run.index[b_idx, j_idx] + 1, cfg.node_size, cfg.position_encoding).to(self.weights.dtype)
         energies, shared = candidate_energies(
-            x, pe, self.weights, self.biases.view(-1, cfg.node_size), plan, self.sparse_gradients
+            x, pe, self.weights, _rows(self.biases, cfg.node_size), plan, self.sparse_gradients
         )
         energies, shared = energies.float(), shared.float()
 
