@@ -44,6 +44,13 @@ def positional_encoding(positions: torch.Tensor, d: int, variant: str = "release
     return pe
 
 
+def _mix_in(out, weight_logit, mix_sum, mix_norm, mix_max):
+    """Add edge output `out` (B, d) with position weight logit (B,) to the running softmax mix."""
+    new_max = torch.maximum(mix_max, weight_logit)
+    decay, weight = torch.exp(mix_max - new_max), torch.exp(weight_logit - new_max)
+    return mix_sum * decay.unsqueeze(1) + weight.unsqueeze(1) * out, mix_norm * decay + weight, new_max
+
+
 class _RowView(torch.autograd.Function):
     """`tensor.view(shape)` keeping the first (row) dimension, whose backward also accepts sparse row gradients
     (autograd's own view backward cannot reshape a sparse COO gradient)."""
@@ -176,7 +183,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
             self.register_buffer("graph_counts", torch.zeros(E, dtype=torch.long))
         # Like nn.Embedding(sparse=True): gradients of the edge tables only for the rows a step touched.
         self.sparse_gradients = False
-        self._edge_key_cache = None
+        self._edge_key_cache = self._pe_cache = None
         self.post_init()
 
     # ----------------------------------------------------------------------------------------------- graph
@@ -286,6 +293,22 @@ class BriLLMModel(BriLLMPreTrainedModel):
         pos = torch.searchsorted(keys, query).clamp_max(keys.numel() - 1)
         return torch.where(keys[pos] == query, pos + 1, torch.zeros_like(pos))
 
+    def _pe(self, index: torch.Tensor) -> torch.Tensor:
+        """PE rows (float32) for integer positions 0..max_positions, from a table built once per device."""
+        cfg = self.config
+        key = (index.device, cfg.position_encoding, cfg.node_size, cfg.max_position_embeddings)
+        if self._pe_cache is None or self._pe_cache[0] != key:
+            positions = torch.arange(cfg.max_position_embeddings + 1, device=index.device)
+            self._pe_cache = (key, positional_encoding(positions, cfg.node_size, cfg.position_encoding))
+        return self._pe_cache[1][index]
+
+    def _too_long(self, longest: int) -> ValueError:
+        return ValueError(
+            f"sequence of {longest} tokens exceeds max_position_embeddings={self.config.max_position_embeddings} of "
+            "this model; shorten the input (or generate fewer tokens), or split the text into blocks of at most "
+            f"{self.config.max_position_embeddings} tokens."
+        )
+
     # ------------------------------------------------------------------------------------------ validation
     def _check_inputs(self, input_ids, attention_mask, state):
         if input_ids is None:
@@ -333,6 +356,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
     # ------------------------------------------------------------------------------------------- recurrence
     def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None) -> _Signals:
         mask = self._check_inputs(input_ids, attention_mask, state)
+        if state is not None and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and bool(mask.all()):
+            return self._decode_step(input_ids[:, 0], state)
         device, cfg = input_ids.device, self.config
         B, T = input_ids.shape
         d, P = cfg.node_size, cfg.num_edge_rows
@@ -361,11 +386,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         index = start.unsqueeze(1) + torch.arange(L, device=device)  # absolute position of every token
         longest = int((index * valid).max()) + 1
         if longest > cfg.max_position_embeddings:
-            raise ValueError(
-                f"sequence of {longest} tokens exceeds max_position_embeddings={cfg.max_position_embeddings} of "
-                "this model; shorten the input (or generate fewer tokens), or split the text into blocks of at most "
-                f"{cfg.max_position_embeddings} tokens."
-            )
+            raise self._too_long(longest)
 
         # Every edge the signal crosses (token j−1 → token j); the first token of a sequence has none.
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
@@ -374,12 +395,12 @@ class BriLLMModel(BriLLMPreTrainedModel):
         w_steps = F.embedding(rows, _rows(self.weights, d * d), sparse=self.sparse_gradients)
         b_steps = F.embedding(rows, _rows(self.biases, d), sparse=self.sparse_gradients)
         w_steps, b_steps = w_steps.view(B, L, d, d).unbind(1), b_steps.unbind(1)
-        pe_edge = positional_encoding(index, d, cfg.position_encoding).to(wdtype).unbind(1)  # PE[i+1] of edge i
+        pe_edge = self._pe(index).to(wdtype).unbind(1)  # PE[i+1] of edge i
         mix_weight = self.positions.view(-1).float()[(index - 1).clamp(0, cfg.max_position_embeddings - 1)].unbind(1)
 
         first = valid[:, 0] & (index[:, 0] == 0)
         if bool(first.any()):
-            start_pe = positional_encoding(torch.zeros(1, dtype=torch.long, device=device), d, cfg.position_encoding)
+            start_pe = self._pe(torch.zeros(1, dtype=torch.long, device=device))
             node_bias = F.embedding(tokens[:, 0], _rows(self.node_bias, d), sparse=self.sparse_gradients)
             s0 = F.gelu(1.0 / d + node_bias.float() + start_pe)
             signal = torch.where(first.unsqueeze(1), s0, signal)
@@ -389,11 +410,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         for j in range(L):
             if edge_cols[j]:
                 out = F.gelu(torch.bmm(signal.to(wdtype).unsqueeze(1), w_steps[j]).squeeze(1) + b_steps[j] + pe_edge[j])
-                p = mix_weight[j]
-                new_max = torch.maximum(mix_max, p)
-                decay, weight = torch.exp(mix_max - new_max), torch.exp(p - new_max)
-                new_sum = mix_sum * decay.unsqueeze(1) + weight.unsqueeze(1) * out.float()
-                new_norm = mix_norm * decay + weight
+                new_sum, new_norm, new_max = _mix_in(out.float(), mix_weight[j], mix_sum, mix_norm, mix_max)
                 step = has_edge[:, j]
                 mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
                 mix_norm = torch.where(step, new_norm, mix_norm)
@@ -405,6 +422,23 @@ class BriLLMModel(BriLLMPreTrainedModel):
         final_token = torch.where(lengths > 0, tokens[rows_idx, (lengths - 1).clamp_min(0)], last)
         new_state = BriLLMState(signal, mix_sum, mix_norm, mix_max, start + lengths, final_token, seen + T)
         return _Signals(tokens, valid, column, index, torch.stack(signals, 1), new_state)
+
+    def _decode_step(self, tokens: torch.Tensor, state: BriLLMState) -> _Signals:
+        """One new token per row on top of `state`: the decoding hot path, the same math as the general loop."""
+        d, wdtype = self.config.node_size, self.weights.dtype
+        length = state.length
+        if int(length.max()) >= self.config.max_position_embeddings:
+            raise self._too_long(int(length.max()) + 1)
+        rows = self.edge_rows(state.last_token, tokens)
+        out = torch.bmm(state.signal.to(wdtype).unsqueeze(1), self.weights[rows]).squeeze(1)
+        out = F.gelu(out + self.biases[rows, 0] + self._pe(length).to(wdtype))
+        mix = _mix_in(out.float(), self.positions.view(-1).float()[length - 1], state.mix_sum, state.mix_norm,
+                      state.mix_max)
+        signal = mix[0] / mix[1].unsqueeze(1)
+        new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
+        ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)
+        return _Signals(tokens.unsqueeze(1), ones, torch.zeros_like(tokens).unsqueeze(1), length.unsqueeze(1),
+                        signal.unsqueeze(1), new_state)
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
                 **kwargs):
@@ -476,7 +510,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         plan = make_plan(sources, indptr, indices, V)
         b_idx, j_idx, sources = b_idx[plan.order], j_idx[plan.order], sources[plan.order]
         x = run.signals[b_idx, j_idx].to(self.weights.dtype)
-        pe = positional_encoding(run.index[b_idx, j_idx] + 1, cfg.node_size, cfg.position_encoding).to(self.weights.dtype)
+        pe = self._pe(run.index[b_idx, j_idx] + 1).to(self.weights.dtype)
         energies, shared = candidate_energies(
             x, pe, self.weights, _rows(self.biases, cfg.node_size), plan, self.sparse_gradients
         )
