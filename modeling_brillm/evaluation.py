@@ -1,0 +1,171 @@
+"""Fast built-in perplexity of a BriLLM, from the model's own (exact, all-V) loss.
+
+    from modeling_brillm.evaluation import perplexity
+    result = perplexity(model, tokenizer, ["a text", "another text"])     # or a file path, a datasets.Dataset,
+    result.perplexity, result.nll, result.num_tokens                      # or lists / tensors of token ids
+
+Perplexity here is token-weighted over the whole corpus: exp(total negative log-likelihood / predicted tokens),
+where every token of every text except the first is predicted from the ones before it (the tokenizer's BOS is
+prepended when it adds one, so the first real token is predicted from BOS). Texts longer than `block_size` are
+cut into consecutive blocks of at most `block_size` tokens, each scored on its own (the first token of each block
+is context only). The `evaluate` "perplexity" metric instead averages per-text perplexities; see
+`examples/perplexity.py` for both.
+
+Uses the model's loss with `labels` (cross-entropy over all V nodes, exact even for a sparse graph, without building
+the (batch, length, V) logits), so it is fast. A model configured with the release's sampled loss is scored with
+the exact loss (a sampled loss is not a likelihood).
+
+This module imports nothing beyond torch (datasets are used duck-typed).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PerplexityResult", "perplexity", "load_texts"]
+
+
+@dataclass
+class PerplexityResult:
+    perplexity: float  # exp(nll)
+    nll: float  # mean negative log-likelihood per predicted token (nats)
+    num_tokens: int  # predicted tokens
+    num_sequences: int  # texts (or id sequences) read
+    num_blocks: int  # blocks scored (texts longer than block_size give several)
+    block_size: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def load_texts(data, text_column: str = "text") -> list:
+    """Texts (str) or token-id sequences from: a list of strings, a file path (one text per non-empty line), a
+    single string that is not a file, a `datasets.Dataset` / `IterableDataset` (its `text_column`, or its
+    `input_ids`), a list of id lists / 1-D tensors, or a 2-D tensor (one sequence per row)."""
+    if isinstance(data, os.PathLike) or (isinstance(data, str) and "\n" not in data and os.path.isfile(data)):
+        with open(os.fspath(data), encoding="utf-8") as f:
+            return [line.rstrip("\r\n") for line in f if line.strip()]
+    if isinstance(data, str):
+        return [data]
+    if isinstance(data, torch.Tensor):
+        if data.dim() == 1:
+            return [data]
+        if data.dim() == 2:
+            return list(data)
+        raise ValueError(f"a tensor of token ids must be 1-D or 2-D, got shape {tuple(data.shape)}.")
+    column_names = getattr(data, "column_names", None)
+    if column_names is not None:  # a datasets.Dataset / IterableDataset (duck-typed)
+        if isinstance(column_names, dict):  # DatasetDict
+            raise ValueError(f"pick a split of the DatasetDict first (one of {list(column_names)}).")
+        if text_column in column_names:
+            return [row[text_column] for row in data]
+        if "input_ids" in column_names:
+            return [row["input_ids"] for row in data]
+        raise ValueError(f"the dataset has no {text_column!r} column (columns: {list(column_names)}); "
+                         "pass text_column=...")
+    try:
+        return list(data)
+    except TypeError:
+        raise TypeError(f"cannot read texts from a {type(data).__name__}: give a list of strings, a file path, "
+                        "a datasets.Dataset, or token ids.") from None
+
+
+def _encode(items, tokenizer, add_special_tokens: bool, add_eos: bool) -> list[torch.Tensor]:
+    texts = [i for i in items if isinstance(i, str)]
+    if texts and len(texts) != len(items):
+        raise TypeError("mix of texts and token ids: give one kind.")
+    if texts:
+        if tokenizer is None:
+            raise ValueError("texts need a tokenizer: perplexity(model, tokenizer, texts) (or pass token ids).")
+        keep = [t for t in texts if t.strip()]
+        if not keep:
+            return []
+        encoded = tokenizer(keep, add_special_tokens=add_special_tokens)["input_ids"]
+        seqs = [torch.tensor(e, dtype=torch.long) for e in encoded]
+        if add_eos:
+            if tokenizer.eos_token_id is None:
+                raise ValueError("add_eos=True but the tokenizer has no eos token.")
+            seqs = [torch.cat([s, torch.tensor([tokenizer.eos_token_id])]) for s in seqs]
+        return seqs
+    seqs = []
+    for item in items:
+        ids = torch.as_tensor(item)
+        if ids.is_floating_point() or ids.dtype == torch.bool:
+            raise TypeError(f"token ids must be integers, got dtype {ids.dtype}.")
+        seqs.append(ids.reshape(-1).long())
+    return seqs
+
+
+@torch.no_grad()
+def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, batch_size: int = 16,
+               text_column: str = "text", add_special_tokens: bool = True, add_eos: bool = False,
+               device=None) -> PerplexityResult:
+    """Token-weighted perplexity of `model` on `data` (texts with `tokenizer`, or token ids with `tokenizer=None`).
+
+    Args:
+        model: a `BriLLMForCausalLM`.
+        tokenizer: its tokenizer (None when `data` holds token ids).
+        data: see `load_texts`: list of strings, file path, `datasets.Dataset`, token ids.
+        block_size: longest block scored at once; defaults to `config.max_position_embeddings` (the most the
+            model can read). Must be between 2 and `max_position_embeddings`.
+        batch_size: blocks per forward pass (blocks are sorted by length, so padding stays small).
+        add_special_tokens: let the tokenizer add its specials (our tokenizers prepend BOS).
+        add_eos: append the tokenizer's EOS to every text (score the end of the text too).
+    """
+    if data is None:
+        raise ValueError("perplexity needs data: a list of texts, a file path, a dataset, or token ids.")
+    config = model.config
+    V, max_positions = int(config.vocab_size), int(config.max_position_embeddings)
+    block_size = max_positions if block_size is None else int(block_size)
+    if not 2 <= block_size <= max_positions:
+        raise ValueError(f"block_size must be between 2 and max_position_embeddings={max_positions}, got {block_size}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}.")
+    items = load_texts(data, text_column)
+    sequences = _encode(items, tokenizer, add_special_tokens, add_eos)
+    for seq in sequences:
+        if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= V):
+            bad = int(seq.min()) if int(seq.min()) < 0 else int(seq.max())
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}) of this model.")
+    blocks = [seq[i:i + block_size] for seq in sequences for i in range(0, seq.numel(), block_size)]
+    blocks = [b for b in blocks if b.numel() >= 2]
+    num_tokens = sum(b.numel() - 1 for b in blocks)
+    if num_tokens == 0:
+        raise ValueError("nothing to score: every text is empty or a single token (perplexity needs at least two "
+                         "tokens in a text, e.g. BOS plus one).")
+
+    device = torch.device(device) if device is not None else getattr(model, "device", torch.device("cpu"))
+    pad_id = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
+    blocks.sort(key=lambda b: -b.numel())
+    was_training = model.training
+    loss_type = getattr(config, "loss_type", "exact")
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64)
+    try:
+        if loss_type != "exact":
+            config.loss_type = "exact"
+        for start in range(0, len(blocks), batch_size):
+            batch = blocks[start:start + batch_size]
+            lengths = torch.tensor([b.numel() for b in batch])
+            width = int(lengths.max())
+            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            for r, b in enumerate(batch):
+                ids[r, : b.numel()] = b
+            mask = (torch.arange(width) < lengths.unsqueeze(1)).long()
+            labels = ids.masked_fill(mask == 0, -100)
+            ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+            out = model(ids, attention_mask=None if bool(mask.all()) else mask, labels=labels, use_cache=False,
+                        return_logits=False)
+            total += out.loss.double().cpu() * int((lengths - 1).sum())
+    finally:
+        if loss_type != "exact":
+            config.loss_type = loss_type
+        if was_training:
+            model.train()
+    nll = float(total) / num_tokens
+    return PerplexityResult(perplexity=math.exp(nll), nll=nll, num_tokens=num_tokens, num_sequences=len(sequences),
+                            num_blocks=len(blocks), block_size=block_size)
