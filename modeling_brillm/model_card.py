@@ -1,0 +1,225 @@
+"""Make a saved BriLLM folder Hub-ready: a model card (README.md with YAML metadata) and a readiness check.
+
+    model.save_pretrained(out); tokenizer.save_pretrained(out)
+    write_model_card(out, model, tokenizer, datasets=["wikimedia/wikipedia"], metrics={"perplexity": 41.2})
+    problems = check_hub_ready(out)     # [] when the folder loads from the Hub with trust_remote_code=True
+
+The card's metadata: `library_name: transformers`, `pipeline_tag: text-generation`, `tags: [brillm, ...]`, and
+`datasets` / `metrics` (and a `model-index` with the metric values) when given. Its body describes the graph
+(nodes, node size, real edges, parameters), the tokenizer, and shows how to load and generate, including BriLLM's
+own energy decoding. Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+__all__ = ["write_model_card", "check_hub_ready", "model_card_text"]
+
+PAPER = "BriLLM: Brain-inspired Large Language Model (Zhao et al., 2025)"
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple, set)):
+        return list(value)
+    return [value]
+
+
+def _model_facts(model, tokenizer=None) -> list[tuple[str, str]]:
+    cfg = model.config
+    d, V = cfg.node_size, cfg.vocab_size
+    facts = [
+        ("nodes (vocabulary) V", f"{V:,}"),
+        ("node size d", str(d)),
+        ("graph", cfg.graph),
+        ("real edges", f"{cfg.num_edges:,}" + (" (every ordered pair)" if cfg.graph == "dense" else
+                                               f" (avg. {cfg.num_edges / V:.1f} successors per node; the rest share one edge)")),
+        ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
+        ("max sequence length", str(cfg.max_position_embeddings)),
+        ("positional encoding", cfg.position_encoding),
+        ("training loss", cfg.loss_type),
+    ]
+    if tokenizer is not None:
+        facts.append(("tokenizer", f"{type(tokenizer).__name__}, {len(tokenizer):,} tokens"))
+    return facts
+
+
+def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id: str | None = None,
+                    model_name: str | None = None, description: str | None = None) -> str:
+    """The Markdown body of the card (no metadata header)."""
+    name = model_name or (repo_id.split("/")[-1] if repo_id else "BriLLM model")
+    rid = repo_id or "<namespace>/<model-name>"
+    lines = [f"# {name}", ""]
+    lines += [description or (
+        "A **BriLLM** language model: every token of the vocabulary is a node of a directed graph, every edge u→v is "
+        "a d×d matrix plus a bias. A signal flows along the path of the input tokens; the next token is the node "
+        "whose incoming edge delivers the most energy (the largest L2 norm of the edge's output). There is no "
+        "attention and no layer stack; the model's size follows the vocabulary and the edges, not the sequence "
+        f"length. Architecture from *{PAPER}*; implementation for 🤗 transformers."), ""]
+    lines += ["## Model", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in _model_facts(model, tokenizer)]
+    lines += [""]
+    ds = _as_list(datasets)
+    if ds:
+        lines += ["## Training data", ""] + [f"- `{d}`" for d in ds] + [""]
+    if isinstance(metrics, dict) and metrics:
+        lines += ["## Evaluation", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
+        lines += [""]
+    lines += [
+        "## Usage", "",
+        "The model code ships with the weights (`trust_remote_code=True`):", "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline",
+        "",
+        f'generator = pipeline("text-generation", model="{rid}", trust_remote_code=True)',
+        'print(generator("The city", max_new_tokens=20, do_sample=True, top_k=40)[0]["generated_text"])',
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{rid}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{rid}", trust_remote_code=True)',
+        'inputs = tokenizer("The city", return_tensors="pt")',
+        "out = model.generate(**inputs, max_new_tokens=20)  # greedy; sampling, beams, streaming all work",
+        "print(tokenizer.decode(out[0], skip_special_tokens=True))",
+        "```", "",
+        "BriLLM's own decoding loop (the next node is the one receiving the most energy; self-loops excluded as in "
+        "the paper's release) returns the energy path too:", "",
+        "```python",
+        "result = model.energy_generate(inputs.input_ids, max_new_tokens=20, do_sample=False)",
+        "print(tokenizer.decode(result.sequences[0]))",
+        "for step in result.path(0, tokenizer):",
+        "    print(step.source_text, '->', step.token_text, f'energy={step.energy:.2f}', f'rank={step.rank}')",
+        "```", "",
+        "Perplexity with the `evaluate` metric works once the package is imported (it loads the model without "
+        "`trust_remote_code`): `import modeling_brillm` first, or use `modeling_brillm.evaluation.perplexity`.", "",
+        "## Limitations", "",
+        f"- Sequences hold at most {model.config.max_position_embeddings} tokens (one learned position weight per "
+        "position); longer prompts raise an error.",
+        "- Generations are mostly fluent for a few tokens and then drift (as reported for BriLLM by its authors).",
+        "- No safety tuning: outputs reflect the training data.", "",
+        "## Citation", "", f"{PAPER}.", "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=None, repo_id: str | None = None,
+                     language=None, license: str | None = "apache-2.0", model_name: str | None = None,
+                     tags=None, description: str | None = None) -> str:
+    """Write `output_dir/README.md`: YAML metadata (library_name transformers, pipeline_tag text-generation, tags,
+    datasets, metrics, model-index for metric values) and a card body with a usage snippet. Returns its path.
+
+    `datasets`: dataset ids (str or list). `metrics`: a dict name → value (shown in a table and in `model-index`),
+    or a list of metric names.
+    """
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    ds = _as_list(datasets)
+    metric_values = metrics if isinstance(metrics, dict) else {}
+    metric_names = list(metric_values) if metric_values else _as_list(metrics)
+    name = model_name or (repo_id.split("/")[-1] if repo_id else os.path.basename(os.path.abspath(output_dir)))
+    all_tags = ["brillm", "graph-language-model", "brain-inspired", "custom_code"]
+    all_tags += [t for t in _as_list(tags) if t not in all_tags]
+    eval_results = None
+    if metric_values:
+        dataset = ds[0] if ds else "custom"
+        eval_results = [
+            EvalResult(task_type="text-generation", task_name="Text Generation", dataset_type=dataset,
+                       dataset_name=dataset, metric_type=k, metric_name=k, metric_value=v)
+            for k, v in metric_values.items()
+        ]
+    data = ModelCardData(
+        library_name="transformers", pipeline_tag="text-generation", tags=all_tags, license=license,
+        language=_as_list(language) or None, datasets=ds or None, metrics=metric_names or None,
+        model_name=name if eval_results else None, eval_results=eval_results,
+    )
+    body = model_card_text(model, tokenizer, ds, metric_values or None, repo_id=repo_id, model_name=name,
+                           description=description)
+    card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(os.fspath(output_dir), "README.md")
+    card.save(path)
+    return path
+
+
+def _front_matter(readme: str) -> dict | None:
+    match = re.match(r"^---\s*\n(.*?)\n---\s*\n", readme, flags=re.DOTALL)
+    if not match:
+        return None
+    try:
+        import yaml  # pyyaml comes with huggingface_hub
+    except ImportError:
+        return {}
+    return yaml.safe_load(match.group(1)) or {}
+
+
+def check_hub_ready(directory) -> list[str]:
+    """What keeps `directory` from loading from the Hub as a BriLLM repo; [] when it is ready. Checks: safetensors
+    weights, config.json with `auto_map` naming files that exist (with their relative imports), a tokenizer,
+    generation_config.json, and a README.md whose metadata has library_name transformers, pipeline_tag
+    text-generation and the `brillm` tag."""
+    directory = os.fspath(directory)
+    problems = []
+    files = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    if not files:
+        return [f"{directory} is not a folder or is empty."]
+    if "model.safetensors" not in files and "model.safetensors.index.json" not in files:
+        problems.append("no safetensors weights (model.safetensors or model.safetensors.index.json).")
+    if any(f.endswith(".bin") for f in files):
+        problems.append("pickle weights (*.bin) present: ship safetensors only.")
+    config = {}
+    if "config.json" not in files:
+        problems.append("no config.json.")
+    else:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        if config.get("model_type") != "brillm":
+            problems.append(f"config.json model_type is {config.get('model_type')!r}, not 'brillm'.")
+        auto_map = config.get("auto_map") or {}
+        for key in ("AutoConfig", "AutoModelForCausalLM"):
+            if key not in auto_map:
+                problems.append(f"config.json auto_map lacks {key} (save with `import modeling_brillm` done).")
+        pending = [ref.split(".")[0] + ".py" for ref in auto_map.values() if isinstance(ref, str)]
+        seen = set()
+        while pending:
+            module = pending.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            if module not in files:
+                problems.append(f"remote-code file {module} (named by auto_map or imported) is missing.")
+                continue
+            with open(os.path.join(directory, module), encoding="utf-8") as f:
+                source = f.read()
+            for rel in re.findall(r"^\s*from\s+\.(\w+)\s+import", source, flags=re.MULTILINE):
+                pending.append(rel + ".py")
+    if not ({"tokenizer.json", "tokenizer_config.json"} & files):
+        problems.append("no tokenizer (tokenizer.json / tokenizer_config.json): save the tokenizer beside the model.")
+    elif "tokenizer_config.json" in files:
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            tok_cfg = json.load(f)
+        if tok_cfg.get("pad_token") is None:
+            problems.append("the tokenizer has no pad token: batched pipelines and the `evaluate` perplexity metric "
+                            "need one.")
+    if "generation_config.json" not in files:
+        problems.append("no generation_config.json.")
+    if "README.md" not in files:
+        problems.append("no README.md model card (modeling_brillm.model_card.write_model_card).")
+    else:
+        with open(os.path.join(directory, "README.md"), encoding="utf-8") as f:
+            meta = _front_matter(f.read())
+        if meta is None:
+            problems.append("README.md has no YAML metadata header.")
+        else:
+            if meta.get("library_name") != "transformers":
+                problems.append("README.md metadata: library_name should be transformers.")
+            if meta.get("pipeline_tag") != "text-generation":
+                problems.append("README.md metadata: pipeline_tag should be text-generation.")
+            if "brillm" not in (meta.get("tags") or []):
+                problems.append("README.md metadata: tags should include brillm.")
+    if os.path.isdir(os.path.join(directory, "custom_generate")):
+        problems.append("custom_generate/ folder present: transformers would replace model.generate with it when "
+                        "loading with trust_remote_code=True; publish it as its own repo instead.")
+    return problems
