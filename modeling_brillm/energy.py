@@ -4,6 +4,23 @@ For a signal x at a position whose current node is u, every real successor v of 
 E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, and every other node gets one shared energy from edge row 0.
 Positions are grouped by source node so each source's block of edge matrices (contiguous, CSR order) is
 read once per call; the backward writes gradients for the touched rows only (dense or sparse COO).
+
+Work layout. Entries are the (position, real successor) pairs. The *packed* order (what `candidate_energies`
+returns) is position-major: sorted position p owns entries `entry_start[p] .. entry_start[p] + degree[p]`.
+Inside the autograd function the entries of a group (the m positions of one source, its n successors) are
+computed successor-major, as one (n, m, d) chunk, so a group costs one `baddbmm` forward and two `bmm`
+backward over its block of edge matrices read in place; everything elementwise (PE, GeLU, norms, their
+backward) runs once over all entries. A group's chunk covers the same entry range in both orders (the
+positions of a group are consecutive and share one degree), so the two orders differ by a transpose inside
+each chunk, and not at all when every source occurs once.
+
+Gradient hand-over with the recurrence (`EdgeGradLink`). The recurrence reads one edge row per token
+(`gather_edges`), a subset of the rows this function touches. Two sparse gradients for the same parameter
+would make autograd concatenate them (a copy of every touched row) and leave duplicates for the optimizer;
+two dense ones cost a second full-size zero tensor and an add. With a link, the candidate backward (which runs
+first) allocates the union of both row sets, hands its gradient buffers to the link, and the recurrence's
+backward adds its rows into them in place, returning no gradient of its own: one coalesced sparse gradient
+(or one dense one) per parameter, bit-for-bit the same sums.
 """
 
 from dataclasses import dataclass
@@ -25,38 +42,64 @@ class CandidatePlan:
     entry_target: torch.Tensor  # (M,) target node of every packed energy
     entry_start: torch.Tensor  # (N,) offset of each sorted position's first packed energy
     has_shared: bool  # sparse graph: non-successors get the shared energy
+    # successor-major layout of the computation (see the module docstring); None = same as packed
+    grouped_to_packed: torch.Tensor | None = None  # (M,) packed index of every grouped-order entry
+    packed_to_grouped: torch.Tensor | None = None  # (M,) grouped index of every packed entry
+    grouped_position: torch.Tensor | None = None  # (M,) sorted position of every grouped-order entry
 
     @property
     def num_entries(self) -> int:
         return self.entry_target.numel()
 
+    def grouped_positions(self) -> torch.Tensor:
+        return self.entry_position if self.grouped_position is None else self.grouped_position
+
 
 def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int) -> CandidatePlan:
     """Plan for positions whose current nodes are `sources` (N,). `indices=None` means a dense graph."""
+    device = sources.device
     order = torch.argsort(sources, stable=True)
     sorted_src = sources[order]
-    group_src, group_sizes = torch.unique_consecutive(sorted_src, return_counts=True)
+    group_src, group_sizes_t = torch.unique_consecutive(sorted_src, return_counts=True)
     starts, ends = indptr[group_src], indptr[group_src + 1]
-    degree = (indptr[sorted_src + 1] - indptr[sorted_src])
+    block_sizes_t = ends - starts
+    first_row = indptr[sorted_src]
+    degree = indptr[sorted_src + 1] - first_row
     entry_start = torch.cumsum(degree, 0) - degree
-    total = int(degree.sum())
-    entry_position = torch.repeat_interleave(torch.arange(sources.numel(), device=sources.device), degree)
-    within = torch.arange(total, device=sources.device) - entry_start[entry_position]
+    total = int(entry_start[-1] + degree[-1]) if degree.numel() else 0
+    positions = torch.arange(sources.numel(), device=device)
+    entry_position = torch.repeat_interleave(positions, degree, output_size=total)
+    within = torch.arange(total, device=device) - entry_start[entry_position]
     if indices is None:
         entry_target = within
     else:
-        entry_target = indices[indptr[sorted_src][entry_position] + within]
-    return CandidatePlan(
+        entry_target = indices[first_row[entry_position] + within]
+    plan = CandidatePlan(
         order=order,
-        group_sizes=group_sizes.tolist(),
+        group_sizes=group_sizes_t.tolist(),
         block_starts=(starts + 1).tolist(),
-        block_sizes=(ends - starts).tolist(),
+        block_sizes=block_sizes_t.tolist(),
         degree=degree,
         entry_position=entry_position,
         entry_target=entry_target,
         entry_start=entry_start,
         has_shared=indices is not None,
     )
+    if total and int(group_sizes_t.max()) > 1:
+        # grouped order: inside a group's chunk, entry (successor s, i-th position) sits at s·m + i
+        group_first = torch.cumsum(group_sizes_t, 0) - group_sizes_t  # first sorted position of each group
+        group_of = torch.repeat_interleave(torch.arange(group_src.numel(), device=device), group_sizes_t,
+                                           output_size=sources.numel())
+        m = group_sizes_t[group_of][entry_position]
+        i = (entry_position - group_first[group_of][entry_position])
+        chunk_start = entry_start[group_first[group_of]][entry_position]
+        packed_to_grouped = chunk_start + within * m + i
+        grouped_to_packed = torch.empty_like(packed_to_grouped)
+        grouped_to_packed[packed_to_grouped] = torch.arange(total, device=device)
+        plan.packed_to_grouped = packed_to_grouped
+        plan.grouped_to_packed = grouped_to_packed
+        plan.grouped_position = entry_position[grouped_to_packed]
+    return plan
 
 
 def _energy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,95 +107,287 @@ def _energy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return y, torch.linalg.vector_norm(y, dim=-1)
 
 
-def _energy_backward(h: torch.Tensor, grad_e: torch.Tensor) -> torch.Tensor:
-    """d(‖GeLU(h)‖)/dh times grad_e, for h (..., d) and grad_e (...)."""
-    y, e = _energy(h)
+def _energy_backward(h: torch.Tensor, y: torch.Tensor, e: torch.Tensor, grad_e: torch.Tensor) -> torch.Tensor:
+    """d(‖GeLU(h)‖)/dh times grad_e, for h, y = GeLU(h) (..., d) and e = ‖y‖, grad_e (...)."""
     grad_y = (grad_e / e.clamp_min(torch.finfo(e.dtype).tiny)).unsqueeze(-1) * y
     return torch.ops.aten.gelu_backward(grad_y, h)
 
 
+# ------------------------------------------------------------------------------------- buffer reuse
+_WORKSPACES: dict = {}
+
+
+def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
+    """An uninitialised tensor of `shape` carved from a cached buffer, reused once nothing else holds it.
+
+    The gradient buffers of a step are hundreds of MB; freshly allocated, every page faults in on first
+    write (glibc maps such blocks anew each time), which costs more than the arithmetic. A buffer is reused
+    only when its storage has no other reference (the optimizer step and `zero_grad()` have released the
+    sparse gradient that lent it out); otherwise a new one is made and cached.
+    """
+    numel = 1
+    for s in shape:
+        numel *= s
+    key = (name, dtype, device)
+    cached = _WORKSPACES.get(key)
+    if cached is not None and cached.numel() >= numel:
+        try:
+            free = torch._C._storage_Use_Count(cached.untyped_storage()._cdata) <= 2
+        except Exception:  # private API missing: never reuse
+            free = False
+        if free:
+            return cached[:numel].view(shape)
+    buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
+    if device.type == "cpu" and numel * buf.element_size() >= (1 << 24):
+        _WORKSPACES[key] = buf
+    return buf[:numel].view(shape)
+
+
+def release_workspaces():
+    """Drop the cached gradient buffers (they are re-created on the next backward)."""
+    _WORKSPACES.clear()
+
+
+# ------------------------------------------------------------------------------------- gradient link
+class EdgeGradLink:
+    """Hands the candidate backward's gradient buffers to the recurrence's `gather_edges` backward.
+
+    Made per forward call; `gather_edges` records which rows it read, `candidate_energies` makes room for
+    them in its gradient and publishes its buffers here; the gather's backward adds into them and clears.
+    """
+
+    def __init__(self):
+        self.rows = None  # sorted unique rows the recurrence read
+        self.grad = None  # (row index or None for dense, weight grad values, bias grad values) of this pass
+
+
+class _GatherEdges(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weights, biases, rows, sparse_grad: bool, link):
+        P = weights.shape[0]
+        flat = rows.reshape(-1)
+        w = weights.view(P, -1).index_select(0, flat).view(*rows.shape, *weights.shape[1:])
+        b = biases.reshape(P, -1).index_select(0, flat).view(*rows.shape, biases.shape[-1])
+        if link is not None:
+            link.rows = torch.unique(flat)
+            link.grad = None
+        ctx.save_for_backward(flat)
+        ctx.sparse_grad, ctx.link = sparse_grad, link
+        ctx.w_shape, ctx.b_shape = weights.shape, biases.shape
+        return w, b
+
+    @staticmethod
+    def backward(ctx, grad_w, grad_b):
+        (flat,) = ctx.saved_tensors
+        link, ctx.link = ctx.link, None
+        P = ctx.w_shape[0]
+        need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gw = None if grad_w is None else grad_w.reshape(flat.numel(), -1)
+        gb = None if grad_b is None else grad_b.reshape(flat.numel(), -1)
+        published = link.grad if link is not None else None
+        if link is not None:
+            link.grad = None
+        if published is not None:
+            index, w_values, b_values = published
+            slot = flat if index is None else torch.searchsorted(index, flat)
+            if need_w and gw is not None and w_values is not None:
+                w_values.view(w_values.shape[0], -1).index_add_(0, slot, gw.to(w_values.dtype))
+                need_w = False
+            if need_b and gb is not None and b_values is not None:
+                b_values.view(b_values.shape[0], -1).index_add_(0, slot, gb.to(b_values.dtype))
+                need_b = False
+            if not (need_w or need_b):
+                return None, None, None, None, None
+        out_w = out_b = None
+        if ctx.sparse_grad:
+            uniq, inverse = torch.unique(flat, return_inverse=True)
+            index = uniq.unsqueeze(0)
+            if need_w and gw is not None:
+                vals = gw.new_zeros(uniq.numel(), gw.shape[1]).index_add_(0, inverse, gw)
+                out_w = torch.sparse_coo_tensor(index, vals.view(-1, *ctx.w_shape[1:]), ctx.w_shape,
+                                                is_coalesced=True, check_invariants=False)
+            if need_b and gb is not None:
+                vals = gb.new_zeros(uniq.numel(), gb.shape[1]).index_add_(0, inverse, gb)
+                out_b = torch.sparse_coo_tensor(index, vals.view(-1, *ctx.b_shape[1:]), ctx.b_shape,
+                                                is_coalesced=True, check_invariants=False)
+        else:
+            if need_w and gw is not None:
+                out_w = gw.new_zeros(P, gw.shape[1]).index_add_(0, flat, gw).view(ctx.w_shape)
+            if need_b and gb is not None:
+                out_b = gb.new_zeros(P, gb.shape[1]).index_add_(0, flat, gb).view(ctx.b_shape)
+        return out_w, out_b, None, None, None
+
+
+def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGradLink | None = None):
+    """`weights[rows]` (..., d, d) and `biases[rows]` (..., d) for the recurrence, with gradients of the shape of
+    `weights` / `biases` (sparse COO over the distinct rows when `sparse_grad`, like `nn.Embedding(sparse=True)`).
+
+    With a `link` also passed to `candidate_energies` of the same forward, these rows' gradients are added into
+    the candidate gradient instead of forming a second tensor (see the module docstring).
+    """
+    return _GatherEdges.apply(weights, biases, rows, sparse_grad, link)
+
+
+# ------------------------------------------------------------------------------------- candidate energies
 class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool):
+    def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
         # x, pe: (N, d) in sorted order. Returns packed real-successor energies (M,) and shared energies (N,).
-        xs, pes = x.split(plan.group_sizes), pe.split(plan.group_sizes)
-        pre, out = [], []
-        for xg, pg, r0, n in zip(xs, pes, plan.block_starts, plan.block_sizes):
-            if n == 0:
-                pre.append(None)
-                continue
-            # (n, m, d): every successor edge applied to every position of this source at once
-            h = torch.bmm(xg.expand(n, -1, -1), weights[r0:r0 + n])
-            h += biases[r0:r0 + n].unsqueeze(1)
-            h += pg
-            pre.append(h)
-            out.append(_energy(h)[1].t().reshape(-1))
-        energies = torch.cat(out) if out else x.new_zeros(0)
+        N, d = x.shape
+        P = weights.shape[0]
+        b2 = biases.reshape(P, d)
+        M = plan.num_entries
+        groups = [(i, m, r0, n) for i, (m, r0, n) in
+                  enumerate(zip(plan.group_sizes, plan.block_starts, plan.block_sizes)) if n]
+        h = x.new_empty(M, d)
+        xs = x.split(plan.group_sizes)
+        hs = h.split([m * n for _, m, _, n in groups]) if groups else []
+        for (i, m, r0, n), hg in zip(groups, hs):
+            torch.baddbmm(b2[r0:r0 + n].unsqueeze(1), xs[i].expand(n, m, d), weights[r0:r0 + n],
+                          out=hg.view(n, m, d))
+        if M:
+            h += pe.index_select(0, plan.grouped_positions())
+        y, e = _energy(h)
+        energies = e if plan.packed_to_grouped is None else e[plan.packed_to_grouped]
         if plan.has_shared:
-            h_shared = torch.addmm(biases[0] + pe, x, weights[0]) if x.numel() else pe.clone()
-            shared = _energy(h_shared)[1]
+            h_shared = torch.addmm(b2[0] + pe, x, weights[0]) if N else pe.clone()
+            y_shared, shared = _energy(h_shared)
         else:
-            h_shared, shared = None, x.new_zeros(x.shape[0])
-        ctx.plan, ctx.pre, ctx.h_shared, ctx.sparse_grad = plan, pre, h_shared, sparse_grad
+            h_shared = y_shared = None
+            shared = x.new_zeros(N)
+        ctx.plan, ctx.groups, ctx.sparse_grad, ctx.link = plan, groups, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
-        ctx.save_for_backward(x, weights)
+        ctx.save_for_backward(x, weights, h, y, e, h_shared, y_shared, shared)
         return energies, shared
 
     @staticmethod
     def backward(ctx, grad_energies, grad_shared):
-        x, weights = ctx.saved_tensors
-        plan, d = ctx.plan, x.shape[1]
-        grad_x = torch.zeros_like(x)
-        if grad_energies is None:
-            grad_energies = x.new_zeros(plan.num_entries)
-        touched = sum(n for n in plan.block_sizes) + (1 if plan.has_shared else 0)
-        if ctx.sparse_grad:
-            # values of the touched rows, in ascending row order: shared row 0 first, then blocks by source
-            grad_w = weights.new_empty(touched, d, d)
-            grad_b = weights.new_empty(touched, d)
-            rows = []
-        else:
-            grad_w = weights.new_zeros(ctx.weight_shape)
-            grad_b = weights.new_zeros(ctx.bias_shape)
-        offset = 1 if (plan.has_shared and ctx.sparse_grad) else 0
-        if plan.has_shared:
-            gs = grad_shared if grad_shared is not None else x.new_zeros(x.shape[0])
-            gh = _energy_backward(ctx.h_shared, gs)
-            torch.mm(x.t(), gh, out=grad_w[0])
-            torch.sum(gh, 0, out=grad_b[0])
-            grad_x.addmm_(gh, weights[0].t())
+        x, weights, h, y, e, h_shared, y_shared, shared = ctx.saved_tensors
+        plan, groups, link = ctx.plan, ctx.groups, ctx.link
+        ctx.link = None
+        N, d = x.shape
+        P = weights.shape[0]
+        M = plan.num_entries
+        device, dtype = x.device, x.dtype
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        need_params = need_w or need_b
+
+        # gradient of every pre-activation, grouped order (M, d), and of the shared one (N, d)
+        gh = gh_shared = None
+        if M and grad_energies is not None:
+            g = grad_energies if plan.grouped_to_packed is None else grad_energies[plan.grouped_to_packed]
+            gh = _energy_backward(h, y, e, g.to(dtype))
+        if plan.has_shared and grad_shared is not None and N:
+            gh_shared = _energy_backward(h_shared, y_shared, shared, grad_shared.to(dtype))
+
+        ms = [m for _, m, _, _ in groups]
+        ns = [n for _, _, _, n in groups]
+        r0s = [r0 for _, _, r0, _ in groups]
+        # where each block's rows go in the gradient: `first_slots[g]` (row of the values buffer, or of the
+        # full gradient when dense); `index` the sorted edge rows of the sparse values buffer
+        index = w_values = b_values = None
+        first_slots, shared_slot = r0s, 0
+        if need_params and ctx.sparse_grad:
+            off = 1 if plan.has_shared else 0
+            first_slots = []
+            for n in ns:
+                first_slots.append(off)
+                off += n
+            cand_rows = [torch.zeros(1, dtype=torch.long)] if plan.has_shared else []
+            if groups:
+                r0_t, n_t = torch.tensor(r0s), torch.tensor(ns)
+                slots_t = torch.tensor(first_slots)
+                cand_rows.append(torch.repeat_interleave(r0_t - slots_t, n_t, output_size=off - (1 if plan.has_shared else 0))
+                                 + torch.arange(1 if plan.has_shared else 0, off))
+            index = (torch.cat(cand_rows) if cand_rows else torch.zeros(0, dtype=torch.long)).to(device)
+            covered_by_blocks = True
+            extra = link.rows if link is not None else None
+            if extra is not None and extra.numel():
+                merged = torch.unique(torch.cat([index, extra.to(device)]))
+                if merged.numel() != index.numel():  # the recurrence read rows outside the candidate blocks
+                    index = merged
+                    first_slots = torch.searchsorted(index, torch.tensor(r0s, dtype=torch.long, device=device)).tolist()
+                    shared_slot = 0
+                    covered_by_blocks = False
+            R = index.numel()
+            if need_w:
+                w_values = _workspace("grad_w", (R, *ctx.weight_shape[1:]), dtype, device)
+                if not covered_by_blocks:
+                    covered = torch.zeros(R, dtype=torch.bool, device=device)
+                    for s, n in zip(first_slots, ns):
+                        covered[s:s + n] = True
+                    w_values[~covered] = 0
+                elif plan.has_shared and gh_shared is None:
+                    w_values[0].zero_()
+                if gh is None:
+                    for s, n in zip(first_slots, ns):
+                        w_values[s:s + n].zero_()
+            if need_b:
+                b_values = x.new_zeros(R, d)
+        elif need_params:
+            w_values = weights.new_zeros(ctx.weight_shape) if need_w else None
+            b_values = weights.new_zeros(P, d) if need_b else None
+
+        grad_x = torch.zeros_like(x) if need_x else None
+        if gh is not None and (need_x or need_w or need_b):
+            xs = x.split(plan.group_sizes)
+            sizes = [m * n for m, n in zip(ms, ns)]
+            ghs = gh.split(sizes)
+            gx = gh.new_empty(M, d) if need_x else None
+            gxs = gx.split(sizes) if need_x else ghs
+            for (i, m, r0, n), ghg, gxg, slot in zip(groups, ghs, gxs, first_slots):
+                ghg = ghg.view(n, m, d)
+                if need_w:
+                    torch.bmm(xs[i].t().expand(n, d, m), ghg, out=w_values[slot:slot + n])
+                if need_x:
+                    torch.bmm(ghg, weights[r0:r0 + n].transpose(1, 2), out=gxg.view(n, m, d))
+            if need_x:
+                grad_x.index_add_(0, plan.grouped_positions(), gx)
+            if need_b:
+                # every entry adds into its edge row: slot = first slot of its block + its successor index
+                n_t = torch.tensor(ns, dtype=torch.long)
+                block_first_entry = torch.cumsum(n_t, 0) - n_t
+                row_slot = (torch.repeat_interleave(torch.tensor(first_slots, dtype=torch.long) - block_first_entry, n_t,
+                                                    output_size=int(n_t.sum())) + torch.arange(int(n_t.sum())))
+                if plan.grouped_position is not None:
+                    row_slot = torch.repeat_interleave(row_slot, torch.repeat_interleave(torch.tensor(ms), n_t), output_size=M)
+                b_values.index_add_(0, row_slot.to(device), gh)
+
+        if gh_shared is not None:
+            if need_w:
+                torch.mm(x.t(), gh_shared, out=w_values[shared_slot])
+            if need_b:
+                b_values[shared_slot] += gh_shared.sum(0)
+            if need_x:
+                grad_x.addmm_(gh_shared, weights[0].t())
+
+        grad_w = grad_b = None
+        if need_params:
+            if link is not None:
+                link.grad = (index, w_values, b_values)
             if ctx.sparse_grad:
-                rows.append(torch.zeros(1, dtype=torch.long, device=x.device))
-        xs, gxs = x.split(plan.group_sizes), grad_x.split(plan.group_sizes)
-        start = 0
-        for xg, gxg, h, r0, n, m in zip(xs, gxs, ctx.pre, plan.block_starts, plan.block_sizes, plan.group_sizes):
-            if n == 0:
-                continue
-            ge = grad_energies[start:start + m * n].view(m, n).t()
-            start += m * n
-            gh = _energy_backward(h, ge)  # (n, m, d)
-            dst = slice(offset, offset + n) if ctx.sparse_grad else slice(r0, r0 + n)
-            torch.bmm(xg.t().expand(n, -1, -1), gh, out=grad_w[dst])
-            torch.sum(gh, 1, out=grad_b[dst])
-            gxg += torch.bmm(gh, weights[r0:r0 + n].transpose(1, 2)).sum(0)
-            if ctx.sparse_grad:
-                rows.append(torch.arange(r0, r0 + n, device=x.device))
-                offset += n
-        ctx.pre = ctx.h_shared = None
-        if ctx.sparse_grad:
-            index = torch.cat(rows).unsqueeze(0) if rows else torch.zeros(1, 0, dtype=torch.long, device=x.device)
-            grad_w = torch.sparse_coo_tensor(index, grad_w, ctx.weight_shape, is_coalesced=True)
-            grad_b = torch.sparse_coo_tensor(index, grad_b, ctx.bias_shape, is_coalesced=True)
-        return grad_x, None, grad_w, grad_b, None, None
+                idx = index.unsqueeze(0)
+                if need_w:
+                    grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True,
+                                                     check_invariants=False)
+                if need_b:
+                    grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
+                                                     is_coalesced=True, check_invariants=False)
+            else:
+                grad_w = w_values
+                grad_b = None if b_values is None else b_values.view(ctx.bias_shape)
+        return grad_x, None, grad_w, grad_b, None, None, None
 
 
-def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False):
+def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False,
+                       link: EdgeGradLink | None = None):
     """Energies of every real successor (packed, see `CandidatePlan`) and the shared energy of every position.
 
-    `x` and `pe` are (N, d) in the plan's sorted order. With `sparse_grad`, the gradients of `weights` and
-    `biases` are sparse COO tensors over the touched rows (coalesced), as `nn.Embedding(sparse=True)` gives.
+    `x` and `pe` are (N, d) in the plan's sorted order; `biases` is (P, d) or (P, 1, d). With `sparse_grad`, the
+    gradients of `weights` and `biases` are sparse COO tensors over the touched rows (coalesced), as
+    `nn.Embedding(sparse=True)` gives. `link`: see `gather_edges`.
     """
-    return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad)
+    return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
 
 
 def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int) -> torch.Tensor:
@@ -167,7 +402,6 @@ def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int) 
 
     Cost follows the real successors (M packed energies), not N·V.
     """
-    n = shared.shape[0]
     num_shared = (vocab_size - plan.degree).to(shared.dtype)
     has_shared = num_shared > 0
     peak = torch.where(has_shared, shared, torch.full_like(shared, float("-inf")))
@@ -192,4 +426,14 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
     return torch.where(real, picked, shared)
 
 
-__all__ = ["CandidatePlan", "make_plan", "candidate_energies", "scatter_logits", "exact_log_partition", "target_energies"]
+__all__ = [
+    "CandidatePlan",
+    "EdgeGradLink",
+    "make_plan",
+    "candidate_energies",
+    "gather_edges",
+    "scatter_logits",
+    "exact_log_partition",
+    "target_energies",
+    "release_workspaces",
+]
