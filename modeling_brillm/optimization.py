@@ -1,0 +1,240 @@
+"""SparseAdamW: AdamW that also takes sparse COO row gradients and updates only the rows they touch.
+
+BriLLM's edge tables hold one d×d matrix per edge (0.96B parameters at the paper's English shape), but a training
+step touches only the blocks of the sources in the batch (a few percent of the rows). With
+`model.sparse_gradients = True` the model gives those parameters sparse COO gradients over the touched rows;
+this optimizer applies AdamW to exactly those rows, in place, without any full-size temporary.
+
+Semantics ("lazy AdamW", like TF's LazyAdam or `torch.optim.SparseAdam`, with AdamW's decoupled weight decay):
+
+* Dense gradient: exactly `torch.optim.AdamW` (the same functional update, bit for bit).
+* Sparse gradient, for every row r it contains (a *touched* row; explicit zero rows count as touched):
+      m[r] ← β1·m[r] + (1−β1)·g[r]
+      v[r] ← β2·v[r] + (1−β2)·g[r]²
+      p[r] ← p[r]·(1 − lr·wd) − lr · (m[r] / (1−β1^t)) / (√(v[r] / (1−β2^t)) + ε)
+  which is AdamW's update restricted to that row. Duplicate rows of an uncoalesced gradient are summed first.
+* How it differs from AdamW over the whole tensor (where untouched rows would see a zero gradient):
+  untouched rows do not move at all: their moments do not decay, no momentum step is applied to them, and
+  weight decay is applied to touched rows only (once per step in which they are touched).
+* Bias correction uses one step count t per parameter: the number of `step()` calls in which that parameter
+  had a gradient (global, not per row), as `torch.optim.SparseAdam` and LazyAdam do. A row first touched at a
+  late step t therefore takes a first step of (1−β1)/(1−β1^t) of AdamW's first-step size; per-row step
+  counts would need another full-size tensor and break the single fused update of contiguous row ranges.
+  On the first step every touched row gets exactly AdamW's first update.
+
+State per parameter, as in AdamW: `step` (float32 scalar tensor), `exp_avg`, `exp_avg_sq` (full size, created
+on the parameter's first gradient), so `state_dict()` / `load_state_dict()` (checkpoint resume, accelerate) work
+unchanged and a dense-trained checkpoint resumes with sparse gradients and back.
+
+Speed: rows are updated with torch's fused AdamW kernel over views of contiguous row ranges of the parameter,
+its moments and the gradient values (one read of g, p, m, v and one write of p, m, v per element, no copies);
+scattered rows are gathered, updated and written back in bounded chunks. Duplicate rows of an uncoalesced
+gradient are found by one sort of the row indices and only the duplicated entries are summed; torch's
+`coalesce()` (which sorts and copies every value row) is never called.
+"""
+
+import torch
+from torch.optim import Optimizer
+
+try:  # the same functional update torch.optim.AdamW runs
+    from torch.optim.adam import adam as _adam_functional
+except ImportError:  # pragma: no cover
+    _adam_functional = None
+
+__all__ = ["SparseAdamW"]
+
+_MIN_RUN = 8  # contiguous rows below this are updated through the gather path
+_GATHER_CHUNK_ELEMS = 1 << 22  # elements per chunk of the gather path (16 MB of float32 per tensor)
+
+
+def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
+    """In-place AdamW on lists of same-shaped-pairwise tensors (row ranges) with one shared step tensor."""
+    if not params:
+        return
+    steps = [step] * len(params)
+    try:
+        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+                            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        return
+    except (RuntimeError, AttributeError, NotImplementedError, TypeError):
+        pass
+    # portable fallback: torch's single-tensor AdamW arithmetic
+    t = float(step)
+    bc1, bc2_sqrt = 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        p.mul_(1 - lr * weight_decay)
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bc2_sqrt).add_(eps)
+        p.addcdiv_(m, denom, value=-lr / bc1)
+
+
+class SparseAdamW(Optimizer):
+    r"""AdamW for dense and sparse COO gradients; sparse ones update only the rows they touch (lazy AdamW).
+
+    Args:
+        params: parameters or parameter groups.
+        lr (`float`, defaults to 1e-3): learning rate.
+        betas (`tuple[float, float]`, defaults to (0.9, 0.999)): moment decay rates β1, β2.
+        eps (`float`, defaults to 1e-8): added to the denominator.
+        weight_decay (`float`, defaults to 0.0): decoupled weight decay (AdamW); with sparse gradients applied
+            to the touched rows only.
+
+    Dense gradients get exactly `torch.optim.AdamW`; see the module docstring for the sparse (lazy) semantics.
+    Works as any `torch.optim.Optimizer` (schedulers, `state_dict()` / `load_state_dict()`, accelerate).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameters: {betas}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    def _state(self, p):
+        state = self.state[p]
+        if len(state) == 0:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            if torch.is_tensor(lr):
+                lr = float(lr)
+            dense = ([], [], [], [], [])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if torch.is_complex(p):
+                    raise RuntimeError("SparseAdamW does not support complex parameters.")
+                state = self._state(p)
+                if p.grad.is_sparse:
+                    state["step"] += 1
+                    self._sparse_update(p, p.grad, state, lr, beta1, beta2, eps, wd)
+                else:
+                    for lst, item in zip(dense, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
+                        lst.append(item)
+            if dense[0]:
+                params, grads, exp_avgs, exp_avg_sqs, steps = dense
+                _adam_functional(
+                    params, grads, exp_avgs, exp_avg_sqs, [], steps,
+                    foreach=None, capturable=False, differentiable=False, fused=None, grad_scale=None,
+                    found_inf=None, has_complex=False, decoupled_weight_decay=True,
+                    amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=wd, eps=eps, maximize=False,
+                )
+        return loss
+
+    # --------------------------------------------------------------------------------------- sparse rows
+    @staticmethod
+    def _sparse_update(p, grad, state, lr, beta1, beta2, eps, wd):
+        sparse_dim = grad.sparse_dim()
+        n_rows = 1
+        for s in p.shape[:sparse_dim]:
+            n_rows *= s
+        if grad.layout != torch.sparse_coo:
+            raise RuntimeError(f"SparseAdamW takes dense or sparse COO gradients, got layout {grad.layout}.")
+        indices = grad._indices()
+        values = grad._values()
+        if values.numel() == 0 or indices.shape[1] == 0:
+            return
+        if sparse_dim == 1:
+            rows = indices[0]
+        else:  # linearise the sparse dimensions (row-major)
+            rows = torch.zeros_like(indices[0])
+            for dim in range(sparse_dim):
+                rows = rows * p.shape[dim] + indices[dim]
+        values = values.reshape(rows.numel(), -1)
+        if values.dtype != p.dtype:
+            values = values.to(p.dtype)
+        P2 = p.view(n_rows, -1) if p.is_contiguous() else None
+        if P2 is None:
+            raise RuntimeError("SparseAdamW needs contiguous parameters for sparse gradients.")
+        M2 = state["exp_avg"].view(n_rows, -1)
+        V2 = state["exp_avg_sq"].view(n_rows, -1)
+        step = state["step"]
+        hyper = (lr, beta1, beta2, eps, wd)
+
+        nnz = rows.numel()
+        if nnz > 1 and not bool((rows[1:] > rows[:-1]).all()):
+            # unsorted or duplicated rows: one sort of the indices, sum only the duplicated entries
+            uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
+            dup_entry = counts[inverse] > 1
+            if bool(dup_entry.any()):
+                dup_rows = uniq[counts > 1]
+                dup_pos = dup_entry.nonzero().squeeze(1)
+                slot = torch.searchsorted(dup_rows, rows[dup_pos])
+                merged = values.new_zeros(dup_rows.numel(), values.shape[1]).index_add_(0, slot, values[dup_pos])
+                single_pos = (~dup_entry).nonzero().squeeze(1)
+                SparseAdamW._update_entries(P2, M2, V2, rows, values, single_pos, step, hyper)
+                # merged duplicates: their own contiguous buffer, rows sorted
+                SparseAdamW._update_entries(P2, M2, V2, dup_rows, merged, None, step, hyper)
+                return
+        SparseAdamW._update_entries(P2, M2, V2, rows, values, None, step, hyper)
+
+    @staticmethod
+    def _update_entries(P2, M2, V2, rows, values, positions, step, hyper):
+        """Update rows[e] with values[e] for the entries e in `positions` (ascending; None = all), rows unique."""
+        if positions is not None:
+            if positions.numel() == 0:
+                return
+            r = rows[positions]
+        else:
+            r = rows
+        n = r.numel()
+        if n == 0:
+            return
+        e = positions if positions is not None else None
+        # runs: consecutive entries that are also consecutive rows → views of p, m, v and of the values
+        if n > 1:
+            brk = r[1:] != r[:-1] + 1
+            if e is not None:
+                brk |= e[1:] != e[:-1] + 1
+            run_starts = torch.cat([r.new_zeros(1), brk.nonzero().squeeze(1) + 1])
+        else:
+            run_starts = r.new_zeros(1)
+        run_lengths = torch.diff(run_starts, append=r.new_tensor([n]))
+        long_runs = run_lengths >= _MIN_RUN
+        lr, beta1, beta2, eps, wd = hyper
+        if bool(long_runs.any()):
+            starts = run_starts[long_runs]
+            lengths = run_lengths[long_runs]
+            row0 = r[starts].tolist()
+            ent0 = (starts if e is None else e[starts]).tolist()
+            lens = lengths.tolist()
+            ps, gs, ms, vs = [], [], [], []
+            for a, b, k in zip(row0, ent0, lens):
+                ps.append(P2[a:a + k])
+                ms.append(M2[a:a + k])
+                vs.append(V2[a:a + k])
+                gs.append(values[b:b + k])
+            _rows_adamw(ps, gs, ms, vs, step, lr, beta1, beta2, eps, wd)
+        if not bool(long_runs.all()):
+            # short runs: gather, update, scatter back, in bounded chunks
+            short = torch.repeat_interleave(~long_runs, run_lengths, output_size=n)
+            sel = short.nonzero().squeeze(1)
+            rows_s = r[sel]
+            ent_s = sel if e is None else e[sel]
+            width = P2.shape[1]
+            chunk = max(1, _GATHER_CHUNK_ELEMS // max(width, 1))
+            for c in range(0, rows_s.numel(), chunk):
+                rr, ee = rows_s[c:c + chunk], ent_s[c:c + chunk]
+                p_g, m_g, v_g = P2.index_select(0, rr), M2.index_select(0, rr), V2.index_select(0, rr)
+                g_g = values.index_select(0, ee)
+                _rows_adamw([p_g], [g_g], [m_g], [v_g], step, lr, beta1, beta2, eps, wd)
+                P2.index_copy_(0, rr, p_g)
+                M2.index_copy_(0, rr, m_g)
+                V2.index_copy_(0, rr, v_g)
