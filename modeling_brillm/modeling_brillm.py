@@ -144,9 +144,7 @@ class BriLLMPreTrainedModel(PreTrainedModel):
     config_class = BriLLMConfig
     base_model_prefix = "brillm"
     main_input_name = "input_ids"
-    _is_stateful = True
-    _supports_param_buffer_assignment = False
-    _keys_to_ignore_on_load_unexpected = []
+    _is_stateful = True  # generate() refuses assisted decoding, which would need to roll the state back
 
     def _init_weights(self, module):
         if isinstance(module, BriLLMModel):
