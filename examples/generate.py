@@ -1,0 +1,204 @@
+"""Generate text with a saved BriLLM: BriLLM's own energy decoding, transformers' generate(), or the pipeline.
+
+    python examples/generate.py --model outputs/demo --prompt "the cat" --max_new_tokens 30
+    python examples/generate.py --model outputs/demo --prompt "the cat" --do_sample --temperature 0.8 --top_k 20
+    python examples/generate.py --model outputs/demo --prompt "the cat" --show_path          # energy of every step
+    python examples/generate.py --model outputs/demo --prompt "the" "a dog" --mode pipeline --stream --stop "."
+    python examples/generate.py --model outputs/demo --benchmark                             # tokens/s, both loops
+
+Modes:
+  energy    (default) `energy_generate`: the next node is the one whose incoming edge delivers the most energy;
+            self-loops excluded as in the paper's release (--allow_self_loops to keep them). Records the energy path.
+  generate  `model.generate()` (greedy, sampling, top-k/top-p, beams with --num_beams, stop strings).
+  pipeline  `pipeline("text-generation")`.
+
+Inputs that do not fit are handled before any computation:
+  * an empty prompt starts from the tokenizer's BOS token (an error if the tokenizer adds none);
+  * a prompt longer than the model's max_position_embeddings is an error (exit code 2);
+  * --max_new_tokens past max_position_embeddings is lowered to what fits, with a note on stderr;
+  * token ids outside the model's vocabulary (a tokenizer that does not belong to the model) are an error.
+In energy mode, --stop cuts the printed text after the first stop string (decoding itself runs on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+
+import torch
+
+
+def load(model_path: str):
+    """Model and tokenizer from a folder or Hub id; the installed package is used when importable, else the
+    repository's own code (trust_remote_code)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import modeling_brillm  # noqa: F401  (registers the brillm model type)
+        local = True
+    except ImportError:
+        local = False
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=not local)
+    model.eval()
+    return model, tokenizer
+
+
+def energy_generate_fn(model):
+    """The `energy_generate` function: from the installed package, else from the model's remote code."""
+    try:
+        from modeling_brillm.decoding import energy_generate
+        return energy_generate
+    except ImportError:
+        package = type(model).__module__.rsplit(".", 1)[0]
+        return importlib.import_module(package + ".decoding").energy_generate
+
+
+def fit_new_tokens(prompt_lengths: list[int], max_new_tokens: int, max_positions: int) -> int:
+    longest = max(prompt_lengths)
+    if longest > max_positions:
+        raise ValueError(f"the prompt holds {longest} tokens but this model reads at most max_position_embeddings="
+                         f"{max_positions}; shorten the prompt.")
+    room = max_positions - longest
+    if max_new_tokens > room:
+        print(f"note: max_new_tokens={max_new_tokens} lowered to {room}: a prompt of {longest} tokens leaves room for "
+              f"{room} new ones (max_position_embeddings={max_positions}).", file=sys.stderr)
+        return room
+    return max_new_tokens
+
+
+def encode(tokenizer, prompts: list[str]):
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    lengths = enc["attention_mask"].sum(1).tolist()
+    if min(lengths) == 0:
+        raise ValueError("an empty prompt tokenizes to no token and this tokenizer adds no BOS token: give some text.")
+    return enc, lengths
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str:
+    cut = len(text)
+    for s in stops or []:
+        i = text.find(s)
+        if i >= 0:
+            cut = min(cut, i + len(s))
+    return text[:cut]
+
+
+def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
+    eg = energy_generate_fn(model)
+    enc, lengths = encode(tokenizer, [prompt])
+    n = fit_new_tokens(lengths, n, model.config.max_position_embeddings)
+    ids = enc["input_ids"]
+    runs = {
+        "energy_generate": lambda: eg(model, ids, max_new_tokens=n, eos_token_id=[], exclude_self_loops=False).sequences,
+        "generate": lambda: model.generate(ids, attention_mask=enc["attention_mask"], max_new_tokens=n,
+                                           min_new_tokens=n, do_sample=False, eos_token_id=None,
+                                           pad_token_id=tokenizer.pad_token_id),
+    }
+    result, outputs = {"new_tokens": n}, {}
+    for name, run in runs.items():
+        outputs[name] = run()  # warm-up
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - start)
+        result[f"{name}_tokens_per_s"] = round(n / best, 1)
+    result["same_tokens"] = bool(torch.equal(outputs["energy_generate"], outputs["generate"]))
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="saved model folder or Hub id")
+    p.add_argument("--prompt", nargs="*", default=[""], help="one or more prompts (default: unconditional, from BOS)")
+    p.add_argument("--mode", choices=("energy", "generate", "pipeline"), default="energy")
+    p.add_argument("--max_new_tokens", type=int, default=40)
+    p.add_argument("--do_sample", action="store_true")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top_k", type=int, default=None)
+    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--repetition_penalty", type=float, default=1.0)
+    p.add_argument("--no_repeat_ngram_size", type=int, default=0)
+    p.add_argument("--allow_self_loops", action="store_true", help="energy mode: allow moving from a node to itself")
+    p.add_argument("--num_beams", type=int, default=1, help="generate/pipeline modes")
+    p.add_argument("--stop", nargs="*", default=None, help="stop strings")
+    p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--show_path", action="store_true", help="energy mode: print every step's energy and rank")
+    p.add_argument("--json", default=None, help="energy mode: write texts and energy paths to this JSON file")
+    p.add_argument("--benchmark", action="store_true", help="time energy_generate against generate()")
+    args = p.parse_args(argv)
+
+    try:
+        model, tokenizer = load(args.model)
+        if args.seed is not None:
+            torch.manual_seed(args.seed)
+        if args.benchmark:
+            torch.set_num_threads(1)
+            print(json.dumps(benchmark(model, tokenizer, args.prompt[0], args.max_new_tokens)))
+            return 0
+        enc, lengths = encode(tokenizer, args.prompt)
+        max_new = fit_new_tokens(lengths, args.max_new_tokens, model.config.max_position_embeddings)
+        streamer = None
+        if args.stream:
+            if len(args.prompt) != 1:
+                raise ValueError("--stream prints one sequence: give a single prompt.")
+            from transformers import TextStreamer
+            streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
+        sampling = dict(do_sample=args.do_sample)
+        if args.do_sample:
+            sampling.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+        if args.mode == "energy":
+            generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+            out = energy_generate_fn(model)(
+                model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new,
+                repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                exclude_self_loops=not args.allow_self_loops, generator=generator, streamer=streamer,
+                tokenizer=tokenizer, **sampling)
+            texts = [cut_at_stop(t, args.stop) for t in tokenizer.batch_decode(out.sequences, skip_special_tokens=True)]
+            for row, text in enumerate(texts):
+                if not args.stream:
+                    print(text)
+                if args.show_path:
+                    for step in out.path(row):
+                        alts = ", ".join(f"{t!r}:{e:.2f}" for t, e in zip(step.alternative_texts, (a[1] for a in step.alternatives)))
+                        print(f"  {step.source_text!r:>8} -> {step.token_text!r:<8} energy {step.energy:8.3f}  "
+                              f"rank {step.rank:<4d} p {step.probability:.3f}  runner-ups: {alts}")
+            if args.json:
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump({"prompts": args.prompt, "texts": texts, "paths": out.to_records()}, f, indent=1)
+        elif args.mode == "generate":
+            kwargs = dict(max_new_tokens=max_new, num_beams=args.num_beams, repetition_penalty=args.repetition_penalty,
+                          no_repeat_ngram_size=args.no_repeat_ngram_size or None, streamer=streamer, **sampling)
+            if args.stop:
+                kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
+            out = model.generate(**enc, **kwargs)
+            if not args.stream:
+                for text in tokenizer.batch_decode(out, skip_special_tokens=True):
+                    print(text)
+        else:
+            from transformers import pipeline
+            pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+            kwargs = dict(max_new_tokens=max_new, num_beams=args.num_beams, streamer=streamer, **sampling)
+            if args.stop:
+                kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
+            results = pipe(args.prompt, batch_size=len(args.prompt), **kwargs)
+            if not args.stream:
+                for r in results:
+                    print(r[0]["generated_text"])
+    except (ValueError, TypeError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
