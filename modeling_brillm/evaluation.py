@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PerplexityResult", "perplexity", "load_texts"]
+__all__ = ["PerplexityResult", "perplexity", "per_text_perplexity", "load_texts"]
 
 
 @dataclass
@@ -169,3 +169,46 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
     nll = float(total) / num_tokens
     return PerplexityResult(perplexity=math.exp(nll), nll=nll, num_tokens=num_tokens, num_sequences=len(sequences),
                             num_blocks=len(blocks), block_size=block_size)
+
+
+@torch.no_grad()
+def per_text_perplexity(model, tokenizer, texts, batch_size: int = 16, add_start_token: bool = True,
+                        max_length: int | None = None, device=None) -> dict:
+    """The `evaluate` "perplexity" metric's numbers, computed in-process (no Hub download): per-text perplexities
+    and their plain mean. Same steps as the metric: pad token from the special tokens when missing, tokenize with
+    add_special_tokens=False and padding, prepend a BOS column (mask 1), take `model(ids, attention_mask).logits`,
+    shift by one, masked cross-entropy mean per text, exp. Use it where the metric script cannot be downloaded.
+    """
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if not texts:
+        raise ValueError("no texts to score.")
+    if tokenizer.pad_token is None and batch_size > 1:
+        specials = [t for t in tokenizer.all_special_tokens]
+        if not specials:
+            raise ValueError("the tokenizer has neither a pad token nor any special token to pad with.")
+        tokenizer.add_special_tokens({"pad_token": specials[0]})
+    if add_start_token and tokenizer.bos_token is None:
+        raise ValueError("add_start_token=True needs a tokenizer with a bos token.")
+    max_tokenized_len = max_length - 1 if (add_start_token and max_length) else max_length
+    encodings = tokenizer(texts, add_special_tokens=False, padding=True, truncation=bool(max_tokenized_len),
+                          max_length=max_tokenized_len, return_tensors="pt", return_attention_mask=True)
+    encoded, masks = encodings["input_ids"], encodings["attention_mask"]
+    need = 1 if add_start_token else 2
+    if bool((masks.sum(1) < need).any()):
+        raise ValueError(f"every text needs at least {need} token(s) (with add_start_token={add_start_token}).")
+    device = torch.device(device) if device is not None else getattr(model, "device", torch.device("cpu"))
+    loss_fct = torch.nn.CrossEntropyLoss(reduction="none")
+    ppls = []
+    for start in range(0, len(encoded), batch_size):
+        batch, mask = encoded[start:start + batch_size], masks[start:start + batch_size]
+        if add_start_token:
+            bos = torch.full((batch.shape[0], 1), tokenizer.bos_token_id, dtype=batch.dtype)
+            batch = torch.cat([bos, batch], 1)
+            mask = torch.cat([torch.ones_like(bos), mask], 1)
+        logits = model(batch.to(device), attention_mask=mask.to(device)).logits.float().cpu()
+        shift_logits, shift_labels, shift_mask = logits[:, :-1], batch[:, 1:], mask[:, 1:]
+        nll = (loss_fct(shift_logits.transpose(1, 2), shift_labels) * shift_mask).sum(1) / shift_mask.sum(1)
+        ppls += torch.exp(nll).tolist()
+    return {"perplexities": ppls, "mean_perplexity": float(sum(ppls) / len(ppls))}

@@ -79,7 +79,7 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
         f'generator = pipeline("text-generation", model="{rid}", trust_remote_code=True)',
         'print(generator("The city", max_new_tokens=20, do_sample=True, top_k=40)[0]["generated_text"])',
         "",
-        f'tokenizer = AutoTokenizer.from_pretrained("{rid}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{rid}", trust_remote_code=True)',
         f'model = AutoModelForCausalLM.from_pretrained("{rid}", trust_remote_code=True)',
         'inputs = tokenizer("The city", return_tensors="pt")',
         "out = model.generate(**inputs, max_new_tokens=20)  # greedy; sampling, beams, streaming all work",
