@@ -357,6 +357,17 @@ def test_bad_inputs_have_clear_errors(model, tokenizer):
         model.generate(torch.tensor([[BOS, 999]]), max_new_tokens=2)
 
 
+def test_pipeline_bad_input(pipe):
+    # too long for the model: the model's own ValueError, raised before or during generation
+    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+        pipe("the cat " * 10, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+        pipe("the cat " * 5, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    # an empty prompt is the BOS token alone: an unconditional sample
+    text = pipe("", max_new_tokens=3, do_sample=False)[0]["generated_text"]
+    assert isinstance(text, str) and 0 < len(text) <= 3
+
+
 def test_generate_example_script(saved, capsys, tmp_path):
     import runpy
     import sys
