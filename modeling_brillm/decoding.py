@@ -22,8 +22,8 @@ purpose *not* written into model repositories: transformers replaces `model.gene
 custom function whenever a model is loaded with `trust_remote_code=True` and the folder exists, which would
 change what `pipeline(...)` does.
 
-Rows finish at an end-of-sequence token; afterwards they are filled with the pad token (as `generate()` does)
-and their state is no longer advanced.
+Rows finish at an end-of-sequence token; afterwards they are filled with the pad token (as `generate()` does) and
+their steps are masked out of the energy path.
 """
 
 from __future__ import annotations
@@ -380,9 +380,10 @@ def energy_generate(
                 break
         if s + 1 == steps:
             break
-        # advance only the rows still generating (mask 0 leaves a finished row's state as it is)
-        out = model(picked, attention_mask=None if all_active else active.long().unsqueeze(1),
-                    past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        # Finished rows are fed their pad token like generate() does: their state is no longer used, and a full
+        # batch keeps the model on its one-token decoding path. (Their length stays within max positions: at most
+        # max_new_tokens - 1 steps are fed after a prompt that left room for max_new_tokens.)
+        out = model(picked, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
         current = chosen
     if streamer is not None:
         streamer.end()
