@@ -605,5 +605,20 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
     def _reorder_cache(self, past_key_values: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
         return past_key_values.reorder_cache(beam_idx)
 
+    # ------------------------------------------------------------------------------ BriLLM's own decoding
+    def energy_generate(self, input_ids, attention_mask=None, **kwargs):
+        """BriLLM's own decoding loop: the next node is the one whose incoming edge delivers the most energy
+        (self-loops excluded by default, as in the release), with the energy path recorded. Arguments and result:
+        see `decoding.energy_generate`. The standard `generate()` is unchanged."""
+        from .decoding import energy_generate
+
+        return energy_generate(self, input_ids, attention_mask=attention_mask, **kwargs)
+
+    def energy_trace(self, text_or_ids, tokenizer=None, top_k: int = 5):
+        """Per-step energies, ranks and runner-up nodes of a text's path (see `interpretability.energy_trace`)."""
+        from .interpretability import energy_trace
+
+        return energy_trace(self, text_or_ids, tokenizer=tokenizer, top_k=top_k)
+
 
 __all__ = ["BriLLMPreTrainedModel", "BriLLMModel", "BriLLMForCausalLM", "BriLLMState", "positional_encoding"]
