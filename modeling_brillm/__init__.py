@@ -4,7 +4,11 @@ AutoConfig, AutoModel and AutoModelForCausalLM, and marks the classes so `save_p
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_brillm import BriLLMConfig
+from .decoding import EnergyGenerateOutput, energy_generate
+from .evaluation import perplexity
 from .graph import BigramGraph, build_sparse_graph, count_bigrams, graph_from_edges
+from .interpretability import EnergyTrace, energy_trace, plot_energy_path
+from .model_card import write_model_card
 from .modeling_brillm import BriLLMForCausalLM, BriLLMModel, BriLLMPreTrainedModel, BriLLMState, positional_encoding
 
 AutoConfig.register("brillm", BriLLMConfig, exist_ok=True)
@@ -25,4 +29,11 @@ __all__ = [
     "count_bigrams",
     "graph_from_edges",
     "positional_encoding",
+    "energy_generate",
+    "EnergyGenerateOutput",
+    "energy_trace",
+    "EnergyTrace",
+    "plot_energy_path",
+    "perplexity",
+    "write_model_card",
 ]
