@@ -1,0 +1,394 @@
+"""examples/pretrain.py: end to end, exact resume (also after SIGKILL), 1 vs 2 processes, clear errors, the
+memory guard. Tiny corpora in tmp folders, tiny models (V=300 BPE, d=8, blocks of 16); every run is a
+subprocess, as `accelerate launch` would start it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "pretrain.py"
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+CPU1 = ROOT / "configuration" / "accelerate" / "cpu_1.yaml"
+CPU2 = ROOT / "configuration" / "accelerate" / "cpu_2.yaml"
+
+TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
+        "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5"]
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("brillm_pretrain_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pretrain = load_module()
+
+
+def env(**extra):
+    e = dict(os.environ)
+    e.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+             PYTHONUNBUFFERED="1")
+    e.pop(pretrain.MEMORY_ENV, None)
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR",
+                "ACCELERATE_USE_CPU"):
+        e.pop(key, None)
+    e.update(extra)
+    return e
+
+
+def run(args, launcher=None, timeout=120, check=True, **env_extra):
+    """Run the script (plain python, or through `accelerate launch` with a config) and return the result."""
+    if launcher is None:
+        cmd = [sys.executable, str(SCRIPT)]
+    else:
+        cmd = [str(ACCELERATE), "launch", "--config_file", str(launcher)]
+        if launcher == CPU2:
+            cmd += ["--main_process_port", str(random.randint(20000, 40000))]
+        cmd += [str(SCRIPT)]
+    result = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                            cwd=ROOT, env=env(**env_extra))
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-6000:]}")
+    return result
+
+
+def losses(out_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in pretrain.read_log(Path(out_dir) / pretrain.LOG_NAME) if "loss" in r}
+
+
+def lrs(out_dir) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in pretrain.read_log(Path(out_dir) / pretrain.LOG_NAME) if "lr" in r}
+
+
+WORDS = ("the cat dog bird sat on mat log tree saw a big small red blue ran jumped over under quickly slowly and "
+         "with house garden river").split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """~400 lines of one or two short sentences over a 25-word vocabulary."""
+    rng = random.Random(0)
+    lines = []
+    for _ in range(400):
+        line = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))).capitalize() + rng.choice(".!?")
+        if rng.random() < 0.5:
+            line += " " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))).capitalize() + "."
+        lines.append(line)
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# 570 training blocks / 32 = 17 steps per epoch: 24 steps cross an epoch boundary.
+REF_ARGS = TINY + ["--per_device_train_batch_size", "32", "--max_train_steps", "24", "--checkpointing_steps", "4"]
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> Path:
+    """An uninterrupted run of 24 steps with a checkpoint every 4."""
+    out = tmp_path_factory.mktemp("reference")
+    run(["--train_file", corpus, "--output_dir", out, *REF_ARGS])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+def test_end_to_end_accelerate_launch(corpus, tmp_path):
+    out = tmp_path / "run"
+    result = run(["--train_file", corpus, "--output_dir", out, *TINY, "--per_device_train_batch_size", "16",
+                  "--max_train_steps", "30", "--num_generations", "2", "--max_new_tokens", "8",
+                  "--prompts", "The cat", "A dog"], launcher=CPU1)
+    text = result.stdout + result.stderr
+    assert "data: file" in text and "graph: sparse" in text and "training memory estimate" in text
+    assert "greedy" in text and "sampled" in text
+    log = losses(out)
+    assert sorted(log) == list(range(1, 31)) and all(math.isfinite(v) for v in log.values())
+    summary = json.loads((out / pretrain.SUMMARY_NAME).read_text())
+    assert math.isfinite(summary["perplexity"]) and summary["perplexity"] < summary["perplexity_before"]
+    assert summary["steps"] == 30 and len(summary["generations"]) == 2
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert (out / "modeling_brillm.py").is_file(), "save_pretrained should ship the model code"
+
+    # a clean process loads the folder through the Auto classes with remote code and scores text
+    probe = f"""
+import math, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)
+tok = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+ids = tok(["The cat sat on the mat."], return_tensors="pt")
+loss = model(**ids, labels=ids["input_ids"]).loss
+assert math.isfinite(float(loss)), loss
+print("OK", type(model).__name__, model.config.vocab_size, float(loss))
+"""
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=env(), stdin=subprocess.DEVNULL)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert "OK BriLLMForCausalLM 300" in loaded.stdout
+
+
+def test_contiguous_blocks_sampled_loss(corpus, tmp_path):
+    out = tmp_path / "run"
+    result = run(["--train_file", corpus, "--output_dir", out, *TINY, "--contiguous_blocks", "--loss", "sampled",
+                  "--num_negatives", "20", "--per_device_train_batch_size", "8", "--max_train_steps", "6",
+                  "--min_bigram_count", "2"])
+    assert "contiguous mode" in result.stdout and "0% padding" in result.stdout
+    assert "loss sampled" in result.stdout
+    assert len(losses(out)) == 6 and all(math.isfinite(v) for v in losses(out).values())
+    config = json.loads((out / "config.json").read_text())
+    assert config["loss_type"] == "sampled" and config["num_negatives"] == 20
+
+
+# ------------------------------------------------------------------------------------------------- resume
+def test_resume_gives_identical_loss_curve(reference, corpus, tmp_path):
+    ref = losses(reference)
+    assert sorted(ref) == list(range(1, 25))
+    complete = [step for step, _ in pretrain.list_checkpoints(reference)]
+    assert complete == [4, 8, 12, 16, 20, 24]
+    out = tmp_path / "resumed"
+    # step 12 is inside the first epoch (17 steps): the resumed run skips 12 batches, then crosses into epoch 1
+    result = run(["--train_file", corpus, "--output_dir", out, *REF_ARGS,
+                  "--resume_from_checkpoint", reference / "step_12"])
+    assert "resumed from" in result.stdout and "skipping 12 batches" in result.stdout
+    got = losses(out)
+    assert sorted(got) == list(range(13, 25))
+    for step in got:
+        assert got[step] == pytest.approx(ref[step], abs=1e-6, rel=0), step
+        assert lrs(out)[step] == pytest.approx(lrs(reference)[step], abs=1e-12)
+    final_ref = json.loads((reference / pretrain.SUMMARY_NAME).read_text())["eval_loss"]
+    final_got = json.loads((out / pretrain.SUMMARY_NAME).read_text())["eval_loss"]
+    assert final_got == pytest.approx(final_ref, abs=1e-6)
+
+
+def test_killed_run_resumes_from_latest_complete_checkpoint(reference, corpus, tmp_path):
+    out = tmp_path / "killed"
+    args = [sys.executable, str(SCRIPT), "--train_file", str(corpus), "--output_dir", str(out), *REF_ARGS,
+            "--step_sleep", "0.3"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and proc.poll() is None:
+            if any(step >= 8 for step, _ in pretrain.list_checkpoints(out)):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = [step for step, _ in pretrain.list_checkpoints(out)]
+    assert saved and max(saved) >= 8 and max(saved) < 24
+    last = max(saved)
+    logged = max(losses(out))
+    assert logged < 24 and logged - last <= 4, "at most the steps since the last checkpoint are lost"
+
+    result = run(["--train_file", corpus, "--output_dir", out, *REF_ARGS, "--resume_from_checkpoint", "latest"])
+    assert f"resumed from {out / f'step_{last}'}: step {last}" in result.stdout
+    ref, got = losses(reference), losses(out)
+    assert sorted(got) == list(range(1, 25))
+    for step in range(1, 25):
+        assert got[step] == pytest.approx(ref[step], abs=1e-6, rel=0), step
+    assert not any(p.name.startswith(pretrain.TMP_PREFIX) for p in out.iterdir())
+
+
+# ---------------------------------------------------------------------------------------- 1 vs 2 processes
+TWO_ARGS = TINY + ["--max_train_steps", "6", "--gradient_accumulation_steps", "2", "--eval_steps", "3"]
+
+
+def test_two_processes_match_one(corpus, tmp_path):
+    """Same global batch (8 x 1 process x 2 accumulation = 4 x 2 processes x 2): same data order, same losses."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(["--train_file", corpus, "--output_dir", one, *TWO_ARGS, "--per_device_train_batch_size", "8"])
+    result = run(["--train_file", corpus, "--output_dir", two, *TWO_ARGS, "--per_device_train_batch_size", "4",
+                  "--checkpointing_steps", "3"], launcher=CPU2, timeout=180)
+    assert "2 process(es)" in result.stdout and "global batch 16 blocks = 4 x 2 process(es) x 2" in result.stdout
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for step in a:  # DDP averages gradients in another order than one process sums them: float32 rounding only
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-5), (step, a[step], b[step])
+    eval_a = [r for r in pretrain.read_log(one / pretrain.LOG_NAME) if "eval_loss" in r]
+    eval_b = [r for r in pretrain.read_log(two / pretrain.LOG_NAME) if "eval_loss" in r]
+    assert [r["step"] for r in eval_a] == [r["step"] for r in eval_b] == [0, 3, 6]
+    for x, y in zip(eval_a, eval_b):
+        assert y["eval_loss"] == pytest.approx(x["eval_loss"], rel=1e-5)
+
+    # the two-process checkpoint resumes exactly, with two processes
+    resumed = tmp_path / "two_resumed"
+    run(["--train_file", corpus, "--output_dir", resumed, *TWO_ARGS, "--per_device_train_batch_size", "4",
+         "--resume_from_checkpoint", two / "step_3"], launcher=CPU2, timeout=180)
+    c = losses(resumed)
+    assert sorted(c) == [4, 5, 6]
+    for step in c:
+        assert c[step] == pytest.approx(b[step], abs=1e-6, rel=0), step
+
+
+# ------------------------------------------------------------------------------------------------- errors
+def error_of(result) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert lines, result.stderr[-3000:]
+    return lines[-1]
+
+
+@pytest.mark.parametrize("case", ["empty", "blank", "missing", "extension"])
+def test_clear_errors_for_bad_files(case, tmp_path):
+    path = tmp_path / ("notes.md" if case == "extension" else "data.txt")
+    if case == "empty":
+        path.write_text("")
+    elif case == "blank":
+        path.write_text("\n   \n\n")
+    elif case == "extension":
+        path.write_text("Some text here.\n")
+    message = error_of(run(["--train_file", path, "--output_dir", tmp_path / "out", *TINY], check=False))
+    expected = {"empty": "is empty", "blank": "contains no text", "missing": "no such file",
+                "extension": "unknown file extension '.md'"}[case]
+    assert expected in message
+
+
+def test_clear_error_for_too_short_texts(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("a\nb\nc\nd\n")
+    message = error_of(run(["--train_file", path, "--output_dir", tmp_path / "out", *TINY], check=False))
+    assert "shorter than two tokens" in message and "no bigram" in message
+
+
+def test_clear_error_for_block_size_and_preset(corpus, tmp_path):
+    message = error_of(run(["--train_file", corpus, "--output_dir", tmp_path, *TINY, "--block_size", "600"],
+                           check=False))
+    assert "--block_size 600" in message and "max_position_embeddings=512" in message
+    message = error_of(run(["--config", "no-such-preset", "--output_dir", tmp_path], check=False))
+    assert "unknown preset 'no-such-preset'" in message
+    for name in ("brillm-en", "brillm-zh", "demo"):
+        assert name in message
+
+
+def test_error_through_accelerate_launch(tmp_path):
+    result = run(["--config", "no-such-preset", "--output_dir", tmp_path], launcher=CPU1, check=False)
+    assert result.returncode != 0
+    assert "error: unknown preset 'no-such-preset'" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------- memory
+def test_memory_guard_refuses_dense_graph_on_small_ram(corpus, tmp_path):
+    result = run(["--train_file", corpus, "--output_dir", tmp_path, "--config", "brillm-en", "--vocab_size", "300",
+                  "--dense_graph", "--num_generations", "0"], check=False, **{pretrain.MEMORY_ENV: "0.05"})
+    message = error_of(result)
+    assert "refusing to build the model" in message and "dense graph" in message
+    assert "--min_bigram_count" in message and "FSDP" in message
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def fake_accelerator(processes=1, dist="NO", mixed="no"):
+    import torch
+    from accelerate.utils import DistributedType
+
+    return SimpleNamespace(num_processes=processes, distributed_type=DistributedType(dist), mixed_precision=mixed,
+                           device=torch.device("cpu"), gather=lambda t: t)
+
+
+def test_memory_estimate_of_the_paper_models():
+    from modeling_brillm import BriLLMConfig
+
+    dense = BriLLMConfig(vocab_size=4000, node_size=32, graph="dense")
+    assert dense.num_parameters_formula() == pytest.approx(16.90e9, rel=1e-3)
+    args = SimpleNamespace(available_memory_gb=None)
+    # 16.9B parameters x 16 bytes is ~270 GB: refused on this machine whatever its RAM
+    with pytest.raises(pretrain.UsageError, match="refusing to build the model.*dense graph"):
+        pretrain.check_memory(dense, fake_accelerator(), args)
+    # the paper's sparse English graph (0.96B parameters) fits a 80 GB GPU under DDP, not a 4 GB machine
+    sparse = BriLLMConfig(vocab_size=4000, node_size=32, graph="sparse", num_edges=900_000)
+    assert sparse.num_parameters_formula() == pytest.approx(0.95e9, rel=0.02)
+    line = pretrain.check_memory(sparse, fake_accelerator(), SimpleNamespace(available_memory_gb=80))
+    assert "training memory estimate" in line
+    with pytest.raises(pretrain.UsageError, match="sparse .*real edges"):
+        pretrain.check_memory(sparse, fake_accelerator(), SimpleNamespace(available_memory_gb=4))
+    # FSDP over 8 GPUs: the shard shrinks, the gathered bf16 parameters and gradients do not
+    fsdp = pretrain.training_memory(dense.num_parameters_formula(), "fsdp", 8, "bf16")
+    assert fsdp["total"] / 2 ** 30 == pytest.approx((16 / 8 + 4) * 16.9e9 * 1.1 / 2 ** 30, rel=0.01)
+    single = pretrain.training_memory(1000, "single")
+    assert single["total"] == pytest.approx(16 * 1000 * 1.1)
+
+
+# ------------------------------------------------------------------------------------------ data helpers
+def test_presets_load_and_flags_override():
+    for name in pretrain.known_presets():
+        preset = pretrain.load_preset(name)
+        assert set(preset) == {"model", "tokenizer", "training"}
+    args = pretrain.parse_args(["--config", "brillm-zh", "--node_size", "8", "--learning_rate", "0.01", "--dense_graph"])
+    model, tok = pretrain.resolve_settings(args)
+    assert tok == {"kind": "char", "vocab_size": 4000, "min_frequency": 1}
+    assert model["node_size"] == 8 and model["graph"] == "dense"
+    assert args.learning_rate == 0.01 and args.block_size == 32 and args.max_train_steps == 1500
+    args = pretrain.parse_args([])
+    pretrain.resolve_settings(args)
+    assert args.learning_rate == 5e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
+
+
+def test_sentence_splitting_and_blocks():
+    text = ("First sentence here. Second one, wrapped\nover two lines! Third?\n\n   code_line(1)\n   code_line(2)\n\n"
+            "中文句子。第二句！")
+    assert pretrain.split_sentences(text) == [
+        "First sentence here.", "Second one, wrapped over two lines!", "Third?", "code_line(1)", "code_line(2)",
+        "中文句子。", "第二句！"]
+
+    class Tok:  # one token per character
+        bos_token_id, eos_token_id, pad_token_id = 2, 3, 0
+
+        def __call__(self, texts, add_special_tokens=False, verbose=False):
+            return {"input_ids": [[10 + (ord(c) % 50) for c in t] for t in texts]}
+
+    blocks = pretrain.SentenceBlocks(Tok(), "text", 8)({"text": ["Hi. A long sentence.", "x"]})
+    ids, mask = blocks["input_ids"], blocks["attention_mask"]
+    assert len(ids) == 2  # "x" has one token: dropped
+    # "Hi." -> <s> H i . </s> <pad> x 3
+    assert ids[0][0] == 2 and ids[0][4] == 3 and ids[0][5:] == [0] * 3 and mask[0] == [1] * 5 + [0] * 3
+    assert ids[1][0] == 2 and 3 not in ids[1] and mask[1] == [1] * 8  # truncated to the block
+    batch = pretrain.collate([{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)])
+    assert batch["labels"][0].tolist() == ids[0][:5] + [-100] * 3  # padding is never a target
+    assert int(pretrain.count_targets(batch)) == 4 + 7
+
+
+def test_count_targets_matches_the_model_loss():
+    import torch
+
+    from modeling_brillm import BriLLMForCausalLM
+
+    torch.manual_seed(0)
+    seqs = [torch.tensor([2, 5, 6, 7, 3]), torch.tensor([2, 6, 5, 3]), torch.tensor([2, 7, 3])]
+    model = BriLLMForCausalLM.from_token_sequences(seqs, 10, node_size=4, pad_token_id=0)
+    rows = [{"input_ids": s.tolist() + [0] * (6 - len(s)), "attention_mask": [1] * len(s) + [0] * (6 - len(s))}
+            for s in seqs]
+    batch = pretrain.collate(rows)
+    with torch.no_grad():
+        loss = model(**batch, return_logits=False).loss
+        singles = [model(input_ids=s[None], labels=s[None], return_logits=False).loss * (len(s) - 1) for s in seqs]
+    assert int(pretrain.count_targets(batch)) == sum(len(s) - 1 for s in seqs)
+    assert float(loss * pretrain.count_targets(batch)) == pytest.approx(float(sum(singles)), rel=1e-5)
+
+
+def test_validation_split_is_deterministic_and_spread():
+    held = pretrain.held_out_indices(100, 5)
+    assert len(held) == 5 and held == [19, 39, 59, 79, 99]
+    assert pretrain.held_out_indices(10, 0) == []
+    assert len(pretrain.held_out_indices(1000, 12.5)) == 125
+
+
+def test_embedded_corpus_exists_offline():
+    texts = pretrain.embedded_corpus()
+    assert len(texts) > 1000 and sum(map(len, texts)) > 300_000
+    assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3 for t in texts for line in t.splitlines())
