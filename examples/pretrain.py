@@ -254,6 +254,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--hub_model_id", help="Repository name for --push_to_hub (default: output_dir's name).")
     g.add_argument("--hub_token", help="Token for --push_to_hub.")
 
+    g.add_argument("--no_malloc_tuning", action="store_true",
+                   help="On CPU (Linux/glibc) the script makes malloc keep freed memory (mallopt), which avoids "
+                   "page-faulting the step's large temporaries back in every step; this turns that off.")
     # Hidden: for tests. Pretend this much memory is available; sleep after every optimizer step.
     p.add_argument("--available_memory_gb", type=float, default=None, help=S)
     p.add_argument("--step_sleep", type=float, default=0.0, help=S)
@@ -574,6 +577,25 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
     return {"total": total, "parts": parts}
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory in the process instead of returning it to the OS.
+
+    A BriLLM step allocates and frees the same large temporaries (candidate energies and their gradients, tens
+    of MB) every step; above glibc's mmap threshold each is a fresh mmap, page-faulted in and unmapped again.
+    On the demo that put ~40% of the wall time in the kernel (6.3M page faults in 40 steps); with these two
+    settings the same run takes 16 s instead of 26 s. Linux/glibc only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):
+        return False
+
+
 def available_memory(accelerator, override_gb: float | None) -> tuple[float, str]:
     """(bytes this process may use, where the figure comes from)."""
     import torch
@@ -820,9 +842,11 @@ def run(args) -> int:
     set_seed(args.seed)
     if args.torch_threads and accelerator.device.type == "cpu":
         torch.set_num_threads(args.torch_threads)
+    kept = accelerator.device.type == "cpu" and not args.no_malloc_tuning and keep_freed_memory()
     W, G = accelerator.num_processes, args.gradient_accumulation_steps
     say(f"BriLLM pretraining: {W} process(es) [{accelerator.distributed_type.value}] on {accelerator.device}"
-        + (f" ({torch.get_num_threads()} threads)" if accelerator.device.type == "cpu" else "") + ", "
+        + (f" ({torch.get_num_threads()} threads{', malloc keeps freed memory' if kept else ''})"
+           if accelerator.device.type == "cpu" else "") + ", "
         f"mixed precision {accelerator.mixed_precision}, preset {args.config or '(none: built-in defaults)'}")
 
     out_dir = Path(args.output_dir)
@@ -940,6 +964,9 @@ def run(args) -> int:
         if W > 1:
             raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw.")
         model.sparse_gradients = True
+        if args.max_grad_norm:
+            say("note: --optimizer sparse_adamw trains without gradient clipping (the norm of sparse row "
+                "gradients would need them coalesced); --max_grad_norm is ignored.")
 
     # ---------------------------------------------------------------- loaders, optimizer, schedule
     train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,

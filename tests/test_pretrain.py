@@ -152,6 +152,16 @@ def test_contiguous_blocks_sampled_loss(corpus, tmp_path):
     assert config["loss_type"] == "sampled" and config["num_negatives"] == 20
 
 
+def test_sparse_adamw_option(corpus, tmp_path):
+    pytest.importorskip("modeling_brillm.optimization")
+    out = tmp_path / "run"
+    result = run(["--train_file", corpus, "--output_dir", out, *TINY, "--optimizer", "sparse_adamw",
+                  "--per_device_train_batch_size", "16", "--max_train_steps", "8"])
+    assert "without gradient clipping" in result.stdout
+    log = losses(out)
+    assert len(log) == 8 and all(math.isfinite(v) for v in log.values()) and log[8] < log[1]
+
+
 # ------------------------------------------------------------------------------------------------- resume
 def test_resume_gives_identical_loss_curve(reference, corpus, tmp_path):
     ref = losses(reference)
