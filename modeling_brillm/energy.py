@@ -46,6 +46,7 @@ class CandidatePlan:
     grouped_to_packed: torch.Tensor | None = None  # (M,) packed index of every grouped-order entry
     packed_to_grouped: torch.Tensor | None = None  # (M,) grouped index of every packed entry
     grouped_position: torch.Tensor | None = None  # (M,) sorted position of every grouped-order entry
+    entry_row: torch.Tensor | None = None  # (M,) edge row of every packed energy
 
     @property
     def num_entries(self) -> int:
@@ -53,6 +54,9 @@ class CandidatePlan:
 
     def grouped_positions(self) -> torch.Tensor:
         return self.entry_position if self.grouped_position is None else self.grouped_position
+
+    def grouped_rows(self) -> torch.Tensor:
+        return self.entry_row if self.grouped_to_packed is None else self.entry_row[self.grouped_to_packed]
 
 
 def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int) -> CandidatePlan:
@@ -70,10 +74,9 @@ def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor
     positions = torch.arange(sources.numel(), device=device)
     entry_position = torch.repeat_interleave(positions, degree, output_size=total)
     within = torch.arange(total, device=device) - entry_start[entry_position]
-    if indices is None:
-        entry_target = within
-    else:
-        entry_target = indices[first_row[entry_position] + within]
+    edge = first_row[entry_position] + within  # CSR index of every packed energy's edge (its row − 1)
+    entry_target = within if indices is None else indices[edge]
+    entry_row = edge + 1
     plan = CandidatePlan(
         order=order,
         group_sizes=group_sizes_t.tolist(),
@@ -84,6 +87,7 @@ def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor
         entry_target=entry_target,
         entry_start=entry_start,
         has_shared=indices is not None,
+        entry_row=entry_row,
     )
     if total and int(group_sizes_t.max()) > 1:
         # grouped order: inside a group's chunk, entry (successor s, i-th position) sits at s·m + i
@@ -137,8 +141,10 @@ def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
             free = False
         if free:
             return cached[:numel].view(shape)
-    buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
-    if device.type == "cpu" and numel * buf.element_size() >= (1 << 24):
+    big = device.type == "cpu" and numel * torch.tensor([], dtype=dtype).element_size() >= (1 << 24)
+    # headroom, so that steps touching a few more rows than the largest so far do not re-allocate
+    buf = torch.empty(max(numel + numel // 4 if big else numel, 1), dtype=dtype, device=device)
+    if big:
         _WORKSPACES[key] = buf
     return buf[:numel].view(shape)
 
@@ -239,15 +245,20 @@ class _CandidateEnergies(torch.autograd.Function):
         M = plan.num_entries
         groups = [(i, m, r0, n) for i, (m, r0, n) in
                   enumerate(zip(plan.group_sizes, plan.block_starts, plan.block_sizes)) if n]
-        h = x.new_empty(M, d)
+        # pre-activations start as bias + PE of every entry, then each group adds x·W over its block in place
+        h = b2.index_select(0, plan.grouped_rows())
+        if M:
+            h += pe.index_select(0, plan.grouped_positions())
         xs = x.split(plan.group_sizes)
         hs = h.split([m * n for _, m, _, n in groups]) if groups else []
         for (i, m, r0, n), hg in zip(groups, hs):
-            torch.baddbmm(b2[r0:r0 + n].unsqueeze(1), xs[i].expand(n, m, d), weights[r0:r0 + n],
-                          out=hg.view(n, m, d))
-        if M:
-            h += pe.index_select(0, plan.grouped_positions())
+            hg.view(n, m, d).baddbmm_(xs[i].expand(n, m, d), weights[r0:r0 + n])
         y, e = _energy(h)
+        v = None
+        if any(ctx.needs_input_grad[:4]):  # v = dE/dh, all the backward needs of the pre-activations
+            y /= e.clamp_min(torch.finfo(e.dtype).tiny).unsqueeze(-1)
+            v = torch.ops.aten.gelu_backward(y, h)
+        h = y = None
         energies = e if plan.packed_to_grouped is None else e[plan.packed_to_grouped]
         if plan.has_shared:
             h_shared = torch.addmm(b2[0] + pe, x, weights[0]) if N else pe.clone()
@@ -257,12 +268,12 @@ class _CandidateEnergies(torch.autograd.Function):
             shared = x.new_zeros(N)
         ctx.plan, ctx.groups, ctx.sparse_grad, ctx.link = plan, groups, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
-        ctx.save_for_backward(x, weights, h, y, e, h_shared, y_shared, shared)
+        ctx.save_for_backward(x, weights, v, h_shared, y_shared, shared)
         return energies, shared
 
     @staticmethod
     def backward(ctx, grad_energies, grad_shared):
-        x, weights, h, y, e, h_shared, y_shared, shared = ctx.saved_tensors
+        x, weights, v, h_shared, y_shared, shared = ctx.saved_tensors
         plan, groups, link = ctx.plan, ctx.groups, ctx.link
         ctx.link = None
         N, d = x.shape
@@ -276,7 +287,8 @@ class _CandidateEnergies(torch.autograd.Function):
         gh = gh_shared = None
         if M and grad_energies is not None:
             g = grad_energies if plan.grouped_to_packed is None else grad_energies[plan.grouped_to_packed]
-            gh = _energy_backward(h, y, e, g.to(dtype))
+            g = g.to(dtype).unsqueeze(1)
+            gh = v * g
         if plan.has_shared and grad_shared is not None and N:
             gh_shared = _energy_backward(h_shared, y_shared, shared, grad_shared.to(dtype))
 
@@ -330,18 +342,19 @@ class _CandidateEnergies(torch.autograd.Function):
 
         grad_x = torch.zeros_like(x) if need_x else None
         if gh is not None and (need_x or need_w or need_b):
-            xs = x.split(plan.group_sizes)
             sizes = [m * n for m, n in zip(ms, ns)]
             ghs = gh.split(sizes)
-            gx = gh.new_empty(M, d) if need_x else None
-            gxs = gx.split(sizes) if need_x else ghs
-            for (i, m, r0, n), ghg, gxg, slot in zip(groups, ghs, gxs, first_slots):
-                ghg = ghg.view(n, m, d)
-                if need_w:
-                    torch.bmm(xs[i].t().expand(n, d, m), ghg, out=w_values[slot:slot + n])
-                if need_x:
-                    torch.bmm(ghg, weights[r0:r0 + n].transpose(1, 2), out=gxg.view(n, m, d))
-            if need_x:
+            if need_w:
+                xs = x.split(plan.group_sizes)
+                for (i, m, r0, n), ghg, slot in zip(groups, ghs, first_slots):
+                    if m == 1:  # outer products x ⊗ gh_r: a broadcast multiply beats a K=1 bmm
+                        torch.mul(xs[i].view(1, d, 1), ghg.view(n, 1, d), out=w_values[slot:slot + n])
+                    else:
+                        torch.bmm(xs[i].t().expand(n, d, m), ghg.view(n, m, d), out=w_values[slot:slot + n])
+            if need_x:  # dE/dx = W·(dE/dh), summed over the successors of each position
+                gx = torch.empty_like(gh)
+                for (i, m, r0, n), ghg, gxg in zip(groups, ghs, gx.split(sizes)):
+                    torch.bmm(ghg.view(n, m, d), weights[r0:r0 + n].transpose(1, 2), out=gxg.view(n, m, d))
                 grad_x.index_add_(0, plan.grouped_positions(), gx)
             if need_b:
                 # every entry adds into its edge row: slot = first slot of its block + its successor index
@@ -397,6 +410,43 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int) -> to
     return logits.index_put((plan.entry_position, plan.entry_target), energies)
 
 
+def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int) -> torch.Tensor:
+    """(N, V) energies of every node as the successor of each position, in the given order; inference only.
+
+    The decoding hot path: no plan or autograd for a single position (one `baddbmm` over its source's block,
+    written into a row of shared energies); several positions go through the grouped path. `x`, `pe` (N, d);
+    `sources` (N,) current nodes; `indices=None` means a dense graph. Equals `scatter_logits` of
+    `candidate_energies` (un-sorted).
+    """
+    with torch.no_grad():
+        N, d = x.shape
+        P = weights.shape[0]
+        b2 = biases.reshape(P, d)
+        if N == 1:
+            u = int(sources[0])
+            a, b = int(indptr[u]), int(indptr[u + 1])
+            if indices is None:
+                logits = x.new_empty(1, vocab_size)
+            else:
+                shared = _energy(torch.addmm(b2[0] + pe, x, weights[0]))[1]
+                logits = shared.expand(1, vocab_size).clone()
+            if b > a:
+                n = b - a
+                h = torch.baddbmm(b2[a + 1:b + 1].unsqueeze(1), x.expand(n, 1, d), weights[a + 1:b + 1]).view(n, d)
+                h += pe
+                energies = _energy(h)[1]
+                if indices is None:
+                    logits[0, :n] = energies
+                else:
+                    logits[0].index_copy_(0, indices[a:b], energies)
+            return logits
+        plan = make_plan(sources, indptr, indices, vocab_size)
+        energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan)
+        logits = torch.empty(N, vocab_size, dtype=energies.dtype, device=x.device)
+        logits[plan.order] = scatter_logits(energies, shared, plan, vocab_size)
+        return logits
+
+
 def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int) -> torch.Tensor:
     """log Σ_v exp(E_v) over all V nodes per position, with the V − degree non-successors sharing one energy.
 
@@ -433,6 +483,7 @@ __all__ = [
     "candidate_energies",
     "gather_edges",
     "scatter_logits",
+    "successor_logits",
     "exact_log_partition",
     "target_energies",
     "release_workspaces",

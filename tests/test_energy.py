@@ -242,3 +242,17 @@ def test_large_groups_and_empty_input():
     plan = make_plan(empty, indptr, indices, V)
     e, s = candidate_energies(x[:0], pe[:0], weights, biases, plan)
     assert e.numel() == 0 and s.numel() == 0
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("n", [1, 6])
+def test_successor_logits_equals_the_grouped_path(dense, n):
+    from modeling_brillm.energy import successor_logits
+
+    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, N=n, seed=8)
+    expected = reference(x, pe, weights, biases, sources, indptr, indices, V)
+    torch.testing.assert_close(successor_logits(x, pe, weights, biases, sources, indptr, indices, V), expected)
+    if not dense:  # a source without real successors: every node gets the shared energy
+        empty = torch.tensor([V - 1])
+        got = successor_logits(x[:1], pe[:1], weights, biases, empty, indptr, indices, V)
+        torch.testing.assert_close(got, reference(x[:1], pe[:1], weights, biases, empty, indptr, indices, V))
