@@ -263,7 +263,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def check_args(args, model_fields: dict, tokenizer_settings: dict):
+def check_args(args, model_fields: dict):
     """Flag checks that need no data (after the preset is merged in)."""
     def positive(name, value=None):
         value = getattr(args, name) if value is None else value
@@ -795,7 +795,7 @@ def generate_samples(model, tokenizer, prompts, args, device) -> list[dict]:
 # ------------------------------------------------------------------------------------------------- main
 def run(args) -> int:
     model_fields, tok_settings = resolve_settings(args)
-    check_args(args, model_fields, tok_settings)
+    check_args(args, model_fields)
 
     import datasets
     import torch

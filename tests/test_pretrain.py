@@ -293,6 +293,17 @@ def test_error_through_accelerate_launch(tmp_path):
     assert "error: unknown preset 'no-such-preset'" in result.stderr
 
 
+def test_cpu_launcher_with_several_processes_is_refused(corpus, tmp_path):
+    """`accelerate launch --cpu --num_processes 2` starts one process (several need mpirun): say so, do not
+    silently train with half the global batch."""
+    cmd = [str(ACCELERATE), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", str(SCRIPT), "--train_file", str(corpus), "--output_dir", str(tmp_path),
+           *TINY]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env())
+    assert result.returncode != 0
+    assert "started ONE process" in result.stderr and "cpu_2.yaml" in result.stderr
+
+
 # ------------------------------------------------------------------------------------------------- memory
 def test_memory_guard_refuses_dense_graph_on_small_ram(corpus, tmp_path):
     result = run(["--train_file", corpus, "--output_dir", tmp_path, "--config", "brillm-en", "--vocab_size", "300",
