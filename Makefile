@@ -18,7 +18,7 @@ setup: $(VENV)/.installed
 
 # Main job: tokenizer + graph from the embedded corpus, pretrain a small BriLLM, evaluate, generate.
 demo: setup
-	$(VENV)/bin/accelerate launch --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py --config demo --output_dir outputs/demo
+	$(VENV)/bin/accelerate launch -q --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py --config demo --output_dir outputs/demo
 
 test: setup
 	$(PY) -m pytest -q
