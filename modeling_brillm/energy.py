@@ -124,10 +124,11 @@ _WORKSPACES: dict = {}
 def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
     """An uninitialised tensor of `shape` carved from a cached buffer, reused once nothing else holds it.
 
-    The gradient buffers of a step are hundreds of MB; freshly allocated, every page faults in on first
-    write (glibc maps such blocks anew each time), which costs more than the arithmetic. A buffer is reused
-    only when its storage has no other reference (the optimizer step and `zero_grad()` have released the
-    sparse gradient that lent it out); otherwise a new one is made and cached.
+    The gradient buffers of a step are hundreds of MB and the per-entry temporaries tens of MB; freshly
+    allocated, every page faults in on first write (glibc maps such blocks anew, or trims them back to the
+    OS after use), which on a VM costs more than the arithmetic (~1-5 GB/s). A buffer is reused only when its
+    storage has no other reference (the optimizer step and `zero_grad()` have released the sparse gradient
+    that lent it out; the backward has released the saved tensors); otherwise a new one is made and cached.
     """
     numel = 1
     for s in shape:
@@ -141,7 +142,7 @@ def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
             free = False
         if free:
             return cached[:numel].view(shape)
-    big = device.type == "cpu" and numel * torch.tensor([], dtype=dtype).element_size() >= (1 << 24)
+    big = device.type == "cpu" and numel * dtype.itemsize >= (1 << 20)
     # headroom, so that steps touching a few more rows than the largest so far do not re-allocate
     buf = torch.empty(max(numel + numel // 4 if big else numel, 1), dtype=dtype, device=device)
     if big:
@@ -246,19 +247,21 @@ class _CandidateEnergies(torch.autograd.Function):
         groups = [(i, m, r0, n) for i, (m, r0, n) in
                   enumerate(zip(plan.group_sizes, plan.block_starts, plan.block_sizes)) if n]
         # pre-activations start as bias + PE of every entry, then each group adds x·W over its block in place
-        h = b2.index_select(0, plan.grouped_rows())
+        h = torch.index_select(b2, 0, plan.grouped_rows(), out=_workspace("h", (M, d), x.dtype, x.device))
+        tmp = _workspace("y", (M, d), x.dtype, x.device)
         if M:
-            h += pe.index_select(0, plan.grouped_positions())
+            h += torch.index_select(pe, 0, plan.grouped_positions(), out=tmp)
         xs = x.split(plan.group_sizes)
         hs = h.split([m * n for _, m, _, n in groups]) if groups else []
         for (i, m, r0, n), hg in zip(groups, hs):
             hg.view(n, m, d).baddbmm_(xs[i].expand(n, m, d), weights[r0:r0 + n])
-        y, e = _energy(h)
+        y = torch.ops.aten.gelu.out(h, out=tmp)
+        e = torch.linalg.vector_norm(y, dim=-1)
         v = None
         if any(ctx.needs_input_grad[:4]):  # v = dE/dh, all the backward needs of the pre-activations
             y /= e.clamp_min(torch.finfo(e.dtype).tiny).unsqueeze(-1)
-            v = torch.ops.aten.gelu_backward(y, h)
-        h = y = None
+            v = torch.ops.aten.gelu_backward.grad_input(y, h, grad_input=_workspace("v", (M, d), x.dtype, x.device))
+        h = y = tmp = None
         energies = e if plan.packed_to_grouped is None else e[plan.packed_to_grouped]
         if plan.has_shared:
             h_shared = torch.addmm(b2[0] + pe, x, weights[0]) if N else pe.clone()
@@ -287,8 +290,7 @@ class _CandidateEnergies(torch.autograd.Function):
         gh = gh_shared = None
         if M and grad_energies is not None:
             g = grad_energies if plan.grouped_to_packed is None else grad_energies[plan.grouped_to_packed]
-            g = g.to(dtype).unsqueeze(1)
-            gh = v * g
+            gh = torch.mul(v, g.to(dtype).unsqueeze(1), out=_workspace("gh", (M, d), dtype, device))
         if plan.has_shared and grad_shared is not None and N:
             gh_shared = _energy_backward(h_shared, y_shared, shared, grad_shared.to(dtype))
 
@@ -335,7 +337,7 @@ class _CandidateEnergies(torch.autograd.Function):
                     for s, n in zip(first_slots, ns):
                         w_values[s:s + n].zero_()
             if need_b:
-                b_values = x.new_zeros(R, d)
+                b_values = _workspace("grad_b", (R, d), dtype, device).zero_()
         elif need_params:
             w_values = weights.new_zeros(ctx.weight_shape) if need_w else None
             b_values = weights.new_zeros(P, d) if need_b else None
@@ -352,7 +354,7 @@ class _CandidateEnergies(torch.autograd.Function):
                     else:
                         torch.bmm(xs[i].t().expand(n, d, m), ghg.view(n, m, d), out=w_values[slot:slot + n])
             if need_x:  # dE/dx = W·(dE/dh), summed over the successors of each position
-                gx = torch.empty_like(gh)
+                gx = _workspace("gx", (M, d), dtype, device)
                 for (i, m, r0, n), ghg, gxg in zip(groups, ghs, gx.split(sizes)):
                     torch.bmm(ghg.view(n, m, d), weights[r0:r0 + n].transpose(1, 2), out=gxg.view(n, m, d))
                 grad_x.index_add_(0, plan.grouped_positions(), gx)
