@@ -220,3 +220,41 @@ def test_portable_fallback_matches_fused_kernel(monkeypatch):
             mp.setattr(torch, "_fused_adamw_", broken)
             opt_q.step()
     torch.testing.assert_close(p, q)
+
+
+def test_accelerate_prepare_step_and_checkpoint_resume(tmp_path):
+    """Through accelerate (CPU): prepare, step, save_state, load_state into fresh objects, identical next steps."""
+    accelerate = pytest.importorskip("accelerate")
+    from modeling_brillm import BriLLMForCausalLM
+
+    torch.manual_seed(8)
+    seqs = [torch.randint(0, 9, (8,)) for _ in range(4)]
+    ids = torch.stack(seqs)
+
+    def build():
+        model = BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=9, node_size=4)
+        model.sparse_gradients = True
+        return model
+
+    def train_step(acc, model, opt):
+        loss = model(ids, labels=ids, return_logits=False).loss
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    acc = accelerate.Accelerator(cpu=True)
+    model = build()
+    opt = SparseAdamW(model.parameters(), **HYPER)
+    model, opt = acc.prepare(model, opt)
+    train_step(acc, model, opt)
+    acc.save_state(str(tmp_path / "ckpt"))
+    train_step(acc, model, opt)
+
+    acc2 = accelerate.Accelerator(cpu=True)
+    model2 = build()
+    opt2 = SparseAdamW(model2.parameters(), lr=1.0)
+    model2, opt2 = acc2.prepare(model2, opt2)
+    acc2.load_state(str(tmp_path / "ckpt"))
+    train_step(acc2, model2, opt2)
+    for (name, a), b in zip(model.named_parameters(), model2.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
