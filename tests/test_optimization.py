@@ -258,3 +258,16 @@ def test_accelerate_prepare_step_and_checkpoint_resume(tmp_path):
     train_step(acc2, model2, opt2)
     for (name, a), b in zip(model.named_parameters(), model2.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_dense_fused_option_equals_adamw_fused():
+    torch.manual_seed(9)
+    a = torch.nn.Parameter(torch.randn(6, 4))
+    b = torch.nn.Parameter(a.detach().clone())
+    opt_a, opt_b = SparseAdamW([a], fused=True, **HYPER), torch.optim.AdamW([b], fused=True, **HYPER)
+    for _ in range(3):
+        g = torch.randn(6, 4)
+        a.grad, b.grad = g.clone(), g.clone()
+        opt_a.step()
+        opt_b.step()
+    assert torch.equal(a, b)
