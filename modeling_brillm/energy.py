@@ -119,6 +119,7 @@ def _energy_backward(h: torch.Tensor, y: torch.Tensor, e: torch.Tensor, grad_e: 
 
 # ------------------------------------------------------------------------------------- buffer reuse
 _WORKSPACES: dict = {}
+_CACHE_MIN_BYTES = 1 << 20  # smaller buffers come from malloc's free lists anyway
 
 
 def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
@@ -142,7 +143,7 @@ def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
             free = False
         if free:
             return cached[:numel].view(shape)
-    big = device.type == "cpu" and numel * dtype.itemsize >= (1 << 20)
+    big = device.type == "cpu" and numel * dtype.itemsize >= _CACHE_MIN_BYTES
     # headroom, so that steps touching a few more rows than the largest so far do not re-allocate
     buf = torch.empty(max(numel + numel // 4 if big else numel, 1), dtype=dtype, device=device)
     if big:

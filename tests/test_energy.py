@@ -208,7 +208,7 @@ def test_gather_without_link_and_without_candidates():
         torch.testing.assert_close(dense_grad(b), b2.grad)
 
 
-def test_float32_matches_float64_and_repeated_calls_reuse_buffers():
+def test_float32_matches_float64_and_repeated_calls_reuse_buffers(cache_everything):
     weights, biases, indptr, indices, sources, x, pe, V = setup(V=9, N=40, seed=4)
     grads = []
     for _ in range(3):  # buffer reuse across steps must not change results
@@ -256,3 +256,36 @@ def test_successor_logits_equals_the_grouped_path(dense, n):
         empty = torch.tensor([V - 1])
         got = successor_logits(x[:1], pe[:1], weights, biases, empty, indptr, indices, V)
         torch.testing.assert_close(got, reference(x[:1], pe[:1], weights, biases, empty, indptr, indices, V))
+
+
+@pytest.fixture
+def cache_everything(monkeypatch):
+    """Make every buffer a cached, reusable workspace (normally only those of 1 MB and more)."""
+    from modeling_brillm import energy
+
+    monkeypatch.setattr(energy, "_CACHE_MIN_BYTES", 0)
+    energy.release_workspaces()
+    yield
+    energy.release_workspaces()
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_gradient_accumulation_and_two_graphs_in_flight(sparse_grad, cache_everything):
+    """Reused buffers must never be shared by two live gradients or two un-backwarded graphs."""
+    weights, biases, indptr, indices, sources, x, pe, V = setup(V=9, N=30, seed=10, dtype=torch.float32)
+    w = weights.clone().requires_grad_()
+    b = biases.clone().requires_grad_()
+    ref_w, ref_b = weights.clone().requires_grad_(), biases.clone().requires_grad_()
+    g = torch.Generator().manual_seed(1)
+    halves = [sources[:15], sources[15:]]
+    xs = [x[:15], x[15:]]
+    pes = [pe[:15], pe[15:]]
+    wts = [torch.randn(15, V, generator=g) for _ in range(2)]
+    # two forwards, then two backwards, without zero_grad in between
+    outs = [fast_logits(xx, pp, w, b, ss, indptr, indices, V, sparse_grad)[0] for xx, pp, ss in zip(xs, pes, halves)]
+    for out, wt in zip(outs, wts):
+        (out * wt).sum().backward()
+    for xx, pp, ss, wt in zip(xs, pes, halves, wts):
+        (reference(xx, pp, ref_w, ref_b, ss, indptr, indices, V) * wt).sum().backward()
+    torch.testing.assert_close(dense_grad(w), ref_w.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(dense_grad(b), ref_b.grad, atol=1e-5, rtol=1e-4)
