@@ -8,9 +8,10 @@ read once per call; the backward writes gradients for the touched rows only (den
 Work layout. Entries are the (position, real successor) pairs. The *packed* order (what `candidate_energies`
 returns) is position-major: sorted position p owns entries `entry_start[p] .. entry_start[p] + degree[p]`.
 Inside the autograd function the entries of a group (the m positions of one source, its n successors) are
-computed successor-major, as one (n, m, d) chunk, so a group costs one `baddbmm` forward and two `bmm`
-backward over its block of edge matrices read in place; everything elementwise (PE, GeLU, norms, their
-backward) runs once over all entries. A group's chunk covers the same entry range in both orders (the
+computed successor-major, as one (n, m, d) chunk, so a group costs one in-place `baddbmm` forward and two
+products backward (outer products x⊗dE/dh into the gradient, and W·dE/dh for dE/dx) over its block of edge
+matrices read in place; everything elementwise (bias + PE, GeLU, norms, dE/dh, kept from the forward) runs
+once over all entries. Large per-step buffers are reused across steps (`_workspace`). A group's chunk covers the same entry range in both orders (the
 positions of a group are consecutive and share one degree), so the two orders differ by a transpose inside
 each chunk, and not at all when every source occurs once.
 
