@@ -20,10 +20,13 @@ from transformers.utils import ModelOutput
 
 from .configuration_brillm import BriLLMConfig
 from .energy import (
+    EdgeGradLink,
     candidate_energies,
     exact_log_partition,
+    gather_edges,
     make_plan,
     scatter_logits,
+    successor_logits,
     target_energies,
 )
 from .graph import BigramGraph, build_sparse_graph, check_csr
@@ -140,6 +143,7 @@ class _Signals:
     index: torch.Tensor  # (B, L) absolute position of the token in its sequence
     signals: torch.Tensor  # (B, L, d) signal leaving each token
     state: BriLLMState
+    link: EdgeGradLink | None = None  # hands the recurrence's edge gradients to candidate_energies
 
 
 class BriLLMPreTrainedModel(PreTrainedModel):
@@ -392,9 +396,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
-        w_steps = F.embedding(rows, _rows(self.weights, d * d), sparse=self.sparse_gradients)
-        b_steps = F.embedding(rows, _rows(self.biases, d), sparse=self.sparse_gradients)
-        w_steps, b_steps = w_steps.view(B, L, d, d).unbind(1), b_steps.unbind(1)
+        link = EdgeGradLink() if torch.is_grad_enabled() else None
+        w_steps, b_steps = gather_edges(self.weights, self.biases, rows, self.sparse_gradients, link)
+        w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
         pe_edge = self._pe(index).to(wdtype).unbind(1)  # PE[i+1] of edge i
         mix_weight = self.positions.view(-1).float()[(index - 1).clamp(0, cfg.max_position_embeddings - 1)].unbind(1)
 
@@ -421,7 +425,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         rows_idx = torch.arange(B, device=device)
         final_token = torch.where(lengths > 0, tokens[rows_idx, (lengths - 1).clamp_min(0)], last)
         new_state = BriLLMState(signal, mix_sum, mix_norm, mix_max, start + lengths, final_token, seen + T)
-        return _Signals(tokens, valid, column, index, torch.stack(signals, 1), new_state)
+        return _Signals(tokens, valid, column, index, torch.stack(signals, 1), new_state, link)
 
     def _decode_step(self, tokens: torch.Tensor, state: BriLLMState) -> _Signals:
         """One new token per row on top of `state`: the decoding hot path, the same math as the general loop."""
@@ -484,6 +488,16 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         run = self._run_signals(input_ids, attention_mask, past_key_values)
         B, T = input_ids.shape
         device = input_ids.device
+        if (labels is None and return_logits and T == 1 and past_key_values is not None and not output_hidden_states
+                and not torch.is_grad_enabled() and run.signals.shape[1] == 1 and bool(run.valid.all())):
+            # decoding hot path: one new token per row, every node's energy as its successor, no plan
+            indptr, indices = self.csr()
+            pe = self._pe(run.index[:, 0] + 1).to(self.weights.dtype)
+            logits = successor_logits(run.signals[:, 0].to(self.weights.dtype), pe, self.weights, self.biases,
+                                      run.tokens[:, 0], indptr, indices, V)
+            use_cache = cfg.use_cache if use_cache is None else use_cache
+            return BriLLMCausalLMOutput(logits=logits.float().unsqueeze(1),
+                                        past_key_values=run.state if use_cache else None)
 
         # Which positions need candidate energies: every real one for the loss; for logits, the last columns.
         targets = None
@@ -512,7 +526,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         x = run.signals[b_idx, j_idx].to(self.weights.dtype)
         pe = self._pe(run.index[b_idx, j_idx] + 1).to(self.weights.dtype)
         energies, shared = candidate_energies(
-            x, pe, self.weights, _rows(self.biases, cfg.node_size), plan, self.sparse_gradients
+            x, pe, self.weights, self.biases, plan, self.sparse_gradients, link=run.link
         )
         energies, shared = energies.float(), shared.float()
 
