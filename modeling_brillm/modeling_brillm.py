@@ -364,7 +364,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
             return self._decode_step(input_ids[:, 0], state)
         device, cfg = input_ids.device, self.config
         B, T = input_ids.shape
-        d, P = cfg.node_size, cfg.num_edge_rows
+        d = cfg.node_size
         wdtype = self.weights.dtype
 
         # Move each row's real tokens to the front, so padding on either side (or holes) is simply skipped.
@@ -429,7 +429,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
 
     def _decode_step(self, tokens: torch.Tensor, state: BriLLMState) -> _Signals:
         """One new token per row on top of `state`: the decoding hot path, the same math as the general loop."""
-        d, wdtype = self.config.node_size, self.weights.dtype
+        wdtype = self.weights.dtype
         length = state.length
         if int(length.max()) >= self.config.max_position_embeddings:
             raise self._too_long(int(length.max()) + 1)
@@ -568,7 +568,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
 
     def _sampled_loss(self, logits, shared, sources, targets):
         """The release's objective: cross-entropy over the true target (first) and K negatives of the source."""
-        K, V = self.config.num_negatives, self.config.vocab_size
+        K = self.config.num_negatives
         if self.config.negative_sampling == "uniform":
             # K distinct nodes other than the target, uniformly
             noise = torch.rand(logits.shape, device=logits.device)

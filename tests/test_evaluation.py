@@ -11,21 +11,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from _tiny import CORPUS, EOS, PAD, make_model, make_tokenizer, save_tiny
+from _tiny import CORPUS, make_model, make_tokenizer, save_tiny
 from modeling_brillm import BriLLMForCausalLM
 from modeling_brillm.evaluation import load_texts, per_text_perplexity, perplexity
 from modeling_brillm.interpretability import EnergyTrace, energy_trace, plot_energy_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = CORPUS[:6] + ["the bird likes the long tree walk", "a"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,6 @@ from modeling_brillm.decoding import EnergyGenerateOutput, energy_generate, save
 PROMPTS = ["the cat", "a dog saw the", "my"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to other processes holding the cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     tok = make_tokenizer()
@@ -370,7 +361,6 @@ def test_pipeline_bad_input(pipe):
 
 def test_generate_example_script(saved, capsys, tmp_path):
     import runpy
-    import sys
     from pathlib import Path
 
     directory, _, _ = saved

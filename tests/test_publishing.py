@@ -22,14 +22,6 @@ REPO_ID = "tiny-org/tiny-brillm"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny_brillm_repo")
