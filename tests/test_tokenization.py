@@ -20,7 +20,7 @@ from tokenization import build_tokenizer, load_released_char_vocab, load_release
 from tokenization.build_tokenizer import main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_DIR = Path("/work/shared/reference/brillm05")
+REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference" / "brillm05"  # shared/ sits beside the clone
 RELEASED_BPE_JSON = REFERENCE_DIR / "wiki_bpe_tokenizer_4000_bytelevel.json"
 RELEASED_CHAR_VOCAB = REFERENCE_DIR / "vocab_wiki_4k.json"
 
