@@ -187,7 +187,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
             self.register_buffer("graph_counts", torch.zeros(E, dtype=torch.long))
         # Like nn.Embedding(sparse=True): gradients of the edge tables only for the rows a step touched.
         self.sparse_gradients = False
-        self._edge_key_cache = self._pe_cache = None
+        self._edge_key_cache = self._pe_cache = self._freq_cache = None
         self.post_init()
 
     # ----------------------------------------------------------------------------------------------- graph
@@ -529,6 +529,9 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             x, pe, self.weights, self.biases, plan, self.sparse_gradients, link=run.link
         )
         energies, shared = energies.float(), shared.float()
+        logits_sorted = None
+        if return_logits or (targets is not None and cfg.loss_type == "sampled"):
+            logits_sorted = scatter_logits(energies, shared, plan, V)  # (N, V) in plan order
 
         loss = None
         if targets is not None:
@@ -540,7 +543,6 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             if cfg.loss_type == "exact":
                 per_position = exact_log_partition(energies, shared, plan, V) - true_energy
             else:
-                logits_sorted = scatter_logits(energies, shared, plan, V)
                 per_position = self._sampled_loss(logits_sorted, shared, sources, safe_target)
             count = scored.sum()
             loss = torch.where(scored, per_position, torch.zeros_like(per_position)).sum() / count.clamp_min(1)
@@ -551,7 +553,6 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             logits = torch.zeros(B, width, V, dtype=torch.float32, device=device)
             if b_idx.numel():
                 keep = run.column[b_idx, j_idx] >= keep_from
-                logits_sorted = scatter_logits(energies, shared, plan, V)
                 logits = logits.index_put(
                     (b_idx[keep], run.column[b_idx, j_idx][keep] - keep_from), logits_sorted[keep]
                 )
@@ -587,8 +588,9 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
 
     def _frequency_table(self, width: int) -> torch.Tensor:
         """(V, width) successors of every node by descending bigram count, padded with −1 (cached)."""
-        key = (width, self.graph_counts._version, self.graph_indices._version, self.graph_counts.device)
-        cached = getattr(self, "_freq_cache", None)
+        counts, indices = self.graph_counts, self.graph_indices
+        key = (width, counts.data_ptr(), counts._version, indices.data_ptr(), indices._version, counts.device)
+        cached = self._freq_cache
         if cached is not None and cached[0] == key:
             return cached[1]
         V = self.config.vocab_size
