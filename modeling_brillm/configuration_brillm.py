@@ -6,6 +6,7 @@ GRAPHS = ("sparse", "dense")
 POSITION_ENCODINGS = ("released", "sinusoidal")
 LOSS_TYPES = ("exact", "sampled")
 NEGATIVE_SAMPLINGS = ("frequency", "uniform")
+START_SIGNALS = ("uniform", "learned")
 
 
 class BriLLMConfig(PreTrainedConfig):
@@ -44,6 +45,14 @@ class BriLLMConfig(PreTrainedConfig):
         negative_sampling (`str`, defaults to `"frequency"`):
             `"frequency"`: the K most frequent successors of the source in the training bigrams
             (needs a sparse graph, which stores the counts). `"uniform"`: K nodes drawn uniformly.
+        start_signal (`str`, defaults to `"uniform"`):
+            The signal the first token's node starts from, before its node bias and PE[0]. `"uniform"`: every
+            neuron 1/d, as in the release. `"learned"`: a trainable d-vector (`start_signals`), initialised to
+            1/d so a fresh learned model computes exactly what the uniform one does; training only it is prompt
+            tuning for BriLLM (d numbers per task).
+        num_start_signals (`int`, defaults to 1):
+            Learned start signals (one per task), chosen per row by the `signal_ids` input (default 0). Only
+            with `start_signal="learned"`.
         bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*):
             Special token ids of the tokenizer the graph was built for.
     """
@@ -60,6 +69,8 @@ class BriLLMConfig(PreTrainedConfig):
     loss_type: str = "exact"
     num_negatives: int = 400
     negative_sampling: str = "frequency"
+    start_signal: str = "uniform"
+    num_start_signals: int = 1
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -84,9 +95,11 @@ class BriLLMConfig(PreTrainedConfig):
         return self.num_edges + 1
 
     def num_parameters_formula(self) -> int:
-        """The paper's count: P·(d² + d) + V·d + max_positions, with P = real edges + 1."""
+        """The paper's count: P·(d² + d) + V·d + max_positions, with P = real edges + 1 (+ d per learned start
+        signal)."""
         d = self.node_size
-        return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings
+        learned = self.num_start_signals * d if self.start_signal == "learned" else 0
+        return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
         """Raise a `ValueError` naming the first invalid field and how to fix it."""
@@ -99,7 +112,7 @@ class BriLLMConfig(PreTrainedConfig):
             need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                  f"{name} must be a positive integer, got {value!r}.")
 
-        for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives"):
+        for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives", "num_start_signals"):
             positive_int(name)
         need(self.vocab_size >= 2, "vocab_size must be at least 2 (a graph needs two nodes).")
         need(self.graph in GRAPHS, f"graph must be one of {GRAPHS}, got {self.graph!r}.")
@@ -108,6 +121,11 @@ class BriLLMConfig(PreTrainedConfig):
         need(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}.")
         need(self.negative_sampling in NEGATIVE_SAMPLINGS,
              f"negative_sampling must be one of {NEGATIVE_SAMPLINGS}, got {self.negative_sampling!r}.")
+        need(self.start_signal in START_SIGNALS,
+             f"start_signal must be one of {START_SIGNALS}, got {self.start_signal!r}.")
+        need(self.start_signal == "learned" or self.num_start_signals == 1,
+             f"num_start_signals={self.num_start_signals} needs start_signal='learned' (the uniform start signal "
+             "is a single fixed vector).")
         if self.graph == "sparse":
             need(self.num_edges is not None,
                  "a sparse graph needs num_edges (build one with BriLLMForCausalLM.from_token_sequences, "

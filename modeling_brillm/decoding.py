@@ -188,6 +188,7 @@ def energy_generate(
     pad_token_id: int | None = None,
     streamer=None,
     tokenizer=None,
+    signal_ids=None,
 ) -> EnergyGenerateOutput:
     """Decode with BriLLM's rule: at every step, every node v receives energy E_v = ‖GeLU(x·W[u→v] + b + PE)‖
     from the node u the signal sits on; the next node is the most energetic one (greedy) or is drawn from
@@ -217,6 +218,7 @@ def energy_generate(
         pad_token_id: fills finished rows; defaults to the generation config's, then the first eos id.
         streamer: a transformers streamer (`TextStreamer`, ...); gets the prompt, then each new token (batch 1).
         tokenizer: optional, kept on the output so `path()` / `to_records()` include token texts.
+        signal_ids: `(batch,)` learned start signal of each row (models with `start_signal="learned"`).
 
     Returns:
         `EnergyGenerateOutput` with `sequences` and the energy path (`tokens`, `energies`, `ranks`,
@@ -322,8 +324,9 @@ def energy_generate(
     all_active = True  # python mirror of active.all(), so the common case skips the masking ops
     current = input_ids[:, -1]  # left-aligned: the last column is every row's last real token
     if steps:
+        start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the first call starts the signal
         out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
-                    logits_to_keep=1)
+                    logits_to_keep=1, **start)
     for s in range(steps):
         raw = out.logits[:, -1, :].float()  # energies of every node as the successor of `current`
         logits = raw

@@ -158,6 +158,8 @@ class BriLLMPreTrainedModel(PreTrainedModel):
             for tensor in (module.node_bias, module.weights, module.biases):
                 init.uniform_(tensor, -r, r)
             init.ones_(module.positions)
+            if module.start_signals is not None:  # also fills it when a uniform checkpoint is loaded as learned
+                init.constant_(module.start_signals, 1.0 / self.config.node_size)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -180,6 +182,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
         self.weights = nn.Parameter(torch.empty(P, d, d))
         self.biases = nn.Parameter(torch.empty(P, 1, d))
         self.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1))
+        # start_signal="learned": the signal the first node starts from, one d-vector per task (1/d = the release)
+        self.start_signals = None
+        if config.start_signal == "learned":
+            self.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d))
         if config.graph == "sparse":
             E = config.num_edges
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
@@ -358,8 +364,32 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return mask
 
     # ------------------------------------------------------------------------------------------- recurrence
-    def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None) -> _Signals:
+    def _check_signal_ids(self, signal_ids, batch: int, device) -> torch.Tensor | None:
+        """(B,) long start-signal ids on `device`, or None for the uniform start (or no signal_ids on learned)."""
+        cfg = self.config
+        if signal_ids is None:
+            return None
+        if cfg.start_signal != "learned":
+            raise ValueError("signal_ids needs a model with start_signal='learned' (this one starts every sequence "
+                             "from the uniform 1/d signal); set config.start_signal='learned' or drop signal_ids.")
+        signal_ids = torch.as_tensor(signal_ids, device=device)
+        if signal_ids.dim() == 0:
+            signal_ids = signal_ids.expand(batch)
+        if signal_ids.is_floating_point() or signal_ids.dtype == torch.bool or tuple(signal_ids.shape) != (batch,):
+            raise ValueError(f"signal_ids must be integer ids of shape (batch,) = ({batch},), got "
+                             f"{tuple(signal_ids.shape)} {signal_ids.dtype}.")
+        n = cfg.num_start_signals
+        if signal_ids.numel() and (int(signal_ids.min()) < 0 or int(signal_ids.max()) >= n):
+            bad = int(signal_ids.min()) if int(signal_ids.min()) < 0 else int(signal_ids.max())
+            raise ValueError(f"signal_ids value {bad} is outside [0, {n}): this model has num_start_signals={n}; "
+                             "use an id below it, or build the model with more start signals.")
+        return signal_ids.long()
+
+    def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None,
+                     signal_ids=None) -> _Signals:
         mask = self._check_inputs(input_ids, attention_mask, state)
+        # the start signal only matters for a sequence's first token: with a state it is already consumed
+        signal_ids = self._check_signal_ids(signal_ids, input_ids.shape[0], input_ids.device) if state is None else None
         if state is not None and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and bool(mask.all()):
             return self._decode_step(input_ids[:, 0], state)
         device, cfg = input_ids.device, self.config
@@ -406,7 +436,12 @@ class BriLLMModel(BriLLMPreTrainedModel):
         if bool(first.any()):
             start_pe = self._pe(torch.zeros(1, dtype=torch.long, device=device))
             node_bias = F.embedding(tokens[:, 0], _rows(self.node_bias, d), sparse=self.sparse_gradients)
-            s0 = F.gelu(1.0 / d + node_bias.float() + start_pe)
+            if self.start_signals is None:
+                start_signal = 1.0 / d
+            else:
+                ids = signal_ids if signal_ids is not None else torch.zeros_like(tokens[:, 0])
+                start_signal = self.start_signals.float()[ids]
+            s0 = F.gelu(start_signal + node_bias.float() + start_pe)
             signal = torch.where(first.unsqueeze(1), s0, signal)
 
         signals = []
@@ -445,8 +480,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
                         signal.unsqueeze(1), new_state)
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
-                **kwargs):
-        run = self._run_signals(input_ids, attention_mask, past_key_values)
+                signal_ids=None, **kwargs):
+        run = self._run_signals(input_ids, attention_mask, past_key_values, signal_ids)
         B, T = input_ids.shape
         hidden = run.signals.new_zeros(B, T, self.config.node_size)
         hidden[run.valid.nonzero(as_tuple=True)[0], run.column[run.valid]] = run.signals[run.valid]
@@ -468,6 +503,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         return_logits: bool = True,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        signal_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BriLLMCausalLMOutput:
         r"""
@@ -480,12 +516,14 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             only the new tokens.
         logits_to_keep (`int`): compute logits for the last this many columns only (0 = all).
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
+        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
+            from (`start_signal="learned"`; default 0). Ignored with `past_key_values` (the start is consumed).
         """
         if labels is not None and past_key_values is not None:
             raise ValueError("labels with past_key_values is not supported: score whole sequences.")
         cfg = self.config
         V = cfg.vocab_size
-        run = self._run_signals(input_ids, attention_mask, past_key_values)
+        run = self._run_signals(input_ids, attention_mask, past_key_values, signal_ids)
         B, T = input_ids.shape
         device = input_ids.device
         if (labels is None and return_logits and T == 1 and past_key_values is not None and not output_hidden_states
@@ -618,6 +656,8 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             "use_cache": True if use_cache is None else use_cache,
             "logits_to_keep": 1 if logits_to_keep is None else logits_to_keep,
         }
+        if past_key_values is None and kwargs.get("signal_ids") is not None:
+            inputs["signal_ids"] = kwargs["signal_ids"]  # the first call starts the signal; later ones carry state
         return inputs
 
     def _reorder_cache(self, past_key_values: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
