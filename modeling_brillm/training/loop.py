@@ -16,6 +16,11 @@ from .data import count_targets, split_sentences
 DEFAULT_PROMPTS = ["The return value", "An exception is raised", "If the object", "A class definition"]
 
 
+def _extra_inputs(batch) -> dict:
+    """Optional model inputs a batch may carry: `signal_ids` (learned start signals, fine-tuning data)."""
+    return {"signal_ids": batch["signal_ids"]} if "signal_ids" in batch else {}
+
+
 @dataclass
 class StepResult:
     loss: float  # token-weighted mean loss over the global batch
@@ -53,7 +58,7 @@ class TrainStep:
         with acc.accumulate(model):
             n_local = count_targets(batch)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        labels=batch["labels"], return_logits=False)
+                        labels=batch["labels"], return_logits=False, **_extra_inputs(batch))
             # backward of (sum of this batch's token losses) / ref; rescaled below to / (global targets)
             acc.backward(out.loss * (n_local / self.ref))
             self.sums += torch.stack([out.loss.detach().double() * n_local, n_local.double(),
@@ -89,7 +94,8 @@ def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for batch in dataloader:
         with torch.no_grad():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           **_extra_inputs(batch)).logits
         mask, labels = batch["attention_mask"], batch["labels"]
         targets = labels[:, 1:].masked_fill((mask[:, 1:] == 0) | (mask[:, :-1] == 0), -100)
         nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
