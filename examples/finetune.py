@@ -76,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                          "one process). [adamw]")
     p.add_argument("--seed", type=int, default=42, help="[42]")
     p.add_argument("--torch_threads", type=int, default=None, help="torch CPU threads.")
+    p.add_argument("--num_samples", type=int, default=3,
+                   help="Validation prompts to complete greedily before and after (0: none). [3]")
+    p.add_argument("--max_new_tokens", type=int, default=32, help="Tokens per sample completion. [32]")
     p.add_argument("--logging_steps", type=int, default=10, help="Print the loss every N optimizer steps. [10]")
     p.add_argument("--output_dir", default="outputs/finetune", help="Where the fine-tuned folder goes.")
     p.add_argument("--with_tracking", action="store_true", help="Log to experiment trackers (--report_to).")
@@ -239,6 +242,24 @@ def make_loader(rows, batch_size, pad_id, shuffle, with_signal_ids, seed):
                       collate_fn=lambda batch: collate_sft(batch, pad_id, with_signal_ids))
 
 
+def complete(model, tokenizer, records, signal_id, max_new_tokens, device) -> list[str]:
+    """Greedy completions of the prompts of `records` (self-loops allowed, as generate())."""
+    import torch
+
+    out = []
+    model.eval()
+    for record in records:
+        enc = tokenizer(record.get("prompt", ""), return_tensors="pt").to(device)
+        room = model.config.max_position_embeddings - enc["input_ids"].shape[1]
+        extra = {} if model.start_signals is None else {"signal_ids": torch.tensor([record.get("signal_id", signal_id)])}
+        with torch.no_grad():
+            ids = model.generate(**enc, max_new_tokens=max(0, min(max_new_tokens, room)), do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
+        out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+    model.train()
+    return out
+
+
 def evaluate_completions(model, loader, accelerator) -> dict:
     from modeling_brillm.training.loop import evaluate
 
@@ -317,6 +338,9 @@ def run(args) -> int:
         + (f" ({dropped + val_dropped} dropped: no completion token within {max_length} tokens)"
            if dropped + val_dropped else ""))
 
+    sample_records = [r for r in val_records if "prompt" in r][: args.num_samples]
+    samples_before = complete(model, tokenizer, sample_records, args.signal_id, args.max_new_tokens,
+                              accelerator.device) if accelerator.is_main_process else []
     trainable, what = restrict_training(model, args.train_only, train_rows)
     total = sum(p.numel() for p in model.parameters())
     say(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} numbers "
@@ -361,13 +385,21 @@ def run(args) -> int:
     say(f"after: completion perplexity {after['perplexity']:,.2f} (loss {after['loss']:.4f}); before "
         f"{before['perplexity']:,.2f}; {completed} steps in {seconds:.1f}s")
 
+    samples = []
+    if accelerator.is_main_process and sample_records:
+        after_texts = complete(accelerator.unwrap_model(model), tokenizer, sample_records, args.signal_id,
+                               args.max_new_tokens, accelerator.device)
+        say("greedy completions of validation prompts (before | after | reference):")
+        for record, old, new in zip(sample_records, samples_before, after_texts):
+            say(f"  {record['prompt']!r}\n    before: {old!r}\n    after : {new!r}\n    ref   : {record['completion']!r}")
+            samples.append({"prompt": record["prompt"], "before": old, "after": new, "reference": record["completion"]})
     out_dir = Path(args.output_dir)
     results = {
         "base_model": args.model_name_or_path, "train_only": args.train_only, "trainable_parameters": trainable,
         "total_parameters": total, "signal_id": args.signal_id if learned else None, "learning_rate": lr,
         "steps": completed, "train_seconds": round(seconds, 2), "train_sequences": len(train_rows),
         "validation_sequences": len(val_rows), "before": before, "after": after,
-        "final_train_loss": losses[-1] if losses else None,
+        "final_train_loss": losses[-1] if losses else None, "samples": samples,
     }
     save_folder(accelerator, model, tokenizer, out_dir, results, data_line)
     say(f"saved to {out_dir} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
