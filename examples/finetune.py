@@ -168,8 +168,10 @@ def touched_edge_rows(model, rows: list[dict]):
     return touched[touched > 0]
 
 
-def restrict_training(model, train_only: str, train_rows: list[dict]) -> tuple[int, str]:
-    """Freeze what `train_only` leaves out; for touched_edges also mask the gradients of untouched edge rows.
+def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=None) -> tuple[int, str]:
+    """Freeze what `train_only` leaves out; for touched_edges also mask the gradients of untouched edge rows, as
+    each gradient is accumulated (so clipping sees the masked gradient) and again before every `optimizer` step
+    (so nothing that rewrites gradients in between, e.g. DDP's all-reduce, can move an untouched row).
     Returns (trainable numbers, a line saying what is trained)."""
     import torch
 
@@ -188,9 +190,16 @@ def restrict_training(model, train_only: str, train_rows: list[dict]) -> tuple[i
     touched = touched_edge_rows(model, train_rows)
     allowed = torch.zeros(model.weights.shape[0], dtype=torch.bool, device=model.weights.device)
     allowed[touched.to(allowed.device)] = True
+    mask = _row_mask_hook(allowed)
     for param in (model.weights, model.biases):
         param.requires_grad_(True)
-        param.register_post_accumulate_grad_hook(_row_mask_hook(allowed))
+        param.register_post_accumulate_grad_hook(mask)
+    if optimizer is not None:
+        def before_step(*_):
+            mask(model.weights)
+            mask(model.biases)
+
+        optimizer.register_step_pre_hook(before_step)
     count = int(touched.numel()) * (d * d + d)
     return count, (f"the {touched.numel():,} edges the data crosses, of {model.config.num_edges:,} "
                    f"({touched.numel() / max(model.config.num_edges, 1):.1%})")
@@ -341,14 +350,13 @@ def run(args) -> int:
     sample_records = [r for r in val_records if "prompt" in r][: args.num_samples]
     samples_before = complete(model, tokenizer, sample_records, args.signal_id, args.max_new_tokens,
                               accelerator.device) if accelerator.is_main_process else []
-    trainable, what = restrict_training(model, args.train_only, train_rows)
-    total = sum(p.numel() for p in model.parameters())
-    say(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} numbers "
-        f"({trainable / total:.4%})")
-
     lr = args.learning_rate or DEFAULT_LR[args.train_only]
     plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm)
     optimizer = build_optimizer(model, plan, lr, args.weight_decay, accelerator)
+    trainable, what = restrict_training(model, args.train_only, train_rows, optimizer)
+    total = sum(p.numel() for p in model.parameters())
+    say(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} numbers "
+        f"({trainable / total:.4%})")
     train_loader = make_loader(train_rows, args.per_device_train_batch_size, pad_id, True, learned, args.seed)
     val_loader = make_loader(val_rows, args.per_device_eval_batch_size, pad_id, False, learned, args.seed) \
         if val_rows else None
