@@ -33,14 +33,21 @@ from .graph import BigramGraph, build_sparse_graph, check_csr
 
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
-    """Sinusoidal encoding rows for integer `positions` (any shape) → (..., d), float32.
+    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32.
 
     "released" multiplies by 10000^(2j/d) (BriLLM0.5's formula); "sinusoidal" divides (the textbook one).
-    Computed in float32 as exp(2j·±ln(10000)/d), like the release, so released checkpoints see the same values.
+    Computed with the release's exact float32 steps (BRILLM_SPEC.md, "Positional encoding"): the angles reach
+    pos·5.6e3, so an equal formula that rounds the frequency differently (e.g. exp(2j·ln(10000)/d)) moves
+    them by up to 0.25 rad and released checkpoints no longer see the values they were trained on.
     """
-    sign = 1.0 if variant == "released" else -1.0
-    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32, device=positions.device) * (sign * math.log(10000.0) / d))
-    angle = positions.to(torch.float32).unsqueeze(-1) * freq  # (..., ceil(d/2))
+    if positions.is_floating_point() or positions.is_complex():
+        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; pass e.g. torch.arange(n).")
+    if variant not in ("released", "sinusoidal"):
+        raise ValueError(f"variant must be 'released' or 'sinusoidal', got {variant!r}.")
+    exponent = torch.arange(0, d, 2, device=positions.device) / d  # int64 / int → float32 (true division)
+    freq = 10000.0 ** exponent  # float32 power, as the release
+    pos = positions.to(torch.int64).unsqueeze(-1)
+    angle = pos * freq if variant == "released" else pos / freq  # int64 with float32 → float32, (..., ceil(d/2))
     pe = torch.empty(*positions.shape, d, dtype=torch.float32, device=positions.device)
     pe[..., 0::2] = torch.sin(angle)
     pe[..., 1::2] = torch.cos(angle[..., : d // 2])

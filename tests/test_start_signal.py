@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-from tests._tiny import BOS, make_model, make_tokenizer
+from tests._tiny import BOS, EOS, make_model, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +172,18 @@ def test_signal_ids_through_pipeline(tok, uniform):
         assert text == tok.decode(direct[0], skip_special_tokens=True)
         texts.append(text)
     assert texts[0] != texts[1]
+
+
+def test_signal_ids_reach_beam_search(tok, uniform):
+    learned = as_learned(uniform, num_start_signals=2)
+    with torch.no_grad():
+        learned.start_signals[1] = torch.linspace(-3, 3, 8)
+    prompt = torch.tensor([[BOS]])
+    found = []
+    for sid in (0, 1):
+        beams = dict(max_new_tokens=6, num_beams=2, eos_token_id=EOS, pad_token_id=0)
+        out = learned.generate(prompt, signal_ids=torch.tensor([sid]), do_sample=False, **beams)
+        energy = learned.energy_generate(prompt, signal_ids=torch.tensor([sid]), exclude_self_loops=False, **beams)
+        assert torch.equal(energy.sequences, out)
+        found.append(out)
+    assert not torch.equal(found[0], found[1])
