@@ -802,6 +802,14 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             generation_config.max_length = default_max_length + input_ids_length
         return generation_config
 
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, *args, **kwargs):
+        criteria = super()._get_stopping_criteria(generation_config, stopping_criteria, *args, **kwargs)
+        if self.extends_positions:
+            for criterion in criteria:  # its "exceeded the model's predefined maximum length" warning does not apply
+                if hasattr(criterion, "max_position_embeddings"):
+                    criterion.max_position_embeddings = None
+        return criteria
+
     def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
         super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
         if self.extends_positions:
