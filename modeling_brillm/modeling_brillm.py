@@ -781,12 +781,12 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         }
         return inputs
 
-    def generate(self, inputs=None, generation_config=None, **kwargs):
+    def generate(self, *args, **kwargs):
         # remember the prompt's real lengths: padding takes no position, so the length check counts real tokens
         mask = kwargs.get("attention_mask")
         self._prompt_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         try:
-            return super().generate(inputs, generation_config, **kwargs)
+            return super().generate(*args, **kwargs)
         finally:
             self._prompt_mask = None
 
