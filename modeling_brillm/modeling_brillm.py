@@ -332,7 +332,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
             pairs = list(pairs)
             if any(not hasattr(p, "__len__") or len(p) != 2 for p in pairs):
                 raise ValueError("add_edges: pairs must be (source, target) node-id pairs, e.g. [(5, 7), (7, 9)].")
-            pairs = torch.tensor(pairs, dtype=torch.long, device=device).reshape(-1, 2)
+            pairs = torch.tensor(pairs, device=device).reshape(-1, 2) if pairs else torch.zeros(0, 2, dtype=torch.long)
+            if pairs.is_floating_point() or pairs.dtype == torch.bool:
+                raise TypeError(f"add_edges: pairs must hold integer node ids, got {pairs.dtype} values.")
+            pairs = pairs.long()
         if pairs.dim() != 2 or pairs.shape[1] != 2:
             raise ValueError(f"add_edges: pairs must have shape (N, 2) (source, target), got {tuple(pairs.shape)}.")
         if pairs.shape[0] == 0:
