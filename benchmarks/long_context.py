@@ -109,7 +109,8 @@ def main(argv=None):
     parser.add_argument("--successors", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=20_000)
     parser.add_argument("--window", type=int, default=1000, help="tokens at each end whose per-token time is compared")
-    parser.add_argument("--ways", nargs="+", default=["generate", "energy", "loop"], choices=["generate", "energy", "loop"])
+    ways = ["generate", "energy", "loop"]
+    parser.add_argument("--ways", nargs="+", default=ways, choices=ways)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="also write the results here")
@@ -132,7 +133,8 @@ def main(argv=None):
     for way in args.ways:
         r = measure(model, way, args.tokens, args.window)
         results.append(r)
-        print(f"{way:9s} {r['tokens']:,} tokens in {r['total_s']:.1f}s: per token (median) {r['first_ms']:.3f} ms (first "
+        print(f"{way:9s} {r['tokens']:,} tokens in {r['total_s']:.1f}s: per token (median) {r['first_ms']:.3f} ms "
+              f"(first "
               f"{args.window:,}) -> {r['last_ms']:.3f} ms (last {args.window:,}), ratio {r['ratio']:.2f} (means "
               f"{r['first_mean_ms']:.3f} -> {r['last_mean_ms']:.3f} ms, ratio {r['mean_ratio']:.2f}); memory "
               f"{r['memory_at_1000_gb']:.3f} GB after 1,000 -> {r['memory_end_gb']:.3f} GB at the end "

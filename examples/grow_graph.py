@@ -251,7 +251,8 @@ def main(argv=None):
     ppl_old_after = perplexity(model, old_seqs, pad_id)[0]
     old_change = ppl_old_after / ppl_old_before - 1
     print(f"fine-tune ({args.train} parameters, {args.steps} steps of AdamW lr {args.lr} on {len(train_seqs)} new "
-          f"lines + {min(args.replay, len(replay))} old ones per step): loss {losses[0]:.3f} -> {losses[-1]:.3f}; old rows unchanged: {old_rows_unchanged}")
+          f"lines + {min(args.replay, len(replay))} old ones per step): loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
+          f"old rows unchanged: {old_rows_unchanged}")
     print(f"new text, held out ({len(held_seqs)} lines): perplexity {ppl_new_before:.1f} -> {ppl_new_after:.1f}")
     if ppl_focus_before is not None:
         print(f"new tokens as targets, held out: perplexity {ppl_focus_before:.1f} -> {ppl_focus_after:.1f}")

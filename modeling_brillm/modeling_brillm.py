@@ -266,7 +266,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
         if new_num_tokens is None:
             return None
         if not isinstance(new_num_tokens, int) or isinstance(new_num_tokens, bool):
-            raise TypeError(f"new_num_tokens must be an int (the tokenizer's len()), got {type(new_num_tokens).__name__}.")
+            raise TypeError(
+                f"new_num_tokens must be an int (the tokenizer's len()), got {type(new_num_tokens).__name__}."
+            )
         if pad_to_multiple_of is not None:
             if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
                 raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}.")
@@ -358,7 +360,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
             shown = ", ".join(f"({u}, {v})" for u, v in pairs[real][:5].tolist())
             raise ValueError(
                 f"add_edges: {int(real.sum())} pair(s) already are real edges: {shown}"
-                f"{' ...' if int(real.sum()) > 5 else ''}. Drop them, or use add_edges_from_sequences, which skips them."
+                f"{' ...' if int(real.sum()) > 5 else ''}. Drop them, or use add_edges_from_sequences, which skips "
+                "them."
             )
         if counts is not None:
             counts = torch.as_tensor(counts, dtype=torch.long, device=device).reshape(-1)
@@ -600,8 +603,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         rows = self.edge_rows(state.last_token, tokens)
         out = torch.bmm(state.signal.to(wdtype).unsqueeze(1), self.weights[rows]).squeeze(1)
         out = F.gelu(out + self.biases[rows, 0] + self._pe(length).to(wdtype))
-        mix = _mix_in(out.float(), self.positions.view(-1).float()[(length - 1).clamp_max(M - 1)], state.mix_sum, state.mix_norm,
-                      state.mix_max)
+        weight = self.positions.view(-1).float()[(length - 1).clamp_max(M - 1)]  # past the range: the last one
+        mix = _mix_in(out.float(), weight, state.mix_sum, state.mix_norm, state.mix_max)
         signal = mix[0] / mix[1].unsqueeze(1)
         new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
         ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)

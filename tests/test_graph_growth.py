@@ -103,7 +103,8 @@ def test_bad_growth_input_has_clear_errors(trained):
     V = model.config.vocab_size
     with pytest.raises(ValueError, match=f"would drop nodes {V - 2}..{V - 1}.*can only add nodes"):
         model.resize_token_embeddings(V - 2)
-    with pytest.raises(ValueError, match=f"pair \\(3, {V}\\) names a node outside \\[0, {V}\\).*resize_token_embeddings"):
+    outside = f"pair \\(3, {V}\\) names a node outside \\[0, {V}\\).*resize_token_embeddings"
+    with pytest.raises(ValueError, match=outside):
         model.add_edges([(3, V)])
     real = model.graph_indices[0].item()
     first = int(torch.nonzero(model.graph_indptr.diff())[0])
@@ -173,7 +174,8 @@ def test_fine_tune_teaches_new_tokens_and_keeps_old_text(tmp_path):
     main = runpy.run_path(str(script))["main"]
     r = main(["--model", str(tmp_path / "tiny"), "--output_dir", str(tmp_path / "grown"), "--new_text",
               str(tmp_path / "new.txt"), "--old_text", str(tmp_path / "old.txt"), "--old_train_text",
-              str(tmp_path / "old.txt"), "--replay", "10", "--add_tokens", *NEW_CHARS[:4], "--steps", "40", "--lr", "0.02",
+              str(tmp_path / "old.txt"), "--replay", "10", "--add_tokens", *NEW_CHARS[:4], "--steps", "40",
+              "--lr", "0.02",
               "--max_length", "64"])
     assert r["nodes_exact"] and r["edges_same_argmax"] and r["edges_max_diff"] < 1e-6 and r["old_rows_unchanged"]
     assert r["ppl_new_tokens_held"][1] < 0.5 * r["ppl_new_tokens_held"][0]
