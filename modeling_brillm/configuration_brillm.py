@@ -7,6 +7,7 @@ POSITION_ENCODINGS = ("released", "sinusoidal")
 LOSS_TYPES = ("exact", "sampled")
 NEGATIVE_SAMPLINGS = ("frequency", "uniform")
 START_SIGNALS = ("uniform", "learned")
+POSITION_OVERFLOWS = ("error", "extend")
 
 
 class BriLLMConfig(PreTrainedConfig):
@@ -20,8 +21,13 @@ class BriLLMConfig(PreTrainedConfig):
         node_size (`int`, defaults to 32):
             Neurons per node, d. Every edge is a d×d matrix plus a length-d bias.
         max_position_embeddings (`int`, defaults to 512):
-            Longest sequence the model reads: the number of learned position weights of the energy
-            mix and of rows of the positional encoding. Longer inputs raise a `ValueError`.
+            Number of learned position weights of the energy mix (the trained range). What happens to
+            longer inputs is set by `position_overflow`.
+        position_overflow (`str`, defaults to `"error"`):
+            `"error"`: inputs (and generations) longer than `max_position_embeddings` raise a `ValueError`.
+            `"extend"`: any length is read. Edges past the trained range reuse the last learned position
+            weight and the positional encoding continues its formula; nothing changes inside the range.
+            The state stays O(d) per sequence, so decoding time per token and memory do not grow.
         graph (`str`, defaults to `"sparse"`):
             `"sparse"`: only `num_edges` edges are real (the ones seen in training data, stored in the
             checkpoint in CSR order by source); every other pair u→v uses one shared edge.
@@ -65,6 +71,7 @@ class BriLLMConfig(PreTrainedConfig):
     graph: str = "sparse"
     num_edges: int | None = None
     position_encoding: str = "released"
+    position_overflow: str = "error"
     initializer_range: float = 0.5
     loss_type: str = "exact"
     num_negatives: int = 400
@@ -118,6 +125,8 @@ class BriLLMConfig(PreTrainedConfig):
         need(self.graph in GRAPHS, f"graph must be one of {GRAPHS}, got {self.graph!r}.")
         need(self.position_encoding in POSITION_ENCODINGS,
              f"position_encoding must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}.")
+        need(self.position_overflow in POSITION_OVERFLOWS,
+             f"position_overflow must be one of {POSITION_OVERFLOWS}, got {self.position_overflow!r}.")
         need(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}.")
         need(self.negative_sampling in NEGATIVE_SAMPLINGS,
              f"negative_sampling must be one of {NEGATIVE_SAMPLINGS}, got {self.negative_sampling!r}.")

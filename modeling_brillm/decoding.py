@@ -261,7 +261,8 @@ def energy_generate(
         attention_mask: 1 for real tokens, 0 for padding; padding may be on either side (right-padded rows are
             moved to left padding, so `sequences` always continues each row at its last column).
         max_new_tokens: new tokens per row. A row's real length plus `max_new_tokens` may not exceed
-            `config.max_position_embeddings` (`ValueError` naming the largest value that fits).
+            `config.max_position_embeddings` (`ValueError`, before generating, naming the largest value that fits)
+            unless `config.position_overflow="extend"`, which has no limit.
         do_sample: draw from the distribution instead of taking the most energetic node.
         temperature: divides the energies (logits) before the softmax; only used when sampling. Must be > 0.
         top_k, top_p: keep the `top_k` most energetic nodes / the smallest set with probability mass `top_p`
@@ -348,16 +349,18 @@ def energy_generate(
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
     longest = int(lengths.max())
-    if longest > max_positions:
+    extends = getattr(config, "position_overflow", "error") == "extend"  # reads any length: no limit to check
+    if not extends and longest > max_positions:
         raise ValueError(
             f"the prompt holds {longest} tokens, more than max_position_embeddings={max_positions} of this model; "
             f"shorten it to at most {max_positions - 1} tokens to leave room for new ones."
         )
-    if longest + max_new_tokens > max_positions:
+    if not extends and longest + max_new_tokens > max_positions:
         raise ValueError(
             f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds max_position_embeddings="
             f"{max_positions} of this model: at most {max_positions - longest} new tokens fit (BriLLM has one learned "
-            "position weight per position, so it cannot read past the last one)."
+            "position weight per position, so it cannot read past the last one; config.position_overflow=\"extend\" "
+            "lifts the limit)."
         )
     if do_sample:
         if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
