@@ -15,8 +15,8 @@ ones choose the tokenizer, the graph and the loss. What one run does, in order:
    parameter count and the training memory are estimated first, and a model that cannot fit is refused;
 5. AdamW (betas 0.9/0.999, eps 1e-8, the paper's), warmup schedule, gradient accumulation and clipping through
    accelerate, periodic validation perplexity, atomic checkpoints that resume exactly;
-6. at the end: a Hugging Face folder (`save_pretrained`, safetensors, with the model's code), the validation
-   perplexity, a few greedy and sampled continuations, and `--push_to_hub` if asked.
+6. at the end: a Hugging Face folder (`save_pretrained`, safetensors, with the model's code, and a model card
+   README.md with the final validation perplexity), a few greedy and sampled continuations, and `--push_to_hub`.
 
 Examples:
 
@@ -39,9 +39,7 @@ import os
 import sys
 import time
 
-from modeling_brillm.training.checkpoints import (
-    TMP_PREFIX, TrainLog, load_checkpoint, prepare_output_dir, resolve_checkpoint, save_checkpoint,
-)
+from modeling_brillm.training.checkpoints import TrainLog, load_checkpoint, prepare_output_dir, resolve_checkpoint, save_checkpoint
 from modeling_brillm.training.data import collate, file_builder, load_raw_data, load_tokenizer, prepare_blocks, text_stats
 from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.launch import make_accelerator
@@ -49,6 +47,7 @@ from modeling_brillm.training.loop import TrainStep, choose_prompts, evaluate, g
 from modeling_brillm.training.memory import check_memory, human_bytes
 from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, choose_optimizer
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
+from modeling_brillm.training.publishing import push_folder, write_training_card
 
 SUMMARY_NAME = "pretrain_summary.json"
 
@@ -391,24 +390,20 @@ def run(args) -> int:
         for s in samples:
             say(f"  {s['prompt']!r}\n    greedy : {s['prompt']}{s['greedy']}\n    sampled: {s['prompt']}{s['sampled']}")
         summary["generations"] = samples
+    def write_card(repo_id=None):  # README.md with metadata, the final perplexity and usage, as Trainer writes
+        return write_training_card(out_dir, unwrapped, tokenizer, args, summary, description, repo_id=repo_id,
+                                   optimizer=plan.name)
+
     if accelerator.is_main_process:
         with open(out_dir / SUMMARY_NAME, "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=1)
+        say(f"model card: {write_card(args.hub_model_id if args.push_to_hub else None)}")
     if args.with_tracking:
         accelerator.end_training()
 
     if args.push_to_hub and accelerator.is_main_process:
-        from huggingface_hub import HfApi
-
-        repo_id = args.hub_model_id or out_dir.resolve().name
-        try:
-            api = HfApi(token=args.hub_token)
-            repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
-            api.upload_folder(folder_path=str(out_dir), repo_id=repo_id, commit_message="BriLLM pretraining",
-                              ignore_patterns=["step_*", "step_*/**", TMP_PREFIX + "*"])
-        except Exception as err:
-            raise UsageError(f"push to the Hub ({repo_id}) failed: {type(err).__name__}: {err}. The model is "
-                             f"saved in {out_dir}.") from None
+        repo_id = push_folder(out_dir, args.hub_model_id or out_dir.resolve().name, args.hub_token,
+                              "BriLLM pretraining", before_upload=write_card)
         say(f"pushed to https://huggingface.co/{repo_id}")
     accelerator.wait_for_everyone()
     return 0

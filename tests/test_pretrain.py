@@ -125,6 +125,22 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert (out / "modeling_brillm.py").is_file(), "save_pretrained should ship the model code"
 
+    # the final save writes a model card: Hub metadata, the final validation perplexity, a usage snippet
+    from huggingface_hub import ModelCard
+
+    from modeling_brillm.model_card import check_hub_ready
+
+    card = ModelCard.load(out / "README.md")
+    meta = card.data.to_dict()
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert "brillm" in meta["tags"] and "pretraining" in meta["tags"] and "datasets" not in meta
+    metric = meta["model-index"][0]["results"][0]["metrics"][0]
+    assert metric["type"] == "perplexity" and metric["value"] == pytest.approx(summary["perplexity"], rel=1e-4)
+    assert "every 20th training text, held out" in card.text and "corpus.txt" in card.text
+    assert "trust_remote_code=True" in card.text and "| optimizer steps | 30 |" in card.text
+    assert str(tmp_path) not in card.text, "no local paths in a card meant for the Hub"
+    assert check_hub_ready(out) == []
+
     # a clean process loads the folder through the Auto classes with remote code and scores text
     probe = f"""
 import math, torch

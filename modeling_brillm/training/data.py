@@ -11,6 +11,7 @@ import time
 
 from .errors import UsageError
 
+HELD_OUT = "held out for validation"  # in load_raw_data's description when the validation texts were split off
 FILE_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 
 
@@ -109,7 +110,7 @@ def load_raw_data(args):
         train, validation = split_validation(raw["train"], args.validation_split_percentage)
         raw = datasets.DatasetDict({"train": train, **({"validation": validation} if validation is not None else {})})
         if validation is not None:
-            description += f"; every {100 / args.validation_split_percentage:.0f}th text held out for validation"
+            description += f"; every {100 / args.validation_split_percentage:.0f}th text {HELD_OUT}"
     return raw, description
 
 
