@@ -13,8 +13,9 @@ ones choose the tokenizer, the graph and the loss. What one run does, in order:
    (`<s> sentence </s>`, truncated, padded with `<pad>` that is masked out of the loss) or contiguous blocks;
 4. the graph: the sparse bigram graph of the training blocks (`--min_bigram_count`) or the dense one; the
    parameter count and the training memory are estimated first, and a model that cannot fit is refused;
-5. AdamW (betas 0.9/0.999, eps 1e-8, the paper's), warmup schedule, gradient accumulation and clipping through
-   accelerate, periodic validation perplexity, atomic checkpoints that resume exactly;
+5. AdamW (betas 0.9/0.999, eps 1e-8, the paper's; `--optimizer auto`: SparseAdamW on sparse row gradients in
+   one process, fused AdamW on dense gradients under DDP), warmup schedule, gradient accumulation and clipping,
+   periodic validation perplexity, atomic checkpoints that resume exactly;
 6. at the end: a Hugging Face folder (`save_pretrained`, safetensors, with the model's code, and a model card
    README.md with the final validation perplexity), a few greedy and sampled continuations, and `--push_to_hub`.
 
@@ -45,7 +46,7 @@ from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.launch import make_accelerator
 from modeling_brillm.training.loop import TrainStep, choose_prompts, evaluate, generate_samples
 from modeling_brillm.training.memory import check_memory, human_bytes
-from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, choose_optimizer
+from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, choose_optimizer, describe_optimizer
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
 from modeling_brillm.training.publishing import push_folder, write_training_card
 
@@ -114,9 +115,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                             "constant_with_warmup", "inverse_sqrt", "warmup_stable_decay"], help="[linear]")
     g.add_argument("--num_warmup_steps", type=int, default=None, help="Linear warmup steps. [0]")
     g.add_argument("--max_grad_norm", type=float, default=None, help="Clip the gradient norm (0: off). [1.0]")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
-                   help="adamw: torch AdamW on dense gradients; sparse_adamw: modeling_brillm.optimization."
-                   "SparseAdamW on sparse edge gradients (single process only).")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
+                   help="auto: sparse_adamw in one process, adamw with several; adamw: torch AdamW (fused) on "
+                   "dense gradients; sparse_adamw: modeling_brillm.optimization.SparseAdamW on sparse edge "
+                   "gradients, updating only the touched rows (single process only). All clip to --max_grad_norm.")
     g.add_argument("--seed", type=int, default=None, help="Seed of initialisation and data order. [42]")
     g.add_argument("--torch_threads", type=int, default=None,
                    help="CPU threads per process (torch.set_num_threads). BriLLM's steps are many small matrix "
@@ -237,9 +239,7 @@ def run(args) -> int:
 
     # ---------------------------------------------------------------- loaders, optimizer, schedule
     plan = choose_optimizer(args.optimizer, W, args.max_grad_norm)
-    if plan.sparse_gradients and args.max_grad_norm and not plan.clip:
-        say("note: --optimizer sparse_adamw trains without gradient clipping (the norm of sparse row "
-            "gradients would need them coalesced); --max_grad_norm is ignored.")
+    say(describe_optimizer(plan, args.max_grad_norm))
     train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,
                               batch_size=args.per_device_train_batch_size)
     eval_loader = (DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size)
