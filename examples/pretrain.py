@@ -221,8 +221,7 @@ def run(args) -> int:
     n_texts, n_nonblank = text_stats(raw["train"], args.text_column)
     if n_nonblank == 0:
         raise UsageError(f"the training data ({description}) contains no text: {n_texts} rows, all empty.")
-    tokenizer, line = load_tokenizer(args, tok_settings, raw, out_dir, checkpoint, accelerator,
-                                     model_max_length=model_fields.get("max_position_embeddings", 512))
+    tokenizer, line = load_tokenizer(args, tok_settings, raw, out_dir, checkpoint, accelerator)
     if line:
         say(line)
     train_blocks, eval_blocks, line = prepare_blocks(raw, tokenizer, args, accelerator)

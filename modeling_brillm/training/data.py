@@ -246,7 +246,7 @@ def count_targets(batch):
 
 
 
-def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator, model_max_length=512):
+def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator):
     """`--tokenizer_name`, else the tokenizer saved in the checkpoint being resumed, else one trained on the
     training texts (main process, saved into `out_dir`, then loaded by the others). Returns (tokenizer, line)."""
     from transformers import AutoTokenizer
@@ -268,10 +268,12 @@ def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerat
         if accelerator.is_main_process:
             started = time.time()
             try:
+                # no model_max_length: tokenization's default is kept (the model enforces its own
+                # max_position_embeddings), so tokenizing a long text with the saved tokenizer does not warn
                 tokenizer = build_tokenizer(
                     raw["train"], kind=tok_settings["kind"], vocab_size=tok_settings["vocab_size"],
                     output_dir=str(out_dir), text_column=args.text_column,
-                    min_frequency=tok_settings["min_frequency"], model_max_length=model_max_length,
+                    min_frequency=tok_settings["min_frequency"],
                 )
             except (ValueError, TypeError) as err:
                 raise UsageError(f"could not train the tokenizer: {err}") from None
