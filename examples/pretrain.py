@@ -40,8 +40,12 @@ import os
 import sys
 import time
 
-from modeling_brillm.training.checkpoints import TrainLog, load_checkpoint, prepare_output_dir, resolve_checkpoint, save_checkpoint
-from modeling_brillm.training.data import collate, file_builder, load_raw_data, load_tokenizer, prepare_blocks, text_stats
+from modeling_brillm.training.checkpoints import (
+    TrainLog, load_checkpoint, prepare_output_dir, resolve_checkpoint, save_checkpoint,
+)
+from modeling_brillm.training.data import (
+    collate, file_builder, load_raw_data, load_tokenizer, prepare_blocks, text_stats,
+)
 from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.launch import make_accelerator
 from modeling_brillm.training.loop import TrainStep, choose_prompts, evaluate, generate_samples
@@ -194,7 +198,6 @@ def check_args(args, model_fields: dict):
                 raise UsageError(f"--{flag} {path} is empty: there is no text to train on.")
     if args.tokenizer_name and not os.path.isdir(args.tokenizer_name):
         raise UsageError(f"--tokenizer_name {args.tokenizer_name}: not a folder with a saved tokenizer.")
-
 
 
 def run(args) -> int:

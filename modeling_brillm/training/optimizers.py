@@ -42,8 +42,8 @@ def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | 
                                  "DDP/FSDP all-reduce")
         if not _have_sparse_adamw():
             return OptimizerPlan("adamw", False, clip, "auto: this installation has no SparseAdamW")
-        return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so sparse row gradients update only "
-                             "the edges a step touches")
+        return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches "
+                             "are read and updated")
     if requested == "adamw":
         return OptimizerPlan("adamw", False, clip, "--optimizer adamw")
     if requested == "sparse_adamw":
