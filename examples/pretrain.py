@@ -13,10 +13,11 @@ ones choose the tokenizer, the graph and the loss. What one run does, in order:
    (`<s> sentence </s>`, truncated, padded with `<pad>` that is masked out of the loss) or contiguous blocks;
 4. the graph: the sparse bigram graph of the training blocks (`--min_bigram_count`) or the dense one; the
    parameter count and the training memory are estimated first, and a model that cannot fit is refused;
-5. AdamW (betas 0.9/0.999, eps 1e-8, the paper's), warmup schedule, gradient accumulation and clipping through
-   accelerate, periodic validation perplexity, atomic checkpoints that resume exactly;
-6. at the end: a Hugging Face folder (`save_pretrained`, safetensors, with the model's code), the validation
-   perplexity, a few greedy and sampled continuations, and `--push_to_hub` if asked.
+5. AdamW (betas 0.9/0.999, eps 1e-8, the paper's; `--optimizer auto`: SparseAdamW on sparse row gradients in
+   one process, fused AdamW on dense gradients under DDP), warmup schedule, gradient accumulation and clipping,
+   periodic validation perplexity, atomic checkpoints that resume exactly;
+6. at the end: a Hugging Face folder (`save_pretrained`, safetensors, with the model's code, and a model card
+   README.md with the final validation perplexity), a few greedy and sampled continuations, and `--push_to_hub`.
 
 Examples:
 
@@ -40,15 +41,18 @@ import sys
 import time
 
 from modeling_brillm.training.checkpoints import (
-    TMP_PREFIX, TrainLog, load_checkpoint, prepare_output_dir, resolve_checkpoint, save_checkpoint,
+    TrainLog, load_checkpoint, prepare_output_dir, resolve_checkpoint, save_checkpoint,
 )
-from modeling_brillm.training.data import collate, file_builder, load_raw_data, load_tokenizer, prepare_blocks, text_stats
+from modeling_brillm.training.data import (
+    collate, file_builder, load_raw_data, load_tokenizer, prepare_blocks, text_stats,
+)
 from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.launch import make_accelerator
 from modeling_brillm.training.loop import TrainStep, choose_prompts, evaluate, generate_samples
 from modeling_brillm.training.memory import check_memory, human_bytes
-from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, choose_optimizer
+from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, choose_optimizer, describe_optimizer
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
+from modeling_brillm.training.publishing import push_folder, write_training_card
 
 SUMMARY_NAME = "pretrain_summary.json"
 
@@ -115,9 +119,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                             "constant_with_warmup", "inverse_sqrt", "warmup_stable_decay"], help="[linear]")
     g.add_argument("--num_warmup_steps", type=int, default=None, help="Linear warmup steps. [0]")
     g.add_argument("--max_grad_norm", type=float, default=None, help="Clip the gradient norm (0: off). [1.0]")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
-                   help="adamw: torch AdamW on dense gradients; sparse_adamw: modeling_brillm.optimization."
-                   "SparseAdamW on sparse edge gradients (single process only).")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
+                   help="auto: sparse_adamw in one process, adamw with several; adamw: torch AdamW (fused) on "
+                   "dense gradients; sparse_adamw: modeling_brillm.optimization.SparseAdamW on sparse edge "
+                   "gradients, updating only the touched rows (single process only). All clip to --max_grad_norm.")
     g.add_argument("--seed", type=int, default=None, help="Seed of initialisation and data order. [42]")
     g.add_argument("--torch_threads", type=int, default=None,
                    help="CPU threads per process (torch.set_num_threads). BriLLM's steps are many small matrix "
@@ -195,7 +200,6 @@ def check_args(args, model_fields: dict):
         raise UsageError(f"--tokenizer_name {args.tokenizer_name}: not a folder with a saved tokenizer.")
 
 
-
 def run(args) -> int:
     model_fields, tok_settings = resolve_settings(args)
     check_args(args, model_fields)
@@ -220,8 +224,7 @@ def run(args) -> int:
     n_texts, n_nonblank = text_stats(raw["train"], args.text_column)
     if n_nonblank == 0:
         raise UsageError(f"the training data ({description}) contains no text: {n_texts} rows, all empty.")
-    tokenizer, line = load_tokenizer(args, tok_settings, raw, out_dir, checkpoint, accelerator,
-                                     model_max_length=model_fields.get("max_position_embeddings", 512))
+    tokenizer, line = load_tokenizer(args, tok_settings, raw, out_dir, checkpoint, accelerator)
     if line:
         say(line)
     train_blocks, eval_blocks, line = prepare_blocks(raw, tokenizer, args, accelerator)
@@ -238,9 +241,7 @@ def run(args) -> int:
 
     # ---------------------------------------------------------------- loaders, optimizer, schedule
     plan = choose_optimizer(args.optimizer, W, args.max_grad_norm)
-    if plan.sparse_gradients and args.max_grad_norm and not plan.clip:
-        say("note: --optimizer sparse_adamw trains without gradient clipping (the norm of sparse row "
-            "gradients would need them coalesced); --max_grad_norm is ignored.")
+    say(describe_optimizer(plan, args.max_grad_norm))
     train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,
                               batch_size=args.per_device_train_batch_size)
     eval_loader = (DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size)
@@ -391,24 +392,20 @@ def run(args) -> int:
         for s in samples:
             say(f"  {s['prompt']!r}\n    greedy : {s['prompt']}{s['greedy']}\n    sampled: {s['prompt']}{s['sampled']}")
         summary["generations"] = samples
+    def write_card(repo_id=None):  # README.md with metadata, the final perplexity and usage, as Trainer writes
+        return write_training_card(out_dir, unwrapped, tokenizer, args, summary, description, repo_id=repo_id,
+                                   optimizer=plan.name)
+
     if accelerator.is_main_process:
         with open(out_dir / SUMMARY_NAME, "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=1)
+        say(f"model card: {write_card(args.hub_model_id if args.push_to_hub else None)}")
     if args.with_tracking:
         accelerator.end_training()
 
     if args.push_to_hub and accelerator.is_main_process:
-        from huggingface_hub import HfApi
-
-        repo_id = args.hub_model_id or out_dir.resolve().name
-        try:
-            api = HfApi(token=args.hub_token)
-            repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
-            api.upload_folder(folder_path=str(out_dir), repo_id=repo_id, commit_message="BriLLM pretraining",
-                              ignore_patterns=["step_*", "step_*/**", TMP_PREFIX + "*"])
-        except Exception as err:
-            raise UsageError(f"push to the Hub ({repo_id}) failed: {type(err).__name__}: {err}. The model is "
-                             f"saved in {out_dir}.") from None
+        repo_id = push_folder(out_dir, args.hub_model_id or out_dir.resolve().name, args.hub_token,
+                              "BriLLM pretraining", before_upload=write_card)
         say(f"pushed to https://huggingface.co/{repo_id}")
     accelerator.wait_for_everyone()
     return 0

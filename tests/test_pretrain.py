@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from modeling_brillm.training import checkpoints, data, memory, presets
+from modeling_brillm.training import checkpoints, data, memory, optimizers, presets
 from modeling_brillm.training.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +117,8 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     text = result.stdout + result.stderr
     assert "data: file" in text and "graph: sparse" in text and "training memory estimate" in text
     assert "greedy" in text and "sampled" in text
+    assert "optimizer: sparse_adamw (SparseAdamW on sparse row gradients; auto: one process" in text
+    assert "gradient norm clipped to 1" in text
     log = losses(out)
     assert sorted(log) == list(range(1, 31)) and all(math.isfinite(v) for v in log.values())
     summary = json.loads((out / pretrain.SUMMARY_NAME).read_text())
@@ -124,6 +126,22 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert summary["steps"] == 30 and len(summary["generations"]) == 2
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert (out / "modeling_brillm.py").is_file(), "save_pretrained should ship the model code"
+
+    # the final save writes a model card: Hub metadata, the final validation perplexity, a usage snippet
+    from huggingface_hub import ModelCard
+
+    from modeling_brillm.model_card import check_hub_ready
+
+    card = ModelCard.load(out / "README.md")
+    meta = card.data.to_dict()
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert "brillm" in meta["tags"] and "pretraining" in meta["tags"] and "datasets" not in meta
+    metric = meta["model-index"][0]["results"][0]["metrics"][0]
+    assert metric["type"] == "perplexity" and metric["value"] == pytest.approx(summary["perplexity"], rel=1e-4)
+    assert "every 20th training text, held out" in card.text and "corpus.txt" in card.text
+    assert "trust_remote_code=True" in card.text and "| optimizer steps | 30 |" in card.text
+    assert str(tmp_path) not in card.text, "no local paths in a card meant for the Hub"
+    assert check_hub_ready(out) == []
 
     # a clean process loads the folder through the Auto classes with remote code and scores text
     probe = f"""
@@ -154,14 +172,61 @@ def test_contiguous_blocks_sampled_loss(corpus, tmp_path):
     assert config["loss_type"] == "sampled" and config["num_negatives"] == 20
 
 
-def test_sparse_adamw_option(corpus, tmp_path):
-    pytest.importorskip("modeling_brillm.optimization")
+def test_sparse_adamw_clips_accumulated_gradients(corpus, tmp_path):
+    """The sparse path with gradient accumulation: uncoalesced row gradients, clipped to --max_grad_norm."""
     out = tmp_path / "run"
     result = run(["--train_file", corpus, "--output_dir", out, *TINY, "--optimizer", "sparse_adamw",
-                  "--per_device_train_batch_size", "16", "--max_train_steps", "8"])
-    assert "without gradient clipping" in result.stdout
+                  "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2", "--max_train_steps", "8",
+                  "--max_grad_norm", "0.5"])
+    assert "optimizer: sparse_adamw (SparseAdamW on sparse row gradients; --optimizer sparse_adamw); gradient " \
+        "norm clipped to 0.5" in result.stdout
     log = losses(out)
     assert len(log) == 8 and all(math.isfinite(v) for v in log.values()) and log[8] < log[1]
+
+
+def test_optimizer_choice():
+    one = optimizers.choose_optimizer("auto", 1, 1.0)
+    assert one.name == "sparse_adamw" and one.sparse_gradients and one.clip and "one process" in one.reason
+    two = optimizers.choose_optimizer("auto", 2, 1.0)
+    assert two.name == "adamw" and not two.sparse_gradients and "2 processes" in two.reason
+    assert not optimizers.choose_optimizer("adamw", 1, 0.0).clip
+    assert "no gradient clipping" in optimizers.describe_optimizer(optimizers.choose_optimizer("auto", 1, 0), 0)
+    with pytest.raises(UsageError, match="single process only"):
+        optimizers.choose_optimizer("sparse_adamw", 2, 1.0)
+    assert pretrain.parse_args([]).optimizer == "auto"
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_clip_grad_norm_of_sparse_gradients_matches_dense(micro_batches):
+    """Sparse row gradients (coalesced, or accumulated over micro-batches and so uncoalesced) are clipped by the
+    norm of the dense gradient they stand for, to the same values torch's clip_grad_norm_ gives the dense one."""
+    import torch
+
+    from modeling_brillm import BriLLMForCausalLM
+    from modeling_brillm.training.loop import clip_grad_norm_
+
+    torch.manual_seed(0)
+    seqs = [torch.randint(1, 12, (7,)) for _ in range(6)]
+    model = BriLLMForCausalLM.from_token_sequences(seqs, 12, node_size=4)
+    batches = [torch.stack(seqs[:3]), torch.stack(seqs[3:])][:micro_batches]
+    grads, norms = {}, {}
+    for sparse in (False, True):
+        model.sparse_gradients = sparse
+        model.zero_grad(set_to_none=True)
+        for ids in batches:
+            model(input_ids=ids, labels=ids, return_logits=False).loss.backward()
+        params = list(model.parameters())
+        if sparse:
+            assert any(p.grad.is_sparse for p in params)
+            if micro_batches > 1:
+                assert any(p.grad.is_sparse and not p.grad.is_coalesced() for p in params)
+            norms[sparse] = clip_grad_norm_(params, 0.1)
+        else:
+            norms[sparse] = float(torch.nn.utils.clip_grad_norm_(params, 0.1))
+        grads[sparse] = [p.grad.to_dense() if p.grad.is_sparse else p.grad.clone() for p in params]
+    assert norms[True] == pytest.approx(norms[False], rel=1e-5) and norms[False] > 0.1
+    for dense, sparse in zip(grads[False], grads[True]):
+        torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------------------- resume
@@ -224,10 +289,14 @@ TWO_ARGS = TINY + ["--max_train_steps", "6", "--gradient_accumulation_steps", "2
 def test_two_processes_match_one(corpus, tmp_path):
     """Same global batch (8 x 1 process x 2 accumulation = 4 x 2 processes x 2): same data order, same losses."""
     one, two = tmp_path / "one", tmp_path / "two"
-    run(["--train_file", corpus, "--output_dir", one, *TWO_ARGS, "--per_device_train_batch_size", "8"])
+    # --optimizer auto picks dense AdamW under DDP; the one-process run asks for it (auto would pick the lazy
+    # SparseAdamW, which updates untouched rows differently)
+    run(["--train_file", corpus, "--output_dir", one, *TWO_ARGS, "--per_device_train_batch_size", "8",
+         "--optimizer", "adamw"])
     result = run(["--train_file", corpus, "--output_dir", two, *TWO_ARGS, "--per_device_train_batch_size", "4",
                   "--checkpointing_steps", "3"], launcher=CPU2, timeout=180)
     assert "2 process(es)" in result.stdout and "global batch 16 blocks = 4 x 2 process(es) x 2" in result.stdout
+    assert "optimizer: adamw (AdamW on dense gradients; auto: 2 processes" in result.stdout
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
     for step in a:  # DDP averages gradients in another order than one process sums them: float32 rounding only

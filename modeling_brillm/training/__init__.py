@@ -11,4 +11,5 @@ Modules:
   launch       the Accelerator of a run and the checks on how it was launched.
   optimizers   which optimizer (and gradient layout) a run uses, and building it.
   loop         the training step (TrainStep), evaluation, prompts and sample generation.
+  publishing   the model card of the final save, the upload to the Hub.
 """

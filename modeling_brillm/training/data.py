@@ -11,6 +11,7 @@ import time
 
 from .errors import UsageError
 
+HELD_OUT = "held out for validation"  # in load_raw_data's description when the validation texts were split off
 FILE_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 
 
@@ -109,7 +110,7 @@ def load_raw_data(args):
         train, validation = split_validation(raw["train"], args.validation_split_percentage)
         raw = datasets.DatasetDict({"train": train, **({"validation": validation} if validation is not None else {})})
         if validation is not None:
-            description += f"; every {100 / args.validation_split_percentage:.0f}th text held out for validation"
+            description += f"; every {100 / args.validation_split_percentage:.0f}th text {HELD_OUT}"
     return raw, description
 
 
@@ -245,7 +246,7 @@ def count_targets(batch):
 
 
 
-def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator, model_max_length=512):
+def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator):
     """`--tokenizer_name`, else the tokenizer saved in the checkpoint being resumed, else one trained on the
     training texts (main process, saved into `out_dir`, then loaded by the others). Returns (tokenizer, line)."""
     from transformers import AutoTokenizer
@@ -267,10 +268,12 @@ def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerat
         if accelerator.is_main_process:
             started = time.time()
             try:
+                # no model_max_length: tokenization's default is kept (the model enforces its own
+                # max_position_embeddings), so tokenizing a long text with the saved tokenizer does not warn
                 tokenizer = build_tokenizer(
                     raw["train"], kind=tok_settings["kind"], vocab_size=tok_settings["vocab_size"],
                     output_dir=str(out_dir), text_column=args.text_column,
-                    min_frequency=tok_settings["min_frequency"], model_max_length=model_max_length,
+                    min_frequency=tok_settings["min_frequency"],
                 )
             except (ValueError, TypeError) as err:
                 raise UsageError(f"could not train the tokenizer: {err}") from None

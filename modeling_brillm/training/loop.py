@@ -29,6 +29,36 @@ class StepResult:
     lr: float  # the learning rate the optimizer step used
 
 
+def clip_grad_norm_(params, max_norm: float) -> float:
+    """`torch.nn.utils.clip_grad_norm_` (L2, in place, returns the norm before clipping) that also takes sparse COO
+    gradients. An uncoalesced sparse gradient (accumulated micro-batches, embedding rows) is coalesced first: its
+    duplicate rows sum, so the norm is the norm of the dense gradient it stands for."""
+    import torch
+
+    squares = []
+    for p in params:
+        grad = p.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            if not grad.is_coalesced():
+                p.grad = grad = grad.coalesce()
+            grad = grad._values()
+        squares.append(grad.detach().float().pow(2).sum())
+    if not squares:
+        return 0.0
+    total = float(torch.stack(squares).sum().sqrt())
+    coef = min(max_norm / (total + 1e-6), 1.0)  # as torch: clamped, applied to every gradient
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    p.grad._values().mul_(coef)
+                else:
+                    p.grad.mul_(coef)
+    return total
+
+
 class TrainStep:
     """The single-process / DDP / FSDP step over `accelerator.prepare`d model, optimizer and scheduler.
 
@@ -46,6 +76,7 @@ class TrainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ref = float(per_device_batch_size * block_size)
         self.max_grad_norm = max_grad_norm if clip else None
+        self.sparse_gradients = bool(getattr(accelerator.unwrap_model(model), "sparse_gradients", False))
         self.lr_used = learning_rate
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
 
@@ -71,7 +102,10 @@ class TrainStep:
                     if p.grad is not None:
                         p.grad.mul_(scale)
                 if self.max_grad_norm:
-                    acc.clip_grad_norm_(self.params, self.max_grad_norm)
+                    if self.sparse_gradients:  # one process (optimizers.choose_optimizer): no collective needed
+                        clip_grad_norm_(self.params, self.max_grad_norm)
+                    else:
+                        acc.clip_grad_norm_(self.params, self.max_grad_norm)
             self.optimizer.step()
             if acc.sync_gradients and not acc.optimizer_step_was_skipped:
                 self.lr_used = self.lr_scheduler.get_last_lr()[0]

@@ -1,10 +1,14 @@
 """Which optimizer a run uses, and building it.
 
 Paths (`--optimizer`):
-  adamw         `torch.optim.AdamW` (torch's fused kernel where it has one) on dense gradients; DDP/FSDP
-                all-reduce those gradients.
+  auto          the default: sparse_adamw in one process, adamw with several (DDP/FSDP all-reduce dense
+                gradients; sparse ones would need their own exchange).
+  adamw         `torch.optim.AdamW` (torch's fused kernel where it has one) on dense gradients.
   sparse_adamw  `modeling_brillm.optimization.SparseAdamW` on sparse row gradients of the edge tables
-                (`model.sparse_gradients = True`): only the touched rows are updated. One process only.
+                (`model.sparse_gradients = True`): only the touched rows are read and updated. One process only.
+
+Both clip the global gradient norm to `--max_grad_norm` (loop.clip_grad_norm_ takes the norm of sparse
+gradients over their coalesced rows, the same number as over the dense gradient).
 
 `choose_optimizer` decides (and says why), `build_optimizer` builds; the training step (loop.TrainStep) works
 with either. Another path, e.g. a sharded edge table with its own optimizer and step, adds a name here and its
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 
-OPTIMIZERS = ("adamw", "sparse_adamw")
+OPTIMIZERS = ("auto", "adamw", "sparse_adamw")
 BETAS, EPS = (0.9, 0.999), 1e-8  # the paper's AdamW
 
 
@@ -31,18 +35,41 @@ class OptimizerPlan:
 
 def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | None) -> OptimizerPlan:
     """The optimizer for `--optimizer requested` with `num_processes` processes; UsageError if it cannot run."""
-    if requested == "adamw":
-        return OptimizerPlan("adamw", False, bool(max_grad_norm), "asked for (--optimizer adamw)")
-    if requested == "sparse_adamw":
-        try:
-            from modeling_brillm.optimization import SparseAdamW  # noqa: F401
-        except ImportError:
-            raise UsageError("--optimizer sparse_adamw needs modeling_brillm.optimization.SparseAdamW, "
-                             "which this installation lacks; use --optimizer adamw.") from None
+    clip = bool(max_grad_norm)
+    if requested == "auto":
         if num_processes > 1:
-            raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw.")
-        return OptimizerPlan("sparse_adamw", True, False, "asked for (--optimizer sparse_adamw)")
+            return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients "
+                                 "DDP/FSDP all-reduce")
+        if not _have_sparse_adamw():
+            return OptimizerPlan("adamw", False, clip, "auto: this installation has no SparseAdamW")
+        return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches "
+                             "are read and updated")
+    if requested == "adamw":
+        return OptimizerPlan("adamw", False, clip, "--optimizer adamw")
+    if requested == "sparse_adamw":
+        if not _have_sparse_adamw():
+            raise UsageError("--optimizer sparse_adamw needs modeling_brillm.optimization.SparseAdamW, "
+                             "which this installation lacks; use --optimizer adamw.")
+        if num_processes > 1:
+            raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw "
+                             "(or auto).")
+        return OptimizerPlan("sparse_adamw", True, clip, "--optimizer sparse_adamw")
     raise UsageError(f"--optimizer {requested!r}: choose one of {', '.join(OPTIMIZERS)}.")
+
+
+def _have_sparse_adamw() -> bool:
+    try:
+        from modeling_brillm.optimization import SparseAdamW  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def describe_optimizer(plan: OptimizerPlan, max_grad_norm: float | None) -> str:
+    """One line for the start-up summary: the optimizer, why, and the clipping."""
+    kind = "SparseAdamW on sparse row gradients" if plan.name == "sparse_adamw" else "AdamW on dense gradients"
+    clip = f"gradient norm clipped to {max_grad_norm:g}" if plan.clip else "no gradient clipping"
+    return f"optimizer: {plan.name} ({kind}; {plan.reason}); {clip}"
 
 
 def parameter_groups(model, weight_decay: float) -> list[dict]:
