@@ -352,3 +352,16 @@ def test_perplexity_example_extend_scores_whole_texts(saved, tmp_path, capsys):
     assert result["built_in"]["num_blocks"] == 1 and result["built_in"]["block_size"] > 64
     # one text scored whole both ways: the metric's per-text perplexity is the built-in one
     assert result["metric"]["perplexities"][0] == pytest.approx(result["built_in"]["perplexity"], rel=1e-4)
+
+
+def test_visualize_example_extend_traces_long_texts(saved, tmp_path, capsys):
+    import runpy
+
+    main = runpy.run_path(str(ROOT / "examples" / "visualize.py"))["main"]
+    text = " ".join(CORPUS[:4])  # 101 tokens with <s>
+    args = ["--model", str(saved), "--text", text, "--output", str(tmp_path / "v.svg"),
+            "--json", str(tmp_path / "v.json")]
+    assert main(args) == 2 and "max_position_embeddings=64" in capsys.readouterr().err
+    assert main(args + ["--extend"]) == 0
+    steps = json.loads((tmp_path / "v.json").read_text())["steps"]
+    assert len(steps) == len(text) and steps[-1]["position"] == len(text) - 1
