@@ -360,7 +360,7 @@ def test_visualize_example_extend_traces_long_texts(saved, tmp_path, capsys):
     main = runpy.run_path(str(ROOT / "examples" / "visualize.py"))["main"]
     text = " ".join(CORPUS[:4])  # 101 tokens with <s>
     args = ["--model", str(saved), "--text", text, "--output", str(tmp_path / "v.svg"),
-            "--json", str(tmp_path / "v.json")]
+            "--json", str(tmp_path / "v.json"), "--max_steps", "4"]  # draw little: the trace is what is tested
     assert main(args) == 2 and "max_position_embeddings=64" in capsys.readouterr().err
     assert main(args + ["--extend"]) == 0
     steps = json.loads((tmp_path / "v.json").read_text())["steps"]
