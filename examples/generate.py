@@ -3,12 +3,16 @@
     python examples/generate.py --model outputs/demo --prompt "the cat" --max_new_tokens 30
     python examples/generate.py --model outputs/demo --prompt "the cat" --do_sample --temperature 0.8 --top_k 20
     python examples/generate.py --model outputs/demo --prompt "the cat" --show_path          # energy of every step
+    python examples/generate.py --model outputs/demo --prompt "the cat" --num_beams 4 --num_return_sequences 2 \
+        --stop_strings "." --show_path                                    # energy beam search, a path per sequence
     python examples/generate.py --model outputs/demo --prompt "the" "a dog" --mode pipeline --stream --stop "."
     python examples/generate.py --model outputs/demo --benchmark                             # tokens/s, both loops
 
 Modes:
   energy    (default) `energy_generate`: the next node is the one whose incoming edge delivers the most energy;
-            self-loops excluded as in the paper's release (--allow_self_loops to keep them). Records the energy path.
+            self-loops excluded as in the paper's release (--allow_self_loops to keep them). Records the energy path
+            (of every returned sequence with beams). Greedy, sampling, beam search (--num_beams,
+            --num_return_sequences, --length_penalty, --early_stopping) and stop strings (--stop_strings).
   generate  `model.generate()` (greedy, sampling, top-k/top-p, beams with --num_beams, stop strings).
   pipeline  `pipeline("text-generation")`.
 
@@ -17,7 +21,9 @@ Inputs that do not fit are handled before any computation:
   * a prompt longer than the model's max_position_embeddings is an error (exit code 2);
   * --max_new_tokens past max_position_embeddings is lowered to what fits, with a note on stderr;
   * token ids outside the model's vocabulary (a tokenizer that does not belong to the model) are an error.
-In energy mode, --stop cuts the printed text after the first stop string (decoding itself runs on).
+The two limits above hold for a model with config.position_overflow="error" (the default); one saved with "extend"
+(or run with --extend, which sets it for this run) reads and generates past its trained range, so nothing is cut.
+A stop string (--stop_strings, or --stop) ends a sequence at the token that completes it, in every mode.
 """
 
 from __future__ import annotations
@@ -57,17 +63,25 @@ def energy_generate_fn(model):
         return importlib.import_module(package + ".decoding").energy_generate
 
 
-def fit_new_tokens(prompt_lengths: list[int], max_new_tokens: int, max_positions: int) -> int:
+def fit_new_tokens(prompt_lengths: list[int], max_new_tokens: int, max_positions: int,
+                   extends: bool = False) -> int:
+    """max_new_tokens, lowered to what fits in max_positions; unchanged for a model that reads past its range."""
+    if extends:
+        return max_new_tokens
     longest = max(prompt_lengths)
     if longest > max_positions:
         raise ValueError(f"the prompt holds {longest} tokens but this model reads at most max_position_embeddings="
-                         f"{max_positions}; shorten the prompt.")
+                         f"{max_positions}; shorten the prompt, or pass --extend to read past the trained range.")
     room = max_positions - longest
     if max_new_tokens > room:
         print(f"note: max_new_tokens={max_new_tokens} lowered to {room}: a prompt of {longest} tokens leaves room for "
               f"{room} new ones (max_position_embeddings={max_positions}).", file=sys.stderr)
         return room
     return max_new_tokens
+
+
+def reads_past_range(model) -> bool:
+    return getattr(model.config, "position_overflow", "error") == "extend"
 
 
 def encode(tokenizer, prompts: list[str]):
@@ -81,22 +95,14 @@ def encode(tokenizer, prompts: list[str]):
     return enc, lengths
 
 
-def cut_at_stop(text: str, stops: list[str]) -> str:
-    cut = len(text)
-    for s in stops or []:
-        i = text.find(s)
-        if i >= 0:
-            cut = min(cut, i + len(s))
-    return text[:cut]
-
-
 def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
     eg = energy_generate_fn(model)
     enc, lengths = encode(tokenizer, [prompt])
-    n = fit_new_tokens(lengths, n, model.config.max_position_embeddings)
+    n = fit_new_tokens(lengths, n, model.config.max_position_embeddings, reads_past_range(model))
     ids = enc["input_ids"]
     runs = {
-        "energy_generate": lambda: eg(model, ids, max_new_tokens=n, eos_token_id=[], exclude_self_loops=False).sequences,
+        "energy_generate": lambda: eg(model, ids, max_new_tokens=n, eos_token_id=[],
+                                      exclude_self_loops=False).sequences,
         "generate": lambda: model.generate(ids, attention_mask=enc["attention_mask"], max_new_tokens=n,
                                            min_new_tokens=n, do_sample=False, eos_token_id=None,
                                            pad_token_id=tokenizer.pad_token_id),
@@ -127,8 +133,16 @@ def main(argv=None) -> int:
     p.add_argument("--repetition_penalty", type=float, default=1.0)
     p.add_argument("--no_repeat_ngram_size", type=int, default=0)
     p.add_argument("--allow_self_loops", action="store_true", help="energy mode: allow moving from a node to itself")
-    p.add_argument("--num_beams", type=int, default=1, help="generate/pipeline modes")
-    p.add_argument("--stop", nargs="*", default=None, help="stop strings")
+    p.add_argument("--num_beams", type=int, default=1, help="beam search with this many beams (greedy only)")
+    p.add_argument("--num_return_sequences", type=int, default=1, help="beam search: sequences per prompt")
+    p.add_argument("--length_penalty", type=float, default=1.0,
+                   help="beam search: exponent of the length normalisation (> 0 favours longer sequences)")
+    p.add_argument("--early_stopping", choices=("true", "false", "never"), default="false",
+                   help="beam search: when a prompt's search ends (as generate()'s early_stopping)")
+    p.add_argument("--stop_strings", "--stop", dest="stop", nargs="*", default=None,
+                   help="strings that end a sequence (at the token completing one)")
+    p.add_argument("--extend", action="store_true",
+                   help='read and generate past max_position_embeddings (sets config.position_overflow="extend")')
     p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--show_path", action="store_true", help="energy mode: print every step's energy and rank")
@@ -138,6 +152,10 @@ def main(argv=None) -> int:
 
     try:
         model, tokenizer = load(args.model)
+        if args.extend:
+            model.config.position_overflow = "extend"
+        if reads_past_range(model):  # the tokenizer's model_max_length (the trained range) would warn falsely
+            tokenizer.model_max_length = int(1e30)
         if args.seed is not None:
             torch.manual_seed(args.seed)
         if args.benchmark:
@@ -145,7 +163,8 @@ def main(argv=None) -> int:
             print(json.dumps(benchmark(model, tokenizer, args.prompt[0], args.max_new_tokens)))
             return 0
         enc, lengths = encode(tokenizer, args.prompt)
-        max_new = fit_new_tokens(lengths, args.max_new_tokens, model.config.max_position_embeddings)
+        max_new = fit_new_tokens(lengths, args.max_new_tokens, model.config.max_position_embeddings,
+                                 reads_past_range(model))
         streamer = None
         if args.stream:
             if len(args.prompt) != 1:
@@ -155,6 +174,10 @@ def main(argv=None) -> int:
         sampling = dict(do_sample=args.do_sample)
         if args.do_sample:
             sampling.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        early_stopping = {"true": True, "false": False, "never": "never"}[args.early_stopping]
+        beams = dict(num_beams=args.num_beams, num_return_sequences=args.num_return_sequences)
+        if args.num_beams > 1:
+            beams.update(length_penalty=args.length_penalty, early_stopping=early_stopping)
 
         if args.mode == "energy":
             generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
@@ -162,22 +185,29 @@ def main(argv=None) -> int:
                 model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new,
                 repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
                 exclude_self_loops=not args.allow_self_loops, generator=generator, streamer=streamer,
-                tokenizer=tokenizer, **sampling)
-            texts = [cut_at_stop(t, args.stop) for t in tokenizer.batch_decode(out.sequences, skip_special_tokens=True)]
+                tokenizer=tokenizer, stop_strings=args.stop or None, **beams, **sampling)
+            texts = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
             for row, text in enumerate(texts):
                 if not args.stream:
                     print(text)
+                if args.show_path and out.sequences_scores is not None:
+                    print(f"  beam score {float(out.sequences_scores[row]):.4f}")
                 if args.show_path:
                     for step in out.path(row):
-                        alts = ", ".join(f"{t!r}:{e:.2f}" for t, e in zip(step.alternative_texts, (a[1] for a in step.alternatives)))
+                        alts = ", ".join(f"{t!r}:{e:.2f}"
+                                         for t, e in zip(step.alternative_texts, (a[1] for a in step.alternatives)))
                         print(f"  {step.source_text!r:>8} -> {step.token_text!r:<8} energy {step.energy:8.3f}  "
                               f"rank {step.rank:<4d} p {step.probability:.3f}  runner-ups: {alts}")
             if args.json:
+                record = {"prompts": args.prompt, "texts": texts, "paths": out.to_records()}
+                if out.sequences_scores is not None:  # beams: rows grouped by prompt, num_return_sequences each
+                    record["sequences_scores"] = out.sequences_scores.tolist()
                 with open(args.json, "w", encoding="utf-8") as f:
-                    json.dump({"prompts": args.prompt, "texts": texts, "paths": out.to_records()}, f, indent=1)
+                    json.dump(record, f, indent=1)
         elif args.mode == "generate":
-            kwargs = dict(max_new_tokens=max_new, num_beams=args.num_beams, repetition_penalty=args.repetition_penalty,
-                          no_repeat_ngram_size=args.no_repeat_ngram_size or None, streamer=streamer, **sampling)
+            kwargs = dict(max_new_tokens=max_new, repetition_penalty=args.repetition_penalty,
+                          no_repeat_ngram_size=args.no_repeat_ngram_size or None, streamer=streamer,
+                          **beams, **sampling)
             if args.stop:
                 kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
             out = model.generate(**enc, **kwargs)
@@ -187,13 +217,14 @@ def main(argv=None) -> int:
         else:
             from transformers import pipeline
             pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
-            kwargs = dict(max_new_tokens=max_new, num_beams=args.num_beams, streamer=streamer, **sampling)
+            kwargs = dict(max_new_tokens=max_new, streamer=streamer, **beams, **sampling)
             if args.stop:
                 kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
             results = pipe(args.prompt, batch_size=len(args.prompt), **kwargs)
             if not args.stream:
                 for r in results:
-                    print(r[0]["generated_text"])
+                    for candidate in r:
+                        print(candidate["generated_text"])
     except (ValueError, TypeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

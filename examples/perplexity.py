@@ -44,10 +44,12 @@ def read_texts(args) -> list[str]:
     return texts
 
 
-def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer):
-    """(result, source): the Hub metric when it can be loaded, else the same steps in-process."""
+def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer, in_process=False):
+    """(result, source): the Hub metric when it can be loaded, else (or with in_process) the same steps in-process."""
     from modeling_brillm.evaluation import per_text_perplexity
 
+    if in_process:
+        return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
     try:
         import evaluate
 
@@ -74,7 +76,10 @@ def main(argv=None) -> int:
     p.add_argument("--split", default="test")
     p.add_argument("--text_column", default="text")
     p.add_argument("--limit", type=int, default=None, help="score the first N texts only")
-    p.add_argument("--block_size", type=int, default=None, help="built-in: longest block (default: the model's max)")
+    p.add_argument("--block_size", type=int, default=None,
+                   help="built-in: longest block (default: the model's max; with --extend any length, 0 = whole texts)")
+    p.add_argument("--extend", action="store_true",
+                   help='read past max_position_embeddings (sets config.position_overflow="extend" for this run)')
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--no_metric", action="store_true", help="skip the evaluate metric")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
@@ -83,21 +88,35 @@ def main(argv=None) -> int:
     try:
         import modeling_brillm  # noqa: F401  (registers brillm with AutoModelForCausalLM, for the metric too)
         from modeling_brillm.evaluation import perplexity
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model).eval()
         texts = read_texts(args)
-        max_positions = model.config.max_position_embeddings
+        if args.extend:
+            model.config.position_overflow = "extend"
+        # a model that reads past its trained range is scored on whole texts by the metric (no cut)
+        extends = getattr(model.config, "position_overflow", "error") == "extend"
+        max_positions = None if extends else model.config.max_position_embeddings
+        if extends:  # the tokenizer's model_max_length (the trained range) would warn of indexing errors falsely
+            tokenizer.model_max_length = int(1e30)
         built_in = perplexity(model, tokenizer, texts, block_size=args.block_size, batch_size=args.batch_size)
         out = {"texts": len(texts), "built_in": built_in.to_dict()}
         print(f"built-in perplexity: {built_in.perplexity:.4f} over {built_in.num_tokens} predicted tokens "
               f"({built_in.num_blocks} blocks of at most {built_in.block_size} tokens)")
         if not args.no_metric:
-            result, source = metric_perplexity(args.model, texts, args.batch_size, max_positions, model, tokenizer)
+            # the Hub metric loads the saved model itself, without this run's --extend: run its steps here instead
+            saved_extends = getattr(AutoConfig.from_pretrained(args.model), "position_overflow", "error") == "extend"
+            in_process = extends and not saved_extends
+            if in_process:
+                print("note: --extend is set for this run only; the metric's steps run in-process (the Hub metric "
+                      "would load the saved model, which stops at its max_position_embeddings).", file=sys.stderr)
+            result, source = metric_perplexity(args.model, texts, args.batch_size, max_positions, model, tokenizer,
+                                               in_process)
             out["metric"] = {"source": source, **result}
             print(f"metric mean_perplexity ({source}): {result['mean_perplexity']:.4f} "
-                  f"(mean of {len(result['perplexities'])} per-text perplexities, texts cut to {max_positions} tokens)")
+                  f"(mean of {len(result['perplexities'])} per-text perplexities, "
+                  + (f"texts cut to {max_positions} tokens)" if max_positions else "whole texts)"))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(out, f, indent=1)

@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     p.add_argument("--top_k", type=int, default=3, help="alternatives drawn per step (default 3)")
     p.add_argument("--max_steps", type=int, default=80, help="draw at most this many steps")
     p.add_argument("--json", default=None, help="also write the per-step trace records to this JSON file")
+    p.add_argument("--extend", action="store_true",
+                   help='trace texts past max_position_embeddings (sets config.position_overflow="extend")')
     args = p.parse_args(argv)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -35,6 +37,9 @@ def main(argv=None) -> int:
             remote = True
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model, trust_remote_code=remote).eval()
+        if args.extend:
+            model.config.position_overflow = "extend"
+            tokenizer.model_max_length = int(1e30)  # the trained range would warn of indexing errors falsely
         if remote:
             import importlib
 

@@ -8,8 +8,9 @@ Perplexity here is token-weighted over the whole corpus: exp(total negative log-
 where every token of every text except the first is predicted from the ones before it (the tokenizer's BOS is
 prepended when it adds one, so the first real token is predicted from BOS). Texts longer than `block_size` are
 cut into consecutive blocks of at most `block_size` tokens, each scored on its own (the first token of each block
-is context only). The `evaluate` "perplexity" metric instead averages per-text perplexities; see
-`examples/perplexity.py` for both.
+is context only). A model with `config.position_overflow="extend"` reads past its trained range, so `block_size`
+may exceed `max_position_embeddings` there (`block_size=0`: every text whole). The `evaluate` "perplexity" metric
+instead averages per-text perplexities; see `examples/perplexity.py` for both.
 
 Uses the model's loss with `labels` (cross-entropy over all V nodes, exact even for a sparse graph, without building
 the (batch, length, V) logits), so it is fast. A model configured with the release's sampled loss is scored with
@@ -110,8 +111,10 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
         model: a `BriLLMForCausalLM`.
         tokenizer: its tokenizer (None when `data` holds token ids).
         data: see `load_texts`: list of strings, file path, `datasets.Dataset`, token ids.
-        block_size: longest block scored at once; defaults to `config.max_position_embeddings` (the most the
-            model can read). Must be between 2 and `max_position_embeddings`.
+        block_size: longest block scored at once; defaults to `config.max_position_embeddings` (the trained
+            range). Must be at least 2, and at most `max_position_embeddings` unless the model reads past its
+            range (`config.position_overflow="extend"`), where any length is accepted and `block_size=0` scores
+            every text whole, in one block.
         batch_size: blocks per forward pass (blocks are sorted by length, so padding stays small).
         add_special_tokens: let the tokenizer add its specials (our tokenizers prepend BOS).
         add_eos: append the tokenizer's EOS to every text (score the end of the text too).
@@ -120,9 +123,16 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
         raise ValueError("perplexity needs data: a list of texts, a file path, a dataset, or token ids.")
     config = model.config
     V, max_positions = int(config.vocab_size), int(config.max_position_embeddings)
+    extends = getattr(config, "position_overflow", "error") == "extend"
     block_size = max_positions if block_size is None else int(block_size)
-    if not 2 <= block_size <= max_positions:
-        raise ValueError(f"block_size must be between 2 and max_position_embeddings={max_positions}, got {block_size}.")
+    whole = extends and block_size == 0  # one block per text, however long
+    if not whole and block_size < 2:
+        raise ValueError(f"block_size must be at least 2, got {block_size}"
+                         + (" (0 scores every text whole)." if extends else "."))
+    if not extends and block_size > max_positions:
+        raise ValueError(f"block_size={block_size} is beyond max_position_embeddings={max_positions} of this model; "
+                         f"use at most {max_positions}, or set model.config.position_overflow=\"extend\" to read "
+                         "past the trained range (the last position weight is reused there).")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
     items = load_texts(data, text_column)
@@ -131,8 +141,12 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
         if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= V):
             bad = int(seq.min()) if int(seq.min()) < 0 else int(seq.max())
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}) of this model.")
-    blocks = [seq[i:i + block_size] for seq in sequences for i in range(0, seq.numel(), block_size)]
-    blocks = [b for b in blocks if b.numel() >= 2]
+    if whole:
+        blocks = [seq for seq in sequences if seq.numel() >= 2]
+        block_size = max((b.numel() for b in blocks), default=0)  # reported: the longest block scored
+    else:
+        blocks = [seq[i:i + block_size] for seq in sequences for i in range(0, seq.numel(), block_size)]
+        blocks = [b for b in blocks if b.numel() >= 2]
     num_tokens = sum(b.numel() - 1 for b in blocks)
     if num_tokens == 0:
         raise ValueError("nothing to score: every text is empty or a single token (perplexity needs at least two "

@@ -176,10 +176,11 @@ def energy_trace(model, text_or_ids, tokenizer=None, top_k: int = 5, add_special
     if int(ids.min()) < 0 or int(ids.max()) >= V:
         bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}) of this model.")
-    if ids.numel() > config.max_position_embeddings:
+    if ids.numel() > config.max_position_embeddings and getattr(config, "position_overflow", "error") != "extend":
         raise ValueError(
             f"the sequence holds {ids.numel()} tokens, more than max_position_embeddings="
-            f"{config.max_position_embeddings}; trace a shorter text (or split it into blocks)."
+            f"{config.max_position_embeddings}; trace a shorter text (or split it into blocks), or set "
+            'model.config.position_overflow="extend" to read past the trained range.'
         )
     device = getattr(model, "device", torch.device("cpu"))
     logits = model(ids.unsqueeze(0).to(device), use_cache=False).logits[0, :-1].float().cpu()  # (T-1, V)

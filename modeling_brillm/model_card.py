@@ -47,7 +47,8 @@ def _model_facts(model, tokenizer=None) -> list[tuple[str, str]]:
         ("real edges", f"{cfg.num_edges:,}" + (" (every ordered pair)" if cfg.graph == "dense" else
                                                f" (avg. {cfg.num_edges / V:.1f} successors per node; the rest share one edge)")),
         ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
-        ("max sequence length", str(cfg.max_position_embeddings)),
+        ("max sequence length", f"unbounded (position_overflow=\"extend\"; {cfg.max_position_embeddings} learned "
+         "positions)" if getattr(cfg, "position_overflow", "error") == "extend" else str(cfg.max_position_embeddings)),
         ("positional encoding", cfg.position_encoding),
         ("training loss", cfg.loss_type),
     ]
@@ -110,8 +111,12 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
         "Perplexity with the `evaluate` metric works once the package is imported (it loads the model without "
         "`trust_remote_code`): `import modeling_brillm` first, or use `modeling_brillm.evaluation.perplexity`.", "",
         "## Limitations", "",
-        f"- Sequences hold at most {model.config.max_position_embeddings} tokens (one learned position weight per "
-        "position); longer prompts raise an error.",
+        (f"- Sequences of any length are read and generated (`position_overflow=\"extend\"`): positions past the "
+         f"trained {model.config.max_position_embeddings} reuse the last learned position weight (the model "
+         "learned one weight per position up to there only)."
+         if getattr(model.config, "position_overflow", "error") == "extend" else
+         f"- Sequences hold at most {model.config.max_position_embeddings} tokens (one learned position weight per "
+         "position); longer prompts raise an error (`position_overflow=\"extend\"` reads past them)."),
         "- Generations are mostly fluent for a few tokens and then drift (as reported for BriLLM by its authors).",
         "- No safety tuning: outputs reflect the training data.", "",
         "## Citation", "", f"{PAPER}.", "",

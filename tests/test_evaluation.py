@@ -285,3 +285,83 @@ def test_visualize_example(saved, tmp_path, capsys):
     assert len(json.loads((tmp_path / "v.json").read_text())["steps"]) == len("a dog saw the cat")
     assert main(["--model", str(saved), "--text", "", "--output", str(tmp_path / "e.png")]) == 2
     assert "at least two" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- past max_position_embeddings ("extend")
+
+def long_ids(tokenizer, lines: int = 8) -> torch.Tensor:
+    """<s> and several corpus lines joined by spaces: ~200 tokens, past the tiny model's 64 positions."""
+    return torch.tensor(tokenizer(" ".join(CORPUS[:lines]))["input_ids"])
+
+
+def test_builtin_perplexity_reads_past_the_range_only_with_extend(model, tokenizer, monkeypatch):
+    seq = long_ids(tokenizer)
+    M = model.config.max_position_embeddings
+    assert seq.numel() > 2 * M
+    with pytest.raises(ValueError, match=rf"block_size=100 is beyond max_position_embeddings={M}.*position_overflow"):
+        perplexity(model, data=[seq], block_size=100)
+    with pytest.raises(ValueError, match="block_size must be at least 2, got 0"):
+        perplexity(model, data=[seq], block_size=0)
+    monkeypatch.setattr(model.config, "position_overflow", "extend")
+    whole = perplexity(model, data=[seq, seq[:10]], block_size=0)  # every text in one block
+    assert (whole.num_blocks, whole.block_size, whole.num_tokens) == (2, seq.numel(), seq.numel() - 1 + 9)
+    total, count = manual_nll(model, [seq, seq[:10]])
+    assert count == whole.num_tokens and whole.nll == pytest.approx(total / count, rel=1e-5)
+    longer = perplexity(model, data=[seq], block_size=M + 36)  # blocks longer than the range, cut as asked
+    blocks = [b for b in seq.split(M + 36) if b.numel() >= 2]  # a 1-token tail block predicts nothing
+    assert longer.num_blocks == len(blocks) >= 2 and longer.block_size == M + 36
+    total, count = manual_nll(model, blocks)
+    assert longer.nll == pytest.approx(total / count, rel=1e-5)
+    default = perplexity(model, data=[seq])  # the default stays the trained range
+    assert default.block_size == M and default.num_blocks == -(-seq.numel() // M)
+
+
+def test_energy_trace_reads_past_the_range_only_with_extend(model, tokenizer, monkeypatch):
+    seq = long_ids(tokenizer)
+    with pytest.raises(ValueError, match='more than max_position_embeddings=64.*position_overflow="extend"'):
+        energy_trace(model, seq)
+    monkeypatch.setattr(model.config, "position_overflow", "extend")
+    trace = energy_trace(model, seq)
+    logits = model(seq.unsqueeze(0)).logits[0, :-1]
+    assert trace.energies.shape == (seq.numel() - 1,)
+    torch.testing.assert_close(trace.energies, logits.gather(1, seq[1:].unsqueeze(1)).squeeze(1))
+
+
+def test_model_card_states_the_length_the_config_allows(model, monkeypatch):
+    from modeling_brillm.model_card import model_card_text
+
+    card = model_card_text(model)
+    assert "Sequences hold at most 64 tokens" in card and "| max sequence length | 64 |" in card
+    monkeypatch.setattr(model.config, "position_overflow", "extend")
+    card = model_card_text(model)
+    assert "at most 64 tokens" not in card and "Sequences of any length are read and generated" in card
+    assert "unbounded" in card
+
+
+def test_perplexity_example_extend_scores_whole_texts(saved, tmp_path, capsys):
+    import runpy
+
+    main = runpy.run_path(str(ROOT / "examples" / "perplexity.py"))["main"]
+    text = " ".join(CORPUS[:8])
+    args = ["--model", str(saved), "--text", text, "--block_size", "0", "--json", str(tmp_path / "p.json")]
+    assert main(args) == 2 and "block_size must be at least 2" in capsys.readouterr().err
+    assert main(args + ["--extend"]) == 0
+    out = capsys.readouterr()
+    assert "in-process" in out.err and "whole texts" in out.out
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["built_in"]["num_blocks"] == 1 and result["built_in"]["block_size"] > 64
+    # one text scored whole both ways: the metric's per-text perplexity is the built-in one
+    assert result["metric"]["perplexities"][0] == pytest.approx(result["built_in"]["perplexity"], rel=1e-4)
+
+
+def test_visualize_example_extend_traces_long_texts(saved, tmp_path, capsys):
+    import runpy
+
+    main = runpy.run_path(str(ROOT / "examples" / "visualize.py"))["main"]
+    text = " ".join(CORPUS[:4])  # 101 tokens with <s>
+    args = ["--model", str(saved), "--text", text, "--output", str(tmp_path / "v.svg"),
+            "--json", str(tmp_path / "v.json"), "--max_steps", "4"]  # draw little: the trace is what is tested
+    assert main(args) == 2 and "max_position_embeddings=64" in capsys.readouterr().err
+    assert main(args + ["--extend"]) == 0
+    steps = json.loads((tmp_path / "v.json").read_text())["steps"]
+    assert len(steps) == len(text) and steps[-1]["position"] == len(text) - 1

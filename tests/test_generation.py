@@ -516,3 +516,43 @@ def test_generate_example_script(saved, capsys, tmp_path):
         lines = capsys.readouterr().out.strip().splitlines()
         assert len(lines) == 2 and lines[0].startswith("the cat")
 
+
+
+def test_generate_example_extend_beams_and_stop_strings(saved, capsys, tmp_path):
+    """examples/generate.py: with --extend nothing is cut at max_position_embeddings; energy mode runs beam search
+    and stop strings with energy_generate's own results (texts, scores, one path per returned sequence)."""
+    import runpy
+    from pathlib import Path
+
+    directory, model, tokenizer = saved
+    main = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "generate.py"))["main"]
+    long_prompt = "the cat sat on the mat " * 4  # 97 tokens with <s>, past the 64 positions
+    assert main(["--model", str(directory), "--prompt", long_prompt, "--max_new_tokens", "5"]) == 2
+    assert "--extend" in capsys.readouterr().err
+    assert main(["--model", str(directory), "--prompt", long_prompt, "--max_new_tokens", "5", "--extend",
+                 "--json", str(tmp_path / "long.json")]) == 0
+    out = capsys.readouterr()
+    assert "lowered" not in out.err and out.out.startswith(long_prompt.rstrip())
+    assert len(json.loads((tmp_path / "long.json").read_text())["paths"][0]) >= 1
+
+    prompts = ["the cat", "a dog"]
+    assert main(["--model", str(directory), "--prompt", *prompts, "--max_new_tokens", "8", "--num_beams", "3",
+                 "--num_return_sequences", "2", "--length_penalty", "0.5", "--stop_strings", "t", "--show_path",
+                 "--json", str(tmp_path / "beams.json")]) == 0
+    out = capsys.readouterr().out
+    saved_json = json.loads((tmp_path / "beams.json").read_text())
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    expected = energy_generate(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=8, num_beams=3,
+                               num_return_sequences=2, length_penalty=0.5, stop_strings="t", tokenizer=tokenizer)
+    texts = tokenizer.batch_decode(expected.sequences, skip_special_tokens=True)
+    assert saved_json["texts"] == texts and len(texts) == 4
+    assert saved_json["sequences_scores"] == pytest.approx(expected.sequences_scores.tolist())
+    assert saved_json["paths"] == expected.to_records(tokenizer)
+    assert out.count("beam score") == 4 and all(t in out for t in texts)
+    for row, text in enumerate(texts):  # each new part ends at the first "t" it makes, or runs to 8 tokens
+        new = text[len(prompts[row // 2]):]
+        path = saved_json["paths"][row]
+        assert "t" not in new[:-1] and (new.endswith("t") or len(path) == 8 or path[-1]["token"] == EOS)
+    # bad combinations are refused with energy_generate's message, exit code 2
+    assert main(["--model", str(directory), "--prompt", "the", "--num_beams", "2", "--do_sample"]) == 2
+    assert "do_sample" in capsys.readouterr().err
