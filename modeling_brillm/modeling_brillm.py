@@ -358,7 +358,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return mask
 
     # ------------------------------------------------------------------------------------------- recurrence
-    def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None) -> _Signals:
+    def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None,
+                     edge_fetch=None) -> _Signals:
+        """`edge_fetch(rows)`, when given, returns the edge rows (w_steps (B, L, d, d), b_steps (B, L, 1, d)) for the
+        (B, L) global row ids in place of `gather_edges` on `self.weights` (the source-sharded table, see sharding.py)."""
         mask = self._check_inputs(input_ids, attention_mask, state)
         if state is not None and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and bool(mask.all()):
             return self._decode_step(input_ids[:, 0], state)
@@ -396,8 +399,12 @@ class BriLLMModel(BriLLMPreTrainedModel):
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
-        link = EdgeGradLink() if torch.is_grad_enabled() else None
-        w_steps, b_steps = gather_edges(self.weights, self.biases, rows, self.sparse_gradients, link)
+        if edge_fetch is not None:
+            link = None
+            w_steps, b_steps = edge_fetch(rows)
+        else:
+            link = EdgeGradLink() if torch.is_grad_enabled() else None
+            w_steps, b_steps = gather_edges(self.weights, self.biases, rows, self.sparse_gradients, link)
         w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
         pe_edge = self._pe(index).to(wdtype).unbind(1)  # PE[i+1] of edge i
         mix_weight = self.positions.view(-1).float()[(index - 1).clamp(0, cfg.max_position_embeddings - 1)].unbind(1)

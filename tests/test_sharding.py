@@ -1,0 +1,188 @@
+"""Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
+SparseAdamW on the same global batch, checkpoints that resume on another process count, clear errors.
+
+Processes are spawned with torch.multiprocessing over gloo (file:// rendezvous in tmp_path); one tiny sparse
+model (V = 300, d = 8) and one fixed sequence of global batches serve every test.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+from modeling_brillm.optimization import SparseAdamW
+from modeling_brillm.sharding import ShardedBriLLM, balance_sources, check_assignment, sharded_memory, source_costs
+
+V, D, GLOBAL_BATCH, LENGTH, STEPS = 300, 8, 12, 16, 20
+LR, WD = 1e-2, 0.01
+
+
+def _sequences(n: int, seed: int) -> torch.Tensor:
+    """Zipf-like token paths with some padding (0 = pad) so the graph is sparse and skewed."""
+    g = torch.Generator().manual_seed(seed)
+    weights = 1.0 / torch.arange(1, V) ** 1.1
+    ids = torch.multinomial(weights.expand(n, -1), LENGTH, replacement=True, generator=g) + 1
+    lengths = torch.randint(LENGTH // 2, LENGTH + 1, (n,), generator=g)
+    mask = (torch.arange(LENGTH) < lengths.unsqueeze(1)).long()
+    return ids * mask, mask
+
+
+def _model(loss_type: str = "exact") -> BriLLMForCausalLM:
+    ids, mask = _sequences(400, seed=1)
+    seqs = [row[m.bool()] for row, m in zip(ids, mask)]
+    torch.manual_seed(0)
+    return BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=V, node_size=D, max_position_embeddings=LENGTH,
+                                                  loss_type=loss_type, num_negatives=8, negative_sampling="frequency")
+
+
+def _batch(step: int):
+    ids, mask = _sequences(GLOBAL_BATCH, seed=100 + step)
+    return ids, mask
+
+
+def _groups(model):
+    return [{"params": [model.weights], "weight_decay": WD},
+            {"params": [model.node_bias, model.biases, model.positions], "weight_decay": 0.0}]
+
+
+def _reference(loss_type: str, steps: int = STEPS):
+    model = _model(loss_type)
+    model.sparse_gradients = True
+    opt = SparseAdamW(_groups(model), lr=LR)
+    losses = []
+    for step in range(steps):
+        ids, mask = _batch(step)
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _train(sharded, opt, first: int, last: int, rank: int, world: int, save_at=None, save_dir=None):
+    losses = []
+    for step in range(first, last):
+        ids, mask = _batch(step)
+        part = torch.arange(GLOBAL_BATCH).tensor_split(world)[rank]  # uneven with 3 processes
+        out = sharded(ids[part], mask[part], labels=ids[part])
+        out.loss.backward()
+        sharded.reduce_gradients()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss))
+        if save_at is not None and step + 1 == save_at:
+            sharded.save_shard(save_dir, opt)
+    return losses
+
+
+def _worker(rank, world, init_file, job, out_file):
+    torch.set_num_threads(1)
+    if world > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        sharded = ShardedBriLLM(_model(job.get("loss_type", "exact")))
+        opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
+        if job.get("resume"):
+            sharded.load_shard(job["resume"], opt)
+        losses = _train(sharded, opt, job["first"], job["last"], rank, world, job.get("save_at"), job.get("save_dir"))
+        state = sharded.full_state_dict()
+        if rank == 0:
+            torch.save({"losses": losses, "state": state, "bytes": sharded.bytes_sent,
+                        "rows": sharded.model.weights.shape[0]}, out_file)
+    finally:
+        if world > 1:
+            torch.distributed.destroy_process_group()
+
+
+def _run(tmp_path, world: int, job: dict, name: str):
+    out_file = str(tmp_path / f"{name}.pt")
+    init_file = str(tmp_path / f"{name}.init")
+    if world == 1:
+        _worker(0, 1, init_file, job, out_file)
+    else:
+        mp.start_processes(_worker, args=(world, init_file, job, out_file), nprocs=world, join=True,
+                           start_method="spawn")
+    return torch.load(out_file)
+
+
+def _assert_close(state, ref):
+    for key, value in ref.items():
+        assert torch.allclose(state[key], value, rtol=1e-5, atol=1e-6), key
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _reference("exact")
+
+
+def test_assignment_balances_work_and_rejects_empty_processes():
+    model = _model()
+    costs = source_costs(model)
+    owners = balance_sources(costs, 3, model.graph_indptr.diff())
+    loads = torch.zeros(3, dtype=torch.float64).index_add_(0, owners, costs)
+    # LPT: the busiest process carries the hottest source alone, or the mean load within a few percent
+    assert float(loads.max()) <= 1.05 * max(float(costs.max()), float(loads.mean()))
+    assert owners.shape == (V,) and set(owners.tolist()) == {0, 1, 2}
+    with pytest.raises(ValueError, match="would own no edge rows"):
+        check_assignment(torch.zeros(V, dtype=torch.long), model.graph_indptr.diff(), 2)
+
+
+def test_three_then_two_then_one_process_match_one_process(tmp_path, reference):
+    ref_losses, ref_state = reference
+    ckpt3, ckpt2 = str(tmp_path / "ckpt3"), str(tmp_path / "ckpt2")
+    # 3 processes (uneven split of the 12 rows and of the sources), 20 steps, checkpoint at step 10
+    three = _run(tmp_path, 3, {"first": 0, "last": STEPS, "save_at": 10, "save_dir": ckpt3}, "three")
+    assert torch.allclose(torch.tensor(three["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    _assert_close(three["state"], ref_state)
+    assert three["rows"] < ref_state["weights"].shape[0] // 2  # this process holds about a third of the table
+    # resume 3 -> 2 at step 10, checkpoint again at step 15
+    two = _run(tmp_path, 2, {"first": 10, "last": STEPS, "resume": ckpt3, "save_at": 15, "save_dir": ckpt2}, "two")
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses[10:]), rtol=1e-5, atol=0)
+    _assert_close(two["state"], ref_state)
+    # resume 2 -> 1 at step 15 (one process, no process group)
+    one = _run(tmp_path, 1, {"first": 15, "last": STEPS, "resume": ckpt2}, "one")
+    assert torch.allclose(torch.tensor(one["losses"]), torch.tensor(ref_losses[15:]), rtol=1e-5, atol=0)
+    _assert_close(one["state"], ref_state)
+
+
+def test_sampled_frequency_loss_matches_one_process(tmp_path):
+    ref_losses, ref_state = _reference("sampled", steps=5)
+    two = _run(tmp_path, 2, {"first": 0, "last": 5, "loss_type": "sampled"}, "sampled")
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    _assert_close(two["state"], ref_state)
+
+
+def test_export_loads_as_a_plain_model(tmp_path):
+    sharded = ShardedBriLLM(_model())
+    model = sharded.export_model()
+    model.save_pretrained(tmp_path / "out")
+    loaded = BriLLMForCausalLM.from_pretrained(tmp_path / "out")
+    ids, mask = _batch(0)
+    ref = _model()
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids, attention_mask=mask, labels=ids).loss, ref(ids, attention_mask=mask, labels=ids).loss)
+
+
+def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
+    sharded = ShardedBriLLM(_model())
+    sharded.save_shard(tmp_path / "ck")
+    torch.manual_seed(0)
+    other = ShardedBriLLM(BriLLMForCausalLM.from_token_sequences([torch.arange(50)], vocab_size=V, node_size=D,
+                                                                 max_position_embeddings=LENGTH))
+    with pytest.raises(ValueError, match="saved for another model"):
+        other.load_shard(tmp_path / "ck")
+    with pytest.raises(ValueError, match="no source-sharded checkpoint"):
+        other.load_shard(tmp_path)
+
+
+def test_dense_paper_graph_fits_40_gb_per_process_on_8():
+    config = BriLLMConfig(vocab_size=4000, node_size=32, graph="dense")
+    parts = sharded_memory(config, world_size=8, global_tokens=128 * 64)  # 16 x 64 tokens per GPU
+    assert config.num_edge_rows == 1 + 4000 * 4000
+    # the table's share: 16M rows x (32x32 + 32) x 4 B / 8 = 8.45 GB; + 2 moments + gradient = 33.9 GB,
+    # + 3.3 GB candidate workspace (1,280 positions x 4,000 successors x 5 x 128 B)
+    assert 8.4e9 < parts["edge rows (weights + biases)"] < 8.5e9
+    assert parts["total"] <= 40e9, parts
