@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -153,7 +154,9 @@ class _Transport:
 
             # the backward sends as many rows the other way
             self._count(recv, row_bytes)
-            return all_to_all_single(out, tensor.contiguous(), recv, send, group=self.group)
+            with warnings.catch_warnings():  # deprecated in favour of a functional collective without autograd
+                warnings.filterwarnings("ignore", category=FutureWarning, message=".*all_to_all_single")
+                return all_to_all_single(out, tensor.contiguous(), recv, send, group=self.group)
         dist.all_to_all_single(out, tensor.contiguous(), recv, send, group=self.group)
         return out
 
@@ -329,8 +332,10 @@ class ShardedBriLLM(nn.Module):
         B, L = rows.shape
         return steps[:, :d * d].view(B, L, d, d), steps[:, d * d:].view(B, L, d)
 
-    def forward(self, input_ids, attention_mask=None, labels=None) -> ShardedOutput:
-        """The loss of the global batch (every process passes its own sequences); see `ShardedOutput`."""
+    def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None) -> ShardedOutput:
+        """The loss of the global batch (every process passes its own sequences, and every process must call
+        this the same number of times); see `ShardedOutput`. `loss_type` overrides the config's ("exact" for
+        validation whatever the training loss)."""
         if labels is None:
             raise ValueError("ShardedBriLLM computes the training loss only: pass labels (for logits or generation, "
                              "use export_model() on rank 0).")
@@ -367,7 +372,7 @@ class ShardedBriLLM(nn.Module):
         for got in self._anchors:
             local_sum = local_sum + got.sum() * 0
         if meta.shape[0]:
-            local_sum = local_sum + self._owner_loss(xr, meta)
+            local_sum = local_sum + self._owner_loss(xr, meta, loss_type or self.config.loss_type)
         self._anchors = []
 
         totals = torch.stack([local_sum.detach().double(), torch.tensor(float(b_idx.numel()), dtype=torch.float64,
@@ -378,7 +383,7 @@ class ShardedBriLLM(nn.Module):
         loss = (local_sum + (totals[0] - local_sum.detach().double()).to(local_sum.dtype)) / count
         return ShardedOutput(loss=loss, num_targets=int(totals[1]), local_targets=int(b_idx.numel()))
 
-    def _owner_loss(self, x: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    def _owner_loss(self, x: torch.Tensor, meta: torch.Tensor, loss_type: str) -> torch.Tensor:
         """Sum of the per-position losses of positions whose sources this process owns."""
         m, cfg = self.model, self.config
         V = cfg.vocab_size
@@ -390,7 +395,7 @@ class ShardedBriLLM(nn.Module):
         energies, shared = energies.float(), shared.float()
         rows = self._to_local(m.edge_rows(sources, targets))
         true_energy = target_energies(energies, shared, plan, targets, rows, self.local_indptr[sources] + 1)
-        if cfg.loss_type == "exact":
+        if loss_type == "exact":
             per_position = exact_log_partition(energies, shared, plan, V) - true_energy
         else:
             logits = scatter_logits(energies, shared, plan, V)
@@ -508,15 +513,16 @@ class ShardedBriLLM(nn.Module):
                 "max_position_embeddings": str(cfg.max_position_embeddings)}
 
     @staticmethod
-    def saved_assignment(directory) -> torch.Tensor | None:
-        """The owners (V,) a checkpoint was saved with, or None when `directory` holds no sharded checkpoint."""
+    def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
+        """(owners (V,), process count) a checkpoint was saved with, or None when `directory` holds no sharded
+        checkpoint."""
         from safetensors import safe_open
 
         path = os.path.join(directory, SHARED_FILE)
         if not os.path.exists(path):
             return None
         with safe_open(path, "pt") as f:
-            return f.get_tensor("owners")
+            return f.get_tensor("owners"), int((f.metadata() or {}).get("world_size", "0"))
 
     def load_shard(self, directory, optimizer=None):
         """Read the rows of the sources this process owns now (from whichever shard files hold them, any saved

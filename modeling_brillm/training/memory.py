@@ -45,6 +45,22 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
     return {"total": total, "parts": parts}
 
 
+def sharded_training_memory(config, world_size: int, tokens_per_process: int) -> dict:
+    """Bytes one process needs with `--edge_sharding source`: its share of the edge table, that share's AdamW
+    moments and row gradient, the candidate workspace and the replicated parameters
+    (`modeling_brillm.sharding.sharded_memory`). The script first builds the whole model in every process
+    (4 B per parameter, freed once sharded), so the estimate is the larger of the two; +10%."""
+    from modeling_brillm.sharding import sharded_memory
+
+    parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size)
+    parts.pop("total")
+    steady = sum(parts.values())
+    initial = 4 * config.num_parameters_formula()
+    if initial > steady:
+        parts = {"whole model before sharding": initial}
+    return {"total": max(steady, initial) * 1.1, "parts": parts}
+
+
 def keep_freed_memory() -> bool:
     """Ask glibc to keep freed memory in the process instead of returning it to the OS.
 
@@ -110,7 +126,11 @@ def check_memory(config, accelerator, args) -> str:
     P = config.num_parameters_formula()
     dist = accelerator.distributed_type
     strategy = "fsdp" if dist == DistributedType.FSDP else ("ddp" if accelerator.num_processes > 1 else "single")
-    need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision)
+    if getattr(args, "edge_sharding", "none") == "source":
+        need = sharded_training_memory(config, accelerator.num_processes,
+                                       args.per_device_train_batch_size * args.block_size)
+    else:
+        need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision)
     have, source = available_memory(accelerator, args.available_memory_gb)
     if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
         have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
