@@ -52,7 +52,7 @@ from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, cho
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
 from modeling_brillm.training.sharded import (
     EDGE_SHARDINGS, ShardedTrainStep, build_sharded, build_sharded_optimizer, checkpoint_kind_error,
-    evaluate_sharded, load_sharded_checkpoint, resolve_optimizer,
+    evaluate_sharded, load_sharded_checkpoint, resolve_optimizer, whole_model_fits,
 )
 
 SUMMARY_NAME = "pretrain_summary.json"
@@ -249,7 +249,12 @@ def run(args) -> int:
         + (f", bigrams seen >= {args.min_bigram_count} times" if graph is not None else "")
         + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)")
     say(check_memory(config, accelerator, args))
-    model = BriLLMForCausalLM.from_graph(graph, config=config)
+    if sharding and not whole_model_fits(config, accelerator, args):
+        say("the whole model does not fit one process: each process initialises only the blocks of its own "
+            "sources (ShardedBriLLM.from_config: seeded per source, not the one-process initialisation)")
+        model = None
+    else:
+        model = BriLLMForCausalLM.from_graph(graph, config=config)
 
     # ---------------------------------------------------------------- loaders, optimizer, schedule
     plan = choose_optimizer(args.optimizer, 1 if sharding else W, args.max_grad_norm)
@@ -267,7 +272,7 @@ def run(args) -> int:
         )
     if sharding:
         # not prepared: no DDP wrapper; every process reads every validation batch and scores its share
-        model = build_sharded(model, accelerator, checkpoint)
+        model = build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
         optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay)
         train_loader = accelerator.prepare(train_loader)
         if eval_loader is not None:

@@ -48,17 +48,14 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
 def sharded_training_memory(config, world_size: int, tokens_per_process: int) -> dict:
     """Bytes one process needs with `--edge_sharding source`: its share of the edge table, that share's AdamW
     moments and row gradient, the candidate workspace and the replicated parameters
-    (`modeling_brillm.sharding.sharded_memory`). The script first builds the whole model in every process
-    (4 B per parameter, freed once sharded), so the estimate is the larger of the two; +10%."""
+    (`modeling_brillm.sharding.sharded_memory`), +10%. `whole_model`: the model built whole before sharding
+    (4 B per parameter); when that does not fit, each process initialises only its own blocks."""
     from modeling_brillm.sharding import sharded_memory
 
     parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size)
     parts.pop("total")
     steady = sum(parts.values())
-    initial = 4 * config.num_parameters_formula()
-    if initial > steady:
-        parts = {"whole model before sharding": initial}
-    return {"total": max(steady, initial) * 1.1, "parts": parts}
+    return {"total": steady * 1.1, "parts": parts, "whole_model": 4 * config.num_parameters_formula() * 1.1}
 
 
 def keep_freed_memory() -> bool:

@@ -47,9 +47,25 @@ def checkpoint_kind_error(checkpoint, sharded: bool) -> UsageError | None:
     return None
 
 
-def build_sharded(model, accelerator, checkpoint=None):
-    """Shard `model` (built identically on every process) by source node. A checkpoint saved with this process
-    count keeps its assignment; another count gets a fresh balanced one (the rows are re-read by owner)."""
+def whole_model_fits(config, accelerator, args) -> bool:
+    """Whether every process can build the whole model before sharding it (the same initialisation as one
+    process); else each process initialises only its own sources' blocks."""
+    import torch
+
+    from .memory import available_memory, sharded_training_memory
+
+    need = sharded_training_memory(config, accelerator.num_processes,
+                                   args.per_device_train_batch_size * args.block_size)["whole_model"]
+    have, _ = available_memory(accelerator, args.available_memory_gb)
+    if accelerator.num_processes > 1 and math.isfinite(have):  # every process must take the same path
+        have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
+    return need <= have
+
+
+def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, seed: int = 0):
+    """Shard `model` (built identically on every process) by source node, or with `model=None` build the shards
+    directly from `config` / `graph` (`ShardedBriLLM.from_config`). A checkpoint saved with this process count
+    keeps its assignment; another count gets a fresh balanced one (the rows are re-read by owner)."""
     from modeling_brillm.sharding import ShardedBriLLM
 
     owners = None
@@ -58,6 +74,8 @@ def build_sharded(model, accelerator, checkpoint=None):
         if saved is not None and saved[1] == accelerator.num_processes:
             owners = saved[0]
     try:
+        if model is None:
+            return ShardedBriLLM.from_config(config, graph, owners=owners, seed=seed, device=accelerator.device)
         return ShardedBriLLM(model.to(accelerator.device), owners=owners)
     except ValueError as err:
         raise UsageError(f"--edge_sharding source: {err}") from None
