@@ -6,6 +6,7 @@
 Modes (each in its own process group of fresh processes, so peak memory is its own):
   single-sparse   1 process, 2 threads, sparse row gradients + SparseAdamW
   single-dense    1 process, 2 threads, dense gradients + torch AdamW (fused)
+  single-sparse-1t  as single-sparse with 1 thread (faster than 2 on a machine that other processes keep busy)
   ddp             2 processes (gloo), 1 thread each, DDP + dense torch AdamW: examples/pretrain.py's default path
   sharded         2 processes (gloo), 1 thread each, ShardedBriLLM + SparseAdamW (--edge_sharding source)
 The global batch is the same in every mode (each of 2 processes takes half the rows). tokens/s = global batch x
@@ -46,7 +47,7 @@ def _batches(graph, shape, steps):
 
 
 def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir):
-    torch.set_num_threads(1 if world > 1 else 2)
+    torch.set_num_threads(1 if world > 1 or mode.endswith("-1t") else 2)
     from modeling_brillm.optimization import SparseAdamW
 
     if world > 1:
@@ -64,7 +65,7 @@ def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir)
         sharded = ShardedBriLLM(model)
         optimizer = SparseAdamW(sharded.parameter_groups(), lr=1e-3)
         step_fn = sharded
-    elif mode in ("single-sparse",):
+    elif mode.startswith("single-sparse"):
         model.sparse_gradients = True
         optimizer = SparseAdamW(model.parameters(), lr=1e-3)
         step_fn = model
@@ -107,7 +108,7 @@ def run_mode(mode, shape_name, steps, warmup):
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--shape", shape_name, "--steps", str(steps),
                "--warmup", str(warmup), "--out", tmp]
-        env = dict(os.environ, OMP_NUM_THREADS="1" if world > 1 else "2")
+        env = dict(os.environ, OMP_NUM_THREADS="1" if world > 1 or mode.endswith("-1t") else "2")
         started = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -170,7 +171,7 @@ def main():
                   f"{load:>10.2f}", flush=True)
         by = {r["mode"]: r for r in results}
         if "sharded" in by:
-            single = max((by[m]["tokens_per_s"] for m in ("single-sparse", "single-dense") if m in by), default=None)
+            single = max((r["tokens_per_s"] for m, r in by.items() if m.startswith("single")), default=None)
             if single:
                 print(f"sharded / best single process: {by['sharded']['tokens_per_s'] / single:.2f}x")
             if "ddp" in by:

@@ -141,7 +141,8 @@ def check_memory(config, accelerator, args) -> str:
             f"{P:,} parameters and training it needs about {human_bytes(need['total'])} per process ({parts}), "
             f"but only {human_bytes(have)} is available ({source}). Use a sparse graph (drop --dense_graph) and "
             "raise --min_bigram_count to keep only frequent bigrams, or lower --node_size / --vocab_size, or shard "
-            "the model over GPUs with FSDP (configuration/accelerate/gpu8_fsdp.yaml)."
+            "the edge table over processes by source node (--edge_sharding source, configuration/accelerate/"
+            "gpu8_sharded.yaml) or the model with FSDP (gpu8_fsdp.yaml)."
         )
     return line
 
