@@ -106,8 +106,8 @@ def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir)
 def run_mode(mode, shape_name, steps, warmup):
     world = 2 if mode in ("ddp", "sharded") else 1
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--shape", shape_name, "--steps", str(steps),
-               "--warmup", str(warmup), "--out", tmp]
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--shape", shape_name,
+               "--steps", str(steps), "--warmup", str(warmup), "--out", tmp]
         env = dict(os.environ, OMP_NUM_THREADS="1" if world > 1 or mode.endswith("-1t") else "2")
         started = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

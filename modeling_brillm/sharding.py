@@ -108,7 +108,8 @@ def check_assignment(owners: torch.Tensor, degree: torch.Tensor, world_size: int
     """Raise a clear error when `owners` does not fit this graph and process count."""
     V = degree.numel()
     if owners.shape != (V,):
-        raise ValueError(f"the source assignment has shape {tuple(owners.shape)}, expected ({V},) (one owner per node).")
+        raise ValueError(f"the source assignment has shape {tuple(owners.shape)}, expected ({V},) "
+                         "(one owner per node).")
     if owners.numel() and (int(owners.min()) < 0 or int(owners.max()) >= world_size):
         raise ValueError(f"the source assignment names processes outside 0..{world_size - 1}.")
     rows = torch.zeros(world_size, dtype=torch.long).index_add_(0, owners.cpu(), degree.cpu())
@@ -220,7 +221,9 @@ class ShardedBriLLM(nn.Module):
             biases = model.biases.detach().index_select(0, keep) if model.biases.device.type != "meta" else None
         # the model now holds the local table (its own full one is freed); `_run_signals` reads only its dtype
         d = cfg.node_size
-        self.model.weights = nn.Parameter(weights if weights is not None else torch.empty(len(keep), d, d, device=device))
+        if weights is None:  # built on the meta device (from_config): filled there
+            weights = torch.empty(len(keep), d, d, device=device)
+        self.model.weights = nn.Parameter(weights)
         self.model.biases = nn.Parameter(biases if biases is not None else torch.empty(len(keep), 1, d, device=device))
         self.model.sparse_gradients = True  # node_bias's gradient: the rows of the sequences' first tokens
         self._link = None
@@ -342,7 +345,8 @@ class ShardedBriLLM(nn.Module):
         m, cfg = self.model, self.config
         V = cfg.vocab_size
         if labels.shape != input_ids.shape:
-            raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}.")
+            raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
+                             f"got {tuple(labels.shape)}.")
         self._link = EdgeGradLink() if torch.is_grad_enabled() else None
         self._anchors = []
         run = m._run_signals(input_ids, attention_mask, None, edge_fetch=self._fetch_rows)

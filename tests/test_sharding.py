@@ -169,7 +169,8 @@ def test_export_loads_as_a_plain_model(tmp_path):
     ids, mask = _batch(0)
     ref = _model()
     with torch.no_grad():
-        assert torch.allclose(loaded(ids, attention_mask=mask, labels=ids).loss, ref(ids, attention_mask=mask, labels=ids).loss)
+        got, want = loaded(ids, attention_mask=mask, labels=ids).loss, ref(ids, attention_mask=mask, labels=ids).loss
+        assert torch.allclose(got, want)
 
 
 def test_from_config_never_builds_the_full_table():
@@ -177,7 +178,8 @@ def test_from_config_never_builds_the_full_table():
     sharded = ShardedBriLLM.from_config(config, seed=3)
     assert sharded.model.weights.shape == (1 + 40 * 40, D, D) and sharded.model.weights.device.type == "cpu"
     again = ShardedBriLLM.from_config(config, seed=3)  # the same initialisation (per-source generators)
-    assert torch.equal(sharded.model.weights, again.model.weights) and float(sharded.model.weights.detach().abs().max()) > 0
+    assert torch.equal(sharded.model.weights, again.model.weights)
+    assert float(sharded.model.weights.detach().abs().max()) > 0
     ids = torch.randint(0, 40, (3, 8))
     out = sharded(ids, labels=ids)
     out.loss.backward()
@@ -280,7 +282,8 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     import shutil
 
     one, two, three = tmp_path / "one", tmp_path / "two", tmp_path / "three"
-    _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw", "--checkpointing_steps", "5"])
+    _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw",
+               "--checkpointing_steps", "5"])
     result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
                         "--checkpointing_steps", "5"], processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout

@@ -111,7 +111,8 @@ class ShardedTrainStep:
                  block_size: int, learning_rate: float):
         import torch
 
-        self.accelerator, self.sharded, self.optimizer, self.lr_scheduler = accelerator, sharded, optimizer, lr_scheduler
+        self.accelerator, self.sharded = accelerator, sharded
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.ref = float(per_device_batch_size * block_size)
         self.lr_used = learning_rate
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, own tokens
