@@ -9,7 +9,8 @@ Modes (each in its own process group of fresh processes, so peak memory is its o
   single-sparse-1t  as single-sparse with 1 thread (faster than 2 on a machine that other processes keep busy)
   ddp             2 processes (gloo), 1 thread each, DDP + dense torch AdamW: examples/pretrain.py's default path
   sharded         2 processes (gloo), 1 thread each, ShardedBriLLM + SparseAdamW (--edge_sharding source)
-The global batch is the same in every mode (each of 2 processes takes half the rows). tokens/s = global batch x
+The global batch is the same in every mode (each of 2 processes takes half the rows). CPU s/step: each process's
+own CPU time per step (time.process_time), which depends far less than wall time on other processes' load. tokens/s = global batch x
 length over the median step time (forward + backward + gradient exchange + optimizer step). Bytes sent per step
 and process: counted by ShardedBriLLM's transport (rows, signals, ids, counts, both directions, and the
 all-reduce of the replicated parameters); for DDP the ring all-reduce of the dense gradient, 2 (W-1)/W x 4 B x
@@ -74,13 +75,13 @@ def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir)
         step_fn = model
         if mode == "ddp":
             step_fn = torch.nn.parallel.DistributedDataParallel(model)
-    times, sent = [], []
+    times, sent, cpu = [], [], []
     for i, tokens in enumerate(batches):
         ids = tokens[rows]
         if world > 1:
             torch.distributed.barrier()
         before = sharded.bytes_sent if sharded is not None else 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if sharded is not None:
             out = sharded(ids, labels=ids)
             out.loss.backward()
@@ -92,9 +93,10 @@ def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir)
         optimizer.zero_grad(set_to_none=True)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             sent.append(sharded.bytes_sent - before if sharded is not None
                         else (2 * (world - 1) / world * 4 * P if world > 1 else 0))
-    result = {"rank": rank, "median_s": statistics.median(times), "bytes_per_step": statistics.median(sent),
+    result = {"rank": rank, "median_s": statistics.median(times), "cpu_s": statistics.median(cpu), "bytes_per_step": statistics.median(sent),
               "peak_gb": peak_rss_gb(), "params": P,
               "local_rows": int(sharded.model.weights.shape[0]) if sharded is not None else int(model.weights.shape[0])}
     with open(os.path.join(out_dir, f"{mode}-{rank}.json"), "w") as f:
@@ -117,7 +119,8 @@ def run_mode(mode, shape_name, steps, warmup):
     shape = SHAPES[shape_name]
     step = max(r["median_s"] for r in ranks)
     return {"mode": mode, "processes": world, "tokens_per_s": shape["batch"] * shape["length"] / step,
-            "step_s": step, "bytes_per_step": max(r["bytes_per_step"] for r in ranks),
+            "step_s": step, "cpu_s": [round(r.get("cpu_s", float("nan")), 3) for r in ranks],
+            "bytes_per_step": max(r["bytes_per_step"] for r in ranks),
             "peak_gb": [round(r["peak_gb"], 2) for r in ranks], "local_rows": [r["local_rows"] for r in ranks],
             "wall_s": time.perf_counter() - started}
 
@@ -153,8 +156,8 @@ def main():
         shape = SHAPES[shape_name]
         print(f"\nshape {shape_name}: V={shape['vocab']}, {shape['successors']} successors, d=32, "
               f"batch {shape['batch']} x {shape['length']}")
-        print(f"{'mode':<14} {'procs':>5} {'tokens/s':>10} {'step s':>8} {'MB sent/step/proc':>18} "
-              f"{'peak GB per process':>22} {'edge rows per process':>24} {'other load':>10}")
+        print(f"{'mode':<16} {'procs':>5} {'tokens/s':>10} {'step s':>8} {'CPU s/step per proc':>20} "
+              f"{'MB sent/step/proc':>18} {'peak GB per process':>22} {'edge rows per process':>24} {'other load':>10}")
         results = []
         for mode in args.modes:
             if mode == "ddp" and shape_name == "paper" and not args.ddp_paper:
@@ -166,8 +169,8 @@ def main():
                 print(f"{mode:<14} failed: {r['error']}")
                 continue
             results.append(r)
-            print(f"{mode:<14} {r['processes']:>5} {r['tokens_per_s']:>10,.0f} {r['step_s']:>8.3f} "
-                  f"{r['bytes_per_step'] / 1e6:>18,.1f} {str(r['peak_gb']):>22} {str(r['local_rows']):>24} "
+            print(f"{mode:<16} {r['processes']:>5} {r['tokens_per_s']:>10,.0f} {r['step_s']:>8.3f} "
+                  f"{str(r['cpu_s']):>20} {r['bytes_per_step'] / 1e6:>18,.1f} {str(r['peak_gb']):>22} {str(r['local_rows']):>24} "
                   f"{load:>10.2f}", flush=True)
         by = {r["mode"]: r for r in results}
         if "sharded" in by:

@@ -223,7 +223,7 @@ ACCELERATE = Path(sys.executable).with_name("accelerate")
 CPU2 = ROOT / "configuration" / "accelerate" / "cpu_2.yaml"
 TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
         "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5", "--max_train_steps", "10"]
-GLOBAL = 24  # = 1 x 24 = 2 x 12 = 3 x 8 blocks
+GLOBAL = 24  # = 1 x 24 = 2 x 12 blocks
 
 
 def _env():
@@ -235,10 +235,10 @@ def _env():
     return e
 
 
-def _pretrain(args, processes: int = 1, config=None, check=True):
+def _pretrain(args, processes: int = 1, check=True):
     cmd = [sys.executable, str(SCRIPT)]
     if processes > 1:
-        cmd = [str(ACCELERATE), "launch", "--config_file", str(config or CPU2), "--main_process_port",
+        cmd = [str(ACCELERATE), "launch", "--config_file", str(CPU2), "--main_process_port",
                str(random.randint(20000, 40000)), str(SCRIPT)]
     batch = ["--per_device_train_batch_size", str(GLOBAL // processes)]
     result = subprocess.run(cmd + [str(a) for a in [*TINY, *batch, *args]], capture_output=True, text=True,
@@ -281,7 +281,7 @@ def corpus(tmp_path_factory) -> Path:
 def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(corpus, tmp_path):
     import shutil
 
-    one, two, three = tmp_path / "one", tmp_path / "two", tmp_path / "three"
+    one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw",
                "--checkpointing_steps", "5"])
     result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
@@ -294,11 +294,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     loaded = BriLLMForCausalLM.from_pretrained(two)
     assert loaded.weights.shape[0] == loaded.config.num_edge_rows
 
-    # 3 processes (uneven split of the sources)
-    config3 = tmp_path / "cpu_3.yaml"
-    config3.write_text(CPU2.read_text().replace("num_processes: 2", "num_processes: 3"))
-    _pretrain(["--train_file", corpus, "--output_dir", three, "--edge_sharding", "source"], processes=3, config=config3)
-    _same_run(three, one, range(1, 11))
+    # (3 processes, an uneven split: the model-level test above, through the same engine)
 
     # 2 -> 1: resume the two-process checkpoint at step 5 in one process (latest), checkpoint at 7
     shutil.copytree(two, tmp_path / "r1")
