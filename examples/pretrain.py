@@ -34,6 +34,7 @@ whole global batch, so it is the same number whatever the number of processes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -48,11 +49,16 @@ from modeling_brillm.training.data import (
 )
 from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.launch import make_accelerator
-from modeling_brillm.training.loop import TrainStep, choose_prompts, evaluate, generate_samples
+from modeling_brillm.training.loop import TrainStep, choose_prompts, generate_samples
+from modeling_brillm.training.loop import evaluate as evaluate_dense
 from modeling_brillm.training.memory import check_memory, human_bytes
 from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, choose_optimizer, describe_optimizer
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
 from modeling_brillm.training.publishing import push_folder, write_training_card
+from modeling_brillm.training.sharded import (
+    EDGE_SHARDINGS, ShardedTrainStep, build_sharded, build_sharded_optimizer, checkpoint_kind_error,
+    evaluate_sharded, load_sharded_checkpoint, resolve_optimizer, whole_model_fits,
+)
 
 SUMMARY_NAME = "pretrain_summary.json"
 
@@ -122,7 +128,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
                    help="auto: sparse_adamw in one process, adamw with several; adamw: torch AdamW (fused) on "
                    "dense gradients; sparse_adamw: modeling_brillm.optimization.SparseAdamW on sparse edge "
-                   "gradients, updating only the touched rows (single process only). All clip to --max_grad_norm.")
+                   "gradients, updating only the touched rows (one process, or with --edge_sharding source, where auto "
+                   "picks it). All clip to --max_grad_norm except the sharded path.")
+    g.add_argument("--edge_sharding", choices=EDGE_SHARDINGS, default="none",
+                   help="none: every process holds the whole model (DDP with several processes); source: each "
+                   "process owns the edge blocks of a set of source nodes and their AdamW state, exchanging "
+                   "signals and edge rows instead of gradients (modeling_brillm/sharding.py).")
     g.add_argument("--seed", type=int, default=None, help="Seed of initialisation and data order. [42]")
     g.add_argument("--torch_threads", type=int, default=None,
                    help="CPU threads per process (torch.set_num_threads). BriLLM's steps are many small matrix "
@@ -203,7 +214,10 @@ def check_args(args, model_fields: dict):
 def run(args) -> int:
     model_fields, tok_settings = resolve_settings(args)
     check_args(args, model_fields)
+    args.optimizer = resolve_optimizer(args.edge_sharding, args.optimizer)
+    sharding = args.edge_sharding == "source"
 
+    import torch
     from accelerate.utils import DistributedType
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
@@ -216,6 +230,8 @@ def run(args) -> int:
     W, G = accelerator.num_processes, args.gradient_accumulation_steps
     say(f"BriLLM pretraining: {setup}, preset {args.config or '(none: built-in defaults)'}")
     checkpoint = resolve_checkpoint(args)
+    if checkpoint is not None and checkpoint_kind_error(checkpoint, sharding):
+        raise checkpoint_kind_error(checkpoint, sharding)
     out_dir = prepare_output_dir(args.output_dir, checkpoint, bool(args.resume_from_checkpoint), accelerator)
 
     # ---------------------------------------------------------------- data and tokenizer
@@ -237,10 +253,18 @@ def run(args) -> int:
         + (f", bigrams seen >= {args.min_bigram_count} times" if graph is not None else "")
         + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)")
     say(check_memory(config, accelerator, args))
-    model = BriLLMForCausalLM.from_graph(graph, config=config)
+    if sharding and not whole_model_fits(config, accelerator, args):
+        say("the whole model does not fit one process: each process initialises only the blocks of its own "
+            "sources (ShardedBriLLM.from_config: seeded per source, not the one-process initialisation)")
+        model = None
+    else:
+        model = BriLLMForCausalLM.from_graph(graph, config=config)
 
     # ---------------------------------------------------------------- loaders, optimizer, schedule
-    plan = choose_optimizer(args.optimizer, W, args.max_grad_norm)
+    plan = choose_optimizer(args.optimizer, 1 if sharding else W, args.max_grad_norm)
+    if sharding:  # the sharded step does not clip: the norm would need every owner's rows
+        plan = dataclasses.replace(plan, clip=False, reason="--edge_sharding source: each process updates the "
+                                   "touched rows it owns")
     say(describe_optimizer(plan, args.max_grad_norm))
     train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,
                               batch_size=args.per_device_train_batch_size)
@@ -251,11 +275,23 @@ def run(args) -> int:
             f"{len(train_blocks)} training blocks cannot fill one global batch of "
             f"{args.per_device_train_batch_size} x {W} process(es); lower --per_device_train_batch_size."
         )
-    optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator)
-    if eval_loader is not None:
-        model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    if sharding:
+        # not prepared: no DDP wrapper; every process reads every validation batch and scores its share
+        model = build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
+        optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay)
+        train_loader = accelerator.prepare(train_loader)
+        if eval_loader is not None:
+            eval_loader = DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size * W)
+        rows = [int(r) for r in accelerator.gather(torch.tensor([model.model.weights.shape[0] - 1],
+                                                                device=accelerator.device)).tolist()]
+        say(f"edge sharding by source: edge rows per process {rows} of {config.num_edge_rows - 1:,}")
     else:
-        model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+        optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator)
+        if eval_loader is not None:
+            model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader,
+                                                                              eval_loader)
+        else:
+            model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
     steps_per_epoch = math.ceil(len(train_loader) / G)
     if args.max_train_steps is None:
         args.max_train_steps = args.num_train_epochs * steps_per_epoch
@@ -263,9 +299,16 @@ def run(args) -> int:
     lr_scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
                                  num_warmup_steps=args.num_warmup_steps, num_training_steps=args.max_train_steps)
     lr_scheduler = accelerator.prepare(lr_scheduler)
-    train_step = TrainStep(accelerator, model, optimizer, lr_scheduler, learning_rate=args.learning_rate,
-                           per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
-                           max_grad_norm=args.max_grad_norm, clip=plan.clip)
+    if sharding:
+        train_step = ShardedTrainStep(accelerator, model, optimizer, lr_scheduler, learning_rate=args.learning_rate,
+                                      per_device_batch_size=args.per_device_train_batch_size,
+                                      block_size=args.block_size)
+        evaluate = evaluate_sharded  # noqa: F811  (the sharded model has no logits; same figures)
+    else:
+        evaluate = evaluate_dense
+        train_step = TrainStep(accelerator, model, optimizer, lr_scheduler, learning_rate=args.learning_rate,
+                               per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
+                               max_grad_norm=args.max_grad_norm, clip=plan.clip)
 
     if args.with_tracking:
         hparams = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
@@ -280,6 +323,8 @@ def run(args) -> int:
     completed_steps, start_epoch, skip_batches = 0, 0, 0
     if checkpoint is not None:
         state = load_checkpoint(accelerator, checkpoint)
+        if sharding:
+            load_sharded_checkpoint(model, optimizer, lr_scheduler, checkpoint)
         completed_steps, start_epoch, skip_batches = state["completed_steps"], state["epoch"], state["batches_in_epoch"]
         if skip_batches >= len(train_loader):
             start_epoch, skip_batches = start_epoch + 1, 0
@@ -352,7 +397,8 @@ def run(args) -> int:
                 state = {"completed_steps": completed_steps, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
                          "signature": run_signature}
                 path = save_checkpoint(accelerator, args.output_dir, completed_steps, state, tokenizer,
-                                       args.checkpoints_total_limit)
+                                       args.checkpoints_total_limit,
+                                       write_extra=(lambda tmp: model.save_shard(tmp, optimizer)) if sharding else None)
                 if accelerator.is_local_main_process:
                     progress.write(f"step {completed_steps}: checkpoint {path}")
             step_started = time.time()
@@ -375,11 +421,17 @@ def run(args) -> int:
         summary.update(perplexity=ppl1, eval_loss=loss1)
 
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.sparse_gradients = False
-    state_dict = accelerator.get_state_dict(model)
-    unwrapped.save_pretrained(out_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
-                              state_dict=state_dict, safe_serialization=True)
+    if sharding:  # gathered on the main process (host RAM for the whole table), a plain BriLLM folder
+        unwrapped = model.export_model()
+        if accelerator.is_main_process:
+            unwrapped.save_pretrained(out_dir, safe_serialization=True)
+        model = unwrapped
+    else:
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.sparse_gradients = False
+        state_dict = accelerator.get_state_dict(model)
+        unwrapped.save_pretrained(out_dir, is_main_process=accelerator.is_main_process,
+                                  save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(out_dir)
     say(f"saved the model and tokenizer to {out_dir} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")

@@ -558,7 +558,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return signal_ids.long()
 
     def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None,
-                     signal_ids=None) -> _Signals:
+                     signal_ids=None, edge_fetch=None) -> _Signals:
+        """`edge_fetch(rows)`, when given, returns the edge rows (w_steps (B, L, d, d), b_steps (B, L, 1, d)) for the
+        (B, L) global row ids in place of `gather_edges` on `self.weights` (the source-sharded table, see sharding.py)."""
         mask = self._check_inputs(input_ids, attention_mask, state)
         # the start signal only matters for a sequence's first token: with a state it is already consumed
         signal_ids = self._check_signal_ids(signal_ids, input_ids.shape[0], input_ids.device) if state is None else None
@@ -599,8 +601,12 @@ class BriLLMModel(BriLLMPreTrainedModel):
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
-        link = EdgeGradLink() if torch.is_grad_enabled() else None
-        w_steps, b_steps = gather_edges(self.weights, self.biases, rows, self.sparse_gradients, link)
+        if edge_fetch is not None:
+            link = None
+            w_steps, b_steps = edge_fetch(rows)
+        else:
+            link = EdgeGradLink() if torch.is_grad_enabled() else None
+            w_steps, b_steps = gather_edges(self.weights, self.biases, rows, self.sparse_gradients, link)
         w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
         pe_edge = self._pe(index).to(wdtype).unbind(1)  # PE[i+1] of edge i
         mix_weight = self.positions.view(-1).float()[(index - 1).clamp(0, cfg.max_position_embeddings - 1)].unbind(1)

@@ -48,14 +48,18 @@ def remove_dir(path: Path):
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, tokenizer, limit: int | None) -> Path:
-    """accelerator.save_state into a temporary folder, then one rename: step_N is complete or absent."""
+def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, tokenizer, limit: int | None,
+                    write_extra=None) -> Path:
+    """accelerator.save_state into a temporary folder, then one rename: step_N is complete or absent.
+    `write_extra(tmp)`, called on every process before the rename, adds files (the edge shards of a sharded run)."""
     final = Path(output_dir) / f"step_{step}"
     tmp = Path(output_dir) / f"{TMP_PREFIX}step_{step}"
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
+    if write_extra is not None:
+        write_extra(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tokenizer.save_pretrained(tmp / "tokenizer")

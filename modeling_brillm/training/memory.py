@@ -45,6 +45,19 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
     return {"total": total, "parts": parts}
 
 
+def sharded_training_memory(config, world_size: int, tokens_per_process: int) -> dict:
+    """Bytes one process needs with `--edge_sharding source`: its share of the edge table, that share's AdamW
+    moments and row gradient, the candidate workspace and the replicated parameters
+    (`modeling_brillm.sharding.sharded_memory`), +10%. `whole_model`: the model built whole before sharding
+    (4 B per parameter); when that does not fit, each process initialises only its own blocks."""
+    from modeling_brillm.sharding import sharded_memory
+
+    parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size)
+    parts.pop("total")
+    steady = sum(parts.values())
+    return {"total": steady * 1.1, "parts": parts, "whole_model": 4 * config.num_parameters_formula() * 1.1}
+
+
 def keep_freed_memory() -> bool:
     """Ask glibc to keep freed memory in the process instead of returning it to the OS.
 
@@ -110,7 +123,11 @@ def check_memory(config, accelerator, args) -> str:
     P = config.num_parameters_formula()
     dist = accelerator.distributed_type
     strategy = "fsdp" if dist == DistributedType.FSDP else ("ddp" if accelerator.num_processes > 1 else "single")
-    need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision)
+    if getattr(args, "edge_sharding", "none") == "source":
+        need = sharded_training_memory(config, accelerator.num_processes,
+                                       args.per_device_train_batch_size * args.block_size)
+    else:
+        need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision)
     have, source = available_memory(accelerator, args.available_memory_gb)
     if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
         have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
@@ -124,7 +141,8 @@ def check_memory(config, accelerator, args) -> str:
             f"{P:,} parameters and training it needs about {human_bytes(need['total'])} per process ({parts}), "
             f"but only {human_bytes(have)} is available ({source}). Use a sparse graph (drop --dense_graph) and "
             "raise --min_bigram_count to keep only frequent bigrams, or lower --node_size / --vocab_size, or shard "
-            "the model over GPUs with FSDP (configuration/accelerate/gpu8_fsdp.yaml)."
+            "the edge table over processes by source node (--edge_sharding source, configuration/accelerate/"
+            "gpu8_sharded.yaml) or the model with FSDP (gpu8_fsdp.yaml)."
         )
     return line
 

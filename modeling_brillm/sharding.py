@@ -1,0 +1,688 @@
+"""Source-sharded training: each process owns the edge blocks of a set of source nodes (like expert parallelism).
+
+The edge table (`weights` (P, d, d), `biases` (P, 1, d)) is split by source node: a process keeps the CSR blocks of
+the sources it owns (plus the shared edge, row 0) and the AdamW state of those rows only. `node_bias`,
+`positions` and row 0 are replicated; their gradients are all-reduced. A training step:
+
+1. recurrence: every process runs the signal recurrence over its own sequences; the edge rows it crosses are
+   fetched from their owners (unique rows only: counts, then row ids, then rows, by `all_to_all_single`), and
+   the rows' gradients travel back the same way in the backward (differentiable all-to-all);
+2. candidates: the signal of every scored position goes to the owner of its source, which computes the
+   candidate energies over its own blocks and the per-position loss (exact, or sampled by frequency); the
+   signal gradients return in the backward;
+3. optimizer: each owner updates its touched rows with lazy AdamW (`SparseAdamW`); the table's gradient
+   never crosses the network and is never dense. `reduce_gradients()` all-reduces the replicated ones.
+
+The same global batch gives the losses and parameters of one process with `SparseAdamW` (up to float summation
+order). Model-level API, for a custom loop (torch.distributed initialised, e.g. by accelerate)::
+
+    model = BriLLMForCausalLM.from_graph(graph, config)       # or ShardedBriLLM.from_config(...) for huge graphs
+    sharded = ShardedBriLLM(model)                             # frees the blocks of other processes' sources
+    optimizer = SparseAdamW(sharded.parameter_groups(weight_decay=0.01), lr=1e-3)
+    for batch in loader:                                      # each process: its own part of the global batch
+        out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"])
+        out.loss.backward()                                    # value: the global mean; gradient: exact once reduced
+        sharded.reduce_gradients()
+        optimizer.step(); optimizer.zero_grad(set_to_none=True)
+    sharded.save_shard(directory, optimizer)                   # every process; resume on any process count
+    full = sharded.export_model()                              # rank 0: a plain BriLLMForCausalLM (None elsewhere)
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .energy import (
+    EdgeGradLink,
+    candidate_energies,
+    exact_log_partition,
+    gather_edges,
+    make_plan,
+    scatter_logits,
+    target_energies,
+)
+
+SHARED_FILE = "edge_shared.safetensors"
+SHARD_PATTERN = "edge_shard_{rank:05d}_of_{world:05d}.safetensors"
+
+
+# ------------------------------------------------------------------------------------------------ assignment
+def _csr(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(indptr, indices) of the model's graph on the CPU (works while the edge table is on the meta device)."""
+    V = model.config.vocab_size
+    if model.config.graph == "dense":
+        return torch.arange(V + 1) * V, None
+    return model.graph_indptr.cpu(), model.graph_indices.cpu()
+
+
+def source_costs(model, source_counts: torch.Tensor | None = None) -> torch.Tensor:
+    """Expected work of every source node: (uses as a source + 1) x (real successors + 1), float64 (V,).
+
+    Uses come from `source_counts` (V,) when given (token counts of the training data), else from the graph's
+    bigram counts (a sparse graph); a dense graph without counts weighs every node alike.
+    """
+    V = model.config.vocab_size
+    indptr, _ = _csr(model)
+    degree = indptr.diff().double()
+    if source_counts is not None:
+        uses = torch.as_tensor(source_counts, dtype=torch.float64).cpu()
+        if uses.shape != (V,):
+            raise ValueError(f"source_counts must have shape ({V},), got {tuple(uses.shape)}.")
+    elif model.config.graph == "sparse":
+        src = torch.repeat_interleave(torch.arange(V), indptr.cpu().diff())
+        uses = torch.zeros(V, dtype=torch.float64).index_add_(0, src, model.graph_counts.cpu().double())
+    else:
+        uses = torch.zeros(V, dtype=torch.float64)
+    return (uses + 1) * (degree + 1)
+
+
+def balance_sources(costs: torch.Tensor, num_shards: int, degree: torch.Tensor | None = None) -> torch.Tensor:
+    """Owner (V,) int64 of every source: greedy longest-processing-time, each source in falling cost order goes
+    to the least loaded shard. Sources without real successors hold no rows; they are spread last."""
+    V = costs.numel()
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
+    order = torch.argsort(costs, descending=True, stable=True).tolist()
+    if degree is not None:  # row-holding sources first, so every shard gets some when there are enough
+        has_rows = (degree > 0).tolist()
+        order = [u for u in order if has_rows[u]] + [u for u in order if not has_rows[u]]
+    owners = torch.empty(V, dtype=torch.long)
+    heap = [(0.0, shard) for shard in range(num_shards)]
+    cost = costs.tolist()
+    for u in order:
+        load, shard = heapq.heappop(heap)
+        owners[u] = shard
+        heapq.heappush(heap, (load + cost[u], shard))
+    return owners
+
+
+def check_assignment(owners: torch.Tensor, degree: torch.Tensor, world_size: int):
+    """Raise a clear error when `owners` does not fit this graph and process count."""
+    V = degree.numel()
+    if owners.shape != (V,):
+        raise ValueError(f"the source assignment has shape {tuple(owners.shape)}, expected ({V},) "
+                         "(one owner per node).")
+    if owners.numel() and (int(owners.min()) < 0 or int(owners.max()) >= world_size):
+        raise ValueError(f"the source assignment names processes outside 0..{world_size - 1}.")
+    rows = torch.zeros(world_size, dtype=torch.long).index_add_(0, owners.cpu(), degree.cpu())
+    empty = (rows == 0).nonzero().flatten().tolist()
+    if empty:
+        sources = int((degree > 0).sum())
+        raise ValueError(
+            f"with {world_size} processes, process(es) {empty} would own no edge rows: only {sources} source nodes "
+            f"have real successors. Use at most {sources} processes (or a larger graph)."
+        )
+
+
+# ------------------------------------------------------------------------------------------------ transport
+class _Transport:
+    """all-to-all over the default process group (or nothing with one process), counting bytes sent to others."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+        self.rank = dist.get_rank(group) if self.world > 1 else 0
+        self.bytes_sent = 0
+
+    def _count(self, send_counts: list[int], row_bytes: int):
+        self.bytes_sent += row_bytes * (sum(send_counts) - send_counts[self.rank])
+
+    def counts(self, send_counts: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return send_counts
+        out = torch.empty_like(send_counts)
+        dist.all_to_all_single(out, send_counts, group=self.group)
+        self._count([1] * self.world, send_counts.element_size())
+        return out
+
+    def exchange(self, tensor: torch.Tensor, send: list[int], recv: list[int], differentiable: bool) -> torch.Tensor:
+        """Rows `tensor[sum(send[:r]):...]` go to process r; returns the rows received, by sending process."""
+        if self.world == 1:
+            return tensor
+        row_bytes = tensor.element_size() * math.prod(tensor.shape[1:])
+        self._count(send, row_bytes)
+        out = tensor.new_empty(sum(recv), *tensor.shape[1:])
+        if differentiable:
+            from torch.distributed.nn.functional import all_to_all_single
+
+            # the backward sends as many rows the other way
+            self._count(recv, row_bytes)
+            with warnings.catch_warnings():  # deprecated in favour of a functional collective without autograd
+                warnings.filterwarnings("ignore", category=FutureWarning, message=".*all_to_all_single")
+                return all_to_all_single(out, tensor.contiguous(), recv, send, group=self.group)
+        dist.all_to_all_single(out, tensor.contiguous(), recv, send, group=self.group)
+        return out
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor, group=self.group)
+            self.bytes_sent += 2 * tensor.numel() * tensor.element_size() * (self.world - 1) // self.world  # ring
+        return tensor
+
+
+@dataclass
+class ShardedOutput:
+    """`loss`: the token-weighted mean over the global batch (its gradient: this process's share of it);
+    `num_targets`: scored positions in the global batch; `local_targets`: in this process's own sequences."""
+
+    loss: torch.Tensor
+    num_targets: int
+    local_targets: int
+
+
+# ------------------------------------------------------------------------------------------------ the model
+class ShardedBriLLM(nn.Module):
+    """A `BriLLMForCausalLM` whose edge table is split by source node over the processes (module docstring).
+
+    Parameters: `node_bias`, `positions` (replicated) and `weights` (1 + R, d, d), `biases` (1 + R, 1, d): row 0
+    the shared edge (replicated), rows 1.. the owned sources' blocks in ascending source order.
+    """
+
+    def __init__(self, model, owners: torch.Tensor | None = None, group=None, source_counts=None):
+        super().__init__()
+        self.transport = _Transport(group)
+        W, rank = self.transport.world, self.transport.rank
+        cfg = model.config
+        V = cfg.vocab_size
+        indptr, indices = _csr(model)
+        degree = indptr.diff()
+        if owners is None:
+            owners = balance_sources(source_costs(model, source_counts), W, degree)
+        owners = torch.as_tensor(owners, dtype=torch.long).cpu()
+        check_assignment(owners, degree, W)
+        device = model.node_bias.device
+        self.model = model
+        self.register_buffer("owners", owners.to(device), persistent=False)
+        owned = owners == rank
+        local_degree = torch.where(owned, degree, torch.zeros_like(degree))
+        local_indptr = torch.zeros(V + 1, dtype=torch.long)
+        local_indptr[1:] = torch.cumsum(local_degree, 0)
+        # global row + offset = local row, for the rows of owned sources
+        self.register_buffer("local_offset", (local_indptr[:-1] - indptr[:-1]).to(device), persistent=False)
+        self.register_buffer("local_indptr", local_indptr.to(device), persistent=False)
+        self.register_buffer("global_indptr", indptr.to(device), persistent=False)
+        self.local_rows = self._global_rows_of(owned.nonzero().flatten(), indptr)  # (R,) global rows, ascending
+        if indices is not None:
+            self.register_buffer("local_indices", indices[(self.local_rows - 1).to(indices.device)].to(device),
+                                 persistent=False)
+        else:
+            self.local_indices = None
+        keep = torch.cat([torch.zeros(1, dtype=torch.long), self.local_rows]).to(device)
+        with torch.no_grad():
+            weights = model.weights.detach().index_select(0, keep) if model.weights.device.type != "meta" else None
+            biases = model.biases.detach().index_select(0, keep) if model.biases.device.type != "meta" else None
+        # the model now holds the local table (its own full one is freed); `_run_signals` reads only its dtype
+        d = cfg.node_size
+        if weights is None:  # built on the meta device (from_config): filled there
+            weights = torch.empty(len(keep), d, d, device=device)
+        self.model.weights = nn.Parameter(weights)
+        self.model.biases = nn.Parameter(biases if biases is not None else torch.empty(len(keep), 1, d, device=device))
+        self.model.sparse_gradients = True  # node_bias's gradient: the rows of the sequences' first tokens
+        self._link = None
+
+    # ------------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_config(cls, config, graph=None, owners=None, group=None, seed: int = 0, source_counts=None,
+                    device=None) -> "ShardedBriLLM":
+        """A freshly initialised sharded model that never builds the full edge table (for graphs that do not fit
+        one process). Every source's block is drawn from a generator seeded by (seed, source), so the
+        initialisation is the same for any process count (but not the one of `BriLLMForCausalLM(config)`)."""
+        from .modeling_brillm import BriLLMForCausalLM
+
+        with torch.device("meta"):
+            model = BriLLMForCausalLM(config)
+        device = torch.device(device or "cpu")
+        r = config.initializer_range
+        gen = torch.Generator().manual_seed(seed)
+        V, d = config.vocab_size, config.node_size
+        model.node_bias = nn.Parameter(torch.empty(V, 1, d).uniform_(-r, r, generator=gen).to(device))
+        model.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1, device=device))
+        for name, buf in list(model.named_buffers(recurse=False)):
+            model.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))
+        if graph is not None:
+            model.set_graph(graph)
+        sharded = cls(model, owners=owners, group=group, source_counts=source_counts)
+        with torch.no_grad():
+            w, b = sharded.model.weights, sharded.model.biases
+            shared = torch.Generator().manual_seed(seed * 1_000_003 + V)
+            w[0].copy_(torch.empty(d, d).uniform_(-r, r, generator=shared))
+            b[0].copy_(torch.empty(1, d).uniform_(-r, r, generator=shared))
+            lp = sharded.local_indptr.tolist()
+            for u in (sharded.owners == sharded.rank).nonzero().flatten().tolist():
+                a, e = lp[u] + 1, lp[u + 1] + 1
+                if e > a:
+                    g = torch.Generator().manual_seed(seed * 1_000_003 + u)
+                    w[a:e].copy_(torch.empty(e - a, d, d).uniform_(-r, r, generator=g))
+                    b[a:e].copy_(torch.empty(e - a, 1, d).uniform_(-r, r, generator=g))
+        return sharded
+
+    @staticmethod
+    def _global_rows_of(sources: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
+        starts, sizes = indptr[sources] + 1, indptr[sources + 1] - indptr[sources]
+        total = int(sizes.sum())
+        first = torch.repeat_interleave(starts - (torch.cumsum(sizes, 0) - sizes), sizes, output_size=total)
+        return first + torch.arange(total)
+
+    # ------------------------------------------------------------------------------------- properties
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.transport.world
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this process sent to other processes so far (forward, backward, reductions)."""
+        return self.transport.bytes_sent
+
+    def parameter_groups(self, weight_decay: float = 0.0) -> list[dict]:
+        """Optimizer groups as examples/pretrain.py makes them: weight decay on the edge matrices only."""
+        m = self.model
+        return [{"params": [m.weights], "weight_decay": weight_decay},
+                {"params": [m.node_bias, m.biases, m.positions], "weight_decay": 0.0}]
+
+    def _source_of_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Source node of global edge rows (> 0)."""
+        if self.local_indices is None:  # dense: row = 1 + u·V + v
+            return (rows - 1) // self.config.vocab_size
+        return torch.searchsorted(self.global_indptr, rows - 1, right=True) - 1
+
+    def _to_local(self, rows: torch.Tensor) -> torch.Tensor:
+        """Local row of global rows of owned sources (row 0 stays 0)."""
+        real = rows > 0
+        src = self._source_of_rows(rows.clamp_min(1))
+        return torch.where(real, rows + self.local_offset[src], torch.zeros_like(rows))
+
+    def _split(self, dest: torch.Tensor):
+        """Order that groups items by destination process, and the send / receive counts."""
+        W = self.world_size
+        order = torch.argsort(dest, stable=True)
+        send = torch.bincount(dest, minlength=W)
+        recv = self.transport.counts(send)
+        return order, send.tolist(), recv.tolist()
+
+    # ------------------------------------------------------------------------------------- forward
+    def _fetch_rows(self, rows: torch.Tensor):
+        """`edge_fetch` for the recurrence: the (B, L) global rows' matrices and biases, from their owners."""
+        m = self.model
+        d = self.config.node_size
+        uniq, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
+        dest = torch.where(uniq > 0, self.owners[self._source_of_rows(uniq.clamp_min(1))],
+                           torch.full_like(uniq, self.rank))  # row 0 is replicated: served locally
+        order, send, recv = self._split(dest)
+        wanted = self.transport.exchange(uniq[order], send, recv, differentiable=False)
+        # the owner reads its rows; with the link, their gradient joins the candidate gradient (one sparse tensor)
+        w, b = gather_edges(m.weights, m.biases, self._to_local(wanted), True, self._link)
+        payload = torch.cat([w.reshape(-1, d * d), b.reshape(-1, d)], 1)
+        got = self.transport.exchange(payload, recv, send, differentiable=True)
+        self._anchors.append(got)
+        by_uniq = got.index_select(0, torch.argsort(order))  # back to `uniq` order
+        steps = by_uniq.index_select(0, inverse)
+        B, L = rows.shape
+        return steps[:, :d * d].view(B, L, d, d), steps[:, d * d:].view(B, L, d)
+
+    def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None) -> ShardedOutput:
+        """The loss of the global batch (every process passes its own sequences, and every process must call
+        this the same number of times); see `ShardedOutput`. `loss_type` overrides the config's ("exact" for
+        validation whatever the training loss)."""
+        if labels is None:
+            raise ValueError("ShardedBriLLM computes the training loss only: pass labels (for logits or generation, "
+                             "use export_model() on rank 0).")
+        m, cfg = self.model, self.config
+        V = cfg.vocab_size
+        if labels.shape != input_ids.shape:
+            raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
+                             f"got {tuple(labels.shape)}.")
+        self._link = EdgeGradLink() if torch.is_grad_enabled() else None
+        self._anchors = []
+        run = m._run_signals(input_ids, attention_mask, None, edge_fetch=self._fetch_rows)
+        T = input_ids.shape[1]
+        wdtype = m.weights.dtype
+
+        # scored positions, as BriLLMForCausalLM.forward selects them
+        shifted = torch.full_like(labels, -100)
+        shifted[:, :-1] = labels[:, 1:]
+        if attention_mask is not None:
+            next_real = torch.zeros_like(shifted, dtype=torch.bool)
+            next_real[:, :-1] = attention_mask[:, -T:][:, 1:] != 0
+            shifted = torch.where(next_real, shifted, torch.full_like(shifted, -100))
+        targets = shifted.gather(1, run.column)
+        if bool(((targets != -100) & ((targets < 0) | (targets >= V))).any()):
+            raise ValueError(f"labels hold ids outside the vocabulary [0, {V}) (use -100 to ignore a position).")
+        b_idx, j_idx = (run.valid & (targets != -100)).nonzero(as_tuple=True)
+        sources = run.tokens[b_idx, j_idx]
+        meta = torch.stack([sources, targets[b_idx, j_idx], run.index[b_idx, j_idx] + 1], 1)
+        x = run.signals[b_idx, j_idx].to(wdtype)
+
+        # each position's signal to the owner of its source
+        order, send, recv = self._split(self.owners[sources])
+        meta = self.transport.exchange(meta[order], send, recv, differentiable=False)
+        xr = self.transport.exchange(x[order], send, recv, differentiable=True)
+        local_sum = xr.sum() * 0  # keeps the exchange in the graph when this process received nothing
+        for got in self._anchors:
+            local_sum = local_sum + got.sum() * 0
+        if meta.shape[0]:
+            local_sum = local_sum + self._owner_loss(xr, meta, loss_type or self.config.loss_type)
+        self._anchors = []
+
+        totals = torch.stack([local_sum.detach().double(), torch.tensor(float(b_idx.numel()), dtype=torch.float64,
+                                                                        device=local_sum.device)])
+        self.transport.all_reduce(totals)
+        count = max(float(totals[1]), 1.0)
+        # value: the global mean; gradient: this process's share (the shares sum to the global gradient)
+        loss = (local_sum + (totals[0] - local_sum.detach().double()).to(local_sum.dtype)) / count
+        return ShardedOutput(loss=loss, num_targets=int(totals[1]), local_targets=int(b_idx.numel()))
+
+    def _owner_loss(self, x: torch.Tensor, meta: torch.Tensor, loss_type: str) -> torch.Tensor:
+        """Sum of the per-position losses of positions whose sources this process owns."""
+        m, cfg = self.model, self.config
+        V = cfg.vocab_size
+        sources, targets, pe_index = meta.unbind(1)
+        plan = make_plan(sources, self.local_indptr, self.local_indices, V)
+        sources, targets = sources[plan.order], targets[plan.order]
+        pe = m._pe(pe_index[plan.order]).to(m.weights.dtype)
+        energies, shared = candidate_energies(x[plan.order], pe, m.weights, m.biases, plan, True, link=self._link)
+        energies, shared = energies.float(), shared.float()
+        rows = self._to_local(m.edge_rows(sources, targets))
+        true_energy = target_energies(energies, shared, plan, targets, rows, self.local_indptr[sources] + 1)
+        if loss_type == "exact":
+            per_position = exact_log_partition(energies, shared, plan, V) - true_energy
+        else:
+            logits = scatter_logits(energies, shared, plan, V)
+            per_position = m._sampled_loss(logits, shared, sources, targets)
+        return per_position.sum()
+
+    # ------------------------------------------------------------------------------------- gradients
+    def reduce_gradients(self):
+        """Sum the replicated parameters' gradients over the processes (once per optimizer step, after backward).
+
+        Lazy AdamW must update a replicated row iff the global batch touched it, and every process's table must
+        count every step (SparseAdamW's bias correction is per parameter, as the single process counts the whole
+        table): an untouched local table gets an empty sparse gradient.
+        """
+        m = self.model
+        d = self.config.node_size
+        V = self.config.vocab_size
+        dev = m.weights.device
+        parts = []
+        # the shared edge (row 0 of the local table): its gradient entries and whether this process touched it
+        row0 = []
+        for p in (m.weights, m.biases):
+            g = p.grad
+            if g is not None and not g.is_sparse:
+                raise RuntimeError("ShardedBriLLM expects sparse gradients for its edge table.")
+            if g is not None:
+                g = g.coalesce() if not g.is_coalesced() else g
+                p.grad = g
+                idx = g._indices()[0]
+                hit = bool(idx.numel()) and int(idx[0]) == 0
+            else:
+                hit = False
+            row0.append(hit)
+            parts.append(g._values()[0].reshape(-1) if hit else torch.zeros(p[0].numel(), device=dev))
+        parts.append(torch.tensor([float(row0[0]), float(row0[1])], device=dev))
+        nb = m.node_bias.grad
+        nb_dense = torch.zeros(V, d + 1, device=dev)
+        if nb is not None:
+            nb = nb.coalesce()
+            idx = nb._indices()[0]
+            nb_dense[:, :d].index_add_(0, idx, nb._values().reshape(-1, d))
+            nb_dense[idx, d] = 1.0
+        parts.append(nb_dense.reshape(-1))
+        pg = m.positions.grad
+        parts.append(pg.reshape(-1) if pg is not None else torch.zeros(m.positions.numel(), device=dev))
+        parts.append(torch.tensor([float(pg is not None)], device=dev))
+        flat = self.transport.all_reduce(torch.cat([t.float() for t in parts]))
+
+        pieces = flat.split([d * d, d, 2, V * (d + 1), m.positions.numel(), 1])
+        for p, summed, touched_here, touched_any in zip((m.weights, m.biases), pieces[:2], row0, pieces[2].tolist()):
+            g = p.grad
+            if touched_here:
+                g._values()[0].copy_(summed.view_as(g._values()[0]))
+            elif touched_any > 0:
+                extra = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.long, device=dev),
+                                                summed.view(1, *p.shape[1:]), p.shape, check_invariants=False)
+                p.grad = extra if g is None else torch.sparse_coo_tensor(
+                    torch.cat([extra._indices(), g._indices()], 1), torch.cat([extra._values(), g._values()]),
+                    p.shape, is_coalesced=True, check_invariants=False)
+            elif g is None:  # count the step (SparseAdamW increments its step on any gradient, even empty)
+                p.grad = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long, device=dev),
+                                                 torch.zeros(0, *p.shape[1:], device=dev), p.shape,
+                                                 check_invariants=False)
+        nb_sum = pieces[3].view(V, d + 1)
+        rows = (nb_sum[:, d] > 0).nonzero().flatten()
+        m.node_bias.grad = (torch.sparse_coo_tensor(rows.unsqueeze(0), nb_sum[rows, :d].reshape(-1, 1, d).contiguous(),
+                                                    m.node_bias.shape, is_coalesced=True, check_invariants=False)
+                            if rows.numel() else None)
+        m.positions.grad = pieces[4].view_as(m.positions).clone() if float(pieces[5]) > 0 else None
+
+    # ------------------------------------------------------------------------------------- checkpoints
+    def _moments(self, optimizer, p):
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        return state if "exp_avg" in state else None
+
+    def save_shard(self, directory, optimizer=None):
+        """Write this process's rows (+ their AdamW moments) into `directory`; rank 0 also writes the replicated
+        parameters, the assignment and the step counts. Call on every process (no rename here: the caller
+        writes into a temporary folder and renames it once every process has written)."""
+        from safetensors.torch import save_file
+
+        m = self.model
+        os.makedirs(directory, exist_ok=True)
+        tensors = {"sources": (self.owners == self.rank).nonzero().flatten().cpu(),
+                   "weights": m.weights.detach()[1:].cpu(), "biases": m.biases.detach()[1:].cpu()}
+        for name, p in (("weights", m.weights), ("biases", m.biases)):
+            st = self._moments(optimizer, p)
+            if st is not None:
+                tensors[f"{name}.exp_avg"] = st["exp_avg"][1:].cpu()
+                tensors[f"{name}.exp_avg_sq"] = st["exp_avg_sq"][1:].cpu()
+        meta = {"world_size": str(self.world_size), "rank": str(self.rank), **self._shape_meta()}
+        path = os.path.join(directory, SHARD_PATTERN.format(rank=self.rank, world=self.world_size))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=meta)
+        if self.rank == 0:
+            shared = {"owners": self.owners.cpu(), "node_bias": m.node_bias.detach().cpu(),
+                      "positions": m.positions.detach().cpu(), "weights.row0": m.weights.detach()[0].cpu(),
+                      "biases.row0": m.biases.detach()[0].cpu()}
+            for name, p in (("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights),
+                            ("biases", m.biases)):
+                st = self._moments(optimizer, p)
+                if st is not None:
+                    sl = (lambda t: t[0]) if name in ("weights", "biases") else (lambda t: t)
+                    shared[f"{name}.exp_avg"] = sl(st["exp_avg"]).cpu()
+                    shared[f"{name}.exp_avg_sq"] = sl(st["exp_avg_sq"]).cpu()
+                    shared[f"{name}.step"] = st["step"].detach().reshape(1).float().cpu()
+            save_file({k: v.contiguous() for k, v in shared.items()}, os.path.join(directory, SHARED_FILE),
+                      metadata=meta)
+        if self.world_size > 1:
+            dist.barrier(group=self.transport.group)
+
+    def _shape_meta(self) -> dict:
+        cfg = self.config
+        return {"vocab_size": str(cfg.vocab_size), "node_size": str(cfg.node_size),
+                "num_edge_rows": str(cfg.num_edge_rows), "graph": cfg.graph,
+                "max_position_embeddings": str(cfg.max_position_embeddings)}
+
+    @staticmethod
+    def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
+        """(owners (V,), process count) a checkpoint was saved with, or None when `directory` holds no sharded
+        checkpoint."""
+        from safetensors import safe_open
+
+        path = os.path.join(directory, SHARED_FILE)
+        if not os.path.exists(path):
+            return None
+        with safe_open(path, "pt") as f:
+            return f.get_tensor("owners"), int((f.metadata() or {}).get("world_size", "0"))
+
+    def load_shard(self, directory, optimizer=None):
+        """Read the rows of the sources this process owns now (from whichever shard files hold them, any saved
+        process count) and the replicated parameters; restore their AdamW moments and step counts into
+        `optimizer` (a SparseAdamW over this module's parameters) when given."""
+        from safetensors import safe_open
+
+        m = self.model
+        shared_path = os.path.join(directory, SHARED_FILE)
+        if not os.path.exists(shared_path):
+            raise ValueError(f"{directory} holds no source-sharded checkpoint ({SHARED_FILE} is missing): it was "
+                             "saved without --edge_sharding source; resume it the way it was trained.")
+        with safe_open(shared_path, "pt") as f:
+            meta = f.metadata() or {}
+            mine = self._shape_meta()
+            diff = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
+            if diff:
+                raise ValueError(f"{directory}: the sharded checkpoint was saved for another model "
+                                 f"(saved vs this run: {diff}); resume with the data, tokenizer and graph it was "
+                                 "trained with.")
+            shared = {k: f.get_tensor(k) for k in f.keys()}
+        saved_world = int(meta["world_size"])
+        files = [os.path.join(directory, SHARD_PATTERN.format(rank=r, world=saved_world)) for r in range(saved_world)]
+        missing = [p for p in files if not os.path.exists(p)]
+        if missing:
+            raise ValueError(f"{directory}: shard file(s) {missing} are missing; the checkpoint is incomplete.")
+        with_moments = optimizer is not None and "weights.exp_avg" in shared
+        dev = m.weights.device
+        with torch.no_grad():
+            m.node_bias.copy_(shared["node_bias"])
+            m.positions.copy_(shared["positions"])
+            m.weights[0].copy_(shared["weights.row0"])
+            m.biases[0].copy_(shared["biases.row0"])
+            moments = {}
+            if with_moments:
+                for name, p in (("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights),
+                                ("biases", m.biases)):
+                    st = {"step": shared[f"{name}.step"].reshape(()).clone(),
+                          "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                    if name in ("weights", "biases"):
+                        st["exp_avg"][0].copy_(shared[f"{name}.exp_avg"])
+                        st["exp_avg_sq"][0].copy_(shared[f"{name}.exp_avg_sq"])
+                    else:
+                        st["exp_avg"].copy_(shared[f"{name}.exp_avg"])
+                        st["exp_avg_sq"].copy_(shared[f"{name}.exp_avg_sq"])
+                    moments[name] = st
+            lp = self.local_indptr.cpu()
+            need = set((self.owners == self.rank).nonzero().flatten().tolist())
+            found = 0
+            for path in files:
+                with safe_open(path, "pt") as f:
+                    srcs = f.get_tensor("sources")
+                    keys = set(f.keys())
+                    deg = self.global_indptr.cpu().diff()[srcs]
+                    file_first = torch.cumsum(deg, 0) - deg  # row of each source in this file
+                    slices = {k: f.get_slice(k) for k in ("weights", "biases", "weights.exp_avg", "weights.exp_avg_sq",
+                                                          "biases.exp_avg", "biases.exp_avg_sq") if k in keys}
+                    for u, a, n in zip(srcs.tolist(), file_first.tolist(), deg.tolist()):
+                        if u not in need or n == 0:
+                            continue
+                        found += 1
+                        la = int(lp[u]) + 1
+                        m.weights[la:la + n].copy_(slices["weights"][a:a + n])
+                        m.biases[la:la + n].copy_(slices["biases"][a:a + n])
+                        if with_moments:
+                            for name in ("weights", "biases"):
+                                for k in ("exp_avg", "exp_avg_sq"):
+                                    moments[name][k][la:la + n].copy_(slices[f"{name}.{k}"][a:a + n])
+            expected = int((self.global_indptr.cpu().diff()[sorted(need)] > 0).sum()) if need else 0
+            if found != expected:
+                raise ValueError(f"{directory}: the shard files hold {found} of this process's {expected} sources "
+                                 "with edges; the checkpoint is incomplete or belongs to another graph.")
+        if with_moments:
+            for name, st in moments.items():
+                p = getattr(m, name)
+                group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+                st["step"] = st["step"].to(dev if group.get("fused") else "cpu")
+                optimizer.state[p] = {k: (v.to(dev) if k != "step" else v) for k, v in st.items()}
+
+    # ------------------------------------------------------------------------------------- export
+    def full_state_dict(self) -> dict | None:
+        """The state dict of the whole `BriLLMForCausalLM`, gathered on rank 0 (None on the others). Rank 0 needs
+        host memory for the full table: 4·P·(d² + d) bytes in fp32 (67.6 GB for the dense V=4000, d=32 graph)."""
+        m = self.model
+        W, rank = self.world_size, self.rank
+        sd = None
+        if rank == 0:
+            P, d = self.config.num_edge_rows, self.config.node_size
+            weights = torch.empty(P, d, d, dtype=m.weights.dtype)
+            biases = torch.empty(P, 1, d, dtype=m.biases.dtype)
+            weights[0], biases[0] = m.weights.detach()[0].cpu(), m.biases.detach()[0].cpu()
+        indptr = self.global_indptr.cpu()
+        for r in range(W):
+            sources = (self.owners.cpu() == r).nonzero().flatten()
+            rows = self._global_rows_of(sources, indptr)
+            if r == rank:
+                w, b = m.weights.detach()[1:], m.biases.detach()[1:]
+                if rank != 0:
+                    dist.send(w.contiguous(), 0, group=self.transport.group)
+                    dist.send(b.contiguous(), 0, group=self.transport.group)
+            elif rank == 0:
+                d = self.config.node_size
+                w = torch.empty(rows.numel(), d, d, dtype=m.weights.dtype, device=m.weights.device)
+                b = torch.empty(rows.numel(), 1, d, dtype=m.biases.dtype, device=m.biases.device)
+                dist.recv(w, r, group=self.transport.group)
+                dist.recv(b, r, group=self.transport.group)
+            if rank == 0:
+                weights.index_copy_(0, rows, w.cpu())
+                biases.index_copy_(0, rows, b.cpu())
+        if rank == 0:
+            sd = {k: v.detach().cpu() for k, v in m.state_dict().items() if k not in ("weights", "biases")}
+            sd["weights"], sd["biases"] = weights, biases
+        return sd
+
+    def export_model(self):
+        """Rank 0: a plain `BriLLMForCausalLM` with the gathered parameters, for `save_pretrained` (loadable in
+        one process with no knowledge of the sharding). None on the other ranks. Call on every process."""
+        from .modeling_brillm import BriLLMForCausalLM
+
+        sd = self.full_state_dict()
+        if sd is None:
+            return None
+        config = type(self.config).from_dict(self.config.to_dict())
+        with torch.device("meta"):
+            model = BriLLMForCausalLM(config)
+        model.load_state_dict(sd, assign=True)
+        model.generation_config = self.model.generation_config
+        return model
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def sharded_memory(config, world_size: int, global_tokens: int = 8192, imbalance: float = 1.25,
+                   optimizer_state: bool = True) -> dict:
+    """Bytes per process of the source-sharded path in fp32, by part (an upper estimate for the busiest process).
+
+    The process's share of the edge table under a balanced split (table / world size, plus one source's block of
+    slack), its two AdamW moments, the sparse gradient of its touched rows (at most its whole share), the
+    candidate workspace (5 (M, d) fp32 buffers, M = positions it scores x successors, the positions being the
+    global batch's / world size x `imbalance`), the rows its recurrence fetches and their gradient, and the
+    replicated parameters with their moments. `global_tokens`: batch x length over all processes.
+    """
+    V, d, P = config.vocab_size, config.node_size, config.num_edge_rows
+    row = 4 * (d * d + d)
+    degree = V if config.graph == "dense" else max(1, (P - 1) // max(V, 1))
+    rows = (P - 1 + world_size - 1) // world_size + degree
+    scored = math.ceil(global_tokens / world_size * imbalance)
+    parts = {"edge rows (weights + biases)": rows * row}
+    if optimizer_state:
+        parts["AdamW moments"] = 2 * rows * row
+    parts["row gradients (touched rows, at most the share)"] = rows * row
+    parts["candidate workspace"] = 5 * 4 * scored * degree * d
+    parts["fetched rows + their gradients"] = 2 * math.ceil(global_tokens / world_size) * row
+    parts["replicated (node_bias, positions, shared edge) + moments"] = 3 * 4 * (V * d + config.max_position_embeddings
+                                                                                 + d * d + d)
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+__all__ = ["ShardedBriLLM", "ShardedOutput", "balance_sources", "source_costs", "check_assignment", "sharded_memory"]

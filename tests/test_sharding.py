@@ -1,0 +1,326 @@
+"""Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
+SparseAdamW on the same global batch, checkpoints that resume on another process count, clear errors.
+
+Processes are spawned with torch.multiprocessing over gloo (file:// rendezvous in tmp_path); one tiny sparse
+model (V = 300, d = 8) and one fixed sequence of global batches serve every test.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+from modeling_brillm.optimization import SparseAdamW
+from modeling_brillm.sharding import ShardedBriLLM, balance_sources, check_assignment, sharded_memory, source_costs
+
+V, D, GLOBAL_BATCH, LENGTH, STEPS = 300, 8, 12, 16, 20
+LR, WD = 1e-2, 0.01
+
+
+def _sequences(n: int, seed: int) -> torch.Tensor:
+    """Zipf-like token paths with some padding (0 = pad) so the graph is sparse and skewed."""
+    g = torch.Generator().manual_seed(seed)
+    weights = 1.0 / torch.arange(1, V) ** 1.1
+    ids = torch.multinomial(weights.expand(n, -1), LENGTH, replacement=True, generator=g) + 1
+    lengths = torch.randint(LENGTH // 2, LENGTH + 1, (n,), generator=g)
+    mask = (torch.arange(LENGTH) < lengths.unsqueeze(1)).long()
+    return ids * mask, mask
+
+
+def _model(loss_type: str = "exact") -> BriLLMForCausalLM:
+    ids, mask = _sequences(400, seed=1)
+    seqs = [row[m.bool()] for row, m in zip(ids, mask)]
+    torch.manual_seed(0)
+    return BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=V, node_size=D, max_position_embeddings=LENGTH,
+                                                  loss_type=loss_type, num_negatives=8, negative_sampling="frequency")
+
+
+def _batch(step: int):
+    ids, mask = _sequences(GLOBAL_BATCH, seed=100 + step)
+    return ids, mask
+
+
+def _groups(model):
+    return [{"params": [model.weights], "weight_decay": WD},
+            {"params": [model.node_bias, model.biases, model.positions], "weight_decay": 0.0}]
+
+
+def _reference(loss_type: str, steps: int = STEPS):
+    model = _model(loss_type)
+    model.sparse_gradients = True
+    opt = SparseAdamW(_groups(model), lr=LR)
+    losses = []
+    for step in range(steps):
+        ids, mask = _batch(step)
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _train(sharded, opt, first: int, last: int, rank: int, world: int, save_at=None, save_dir=None):
+    losses = []
+    for step in range(first, last):
+        ids, mask = _batch(step)
+        part = torch.arange(GLOBAL_BATCH).tensor_split(world)[rank]  # uneven with 3 processes
+        out = sharded(ids[part], mask[part], labels=ids[part])
+        out.loss.backward()
+        sharded.reduce_gradients()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss.detach()))
+        if save_at is not None and step + 1 == save_at:
+            sharded.save_shard(save_dir, opt)
+    return losses
+
+
+def _worker(rank, world, init_file, job, out_file):
+    torch.set_num_threads(1)
+    if world > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        sharded = ShardedBriLLM(_model(job.get("loss_type", "exact")))
+        opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
+        if job.get("resume"):
+            sharded.load_shard(job["resume"], opt)
+        losses = _train(sharded, opt, job["first"], job["last"], rank, world, job.get("save_at"), job.get("save_dir"))
+        state = sharded.full_state_dict()
+        result = {"losses": losses, "state": state, "bytes": sharded.bytes_sent, "rows": sharded.model.weights.shape[0]}
+        if job.get("sampled_steps"):  # a second model in the same process group: the sampled (frequency) loss
+            sharded = ShardedBriLLM(_model("sampled"))
+            opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
+            result["sampled"] = {"losses": _train(sharded, opt, 0, job["sampled_steps"], rank, world),
+                                 "state": sharded.full_state_dict()}
+        if rank == 0:
+            torch.save(result, out_file)
+    finally:
+        if world > 1:
+            torch.distributed.destroy_process_group()
+
+
+def _run(tmp_path, world: int, job: dict, name: str):
+    out_file = str(tmp_path / f"{name}.pt")
+    init_file = str(tmp_path / f"{name}.init")
+    if world == 1:
+        _worker(0, 1, init_file, job, out_file)
+    else:
+        mp.start_processes(_worker, args=(world, init_file, job, out_file), nprocs=world, join=True,
+                           start_method="spawn")
+    return torch.load(out_file)
+
+
+def _assert_close(state, ref, atol=1e-6):
+    for key, value in ref.items():
+        diff = float((state[key].double() - value.double()).abs().max()) if value.numel() else 0.0
+        assert torch.allclose(state[key], value, rtol=1e-5, atol=atol), (key, diff)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _reference("exact")
+
+
+def test_assignment_balances_work_and_rejects_empty_processes():
+    model = _model()
+    costs = source_costs(model)
+    owners = balance_sources(costs, 3, model.graph_indptr.diff())
+    loads = torch.zeros(3, dtype=torch.float64).index_add_(0, owners, costs)
+    # LPT: the busiest process carries the hottest source alone, or the mean load within a few percent
+    assert float(loads.max()) <= 1.05 * max(float(costs.max()), float(loads.mean()))
+    assert owners.shape == (V,) and set(owners.tolist()) == {0, 1, 2}
+    with pytest.raises(ValueError, match="would own no edge rows"):
+        check_assignment(torch.zeros(V, dtype=torch.long), model.graph_indptr.diff(), 2)
+
+
+def test_three_then_two_then_one_processes_match_one_process(tmp_path, reference):
+    ref_losses, ref_state = reference
+    ckpt3, ckpt2 = str(tmp_path / "ckpt3"), str(tmp_path / "ckpt2")
+    # 3 processes (uneven split of the 12 rows and of the sources), 20 steps, checkpoint at step 10
+    three = _run(tmp_path, 3, {"first": 0, "last": STEPS, "save_at": 10, "save_dir": ckpt3}, "three")
+    assert torch.allclose(torch.tensor(three["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    _assert_close(three["state"], ref_state)
+    assert three["rows"] < ref_state["weights"].shape[0] // 2  # this process holds about a third of the table
+    # resume 3 -> 2 at step 10, checkpoint again at step 15
+    two = _run(tmp_path, 2, {"first": 10, "last": STEPS, "resume": ckpt3, "save_at": 15, "save_dir": ckpt2,
+                             "sampled_steps": 5}, "two")
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses[10:]), rtol=1e-5, atol=0)
+    _assert_close(two["state"], ref_state)
+    # resume 2 -> 1 at step 15 (one process, no process group)
+    one = _run(tmp_path, 1, {"first": 15, "last": STEPS, "resume": ckpt2}, "one")
+    assert torch.allclose(torch.tensor(one["losses"]), torch.tensor(ref_losses[15:]), rtol=1e-5, atol=0)
+    _assert_close(one["state"], ref_state)
+    # the sampled loss (frequency negatives), 2 processes
+    ref_losses, ref_state = _reference("sampled", steps=5)
+    assert torch.allclose(torch.tensor(two["sampled"]["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    _assert_close(two["sampled"]["state"], ref_state)
+
+
+
+
+def test_export_loads_as_a_plain_model(tmp_path):
+    sharded = ShardedBriLLM(_model())
+    model = sharded.export_model()
+    model.save_pretrained(tmp_path / "out")
+    loaded = BriLLMForCausalLM.from_pretrained(tmp_path / "out")
+    ids, mask = _batch(0)
+    ref = _model()
+    with torch.no_grad():
+        got, want = loaded(ids, attention_mask=mask, labels=ids).loss, ref(ids, attention_mask=mask, labels=ids).loss
+        assert torch.allclose(got, want)
+
+
+def test_from_config_never_builds_the_full_table():
+    config = BriLLMConfig(vocab_size=40, node_size=D, graph="dense", max_position_embeddings=LENGTH)
+    sharded = ShardedBriLLM.from_config(config, seed=3)
+    assert sharded.model.weights.shape == (1 + 40 * 40, D, D) and sharded.model.weights.device.type == "cpu"
+    again = ShardedBriLLM.from_config(config, seed=3)  # the same initialisation (per-source generators)
+    assert torch.equal(sharded.model.weights, again.model.weights)
+    assert float(sharded.model.weights.detach().abs().max()) > 0
+    ids = torch.randint(0, 40, (3, 8))
+    out = sharded(ids, labels=ids)
+    out.loss.backward()
+    sharded.reduce_gradients()
+    assert out.num_targets == 3 * 7 and sharded.model.weights.grad.is_sparse
+    plain = sharded.export_model()(ids, labels=ids).loss.detach()
+    assert float(out.loss.detach()) == pytest.approx(float(plain), rel=1e-6)
+
+
+def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
+    sharded = ShardedBriLLM(_model())
+    sharded.save_shard(tmp_path / "ck")
+    torch.manual_seed(0)
+    other = ShardedBriLLM(BriLLMForCausalLM.from_token_sequences([torch.arange(50)], vocab_size=V, node_size=D,
+                                                                 max_position_embeddings=LENGTH))
+    with pytest.raises(ValueError, match="saved for another model"):
+        other.load_shard(tmp_path / "ck")
+    with pytest.raises(ValueError, match="no source-sharded checkpoint"):
+        other.load_shard(tmp_path)
+
+
+def test_dense_paper_graph_fits_40_gb_per_process_on_8():
+    config = BriLLMConfig(vocab_size=4000, node_size=32, graph="dense")
+    parts = sharded_memory(config, world_size=8, global_tokens=128 * 64)  # 16 x 64 tokens per GPU
+    assert config.num_edge_rows == 1 + 4000 * 4000
+    # the table's share: 16M rows x (32x32 + 32) x 4 B / 8 = 8.45 GB; + 2 moments + gradient = 33.9 GB,
+    # + 3.3 GB candidate workspace (1,280 positions x 4,000 successors x 5 x 128 B)
+    assert 8.4e9 < parts["edge rows (weights + biases)"] < 8.5e9
+    assert parts["total"] <= 40e9, parts
+
+
+# ------------------------------------------------------------------------------------ examples/pretrain.py
+import json  # noqa: E402
+import random  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "pretrain.py"
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+CPU2 = ROOT / "configuration" / "accelerate" / "cpu_2.yaml"
+TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
+        "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5", "--max_train_steps", "10"]
+GLOBAL = 24  # = 1 x 24 = 2 x 12 blocks
+
+
+def _env():
+    e = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                          "MASTER_PORT", "MASTER_ADDR", "ACCELERATE_USE_CPU",
+                                                          "BRILLM_AVAILABLE_MEMORY_GB")}
+    e.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+             PYTHONUNBUFFERED="1")
+    return e
+
+
+def _pretrain(args, processes: int = 1, check=True):
+    cmd = [sys.executable, str(SCRIPT)]
+    if processes > 1:
+        cmd = [str(ACCELERATE), "launch", "--config_file", str(CPU2), "--main_process_port",
+               str(random.randint(20000, 40000)), str(SCRIPT)]
+    batch = ["--per_device_train_batch_size", str(GLOBAL // processes)]
+    result = subprocess.run(cmd + [str(a) for a in [*TINY, *batch, *args]], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT, env=_env())
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def _losses(out) -> dict[int, float]:
+    with open(Path(out) / "train_log.jsonl") as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+def _final_params(out) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(out) / "model.safetensors"))
+
+
+def _same_run(out, ref_out, steps):
+    got, ref = _losses(out), _losses(ref_out)
+    assert sorted(got) == sorted(ref)
+    for step in steps:
+        assert got[step] == pytest.approx(ref[step], rel=1e-5, abs=0), step
+    # lr 0.05: float rounding of the summed gradients moves AdamW's steps by a few 1e-6 over 10 steps
+    _assert_close(_final_params(out), _final_params(ref_out), atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    rng = random.Random(0)
+    words = "the cat dog bird sat on mat log tree saw a big small red blue ran over under and with house".split()
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))).capitalize() + "." for _ in range(400)]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(corpus, tmp_path):
+    import shutil
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw",
+               "--checkpointing_steps", "5"])
+    result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
+                        "--checkpointing_steps", "5"], processes=2)
+    assert "edge sharding by source: edge rows per process" in result.stdout
+    _same_run(two, one, range(1, 11))
+    assert sorted(p.name for p in (two / "step_5").glob("edge_*")) == [
+        "edge_shard_00000_of_00002.safetensors", "edge_shard_00001_of_00002.safetensors", "edge_shared.safetensors"]
+    # the final folder is a plain one: from_pretrained in one process, no sharding involved
+    loaded = BriLLMForCausalLM.from_pretrained(two)
+    assert loaded.weights.shape[0] == loaded.config.num_edge_rows
+
+    # (3 processes, an uneven split: the model-level test above, through the same engine)
+
+    # 2 -> 1: resume the two-process checkpoint at step 5 in one process (latest), checkpoint at 7
+    shutil.copytree(two, tmp_path / "r1")
+    shutil.rmtree(tmp_path / "r1" / "step_10")
+    result = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "r1", "--edge_sharding", "source",
+                        "--resume_from_checkpoint", "latest", "--checkpointing_steps", "7"])
+    assert "resumed from" in result.stdout and "step 5" in result.stdout
+    _same_run(tmp_path / "r1", one, range(6, 11))
+    # 1 -> 2: resume that one-process checkpoint at step 7 with two processes
+    shutil.copytree(tmp_path / "r1", tmp_path / "r2")
+    shutil.rmtree(tmp_path / "r2" / "step_5")
+    _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "r2", "--edge_sharding", "source",
+               "--resume_from_checkpoint", "latest"], processes=2)
+    _same_run(tmp_path / "r2", one, range(8, 11))
+
+    # errors: dense AdamW with sharding; a checkpoint of the other kind; a checkpoint of another model
+    bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
+                     "--optimizer", "adamw"], check=False)
+    assert bad.returncode == 2 and "use --optimizer sparse_adamw" in bad.stderr and "Traceback" not in bad.stderr
+    bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
+                     "--resume_from_checkpoint", one / "step_5"], check=False)
+    assert bad.returncode == 2 and "saved without --edge_sharding source" in bad.stderr
+    bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--resume_from_checkpoint",
+                     two / "step_5"], check=False)
+    assert bad.returncode == 2 and "resume it with --edge_sharding source" in bad.stderr
+    bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
+                     "--resume_from_checkpoint", two / "step_5", "--node_size", "4"], check=False)
+    assert bad.returncode == 2 and "saved for another model" in bad.stderr and "Traceback" not in bad.stderr
