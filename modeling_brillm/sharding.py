@@ -188,6 +188,11 @@ class ShardedBriLLM(nn.Module):
 
     def __init__(self, model, owners: torch.Tensor | None = None, group=None, source_counts=None):
         super().__init__()
+        if getattr(model.config, "start_signal", "uniform") != "uniform":
+            # its gradient would need the same all-reduce as node_bias; not wired yet, so refuse rather than diverge
+            raise ValueError("source sharding trains models with start_signal='uniform' only; train the learned start "
+                             "signal in one process (examples/finetune.py --train_only start_signal) or without "
+                             "--edge_sharding.")
         self.transport = _Transport(group)
         W, rank = self.transport.world, self.transport.rank
         cfg = model.config

@@ -201,6 +201,13 @@ def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
         other.load_shard(tmp_path)
 
 
+def test_learned_start_signal_is_refused_not_silently_unsynchronised():
+    model = BriLLMForCausalLM.from_token_sequences([torch.arange(50)], vocab_size=V, node_size=D,
+                                                   max_position_embeddings=LENGTH, start_signal="learned")
+    with pytest.raises(ValueError, match="start_signal='uniform' only"):
+        ShardedBriLLM(model)
+
+
 def test_dense_paper_graph_fits_40_gb_per_process_on_8():
     config = BriLLMConfig(vocab_size=4000, node_size=32, graph="dense")
     parts = sharded_memory(config, world_size=8, global_tokens=128 * 64)  # 16 x 64 tokens per GPU
