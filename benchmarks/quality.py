@@ -1,0 +1,552 @@
+"""Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same wall-clock budget.
+
+    python benchmarks/quality.py                                   # embedded corpus, budgets 30 90 180 s
+    python benchmarks/quality.py --budgets 30 120 300 --gpt2 2x64 4x128 4x256
+    python benchmarks/quality.py --train_file train.txt --validation_file valid.txt --output_dir outputs/q
+
+What is the same for every model (the fairness rules):
+- data, tokenizer and blocks come from the package's pretraining code (examples/pretrain.py) with the --config
+  preset (default `demo`): the embedded corpus (or --train_file / --validation_file), the byte-level BPE it
+  trains on the training text, one sentence per block of --block_size tokens (padding masked), the held-out
+  validation blocks;
+- the training batches and their order: one seeded permutation of the training blocks per epoch, shared;
+- the score: token-weighted held-out perplexity exp(sum of NLL / number of targets) over the same target tokens
+  (a real token after a real token in a block); BriLLM's NLL is its exact full softmax over all V nodes, GPT-2's
+  the softmax of its LM head over the same V;
+- the budget: seconds of training (forward, backward, optimizer step; evaluation is not counted), on the same
+  torch thread count (--threads). One run per model up to the largest budget; the held-out perplexity is taken
+  whenever the training clock passes a curve point (the budgets among them), so every budget's figure comes from
+  a run whose schedule does not depend on the budget (constant learning rate after a warmup counted in steps).
+
+Each model keeps its own sensible optimizer: BriLLM the preset's learning rate (demo: 5e-2) and weight decay with
+`modeling_brillm.optimization.SparseAdamW` on sparse edge gradients; GPT-2 (transformers' GPT2LMHeadModel,
+dropout 0, tied embeddings) AdamW (--gpt2_lr, default 1e-3, weight decay 0.01, --gpt2_warmup (20) steps of linear
+warmup, gradient clipping at 1.0).
+
+Writes <output_dir>/quality.json (settings, data, every model's parameters and curve, the table per budget)
+and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
+Exit status 2 with a one-line message on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+RESULTS_NAME = "quality.json"
+PLOT_NAME = "quality.png"
+DEFAULT_GPT2 = ["2x64", "4x128", "4x256"]
+GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?$")  # layers x width [x heads]
+
+
+def load_pretrain():
+    """examples/pretrain.py as a module: its data loading, tokenizer, blocks, graph and error type."""
+    spec = importlib.util.spec_from_file_location("brillm_pretrain_script", ROOT / "examples" / "pretrain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pretrain = load_pretrain()
+UsageError = pretrain.UsageError
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--budgets", type=float, nargs="+", default=[30.0, 90.0, 180.0],
+                   help="Training budgets in seconds (evaluation excluded); one run per model up to the largest.")
+    p.add_argument("--curve_points", type=int, default=10,
+                   help="Extra evaluation points, log-spaced from 1/64 of the largest budget up to it.")
+    p.add_argument("--gpt2", nargs="*", default=DEFAULT_GPT2, metavar="LxE[xH]",
+                   help="GPT-2 sizes: layers x width [x heads] (heads default width/32); none to skip GPT-2.")
+    p.add_argument("--no_brillm", action="store_true", help="Train only the GPT-2 models.")
+    p.add_argument("--config", default="demo", help="Pretraining preset of BriLLM, data and tokenizer settings.")
+    p.add_argument("--train_file", help="Training text (.txt one text per line, .json/.jsonl, .csv); default: "
+                   "the embedded corpus.")
+    p.add_argument("--validation_file", help="Held-out text, same format (default: every 20th training text).")
+    p.add_argument("--text_column", default="text", help="Text field of json/csv data.")
+    p.add_argument("--vocab_size", type=int, help="BPE vocabulary to train (default: the preset's).")
+    p.add_argument("--block_size", type=int, help="Tokens per block (default: the preset's).")
+    p.add_argument("--batch_size", type=int, default=64, help="Blocks per training step, every model.")
+    p.add_argument("--eval_batch_size", type=int, default=256, help="Blocks per evaluation forward pass.")
+    p.add_argument("--max_eval_blocks", type=int, default=None, help="Score at most this many held-out blocks.")
+    p.add_argument("--gpt2_lr", type=float, default=1e-3, help="GPT-2 peak learning rate (AdamW).")
+    p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2 linear warmup steps.")
+    p.add_argument("--threads", type=int, default=2, help="torch threads, the same for every model.")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available).")
+    p.add_argument("--seed", type=int, default=42, help="Seed of initialisations and batch order.")
+    p.add_argument("--output_dir", default="outputs/quality", help="Where quality.json and quality.png go.")
+    p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
+                   help="Do not wait (up to 2 minutes) for other processes to leave the CPUs before each model.")
+    return p.parse_args(argv)
+
+
+def gpt2_sizes(specs) -> list[tuple[int, int, int]]:
+    sizes = []
+    for spec in specs:
+        match = GPT2_SIZE.match(spec)
+        if not match:
+            raise UsageError(f"--gpt2 {spec!r}: give layers x width [x heads], e.g. 2x64 or 4x256x8.")
+        layers, width = int(match.group(1)), int(match.group(2))
+        heads = int(match.group(3)) if match.group(3) else max(1, width // 32)
+        if layers < 1 or width < 1 or heads < 1:
+            raise UsageError(f"--gpt2 {spec!r}: layers, width and heads must be positive.")
+        if width % heads:
+            raise UsageError(f"--gpt2 {spec!r}: the width {width} must be a multiple of the heads {heads}.")
+        sizes.append((layers, width, heads))
+    return sizes
+
+
+def check_args(args):
+    if any(not (b > 0 and math.isfinite(b)) for b in args.budgets):
+        raise UsageError(f"--budgets must be positive numbers of seconds, got {args.budgets}.")
+    if len(set(args.budgets)) != len(args.budgets):
+        raise UsageError(f"--budgets has repeated values: {args.budgets}.")
+    for name in ("batch_size", "eval_batch_size", "threads"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    if args.curve_points < 0:
+        raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
+    if args.max_eval_blocks is not None and args.max_eval_blocks < 1:
+        raise UsageError(f"--max_eval_blocks must be a positive integer, got {args.max_eval_blocks}.")
+    if not args.gpt2_lr > 0 or args.gpt2_warmup < 0:
+        raise UsageError("--gpt2_lr must be positive and --gpt2_warmup >= 0.")
+    if args.no_brillm and not args.gpt2:
+        raise UsageError("nothing to train: --no_brillm and no --gpt2 size.")
+
+
+def curve_points(budgets, extra: int) -> list[float]:
+    top = max(budgets)
+    points = set(budgets)
+    if extra:
+        points.update(top / 64 * 64 ** (i / extra) for i in range(extra))
+    return sorted(points)
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def pretrain_args(args):
+    """The pretraining script's own arguments for this data and preset (checked by its own rules)."""
+    argv = ["--config", args.config, "--seed", str(args.seed), "--text_column", args.text_column]
+    for flag in ("train_file", "validation_file", "vocab_size", "block_size"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    try:
+        pargs = pretrain.parse_args(argv)
+    except SystemExit:
+        raise UsageError(f"the pretraining script refused the arguments {argv}.") from None
+    model_fields, tok_settings = pretrain.resolve_settings(pargs)
+    pretrain.check_args(pargs, model_fields)
+    return pargs, model_fields, tok_settings
+
+
+class _OneProcess:
+    """The one thing pretrain.tokenize_splits asks of an accelerator here."""
+
+    @staticmethod
+    def main_process_first():
+        return contextlib.nullcontext()
+
+
+def prepare_data(args, output_dir: Path) -> dict:
+    """Tokenizer, training and held-out blocks (as tensors), the BriLLM graph and config fields."""
+    import torch
+
+    from modeling_brillm import build_sparse_graph
+    from tokenization import build_tokenizer
+
+    pargs, model_fields, tok_settings = pretrain_args(args)
+    raw, description = pretrain.load_raw_data(pargs)
+    if "validation" not in raw or len(raw["validation"]) == 0:
+        raise UsageError("no held-out text: give --validation_file, or more training texts (every 20th is held out).")
+    try:
+        tokenizer = build_tokenizer(raw["train"], kind=tok_settings["kind"], vocab_size=tok_settings["vocab_size"],
+                                    output_dir=str(output_dir / "tokenizer"), text_column=pargs.text_column,
+                                    min_frequency=tok_settings["min_frequency"],
+                                    model_max_length=model_fields.get("max_position_embeddings", 512))
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"could not train the tokenizer: {err}") from None
+    blocks = pretrain.tokenize_splits(raw, tokenizer, pargs, _OneProcess())
+
+    def tensors(split):
+        if len(blocks[split]) == 0:
+            return None
+        rows = blocks[split].with_format("torch")[:]
+        return rows["input_ids"].long(), rows["attention_mask"].long()
+
+    train, held = tensors("train"), tensors("validation")
+    if train is None:
+        raise UsageError("the training text gives no block of at least two tokens; give longer texts.")
+    if held is None:
+        raise UsageError("the held-out text gives no block of at least two tokens; give a longer --validation_file.")
+    if args.max_eval_blocks:
+        held = (held[0][: args.max_eval_blocks], held[1][: args.max_eval_blocks])
+    if len(train[0]) < args.batch_size:
+        raise UsageError(f"{len(train[0])} training blocks cannot fill one batch of {args.batch_size}; lower "
+                         "--batch_size or give more text.")
+    pad = tokenizer.pad_token_id
+    graph = build_sparse_graph(pretrain.block_sequences(blocks["train"], pad), len(tokenizer),
+                               min_count=pargs.min_bigram_count, ignore_ids=(pad,))
+    return dict(tokenizer=tokenizer, train=train, held=held, graph=graph, model_fields=model_fields, pargs=pargs,
+                description=description)
+
+
+def labels_of(ids, mask):
+    return ids.masked_fill(mask == 0, -100)
+
+
+def target_mask(mask):
+    """Targets scored by both models: position t+1 when tokens t and t+1 are real (as pretrain.count_targets)."""
+    return (mask[:, 1:] != 0) & (mask[:, :-1] != 0)
+
+
+class BatchOrder:
+    """The same stream of training batches for every model: a seeded permutation of the blocks per epoch."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+
+    def __iter__(self):
+        import torch
+
+        epoch = 0
+        while True:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+            for start in range(0, self.n - self.batch_size + 1, self.batch_size):  # full batches only
+                yield order[start:start + self.batch_size]
+            epoch += 1
+
+
+# ------------------------------------------------------------------------------------------------ models
+def make_brillm(data, seed: int):
+    import torch
+
+    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+
+    tok = data["tokenizer"]
+    fields = {k: v for k, v in data["model_fields"].items() if k != "graph"}
+    config = BriLLMConfig(vocab_size=len(tok), graph="sparse", num_edges=data["graph"].num_edges,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                          unk_token_id=tok.unk_token_id, **fields)
+    torch.manual_seed(seed)
+    return BriLLMForCausalLM.from_graph(data["graph"], config=config)
+
+
+def make_gpt2(data, size, seed: int):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    layers, width, heads = size
+    tok = data["tokenizer"]
+    config = GPT2Config(vocab_size=len(tok), n_positions=data["train"][0].shape[1], n_embd=width, n_layer=layers,
+                        n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, loss_type="ForCausalLM")
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+def brillm_trainer(model, pargs):
+    """(optimizer, scheduler, step function) of the pretraining script's BriLLM step with --optimizer
+    sparse_adamw: sparse edge gradients, SparseAdamW (betas 0.9/0.999, eps 1e-8), weight decay on the edge
+    matrices only; the preset's warmup, then a constant learning rate (the budget must not shape the schedule)."""
+    from transformers import get_scheduler
+
+    from modeling_brillm.optimization import SparseAdamW
+
+    model.sparse_gradients = True
+    decay = [p for n, p in model.named_parameters() if n.endswith("weights")]
+    no_decay = [p for n, p in model.named_parameters() if not n.endswith("weights")]
+    optimizer = SparseAdamW([{"params": decay, "weight_decay": pargs.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=pargs.learning_rate, betas=(0.9, 0.999),
+                            eps=1e-8)
+    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=pargs.num_warmup_steps)
+
+    def step(ids, mask):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels_of(ids, mask), return_logits=False).loss
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    info = dict(optimizer="SparseAdamW (sparse edge gradients)", lr=pargs.learning_rate,
+                weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps, schedule="constant after warmup",
+                grad_clip=None)
+    return step, info
+
+
+def gpt2_trainer(model, lr: float, warmup: int, device):
+    import torch
+    from transformers import get_scheduler
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type in ("cpu", "cuda"))
+    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=warmup)
+
+    def step(ids, mask):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels_of(ids, mask)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    info = dict(optimizer="AdamW (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
+                schedule="constant after warmup", grad_clip=1.0)
+    return step, info
+
+
+# -------------------------------------------------------------------------------------------- evaluation
+def heldout_nll(model, held, batch_size: int, device) -> tuple[float, int]:
+    """(summed NLL in nats, number of targets) over the held-out blocks, the same targets for every model.
+    BriLLM: its exact loss (full softmax over all V nodes, no logits built) times its target count; any other
+    model: cross-entropy of its logits at those targets."""
+    import torch
+    import torch.nn.functional as F
+
+    from modeling_brillm import BriLLMForCausalLM
+
+    ids_all, mask_all = held
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids_all), batch_size):
+            ids = ids_all[start:start + batch_size].to(device)
+            mask = mask_all[start:start + batch_size].to(device)
+            targets = target_mask(mask)
+            n = int(targets.sum())
+            if n == 0:
+                continue
+            if isinstance(model, BriLLMForCausalLM):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels_of(ids, mask), return_logits=False,
+                             use_cache=False).loss
+                total += float(loss.double()) * n
+            else:
+                logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+                nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+                total += float(nll.view(targets.shape)[targets].double().sum())
+            count += n
+    if was_training:
+        model.train()
+    return total, count
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------- training
+def train_for_budget(name, model, step, data, points, args, device, monitor=None, say=print) -> dict:
+    """Train until the training clock passes the last point; evaluate each time it passes a point."""
+    import torch
+
+    ids_all, mask_all = data["train"]
+    model.to(device).train()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def evaluate(clock, steps, tokens, targets, last_loss):
+        started = time.perf_counter()
+        total, count = heldout_nll(model, data["held"], args.eval_batch_size, device)
+        nll = total / count
+        point = dict(train_seconds=round(clock, 3), steps=steps, train_tokens=tokens, train_targets=targets,
+                     train_loss=last_loss, eval_nll=nll, perplexity=math.exp(min(nll, 700.0)), eval_tokens=count,
+                     eval_seconds=round(time.perf_counter() - started, 3))
+        say(f"  {name:>12} {clock:8.1f}s step {steps:6d}  held-out perplexity {point['perplexity']:10.2f}"
+            + (f"  (train loss {last_loss:.3f})" if last_loss is not None else ""))
+        return point
+
+    curve = [evaluate(0.0, 0, 0, 0, None)]
+    clock, steps, tokens, targets, pending = 0.0, 0, 0, 0, list(points)
+    loss_sum, loss_steps = 0.0, 0
+    if monitor is not None:
+        monitor.start()
+    for index in BatchOrder(len(ids_all), args.batch_size, args.seed):
+        ids, mask = ids_all[index], mask_all[index]
+        sync()
+        started = time.perf_counter()
+        ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        loss = step(ids, mask)
+        sync()
+        clock += time.perf_counter() - started
+        steps += 1
+        tokens += int(mask.sum())
+        targets += int(target_mask(mask).sum())
+        loss_sum, loss_steps = loss_sum + float(loss), loss_steps + 1
+        if not math.isfinite(float(loss)):
+            raise RuntimeError(f"{name}: the training loss is {float(loss)} at step {steps}; lower its learning rate.")
+        if clock >= pending[0]:
+            while pending and clock >= pending[0]:
+                pending.pop(0)
+            curve.append(evaluate(clock, steps, tokens, targets, loss_sum / loss_steps))
+            loss_sum, loss_steps = 0.0, 0
+            if not pending:
+                break
+    load = monitor.stop() if monitor is not None else None  # includes the evaluations' time
+    return dict(curve=curve, steps=steps, train_seconds=round(clock, 3), tokens_per_second=round(tokens / clock, 1),
+                other_cpu_load=None if load is None else round(load, 3))
+
+
+def at_budget(curve, budget: float) -> dict:
+    """The evaluation taken when the training clock first passed `budget`."""
+    return next(p for p in curve if p["train_seconds"] >= budget)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def write_json_atomic(path: Path, obj):
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def plot(results: dict, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
+    for model in results["models"]:
+        curve = [p for p in model["curve"] if p["steps"] > 0]
+        style = dict(marker="o", markersize=3, linewidth=2.2 if model["kind"] == "brillm" else 1.4)
+        axes[0].plot([p["train_seconds"] for p in curve], [p["perplexity"] for p in curve], label=model["label"],
+                     **style)
+        axes[1].plot([p["train_tokens"] for p in curve], [p["perplexity"] for p in curve], label=model["label"],
+                     **style)
+    for b in results["settings"]["budgets"]:
+        axes[0].axvline(b, color="grey", linewidth=0.6, linestyle=":")
+    axes[0].set_xlabel("training seconds (evaluation excluded)")
+    axes[1].set_xlabel("training tokens")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.set_ylabel("held-out perplexity (token-weighted)")
+        ax.grid(True, which="both", linewidth=0.3)
+    axes[0].legend(fontsize=8)
+    s = results["settings"]
+    fig.suptitle(f"BriLLM vs GPT-2, same tokenizer (V={results['data']['vocab_size']}), blocks and budget; "
+                 f"{s['threads']} thread(s), {s['device']}", fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(f".tmp-{path.name}")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------- main
+def run(args) -> dict:
+    check_args(args)
+    sizes = gpt2_sizes(args.gpt2)
+    import torch
+
+    from common import CpuMonitor, machine, wait_for_quiet
+
+    if args.device is not None and args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise UsageError(f"--device {args.device!r}: use cpu or cuda.")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but CUDA is not available; use --device cpu.")
+    torch.set_num_threads(args.threads)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if device.type == "cpu":
+        pretrain.keep_freed_memory()  # as the pretraining script does: same allocator settings for every model
+
+    started = time.time()
+    data = prepare_data(args, output_dir)
+    tok = data["tokenizer"]
+    held_targets = int(target_mask(data["held"][1]).sum())
+    points = curve_points(args.budgets, args.curve_points)
+    print(f"data: {data['description']}")
+    print(f"tokenizer: {len(tok)} tokens; {len(data['train'][0]):,} training blocks, {len(data['held'][0]):,} "
+          f"held-out blocks ({held_targets:,} targets) of {data['train'][0].shape[1]} tokens; prepared in "
+          f"{time.time() - started:.1f}s")
+    print(f"machine: {machine()}, device {device}; budgets {args.budgets} s, curve points {[round(p, 1) for p in points]}")
+
+    specs = [] if args.no_brillm else [("brillm", None)]
+    specs += [("gpt2", size) for size in sizes]
+    models = []
+    for kind, size in specs:
+        if kind == "brillm":
+            model = make_brillm(data, args.seed)
+            label = f"BriLLM d={model.config.node_size}"
+            step, info = brillm_trainer(model.to(device), data["pargs"])
+            params = count_parameters(model)
+            note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size}; a step "
+                    "touches only the edges leaving the batch's tokens")
+        else:
+            model = make_gpt2(data, size, args.seed).to(device)
+            label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
+            step, info = gpt2_trainer(model, args.gpt2_lr, args.gpt2_warmup, device)
+            params = count_parameters(model)
+            note = "dense: every parameter is used and updated every step (tied input/output embeddings)"
+        print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
+        load_before = wait_for_quiet(max_wait_s=120) if args.wait_quiet else None
+        monitor = CpuMonitor()
+        result = train_for_budget(label, model, step, data, points, args, device, monitor)
+        models.append(dict(kind=kind, label=label, size=None if size is None else dict(zip(("layers", "width", "heads"), size)),
+                           parameters=params, parameters_note=note, **info, **result,
+                           other_cpu_load_before=None if load_before is None else round(load_before, 3)))
+        del model, step
+
+    table = {str(b): {m["label"]: round(at_budget(m["curve"], b)["perplexity"], 3) for m in models}
+             for b in sorted(args.budgets)}
+    results = dict(
+        settings=dict(budgets=sorted(args.budgets), curve_points=points, batch_size=args.batch_size,
+                      threads=args.threads, device=str(device), seed=args.seed, config=args.config,
+                      machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
+        data=dict(description=data["description"], vocab_size=len(tok), block_size=int(data["train"][0].shape[1]),
+                  train_blocks=len(data["train"][0]), heldout_blocks=len(data["held"][0]), heldout_targets=held_targets),
+        models=models, perplexity_at_budget=table)
+    write_json_atomic(output_dir / RESULTS_NAME, results)
+    plot(results, output_dir / PLOT_NAME)
+
+    print("\nheld-out perplexity at each budget (token-weighted, the same targets):")
+    width = max(len(m["label"]) for m in models)
+    print(f"{'model':<{width}}  {'params':>12}  " + "  ".join(f"{f'{b:g} s':>9}" for b in sorted(args.budgets))
+          + "  tokens/s  other load")
+    for m in models:
+        cells = "  ".join(f"{table[str(b)][m['label']]:9.2f}" for b in sorted(args.budgets))
+        print(f"{m['label']:<{width}}  {m['parameters']:12,}  {cells}  {m['tokens_per_second']:8,.0f}  "
+              f"{m['other_cpu_load']}")
+    print(f"wrote {output_dir / RESULTS_NAME} and {output_dir / PLOT_NAME}")
+    return results
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
