@@ -14,9 +14,11 @@ What is the same for every model (the fairness rules):
   (a real token after a real token in a block); BriLLM's NLL is its exact full softmax over all V nodes, GPT-2's
   the softmax of its LM head over the same V;
 - the budget: seconds of training (forward, backward, optimizer step; evaluation is not counted), on the same
-  torch thread count (--threads). One run per model up to the largest budget; the held-out perplexity is taken
-  whenever the training clock passes a curve point (the budgets among them), so every budget's figure comes from
-  a run whose schedule does not depend on the budget (constant learning rate after a warmup counted in steps).
+  torch thread count (--threads), in one process. One run per model up to the largest budget; the held-out
+  perplexity is taken whenever the training clock passes a curve point (the budgets among them), so every
+  budget's figure comes from a run whose schedule does not depend on the budget (constant learning rate after a
+  warmup counted in steps). The models take turns (--interleave seconds of training each), so the load other
+  processes put on a shared machine falls on all of them alike; the load seen is reported per model.
 
 Each model keeps its own sensible optimizer: BriLLM the preset's learning rate (demo: 5e-2) and weight decay with
 `modeling_brillm.optimization.SparseAdamW` on sparse edge gradients; GPT-2 (transformers' GPT2LMHeadModel,
@@ -86,12 +88,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_eval_blocks", type=int, default=None, help="Score at most this many held-out blocks.")
     p.add_argument("--gpt2_lr", type=float, default=1e-3, help="GPT-2 peak learning rate (AdamW).")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2 linear warmup steps.")
+    p.add_argument("--interleave", type=float, default=5.0,
+                   help="Models take turns, this many training seconds each, so that a shared machine's varying "
+                   "load falls on all alike; 0: one model after the other.")
     p.add_argument("--threads", type=int, default=2, help="torch threads, the same for every model.")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available).")
     p.add_argument("--seed", type=int, default=42, help="Seed of initialisations and batch order.")
     p.add_argument("--output_dir", default="outputs/quality", help="Where quality.json and quality.png go.")
     p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
-                   help="Do not wait (up to 2 minutes) for other processes to leave the CPUs before each model.")
+                   help="Do not wait (up to a minute) for other processes to leave the CPUs before training.")
     return p.parse_args(argv)
 
 
@@ -119,6 +124,8 @@ def check_args(args):
     for name in ("batch_size", "eval_batch_size", "threads"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    if args.interleave < 0 or not math.isfinite(args.interleave):
+        raise UsageError(f"--interleave must be a number of seconds >= 0, got {args.interleave}.")
     if args.curve_points < 0:
         raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
     if args.max_eval_blocks is not None and args.max_eval_blocks < 1:
@@ -253,9 +260,11 @@ def make_gpt2(data, size, seed: int):
     tok = data["tokenizer"]
     config = GPT2Config(vocab_size=len(tok), n_positions=data["train"][0].shape[1], n_embd=width, n_layer=layers,
                         n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.bos_token_id,
-                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, loss_type="ForCausalLM")
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # transformers cannot infer it from the class name GPT2LMHeadModel (it warns)
+    return model
 
 
 def brillm_trainer(model, pargs):
@@ -348,59 +357,109 @@ def heldout_nll(model, held, batch_size: int, device) -> tuple[float, int]:
     return total, count
 
 
+def touched_edge_share(data, args, batches: int = 20) -> float:
+    """Mean share of BriLLM's real edges whose matrices a training step reads and updates: the out-edges of the
+    distinct tokens that are followed by a target in the batch (first `batches` batches of the shared order)."""
+    import torch
+
+    ids_all, mask_all = data["train"]
+    degree = data["graph"].indptr.diff()
+    shares = []
+    for index, _ in zip(BatchOrder(len(ids_all), args.batch_size, args.seed), range(batches)):
+        ids, mask = ids_all[index], mask_all[index]
+        sources = torch.unique(ids[:, :-1][target_mask(mask)])
+        shares.append(float(degree[sources].sum()) / max(data["graph"].num_edges, 1))
+    return sum(shares) / len(shares)
+
+
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------------- training
-def train_for_budget(name, model, step, data, points, args, device, monitor=None, say=print) -> dict:
-    """Train until the training clock passes the last point; evaluate each time it passes a point."""
-    import torch
+class BudgetRun:
+    """One model's training against the clock: `train_until(t)` trains until its training clock (seconds of
+    forward, backward and optimizer step, nothing else) passes t, and evaluates each time the clock passes one
+    of `points`. Runs can take turns in slices (interleaved), so a shared machine's load falls on all alike."""
 
-    ids_all, mask_all = data["train"]
-    model.to(device).train()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    def __init__(self, label, model, step, data, points, args, device, say=print):
+        import torch
 
-    def evaluate(clock, steps, tokens, targets, last_loss):
+        from common import CpuMonitor
+
+        self.label, self.model, self.step, self.data, self.args, self.device, self.say = (
+            label, model, step, data, args, device, say)
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.batches = iter(BatchOrder(len(data["train"][0]), args.batch_size, args.seed))
+        self.pending = list(points)
+        self.clock, self.steps, self.tokens, self.targets = 0.0, 0, 0, 0
+        self.loss_sum, self.loss_steps = 0.0, 0
+        self.monitor, self.load_seconds, self.wall_seconds = CpuMonitor(), 0.0, 0.0
+        model.to(device).train()
+        self.curve = [self.evaluate()]
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    def evaluate(self) -> dict:
         started = time.perf_counter()
-        total, count = heldout_nll(model, data["held"], args.eval_batch_size, device)
+        total, count = heldout_nll(self.model, self.data["held"], self.args.eval_batch_size, self.device)
         nll = total / count
-        point = dict(train_seconds=round(clock, 3), steps=steps, train_tokens=tokens, train_targets=targets,
-                     train_loss=last_loss, eval_nll=nll, perplexity=math.exp(min(nll, 700.0)), eval_tokens=count,
-                     eval_seconds=round(time.perf_counter() - started, 3))
-        say(f"  {name:>12} {clock:8.1f}s step {steps:6d}  held-out perplexity {point['perplexity']:10.2f}"
-            + (f"  (train loss {last_loss:.3f})" if last_loss is not None else ""))
+        last = self.loss_sum / self.loss_steps if self.loss_steps else None
+        point = dict(train_seconds=round(self.clock, 3), steps=self.steps, train_tokens=self.tokens,
+                     train_targets=self.targets, train_loss=last, eval_nll=nll, perplexity=math.exp(min(nll, 700.0)),
+                     eval_tokens=count, eval_seconds=round(time.perf_counter() - started, 3))
+        self.loss_sum, self.loss_steps = 0.0, 0
+        self.say(f"  {self.label:>18} {self.clock:8.1f}s step {self.steps:6d}  held-out perplexity "
+                 f"{point['perplexity']:10.2f}" + (f"  (train loss {last:.3f})" if last is not None else ""))
         return point
 
-    curve = [evaluate(0.0, 0, 0, 0, None)]
-    clock, steps, tokens, targets, pending = 0.0, 0, 0, 0, list(points)
-    loss_sum, loss_steps = 0.0, 0
-    if monitor is not None:
-        monitor.start()
-    for index in BatchOrder(len(ids_all), args.batch_size, args.seed):
-        ids, mask = ids_all[index], mask_all[index]
-        sync()
-        started = time.perf_counter()
-        ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
-        loss = step(ids, mask)
-        sync()
-        clock += time.perf_counter() - started
-        steps += 1
-        tokens += int(mask.sum())
-        targets += int(target_mask(mask).sum())
-        loss_sum, loss_steps = loss_sum + float(loss), loss_steps + 1
-        if not math.isfinite(float(loss)):
-            raise RuntimeError(f"{name}: the training loss is {float(loss)} at step {steps}; lower its learning rate.")
-        if clock >= pending[0]:
-            while pending and clock >= pending[0]:
-                pending.pop(0)
-            curve.append(evaluate(clock, steps, tokens, targets, loss_sum / loss_steps))
-            loss_sum, loss_steps = 0.0, 0
-            if not pending:
-                break
-    load = monitor.stop() if monitor is not None else None  # includes the evaluations' time
-    return dict(curve=curve, steps=steps, train_seconds=round(clock, 3), tokens_per_second=round(tokens / clock, 1),
-                other_cpu_load=None if load is None else round(load, 3))
+    def train_until(self, limit: float):
+        ids_all, mask_all = self.data["train"]
+        self.monitor.start()
+        wall = time.perf_counter()
+        while self.pending and self.clock < limit:
+            index = next(self.batches)
+            ids, mask = ids_all[index], mask_all[index]
+            self.sync()
+            started = time.perf_counter()
+            ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+            loss = float(self.step(ids, mask))
+            self.sync()
+            self.clock += time.perf_counter() - started
+            self.steps += 1
+            self.tokens += int(mask.sum())
+            self.targets += int(target_mask(mask).sum())
+            self.loss_sum, self.loss_steps = self.loss_sum + loss, self.loss_steps + 1
+            if not math.isfinite(loss):
+                raise RuntimeError(f"{self.label}: the training loss is {loss} at step {self.steps}; lower its "
+                                   "learning rate.")
+            if self.clock >= self.pending[0]:
+                while self.pending and self.clock >= self.pending[0]:
+                    self.pending.pop(0)
+                self.curve.append(self.evaluate())
+        wall = time.perf_counter() - wall
+        self.load_seconds += self.monitor.stop() * wall  # other processes' load, evaluations included
+        self.wall_seconds += wall
+
+    def result(self) -> dict:
+        return dict(curve=self.curve, steps=self.steps, train_seconds=round(self.clock, 3),
+                    tokens_per_second=round(self.tokens / max(self.clock, 1e-9), 1),
+                    other_cpu_load=round(self.load_seconds / max(self.wall_seconds, 1e-9), 3))
+
+
+def run_all(runs, slice_seconds: float):
+    """Train every run to its last point: in turns of `slice_seconds` of training each, or (0) one after another."""
+    if slice_seconds <= 0:
+        for run in runs:
+            run.train_until(math.inf)
+        return
+    limit = 0.0
+    while not all(run.done for run in runs):
+        limit += slice_seconds
+        for run in runs:
+            run.train_until(limit)
 
 
 def at_budget(curve, budget: float) -> dict:
@@ -458,13 +517,27 @@ def plot(results: dict, path: Path):
     os.replace(tmp, path)
 
 
+def markdown_table(results: dict) -> str:
+    """The results as the table of benchmarks/README.md."""
+    budgets = results["settings"]["budgets"]
+    head = ("| model | parameters | " + " | ".join(f"ppl @ {b:g} s" for b in budgets)
+            + " | steps | tokens/s | train tokens | other load |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for m in results["models"]:
+        cells = " | ".join(f"{results['perplexity_at_budget'][str(b)][m['label']]:,.1f}" for b in budgets)
+        last = m["curve"][-1]
+        lines.append(f"| {m['label']} | {m['parameters'] / 1e6:.2f}M | {cells} | {m['steps']:,} | "
+                     f"{m['tokens_per_second']:,.0f} | {last['train_tokens']:,} | {m['other_cpu_load']} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------------- main
 def run(args) -> dict:
     check_args(args)
     sizes = gpt2_sizes(args.gpt2)
     import torch
 
-    from common import CpuMonitor, machine, wait_for_quiet
+    from common import machine, wait_for_quiet
 
     if args.device is not None and args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"--device {args.device!r}: use cpu or cuda.")
@@ -490,35 +563,38 @@ def run(args) -> dict:
 
     specs = [] if args.no_brillm else [("brillm", None)]
     specs += [("gpt2", size) for size in sizes]
-    models = []
+    runs, models = [], []
     for kind, size in specs:
         if kind == "brillm":
             model = make_brillm(data, args.seed)
             label = f"BriLLM d={model.config.node_size}"
             step, info = brillm_trainer(model.to(device), data["pargs"])
-            params = count_parameters(model)
-            note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size}; a step "
-                    "touches only the edges leaving the batch's tokens")
+            touched = touched_edge_share(data, args)
+            note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size} (+ the "
+                    f"shared edge); a step touches only the edges leaving the batch's tokens: {touched:.1%} of them "
+                    f"on average at batch {args.batch_size}")
         else:
             model = make_gpt2(data, size, args.seed).to(device)
             label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
             step, info = gpt2_trainer(model, args.gpt2_lr, args.gpt2_warmup, device)
-            params = count_parameters(model)
             note = "dense: every parameter is used and updated every step (tied input/output embeddings)"
+        params = count_parameters(model)
         print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
-        load_before = wait_for_quiet(max_wait_s=120) if args.wait_quiet else None
-        monitor = CpuMonitor()
-        result = train_for_budget(label, model, step, data, points, args, device, monitor)
-        models.append(dict(kind=kind, label=label, size=None if size is None else dict(zip(("layers", "width", "heads"), size)),
-                           parameters=params, parameters_note=note, **info, **result,
-                           other_cpu_load_before=None if load_before is None else round(load_before, 3)))
-        del model, step
+        models.append(dict(kind=kind, label=label, parameters=params, parameters_note=note, **info,
+                           size=None if size is None else dict(zip(("layers", "width", "heads"), size))))
+        runs.append(BudgetRun(label, model, step, data, points, args, device))
+    load_before = wait_for_quiet(max_wait_s=60) if args.wait_quiet else None
+    run_all(runs, args.interleave)
+    for model, run in zip(models, runs):
+        model.update(run.result())
 
     table = {str(b): {m["label"]: round(at_budget(m["curve"], b)["perplexity"], 3) for m in models}
              for b in sorted(args.budgets)}
     results = dict(
         settings=dict(budgets=sorted(args.budgets), curve_points=points, batch_size=args.batch_size,
                       threads=args.threads, device=str(device), seed=args.seed, config=args.config,
+                      interleave_seconds=args.interleave, gpt2_lr=args.gpt2_lr, gpt2_warmup=args.gpt2_warmup,
+                      other_cpu_load_before=None if load_before is None else round(load_before, 3),
                       machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
         data=dict(description=data["description"], vocab_size=len(tok), block_size=int(data["train"][0].shape[1]),
                   train_blocks=len(data["train"][0]), heldout_blocks=len(data["held"][0]), heldout_targets=held_targets),
@@ -534,6 +610,7 @@ def run(args) -> dict:
         cells = "  ".join(f"{table[str(b)][m['label']]:9.2f}" for b in sorted(args.budgets))
         print(f"{m['label']:<{width}}  {m['parameters']:12,}  {cells}  {m['tokens_per_second']:8,.0f}  "
               f"{m['other_cpu_load']}")
+    print("\n" + markdown_table(results))
     print(f"wrote {output_dir / RESULTS_NAME} and {output_dir / PLOT_NAME}")
     return results
 
