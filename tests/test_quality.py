@@ -44,6 +44,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
             "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2", "--batch_size", "8", "--threads", "1",
+            "--interleave", "0.3",
             "--no-wait-quiet", "--output_dir", str(out)]
     assert quality.main(argv) == 0
     assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -103,6 +104,7 @@ def test_batch_order_is_shared_and_covers_each_epoch():
     (["--gpt2", "4by64"], "layers x width"),
     (["--gpt2", "2x64x3"], "multiple of the heads"),
     (["--batch_size", "0"], "--batch_size must be a positive integer"),
+    (["--interleave", "-1"], "--interleave must be"),
     (["--no_brillm", "--gpt2"], "nothing to train"),
     (["--train_file", "/nonexistent/train.txt"], "no such file"),
     (["--train_file", "data.parquet"], "unknown file extension"),
