@@ -22,8 +22,9 @@ What is the same for every model (the fairness rules):
 
 Each model keeps its own sensible optimizer: BriLLM the preset's learning rate (demo: 5e-2) and weight decay with
 `modeling_brillm.optimization.SparseAdamW` on sparse edge gradients; GPT-2 (transformers' GPT2LMHeadModel,
-dropout 0, tied embeddings) AdamW (--gpt2_lr, default 1e-3, weight decay 0.01, --gpt2_warmup (20) steps of linear
-warmup, gradient clipping at 1.0).
+dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight decay 0.01, --gpt2_warmup (20) steps of linear
+warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 / 1.2e-2 for the default sizes at
+100 and 300 steps of batch 64 on the embedded corpus (benchmarks/README.md).
 
 Writes <output_dir>/quality.json (settings, data, every model's parameters and curve, the table per budget)
 and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
@@ -86,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=64, help="Blocks per training step, every model.")
     p.add_argument("--eval_batch_size", type=int, default=256, help="Blocks per evaluation forward pass.")
     p.add_argument("--max_eval_blocks", type=int, default=None, help="Score at most this many held-out blocks.")
-    p.add_argument("--gpt2_lr", type=float, default=1e-3, help="GPT-2 peak learning rate (AdamW).")
+    p.add_argument("--gpt2_lr", type=float, default=3e-3, help="GPT-2 peak learning rate (AdamW).")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2 linear warmup steps.")
     p.add_argument("--interleave", type=float, default=5.0,
                    help="Models take turns, this many training seconds each, so that a shared machine's varying "
