@@ -373,6 +373,24 @@ def touched_edge_share(data, args, batches: int = 20) -> float:
     return sum(shares) / len(shares)
 
 
+def bigram_reference(data, k: float = 0.1) -> float:
+    """Held-out perplexity of add-k smoothed bigram counts of the training targets: what the previous token
+    alone gives, for reading the curves (not a trained model, no clock)."""
+    import torch
+
+    V = len(data["tokenizer"])
+
+    def pairs(ids, mask):
+        keep = target_mask(mask)
+        return ids[:, :-1][keep], ids[:, 1:][keep]
+
+    u, v = pairs(*data["train"])
+    counts = torch.bincount(u * V + v, minlength=V * V).view(V, V).double()
+    probs = (counts + k) / (counts.sum(1, keepdim=True) + k * V)
+    hu, hv = pairs(*data["held"])
+    return math.exp(float(-probs[hu, hv].log().mean()))
+
+
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -493,6 +511,10 @@ def plot(results: dict, path: Path):
                      **style)
         axes[1].plot([p["train_tokens"] for p in curve], [p["perplexity"] for p in curve], label=model["label"],
                      **style)
+    bigram = results.get("bigram_add_0_1_perplexity")
+    if bigram:
+        for ax in axes:
+            ax.axhline(bigram, color="black", linewidth=0.8, linestyle="--", label="bigram counts (add-0.1)")
     for b in results["settings"]["budgets"]:
         axes[0].axvline(b, color="grey", linewidth=0.6, linestyle=":")
     axes[0].set_xlabel("training seconds (evaluation excluded)")
@@ -599,7 +621,7 @@ def run(args) -> dict:
                       machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
         data=dict(description=data["description"], vocab_size=len(tok), block_size=int(data["train"][0].shape[1]),
                   train_blocks=len(data["train"][0]), heldout_blocks=len(data["held"][0]), heldout_targets=held_targets),
-        models=models, perplexity_at_budget=table)
+        models=models, perplexity_at_budget=table, bigram_add_0_1_perplexity=round(bigram_reference(data), 3))
     write_json_atomic(output_dir / RESULTS_NAME, results)
     plot(results, output_dir / PLOT_NAME)
 
@@ -611,6 +633,7 @@ def run(args) -> dict:
         cells = "  ".join(f"{table[str(b)][m['label']]:9.2f}" for b in sorted(args.budgets))
         print(f"{m['label']:<{width}}  {m['parameters']:12,}  {cells}  {m['tokens_per_second']:8,.0f}  "
               f"{m['other_cpu_load']}")
+    print(f"{'bigram counts, add-0.1 (reference)':<{width}}  held-out perplexity {results['bigram_add_0_1_perplexity']:.2f}")
     print("\n" + markdown_table(results))
     print(f"wrote {output_dir / RESULTS_NAME} and {output_dir / PLOT_NAME}")
     return results

@@ -65,6 +65,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
         for budget, row in results["perplexity_at_budget"].items():
             assert row[model["label"]] == pytest.approx(quality.at_budget(curve, float(budget))["perplexity"], rel=1e-3)
         assert model["parameters"] > 0
+    assert 1 < results["bigram_add_0_1_perplexity"] < results["data"]["vocab_size"]
     assert "held-out perplexity at each budget" in capsys.readouterr().out
 
 
