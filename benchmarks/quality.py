@@ -501,7 +501,7 @@ def plot(results: dict, path: Path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
     for model in results["models"]:
@@ -519,14 +519,19 @@ def plot(results: dict, path: Path):
         axes[0].axvline(b, color="grey", linewidth=0.6, linestyle=":")
     axes[0].set_xlabel("training seconds (evaluation excluded)")
     axes[1].set_xlabel("training tokens")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    def short(value, _):
+        for scale, unit in ((1e6, "M"), (1e3, "k")):
+            if value >= scale:
+                return f"{value / scale:g}{unit}"
+        return f"{value:g}"
+
     for ax in axes:
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(subs=(1.0,) if axis is axes[1].xaxis else (1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(short))
+            axis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("held-out perplexity (token-weighted)")
         ax.grid(True, which="both", linewidth=0.3)
     axes[0].legend(fontsize=8)
