@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULTS_NAME = "quality.json"
 PLOT_NAME = "quality.png"
 DEFAULT_GPT2 = ["2x64", "4x128", "4x256"]
-GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?$")  # layers x width [x heads]
+GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?(?:@([0-9.eE+-]+))?$")  # layers x width [x heads] [@lr]
 
 
 def load_pretrain():
@@ -74,8 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Training budgets in seconds (evaluation excluded); one run per model up to the largest.")
     p.add_argument("--curve_points", type=int, default=10,
                    help="Extra evaluation points, log-spaced from 1/64 of the largest budget up to it.")
-    p.add_argument("--gpt2", nargs="*", default=DEFAULT_GPT2, metavar="LxE[xH]",
-                   help="GPT-2 sizes: layers x width [x heads] (heads default width/32); none to skip GPT-2.")
+    p.add_argument("--gpt2", nargs="*", default=DEFAULT_GPT2, metavar="LxE[xH][@LR]",
+                   help="GPT-2 sizes: layers x width [x heads] [@learning rate] (heads default width/32, learning "
+                   "rate --gpt2_lr); none to skip GPT-2.")
     p.add_argument("--no_brillm", action="store_true", help="Train only the GPT-2 models.")
     p.add_argument("--config", default="demo", help="Pretraining preset of BriLLM, data and tokenizer settings.")
     p.add_argument("--train_file", help="Training text (.txt one text per line, .json/.jsonl, .csv); default: "
@@ -101,19 +102,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def gpt2_sizes(specs) -> list[tuple[int, int, int]]:
+def gpt2_sizes(specs, default_lr: float) -> list[tuple[int, int, int, float]]:
+    """(layers, width, heads, learning rate) of every --gpt2 spec."""
     sizes = []
     for spec in specs:
         match = GPT2_SIZE.match(spec)
         if not match:
-            raise UsageError(f"--gpt2 {spec!r}: give layers x width [x heads], e.g. 2x64 or 4x256x8.")
+            raise UsageError(f"--gpt2 {spec!r}: give layers x width [x heads] [@learning rate], e.g. 2x64, "
+                             "4x256x8 or 4x256@1e-3.")
         layers, width = int(match.group(1)), int(match.group(2))
         heads = int(match.group(3)) if match.group(3) else max(1, width // 32)
         if layers < 1 or width < 1 or heads < 1:
             raise UsageError(f"--gpt2 {spec!r}: layers, width and heads must be positive.")
         if width % heads:
             raise UsageError(f"--gpt2 {spec!r}: the width {width} must be a multiple of the heads {heads}.")
-        sizes.append((layers, width, heads))
+        try:
+            lr = float(match.group(4)) if match.group(4) else default_lr
+        except ValueError:
+            lr = float("nan")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise UsageError(f"--gpt2 {spec!r}: the learning rate after @ must be a positive number.")
+        sizes.append((layers, width, heads, lr))
     return sizes
 
 
@@ -257,7 +266,7 @@ def make_gpt2(data, size, seed: int):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    layers, width, heads = size
+    layers, width, heads = size[:3]
     tok = data["tokenizer"]
     config = GPT2Config(vocab_size=len(tok), n_positions=data["train"][0].shape[1], n_embd=width, n_layer=layers,
                         n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.bos_token_id,
@@ -562,7 +571,7 @@ def markdown_table(results: dict) -> str:
 # ------------------------------------------------------------------------------------------------- main
 def run(args) -> dict:
     check_args(args)
-    sizes = gpt2_sizes(args.gpt2)
+    sizes = gpt2_sizes(args.gpt2, args.gpt2_lr)
     import torch
 
     from common import machine, wait_for_quiet
@@ -604,12 +613,12 @@ def run(args) -> dict:
         else:
             model = make_gpt2(data, size, args.seed).to(device)
             label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
-            step, info = gpt2_trainer(model, args.gpt2_lr, args.gpt2_warmup, device)
+            step, info = gpt2_trainer(model, size[3], args.gpt2_warmup, device)
             note = "dense: every parameter is used and updated every step (tied input/output embeddings)"
         params = count_parameters(model)
         print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
         models.append(dict(kind=kind, label=label, parameters=params, parameters_note=note, **info,
-                           size=None if size is None else dict(zip(("layers", "width", "heads"), size))))
+                           size=None if size is None else dict(zip(("layers", "width", "heads"), size[:3]))))
         runs.append(BudgetRun(label, model, step, data, points, args, device))
     load_before = wait_for_quiet(max_wait_s=60) if args.wait_quiet else None
     run_all(runs, args.interleave)

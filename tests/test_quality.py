@@ -43,13 +43,14 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
-            "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2", "--batch_size", "8", "--threads", "1",
+            "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8", "--threads", "1",
             "--interleave", "0.3",
             "--no-wait-quiet", "--output_dir", str(out)]
     assert quality.main(argv) == 0
     assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "quality.json").read_text())
     assert [m["kind"] for m in results["models"]] == ["brillm", "gpt2"]
+    assert results["models"][1]["lr"] == 2e-3
     assert results["settings"]["budgets"] == [0.4, 1.0]
     for model in results["models"]:
         curve = model["curve"]
@@ -80,7 +81,7 @@ def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
     assert total / count == pytest.approx(reference.nll, rel=1e-5)
 
     data = {"tokenizer": tokenizer, "train": held}
-    gpt2 = quality.make_gpt2(data, (1, 16, 2), seed=0).eval()
+    gpt2 = quality.make_gpt2(data, (1, 16, 2, 1e-3), seed=0).eval()
     ids, mask = held
     with torch.no_grad():
         mean = gpt2(input_ids=ids, attention_mask=mask, labels=quality.labels_of(ids, mask)).loss
@@ -104,6 +105,7 @@ def test_batch_order_is_shared_and_covers_each_epoch():
     (["--budgets", "10", "10"], "repeated"),
     (["--gpt2", "4by64"], "layers x width"),
     (["--gpt2", "2x64x3"], "multiple of the heads"),
+    (["--gpt2", "2x64@0"], "learning rate after @"),
     (["--batch_size", "0"], "--batch_size must be a positive integer"),
     (["--interleave", "-1"], "--interleave must be"),
     (["--no_brillm", "--gpt2"], "nothing to train"),
