@@ -6,7 +6,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from .configuration_brillm import BriLLMConfig
 from .decoding import EnergyGenerateOutput, energy_generate
 from .evaluation import perplexity
-from .graph import BigramGraph, build_sparse_graph, count_bigrams, graph_from_edges
+from .graph import BigramGraph, build_sparse_graph, count_bigrams, graph_from_edges, merge_edges
 from .interpretability import EnergyTrace, energy_trace, plot_energy_path
 from .model_card import write_model_card
 from .modeling_brillm import BriLLMForCausalLM, BriLLMModel, BriLLMPreTrainedModel, BriLLMState, positional_encoding
@@ -28,6 +28,7 @@ __all__ = [
     "build_sparse_graph",
     "count_bigrams",
     "graph_from_edges",
+    "merge_edges",
     "positional_encoding",
     "energy_generate",
     "EnergyGenerateOutput",

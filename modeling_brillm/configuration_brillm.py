@@ -6,6 +6,8 @@ GRAPHS = ("sparse", "dense")
 POSITION_ENCODINGS = ("released", "sinusoidal")
 LOSS_TYPES = ("exact", "sampled")
 NEGATIVE_SAMPLINGS = ("frequency", "uniform")
+START_SIGNALS = ("uniform", "learned")
+POSITION_OVERFLOWS = ("error", "extend")
 
 
 class BriLLMConfig(PreTrainedConfig):
@@ -19,8 +21,13 @@ class BriLLMConfig(PreTrainedConfig):
         node_size (`int`, defaults to 32):
             Neurons per node, d. Every edge is a d×d matrix plus a length-d bias.
         max_position_embeddings (`int`, defaults to 512):
-            Longest sequence the model reads: the number of learned position weights of the energy
-            mix and of rows of the positional encoding. Longer inputs raise a `ValueError`.
+            Number of learned position weights of the energy mix (the trained range). What happens to
+            longer inputs is set by `position_overflow`.
+        position_overflow (`str`, defaults to `"error"`):
+            `"error"`: inputs (and generations) longer than `max_position_embeddings` raise a `ValueError`.
+            `"extend"`: any length is read. Edges past the trained range reuse the last learned position
+            weight and the positional encoding continues its formula; nothing changes inside the range.
+            The state stays O(d) per sequence, so decoding time per token and memory do not grow.
         graph (`str`, defaults to `"sparse"`):
             `"sparse"`: only `num_edges` edges are real (the ones seen in training data, stored in the
             checkpoint in CSR order by source); every other pair u→v uses one shared edge.
@@ -44,6 +51,14 @@ class BriLLMConfig(PreTrainedConfig):
         negative_sampling (`str`, defaults to `"frequency"`):
             `"frequency"`: the K most frequent successors of the source in the training bigrams
             (needs a sparse graph, which stores the counts). `"uniform"`: K nodes drawn uniformly.
+        start_signal (`str`, defaults to `"uniform"`):
+            The signal the first token's node starts from, before its node bias and PE[0]. `"uniform"`: every
+            neuron 1/d, as in the release. `"learned"`: a trainable d-vector (`start_signals`), initialised to
+            1/d so a fresh learned model computes exactly what the uniform one does; training only it is prompt
+            tuning for BriLLM (d numbers per task).
+        num_start_signals (`int`, defaults to 1):
+            Learned start signals (one per task), chosen per row by the `signal_ids` input (default 0). Only
+            with `start_signal="learned"`.
         bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*):
             Special token ids of the tokenizer the graph was built for.
     """
@@ -56,10 +71,13 @@ class BriLLMConfig(PreTrainedConfig):
     graph: str = "sparse"
     num_edges: int | None = None
     position_encoding: str = "released"
+    position_overflow: str = "error"
     initializer_range: float = 0.5
     loss_type: str = "exact"
     num_negatives: int = 400
     negative_sampling: str = "frequency"
+    start_signal: str = "uniform"
+    num_start_signals: int = 1
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -84,9 +102,11 @@ class BriLLMConfig(PreTrainedConfig):
         return self.num_edges + 1
 
     def num_parameters_formula(self) -> int:
-        """The paper's count: P·(d² + d) + V·d + max_positions, with P = real edges + 1."""
+        """The paper's count: P·(d² + d) + V·d + max_positions, with P = real edges + 1 (+ d per learned start
+        signal)."""
         d = self.node_size
-        return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings
+        learned = self.num_start_signals * d if self.start_signal == "learned" else 0
+        return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
         """Raise a `ValueError` naming the first invalid field and how to fix it."""
@@ -99,15 +119,22 @@ class BriLLMConfig(PreTrainedConfig):
             need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                  f"{name} must be a positive integer, got {value!r}.")
 
-        for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives"):
+        for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives", "num_start_signals"):
             positive_int(name)
         need(self.vocab_size >= 2, "vocab_size must be at least 2 (a graph needs two nodes).")
         need(self.graph in GRAPHS, f"graph must be one of {GRAPHS}, got {self.graph!r}.")
         need(self.position_encoding in POSITION_ENCODINGS,
              f"position_encoding must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}.")
+        need(self.position_overflow in POSITION_OVERFLOWS,
+             f"position_overflow must be one of {POSITION_OVERFLOWS}, got {self.position_overflow!r}.")
         need(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}.")
         need(self.negative_sampling in NEGATIVE_SAMPLINGS,
              f"negative_sampling must be one of {NEGATIVE_SAMPLINGS}, got {self.negative_sampling!r}.")
+        need(self.start_signal in START_SIGNALS,
+             f"start_signal must be one of {START_SIGNALS}, got {self.start_signal!r}.")
+        need(self.start_signal == "learned" or self.num_start_signals == 1,
+             f"num_start_signals={self.num_start_signals} needs start_signal='learned' (the uniform start signal "
+             "is a single fixed vector).")
         if self.graph == "sparse":
             need(self.num_edges is not None,
                  "a sparse graph needs num_edges (build one with BriLLMForCausalLM.from_token_sequences, "

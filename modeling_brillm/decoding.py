@@ -22,8 +22,11 @@ purpose *not* written into model repositories: transformers replaces `model.gene
 custom function whenever a model is loaded with `trust_remote_code=True` and the folder exists, which would
 change what `pipeline(...)` does.
 
-Rows finish at an end-of-sequence token; afterwards they are filled with the pad token (as `generate()` does) and
-their steps are masked out of the energy path.
+Rows finish at an end-of-sequence token or at the token that completes a stop string; afterwards they are filled
+with the pad token (as `generate()` does) and their steps are masked out of the energy path.
+
+Beam search (`num_beams > 1`) follows `generate()`'s rules (see `energy_generate`) and scores with the log-softmax of
+the energies used as logits; every returned sequence carries the energy path of its own beam.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class EnergyGenerateOutput:
     positions: torch.LongTensor  # (B, steps) position of each new token in its row (real tokens)
     attention_mask: torch.LongTensor | None = None  # (B, T + steps) 1 for real tokens (prompt padding is 0)
     tokenizer: object | None = field(default=None, repr=False)
+    # beam search only: (B · num_return_sequences,) Σ log p(token) / new_tokens ** length_penalty of each sequence
+    sequences_scores: torch.FloatTensor | None = None
 
     @property
     def num_steps(self) -> int:
@@ -169,6 +174,56 @@ def _banned_ngram_tokens(history: list[list[int]], n: int) -> list[list[int]]:
     return banned
 
 
+def _constrain(raw, current, penalised, history, repetition_penalty, no_repeat_ngram_size, exclude_self_loops):
+    """The decoding logits of one step: raw energies (rows, V) with the repetition penalty, n-gram bans and the
+    self-loop ban applied (shared by greedy/sampling and beam search)."""
+    logits = raw
+    if penalised is not None:
+        logits = torch.where(penalised, torch.where(logits < 0, logits * repetition_penalty,
+                                                    logits / repetition_penalty), logits)
+    if history is not None:
+        banned = _banned_ngram_tokens(history, no_repeat_ngram_size)
+        ban_rows = [r for r, b in enumerate(banned) for _ in b]
+        if ban_rows:
+            ban_tokens = [t for b in banned for t in b]
+            index = (torch.tensor(ban_rows, device=raw.device), torch.tensor(ban_tokens, device=raw.device))
+            logits = logits.index_put(index, torch.tensor(float("-inf"), device=raw.device))
+    if exclude_self_loops:
+        logits = logits.scatter(1, current.unsqueeze(1), float("-inf"))
+    return logits
+
+
+class _StopStrings:
+    """Stop strings read the way `generate()`'s StopStringCriteria reads them: a row ends at the token that completes
+    one of them (that token may run past the string's end, the string may span tokens and start in the prompt); a
+    string that was already complete before the last token does not count again."""
+
+    def __init__(self, tokenizer, stop_strings):
+        self.tokenizer = tokenizer
+        self.strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+        if not self.strings or not all(isinstance(t, str) and t for t in self.strings):
+            raise ValueError(f"stop_strings must be a non-empty string or a list of them, got {stop_strings!r}.")
+        # enough tokens to hold the longest string even when byte-level tokens carry a fraction of a character
+        self.window = 4 * max(len(t) for t in self.strings) + 2
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def hit(self, ids: list[int]) -> bool:
+        tail = ids[-self.window:]
+        before, text = self._decode(tail[:-1]), self._decode(tail)
+        start = len(before) if text.startswith(before) else len(_common_prefix(before, text))
+        # an occurrence ending after `start` ends inside the last token's text
+        return any(text.find(t, max(0, start - len(t) + 1)) != -1 for t in self.strings)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
 @torch.no_grad()
 def energy_generate(
     model,
@@ -188,6 +243,12 @@ def energy_generate(
     pad_token_id: int | None = None,
     streamer=None,
     tokenizer=None,
+    stop_strings: str | list[str] | None = None,
+    num_beams: int = 1,
+    num_return_sequences: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    signal_ids=None,
 ) -> EnergyGenerateOutput:
     """Decode with BriLLM's rule: at every step, every node v receives energy E_v = ‖GeLU(x·W[u→v] + b + PE)‖
     from the node u the signal sits on; the next node is the most energetic one (greedy) or is drawn from
@@ -200,7 +261,8 @@ def energy_generate(
         attention_mask: 1 for real tokens, 0 for padding; padding may be on either side (right-padded rows are
             moved to left padding, so `sequences` always continues each row at its last column).
         max_new_tokens: new tokens per row. A row's real length plus `max_new_tokens` may not exceed
-            `config.max_position_embeddings` (`ValueError` naming the largest value that fits).
+            `config.max_position_embeddings` (`ValueError`, before generating, naming the largest value that fits)
+            unless `config.position_overflow="extend"`, which has no limit.
         do_sample: draw from the distribution instead of taking the most energetic node.
         temperature: divides the energies (logits) before the softmax; only used when sampling. Must be > 0.
         top_k, top_p: keep the `top_k` most energetic nodes / the smallest set with probability mass `top_p`
@@ -216,11 +278,32 @@ def energy_generate(
         generator: a `torch.Generator` for reproducible sampling.
         pad_token_id: fills finished rows; defaults to the generation config's, then the first eos id.
         streamer: a transformers streamer (`TextStreamer`, ...); gets the prompt, then each new token (batch 1).
-        tokenizer: optional, kept on the output so `path()` / `to_records()` include token texts.
+        tokenizer: kept on the output so `path()` / `to_records()` include token texts; needed by `stop_strings`.
+        stop_strings: a string or list of strings ending a row (as in `generate()`): the row ends with the token
+            that completes one (kept in the output, like an eos token), wherever the string's characters started;
+            rows end independently. Needs `tokenizer`.
+        num_beams: > 1 runs beam search (greedy only: `do_sample` must be False; no streamer). Every beam is scored
+            by the sum of log-softmax(decoding logits) of its tokens, the decoding logits being the energies after
+            the repetition penalty, n-gram and self-loop bans. The rules are `generate()`'s: at every step the
+            2·num_beams (more with several eos ids) best continuations are kept; those ending at an eos token or a
+            stop string (and only among the num_beams best) become finished hypotheses scored
+            sum_logprobs / new_tokens ** length_penalty (new_tokens counts the ending token); the rest continue. At
+            `max_new_tokens` the running beams are finished too. The best finished hypotheses are returned.
+        num_return_sequences: how many of the best hypotheses to return per row (at most num_beams); the rows of
+            `sequences` are then grouped by prompt: row r·n + i is prompt r's i-th best.
+        length_penalty: exponent of the length normalisation (beam search): > 0 favours longer sequences, < 0
+            shorter ones, 0 ranks by the plain sum of log-probabilities.
+        early_stopping: beam search stopping, as in `generate()`: True stops a prompt as soon as num_beams
+            hypotheses are finished; False (default) stops when the best running beam, normalised at the current
+            length, can no longer beat the worst finished one; "never" uses the best length the running beams could
+            still reach (the exact bound when length_penalty > 0).
+        signal_ids: `(batch,)` learned start signal of each row (models with `start_signal="learned"`).
 
     Returns:
         `EnergyGenerateOutput` with `sequences` and the energy path (`tokens`, `energies`, `ranks`,
-        `probabilities`, `alternative_tokens`, `alternative_energies`, `step_mask`, ...).
+        `probabilities`, `alternative_tokens`, `alternative_energies`, `step_mask`, ...). With beams, the path of
+        each returned sequence is that of its own beam (`probabilities` are exp of the scoring log-softmax) and
+        `sequences_scores` holds the beam scores.
     """
     config = model.config
     V = int(config.vocab_size)
@@ -266,16 +349,18 @@ def energy_generate(
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
     longest = int(lengths.max())
-    if longest > max_positions:
+    extends = getattr(config, "position_overflow", "error") == "extend"  # reads any length: no limit to check
+    if not extends and longest > max_positions:
         raise ValueError(
             f"the prompt holds {longest} tokens, more than max_position_embeddings={max_positions} of this model; "
             f"shorten it to at most {max_positions - 1} tokens to leave room for new ones."
         )
-    if longest + max_new_tokens > max_positions:
+    if not extends and longest + max_new_tokens > max_positions:
         raise ValueError(
             f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds max_position_embeddings="
             f"{max_positions} of this model: at most {max_positions - longest} new tokens fit (BriLLM has one learned "
-            "position weight per position, so it cannot read past the last one)."
+            "position weight per position, so it cannot read past the last one; config.position_overflow=\"extend\" "
+            "lifts the limit)."
         )
     if do_sample:
         if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
@@ -287,6 +372,30 @@ def energy_generate(
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
     if not (isinstance(repetition_penalty, (int, float)) and repetition_penalty > 0):
         raise ValueError(f"repetition_penalty must be a positive number, got {repetition_penalty!r}.")
+    if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
+        raise ValueError(f"num_beams must be a positive integer (1 = no beam search), got {num_beams!r}.")
+    if not isinstance(num_return_sequences, int) or isinstance(num_return_sequences, bool) or not (
+            1 <= num_return_sequences <= num_beams):
+        raise ValueError(f"num_return_sequences must be an integer between 1 and num_beams={num_beams}, got "
+                         f"{num_return_sequences!r} (several sequences per prompt come from beam search; to draw "
+                         "several samples, repeat the prompt rows).")
+    if num_beams > 1:
+        if do_sample:
+            raise ValueError("beam search (num_beams > 1) is deterministic here: pass do_sample=False, or "
+                             "num_beams=1 to sample.")
+        if streamer is not None:
+            raise ValueError("a streamer cannot follow beam search (num_beams > 1): the best beam is only known at "
+                             "the end; use num_beams=1 to stream.")
+        if early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}.")
+        if not (isinstance(length_penalty, (int, float)) and math.isfinite(length_penalty)):
+            raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}.")
+    stop = None
+    if stop_strings is not None:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the model's tokenizer to read the generated text: pass "
+                             "tokenizer=... as well (as generate() does).")
+        stop = _StopStrings(tokenizer, stop_strings)
     num_alternatives = max(0, min(int(num_alternatives), V - 1))
 
     generation_config = getattr(model, "generation_config", None)
@@ -310,6 +419,17 @@ def energy_generate(
         penalised = torch.zeros(B, V, dtype=torch.bool, device=device)
         penalised[rows.unsqueeze(1).expand(B, T)[mask], input_ids[mask]] = True
     history = [input_ids[r][mask[r]].tolist() for r in range(B)] if no_repeat_ngram_size > 0 else None
+    texts = [input_ids[r][mask[r]].tolist() for r in range(B)] if stop is not None else None  # ids read by `stop`
+
+    start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the first call starts the signal
+    if num_beams > 1:
+        return _beam_search(
+            model, input_ids, mask, lengths, steps=max_new_tokens, num_beams=num_beams,
+            num_return_sequences=num_return_sequences, length_penalty=float(length_penalty),
+            early_stopping=early_stopping, constrain=lambda raw, current, pen, hist: _constrain(
+                raw, current, pen, hist, repetition_penalty, no_repeat_ngram_size, exclude_self_loops),
+            penalised=penalised, history=history, texts=texts, stop=stop, eos_tensor=eos_tensor,
+            pad_token_id=int(pad_token_id), num_alternatives=num_alternatives, tokenizer=tokenizer, start=start)
 
     # ------------------------------------------------------------------------------------------- decoding
     # Per-step results are collected in lists and masked once at the end: the loop does the least work per token.
@@ -323,22 +443,11 @@ def energy_generate(
     current = input_ids[:, -1]  # left-aligned: the last column is every row's last real token
     if steps:
         out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
-                    logits_to_keep=1)
+                    logits_to_keep=1, **start)
     for s in range(steps):
         raw = out.logits[:, -1, :].float()  # energies of every node as the successor of `current`
-        logits = raw
-        if penalised is not None:
-            logits = torch.where(penalised, torch.where(logits < 0, logits * repetition_penalty,
-                                                        logits / repetition_penalty), logits)
-        if history is not None:
-            banned = _banned_ngram_tokens(history, no_repeat_ngram_size)
-            ban_rows = [r for r, b in enumerate(banned) for _ in b]
-            if ban_rows:
-                ban_tokens = [t for b in banned for t in b]
-                logits = logits.index_put((torch.tensor(ban_rows, device=device), torch.tensor(ban_tokens, device=device)),
-                                          torch.tensor(float("-inf"), device=device))
-        if exclude_self_loops:
-            logits = logits.scatter(1, current.unsqueeze(1), float("-inf"))
+        logits = _constrain(raw, current, penalised, history, repetition_penalty, no_repeat_ngram_size,
+                            exclude_self_loops)
         if do_sample:
             if temperature != 1.0:
                 logits = logits / temperature
@@ -373,8 +482,15 @@ def energy_generate(
         if streamer is not None:
             streamer.put(chosen.cpu())
 
-        if eos_tensor.numel():
-            active = active & ~torch.isin(chosen, eos_tensor)
+        ended = torch.isin(chosen, eos_tensor) if eos_tensor.numel() else None
+        if stop is not None:
+            hits = torch.zeros(B, dtype=torch.bool, device=device)
+            for r in active.nonzero().flatten().tolist():
+                texts[r].append(int(chosen[r]))
+                hits[r] = stop.hit(texts[r])
+            ended = hits if ended is None else ended | hits
+        if ended is not None:
+            active = active & ~ended
             all_active = bool(active.all())
             if not all_active and not bool(active.any()):
                 break
@@ -425,6 +541,146 @@ def energy_generate(
     )
 
 
+_NO_SCORE = float("-inf")  # score of an empty slot among the finished hypotheses
+
+
+def _gather_beams(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """tensor (B, N, ...) → (B, K, ...) taking along dim 1 the entries `index` (B, K)."""
+    shape = index.shape + tensor.shape[2:]
+    return tensor.gather(1, index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand(shape))
+
+
+def _beam_search(model, input_ids, mask, lengths, *, steps, num_beams, num_return_sequences, length_penalty,
+                 early_stopping, constrain, penalised, history, texts, stop, eos_tensor, pad_token_id,
+                 num_alternatives, tokenizer, start=None) -> EnergyGenerateOutput:
+    """Beam search over BriLLM's recurrent state with `generate()`'s rules (see `energy_generate`), carrying each
+    beam's energy path along: every running beam and every finished hypothesis owns its recorded steps."""
+    device = input_ids.device
+    B, T = input_ids.shape
+    V = int(model.config.vocab_size)
+    nb = num_beams
+    keep = min(max(2, 1 + eos_tensor.numel()) * nb, nb * V)  # continuations kept per step, as generate()
+    first_nb = torch.arange(keep, device=device) < nb  # only these may become finished hypotheses
+    S = steps
+    k = num_alternatives
+
+    def blank(n):  # empty energy-path records for (B, n) beams: the values masked steps show
+        return {
+            "tokens": torch.full((B, n, S), pad_token_id, dtype=torch.long, device=device),
+            "sources": torch.full((B, n, S), pad_token_id, dtype=torch.long, device=device),
+            "energies": torch.full((B, n, S), float("nan"), device=device),
+            "probabilities": torch.full((B, n, S), float("nan"), device=device),
+            "ranks": torch.zeros(B, n, S, dtype=torch.long, device=device),
+            "alternative_tokens": torch.full((B, n, S, k), -1, dtype=torch.long, device=device),
+            "alternative_energies": torch.full((B, n, S, k), float("nan"), device=device),
+        }
+
+    run = blank(nb)
+    run_scores = torch.zeros(B, nb, device=device)
+    run_scores[:, 1:] = -1e9  # all beams start equal: only the first one's continuations count at step 0
+    fin = blank(nb)
+    fin_scores = torch.full((B, nb), _NO_SCORE, device=device)
+    fin_length = torch.zeros(B, nb, dtype=torch.long, device=device)
+    improvable = torch.ones(B, 1, dtype=torch.bool, device=device)  # generate()'s early-stop heuristic
+    batch_offset = torch.arange(B, device=device).unsqueeze(1) * nb
+
+    if S:  # the prompt is read once per row, then its state is copied to the row's beams
+        out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
+                    logits_to_keep=1, **(start or {}))
+        expand = torch.arange(B, device=device).repeat_interleave(nb)
+        state = out.past_key_values.reorder_cache(expand)
+        raw = out.logits[:, -1, :].float().index_select(0, expand)  # (B·nb, V)
+        current = input_ids[:, -1].index_select(0, expand)
+        if penalised is not None:
+            penalised = penalised.index_select(0, expand)
+        history = [list(history[r]) for r in expand.tolist()] if history is not None else None
+        texts = [list(texts[r]) for r in expand.tolist()] if texts is not None else None
+    for s in range(S):
+        logprobs = torch.log_softmax(constrain(raw, current, penalised, history), dim=-1)  # (B·nb, V)
+        total = (logprobs.view(B, nb, V) + run_scores.unsqueeze(2)).view(B, nb * V)
+        top_scores, top_index = torch.topk(total, keep, dim=1)  # (B, keep)
+        parent, token = top_index // V, top_index % V
+        parent_row = parent + batch_offset  # row of the parent beam in the (B·nb) state
+
+        # the candidates' energy paths: the parent's steps plus this one
+        cand = {name: _gather_beams(value, parent) for name, value in run.items()}
+        energies = raw[parent_row]  # (B, keep, V)
+        energy = energies.gather(2, token.unsqueeze(2))
+        cand["tokens"][:, :, s] = token
+        cand["sources"][:, :, s] = current[parent_row]
+        cand["energies"][:, :, s] = energy.squeeze(2)
+        cand["probabilities"][:, :, s] = logprobs[parent_row, token].exp()
+        cand["ranks"][:, :, s] = 1 + (energies > energy).sum(2)
+        if k:
+            alternatives = torch.topk(energies.scatter(2, token.unsqueeze(2), float("-inf")), k, dim=2)
+            cand["alternative_tokens"][:, :, s] = alternatives.indices
+            cand["alternative_energies"][:, :, s] = alternatives.values
+
+        ends = torch.isin(token, eos_tensor) if eos_tensor.numel() else torch.zeros_like(token, dtype=torch.bool)
+        if stop is not None:
+            rows, tokens = parent_row.view(-1).tolist(), token.view(-1).tolist()
+            ends |= torch.tensor([stop.hit(texts[r] + [t]) for r, t in zip(rows, tokens)],
+                                 device=device).view(B, keep)
+        if s + 1 == S:
+            ends = torch.ones_like(ends)  # the last step finishes every beam
+
+        # the num_beams best continuations that did not end go on
+        go_on = torch.topk(top_scores.masked_fill(ends, -1e9), nb, dim=1).indices
+        run = {name: _gather_beams(value, go_on) for name, value in cand.items()}
+        run_scores = top_scores.masked_fill(ends, -1e9).gather(1, go_on)
+        # the ended ones among the num_beams best enter the finished hypotheses, if they may still improve them
+        scores = top_scores / float(s + 1) ** length_penalty
+        may_add = improvable & ~(torch.isfinite(fin_scores).all(1, keepdim=True) & (early_stopping is True))
+        scores = scores.masked_fill(~(ends & first_nb & may_add), _NO_SCORE)
+        merged_scores = torch.cat([fin_scores, scores], 1)
+        best = torch.topk(merged_scores, nb, dim=1).indices
+        fin = {name: _gather_beams(torch.cat([fin[name], cand[name]], 1), best) for name in fin}
+        fin_scores = merged_scores.gather(1, best)
+        fin_length = torch.cat([fin_length, torch.full_like(token, s + 1)], 1).gather(1, best)
+
+        full = torch.isfinite(fin_scores).all(1, keepdim=True)
+        reach = S if (early_stopping == "never" and length_penalty > 0) else s + 1
+        best_running = run_scores[:, :1] / float(reach) ** length_penalty
+        improvable = improvable & (~full | (best_running > fin_scores.min(1, keepdim=True).values))
+        if s + 1 == S or bool(ends.all()) or not bool(improvable.any()) or (early_stopping is True and bool(full.all())):
+            break
+
+        # move the state (and per-beam bookkeeping) to the surviving beams, then feed their new tokens
+        order = parent_row.gather(1, go_on).view(-1)
+        chosen = run["tokens"][:, :, s].reshape(-1)
+        state = state.reorder_cache(order)
+        if penalised is not None:
+            penalised = penalised.index_select(0, order)
+            penalised[torch.arange(B * nb, device=device), chosen] = True
+        new_ids = chosen.tolist()
+        if history is not None:
+            history = [history[r] + [t] for r, t in zip(order.tolist(), new_ids)]
+        if texts is not None:
+            texts = [texts[r] + [t] for r, t in zip(order.tolist(), new_ids)]
+        out = model(chosen.unsqueeze(1), past_key_values=state, use_cache=True, logits_to_keep=1)
+        state = out.past_key_values
+        raw = out.logits[:, -1, :].float()
+        current = chosen
+
+    # the best num_return_sequences finished hypotheses of every row, grouped by row
+    n = num_return_sequences
+    length = fin_length[:, :n].reshape(-1)
+    G = int(length.max()) if S else 0
+    records = {name: value[:, :n, :G].reshape(B * n, G, *value.shape[3:]) for name, value in fin.items()}
+    step_mask = torch.arange(G, device=device) < length.unsqueeze(1)
+    prompt_rows = torch.arange(B, device=device).repeat_interleave(n)
+    return EnergyGenerateOutput(
+        sequences=torch.cat([input_ids[prompt_rows], records["tokens"]], 1),
+        prompt_length=T,
+        step_mask=step_mask,
+        positions=lengths[prompt_rows].unsqueeze(1) + torch.arange(G, device=device),
+        attention_mask=torch.cat([mask[prompt_rows].long(), step_mask.long()], 1),
+        tokenizer=tokenizer,
+        sequences_scores=fin_scores[:, :n].reshape(-1) if S else torch.zeros(B * n, device=device),
+        **records,
+    )
+
+
 def _empty_prompt_message(config) -> str:
     bos = getattr(config, "bos_token_id", None)
     hint = f" (this model's BOS id is {bos}: input_ids=[[{bos}]])" if bos is not None else ""
@@ -447,7 +703,8 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
     names = set(inspect.signature(energy_generate).parameters) - {"model", "input_ids", "attention_mask"}
     options = {}
     for name in ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                 "no_repeat_ngram_size", "eos_token_id", "pad_token_id"):
+                 "no_repeat_ngram_size", "eos_token_id", "pad_token_id", "stop_strings", "num_beams",
+                 "num_return_sequences", "length_penalty", "early_stopping"):
         value = getattr(config, name, None)
         if value is not None:
             options[name] = value

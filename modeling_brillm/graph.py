@@ -102,6 +102,31 @@ def graph_from_edges(sources, targets, vocab_size: int, counts=None) -> BigramGr
     return BigramGraph(indptr=indptr, indices=targets[order], counts=counts[order])
 
 
+def merge_edges(graph: BigramGraph, sources, targets, counts=None) -> tuple[BigramGraph, torch.Tensor, torch.Tensor]:
+    """`graph` plus the new edges source→target (none of them real yet, no duplicates: the caller checks).
+
+    Returns the merged graph and where its old edges and the new ones landed in the merged CSR order (edge
+    indices, i.e. edge-table rows minus one), so the caller can lay its edge tables out the same way.
+    """
+    V = graph.vocab_size
+    sources = torch.as_tensor(sources, dtype=torch.long, device=graph.indptr.device)
+    targets = torch.as_tensor(targets, dtype=torch.long, device=graph.indptr.device)
+    counts = torch.zeros_like(sources) if counts is None else torch.as_tensor(counts, dtype=torch.long,
+                                                                              device=sources.device)
+    old_sources = torch.repeat_interleave(torch.arange(V, device=sources.device), graph.indptr.diff())
+    keys = torch.cat([old_sources * V + graph.indices, sources * V + targets])
+    order = torch.argsort(keys, stable=True)
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel(), device=order.device)  # merged index of every concatenated edge
+    all_counts = torch.cat([graph.counts, counts])[order]
+    merged_sources = torch.cat([old_sources, sources])
+    indptr = torch.zeros(V + 1, dtype=torch.long, device=sources.device)
+    indptr[1:] = torch.cumsum(torch.bincount(merged_sources, minlength=V), 0)
+    merged = BigramGraph(indptr=indptr, indices=keys[order] % V, counts=all_counts)
+    E = graph.num_edges
+    return merged, position[:E], position[E:]
+
+
 def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> str | None:
     """Why a CSR edge list is malformed, or None when it is well formed."""
     if indptr.numel() != vocab_size + 1:
@@ -120,4 +145,4 @@ def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> s
     return None
 
 
-__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "check_csr"]
+__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr"]

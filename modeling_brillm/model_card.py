@@ -29,6 +29,14 @@ def _as_list(value) -> list:
     return [value]
 
 
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
 def _model_facts(model, tokenizer=None) -> list[tuple[str, str]]:
     cfg = model.config
     d, V = cfg.node_size, cfg.vocab_size
@@ -49,7 +57,8 @@ def _model_facts(model, tokenizer=None) -> list[tuple[str, str]]:
 
 
 def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id: str | None = None,
-                    model_name: str | None = None, description: str | None = None) -> str:
+                    model_name: str | None = None, description: str | None = None, training_data: str | None = None,
+                    training: dict | None = None) -> str:
     """The Markdown body of the card (no metadata header)."""
     name = model_name or (repo_id.split("/")[-1] if repo_id else "BriLLM model")
     rid = repo_id or "<namespace>/<model-name>"
@@ -64,8 +73,13 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
     lines += [f"| {k} | {v} |" for k, v in _model_facts(model, tokenizer)]
     lines += [""]
     ds = _as_list(datasets)
-    if ds:
-        lines += ["## Training data", ""] + [f"- `{d}`" for d in ds] + [""]
+    if ds or training_data:
+        lines += ["## Training data", ""] + [f"- `{d}`" for d in ds]
+        lines += ([training_data] if not ds else [f"- {training_data}"]) if training_data else []
+        lines += [""]
+    if training:
+        lines += ["## Training", "", "| | |", "|---|---|"]
+        lines += [f"| {k} | {_cell(v)} |" for k, v in training.items()] + [""]
     if isinstance(metrics, dict) and metrics:
         lines += ["## Evaluation", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
@@ -107,12 +121,16 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
 
 def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=None, repo_id: str | None = None,
                      language=None, license: str | None = "apache-2.0", model_name: str | None = None,
-                     tags=None, description: str | None = None) -> str:
+                     tags=None, description: str | None = None, training_data: str | None = None,
+                     training: dict | None = None, eval_dataset_name: str | None = None) -> str:
     """Write `output_dir/README.md`: YAML metadata (library_name transformers, pipeline_tag text-generation, tags,
     datasets, metrics, model-index for metric values) and a card body with a usage snippet. Returns its path.
 
     `datasets`: dataset ids (str or list). `metrics`: a dict name → value (shown in a table and in `model-index`),
-    or a list of metric names.
+    or a list of metric names. `training_data`: a sentence on data that has no dataset id (a local file, ...).
+    `training`: facts of the training run (name → value), shown as a table. `eval_dataset_name`: what the metric
+    values were measured on, when that is not the first dataset id (e.g. "held-out 5% of the training text").
+    The file is written to a temporary name and renamed, so a reader never sees half a card.
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
@@ -127,7 +145,7 @@ def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=N
         dataset = ds[0] if ds else "custom"
         eval_results = [
             EvalResult(task_type="text-generation", task_name="Text Generation", dataset_type=dataset,
-                       dataset_name=dataset, metric_type=k, metric_name=k, metric_value=v)
+                       dataset_name=eval_dataset_name or dataset, metric_type=k, metric_name=k, metric_value=v)
             for k, v in metric_values.items()
         ]
     data = ModelCardData(
@@ -136,11 +154,13 @@ def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=N
         model_name=name if eval_results else None, eval_results=eval_results,
     )
     body = model_card_text(model, tokenizer, ds, metric_values or None, repo_id=repo_id, model_name=name,
-                           description=description)
+                           description=description, training_data=training_data, training=training)
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(os.fspath(output_dir), "README.md")
-    card.save(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    card.save(tmp)
+    os.replace(tmp, path)
     return path
 
 

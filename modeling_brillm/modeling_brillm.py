@@ -29,18 +29,25 @@ from .energy import (
     successor_logits,
     target_energies,
 )
-from .graph import BigramGraph, build_sparse_graph, check_csr
+from .graph import BigramGraph, build_sparse_graph, check_csr, count_bigrams, merge_edges
 
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
-    """Sinusoidal encoding rows for integer `positions` (any shape) → (..., d), float32.
+    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32.
 
     "released" multiplies by 10000^(2j/d) (BriLLM0.5's formula); "sinusoidal" divides (the textbook one).
-    Computed in float32 as exp(2j·±ln(10000)/d), like the release, so released checkpoints see the same values.
+    Computed with the release's exact float32 steps (BRILLM_SPEC.md, "Positional encoding"): the angles reach
+    pos·5.6e3, so an equal formula that rounds the frequency differently (e.g. exp(2j·ln(10000)/d)) moves
+    them by up to 0.25 rad and released checkpoints no longer see the values they were trained on.
     """
-    sign = 1.0 if variant == "released" else -1.0
-    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32, device=positions.device) * (sign * math.log(10000.0) / d))
-    angle = positions.to(torch.float32).unsqueeze(-1) * freq  # (..., ceil(d/2))
+    if positions.is_floating_point() or positions.is_complex():
+        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; pass e.g. torch.arange(n).")
+    if variant not in ("released", "sinusoidal"):
+        raise ValueError(f"variant must be 'released' or 'sinusoidal', got {variant!r}.")
+    exponent = torch.arange(0, d, 2, device=positions.device) / d  # int64 / int → float32 (true division)
+    freq = 10000.0 ** exponent  # float32 power, as the release
+    pos = positions.to(torch.int64).unsqueeze(-1)
+    angle = pos * freq if variant == "released" else pos / freq  # int64 with float32 → float32, (..., ceil(d/2))
     pe = torch.empty(*positions.shape, d, dtype=torch.float32, device=positions.device)
     pe[..., 0::2] = torch.sin(angle)
     pe[..., 1::2] = torch.cos(angle[..., : d // 2])
@@ -158,6 +165,8 @@ class BriLLMPreTrainedModel(PreTrainedModel):
             for tensor in (module.node_bias, module.weights, module.biases):
                 init.uniform_(tensor, -r, r)
             init.ones_(module.positions)
+            if module.start_signals is not None:  # also fills it when a uniform checkpoint is loaded as learned
+                init.constant_(module.start_signals, 1.0 / self.config.node_size)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -180,6 +189,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
         self.weights = nn.Parameter(torch.empty(P, d, d))
         self.biases = nn.Parameter(torch.empty(P, 1, d))
         self.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1))
+        # start_signal="learned": the signal the first node starts from, one d-vector per task (1/d = the release)
+        self.start_signals = None
+        if config.start_signal == "learned":
+            self.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d))
         if config.graph == "sparse":
             E = config.num_edges
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
@@ -244,6 +257,158 @@ class BriLLMModel(BriLLMPreTrainedModel):
                     f"{problem}. The weights file is corrupt or belongs to another config."
                 )
 
+    # --------------------------------------------------------------------------------------- growing the graph
+    def _replace_parameter(self, name: str, value: torch.Tensor):
+        old = getattr(self, name)
+        setattr(self, name, nn.Parameter(value, requires_grad=old.requires_grad))
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True):
+        """Add nodes so the graph has one per token of a grown tokenizer (`tokenizer.add_tokens([...])`, then
+        `model.resize_token_embeddings(len(tokenizer))`); the Hugging Face call, for a model with no embedding module.
+
+        A new node joins a sparse graph through the shared edge (row 0): every pair involving it is a non-edge until
+        `add_edges` makes it real, so the logits of the old nodes do not change. In a dense graph every new pair is a
+        real edge, initialised like a fresh model's. The new nodes' start biases (`node_bias`, used when a sequence
+        begins at the node) are the mean of the old ones (`mean_resizing=True`) or drawn like a fresh model's.
+        `pad_to_multiple_of` rounds the node count up, as in transformers. Shrinking is refused: nodes (and their
+        edges) cannot be removed. Parameters are replaced by larger tensors: create the optimizer after resizing.
+        Returns None (BriLLM has no embedding module to return).
+        """
+        V = self.config.vocab_size
+        if new_num_tokens is None:
+            return None
+        if not isinstance(new_num_tokens, int) or isinstance(new_num_tokens, bool):
+            raise TypeError(
+                f"new_num_tokens must be an int (the tokenizer's len()), got {type(new_num_tokens).__name__}."
+            )
+        if pad_to_multiple_of is not None:
+            if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+                raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}.")
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        if new_num_tokens < V:
+            raise ValueError(
+                f"resize_token_embeddings({new_num_tokens}) would drop nodes {new_num_tokens}..{V - 1} of this "
+                f"{V}-node graph with their edges; BriLLM can only add nodes. Pass at least {V} (len(tokenizer) of "
+                "the tokenizer the model was trained with, plus any added tokens)."
+            )
+        if new_num_tokens == V:
+            return None
+        d, r = self.config.node_size, self.config.initializer_range
+        with torch.no_grad():
+            bias = self.node_bias.new_empty(new_num_tokens, 1, d)
+            bias[:V] = self.node_bias
+            if mean_resizing:
+                bias[V:] = self.node_bias.mean(0, keepdim=True)
+            else:
+                bias[V:].uniform_(-r, r)
+            if self.config.graph == "dense":
+                # re-lay the V² edge rows (row 1 + u·V + v) for the new V; new pairs start like a fresh model
+                old_w, old_b = self.weights[1:].view(V, V, d, d), self.biases[1:].view(V, V, 1, d)
+                weights = self.weights.new_empty(1 + new_num_tokens ** 2, d, d).uniform_(-r, r)
+                biases = self.biases.new_empty(1 + new_num_tokens ** 2, 1, d).uniform_(-r, r)
+                weights[0], biases[0] = self.weights[0], self.biases[0]
+                weights[1:].view(new_num_tokens, new_num_tokens, d, d)[:V, :V] = old_w
+                biases[1:].view(new_num_tokens, new_num_tokens, 1, d)[:V, :V] = old_b
+                self._replace_parameter("weights", weights)
+                self._replace_parameter("biases", biases)
+                self.config.num_edges = new_num_tokens ** 2
+            else:
+                # new nodes have no real successors yet: their CSR rows are empty
+                indptr = self.graph_indptr
+                self.graph_indptr = torch.cat([indptr, indptr[-1:].expand(new_num_tokens - V)])
+            self._replace_parameter("node_bias", bias)
+        self.config.vocab_size = new_num_tokens
+        self._edge_key_cache = self._freq_cache = None
+        return None
+
+    def add_edges(self, pairs, counts=None) -> torch.Tensor:
+        """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph.
+
+        Each new edge starts as a copy of the shared edge that served the pair so far, so no energy (hence no
+        prediction) changes until it is trained. `counts` (N,), optional, are their bigram counts (0 otherwise;
+        the frequency negatives of the sampled loss read them). Every pair must name existing nodes (grow the graph
+        first with `resize_token_embeddings`) and not be a real edge yet (`add_edges_from_sequences` skips those).
+        The edge tables are replaced by larger ones: create the optimizer after growing.
+
+        Returns the edge-table rows of the new edges (in the order of `pairs`), e.g. to train only them.
+        """
+        if self.config.graph != "sparse":
+            raise ValueError("add_edges: this graph is dense, so every pair u→v already is a real edge; there is "
+                             "nothing to add (only a sparse graph has non-edges).")
+        V = self.config.vocab_size
+        device = self.graph_indices.device
+        if isinstance(pairs, torch.Tensor):
+            pairs = pairs.detach().to(device=device)
+            if pairs.is_floating_point() or pairs.dtype == torch.bool:
+                raise TypeError(f"add_edges: pairs must hold integer node ids, got dtype {pairs.dtype}.")
+            pairs = pairs.long()
+        else:
+            pairs = list(pairs)
+            if any(not hasattr(p, "__len__") or len(p) != 2 for p in pairs):
+                raise ValueError("add_edges: pairs must be (source, target) node-id pairs, e.g. [(5, 7), (7, 9)].")
+            pairs = torch.tensor(pairs, device=device).reshape(-1, 2) if pairs else torch.zeros(0, 2, dtype=torch.long)
+            if pairs.is_floating_point() or pairs.dtype == torch.bool:
+                raise TypeError(f"add_edges: pairs must hold integer node ids, got {pairs.dtype} values.")
+            pairs = pairs.long()
+        if pairs.dim() != 2 or pairs.shape[1] != 2:
+            raise ValueError(f"add_edges: pairs must have shape (N, 2) (source, target), got {tuple(pairs.shape)}.")
+        if pairs.shape[0] == 0:
+            return torch.zeros(0, dtype=torch.long, device=device)
+        outside = (pairs < 0) | (pairs >= V)
+        if bool(outside.any()):
+            i = int(outside.any(1).nonzero()[0])
+            u, v = pairs[i].tolist()
+            raise ValueError(
+                f"add_edges: pair ({u}, {v}) names a node outside [0, {V}) of this graph; add the node first "
+                "(tokenizer.add_tokens([...]); model.resize_token_embeddings(len(tokenizer)))."
+            )
+        keys = pairs[:, 0] * V + pairs[:, 1]
+        unique_keys, counts_of_key = torch.unique(keys, return_counts=True)
+        if bool((counts_of_key > 1).any()):
+            key = int(unique_keys[counts_of_key > 1][0])
+            raise ValueError(f"add_edges: pair ({key // V}, {key % V}) is listed more than once; list each pair once.")
+        real = self.edge_rows(pairs[:, 0], pairs[:, 1]) > 0
+        if bool(real.any()):
+            shown = ", ".join(f"({u}, {v})" for u, v in pairs[real][:5].tolist())
+            raise ValueError(
+                f"add_edges: {int(real.sum())} pair(s) already are real edges: {shown}"
+                f"{' ...' if int(real.sum()) > 5 else ''}. Drop them, or use add_edges_from_sequences, which skips "
+                "them."
+            )
+        if counts is not None:
+            counts = torch.as_tensor(counts, dtype=torch.long, device=device).reshape(-1)
+            if counts.numel() != pairs.shape[0]:
+                raise ValueError(f"add_edges: counts has {counts.numel()} entries for {pairs.shape[0]} pairs.")
+        graph, old_at, new_at = merge_edges(self.get_graph(), pairs[:, 0], pairs[:, 1], counts)
+        E, N = self.config.num_edges, pairs.shape[0]
+        with torch.no_grad():
+            weights = self.weights.new_empty(1 + E + N, *self.weights.shape[1:])
+            biases = self.biases.new_empty(1 + E + N, *self.biases.shape[1:])
+            weights[0], biases[0] = self.weights[0], self.biases[0]
+            weights[1 + old_at], biases[1 + old_at] = self.weights[1:], self.biases[1:]
+            weights[1 + new_at], biases[1 + new_at] = self.weights[0], self.biases[0]  # copies of the shared edge
+            self._replace_parameter("weights", weights)
+            self._replace_parameter("biases", biases)
+            self.graph_indptr, self.graph_indices, self.graph_counts = graph.indptr, graph.indices, graph.counts
+        self.config.num_edges = E + N
+        self._edge_key_cache = self._freq_cache = None
+        return 1 + new_at
+
+    def add_edges_from_sequences(self, sequences, min_count: int = 1, ignore_ids=()) -> torch.Tensor:
+        """Make real every bigram of the token-id `sequences` seen `min_count` times that is not real yet (with
+        its count); returns the new edges' rows (see `add_edges`). `ignore_ids` (padding, say) form no edge."""
+        if min_count < 1:
+            raise ValueError(f"min_count must be >= 1, got {min_count}.")
+        V = self.config.vocab_size
+        keys, counts = count_bigrams(sequences, V, ignore_ids)
+        keep = counts >= min_count
+        keys, counts = keys[keep].to(self.graph_indices.device), counts[keep].to(self.graph_indices.device)
+        if self.config.graph == "sparse" and keys.numel():
+            fresh = self.edge_rows(keys // V, keys % V) == 0
+            keys, counts = keys[fresh], counts[fresh]
+        return self.add_edges(torch.stack([keys // V, keys % V], 1), counts)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         try:
@@ -298,19 +463,32 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return torch.where(keys[pos] == query, pos + 1, torch.zeros_like(pos))
 
     def _pe(self, index: torch.Tensor) -> torch.Tensor:
-        """PE rows (float32) for integer positions 0..max_positions, from a table built once per device."""
+        """PE rows (float32) for integer positions: 0..max_positions from a table built once per device; past it
+        (position_overflow="extend") computed by the same formula, so the cost per row stays flat at any length."""
         cfg = self.config
-        key = (index.device, cfg.position_encoding, cfg.node_size, cfg.max_position_embeddings)
+        M = cfg.max_position_embeddings
+        key = (index.device, cfg.position_encoding, cfg.node_size, M)
         if self._pe_cache is None or self._pe_cache[0] != key:
-            positions = torch.arange(cfg.max_position_embeddings + 1, device=index.device)
+            positions = torch.arange(M + 1, device=index.device)
             self._pe_cache = (key, positional_encoding(positions, cfg.node_size, cfg.position_encoding))
-        return self._pe_cache[1][index]
+        if cfg.position_overflow != "extend":
+            return self._pe_cache[1][index]
+        # no host sync: both paths (teacher forcing, one-token decoding) compute rows past M the same way
+        rows = self._pe_cache[1][index.clamp_max(M)]
+        beyond = positional_encoding(index, cfg.node_size, cfg.position_encoding)
+        return torch.where((index > M).unsqueeze(-1), beyond, rows)
+
+    @property
+    def extends_positions(self) -> bool:
+        """True when the model reads any length (config.position_overflow == "extend")."""
+        return self.config.position_overflow == "extend"
 
     def _too_long(self, longest: int) -> ValueError:
         return ValueError(
             f"sequence of {longest} tokens exceeds max_position_embeddings={self.config.max_position_embeddings} of "
             "this model; shorten the input (or generate fewer tokens), or split the text into blocks of at most "
-            f"{self.config.max_position_embeddings} tokens."
+            f"{self.config.max_position_embeddings} tokens, or set config.position_overflow=\"extend\" to read past "
+            "the trained range."
         )
 
     # ------------------------------------------------------------------------------------------ validation
@@ -358,8 +536,32 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return mask
 
     # ------------------------------------------------------------------------------------------- recurrence
-    def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None) -> _Signals:
+    def _check_signal_ids(self, signal_ids, batch: int, device) -> torch.Tensor | None:
+        """(B,) long start-signal ids on `device`, or None for the uniform start (or no signal_ids on learned)."""
+        cfg = self.config
+        if signal_ids is None:
+            return None
+        if cfg.start_signal != "learned":
+            raise ValueError("signal_ids needs a model with start_signal='learned' (this one starts every sequence "
+                             "from the uniform 1/d signal); set config.start_signal='learned' or drop signal_ids.")
+        signal_ids = torch.as_tensor(signal_ids, device=device)
+        if signal_ids.dim() == 0:
+            signal_ids = signal_ids.expand(batch)
+        if signal_ids.is_floating_point() or signal_ids.dtype == torch.bool or tuple(signal_ids.shape) != (batch,):
+            raise ValueError(f"signal_ids must be integer ids of shape (batch,) = ({batch},), got "
+                             f"{tuple(signal_ids.shape)} {signal_ids.dtype}.")
+        n = cfg.num_start_signals
+        if signal_ids.numel() and (int(signal_ids.min()) < 0 or int(signal_ids.max()) >= n):
+            bad = int(signal_ids.min()) if int(signal_ids.min()) < 0 else int(signal_ids.max())
+            raise ValueError(f"signal_ids value {bad} is outside [0, {n}): this model has num_start_signals={n}; "
+                             "use an id below it, or build the model with more start signals.")
+        return signal_ids.long()
+
+    def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None,
+                     signal_ids=None) -> _Signals:
         mask = self._check_inputs(input_ids, attention_mask, state)
+        # the start signal only matters for a sequence's first token: with a state it is already consumed
+        signal_ids = self._check_signal_ids(signal_ids, input_ids.shape[0], input_ids.device) if state is None else None
         if state is not None and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and bool(mask.all()):
             return self._decode_step(input_ids[:, 0], state)
         device, cfg = input_ids.device, self.config
@@ -388,9 +590,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
             start, last, seen = state.length, state.last_token, state.seen
             signal, mix_sum, mix_norm, mix_max = state.signal, state.mix_sum, state.mix_norm, state.mix_max
         index = start.unsqueeze(1) + torch.arange(L, device=device)  # absolute position of every token
-        longest = int((index * valid).max()) + 1
-        if longest > cfg.max_position_embeddings:
-            raise self._too_long(longest)
+        if not self.extends_positions:
+            longest = int((index * valid).max()) + 1
+            if longest > cfg.max_position_embeddings:
+                raise self._too_long(longest)
 
         # Every edge the signal crosses (token j−1 → token j); the first token of a sequence has none.
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
@@ -406,7 +609,12 @@ class BriLLMModel(BriLLMPreTrainedModel):
         if bool(first.any()):
             start_pe = self._pe(torch.zeros(1, dtype=torch.long, device=device))
             node_bias = F.embedding(tokens[:, 0], _rows(self.node_bias, d), sparse=self.sparse_gradients)
-            s0 = F.gelu(1.0 / d + node_bias.float() + start_pe)
+            if self.start_signals is None:
+                start_signal = 1.0 / d
+            else:
+                ids = signal_ids if signal_ids is not None else torch.zeros_like(tokens[:, 0])
+                start_signal = self.start_signals.float()[ids]
+            s0 = F.gelu(start_signal + node_bias.float() + start_pe)
             signal = torch.where(first.unsqueeze(1), s0, signal)
 
         signals = []
@@ -431,13 +639,14 @@ class BriLLMModel(BriLLMPreTrainedModel):
         """One new token per row on top of `state`: the decoding hot path, the same math as the general loop."""
         wdtype = self.weights.dtype
         length = state.length
-        if int(length.max()) >= self.config.max_position_embeddings:
+        M = self.config.max_position_embeddings
+        if not self.extends_positions and int(length.max()) >= M:
             raise self._too_long(int(length.max()) + 1)
         rows = self.edge_rows(state.last_token, tokens)
         out = torch.bmm(state.signal.to(wdtype).unsqueeze(1), self.weights[rows]).squeeze(1)
         out = F.gelu(out + self.biases[rows, 0] + self._pe(length).to(wdtype))
-        mix = _mix_in(out.float(), self.positions.view(-1).float()[length - 1], state.mix_sum, state.mix_norm,
-                      state.mix_max)
+        weight = self.positions.view(-1).float()[(length - 1).clamp_max(M - 1)]  # past the range: the last one
+        mix = _mix_in(out.float(), weight, state.mix_sum, state.mix_norm, state.mix_max)
         signal = mix[0] / mix[1].unsqueeze(1)
         new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
         ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)
@@ -445,8 +654,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
                         signal.unsqueeze(1), new_state)
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
-                **kwargs):
-        run = self._run_signals(input_ids, attention_mask, past_key_values)
+                signal_ids=None, **kwargs):
+        run = self._run_signals(input_ids, attention_mask, past_key_values, signal_ids)
         B, T = input_ids.shape
         hidden = run.signals.new_zeros(B, T, self.config.node_size)
         hidden[run.valid.nonzero(as_tuple=True)[0], run.column[run.valid]] = run.signals[run.valid]
@@ -468,6 +677,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         return_logits: bool = True,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        signal_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BriLLMCausalLMOutput:
         r"""
@@ -480,12 +690,14 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             only the new tokens.
         logits_to_keep (`int`): compute logits for the last this many columns only (0 = all).
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
+        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
+            from (`start_signal="learned"`; default 0). Ignored with `past_key_values` (the start is consumed).
         """
         if labels is not None and past_key_values is not None:
             raise ValueError("labels with past_key_values is not supported: score whole sequences.")
         cfg = self.config
         V = cfg.vocab_size
-        run = self._run_signals(input_ids, attention_mask, past_key_values)
+        run = self._run_signals(input_ids, attention_mask, past_key_values, signal_ids)
         B, T = input_ids.shape
         device = input_ids.device
         if (labels is None and return_logits and T == 1 and past_key_values is not None and not output_hidden_states
@@ -618,7 +830,61 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             "use_cache": True if use_cache is None else use_cache,
             "logits_to_keep": 1 if logits_to_keep is None else logits_to_keep,
         }
+        if past_key_values is None and kwargs.get("signal_ids") is not None:
+            inputs["signal_ids"] = kwargs["signal_ids"]  # the first call starts the signal; later ones carry state
         return inputs
+
+    def generate(self, *args, **kwargs):
+        # remember the prompt's real lengths: padding takes no position, so the length check counts real tokens
+        mask = kwargs.get("attention_mask")
+        self._prompt_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self._prompt_mask = None
+
+    def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
+                                  model_input_name, input_ids_length, inputs_tensor):
+        default_max_length = generation_config.max_length
+        generation_config = super()._prepare_generated_length(
+            generation_config, has_default_max_length, has_default_min_length, model_input_name, input_ids_length,
+            inputs_tensor,
+        )
+        if self.extends_positions and has_default_max_length and generation_config.max_new_tokens is None:
+            # transformers caps the default length at max_position_embeddings; a model that extends has no cap
+            generation_config.max_length = default_max_length + input_ids_length
+        return generation_config
+
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, *args, **kwargs):
+        criteria = super()._get_stopping_criteria(generation_config, stopping_criteria, *args, **kwargs)
+        if self.extends_positions:
+            for criterion in criteria:  # its "exceeded the model's predefined maximum length" warning does not apply
+                if hasattr(criterion, "max_position_embeddings"):
+                    criterion.max_position_embeddings = None
+        return criteria
+
+    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        if self.extends_positions:
+            return
+        # Refuse before generating (not ~M tokens later): the longest row may not run past the last position.
+        M = self.config.max_position_embeddings
+        longest = input_ids_length
+        mask = getattr(self, "_prompt_mask", None)
+        if mask is not None and mask.shape[1] == input_ids_length:
+            longest = int((mask != 0).sum(1).max())
+        new_tokens = generation_config.max_length - input_ids_length
+        if longest > M:
+            raise ValueError(
+                f"the prompt holds {longest} tokens, more than max_position_embeddings={M} of this model; shorten it "
+                f"to at most {M - 1} tokens to leave room for new ones, or set config.position_overflow=\"extend\"."
+            )
+        if longest + new_tokens > M:
+            raise ValueError(
+                f"a prompt of {longest} tokens plus max_new_tokens={new_tokens} exceeds max_position_embeddings={M} "
+                f"of this model: at most {M - longest} new tokens fit. Lower max_new_tokens, or set "
+                "config.position_overflow=\"extend\" to generate past the trained range."
+            )
 
     def _reorder_cache(self, past_key_values: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
         return past_key_values.reorder_cache(beam_idx)

@@ -5,8 +5,6 @@ It reads the four released tensors (`node_bias` (V,1,d), `weights` (P,d,d), `bia
 with a Python loop over positions and over every candidate node, as the release does.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -27,13 +25,14 @@ def released_edge_rows(vocab_size, zero_count_pairs=None):
 
 
 def spec_positional_encoding(num_positions, d, released=True):
-    """float32, via exp(2j·±ln(10000)/d) — the way the release builds its table (fp32 product, fp32 sin/cos)."""
+    """The spec's steps, literally: freq = 10000.0 ** (int arange / int d) in float32, int64 positions times
+    (textbook: divided by) freq, sin to the even and cos to the odd columns."""
+    freq = 10000.0 ** (torch.arange(0, d, 2) / d)
+    position = torch.arange(num_positions).reshape(-1, 1)
+    angle = position * freq if released else position / freq
     pe = torch.zeros(num_positions, d)
-    position = torch.arange(0, num_positions, dtype=torch.float).unsqueeze(1)
-    sign = 1.0 if released else -1.0
-    div_term = torch.exp(torch.arange(0, d, 2).float() * (sign * math.log(10000.0) / d))
-    pe[:, 0::2] = torch.sin(position * div_term)
-    pe[:, 1::2] = torch.cos(position * div_term)[:, : d // 2]
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle)[:, : d // 2]
     return pe
 
 

@@ -85,6 +85,24 @@ def test_dense_conversion_by_command_line(tmp_path):
                                spec_forward(state, released_edge_rows(V)[0], seq), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("d", [8, 32])
+def test_conversion_matches_release_forward_up_to_position_511(tmp_path, d):
+    """The angles grow with the position (pos · 10000^(2j/d) reaches ~5.6e3·pos at d=32): one float32 ulp of
+    frequency shows at long positions, so the whole 512-token window is checked."""
+    V = 5
+    write_json(tmp_path / "vocab.json", {f"w{i}": i for i in range(V)})
+    state = released_checkpoint(tmp_path / "model.bin", V, d, V * V + 1, seed=d)
+    state["weights"] /= d ** 0.5  # keep the signal O(1) over 511 steps, as a trained model's
+    torch.save(state, tmp_path / "model.bin")
+    convert(tmp_path / "model.bin", tmp_path / "vocab.json", tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    seq = torch.randint(0, V, (512,), generator=torch.Generator().manual_seed(d))
+    expected = spec_forward(state, released_edge_rows(V)[0], seq.tolist())
+    logits = model(seq[None]).logits[0]
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[-12:], expected[-12:], atol=1e-5, rtol=1e-5)
+
+
 def test_conversion_errors_name_the_problem(tmp_path):
     V, d = 5, 2
     vocab = write_json(tmp_path / "vocab.json", {f"w{i}": i for i in range(V)})

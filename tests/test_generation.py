@@ -292,6 +292,130 @@ def test_repetition_controls(model, tokenizer):
     assert not torch.equal(plain.tokens, penalised.tokens)
 
 
+# ----------------------------------------------------------------------- energy_generate: stop strings, beams
+def test_energy_generate_stop_strings_end_rows_independently(model, tokenizer):
+    enc = batch(tokenizer)
+    full = energy_generate(model, enc.input_ids, enc.attention_mask, max_new_tokens=30, exclude_self_loops=False)
+    texts = [tokenizer.decode(full.tokens[r][full.step_mask[r]]) for r in range(len(PROMPTS))]
+    stops = ["aw t", "og l"]  # row 0 meets the first, row 1 the second, row 2 neither before its eos
+    out = energy_generate(model, enc.input_ids, enc.attention_mask, max_new_tokens=30, exclude_self_loops=False,
+                          stop_strings=stops, tokenizer=tokenizer)
+    # the same rows as generate(stop_strings=...) with the same tokenizer
+    ref = model.generate(**enc, max_new_tokens=30, do_sample=False, stop_strings=stops, tokenizer=tokenizer)
+    assert torch.equal(out.sequences, ref)
+    ended = [int(out.step_mask[r].sum()) for r in range(len(PROMPTS))]
+    for r, text in enumerate(texts):
+        cut = tokenizer.decode(out.tokens[r, :ended[r]])
+        assert text.startswith(cut) and len(out.path(r)) == ended[r]
+        first = min((i for i in (text.find(t) for t in stops) if i >= 0), default=None)
+        if first is None:
+            assert cut == text  # no stop string: the row runs to its eos as before
+        else:  # the row ends with the token that completes the earliest stop string
+            end = min(text.find(t) + len(t) for t in stops if t in text)
+            assert len(cut) >= end and len(tokenizer.decode(out.tokens[r, :ended[r] - 1])) < end
+            assert bool((out.tokens[r, ended[r]:] == PAD).all())
+    cut_short = [ended[r] < int(full.step_mask[r].sum()) for r in range(len(PROMPTS))]
+    assert any(cut_short) and not all(cut_short)
+    # a string completed across the prompt boundary counts, one already in the prompt does not
+    one = energy_generate(model, alone(tokenizer, "the ca").input_ids, max_new_tokens=5, stop_strings="cat",
+                          tokenizer=tokenizer, exclude_self_loops=False)
+    assert tokenizer.decode(one.tokens[0]) == "t" and one.num_steps == 1
+    assert energy_generate(model, alone(tokenizer, "the cat").input_ids, max_new_tokens=3, stop_strings="cat",
+                           tokenizer=tokenizer, eos_token_id=[]).num_steps == 3
+
+
+@pytest.mark.parametrize("num_beams,length_penalty,early_stopping", [(2, 1.0, False), (3, 0.0, "never"),
+                                                                     (4, 2.0, True), (3, -1.0, False)])
+def test_energy_beam_search_equals_generate_beam_search(model, tokenizer, num_beams, length_penalty, early_stopping):
+    enc = batch(tokenizer)
+    kwargs = dict(max_new_tokens=12, num_beams=num_beams, num_return_sequences=2, length_penalty=length_penalty,
+                  early_stopping=early_stopping)
+    ref = model.generate(**enc, do_sample=False, output_scores=True, return_dict_in_generate=True, **kwargs)
+    out = energy_generate(model, enc.input_ids, enc.attention_mask, exclude_self_loops=False, **kwargs)
+    T = out.prompt_length
+    for r in range(out.sequences.shape[0]):  # generate() fills ended beams with eos (pad id 0 reads as unset)
+        n = int(out.step_mask[r].sum())
+        assert torch.equal(out.sequences[r, :T + n], ref.sequences[r, :T + n])
+        assert set(ref.sequences[r, T + n:].tolist()) <= {EOS, PAD} and bool((out.tokens[r, n:] == PAD).all())
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
+def test_energy_beam_paths_match_the_returned_tokens(model, tokenizer):
+    enc = batch(tokenizer)
+    out = energy_generate(model, enc.input_ids, enc.attention_mask, max_new_tokens=14, num_beams=4,
+                          num_return_sequences=3, length_penalty=0.5, num_alternatives=3, repetition_penalty=1.3)
+    assert out.sequences.shape[0] == 3 * len(PROMPTS) and out.energies.shape == out.tokens.shape
+    with torch.no_grad():
+        logits = model(out.sequences, attention_mask=out.attention_mask).logits
+    T = out.prompt_length
+    for r in range(out.sequences.shape[0]):
+        steps = out.path(r)
+        n = len(steps)
+        assert n == int(out.step_mask[r].sum()) > 0
+        assert [st.token for st in steps] == out.sequences[r, T:T + n].tolist()
+        assert [st.source for st in steps] == out.sequences[r, T - 1:T + n - 1].tolist()
+        for s, st in enumerate(steps):
+            row = logits[r, T + s - 1]
+            assert math.isclose(st.energy, float(row[st.token]), rel_tol=1e-5, abs_tol=1e-5)
+            assert st.rank == 1 + int((row > row[st.token]).sum()) and st.token != st.source  # self-loops excluded
+            assert torch.allclose(out.alternative_energies[r, s], row.scatter(0, torch.tensor([st.token]),
+                                                                              float("-inf")).topk(3).values, atol=1e-5)
+        # the beam score is the path's log-probabilities, length-normalised
+        score = sum(math.log(st.probability) for st in steps) / n ** 0.5
+        assert math.isclose(score, float(out.sequences_scores[r]), rel_tol=1e-4, abs_tol=1e-5)
+    assert bool((out.sequences_scores.view(len(PROMPTS), 3).diff(dim=1) <= 1e-6).all())  # best first per prompt
+
+
+def test_energy_beam_search_with_one_beam_is_greedy_and_more_beams_score_at_least_as_well(model, tokenizer):
+    from modeling_brillm import decoding
+
+    enc = batch(tokenizer)
+    greedy = energy_generate(model, enc.input_ids, enc.attention_mask, max_new_tokens=16, num_alternatives=3)
+    # the beam code itself with one beam (energy_generate sends num_beams=1 to the greedy loop), same rules
+    one = decoding._beam_search(
+        model, enc.input_ids, enc.attention_mask.bool(), enc.attention_mask.sum(1), steps=16, num_beams=1,
+        num_return_sequences=1, length_penalty=1.0, early_stopping=True,
+        constrain=lambda raw, current, pen, hist: raw.scatter(1, current.unsqueeze(1), float("-inf")),
+        penalised=None, history=None, texts=None, stop=None, eos_tensor=torch.tensor([EOS]), pad_token_id=PAD,
+        num_alternatives=3, tokenizer=None)
+    for name in ("sequences", "tokens", "sources", "ranks", "alternative_tokens", "step_mask", "positions"):
+        assert torch.equal(getattr(one, name), getattr(greedy, name)), name
+    for name in ("energies", "probabilities", "alternative_energies"):
+        torch.testing.assert_close(getattr(one, name), getattr(greedy, name), equal_nan=True)
+    # fixed length (no eos), plain sums: a beam's best is at least as likely as the greedy path
+    fixed = dict(max_new_tokens=16, eos_token_id=[], length_penalty=0.0)
+    greedy = energy_generate(model, enc.input_ids, enc.attention_mask, **fixed)
+    greedy_scores = greedy.probabilities.log().sum(1)
+    better = 0
+    for beams in (2, 4):
+        out = energy_generate(model, enc.input_ids, enc.attention_mask, num_beams=beams, **fixed)
+        assert bool((out.sequences_scores >= greedy_scores - 1e-5).all())
+        better += int((out.sequences_scores > greedy_scores + 1e-4).sum())
+    assert better > 0
+
+
+def test_energy_generate_stop_strings_and_beams_bad_arguments(model, tokenizer):
+    ids = torch.tensor([[BOS, 5]])
+    with pytest.raises(ValueError, match="stop_strings needs the model's tokenizer"):
+        energy_generate(model, ids, stop_strings=["cat"])
+    with pytest.raises(ValueError, match="non-empty string"):
+        energy_generate(model, ids, stop_strings=[""], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="num_beams must be a positive integer"):
+        energy_generate(model, ids, num_beams=0)
+    with pytest.raises(ValueError, match="do_sample=False"):
+        energy_generate(model, ids, num_beams=2, do_sample=True)
+    with pytest.raises(ValueError, match="between 1 and num_beams=2"):
+        energy_generate(model, ids, num_beams=2, num_return_sequences=3)
+    with pytest.raises(ValueError, match="repeat the prompt rows"):
+        energy_generate(model, ids, num_return_sequences=2)
+    with pytest.raises(ValueError, match="streamer"):
+        energy_generate(model, ids, num_beams=2, streamer=_Capture(tokenizer))
+    with pytest.raises(ValueError, match="early_stopping"):
+        energy_generate(model, ids, num_beams=2, early_stopping="sometimes")
+    zero = energy_generate(model, ids, num_beams=3, max_new_tokens=0)
+    assert zero.sequences.tolist() == [[BOS, 5]] and zero.num_steps == 0
+
+
 def test_energy_generate_streamer(model, tokenizer):
     streamer = _Capture(tokenizer)
     out = energy_generate(model, alone(tokenizer, "the cat").input_ids, max_new_tokens=8, streamer=streamer)
@@ -307,6 +431,12 @@ def test_custom_generate_folder(model, tokenizer, tmp_path):
                                   exclude_self_loops=True)
     direct = energy_generate(model, ids.input_ids, ids.attention_mask, max_new_tokens=10)
     assert torch.equal(via_generate, direct.sequences)
+    # generate()'s beam and stop-string arguments reach energy_generate
+    kwargs = dict(max_new_tokens=10, num_beams=3, num_return_sequences=2, length_penalty=0.5, stop_strings=["at"])
+    via_generate = model.generate(**ids, custom_generate=str(tmp_path), trust_remote_code=True, tokenizer=tokenizer,
+                                  **kwargs)
+    direct = energy_generate(model, ids.input_ids, ids.attention_mask, tokenizer=tokenizer, **kwargs)
+    assert direct.sequences.shape[0] == 2 and torch.equal(via_generate, direct.sequences)
     # the standard loop is untouched
     assert torch.equal(model.generate(**ids, max_new_tokens=10, do_sample=False),
                        energy_generate(model, ids.input_ids, max_new_tokens=10, exclude_self_loops=False).sequences)

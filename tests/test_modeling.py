@@ -77,13 +77,36 @@ def test_parameter_count_matches_paper_without_allocating():
 
 
 # ------------------------------------------------------------------------------------------ exact math
-def test_positional_encoding_is_the_released_formula():
+@pytest.mark.parametrize("d", [8, 32, 64])
+def test_positional_encoding_is_the_released_formula_bit_for_bit(d):
+    # the release's own float32 steps; an "equal" formula (exp of a log) differs by up to 0.19 at d=32, pos≈511
+    freq = 10000.0 ** (torch.arange(0, d, 2) / d)
+    angle = torch.arange(513).reshape(-1, 1) * freq
+    release = torch.zeros(513, d)
+    release[:, 0::2], release[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    pe = positional_encoding(torch.arange(513), d)
+    assert pe.dtype == torch.float32 and torch.equal(pe, release)
+    assert torch.equal(pe, spec_positional_encoding(513, d))
+    # any integer dtype and shape, positions past the table: the same rows
+    some = torch.tensor([[511, 0], [3, 700]], dtype=torch.int32)
+    assert torch.equal(positional_encoding(some, d)[1, 0], pe[3])
+    assert torch.equal(positional_encoding(some, d)[0, 0], pe[511])
+    far = 10000.0 ** (torch.arange(0, d, 2) / d) * torch.tensor(700)
+    assert torch.equal(positional_encoding(some, d)[1, 1, 0::2], torch.sin(far))
+
+
+def test_positional_encoding_variants_and_errors():
     pe = positional_encoding(torch.arange(6), 8)
-    assert torch.equal(pe, spec_positional_encoding(6, 8))
     pos, j = 3.0, 1  # PE[pos, 2j] = sin(pos * 10000^(2j/d)) — multiplied, not divided
     assert pe[3, 2 * j].item() == pytest.approx(torch.sin(torch.tensor(pos * 10000 ** (2 * j / 8))).item(), abs=1e-4)
     textbook = positional_encoding(torch.arange(6), 8, "sinusoidal")
     assert textbook[3, 2].item() == pytest.approx(torch.sin(torch.tensor(pos / 10000 ** (2 * j / 8))).item(), abs=1e-6)
+    assert torch.equal(textbook, spec_positional_encoding(6, 8, released=False))
+    assert positional_encoding(torch.arange(4), 5).shape == (4, 5)  # odd d: one more sin column than cos
+    with pytest.raises(TypeError, match="integer tensor"):
+        positional_encoding(torch.arange(4.0), 8)
+    with pytest.raises(ValueError, match="'released' or 'sinusoidal'"):
+        positional_encoding(torch.arange(4), 8, "rope")
 
 
 @pytest.mark.parametrize("dense", [False, True])

@@ -18,6 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from modeling_brillm.training import checkpoints, data, memory, optimizers, presets
+from modeling_brillm.training.errors import UsageError
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "pretrain.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
@@ -35,14 +38,14 @@ def load_module():
     return module
 
 
-pretrain = load_module()
+pretrain = load_module()  # the script: parse_args, SUMMARY_NAME
 
 
 def env(**extra):
     e = dict(os.environ)
     e.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
              PYTHONUNBUFFERED="1")
-    e.pop(pretrain.MEMORY_ENV, None)
+    e.pop(memory.MEMORY_ENV, None)
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR",
                 "ACCELERATE_USE_CPU"):
         e.pop(key, None)
@@ -67,11 +70,11 @@ def run(args, launcher=None, timeout=120, check=True, **env_extra):
 
 
 def losses(out_dir) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in pretrain.read_log(Path(out_dir) / pretrain.LOG_NAME) if "loss" in r}
+    return {r["step"]: r["loss"] for r in checkpoints.read_log(Path(out_dir) / checkpoints.LOG_NAME) if "loss" in r}
 
 
 def lrs(out_dir) -> dict[int, float]:
-    return {r["step"]: r["lr"] for r in pretrain.read_log(Path(out_dir) / pretrain.LOG_NAME) if "lr" in r}
+    return {r["step"]: r["lr"] for r in checkpoints.read_log(Path(out_dir) / checkpoints.LOG_NAME) if "lr" in r}
 
 
 WORDS = ("the cat dog bird sat on mat log tree saw a big small red blue ran jumped over under quickly slowly and "
@@ -114,6 +117,8 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     text = result.stdout + result.stderr
     assert "data: file" in text and "graph: sparse" in text and "training memory estimate" in text
     assert "greedy" in text and "sampled" in text
+    assert "optimizer: sparse_adamw (SparseAdamW on sparse row gradients; auto: one process" in text
+    assert "gradient norm clipped to 1" in text
     log = losses(out)
     assert sorted(log) == list(range(1, 31)) and all(math.isfinite(v) for v in log.values())
     summary = json.loads((out / pretrain.SUMMARY_NAME).read_text())
@@ -121,6 +126,22 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert summary["steps"] == 30 and len(summary["generations"]) == 2
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert (out / "modeling_brillm.py").is_file(), "save_pretrained should ship the model code"
+
+    # the final save writes a model card: Hub metadata, the final validation perplexity, a usage snippet
+    from huggingface_hub import ModelCard
+
+    from modeling_brillm.model_card import check_hub_ready
+
+    card = ModelCard.load(out / "README.md")
+    meta = card.data.to_dict()
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert "brillm" in meta["tags"] and "pretraining" in meta["tags"] and "datasets" not in meta
+    metric = meta["model-index"][0]["results"][0]["metrics"][0]
+    assert metric["type"] == "perplexity" and metric["value"] == pytest.approx(summary["perplexity"], rel=1e-4)
+    assert "every 20th training text, held out" in card.text and "corpus.txt" in card.text
+    assert "trust_remote_code=True" in card.text and "| optimizer steps | 30 |" in card.text
+    assert str(tmp_path) not in card.text, "no local paths in a card meant for the Hub"
+    assert check_hub_ready(out) == []
 
     # a clean process loads the folder through the Auto classes with remote code and scores text
     probe = f"""
@@ -151,21 +172,68 @@ def test_contiguous_blocks_sampled_loss(corpus, tmp_path):
     assert config["loss_type"] == "sampled" and config["num_negatives"] == 20
 
 
-def test_sparse_adamw_option(corpus, tmp_path):
-    pytest.importorskip("modeling_brillm.optimization")
+def test_sparse_adamw_clips_accumulated_gradients(corpus, tmp_path):
+    """The sparse path with gradient accumulation: uncoalesced row gradients, clipped to --max_grad_norm."""
     out = tmp_path / "run"
     result = run(["--train_file", corpus, "--output_dir", out, *TINY, "--optimizer", "sparse_adamw",
-                  "--per_device_train_batch_size", "16", "--max_train_steps", "8"])
-    assert "without gradient clipping" in result.stdout
+                  "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2", "--max_train_steps", "8",
+                  "--max_grad_norm", "0.5"])
+    assert "optimizer: sparse_adamw (SparseAdamW on sparse row gradients; --optimizer sparse_adamw); gradient " \
+        "norm clipped to 0.5" in result.stdout
     log = losses(out)
     assert len(log) == 8 and all(math.isfinite(v) for v in log.values()) and log[8] < log[1]
+
+
+def test_optimizer_choice():
+    one = optimizers.choose_optimizer("auto", 1, 1.0)
+    assert one.name == "sparse_adamw" and one.sparse_gradients and one.clip and "one process" in one.reason
+    two = optimizers.choose_optimizer("auto", 2, 1.0)
+    assert two.name == "adamw" and not two.sparse_gradients and "2 processes" in two.reason
+    assert not optimizers.choose_optimizer("adamw", 1, 0.0).clip
+    assert "no gradient clipping" in optimizers.describe_optimizer(optimizers.choose_optimizer("auto", 1, 0), 0)
+    with pytest.raises(UsageError, match="single process only"):
+        optimizers.choose_optimizer("sparse_adamw", 2, 1.0)
+    assert pretrain.parse_args([]).optimizer == "auto"
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_clip_grad_norm_of_sparse_gradients_matches_dense(micro_batches):
+    """Sparse row gradients (coalesced, or accumulated over micro-batches and so uncoalesced) are clipped by the
+    norm of the dense gradient they stand for, to the same values torch's clip_grad_norm_ gives the dense one."""
+    import torch
+
+    from modeling_brillm import BriLLMForCausalLM
+    from modeling_brillm.training.loop import clip_grad_norm_
+
+    torch.manual_seed(0)
+    seqs = [torch.randint(1, 12, (7,)) for _ in range(6)]
+    model = BriLLMForCausalLM.from_token_sequences(seqs, 12, node_size=4)
+    batches = [torch.stack(seqs[:3]), torch.stack(seqs[3:])][:micro_batches]
+    grads, norms = {}, {}
+    for sparse in (False, True):
+        model.sparse_gradients = sparse
+        model.zero_grad(set_to_none=True)
+        for ids in batches:
+            model(input_ids=ids, labels=ids, return_logits=False).loss.backward()
+        params = list(model.parameters())
+        if sparse:
+            assert any(p.grad.is_sparse for p in params)
+            if micro_batches > 1:
+                assert any(p.grad.is_sparse and not p.grad.is_coalesced() for p in params)
+            norms[sparse] = clip_grad_norm_(params, 0.1)
+        else:
+            norms[sparse] = float(torch.nn.utils.clip_grad_norm_(params, 0.1))
+        grads[sparse] = [p.grad.to_dense() if p.grad.is_sparse else p.grad.clone() for p in params]
+    assert norms[True] == pytest.approx(norms[False], rel=1e-5) and norms[False] > 0.1
+    for dense, sparse in zip(grads[False], grads[True]):
+        torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------------------- resume
 def test_resume_gives_identical_loss_curve(reference, corpus, tmp_path):
     ref = losses(reference)
     assert sorted(ref) == list(range(1, 25))
-    complete = [step for step, _ in pretrain.list_checkpoints(reference)]
+    complete = [step for step, _ in checkpoints.list_checkpoints(reference)]
     assert complete == [4, 8, 12, 16, 20, 24]
     out = tmp_path / "resumed"
     # step 12 is inside the first epoch (17 steps): the resumed run skips 12 batches, then crosses into epoch 1
@@ -190,7 +258,7 @@ def test_killed_run_resumes_from_latest_complete_checkpoint(reference, corpus, t
     try:
         deadline = time.time() + 90
         while time.time() < deadline and proc.poll() is None:
-            if any(step >= 8 for step, _ in pretrain.list_checkpoints(out)):
+            if any(step >= 8 for step, _ in checkpoints.list_checkpoints(out)):
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be killed"
@@ -199,7 +267,7 @@ def test_killed_run_resumes_from_latest_complete_checkpoint(reference, corpus, t
     finally:
         if proc.poll() is None:
             proc.kill()
-    saved = [step for step, _ in pretrain.list_checkpoints(out)]
+    saved = [step for step, _ in checkpoints.list_checkpoints(out)]
     assert saved and max(saved) >= 8 and max(saved) < 24
     last = max(saved)
     logged = max(losses(out))
@@ -211,7 +279,7 @@ def test_killed_run_resumes_from_latest_complete_checkpoint(reference, corpus, t
     assert sorted(got) == list(range(1, 25))
     for step in range(1, 25):
         assert got[step] == pytest.approx(ref[step], abs=1e-6, rel=0), step
-    assert not any(p.name.startswith(pretrain.TMP_PREFIX) for p in out.iterdir())
+    assert not any(p.name.startswith(checkpoints.TMP_PREFIX) for p in out.iterdir())
 
 
 # ---------------------------------------------------------------------------------------- 1 vs 2 processes
@@ -221,16 +289,20 @@ TWO_ARGS = TINY + ["--max_train_steps", "6", "--gradient_accumulation_steps", "2
 def test_two_processes_match_one(corpus, tmp_path):
     """Same global batch (8 x 1 process x 2 accumulation = 4 x 2 processes x 2): same data order, same losses."""
     one, two = tmp_path / "one", tmp_path / "two"
-    run(["--train_file", corpus, "--output_dir", one, *TWO_ARGS, "--per_device_train_batch_size", "8"])
+    # --optimizer auto picks dense AdamW under DDP; the one-process run asks for it (auto would pick the lazy
+    # SparseAdamW, which updates untouched rows differently)
+    run(["--train_file", corpus, "--output_dir", one, *TWO_ARGS, "--per_device_train_batch_size", "8",
+         "--optimizer", "adamw"])
     result = run(["--train_file", corpus, "--output_dir", two, *TWO_ARGS, "--per_device_train_batch_size", "4",
                   "--checkpointing_steps", "3"], launcher=CPU2, timeout=180)
     assert "2 process(es)" in result.stdout and "global batch 16 blocks = 4 x 2 process(es) x 2" in result.stdout
+    assert "optimizer: adamw (AdamW on dense gradients; auto: 2 processes" in result.stdout
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
     for step in a:  # DDP averages gradients in another order than one process sums them: float32 rounding only
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-5), (step, a[step], b[step])
-    eval_a = [r for r in pretrain.read_log(one / pretrain.LOG_NAME) if "eval_loss" in r]
-    eval_b = [r for r in pretrain.read_log(two / pretrain.LOG_NAME) if "eval_loss" in r]
+    eval_a = [r for r in checkpoints.read_log(one / checkpoints.LOG_NAME) if "eval_loss" in r]
+    eval_b = [r for r in checkpoints.read_log(two / checkpoints.LOG_NAME) if "eval_loss" in r]
     assert [r["step"] for r in eval_a] == [r["step"] for r in eval_b] == [0, 3, 6]
     for x, y in zip(eval_a, eval_b):
         assert y["eval_loss"] == pytest.approx(x["eval_loss"], rel=1e-5)
@@ -306,7 +378,7 @@ def test_cpu_launcher_with_several_processes_is_refused(corpus, tmp_path):
 # ------------------------------------------------------------------------------------------------- memory
 def test_memory_guard_refuses_dense_graph_on_small_ram(corpus, tmp_path):
     result = run(["--train_file", corpus, "--output_dir", tmp_path, "--config", "brillm-en", "--vocab_size", "300",
-                  "--dense_graph", "--num_generations", "0"], check=False, **{pretrain.MEMORY_ENV: "0.05"})
+                  "--dense_graph", "--num_generations", "0"], check=False, **{memory.MEMORY_ENV: "0.05"})
     message = error_of(result)
     assert "refusing to build the model" in message and "dense graph" in message
     assert "--min_bigram_count" in message and "FSDP" in message
@@ -328,41 +400,41 @@ def test_memory_estimate_of_the_paper_models():
     assert dense.num_parameters_formula() == pytest.approx(16.90e9, rel=1e-3)
     args = SimpleNamespace(available_memory_gb=None)
     # 16.9B parameters x 16 bytes is ~270 GB: refused on this machine whatever its RAM
-    with pytest.raises(pretrain.UsageError, match="refusing to build the model.*dense graph"):
-        pretrain.check_memory(dense, fake_accelerator(), args)
+    with pytest.raises(UsageError, match="refusing to build the model.*dense graph"):
+        memory.check_memory(dense, fake_accelerator(), args)
     # the paper's sparse English graph (0.96B parameters) fits a 80 GB GPU under DDP, not a 4 GB machine
     sparse = BriLLMConfig(vocab_size=4000, node_size=32, graph="sparse", num_edges=900_000)
     assert sparse.num_parameters_formula() == pytest.approx(0.95e9, rel=0.02)
-    line = pretrain.check_memory(sparse, fake_accelerator(), SimpleNamespace(available_memory_gb=80))
+    line = memory.check_memory(sparse, fake_accelerator(), SimpleNamespace(available_memory_gb=80))
     assert "training memory estimate" in line
-    with pytest.raises(pretrain.UsageError, match="sparse .*real edges"):
-        pretrain.check_memory(sparse, fake_accelerator(), SimpleNamespace(available_memory_gb=4))
+    with pytest.raises(UsageError, match="sparse .*real edges"):
+        memory.check_memory(sparse, fake_accelerator(), SimpleNamespace(available_memory_gb=4))
     # FSDP over 8 GPUs: the shard shrinks, the gathered bf16 parameters and gradients do not
-    fsdp = pretrain.training_memory(dense.num_parameters_formula(), "fsdp", 8, "bf16")
+    fsdp = memory.training_memory(dense.num_parameters_formula(), "fsdp", 8, "bf16")
     assert fsdp["total"] / 2 ** 30 == pytest.approx((16 / 8 + 4) * 16.9e9 * 1.1 / 2 ** 30, rel=0.01)
-    single = pretrain.training_memory(1000, "single")
+    single = memory.training_memory(1000, "single")
     assert single["total"] == pytest.approx(16 * 1000 * 1.1)
 
 
 # ------------------------------------------------------------------------------------------ data helpers
 def test_presets_load_and_flags_override():
-    for name in pretrain.known_presets():
-        preset = pretrain.load_preset(name)
+    for name in presets.known_presets():
+        preset = presets.load_preset(name)
         assert set(preset) == {"model", "tokenizer", "training"}
     args = pretrain.parse_args(["--config", "brillm-zh", "--node_size", "8", "--learning_rate", "0.01", "--dense_graph"])
-    model, tok = pretrain.resolve_settings(args)
+    model, tok = presets.resolve_settings(args)
     assert tok == {"kind": "char", "vocab_size": 4000, "min_frequency": 1}
     assert model["node_size"] == 8 and model["graph"] == "dense"
     assert args.learning_rate == 0.01 and args.block_size == 32 and args.max_train_steps == 1500
     args = pretrain.parse_args([])
-    pretrain.resolve_settings(args)
+    presets.resolve_settings(args)
     assert args.learning_rate == 5e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
 
 
 def test_sentence_splitting_and_blocks():
     text = ("First sentence here. Second one, wrapped\nover two lines! Third?\n\n   code_line(1)\n   code_line(2)\n\n"
             "中文句子。第二句！")
-    assert pretrain.split_sentences(text) == [
+    assert data.split_sentences(text) == [
         "First sentence here.", "Second one, wrapped over two lines!", "Third?", "code_line(1)", "code_line(2)",
         "中文句子。", "第二句！"]
 
@@ -372,15 +444,15 @@ def test_sentence_splitting_and_blocks():
         def __call__(self, texts, add_special_tokens=False, verbose=False):
             return {"input_ids": [[10 + (ord(c) % 50) for c in t] for t in texts]}
 
-    blocks = pretrain.SentenceBlocks(Tok(), "text", 8)({"text": ["Hi. A long sentence.", "x"]})
+    blocks = data.SentenceBlocks(Tok(), "text", 8)({"text": ["Hi. A long sentence.", "x"]})
     ids, mask = blocks["input_ids"], blocks["attention_mask"]
     assert len(ids) == 2  # "x" has one token: dropped
     # "Hi." -> <s> H i . </s> <pad> x 3
     assert ids[0][0] == 2 and ids[0][4] == 3 and ids[0][5:] == [0] * 3 and mask[0] == [1] * 5 + [0] * 3
     assert ids[1][0] == 2 and 3 not in ids[1] and mask[1] == [1] * 8  # truncated to the block
-    batch = pretrain.collate([{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)])
+    batch = data.collate([{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)])
     assert batch["labels"][0].tolist() == ids[0][:5] + [-100] * 3  # padding is never a target
-    assert int(pretrain.count_targets(batch)) == 4 + 7
+    assert int(data.count_targets(batch)) == 4 + 7
 
 
 def test_count_targets_matches_the_model_loss():
@@ -393,22 +465,22 @@ def test_count_targets_matches_the_model_loss():
     model = BriLLMForCausalLM.from_token_sequences(seqs, 10, node_size=4, pad_token_id=0)
     rows = [{"input_ids": s.tolist() + [0] * (6 - len(s)), "attention_mask": [1] * len(s) + [0] * (6 - len(s))}
             for s in seqs]
-    batch = pretrain.collate(rows)
+    batch = data.collate(rows)
     with torch.no_grad():
         loss = model(**batch, return_logits=False).loss
         singles = [model(input_ids=s[None], labels=s[None], return_logits=False).loss * (len(s) - 1) for s in seqs]
-    assert int(pretrain.count_targets(batch)) == sum(len(s) - 1 for s in seqs)
-    assert float(loss * pretrain.count_targets(batch)) == pytest.approx(float(sum(singles)), rel=1e-5)
+    assert int(data.count_targets(batch)) == sum(len(s) - 1 for s in seqs)
+    assert float(loss * data.count_targets(batch)) == pytest.approx(float(sum(singles)), rel=1e-5)
 
 
 def test_validation_split_is_deterministic_and_spread():
-    held = pretrain.held_out_indices(100, 5)
+    held = data.held_out_indices(100, 5)
     assert len(held) == 5 and held == [19, 39, 59, 79, 99]
-    assert pretrain.held_out_indices(10, 0) == []
-    assert len(pretrain.held_out_indices(1000, 12.5)) == 125
+    assert data.held_out_indices(10, 0) == []
+    assert len(data.held_out_indices(1000, 12.5)) == 125
 
 
 def test_embedded_corpus_exists_offline():
-    texts = pretrain.embedded_corpus()
+    texts = data.embedded_corpus()
     assert len(texts) > 1000 and sum(map(len, texts)) > 300_000
     assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3 for t in texts for line in t.splitlines())

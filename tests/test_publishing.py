@@ -63,6 +63,38 @@ def test_model_card_metadata_and_usage(repo):
     assert f"{model.config.vocab_size:,}" in text and f"{model.config.num_edges:,}" in text
 
 
+def test_training_card_of_a_hub_dataset_run(tmp_path):
+    """What examples/pretrain.py writes at its final save (the tiny end-to-end run in test_pretrain checks the
+    local-file case): dataset ids in the metadata, the final perplexity in model-index, the run's facts."""
+    from types import SimpleNamespace
+
+    from modeling_brillm.training.publishing import data_facts, write_training_card
+
+    model, tokenizer = save_tiny(tmp_path)
+    args = SimpleNamespace(dataset_name="wikimedia/wikipedia", dataset_config_name="20231101.en", train_file=None,
+                           validation_file=None, validation_split_percentage=5, block_size=32, block_mode="sentence",
+                           optimizer="auto", learning_rate=0.05, lr_scheduler_type="linear", num_warmup_steps=10,
+                           weight_decay=0.1)
+    summary = {"steps": 150, "global_batch": 256, "train_tokens": 123456, "processes": 1, "perplexity": 12.3456789,
+               "eval_loss": 2.5134, "perplexity_before": 600.0}
+    write_training_card(tmp_path, model, tokenizer, args, summary, "Hub dataset wikimedia/wikipedia/20231101.en",
+                        repo_id="me/brillm-wiki", optimizer="sparse_adamw")
+    card = ModelCard.load(tmp_path / "README.md")
+    data = card.data.to_dict()
+    assert data["datasets"] == ["wikimedia/wikipedia"] and data["metrics"] == ["perplexity"]
+    result = data["model-index"][0]["results"][0]
+    assert result["dataset"] == {"name": "the dataset's validation split", "type": "wikimedia/wikipedia"}
+    assert result["metrics"][0]["value"] == pytest.approx(12.3457)
+    assert "| optimizer | sparse_adamw, lr 0.05 (linear, 10 warmup), weight decay 0.1 |" in card.text
+    assert "| optimizer steps | 150 |" in card.text and "configuration `20231101.en`" in card.text
+    assert 'model="me/brillm-wiki"' in card.text
+    assert not list(tmp_path.glob("README.md.tmp-*"))  # written under a temporary name, then renamed
+    # held-out texts and the built-in corpus are described, not given a dataset id
+    args.dataset_name = None
+    ids, text, held = data_facts(args, "the built-in corpus; every 20th text held out for validation")
+    assert ids == [] and "pydoc_data" in text and held == "every 20th training text, held out"
+
+
 def test_check_hub_ready_names_what_is_missing(repo, tmp_path):
     directory, _, _ = repo
     broken = tmp_path / "broken"

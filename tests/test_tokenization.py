@@ -6,6 +6,7 @@ Corpora are generated here and kept tiny so the whole file runs in seconds on CP
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import subprocess
@@ -13,8 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from _tiny import CORPUS, make_model
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from tokenization import build_tokenizer, load_released_char_vocab, load_released_tokenizer
 from tokenization.build_tokenizer import main
@@ -97,6 +101,49 @@ def char_tok(chinese_texts) -> PreTrainedTokenizerFast:
 
 def _ids(tok, text, **kw):
     return tok(text, **kw)["input_ids"]
+
+
+class _TransformersWarnings(logging.Handler):
+    """Collects what transformers logs (its root logger does not propagate, so caplog would miss it)."""
+
+    def __enter__(self):
+        self.messages = []
+        hf_logging.get_logger("transformers").addHandler(self)
+        return self.messages
+
+    def __exit__(self, *exc):
+        hf_logging.get_logger("transformers").removeHandler(self)
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+TOO_LONG = "Token indices sequence length is longer"
+
+
+def test_long_texts_tokenize_quietly_and_the_model_keeps_its_limit(char_dir, english_texts):
+    long_zh = "".join(_chinese_corpus())  # ~9,000 characters
+    long_en = " ".join(english_texts)
+    built = build_tokenizer(CORPUS, kind="char", vocab_size=64, min_frequency=1)
+    tokenizers = [built, AutoTokenizer.from_pretrained(char_dir), build_tokenizer(english_texts, vocab_size=BPE_VOCAB)]
+    if RELEASED_BPE_JSON.is_file():
+        tokenizers.append(load_released_tokenizer(RELEASED_BPE_JSON))
+    if RELEASED_CHAR_VOCAB.is_file():
+        tokenizers.append(load_released_char_vocab(RELEASED_CHAR_VOCAB))
+    with _TransformersWarnings() as messages:
+        for tok in tokenizers:
+            assert tok.model_max_length > 10**20
+            assert len(_ids(tok, long_zh if tok.unk_token == "<unk>" else long_en)) > 2000
+    assert not [m for m in messages if TOO_LONG in m]
+    with _TransformersWarnings() as messages:  # the capture works: a tokenizer given a limit still warns
+        _ids(build_tokenizer(CORPUS, kind="char", vocab_size=64, min_frequency=1, model_max_length=16), long_zh)
+    assert [m for m in messages if TOO_LONG in m]
+
+    model = make_model(built, max_positions=64)  # the model enforces its own limit
+    ids = torch.tensor([_ids(built, " ".join(CORPUS))[:65]])
+    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+        model(ids)
+    assert model(ids[:, :64]).logits.shape == (1, 64, len(built))
 
 
 # --------------------------------------------------------------------------- #

@@ -283,7 +283,7 @@ def build_tokenizer(
     output_dir: str | os.PathLike | None = None,
     text_column: str = "text",
     min_frequency: int = 2,
-    model_max_length: int = 512,
+    model_max_length: int | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train a BriLLM tokenizer and wrap it as a ``PreTrainedTokenizerFast``.
 
@@ -304,7 +304,10 @@ def build_tokenizer(
         text_column: column holding the text when a dataset is given.
         min_frequency: a BPE merge / a character must occur at least this often
             to enter the vocabulary.
-        model_max_length: stored on the tokenizer (max sequence length).
+        model_max_length: stored on the tokenizer. The default None means "no limit" (transformers' very large
+            integer, as for any tokenizer whose model length is unknown): texts of any length tokenize quietly,
+            since BriLLM callers split them into blocks, and the model itself refuses sequences longer than its
+            ``max_position_embeddings`` with a clear error. Pass a number to have the tokenizer warn/truncate.
 
     Returns:
         The trained tokenizer: pad/unk/bos/eos = ``<pad> <unk> <s> </s>`` with
@@ -374,7 +377,7 @@ def build_tokenizer(
 # Released BriLLM0.5 tokenizers
 # --------------------------------------------------------------------------- #
 def load_released_tokenizer(
-    path_to_tokenizer_json: str | os.PathLike, model_max_length: int = 512
+    path_to_tokenizer_json: str | os.PathLike, model_max_length: int | None = None
 ) -> PreTrainedTokenizerFast:
     """Load the released BriLLM0.5 English tokenizer JSON unchanged.
 
@@ -386,7 +389,7 @@ def load_released_tokenizer(
 
     Args:
         path_to_tokenizer_json: path to ``wiki_bpe_tokenizer_4000_bytelevel.json``.
-        model_max_length: stored on the tokenizer.
+        model_max_length: stored on the tokenizer; None (default) means no limit, as in ``build_tokenizer``.
     """
     path = Path(path_to_tokenizer_json)
     if not path.is_file():
@@ -404,7 +407,7 @@ def load_released_tokenizer(
 
 
 def load_released_char_vocab(
-    path_to_vocab_json: str | os.PathLike, model_max_length: int = 512
+    path_to_vocab_json: str | os.PathLike, model_max_length: int | None = None
 ) -> PreTrainedTokenizerFast:
     """Build a char-level tokenizer from the released Chinese BriLLM0.5 vocab.
 
@@ -421,7 +424,7 @@ def load_released_char_vocab(
 
     Args:
         path_to_vocab_json: path to the ``character -> id`` JSON.
-        model_max_length: stored on the tokenizer.
+        model_max_length: stored on the tokenizer; None (default) means no limit, as in ``build_tokenizer``.
     """
     path = Path(path_to_vocab_json)
     if not path.is_file():
@@ -469,7 +472,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dataset_split", default="train", help="Dataset split to train on (default: train).")
     parser.add_argument("--text_column", default="text", help="Dataset column holding the text (default: text).")
     parser.add_argument("--min_frequency", type=int, default=2, help="Minimum count of a merge/character (default: 2).")
-    parser.add_argument("--model_max_length", type=int, default=512, help="Stored max sequence length (default: 512).")
+    parser.add_argument("--model_max_length", type=int, default=None,
+                        help="Stored max sequence length (default: none, so long texts tokenize without warnings).")
     args = parser.parse_args(argv)
 
     if args.train_file is None and args.dataset_name is None:

@@ -1,0 +1,294 @@
+"""Grow a trained BriLLM without retraining it: add tokens (nodes) and edges, then fine-tune only what is new.
+
+    python examples/grow_graph.py --model outputs/demo --output_dir outputs/demo-grown
+    python examples/grow_graph.py --model DIR --new_text new.txt --old_text heldout.txt --add_tokens word1 word2
+
+Steps (the Hugging Face way, then BriLLM's own):
+  1. `tokenizer.add_tokens([...])` and `model.resize_token_embeddings(len(tokenizer))`: the new nodes join the
+     graph through the shared edge; the old nodes' logits do not change (checked here, exactly);
+  2. `model.add_edges_from_sequences(new_text_ids)`: every bigram of the new text that is not a real edge yet
+     becomes one, initialised as a copy of the shared edge, so no energy changes (checked here);
+  3. a short fine-tune (AdamW) of the new edges and the new nodes' start biases only (`--train new`, the default:
+     every old parameter stays bit for bit as it was) or of everything (`--train all`), on the new text plus a
+     replay of `--replay` old training texts per step: they teach the new edges to stay weak where old text goes
+     on as before (without them a new edge from a frequent node, e.g. the space token, takes probability mass from
+     old continuations everywhere);
+  4. perplexity before/after on held-out new text (all tokens, and the new tokens as targets) and on held-out old
+     text; then save, reload with `from_pretrained` and as remote code, and check the logits.
+
+New text: `--new_text` (one text per line), by default a short built-in text on plant biology whose words the
+demo's tokenizer (trained on Python's documentation) splits into pieces. Every 4th line is held out. Old text:
+`--old_text`, by default the demo's own validation split of the built-in corpus (every 20th paragraph, its
+sentences cut to 32 tokens as in training), and for the replay the rest of it (`--old_train_text` otherwise).
+New tokens: `--add_tokens`, by default the `--num_new_tokens` most frequent words of the new text that the
+tokenizer splits into 2 or more pieces and the old text never uses.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections import Counter
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from modeling_brillm import BriLLMForCausalLM  # noqa: E402
+
+BUILTIN_NEW_TEXT = """Photosynthesis turns light into chemical energy inside the chloroplast.
+The chloroplast holds chlorophyll, which absorbs red and blue light.
+Chlorophyll gives leaves their green colour.
+During photosynthesis the plant takes carbon dioxide in through the stomata.
+The stomata close when the leaf loses too much water.
+Glucose is the sugar that photosynthesis makes from carbon dioxide and water.
+The plant stores glucose as starch in its roots and seeds.
+Oxygen leaves the leaf through the stomata as a product of photosynthesis.
+Each chloroplast contains stacks of thylakoid membranes.
+The thylakoid membranes hold the chlorophyll that captures light.
+Light reactions happen in the thylakoid, and the Calvin cycle happens in the stroma.
+The Calvin cycle fixes carbon dioxide into glucose.
+Without chlorophyll a plant cannot perform photosynthesis.
+Guard cells open and close the stomata.
+When the stomata open, water vapour escapes from the leaf.
+The roots take up water, which travels to the leaf through the xylem.
+Sugars such as glucose travel from the leaf to the roots through the phloem.
+The xylem carries water up and the phloem carries sugar down.
+Photosynthesis needs light, water, carbon dioxide and chlorophyll.
+The stroma is the fluid that surrounds the thylakoid inside the chloroplast.
+Plants in bright light make more glucose than plants in the shade.
+The leaf is thin so that light reaches every chloroplast.
+Respiration breaks glucose down again to release energy.
+Respiration happens in every cell, photosynthesis only in cells with chloroplasts.
+A leaf cell may hold dozens of chloroplasts.
+The chlorophyll molecule contains a magnesium atom at its centre.
+In autumn the chlorophyll breaks down and other colours appear.
+The Calvin cycle uses energy from the light reactions in the thylakoid.
+Carbon dioxide enters through the stomata and reaches the stroma.
+Water from the xylem is split in the thylakoid and releases oxygen.
+Glucose made by photosynthesis feeds the whole plant through the phloem.
+The xylem and the phloem form the veins of a leaf.
+"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a saved BriLLM folder (model + tokenizer), e.g. outputs/demo")
+    p.add_argument("--output_dir", help="where to save the grown model (default: <model>-grown)")
+    p.add_argument("--new_text", help="file, one text per line (default: a built-in text on plant biology)")
+    p.add_argument("--old_text", help="held-out text of the original domain, one text per line (default: the demo "
+                                      "validation split of the built-in corpus)")
+    p.add_argument("--old_train_text", help="old training text for the replay, one text per line (default: the "
+                                            "built-in corpus's training split when --old_text is not given)")
+    p.add_argument("--replay", type=int, default=256, help="old training texts per fine-tune step (0 = none)")
+    p.add_argument("--add_tokens", nargs="*", help="tokens to add (default: picked from the new text)")
+    p.add_argument("--num_new_tokens", type=int, default=12)
+    p.add_argument("--train", choices=["new", "all"], default="new", help="which parameters the fine-tune updates")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--max_length", type=int, default=32, help="tokens per text (as the demo's training blocks)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the figures here")
+    return p.parse_args(argv)
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def builtin_old_text():
+    """The demo's (validation, training) texts: every 20th paragraph of the built-in corpus and the rest, split
+    into sentences as pretrain.py does."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pretrain import embedded_corpus, held_out_indices, split_sentences
+
+    corpus = embedded_corpus()
+    held = set(held_out_indices(len(corpus), 5))
+    validation = [s for i in sorted(held) for s in split_sentences(corpus[i])]
+    training = [s for i in range(len(corpus)) if i not in held for s in split_sentences(corpus[i])]
+    return validation, training
+
+
+def pick_new_tokens(tokenizer, texts, count, old_texts):
+    old_words = {w for t in old_texts for w in re.findall(r"[a-z]+", t.lower())}
+    words = Counter(w for t in texts for w in re.findall(r"[A-Za-z]{5,}", t.lower()))
+    split = [w for w, _ in words.most_common()
+             if w not in old_words and len(tokenizer(w, add_special_tokens=False).input_ids) >= 2]
+    return split[:count]
+
+
+def encode(tokenizer, texts, max_length):
+    eos = tokenizer.eos_token_id
+    seqs = []
+    for text in texts:
+        ids = tokenizer(text).input_ids[: max_length - 1] + ([eos] if eos is not None else [])
+        if len(ids) >= 2:
+            seqs.append(torch.tensor(ids))
+    return seqs
+
+
+def batch_of(seqs, pad_id):
+    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    mask = (torch.arange(ids.shape[1]) < torch.tensor([len(s) for s in seqs]).unsqueeze(1)).long()
+    return ids, mask
+
+
+@torch.no_grad()
+def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
+    """exp(mean NLL) over every next token, and over the next tokens whose id is in `focus` (or None)."""
+    total = count = focus_total = focus_count = 0.0
+    focus_t = torch.tensor(sorted(focus)) if focus else None
+    for i in range(0, len(seqs), batch_size):
+        ids, mask = batch_of(seqs[i:i + batch_size], pad_id)
+        logp = torch.log_softmax(model(ids, attention_mask=mask).logits[:, :-1], -1)
+        target, real = ids[:, 1:], mask[:, 1:].bool()
+        nll = -logp.gather(2, target.unsqueeze(2)).squeeze(2)
+        total += float(nll[real].sum())
+        count += int(real.sum())
+        if focus_t is not None:
+            hit = real & torch.isin(target, focus_t)
+            focus_total += float(nll[hit].sum())
+            focus_count += int(hit.sum())
+    return math.exp(total / count), (math.exp(focus_total / focus_count) if focus_count else None)
+
+
+def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_all, replay=(), replay_size=0):
+    """AdamW on the new text. With train_all False only the new edge rows and new node biases get gradients;
+    weight decay 0 and Adam's zero moments then leave every old row exactly as it was."""
+    model.train()
+    model.positions.requires_grad_(train_all)
+    params = [model.weights, model.biases, model.node_bias] + ([model.positions] if train_all else [])
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    edge_mask = torch.zeros(model.weights.shape[0], dtype=torch.bool)
+    edge_mask[trainable_rows] = True
+    losses = []
+    for _ in range(steps):
+        batch = list(seqs)
+        if replay_size and len(replay):
+            batch += [replay[i] for i in torch.randperm(len(replay))[:replay_size].tolist()]
+        ids, mask = batch_of(batch, pad_id)
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
+        optimizer.zero_grad()
+        loss.backward()
+        if not train_all:
+            model.weights.grad[~edge_mask] = 0
+            model.biases.grad[~edge_mask] = 0
+            model.node_bias.grad[:old_vocab] = 0
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    model.positions.requires_grad_(True)
+    return losses
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(args.seed)
+    model = BriLLMForCausalLM.from_pretrained(args.model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    new_texts = read_lines(args.new_text) if args.new_text else BUILTIN_NEW_TEXT.strip().splitlines()
+    if args.old_text:
+        old_texts = read_lines(args.old_text)
+        old_train_texts = read_lines(args.old_train_text) if args.old_train_text else []
+    else:
+        old_texts, old_train_texts = builtin_old_text()
+    new_train = [t for i, t in enumerate(new_texts) if i % 4 != 3]
+    new_held = [t for i, t in enumerate(new_texts) if i % 4 == 3]
+    old_vocab, old_edges = model.config.vocab_size, model.config.num_edges
+
+    old_seqs = encode(tokenizer, old_texts, args.max_length)  # tokenized before the tokenizer grows
+    replay = encode(tokenizer, old_train_texts, args.max_length) if args.replay else []
+    with torch.no_grad():
+        probe_ids, probe_mask = batch_of(old_seqs[:32], pad_id)
+        probe_before = model(probe_ids, attention_mask=probe_mask).logits
+    ppl_old_before = perplexity(model, old_seqs, pad_id)[0]
+
+    # 1. nodes
+    new_tokens = args.add_tokens if args.add_tokens else pick_new_tokens(tokenizer, new_texts, args.num_new_tokens,
+                                                                       old_texts + old_train_texts)
+    added = tokenizer.add_tokens(new_tokens)
+    model.resize_token_embeddings(len(tokenizer))
+    new_ids = set(range(old_vocab, len(tokenizer)))
+    with torch.no_grad():
+        probe_nodes = model(probe_ids, attention_mask=probe_mask).logits
+    nodes_exact = torch.equal(probe_nodes[..., :old_vocab], probe_before)
+
+    # 2. edges (from the new text's training lines)
+    train_seqs, held_seqs = encode(tokenizer, new_train, args.max_length), encode(tokenizer, new_held, args.max_length)
+    rows = model.add_edges_from_sequences(train_seqs, ignore_ids=[pad_id])
+    with torch.no_grad():
+        probe_edges = model(probe_ids, attention_mask=probe_mask).logits
+    edges_exact = torch.equal(probe_edges, probe_nodes)
+    edges_diff = float((probe_edges - probe_nodes).abs().max())
+    same_argmax = bool(torch.equal(probe_edges.argmax(-1), probe_nodes.argmax(-1)))
+    ppl_new_before, ppl_focus_before = perplexity(model, held_seqs, pad_id, new_ids)
+    ppl_train_before = perplexity(model, train_seqs, pad_id)[0]
+    print(f"added {added} tokens ({', '.join(new_tokens)}): V {old_vocab} -> {model.config.vocab_size}; "
+          f"{len(rows)} edges: {old_edges:,} -> {model.config.num_edges:,} real edges")
+    print(f"old nodes' logits unchanged after adding nodes: {nodes_exact}; after adding edges: logits equal "
+          f"{edges_exact} (largest difference {edges_diff:.2e}), greedy predictions equal {same_argmax}")
+
+    # 3. fine-tune
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    losses = fine_tune(model, train_seqs, pad_id, args.steps, args.lr, rows, old_vocab, args.train == "all",
+                       replay, args.replay)
+    keep = torch.ones(model.weights.shape[0], dtype=torch.bool)
+    keep[rows] = False
+    old_rows_unchanged = bool(torch.equal(model.weights[keep], snapshot["weights"][keep])
+                              and torch.equal(model.node_bias[:old_vocab], snapshot["node_bias"][:old_vocab]))
+
+    # 4. measure
+    ppl_new_after, ppl_focus_after = perplexity(model, held_seqs, pad_id, new_ids)
+    ppl_train_after = perplexity(model, train_seqs, pad_id)[0]
+    ppl_old_after = perplexity(model, old_seqs, pad_id)[0]
+    old_change = ppl_old_after / ppl_old_before - 1
+    print(f"fine-tune ({args.train} parameters, {args.steps} steps of AdamW lr {args.lr} on {len(train_seqs)} new "
+          f"lines + {min(args.replay, len(replay))} old ones per step): loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
+          f"old rows unchanged: {old_rows_unchanged}")
+    print(f"new text, held out ({len(held_seqs)} lines): perplexity {ppl_new_before:.1f} -> {ppl_new_after:.1f}")
+    if ppl_focus_before is not None:
+        print(f"new tokens as targets, held out: perplexity {ppl_focus_before:.1f} -> {ppl_focus_after:.1f}")
+    print(f"new text, training lines: perplexity {ppl_train_before:.1f} -> {ppl_train_after:.1f}")
+    print(f"old text, held out ({len(old_seqs)} texts): perplexity {ppl_old_before:.3f} -> {ppl_old_after:.3f} "
+          f"({100 * old_change:+.2f}%)")
+
+    # 5. save, reload (package class and remote code)
+    output_dir = args.output_dir or args.model.rstrip("/") + "-grown"
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    with torch.no_grad():
+        ids, mask = batch_of(held_seqs, pad_id)
+        expected = model(ids, attention_mask=mask).logits
+        reloaded = BriLLMForCausalLM.from_pretrained(output_dir).eval()
+        remote = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
+        reload_ok = torch.equal(reloaded(ids, attention_mask=mask).logits, expected)
+        remote_ok = torch.equal(remote(ids, attention_mask=mask).logits, expected)
+    # in this process the installed package's registered class answers; tests load the folder's own code alone
+    print(f"saved to {output_dir}; BriLLMForCausalLM.from_pretrained gives the same logits: {reload_ok}; "
+          f"AutoModelForCausalLM.from_pretrained(trust_remote_code=True) too: {remote_ok}")
+    result = {
+        "new_tokens": new_tokens, "vocab": [old_vocab, model.config.vocab_size],
+        "edges": [old_edges, model.config.num_edges], "nodes_exact": nodes_exact, "edges_exact": edges_exact,
+        "edges_max_diff": edges_diff, "edges_same_argmax": same_argmax,
+        "train": args.train, "steps": args.steps, "loss": [losses[0], losses[-1]],
+        "old_rows_unchanged": old_rows_unchanged,
+        "ppl_new_held": [ppl_new_before, ppl_new_after], "ppl_new_tokens_held": [ppl_focus_before, ppl_focus_after],
+        "ppl_new_train": [ppl_train_before, ppl_train_after], "ppl_old_held": [ppl_old_before, ppl_old_after],
+        "old_change": old_change, "reload_ok": reload_ok, "remote_ok": remote_ok, "output_dir": output_dir,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

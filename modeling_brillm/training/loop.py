@@ -1,0 +1,185 @@
+"""The training step, evaluation and sample generation.
+
+`TrainStep` is one call per micro-batch: forward, backward with the token-weighted rescale to the global mean,
+and on the last micro-batch of an accumulation the gradient clipping, optimizer and scheduler step. The loss
+of a step is the token-weighted mean over the whole global batch, the same number whatever the process count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .data import count_targets, split_sentences
+
+# Prompts for the embedded corpus (Python's documentation); other data uses the start of validation sentences.
+DEFAULT_PROMPTS = ["The return value", "An exception is raised", "If the object", "A class definition"]
+
+
+def _extra_inputs(batch) -> dict:
+    """Optional model inputs a batch may carry: `signal_ids` (learned start signals, fine-tuning data)."""
+    return {"signal_ids": batch["signal_ids"]} if "signal_ids" in batch else {}
+
+
+@dataclass
+class StepResult:
+    loss: float  # token-weighted mean loss over the global batch
+    targets: int  # scored positions in the global batch
+    tokens: int  # real (non-padding) tokens in the global batch
+    lr: float  # the learning rate the optimizer step used
+
+
+def clip_grad_norm_(params, max_norm: float) -> float:
+    """`torch.nn.utils.clip_grad_norm_` (L2, in place, returns the norm before clipping) that also takes sparse COO
+    gradients. An uncoalesced sparse gradient (accumulated micro-batches, embedding rows) is coalesced first: its
+    duplicate rows sum, so the norm is the norm of the dense gradient it stands for."""
+    import torch
+
+    squares = []
+    for p in params:
+        grad = p.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            if not grad.is_coalesced():
+                p.grad = grad = grad.coalesce()
+            grad = grad._values()
+        squares.append(grad.detach().float().pow(2).sum())
+    if not squares:
+        return 0.0
+    total = float(torch.stack(squares).sum().sqrt())
+    coef = min(max_norm / (total + 1e-6), 1.0)  # as torch: clamped, applied to every gradient
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    p.grad._values().mul_(coef)
+                else:
+                    p.grad.mul_(coef)
+    return total
+
+
+class TrainStep:
+    """The single-process / DDP / FSDP step over `accelerator.prepare`d model, optimizer and scheduler.
+
+    Every process backpropagates (sum of its token losses) / ref, ref = per-device batch x block size (keeps the
+    backward near the mean's scale); when gradients sync, the gradients are multiplied by G x W x ref / (global
+    targets), which undoes accelerate's division by the G accumulation steps and DDP's average over W processes:
+    the step's gradient is that of the mean loss over every target of the global batch.
+    """
+
+    def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
+                 max_grad_norm: float | None, clip: bool, learning_rate: float):
+        import torch
+
+        self.accelerator, self.model, self.optimizer, self.lr_scheduler = accelerator, model, optimizer, lr_scheduler
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ref = float(per_device_batch_size * block_size)
+        self.max_grad_norm = max_grad_norm if clip else None
+        self.sparse_gradients = bool(getattr(accelerator.unwrap_model(model), "sparse_gradients", False))
+        self.lr_used = learning_rate
+        self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
+
+    def __call__(self, batch) -> StepResult | None:
+        """Process one micro-batch; a StepResult when it completed an optimizer step, else None."""
+        import torch
+
+        acc, model = self.accelerator, self.model
+        totals = None
+        with acc.accumulate(model):
+            n_local = count_targets(batch)
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        labels=batch["labels"], return_logits=False, **_extra_inputs(batch))
+            # backward of (sum of this batch's token losses) / ref; rescaled below to / (global targets)
+            acc.backward(out.loss * (n_local / self.ref))
+            self.sums += torch.stack([out.loss.detach().double() * n_local, n_local.double(),
+                                      batch["attention_mask"].sum().double()])
+            if acc.sync_gradients:
+                totals = acc.reduce(self.sums.clone(), reduction="sum")
+                # accelerate divided by G, DDP averaged over W: undo both and divide by the global targets
+                scale = acc.gradient_accumulation_steps * acc.num_processes * self.ref / max(float(totals[1]), 1.0)
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+                if self.max_grad_norm:
+                    if self.sparse_gradients:  # one process (optimizers.choose_optimizer): no collective needed
+                        clip_grad_norm_(self.params, self.max_grad_norm)
+                    else:
+                        acc.clip_grad_norm_(self.params, self.max_grad_norm)
+            self.optimizer.step()
+            if acc.sync_gradients and not acc.optimizer_step_was_skipped:
+                self.lr_used = self.lr_scheduler.get_last_lr()[0]
+                self.lr_scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if totals is None:
+            return None
+        self.sums.zero_()
+        return StepResult(loss=float(totals[0] / totals[1].clamp_min(1)), targets=int(totals[1]),
+                          tokens=int(totals[2]), lr=self.lr_used)
+
+
+def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
+    """(mean loss, perplexity, scored tokens) over the validation blocks: the full softmax over all V nodes
+    (whatever the training loss), token-weighted, gathered over processes."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    for batch in dataloader:
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           **_extra_inputs(batch)).logits
+        mask, labels = batch["attention_mask"], batch["labels"]
+        targets = labels[:, 1:].masked_fill((mask[:, 1:] == 0) | (mask[:, :-1] == 0), -100)
+        nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                              ignore_index=-100, reduction="none").view(targets.shape)
+        per_row = torch.stack([nll.sum(1).double(), (targets != -100).sum(1).double()], 1)  # (B, 2)
+        total += accelerator.gather_for_metrics(per_row).sum(0)
+    model.train()
+    loss_sum, count = float(total[0]), int(total[1])
+    if count == 0:
+        return float("nan"), float("nan"), 0
+    loss = loss_sum / count
+    return loss, math.exp(min(loss, 700.0)), count
+
+
+def choose_prompts(args, raw_validation, used_builtin: bool) -> list[str]:
+    if args.prompts:
+        return args.prompts[: max(args.num_generations, len(args.prompts))]
+    if used_builtin:
+        return DEFAULT_PROMPTS[: args.num_generations]
+    prompts = []
+    if raw_validation is not None:
+        for text in raw_validation[args.text_column]:
+            for sentence in split_sentences(text or ""):
+                words = sentence.split()
+                if len(words) >= 4:
+                    prompts.append(" ".join(words[:3]))
+                elif len(sentence) >= 4 and len(words) == 1:  # e.g. Chinese: the first characters
+                    prompts.append(sentence[:4])
+                if len(prompts) >= args.num_generations:
+                    return prompts
+    return prompts
+
+
+def generate_samples(model, tokenizer, prompts, args, device) -> list[dict]:
+    import torch
+
+    out = []
+    for i, prompt in enumerate(prompts):
+        enc = tokenizer(prompt, return_tensors="pt").to(device)
+        common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                      eos_token_id=tokenizer.eos_token_id)
+        with torch.no_grad():
+            greedy = model.generate(**enc, do_sample=False, **common)
+            torch.manual_seed(args.seed + i)
+            sampled = model.generate(**enc, do_sample=True, top_k=40, temperature=0.8, **common)
+        n = enc["input_ids"].shape[1]
+        out.append({
+            "prompt": prompt,
+            "greedy": tokenizer.decode(greedy[0, n:], skip_special_tokens=True),
+            "sampled": tokenizer.decode(sampled[0, n:], skip_special_tokens=True),
+        })
+    return out
+

@@ -1,0 +1,94 @@
+"""Which optimizer a run uses, and building it.
+
+Paths (`--optimizer`):
+  auto          the default: sparse_adamw in one process, adamw with several (DDP/FSDP all-reduce dense
+                gradients; sparse ones would need their own exchange).
+  adamw         `torch.optim.AdamW` (torch's fused kernel where it has one) on dense gradients.
+  sparse_adamw  `modeling_brillm.optimization.SparseAdamW` on sparse row gradients of the edge tables
+                (`model.sparse_gradients = True`): only the touched rows are read and updated. One process only.
+
+Both clip the global gradient norm to `--max_grad_norm` (loop.clip_grad_norm_ takes the norm of sparse
+gradients over their coalesced rows, the same number as over the dense gradient).
+
+`choose_optimizer` decides (and says why), `build_optimizer` builds; the training step (loop.TrainStep) works
+with either. Another path, e.g. a sharded edge table with its own optimizer and step, adds a name here and its
+own step class beside TrainStep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+OPTIMIZERS = ("auto", "adamw", "sparse_adamw")
+BETAS, EPS = (0.9, 0.999), 1e-8  # the paper's AdamW
+
+
+@dataclass
+class OptimizerPlan:
+    name: str  # the optimizer built: one of OPTIMIZERS
+    sparse_gradients: bool  # the model gives sparse row gradients for its edge tables
+    clip: bool  # the step clips the global gradient norm to max_grad_norm
+    reason: str  # why, for the start-up summary
+
+
+def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | None) -> OptimizerPlan:
+    """The optimizer for `--optimizer requested` with `num_processes` processes; UsageError if it cannot run."""
+    clip = bool(max_grad_norm)
+    if requested == "auto":
+        if num_processes > 1:
+            return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients "
+                                 "DDP/FSDP all-reduce")
+        if not _have_sparse_adamw():
+            return OptimizerPlan("adamw", False, clip, "auto: this installation has no SparseAdamW")
+        return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches "
+                             "are read and updated")
+    if requested == "adamw":
+        return OptimizerPlan("adamw", False, clip, "--optimizer adamw")
+    if requested == "sparse_adamw":
+        if not _have_sparse_adamw():
+            raise UsageError("--optimizer sparse_adamw needs modeling_brillm.optimization.SparseAdamW, "
+                             "which this installation lacks; use --optimizer adamw.")
+        if num_processes > 1:
+            raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw "
+                             "(or auto).")
+        return OptimizerPlan("sparse_adamw", True, clip, "--optimizer sparse_adamw")
+    raise UsageError(f"--optimizer {requested!r}: choose one of {', '.join(OPTIMIZERS)}.")
+
+
+def _have_sparse_adamw() -> bool:
+    try:
+        from modeling_brillm.optimization import SparseAdamW  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def describe_optimizer(plan: OptimizerPlan, max_grad_norm: float | None) -> str:
+    """One line for the start-up summary: the optimizer, why, and the clipping."""
+    kind = "SparseAdamW on sparse row gradients" if plan.name == "sparse_adamw" else "AdamW on dense gradients"
+    clip = f"gradient norm clipped to {max_grad_norm:g}" if plan.clip else "no gradient clipping"
+    return f"optimizer: {plan.name} ({kind}; {plan.reason}); {clip}"
+
+
+def parameter_groups(model, weight_decay: float) -> list[dict]:
+    """Weight decay on the edge matrices (`...weights`) only; biases and position weights are not decayed."""
+    decay = [p for n, p in model.named_parameters() if n.endswith("weights")]
+    no_decay = [p for n, p in model.named_parameters() if not n.endswith("weights")]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_decay: float, accelerator):
+    """The optimizer of `plan` over `model` (before accelerator.prepare); sets model.sparse_gradients to match."""
+    import torch
+
+    model.sparse_gradients = plan.sparse_gradients
+    groups = parameter_groups(model, weight_decay)
+    if plan.name == "sparse_adamw":
+        from modeling_brillm.optimization import SparseAdamW
+
+        return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS)
+    # torch's fused kernel: one pass over parameter, gradient and moments (7x faster than the default on CPU)
+    fused = accelerator.device.type in ("cpu", "cuda") and accelerator.distributed_type.value != "DEEPSPEED"
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS, fused=fused)

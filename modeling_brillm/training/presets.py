@@ -1,0 +1,149 @@
+"""Presets (configuration/models/*.json) and how their sections, the flags and the built-in defaults combine.
+
+A preset has three sections: "model" (fields of BriLLMConfig), "tokenizer" (the tokenizer to train) and
+"training" (flag values). Precedence: built-in defaults < preset < command-line flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .errors import UsageError
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
+
+# Fields of BriLLMConfig a preset may set in its "model" section (vocab_size comes from the tokenizer, num_edges
+# from the graph, the special ids from the tokenizer).
+MODEL_FIELDS = {
+    "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
+    "num_negatives", "negative_sampling",
+}
+MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact"}
+TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
+TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
+# Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
+TRAINING_DEFAULTS = {
+    "block_size": 32,
+    "block_mode": "sentence",
+    "per_device_train_batch_size": 32,
+    "per_device_eval_batch_size": 32,
+    "learning_rate": 5e-2,
+    "weight_decay": 0.0,
+    "num_train_epochs": 1,
+    "max_train_steps": None,
+    "gradient_accumulation_steps": 1,
+    "lr_scheduler_type": "linear",
+    "num_warmup_steps": 0,
+    "max_grad_norm": 1.0,
+    "min_bigram_count": 1,
+    "validation_split_percentage": 5,
+    "max_eval_samples": None,
+    "eval_steps": None,
+    "checkpointing_steps": None,
+    "checkpoints_total_limit": None,
+    "num_generations": 3,
+    "max_new_tokens": 20,
+    "seed": 42,
+    "torch_threads": None,
+}
+# Flags that override a field of the preset's "model" / "tokenizer" section: flag -> (section, field).
+FLAG_TO_FIELD = {
+    "node_size": ("model", "node_size"),
+    "loss": ("model", "loss_type"),
+    "num_negatives": ("model", "num_negatives"),
+    "negatives": ("model", "negative_sampling"),
+    "vocab_size": ("tokenizer", "vocab_size"),
+    "tokenizer_kind": ("tokenizer", "kind"),
+    "tokenizer_min_frequency": ("tokenizer", "min_frequency"),
+}
+
+
+def known_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_preset(name_or_path: str | None) -> dict:
+    """The preset's sections {"model", "tokenizer", "training"}; `name_or_path` is a name in
+    configuration/models/ or a path to a JSON file."""
+    if name_or_path is None:
+        return {"model": {}, "tokenizer": {}, "training": {}}
+    path = Path(name_or_path)
+    if not (path.suffix == ".json" and path.is_file()):
+        path = PRESET_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        raise UsageError(
+            f"unknown preset {name_or_path!r}: known presets are {', '.join(known_presets()) or '(none)'} "
+            f"(in {PRESET_DIR}), or pass the path of a JSON file."
+        )
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"preset {path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"preset {path} must hold a JSON object with 'model', 'tokenizer' and 'training' sections.")
+    allowed = {"model": MODEL_FIELDS, "tokenizer": TOKENIZER_FIELDS, "training": set(TRAINING_DEFAULTS)}
+    preset = {}
+    for key, value in data.items():
+        if key.startswith("_"):
+            continue  # comments
+        if key not in allowed:
+            raise UsageError(f"preset {path}: unknown section {key!r}; sections are {sorted(allowed)}.")
+        if not isinstance(value, dict):
+            raise UsageError(f"preset {path}: section {key!r} must be a JSON object.")
+        unknown = sorted(k for k in value if not k.startswith("_") and k not in allowed[key])
+        if unknown:
+            raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed[key])}.")
+        preset[key] = {k: v for k, v in value.items() if not k.startswith("_")}
+    for key in allowed:
+        preset.setdefault(key, {})
+    return preset
+
+
+def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
+    """Merge built-in defaults < preset < flags. Fills the training flags on `args` in place and returns the
+    model config fields and the tokenizer settings."""
+    preset = load_preset(args.config)
+    model = {**MODEL_DEFAULTS, **preset["model"]}
+    tokenizer = {**TOKENIZER_DEFAULTS, **preset["tokenizer"]}
+    sections = {"model": model, "tokenizer": tokenizer}
+    for flag, (section, field) in FLAG_TO_FIELD.items():
+        value = getattr(args, flag)
+        if value is not None:
+            sections[section][field] = value
+    if args.dense_graph:
+        model["graph"] = "dense"
+    for name, default in TRAINING_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, preset["training"].get(name, default))
+    return model, tokenizer
+
+
+
+def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int):
+    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary
+    and special ids come from the tokenizer, the edges from the bigrams seen at least `min_bigram_count` times."""
+    from modeling_brillm import BriLLMConfig, build_sparse_graph
+
+    from .data import block_sequences
+
+    V = len(tokenizer)
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, unk_token_id=tokenizer.unk_token_id)
+    fields = {k: v for k, v in model_fields.items() if k != "graph"}
+    try:
+        if model_fields["graph"] == "dense":
+            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None
+        try:
+            graph = build_sparse_graph(block_sequences(train_blocks, tokenizer.pad_token_id), V,
+                                       min_count=min_bigram_count,
+                                       ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,))
+        except ValueError as err:
+            raise UsageError(f"cannot build the graph: {err}") from None
+        return BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **special), graph
+    except (ValueError, TypeError) as err:
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(str(err)) from None
