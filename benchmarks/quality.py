@@ -5,10 +5,12 @@
     python benchmarks/quality.py --train_file train.txt --validation_file valid.txt --output_dir outputs/q
 
 What is the same for every model (the fairness rules):
-- data, tokenizer and blocks come from the package's pretraining code (examples/pretrain.py) with the --config
-  preset (default `demo`): the embedded corpus (or --train_file / --validation_file), the byte-level BPE it
-  trains on the training text, one sentence per block of --block_size tokens (padding masked), the held-out
-  validation blocks;
+- data, tokenizer and blocks come from the package's pretraining code (modeling_brillm.training, with
+  examples/pretrain.py's flags and checks) with the --config preset (default `demo`): the embedded corpus (or
+  --train_file / --validation_file), the byte-level BPE it trains on the training text, one sentence per block
+  of --block_size tokens (padding masked), the held-out validation blocks;
+- the training step: the pretraining code's TrainStep (token-weighted loss, gradient clipping, optimizer and
+  scheduler step) for every model;
 - the training batches and their order: one seeded permutation of the training blocks per epoch, shared;
 - the score: token-weighted held-out perplexity exp(sum of NLL / number of targets) over the same target tokens
   (a real token after a real token in a block); BriLLM's NLL is its exact full softmax over all V nodes, GPT-2's
@@ -20,11 +22,12 @@ What is the same for every model (the fairness rules):
   warmup counted in steps). The models take turns (--interleave seconds of training each), so the load other
   processes put on a shared machine falls on all of them alike; the load seen is reported per model.
 
-Each model keeps its own sensible optimizer: BriLLM the preset's learning rate (demo: 5e-2) and weight decay with
-`modeling_brillm.optimization.SparseAdamW` on sparse edge gradients; GPT-2 (transformers' GPT2LMHeadModel,
-dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight decay 0.01, --gpt2_warmup (20) steps of linear
-warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 / 1.2e-2 for 2x64 and 4x128 at 100
-and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3 (its default: 4x256@1e-3).
+Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on
+sparse edge gradients) with the preset's learning rate (demo: 5e-2), weight decay, warmup and clipping; GPT-2
+(transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight decay 0.01,
+--gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
+1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3
+(its default: 4x256@1e-3).
 
 Writes <output_dir>/quality.json (settings, data, every model's parameters and curve, the table per budget)
 and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
@@ -34,7 +37,6 @@ Exit status 2 with a one-line message on bad input.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import math
@@ -55,7 +57,7 @@ GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?(?:@([0-9.eE+-]+))?$")  # layers
 
 
 def load_pretrain():
-    """examples/pretrain.py as a module: its data loading, tokenizer, blocks, graph and error type."""
+    """examples/pretrain.py as a module (as tests/test_pretrain.py loads it): its flags and their checks."""
     spec = importlib.util.spec_from_file_location("brillm_pretrain_script", ROOT / "examples" / "pretrain.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -170,54 +172,42 @@ def pretrain_args(args):
     return pargs, model_fields, tok_settings
 
 
-class _OneProcess:
-    """The one thing pretrain.tokenize_splits asks of an accelerator here."""
+def make_accelerator(device):
+    """The one-process Accelerator the training modules ask for (tokenizer on the main process, the step's
+    backward and reductions), on `device`; no model or optimizer is `prepare`d (nothing is distributed)."""
+    from accelerate import Accelerator
 
-    @staticmethod
-    def main_process_first():
-        return contextlib.nullcontext()
+    return Accelerator(cpu=device.type == "cpu")
 
 
-def prepare_data(args, output_dir: Path) -> dict:
-    """Tokenizer, training and held-out blocks (as tensors), the BriLLM graph and config fields."""
-    import torch
-
-    from modeling_brillm import build_sparse_graph
-    from tokenization import build_tokenizer
+def prepare_data(args, output_dir: Path, accelerator) -> dict:
+    """Tokenizer, training and held-out blocks (as tensors), BriLLM's config and graph: all made by the
+    pretraining modules (modeling_brillm.training) exactly as examples/pretrain.py makes them."""
+    from modeling_brillm.training.data import load_raw_data, load_tokenizer, prepare_blocks
+    from modeling_brillm.training.presets import build_config_and_graph
 
     pargs, model_fields, tok_settings = pretrain_args(args)
-    raw, description = pretrain.load_raw_data(pargs)
+    pargs.output_dir = str(output_dir)
+    raw, description = load_raw_data(pargs)
     if "validation" not in raw or len(raw["validation"]) == 0:
         raise UsageError("no held-out text: give --validation_file, or more training texts (every 20th is held out).")
-    try:
-        tokenizer = build_tokenizer(raw["train"], kind=tok_settings["kind"], vocab_size=tok_settings["vocab_size"],
-                                    output_dir=str(output_dir / "tokenizer"), text_column=pargs.text_column,
-                                    min_frequency=tok_settings["min_frequency"],
-                                    model_max_length=model_fields.get("max_position_embeddings", 512))
-    except (ValueError, TypeError) as err:
-        raise UsageError(f"could not train the tokenizer: {err}") from None
-    blocks = pretrain.tokenize_splits(raw, tokenizer, pargs, _OneProcess())
+    tokenizer, _ = load_tokenizer(pargs, tok_settings, raw, output_dir / "tokenizer", None, accelerator)
+    train_blocks, eval_blocks, _ = prepare_blocks(raw, tokenizer, pargs, accelerator)
+    if eval_blocks is None:
+        raise UsageError("the held-out text gives no block of at least two tokens; give a longer --validation_file.")
 
-    def tensors(split):
-        if len(blocks[split]) == 0:
-            return None
-        rows = blocks[split].with_format("torch")[:]
+    def tensors(blocks):
+        rows = blocks.with_format("torch")[:]
         return rows["input_ids"].long(), rows["attention_mask"].long()
 
-    train, held = tensors("train"), tensors("validation")
-    if train is None:
-        raise UsageError("the training text gives no block of at least two tokens; give longer texts.")
-    if held is None:
-        raise UsageError("the held-out text gives no block of at least two tokens; give a longer --validation_file.")
+    train, held = tensors(train_blocks), tensors(eval_blocks)
     if args.max_eval_blocks:
         held = (held[0][: args.max_eval_blocks], held[1][: args.max_eval_blocks])
     if len(train[0]) < args.batch_size:
         raise UsageError(f"{len(train[0])} training blocks cannot fill one batch of {args.batch_size}; lower "
                          "--batch_size or give more text.")
-    pad = tokenizer.pad_token_id
-    graph = build_sparse_graph(pretrain.block_sequences(blocks["train"], pad), len(tokenizer),
-                               min_count=pargs.min_bigram_count, ignore_ids=(pad,))
-    return dict(tokenizer=tokenizer, train=train, held=held, graph=graph, model_fields=model_fields, pargs=pargs,
+    config, graph = build_config_and_graph(model_fields, tokenizer, train_blocks, pargs.min_bigram_count)
+    return dict(tokenizer=tokenizer, train=train, held=held, graph=graph, config=config, pargs=pargs,
                 description=description)
 
 
@@ -226,7 +216,8 @@ def labels_of(ids, mask):
 
 
 def target_mask(mask):
-    """Targets scored by both models: position t+1 when tokens t and t+1 are real (as pretrain.count_targets)."""
+    """Targets scored by both models: position t+1 when tokens t and t+1 are real (as the training data module's
+    count_targets counts them)."""
     return (mask[:, 1:] != 0) & (mask[:, :-1] != 0)
 
 
@@ -251,15 +242,10 @@ class BatchOrder:
 def make_brillm(data, seed: int):
     import torch
 
-    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+    from modeling_brillm import BriLLMForCausalLM
 
-    tok = data["tokenizer"]
-    fields = {k: v for k, v in data["model_fields"].items() if k != "graph"}
-    config = BriLLMConfig(vocab_size=len(tok), graph="sparse", num_edges=data["graph"].num_edges,
-                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                          unk_token_id=tok.unk_token_id, **fields)
     torch.manual_seed(seed)
-    return BriLLMForCausalLM.from_graph(data["graph"], config=config)
+    return BriLLMForCausalLM.from_graph(data["graph"], config=data["config"])
 
 
 def make_gpt2(data, size, seed: int):
@@ -277,61 +263,58 @@ def make_gpt2(data, size, seed: int):
     return model
 
 
-def brillm_trainer(model, pargs):
-    """(optimizer, scheduler, step function) of the pretraining script's BriLLM step with --optimizer
-    sparse_adamw: sparse edge gradients, SparseAdamW (betas 0.9/0.999, eps 1e-8), weight decay on the edge
-    matrices only; the preset's warmup, then a constant learning rate (the budget must not shape the schedule)."""
-    from transformers import get_scheduler
+def package_step(accelerator, model, optimizer, scheduler, args, block_size: int, max_grad_norm):
+    """step(ids, mask) -> training loss, through the pretraining code's TrainStep (forward, token-weighted
+    backward, gradient clipping, optimizer and scheduler step), the same for every model."""
+    from modeling_brillm.training.loop import TrainStep
 
-    from modeling_brillm.optimization import SparseAdamW
-
-    model.sparse_gradients = True
-    decay = [p for n, p in model.named_parameters() if n.endswith("weights")]
-    no_decay = [p for n, p in model.named_parameters() if not n.endswith("weights")]
-    optimizer = SparseAdamW([{"params": decay, "weight_decay": pargs.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=pargs.learning_rate, betas=(0.9, 0.999),
-                            eps=1e-8)
-    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=pargs.num_warmup_steps)
+    train_step = TrainStep(accelerator, model, optimizer, scheduler, per_device_batch_size=args.batch_size,
+                           block_size=block_size, max_grad_norm=max_grad_norm, clip=bool(max_grad_norm),
+                           learning_rate=optimizer.param_groups[0]["lr"])
 
     def step(ids, mask):
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels_of(ids, mask), return_logits=False).loss
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step({"input_ids": ids, "attention_mask": mask, "labels": labels_of(ids, mask)}).loss
 
-    info = dict(optimizer="SparseAdamW (sparse edge gradients)", lr=pargs.learning_rate,
-                weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps, schedule="constant after warmup",
-                grad_clip=None)
+    return step
+
+
+def brillm_trainer(model, data, args, accelerator):
+    """BriLLM as examples/pretrain.py trains it in one process (its --optimizer default: SparseAdamW on sparse
+    edge gradients, the preset's learning rate, weight decay, warmup and clipping), with a constant learning rate
+    after the warmup (the budget must not shape the schedule)."""
+    from transformers import get_scheduler
+
+    from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
+
+    pargs = data["pargs"]
+    plan = choose_optimizer(pargs.optimizer, 1, pargs.max_grad_norm)
+    optimizer = build_optimizer(model, plan, pargs.learning_rate, pargs.weight_decay, accelerator)
+    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=pargs.num_warmup_steps)
+    step = package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size,
+                        pargs.max_grad_norm if plan.clip else None)
+    info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
+                lr=pargs.learning_rate, weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps,
+                schedule="constant after warmup", grad_clip=pargs.max_grad_norm if plan.clip else None)
     return step, info
 
 
-def gpt2_trainer(model, lr: float, warmup: int, device):
+def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device):
+    """GPT-2's usual recipe: fused AdamW (weight decay 0.01 on matrices), linear warmup then constant, gradient
+    norm clipped to 1.0; the step itself is the pretraining code's TrainStep, as for BriLLM."""
     import torch
     from transformers import get_scheduler
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type in ("cpu", "cuda"))
     scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=warmup)
-
-    def step(ids, mask):
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels_of(ids, mask)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    info = dict(optimizer="AdamW (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
+    step = package_step(accelerator, model, optimizer, scheduler, args, data["pargs"].block_size, 1.0)
+    info = dict(optimizer="adamw (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
                 schedule="constant after warmup", grad_clip=1.0)
     return step, info
 
 
-# -------------------------------------------------------------------------------------------- evaluation
 def heldout_nll(model, held, batch_size: int, device) -> tuple[float, int]:
     """(summed NLL in nats, number of targets) over the held-out blocks, the same targets for every model.
     BriLLM: its exact loss (full softmax over all V nodes, no logits built) times its target count; any other
@@ -373,6 +356,8 @@ def touched_edge_share(data, args, batches: int = 20) -> float:
     import torch
 
     ids_all, mask_all = data["train"]
+    if data["graph"] is None:  # dense graph: every source has all V successors
+        return 1.0
     degree = data["graph"].indptr.diff()
     shares = []
     for index, _ in zip(BatchOrder(len(ids_all), args.batch_size, args.seed), range(batches)):
@@ -575,9 +560,10 @@ def run(args) -> dict:
     import torch
 
     from common import machine, wait_for_quiet
+    from modeling_brillm.training.memory import keep_freed_memory
 
-    if args.device is not None and args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise UsageError(f"--device {args.device!r}: use cpu or cuda.")
+    if args.device not in (None, "cpu", "cuda"):
+        raise UsageError(f"--device {args.device!r}: use cpu or cuda (pick the GPU with CUDA_VISIBLE_DEVICES).")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda but CUDA is not available; use --device cpu.")
@@ -585,10 +571,11 @@ def run(args) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if device.type == "cpu":
-        pretrain.keep_freed_memory()  # as the pretraining script does: same allocator settings for every model
+        keep_freed_memory()  # as the pretraining script does: the same allocator settings for every model
 
     started = time.time()
-    data = prepare_data(args, output_dir)
+    accelerator = make_accelerator(device)
+    data = prepare_data(args, output_dir, accelerator)
     tok = data["tokenizer"]
     held_targets = int(target_mask(data["held"][1]).sum())
     points = curve_points(args.budgets, args.curve_points)
@@ -596,7 +583,8 @@ def run(args) -> dict:
     print(f"tokenizer: {len(tok)} tokens; {len(data['train'][0]):,} training blocks, {len(data['held'][0]):,} "
           f"held-out blocks ({held_targets:,} targets) of {data['train'][0].shape[1]} tokens; prepared in "
           f"{time.time() - started:.1f}s")
-    print(f"machine: {machine()}, device {device}; budgets {args.budgets} s, curve points {[round(p, 1) for p in points]}")
+    print(f"machine: {machine()}, device {device}; budgets {args.budgets} s, "
+          f"curve points {[round(p, 1) for p in points]}")
 
     specs = [] if args.no_brillm else [("brillm", None)]
     specs += [("gpt2", size) for size in sizes]
@@ -605,7 +593,7 @@ def run(args) -> dict:
         if kind == "brillm":
             model = make_brillm(data, args.seed)
             label = f"BriLLM d={model.config.node_size}"
-            step, info = brillm_trainer(model.to(device), data["pargs"])
+            step, info = brillm_trainer(model.to(device), data, args, accelerator)
             touched = touched_edge_share(data, args)
             note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size} (+ the "
                     f"shared edge); a step touches only the edges leaving the batch's tokens: {touched:.1%} of them "
@@ -613,7 +601,7 @@ def run(args) -> dict:
         else:
             model = make_gpt2(data, size, args.seed).to(device)
             label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
-            step, info = gpt2_trainer(model, size[3], args.gpt2_warmup, device)
+            step, info = gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
             note = "dense: every parameter is used and updated every step (tied input/output embeddings)"
         params = count_parameters(model)
         print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
@@ -634,7 +622,8 @@ def run(args) -> dict:
                       other_cpu_load_before=None if load_before is None else round(load_before, 3),
                       machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
         data=dict(description=data["description"], vocab_size=len(tok), block_size=int(data["train"][0].shape[1]),
-                  train_blocks=len(data["train"][0]), heldout_blocks=len(data["held"][0]), heldout_targets=held_targets),
+                  train_blocks=len(data["train"][0]), train_tokens=int(data["train"][1].sum()),
+                  heldout_blocks=len(data["held"][0]), heldout_targets=held_targets),
         models=models, perplexity_at_budget=table, bigram_add_0_1_perplexity=round(bigram_reference(data), 3))
     write_json_atomic(output_dir / RESULTS_NAME, results)
     plot(results, output_dir / PLOT_NAME)
@@ -647,7 +636,7 @@ def run(args) -> dict:
         cells = "  ".join(f"{table[str(b)][m['label']]:9.2f}" for b in sorted(args.budgets))
         print(f"{m['label']:<{width}}  {m['parameters']:12,}  {cells}  {m['tokens_per_second']:8,.0f}  "
               f"{m['other_cpu_load']}")
-    print(f"{'bigram counts, add-0.1 (reference)':<{width}}  held-out perplexity {results['bigram_add_0_1_perplexity']:.2f}")
+    print(f"bigram counts, add-0.1 (reference): held-out perplexity {results['bigram_add_0_1_perplexity']:.2f}")
     print("\n" + markdown_table(results))
     print(f"wrote {output_dir / RESULTS_NAME} and {output_dir / PLOT_NAME}")
     return results

@@ -43,8 +43,8 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
-            "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8", "--threads", "1",
-            "--interleave", "0.3",
+            "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
+            "--threads", "1", "--interleave", "0.3",
             "--no-wait-quiet", "--output_dir", str(out)]
     assert quality.main(argv) == 0
     assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
