@@ -1,0 +1,119 @@
+"""benchmarks/quality.py: a run with tiny models and budgets of about a second writes the JSON and the PNG, with
+finite perplexities and curves monotone in time; both models are scored on the same targets; bad input gets a
+one-line error."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from modeling_brillm.evaluation import perplexity
+from tests._tiny import CORPUS, PAD, corpus_ids, make_model, make_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("brillm_quality_benchmark", ROOT / "benchmarks" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+quality = load_module()
+
+
+def padded(seqs):
+    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=PAD)
+    mask = (torch.arange(ids.shape[1]) < torch.tensor([len(s) for s in seqs]).unsqueeze(1)).long()
+    return ids, mask
+
+
+def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
+    train = tmp_path / "train.txt"
+    valid = tmp_path / "valid.txt"
+    words = " ".join(CORPUS).split()
+    lines = [" ".join(words[(7 * i) % len(words):][:9]) + "." for i in range(300)]
+    train.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
+            "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
+            "--threads", "1", "--interleave", "0.3",
+            "--no-wait-quiet", "--output_dir", str(out)]
+    assert quality.main(argv) == 0
+    assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = json.loads((out / "quality.json").read_text())
+    assert [m["kind"] for m in results["models"]] == ["brillm", "gpt2"]
+    assert results["models"][1]["lr"] == 2e-3
+    assert results["settings"]["budgets"] == [0.4, 1.0]
+    for model in results["models"]:
+        curve = model["curve"]
+        assert curve[0]["steps"] == 0 and len(curve) >= 3
+        times = [p["train_seconds"] for p in curve]
+        steps = [p["steps"] for p in curve]
+        assert all(a < b for a, b in zip(times, times[1:])), times
+        assert all(a < b for a, b in zip(steps, steps[1:])), steps
+        assert times[-1] >= 1.0
+        assert all(math.isfinite(p["perplexity"]) and p["perplexity"] > 1 for p in curve)
+        # the same held-out targets for every model
+        assert {p["eval_tokens"] for p in curve} == {results["data"]["heldout_targets"]}
+        for budget, row in results["perplexity_at_budget"].items():
+            assert row[model["label"]] == pytest.approx(quality.at_budget(curve, float(budget))["perplexity"], rel=1e-3)
+        assert model["parameters"] > 0
+    assert 1 < results["bigram_add_0_1_perplexity"] < results["data"]["vocab_size"]
+    assert "held-out perplexity at each budget" in capsys.readouterr().out
+
+
+def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
+    tokenizer = make_tokenizer()
+    brillm = make_model(tokenizer)
+    seqs = corpus_ids(tokenizer)
+    held = padded(seqs)
+    total, count = quality.heldout_nll(brillm, held, batch_size=4, device=torch.device("cpu"))
+    reference = perplexity(brillm, None, seqs, block_size=64)
+    assert count == reference.num_tokens
+    assert total / count == pytest.approx(reference.nll, rel=1e-5)
+
+    data = {"tokenizer": tokenizer, "train": held}
+    gpt2 = quality.make_gpt2(data, (1, 16, 2, 1e-3), seed=0).eval()
+    ids, mask = held
+    with torch.no_grad():
+        mean = gpt2(input_ids=ids, attention_mask=mask, labels=quality.labels_of(ids, mask)).loss
+    total, count = quality.heldout_nll(gpt2, held, batch_size=3, device=torch.device("cpu"))
+    assert count == int(quality.target_mask(mask).sum()) == sum(len(s) - 1 for s in seqs)
+    assert total / count == pytest.approx(float(mean), rel=1e-5)
+
+
+def test_batch_order_is_shared_and_covers_each_epoch():
+    first = quality.BatchOrder(10, 3, seed=1)
+    a = [b.tolist() for b, _ in zip(first, range(6))]
+    b = [b.tolist() for b, _ in zip(quality.BatchOrder(10, 3, seed=1), range(6))]
+    assert a == b
+    epoch = sum(a[:3], [])
+    assert len(set(epoch)) == 9  # three full batches of distinct blocks, the tenth dropped
+    assert a[3:] != a[:3]  # a fresh permutation next epoch
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budgets", "0"], "--budgets must be positive"),
+    (["--budgets", "10", "10"], "repeated"),
+    (["--gpt2", "4by64"], "layers x width"),
+    (["--gpt2", "2x64x3"], "multiple of the heads"),
+    (["--gpt2", "2x64@0"], "learning rate after @"),
+    (["--batch_size", "0"], "--batch_size must be a positive integer"),
+    (["--interleave", "-1"], "--interleave must be"),
+    (["--no_brillm", "--gpt2"], "nothing to train"),
+    (["--train_file", "/nonexistent/train.txt"], "no such file"),
+    (["--train_file", "data.parquet"], "unknown file extension"),
+    (["--config", "no-such-preset"], "unknown preset"),
+])
+def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
+    assert quality.main(argv + ["--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
