@@ -156,7 +156,9 @@ def test_three_then_two_then_one_processes_match_one_process(tmp_path, reference
     # the sampled loss (frequency negatives), 2 processes
     ref_losses, ref_state = _reference("sampled", steps=5)
     assert torch.allclose(torch.tensor(two["sampled"]["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
-    _assert_close(two["sampled"]["state"], ref_state)
+    # Adam's normalised step turns summation-order rounding in rows whose gradient is ~0 into up to ~1e-3 of one
+    # lr=1e-2 step (seen: 1.8e-6 after 5 steps); the losses above agree to 1e-5 relative
+    _assert_close(two["sampled"]["state"], ref_state, atol=1e-5)
 
 
 
