@@ -321,7 +321,6 @@ def save_folder(accelerator, model, tokenizer, out_dir: Path, results: dict, dat
 # -------------------------------------------------------------------------------------------------- run
 def run(args) -> int:
     check_args(args)
-    import torch
     from transformers import get_scheduler
 
     from modeling_brillm.training.launch import make_accelerator

@@ -8,7 +8,6 @@ largest L2 norm (its energy). The energies are the logits. See `BRILLM_SPEC.md` 
     BriLLMForCausalLM    + candidate energies (logits), the exact or sampled loss, and `generate()`
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
