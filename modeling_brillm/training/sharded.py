@@ -28,7 +28,7 @@ def resolve_optimizer(edge_sharding: str, optimizer: str | None) -> str:
     if optimizer not in (None, "auto", "sparse_adamw"):
         raise UsageError(
             f"--edge_sharding source updates each process's own rows with lazy AdamW and never forms the dense "
-            f"gradient that --optimizer {optimizer} needs; use --optimizer auto (the default) or sparse_adamw."
+            f"gradient that --optimizer {optimizer} needs; use --optimizer sparse_adamw (or auto, the default)."
         )
     return "sparse_adamw"
 
