@@ -425,20 +425,20 @@ class ShardedBriLLM(nn.Module):
         dev = m.weights.device
         parts = []
         # the shared edge (row 0 of the local table): its gradient entries and whether this process touched it
-        row0 = []
+        # No coalesce: it would sort every touched row's d x d values (a third of the step's CPU at the text
+        # shape); the row-0 entries (several after accumulation) are found and summed directly, and SparseAdamW
+        # merges any duplicate rows itself.
+        row0, row0_pos = [], []
         for p in (m.weights, m.biases):
             g = p.grad
             if g is not None and not g.is_sparse:
                 raise RuntimeError("ShardedBriLLM expects sparse gradients for its edge table.")
-            if g is not None:
-                g = g.coalesce() if not g.is_coalesced() else g
-                p.grad = g
-                idx = g._indices()[0]
-                hit = bool(idx.numel()) and int(idx[0]) == 0
-            else:
-                hit = False
+            pos = (g._indices()[0] == 0).nonzero().flatten() if g is not None else None
+            hit = pos is not None and bool(pos.numel())
             row0.append(hit)
-            parts.append(g._values()[0].reshape(-1) if hit else torch.zeros(p[0].numel(), device=dev))
+            row0_pos.append(pos)
+            parts.append(g._values().index_select(0, pos).sum(0).reshape(-1) if hit
+                         else torch.zeros(p[0].numel(), device=dev))
         parts.append(torch.tensor([float(row0[0]), float(row0[1])], device=dev))
         nb = m.node_bias.grad
         nb_dense = torch.zeros(V, d + 1, device=dev)
@@ -454,16 +454,20 @@ class ShardedBriLLM(nn.Module):
         flat = self.transport.all_reduce(torch.cat([t.float() for t in parts]))
 
         pieces = flat.split([d * d, d, 2, V * (d + 1), m.positions.numel(), 1])
-        for p, summed, touched_here, touched_any in zip((m.weights, m.biases), pieces[:2], row0, pieces[2].tolist()):
+        for p, summed, touched_here, pos, touched_any in zip((m.weights, m.biases), pieces[:2], row0, row0_pos,
+                                                             pieces[2].tolist()):
             g = p.grad
-            if touched_here:
-                g._values()[0].copy_(summed.view_as(g._values()[0]))
-            elif touched_any > 0:
+            if touched_here:  # the first row-0 entry holds the global sum, the others (duplicates) become zero
+                values = g._values()
+                values[pos[0]].copy_(summed.view_as(values[0]))
+                if pos.numel() > 1:
+                    values.index_fill_(0, pos[1:], 0.0)
+            elif touched_any > 0:  # row 0 first keeps sorted rows sorted (SparseAdamW's fast path)
                 extra = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.long, device=dev),
                                                 summed.view(1, *p.shape[1:]), p.shape, check_invariants=False)
                 p.grad = extra if g is None else torch.sparse_coo_tensor(
                     torch.cat([extra._indices(), g._indices()], 1), torch.cat([extra._values(), g._values()]),
-                    p.shape, is_coalesced=True, check_invariants=False)
+                    p.shape, is_coalesced=g.is_coalesced(), check_invariants=False)
             elif g is None:  # count the step (SparseAdamW increments its step on any gradient, even empty)
                 p.grad = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long, device=dev),
                                                  torch.zeros(0, *p.shape[1:], device=dev), p.shape,
