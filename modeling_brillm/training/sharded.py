@@ -104,7 +104,7 @@ class ShardedTrainStep:
     Every process backpropagates (global mean of this micro-batch) x (its global targets) / ref; at the last
     micro-batch of an accumulation the replicated gradients are all-reduced and every gradient is multiplied by
     ref / (targets of the whole accumulation), which gives the gradient of the mean over every target of the
-    global batch. No clipping (sparse row gradients; as --optimizer sparse_adamw).
+    global batch. No clipping: the global norm would need every owner's rows (one process clips; this step does not).
     """
 
     def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int,
