@@ -11,7 +11,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[test,viz]"
+	$(PY) -m pip install --quiet -e ".[test,viz,gpu]"
 	touch $@
 
 setup: $(VENV)/.installed

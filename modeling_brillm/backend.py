@@ -1,0 +1,72 @@
+"""Which implementation runs BriLLM's hot paths: torch (the reference) or Triton kernels (GPUs).
+
+    torch    energy.py, the recurrence in modeling_brillm.py, optimization.py: every device, the math as written.
+    triton   fused kernels over the same math (triton_*.py beside this file): one launch per pass, for CUDA tensors.
+
+`auto` (the default) runs Triton for CUDA tensors when `triton` is importable and torch everywhere else. Choose
+with the environment variable `BRILLM_BACKEND=auto|torch|triton` or, inside a program, `with kernel_backend("torch"):`
+(benchmarks run both side by side). `triton` on CPU tensors needs Triton's interpreter (`TRITON_INTERPRET=1` set
+before triton is imported): that is how the kernels are checked on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+BACKENDS = ("auto", "torch", "triton")
+
+try:  # optional: CUDA builds of torch ship it; `pip install brillm[gpu]` elsewhere
+    import triton  # noqa: F401
+
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
+
+_override: str | None = None
+
+
+def _check(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {name!r} (BRILLM_BACKEND or kernel_backend()).")
+    return name
+
+
+def current_backend() -> str:
+    """The requested backend: `kernel_backend(...)` if active, else $BRILLM_BACKEND, else "auto"."""
+    return _check(_override if _override is not None else os.environ.get("BRILLM_BACKEND", "auto"))
+
+
+@contextlib.contextmanager
+def kernel_backend(name: str):
+    """Run the enclosed code with backend `name` ("auto", "torch" or "triton")."""
+    global _override
+    previous, _override = _override, _check(name)
+    try:
+        yield
+    finally:
+        _override = previous
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def use_triton(tensor) -> bool:
+    """Whether the hot path for `tensor` (its device decides) runs the Triton kernels."""
+    choice = current_backend()
+    if choice == "torch":
+        return False
+    if choice == "auto":
+        return HAVE_TRITON and tensor.is_cuda
+    if not HAVE_TRITON:
+        raise RuntimeError("BRILLM_BACKEND=triton but triton is not installed: pip install triton (or brillm[gpu]), "
+                           "or use BRILLM_BACKEND=auto.")
+    if not tensor.is_cuda and not interpreting():
+        raise RuntimeError("BRILLM_BACKEND=triton on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+                           "before importing triton, or move the model to a GPU.")
+    return True
+
+
+__all__ = ["BACKENDS", "HAVE_TRITON", "current_backend", "kernel_backend", "interpreting", "use_triton"]
