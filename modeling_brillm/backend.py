@@ -12,16 +12,14 @@ before triton is imported): that is how the kernels are checked on machines with
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 
 BACKENDS = ("auto", "torch", "triton")
 
-try:  # optional: CUDA builds of torch ship it; `pip install brillm[gpu]` elsewhere
-    import triton  # noqa: F401
-
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
+# Optional: CUDA builds of torch ship triton; `pip install brillm[gpu]` elsewhere. Looked up, not imported: the
+# kernel modules import it when a kernel first runs, so a CPU-only process never pays for it.
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 _override: str | None = None
 
