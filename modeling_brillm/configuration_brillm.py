@@ -33,8 +33,9 @@ class BriLLMConfig(PreTrainedConfig):
             checkpoint in CSR order by source); every other pair u→v uses one shared edge.
             `"dense"`: every ordered pair is a real edge (V² edges; 16.9B parameters at V=4000, d=32).
         num_edges (`int`, *optional*):
-            Number of real edges of a sparse graph. Required when `graph="sparse"`; ignored (computed
-            as V²) when dense.
+            Number of real edges of a sparse graph (at most V²); computed as V² when dense. A sparse config
+            without it still builds (every field has a default, as transformers expects of a config), but a
+            model cannot be built on it: `BriLLMModel` checks the graph's size (`check_graph_size`).
         position_encoding (`str`, defaults to `"released"`):
             `"released"`: `PE[pos, 2j] = sin(pos * 10000^(2j/d))`, `PE[pos, 2j+1] = cos(...)` exactly as
             BriLLM0.5 was trained (note: it multiplies where the textbook formula divides).
@@ -89,6 +90,9 @@ class BriLLMConfig(PreTrainedConfig):
         if self.graph == "dense" and self.num_edges is None:
             self.num_edges = self.vocab_size * self.vocab_size
         super().__post_init__(**kwargs)
+        # Only what each field can be checked for on its own: transformers builds `BriLLMConfig()` with no
+        # arguments (save_pretrained, generate() and the repr compare against the defaults), so a config must
+        # build without a graph. The graph's size is checked where a model is built (`check_graph_size`).
         self.check()
 
     # `generate()` and other generic code read these names.
@@ -99,6 +103,7 @@ class BriLLMConfig(PreTrainedConfig):
     @property
     def num_edge_rows(self) -> int:
         """Rows of the edge tables: the shared edge (row 0) plus the real edges."""
+        self.check_graph_size()
         return self.num_edges + 1
 
     def num_parameters_formula(self) -> int:
@@ -109,20 +114,20 @@ class BriLLMConfig(PreTrainedConfig):
         return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
-        """Raise a `ValueError` naming the first invalid field and how to fix it."""
-        def need(ok: bool, message: str):
-            if not ok:
-                raise ValueError(f"Invalid BriLLMConfig: {message}")
+        """Raise a `ValueError` naming the first invalid field and how to fix it. Checks what the config can be
+        judged on by itself; `check_graph_size` adds the graph's size, which a model needs."""
+        need = _need
 
         def positive_int(name):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                 f"{name} must be a positive integer, got {value!r}.")
+            need(_is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}.")
 
         for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives", "num_start_signals"):
             positive_int(name)
         need(self.vocab_size >= 2, "vocab_size must be at least 2 (a graph needs two nodes).")
         need(self.graph in GRAPHS, f"graph must be one of {GRAPHS}, got {self.graph!r}.")
+        if self.num_edges is not None:
+            positive_int("num_edges")
         need(self.position_encoding in POSITION_ENCODINGS,
              f"position_encoding must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}.")
         need(self.position_overflow in POSITION_OVERFLOWS,
@@ -135,16 +140,6 @@ class BriLLMConfig(PreTrainedConfig):
         need(self.start_signal == "learned" or self.num_start_signals == 1,
              f"num_start_signals={self.num_start_signals} needs start_signal='learned' (the uniform start signal "
              "is a single fixed vector).")
-        if self.graph == "sparse":
-            need(self.num_edges is not None,
-                 "a sparse graph needs num_edges (build one with BriLLMForCausalLM.from_token_sequences, "
-                 "or pass graph='dense').")
-            positive_int("num_edges")
-            need(self.num_edges <= self.vocab_size ** 2,
-                 f"num_edges={self.num_edges} exceeds vocab_size**2={self.vocab_size ** 2}.")
-        else:
-            need(self.num_edges == self.vocab_size ** 2,
-                 f"a dense graph has vocab_size**2={self.vocab_size ** 2} edges, got num_edges={self.num_edges}.")
         need(isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0,
              f"initializer_range must be a positive number, got {self.initializer_range!r}.")
         if self.loss_type == "sampled":
@@ -157,8 +152,30 @@ class BriLLMConfig(PreTrainedConfig):
             value = getattr(self, name, None)
             ids = value if isinstance(value, (list, tuple)) else [value]
             for token_id in ids:
-                need(token_id is None or (isinstance(token_id, int) and 0 <= token_id < self.vocab_size),
+                need(token_id is None or (_is_int(token_id) and 0 <= token_id < self.vocab_size),
                      f"{name}={value!r} is not a node id in [0, {self.vocab_size}).")
 
+    def check_graph_size(self):
+        """Raise a `ValueError` unless the config gives the size of a graph a model can be built on: a sparse
+        graph's `num_edges` (at most V²), a dense graph's V². `BriLLMModel` calls it (with `check`) when a model is
+        built or loaded; a config alone may lack it (`BriLLMConfig()`)."""
+        V, E = self.vocab_size, self.num_edges
+        if self.graph == "sparse":
+            _need(E is not None,
+                  "a sparse graph needs num_edges (build one with BriLLMForCausalLM.from_token_sequences, "
+                  "or pass graph='dense').")
+            _need(_is_int(E) and E > 0, f"num_edges must be a positive integer, got {E!r}.")
+            _need(E <= V ** 2, f"num_edges={E} exceeds vocab_size**2={V ** 2}.")
+        else:
+            _need(E == V ** 2, f"a dense graph has vocab_size**2={V ** 2} edges, got num_edges={E}.")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _need(ok: bool, message: str):
+    if not ok:
+        raise ValueError(f"Invalid BriLLMConfig: {message}")
 
 __all__ = ["BriLLMConfig"]

@@ -183,6 +183,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
 
     def __init__(self, config: BriLLMConfig):
         super().__init__(config)
+        # A config builds without a graph (transformers' convention); a model needs its size. Fields may also
+        # have been changed since the config was built, so check them all again here (from_pretrained too).
+        config.check()
+        config.check_graph_size()
         V, d, P = config.vocab_size, config.node_size, config.num_edge_rows
         self.node_bias = nn.Parameter(torch.empty(V, 1, d))
         self.weights = nn.Parameter(torch.empty(P, d, d))
@@ -206,6 +210,15 @@ class BriLLMModel(BriLLMPreTrainedModel):
     @classmethod
     def from_graph(cls, graph: BigramGraph | None, config: BriLLMConfig | None = None, **config_kwargs):
         """A freshly initialised model on `graph` (a sparse `BigramGraph`, or None for a dense graph)."""
+        if graph is not None and not isinstance(graph, BigramGraph):
+            raise TypeError(f"from_graph: graph must be a BigramGraph (or None for a dense graph), got "
+                            f"{type(graph).__name__}; build one with modeling_brillm.build_sparse_graph.")
+        if config is not None and config_kwargs:
+            raise ValueError(f"from_graph: pass either config or config fields, not both (got config and "
+                             f"{sorted(config_kwargs)}); set the fields on the config instead.")
+        if graph is None and config is not None and config.graph == "sparse":
+            raise ValueError("from_graph: a sparse config needs its graph (the BigramGraph of its num_edges real "
+                             "edges); pass it, or use a config with graph='dense'.")
         if config is None:
             if graph is None:
                 config = BriLLMConfig(graph="dense", **config_kwargs)

@@ -1,0 +1,73 @@
+"""Remote code, as a Hub user meets it: a saved folder loads, generates and saves again in a fresh process that
+cannot import this package, with whatever transformers version is installed (CI runs this file on the floor
+versions of setup.cfg and on the latest)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from modeling_brillm import BriLLMForCausalLM
+
+# The fresh process must not find the package, whether it is on PYTHONPATH or installed (editable or not).
+BLOCK_PACKAGE = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "modeling_brillm" or name.startswith("modeling_brillm."):
+            raise ImportError("modeling_brillm is hidden in this test")
+sys.meta_path.insert(0, _Block())
+"""
+
+FRESH_PROCESS = """
+import json, os
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+transformers.logging.set_verbosity_info()  # from_pretrained then prints the config's repr (to_diff_dict)
+model = AutoModelForCausalLM.from_pretrained("saved", trust_remote_code=True)
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+default = type(model.config)()  # what transformers does inside save_pretrained and generate()
+assert default.num_edges is None and repr(default)
+ids = torch.load("ids.pt")
+first = model.generate(ids, max_new_tokens=5, do_sample=False)
+model.save_pretrained("resaved")
+again = AutoModelForCausalLM.from_pretrained("resaved", trust_remote_code=True)
+second = again.generate(ids, max_new_tokens=5, do_sample=False)
+assert torch.equal(first, second), (first, second)
+print("RESULT " + json.dumps({"version": transformers.__version__, "generated": first.tolist(),
+                              "files": sorted(os.listdir("resaved"))}))
+"""
+
+
+def run_fresh(code, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(cwd / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", BLOCK_PACKAGE + textwrap.dedent(code)], cwd=cwd, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(lines[-1][len("RESULT "):]), proc.stdout + proc.stderr
+
+
+def test_saved_folder_loads_generates_and_saves_in_a_fresh_process(tmp_path):
+    torch.manual_seed(0)
+    seqs = [torch.randint(0, 12, (9,)) for _ in range(6)]
+    model = BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=12, node_size=6, eos_token_id=11)
+    model.save_pretrained(tmp_path / "saved")
+    ids = torch.stack(seqs[:2])[:, :3]
+    torch.save(ids, tmp_path / "ids.pt")
+    result, log = run_fresh(FRESH_PROCESS, tmp_path)
+    assert "BriLLMConfig" in log  # the info log printed the config's repr
+    expected = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert result["generated"] == expected.tolist()
+    # the re-saved folder is itself a remote-code folder
+    assert {"config.json", "model.safetensors", "configuration_brillm.py", "modeling_brillm.py"} <= set(result["files"])
+    config = json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"].endswith("modeling_brillm.BriLLMForCausalLM")
+    assert config["num_edges"] == model.config.num_edges
