@@ -1,6 +1,22 @@
 """Configuration of a BriLLM model: the graph's size and shape, its positional encoding and its loss."""
 
-from transformers import PreTrainedConfig
+import dataclasses
+
+import transformers
+
+# The oldest transformers this code runs on: setup.cfg's lower bound (a test keeps the two equal). It is also the
+# remote code of every saved folder, which a Hub user imports with whatever transformers they have, so an older
+# one gets this message instead of a config that skips its own checks.
+MIN_TRANSFORMERS = "5.4.0"
+_TOO_OLD = (f"BriLLM needs transformers>={MIN_TRANSFORMERS} (its config is a dataclass with defaults and checks, "
+            f"which transformers supports from {MIN_TRANSFORMERS} on); this is transformers "
+            f"{transformers.__version__}: pip install -U 'transformers>={MIN_TRANSFORMERS}'.")
+try:
+    from transformers import PreTrainedConfig
+except ImportError as error:  # transformers 4.x calls it PretrainedConfig
+    raise ImportError(_TOO_OLD) from error
+if not dataclasses.is_dataclass(PreTrainedConfig):  # 5.0-5.3: __post_init__ (defaults, checks) would never run
+    raise ImportError(_TOO_OLD)
 
 GRAPHS = ("sparse", "dense")
 POSITION_ENCODINGS = ("released", "sinusoidal")

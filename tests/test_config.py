@@ -3,12 +3,21 @@
 graph is checked where a model is built or loaded, with the same clear messages."""
 
 import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, BriLLMModel, build_sparse_graph
+from modeling_brillm import configuration_brillm
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_default_config_builds_and_round_trips(tmp_path):
@@ -107,3 +116,31 @@ def test_errors_checkable_on_the_config_alone_still_fire_at_construction():
     ]:
         with pytest.raises(ValueError, match="Invalid BriLLMConfig: .*" + needle):
             BriLLMConfig(**fields)
+
+
+# ------------------------------------------------------------------------------------------------- versions
+def test_the_code_and_setup_cfg_name_the_same_transformers_floor():
+    floors = runpy.run_path(str(ROOT / ".ci" / "floor_constraints.py"))["floors"](str(ROOT / "setup.cfg"))
+    assert floors["transformers"] == configuration_brillm.MIN_TRANSFORMERS
+    assert set(floors) >= {"torch", "transformers", "huggingface_hub", "tokenizers", "safetensors", "accelerate",
+                           "datasets", "evaluate"}
+    installed = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    assert installed >= tuple(int(p) for p in configuration_brillm.MIN_TRANSFORMERS.split(".")[:2])
+
+
+@pytest.mark.parametrize("stub, version", [
+    ("__version__ = '5.3.0'\nclass PreTrainedConfig:\n    pass\n", "5.3.0"),  # 5.0-5.3: not a dataclass
+    ("__version__ = '4.57.1'\nclass PretrainedConfig:\n    pass\n", "4.57.1"),  # 4.x: the old name
+])
+def test_older_transformers_get_a_clear_error(tmp_path, stub, version):
+    # The configuration module is remote code too: imported alone, against a stand-in for an older transformers.
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers" / "__init__.py").write_text(stub)
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('cfg', {str(ROOT / 'modeling_brillm' / 'configuration_brillm.py')!r})\n"
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"BriLLM needs transformers>={configuration_brillm.MIN_TRANSFORMERS}" in proc.stderr
+    assert f"this is transformers {version}: pip install -U" in proc.stderr

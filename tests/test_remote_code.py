@@ -8,7 +8,9 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
+import transformers
 
 from modeling_brillm import BriLLMForCausalLM
 
@@ -23,51 +25,70 @@ sys.meta_path.insert(0, _Block())
 """
 
 FRESH_PROCESS = """
-import json, os
+import json, os, sys
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
+source, target = sys.argv[1], sys.argv[2]
 transformers.logging.set_verbosity_info()  # from_pretrained then prints the config's repr (to_diff_dict)
-model = AutoModelForCausalLM.from_pretrained("saved", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True)
 assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
 default = type(model.config)()  # what transformers does inside save_pretrained and generate()
 assert default.num_edges is None and repr(default)
 ids = torch.load("ids.pt")
 first = model.generate(ids, max_new_tokens=5, do_sample=False)
-model.save_pretrained("resaved")
-again = AutoModelForCausalLM.from_pretrained("resaved", trust_remote_code=True)
+model.save_pretrained(target)
+again = AutoModelForCausalLM.from_pretrained(target, trust_remote_code=True)
 second = again.generate(ids, max_new_tokens=5, do_sample=False)
 assert torch.equal(first, second), (first, second)
 print("RESULT " + json.dumps({"version": transformers.__version__, "generated": first.tolist(),
-                              "files": sorted(os.listdir("resaved"))}))
+                              "files": sorted(os.listdir(target))}))
 """
 
+# Set by `make test-floor` to the latest environment's Python (when .venv exists, as in CI): folders then also
+# cross between the floor and the latest transformers, both ways, as Hub folders do.
+OTHER_PYTHON = os.environ.get("BRILLM_OTHER_PYTHON")
 
-def run_fresh(code, cwd):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+
+def run_fresh(cwd, source, target, python=sys.executable):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_", "BRILLM_"))}
     env.update(HF_HOME=str(cwd / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", BLOCK_PACKAGE + textwrap.dedent(code)], cwd=cwd, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([python, "-c", BLOCK_PACKAGE + textwrap.dedent(FRESH_PROCESS), source, target], cwd=cwd,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(lines[-1][len("RESULT "):]), proc.stdout + proc.stderr
 
 
-def test_saved_folder_loads_generates_and_saves_in_a_fresh_process(tmp_path):
+def saved_tiny(tmp_path):
     torch.manual_seed(0)
     seqs = [torch.randint(0, 12, (9,)) for _ in range(6)]
     model = BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=12, node_size=6, eos_token_id=11)
     model.save_pretrained(tmp_path / "saved")
     ids = torch.stack(seqs[:2])[:, :3]
     torch.save(ids, tmp_path / "ids.pt")
-    result, log = run_fresh(FRESH_PROCESS, tmp_path)
+    return model, model.generate(ids, max_new_tokens=5, do_sample=False).tolist()
+
+
+def test_saved_folder_loads_generates_and_saves_in_a_fresh_process(tmp_path):
+    model, expected = saved_tiny(tmp_path)
+    result, log = run_fresh(tmp_path, "saved", "resaved")
     assert "BriLLMConfig" in log  # the info log printed the config's repr
-    expected = model.generate(ids, max_new_tokens=5, do_sample=False)
-    assert result["generated"] == expected.tolist()
+    assert result["version"] == transformers.__version__ and result["generated"] == expected
     # the re-saved folder is itself a remote-code folder
     assert {"config.json", "model.safetensors", "configuration_brillm.py", "modeling_brillm.py"} <= set(result["files"])
     config = json.loads((tmp_path / "resaved" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"].endswith("modeling_brillm.BriLLMForCausalLM")
     assert config["num_edges"] == model.config.num_edges
+
+
+@pytest.mark.skipif(not OTHER_PYTHON, reason="needs BRILLM_OTHER_PYTHON, a Python with another transformers (make test-floor sets it)")
+def test_folders_cross_between_transformers_versions(tmp_path):
+    _, expected = saved_tiny(tmp_path)
+    # saved here, loaded, generated and saved again by the other version, and that folder loaded here
+    theirs, _ = run_fresh(tmp_path, "saved", "theirs", python=OTHER_PYTHON)
+    ours, _ = run_fresh(tmp_path, "theirs", "ours")
+    assert theirs["version"] != ours["version"] == transformers.__version__, (theirs["version"], ours["version"])
+    assert theirs["generated"] == ours["generated"] == expected

@@ -1,0 +1,72 @@
+"""The floor versions: setup.cfg's `>=` lower bounds as pip constraints (`name==bound`), so `make test-floor` tests
+exactly what setup.cfg claims, with the bounds written once.
+
+    python .ci/floor_constraints.py [setup.cfg]            print the constraints (one `name==version` a line)
+    python .ci/floor_constraints.py --verify [setup.cfg]   exit 1 unless the running Python has exactly those
+
+Standard library only: it runs before any virtual environment exists.
+"""
+
+import configparser
+import re
+import sys
+from importlib import metadata
+
+REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
+
+
+def floors(setup_cfg: str) -> dict[str, str]:
+    """{distribution name: its lower bound} for every install requirement; each must have a `>=` bound."""
+    parser = configparser.ConfigParser()
+    if not parser.read(setup_cfg):
+        sys.exit(f"floor_constraints: cannot read {setup_cfg}")
+    result = {}
+    for line in parser.get("options", "install_requires").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = REQUIREMENT.match(line)
+        lower = [s.strip()[2:].strip() for s in match.group(2).split(",") if s.strip().startswith(">=")] if match \
+            else []
+        if len(lower) != 1:
+            sys.exit(f"floor_constraints: {setup_cfg}: install requirement {line!r} needs exactly one '>=' lower "
+                     "bound (the oldest version CI tests).")
+        result[match.group(1)] = lower[0]
+    return result
+
+
+def same_version(installed: str, floor: str) -> bool:
+    """2.13.0+cpu is the floor 2.13; 1.5.0 is 1.5.0 (trailing zeros and local labels do not count)."""
+    def parts(version):
+        numbers = [int(p) for p in version.split("+", 1)[0].split(".")]
+        while numbers and numbers[-1] == 0:
+            numbers.pop()
+        return numbers
+    return parts(installed) == parts(floor)
+
+
+def main(argv: list[str]) -> int:
+    verify = "--verify" in argv
+    args = [a for a in argv if a != "--verify"]
+    wanted = floors(args[0] if args else "setup.cfg")
+    if not verify:
+        print("\n".join(f"{name}=={version}" for name, version in wanted.items()))
+        return 0
+    wrong = []
+    for name, version in wanted.items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = "not installed"
+        ok = installed != "not installed" and same_version(installed, version)
+        print(f"  {name:<16} floor {version:<9} installed {installed}{'' if ok else '   <-- not the floor'}")
+        if not ok:
+            wrong.append(name)
+    if wrong:
+        print(f"floor_constraints: {', '.join(wrong)} not at setup.cfg's lower bound", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
