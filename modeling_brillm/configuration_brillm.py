@@ -132,7 +132,7 @@ class BriLLMConfig(PreTrainedConfig):
     def check(self):
         """Raise a `ValueError` naming the first invalid field and how to fix it. Checks what the config can be
         judged on by itself; `check_graph_size` adds the graph's size, which a model needs."""
-        need = _need
+        need = _need  # short name for the many checks below
 
         def positive_int(name):
             value = getattr(self, name)
@@ -193,5 +193,6 @@ def _is_int(value) -> bool:
 def _need(ok: bool, message: str):
     if not ok:
         raise ValueError(f"Invalid BriLLMConfig: {message}")
+
 
 __all__ = ["BriLLMConfig"]
