@@ -531,3 +531,21 @@ def test_embedded_corpus_exists_offline():
     texts = data.embedded_corpus()
     assert len(texts) > 1000 and sum(map(len, texts)) > 300_000
     assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3 for t in texts for line in t.splitlines())
+
+
+def test_doc_cleaning_drops_every_kind_of_markup_line_and_keeps_the_text():
+    """What the pydoc_data of some Python version may hold (this one may lack some): section overlines and
+    underlines in any reST adornment character, mixed rules, traceback markers; tables and code stay."""
+    text = ("=========\nOverview\n=========\n\nThe *assert* statement\n**********************\n\n"
+            "Notes\n\"\"\"\"\"\n  !!!!!!!!  \n\n=-=-=-=-\n\n"
+            "   >>> print(1 / 0)\n   Traceback (most recent call last):\n       print(1 / 0)\n             ~~^~~\n"
+            "   ZeroDivisionError: division by zero\n\n"
+            "+-------+-------+\n| a     | b     |\n+=======+=======+\n\n"
+            "   x = [1, 2]\n   ^\n   ...\n\n~~~~\n\n")
+    assert data.doc_paragraphs(text) == [
+        "Overview", "The *assert* statement", "Notes",
+        "   >>> print(1 / 0)\n   Traceback (most recent call last):\n       print(1 / 0)\n"
+        "   ZeroDivisionError: division by zero",
+        "+-------+-------+\n| a     | b     |\n+=======+=======+",
+        "   x = [1, 2]\n   ^\n   ...",
+    ]
