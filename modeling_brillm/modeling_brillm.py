@@ -445,7 +445,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return self.graph_indptr, self.graph_indices
 
     def edge_rows(self, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Edge-table row of every pair source→target: its real edge, or 0 (shared)."""
+        """Edge-table row of every pair source→target: its real edge, or 0 (shared). On the model's device."""
+        sources, targets = self._to_input_device(sources, targets)
         V = self.config.vocab_size
         if self.config.graph == "dense":
             return 1 + sources * V + targets
