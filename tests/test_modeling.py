@@ -257,6 +257,44 @@ def test_running_mix_is_stable_with_extreme_position_weights(device):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("model_on_device", [True, False])
+def test_inputs_on_another_device_follow_the_model(device, model_on_device):
+    """Ids, mask, labels and signal_ids on one device, the model on the other (with a GPU: CPU inputs to a CUDA
+    model and CUDA inputs to a CPU model): every entry point computes on the model's device, as on one device."""
+    from modeling_brillm.evaluation import perplexity
+    from modeling_brillm.interpretability import energy_trace
+
+    model, seqs = tiny_model(start_signal="learned", num_start_signals=2, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        model.start_signals[1] = torch.linspace(-1, 1, D)
+    ids = torch.stack(seqs[:2])
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    labels, signal_ids = ids.masked_fill(mask == 0, -100), torch.tensor([1, 0])
+    generation = dict(max_new_tokens=3, do_sample=False)
+    ref = model(ids, attention_mask=mask, labels=labels, signal_ids=signal_ids)
+    ref_generated = model.generate(ids, attention_mask=mask, signal_ids=signal_ids, **generation)
+    ref_energy = model.energy_generate(ids, attention_mask=mask, signal_ids=signal_ids, **generation).sequences
+    ref_ppl, ref_trace = perplexity(model, None, [ids[1]]).perplexity, energy_trace(model, ids[1]).energies
+    ref_rows = model.edge_rows(ids[0], ids[1])
+
+    model.to(device if model_on_device else "cpu")
+    at = "cpu" if model_on_device else device
+    ids, mask, labels, signal_ids = (t.to(at) for t in (ids, mask, labels, signal_ids))
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, labels=labels, signal_ids=signal_ids)
+    assert out.logits.device == model.input_device == model.weights.device
+    torch.testing.assert_close(out.logits.cpu(), ref.logits.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss.cpu(), ref.loss.detach(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(model.generate(ids, attention_mask=mask, signal_ids=signal_ids, **generation).cpu(),
+                       ref_generated)
+    assert torch.equal(model.energy_generate(ids, attention_mask=mask, signal_ids=signal_ids,
+                                             **generation).sequences.cpu(), ref_energy)
+    assert perplexity(model, None, [ids[1]]).perplexity == pytest.approx(ref_ppl, rel=1e-5)
+    torch.testing.assert_close(energy_trace(model, ids[1]).energies, ref_trace, atol=1e-5, rtol=1e-5)
+    assert torch.equal(model.edge_rows(ids[0], ids[1]).cpu(), ref_rows)
+
+
 def test_sequences_past_max_positions_are_refused(device):
     model, _ = tiny_model(max_position_embeddings=8, device=device)
     model(torch.zeros(1, 8, dtype=torch.long))
