@@ -714,7 +714,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
             from (`start_signal="learned"`; default 0). Ignored with `past_key_values` (the start is consumed).
 
-        Input tensors may be on any device: they are moved to the model's (`input_device`), and so are the outputs.
+        Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
         """
         if labels is not None and past_key_values is not None:
             raise ValueError("labels with past_key_values is not supported: score whole sequences.")
