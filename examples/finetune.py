@@ -161,7 +161,7 @@ def touched_edge_rows(model, rows: list[dict]):
 
     found = []
     for r in rows:
-        ids = torch.tensor(r["input_ids"])
+        ids = torch.tensor(r["input_ids"], device=model.input_device)
         if ids.numel() > 1:
             found.append(model.edge_rows(ids[:-1], ids[1:]))
     touched = torch.cat(found).unique() if found else torch.zeros(0, dtype=torch.long)
@@ -210,9 +210,12 @@ def _row_mask_hook(allowed):
     import torch
 
     def hook(param):
+        nonlocal allowed
         grad = param.grad
         if grad is None:
             return
+        if allowed.device != grad.device:  # the model was moved after the mask was made
+            allowed = allowed.to(grad.device)
         if grad.is_sparse:
             indices, values = grad._indices(), grad._values()
             keep = allowed[indices[0]]
@@ -251,16 +254,19 @@ def make_loader(rows, batch_size, pad_id, shuffle, with_signal_ids, seed):
                       collate_fn=lambda batch: collate_sft(batch, pad_id, with_signal_ids))
 
 
-def complete(model, tokenizer, records, signal_id, max_new_tokens, device) -> list[str]:
-    """Greedy completions of the prompts of `records` (self-loops allowed, as generate())."""
+def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
+    """Greedy completions of the prompts of `records` (self-loops allowed, as generate()), computed where the model
+    is: its inputs follow it."""
     import torch
 
+    device = model.input_device
     out = []
     model.eval()
     for record in records:
         enc = tokenizer(record.get("prompt", ""), return_tensors="pt").to(device)
         room = model.config.max_position_embeddings - enc["input_ids"].shape[1]
-        extra = {} if model.start_signals is None else {"signal_ids": torch.tensor([record.get("signal_id", signal_id)])}
+        extra = {} if model.start_signals is None else {
+            "signal_ids": torch.tensor([record.get("signal_id", signal_id)], device=device)}
         with torch.no_grad():
             ids = model.generate(**enc, max_new_tokens=max(0, min(max_new_tokens, room)), do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
@@ -335,6 +341,9 @@ def run(args) -> int:
     train_records, val_records, data_line = load_data(args)
     signal_ids = {r.get("signal_id", args.signal_id) for r in train_records + val_records}
     model, tokenizer = load_model_and_tokenizer(args, signal_ids)
+    # On the training device from here on, so every tensor made from the model (the samples before training, the
+    # touched-edge mask, the optimizer state) is made where the model trains; prepare() then moves nothing.
+    model.to(accelerator.device)
     learned = model.start_signals is not None
     max_length = min(args.max_length or model.config.max_position_embeddings, model.config.max_position_embeddings)
     train_rows, dropped = tokenize_records(train_records, tokenizer, max_length, args.signal_id)
@@ -347,8 +356,8 @@ def run(args) -> int:
            if dropped + val_dropped else ""))
 
     sample_records = [r for r in val_records if "prompt" in r][: args.num_samples]
-    samples_before = complete(model, tokenizer, sample_records, args.signal_id, args.max_new_tokens,
-                              accelerator.device) if accelerator.is_main_process else []
+    samples_before = complete(model, tokenizer, sample_records, args.signal_id, args.max_new_tokens) \
+        if accelerator.is_main_process else []
     lr = args.learning_rate or DEFAULT_LR[args.train_only]
     plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm)
     optimizer = build_optimizer(model, plan, lr, args.weight_decay, accelerator)
@@ -395,7 +404,7 @@ def run(args) -> int:
     samples = []
     if accelerator.is_main_process and sample_records:
         after_texts = complete(accelerator.unwrap_model(model), tokenizer, sample_records, args.signal_id,
-                               args.max_new_tokens, accelerator.device)
+                               args.max_new_tokens)
         say("greedy completions of validation prompts (before | after | reference):")
         for record, old, new in zip(sample_records, samples_before, after_texts):
             say(f"  {record['prompt']!r}\n    before: {old!r}\n    after : {new!r}\n    ref   : {record['completion']!r}")

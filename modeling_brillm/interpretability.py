@@ -168,7 +168,7 @@ def energy_trace(model, text_or_ids, tokenizer=None, top_k: int = 5, add_special
             ids = ids[0]
         if ids.dim() != 1:
             raise ValueError(f"token ids must be 1-D (or (1, T)), got shape {tuple(ids.shape)}.")
-        ids = ids.long()
+        ids = ids.long().cpu()  # the trace is built on the CPU whatever device the ids (or the model) are on
     if ids.numel() < 2:
         raise ValueError(
             f"the sequence holds {ids.numel()} token(s); a trace needs at least two (one edge of the path)."

@@ -458,7 +458,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return self.graph_indptr, self.graph_indices
 
     def edge_rows(self, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Edge-table row of every pair source→target: its real edge, or 0 (shared)."""
+        """Edge-table row of every pair source→target: its real edge, or 0 (shared). On the model's device."""
+        sources, targets = self._to_input_device(sources, targets)
         V = self.config.vocab_size
         if self.config.graph == "dense":
             return 1 + sources * V + targets
@@ -502,6 +503,20 @@ class BriLLMModel(BriLLMPreTrainedModel):
             f"{self.config.max_position_embeddings} tokens, or set config.position_overflow=\"extend\" to read past "
             "the trained range."
         )
+
+    # ------------------------------------------------------------------------------------------ placement
+    @property
+    def input_device(self) -> torch.device:
+        """Where every input goes: the device of the model's parameters. The one place that decides it, so a
+        CPU model given CUDA ids, or a CUDA model given CPU masks, labels or `signal_ids`, computes where its
+        weights are (like accelerate's device hooks), instead of failing deep inside on mixed devices."""
+        return self.node_bias.device
+
+    def _to_input_device(self, *inputs):
+        """`inputs` with every tensor moved to `input_device` (a no-op for those already there); anything else
+        (None, lists, wrong types) is returned unchanged for the input checks to judge."""
+        device = self.input_device
+        return tuple(x.to(device) if isinstance(x, torch.Tensor) and x.device != device else x for x in inputs)
 
     # ------------------------------------------------------------------------------------------ validation
     def _check_inputs(self, input_ids, attention_mask, state):
@@ -673,6 +688,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
                 signal_ids=None, **kwargs):
+        input_ids, attention_mask, signal_ids = self._to_input_device(input_ids, attention_mask, signal_ids)
         run = self._run_signals(input_ids, attention_mask, past_key_values, signal_ids)
         B, T = input_ids.shape
         hidden = run.signals.new_zeros(B, T, self.config.node_size)
@@ -710,9 +726,13 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
         signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
             from (`start_signal="learned"`; default 0). Ignored with `past_key_values` (the start is consumed).
+
+        Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
         """
         if labels is not None and past_key_values is not None:
             raise ValueError("labels with past_key_values is not supported: score whole sequences.")
+        input_ids, attention_mask, labels, signal_ids = self._to_input_device(input_ids, attention_mask, labels,
+                                                                              signal_ids)
         cfg = self.config
         V = cfg.vocab_size
         run = self._run_signals(input_ids, attention_mask, past_key_values, signal_ids)
@@ -853,6 +873,10 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         return inputs
 
     def generate(self, *args, **kwargs):
+        # Every tensor argument (ids, attention mask, signal_ids, ...) goes where the model is, as in forward():
+        # generate() concatenates the new tokens (made on the model's device) to the prompt, so it must live there.
+        args = self._to_input_device(*args)
+        kwargs = dict(zip(kwargs, self._to_input_device(*kwargs.values())))
         # remember the prompt's real lengths: padding takes no position, so the length check counts real tokens
         mask = kwargs.get("attention_mask")
         self._prompt_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None

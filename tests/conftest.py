@@ -1,7 +1,8 @@
-"""Shared test settings."""
+"""Shared test settings, and the `device` fixture: the CPU, plus CUDA when a GPU is present."""
 
 import os
 
+import pytest
 import torch
 
 # Without a GPU, the Triton kernels run (and are checked) in Triton's CPU interpreter; it must be chosen before
@@ -12,3 +13,13 @@ if not torch.cuda.is_available():
 # The tests run many tiny tensor ops; with two intra-op threads each op pays an OpenMP hand-off that is
 # 10-20x its own cost when the other core is busy. One thread keeps the suite fast and its timing steady.
 torch.set_num_threads(1)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="session", params=DEVICES)
+def device(request) -> torch.device:
+    """Where a tensor-touching test puts its model. Every such test runs once per entry of DEVICES, so `make test`
+    on a GPU machine exercises the CUDA paths (Triton kernels included) and a CPU-only run has no extra skips.
+    Tests leave their small inputs on the CPU where they can: the model moves its inputs to its own device."""
+    return torch.device(request.param)

@@ -32,7 +32,7 @@ def random_graph(V, seed, empty_node=True):
     return graph_from_edges(src, tgt, V)
 
 
-def setup(V=7, N=11, seed=0, dense=False, repeat=True, dtype=torch.float64):
+def setup(V=7, N=11, seed=0, dense=False, repeat=True, dtype=torch.float64, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     if dense:
         indptr, indices = torch.arange(V + 1) * V, None
@@ -50,11 +50,13 @@ def setup(V=7, N=11, seed=0, dense=False, repeat=True, dtype=torch.float64):
         sources = torch.randperm(V, generator=g)[: min(N, V)]
     x = torch.randn(sources.numel(), D, generator=g, dtype=dtype)
     pe = torch.randn(sources.numel(), D, generator=g, dtype=dtype)
-    return weights, biases, indptr, indices, sources, x, pe, V
+    on = [None if t is None else t.to(device) for t in (weights, biases, indptr, indices, sources, x, pe)]
+    return (*on, V)
 
 
 def reference(x, pe, weights, biases, sources, indptr, indices, V):
     """Plain autograd, position by position and candidate by candidate: (N, V) logits."""
+    indices = None if indices is None else indices.cpu()  # the row map is built on the CPU
     rows_all = []
     for p, u in enumerate(sources.tolist()):
         row = torch.zeros(V, dtype=torch.long)
@@ -70,7 +72,7 @@ def reference(x, pe, weights, biases, sources, indptr, indices, V):
 def fast_logits(x, pe, weights, biases, sources, indptr, indices, V, sparse_grad, link=None, biases_2d=False):
     plan = make_plan(sources, indptr, indices, V)
     inv = torch.empty_like(plan.order)
-    inv[plan.order] = torch.arange(plan.order.numel())
+    inv[plan.order] = torch.arange(plan.order.numel(), device=plan.order.device)
     b = biases.view(-1, D) if biases_2d else biases
     energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, b, plan, sparse_grad, link)
     return scatter_logits(energies, shared, plan, V)[inv], plan, energies, shared
@@ -89,8 +91,8 @@ def dense_grad(t):
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("sparse_grad", [False, True])
 @pytest.mark.parametrize("repeat", [False, True])
-def test_candidate_energies_values_and_gradients(dense, sparse_grad, repeat):
-    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, repeat=repeat)
+def test_candidate_energies_values_and_gradients(dense, sparse_grad, repeat, device):
+    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, repeat=repeat, device=device)
     mine = [t.clone().requires_grad_() for t in (x, weights, biases)]
     ref = [t.clone().requires_grad_() for t in (x, weights, biases)]
     logits, *_ = fast_logits(mine[0], pe, mine[1], mine[2], sources, indptr, indices, V, sparse_grad)
@@ -99,7 +101,7 @@ def test_candidate_energies_values_and_gradients(dense, sparse_grad, repeat):
         torch.testing.assert_close(logits, expected)
     else:
         torch.testing.assert_close(logits, expected)
-    w = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3), dtype=logits.dtype)
+    w = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3), dtype=logits.dtype).to(device)
     (logits * w).sum().backward()
     (expected * w).sum().backward()
     for a, b, name in zip(mine, ref, ("x", "weights", "biases")):
@@ -110,8 +112,8 @@ def test_candidate_energies_values_and_gradients(dense, sparse_grad, repeat):
 
 
 @pytest.mark.parametrize("sparse_grad", [False, True])
-def test_biases_as_2d_view_get_gradients_of_their_shape(sparse_grad):
-    weights, biases, indptr, indices, sources, x, pe, V = setup()
+def test_biases_as_2d_view_get_gradients_of_their_shape(sparse_grad, device):
+    weights, biases, indptr, indices, sources, x, pe, V = setup(device=device)
     b2 = biases.view(-1, D).clone().requires_grad_()
     w = weights.clone().requires_grad_()
     logits, *_ = fast_logits(x, pe, w, b2, sources, indptr, indices, V, sparse_grad)
@@ -123,20 +125,20 @@ def test_biases_as_2d_view_get_gradients_of_their_shape(sparse_grad):
 
 
 @pytest.mark.parametrize("dense", [False, True])
-def test_exact_log_partition_and_target_energies(dense):
-    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, N=13, seed=1)
+def test_exact_log_partition_and_target_energies(dense, device):
+    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, N=13, seed=1, device=device)
     xs = x.clone().requires_grad_()
     plan = make_plan(sources, indptr, indices, V)
     energies, shared = candidate_energies(xs[plan.order], pe[plan.order], weights, biases, plan)
     logits = scatter_logits(energies, shared, plan, V)
     torch.testing.assert_close(exact_log_partition(energies, shared, plan, V), torch.logsumexp(logits, 1))
     src = sources[plan.order]
-    targets = torch.randint(0, V, src.shape, generator=torch.Generator().manual_seed(5))
+    targets = torch.randint(0, V, src.shape, generator=torch.Generator().manual_seed(5)).to(device)
     key = (src * V + targets)
     if indices is None:
         rows = 1 + key
     else:
-        edge_src = torch.repeat_interleave(torch.arange(V), indptr.diff())
+        edge_src = torch.repeat_interleave(torch.arange(V, device=device), indptr.diff())
         keys = edge_src * V + indices
         pos = torch.searchsorted(keys, key).clamp_max(keys.numel() - 1)
         rows = torch.where(keys[pos] == key, pos + 1, torch.zeros_like(pos))
@@ -152,10 +154,10 @@ def test_exact_log_partition_and_target_energies(dense):
 
 @pytest.mark.parametrize("sparse_grad", [False, True])
 @pytest.mark.parametrize("outside", [False, True])
-def test_gather_link_merges_recurrence_gradients(sparse_grad, outside):
+def test_gather_link_merges_recurrence_gradients(sparse_grad, outside, device):
     """A recurrence-like gather plus candidate energies on one link: the same gradients as plain autograd, and
     one (coalesced) gradient tensor per parameter."""
-    weights, biases, indptr, indices, sources, x, pe, V = setup(N=9, seed=2)
+    weights, biases, indptr, indices, sources, x, pe, V = setup(N=9, seed=2, device=device)
     g = torch.Generator().manual_seed(7)
     # rows the "recurrence" reads: real edges of the candidate sources, row 0, and maybe rows outside
     cand = torch.cat([torch.arange(int(indptr[u]), int(indptr[u + 1])) + 1 for u in sources.tolist()])
@@ -165,7 +167,8 @@ def test_gather_link_merges_recurrence_gradients(sparse_grad, outside):
     if outside:
         others = torch.tensor(sorted(set(range(weights.shape[0])) - set(cand.tolist()) - {0}))
         rows[2, :2] = others[:2]
-    signal = torch.randn(3, 4, D, generator=g, dtype=x.dtype)
+    signal = torch.randn(3, 4, D, generator=g, dtype=x.dtype).to(device)
+    rows = rows.to(device)
 
     def run(w, b, fast):
         if fast:
@@ -180,7 +183,7 @@ def test_gather_link_merges_recurrence_gradients(sparse_grad, outside):
             logits, *_ = fast_logits(xx, pe, w, b, sources, indptr, indices, V, sparse_grad, link)
         else:
             logits = reference(xx, pe, w, b, sources, indptr, indices, V)
-        wts = torch.randn(logits.shape, generator=torch.Generator().manual_seed(11), dtype=x.dtype)
+        wts = torch.randn(logits.shape, generator=torch.Generator().manual_seed(11), dtype=x.dtype).to(device)
         return (logits * wts).sum() + (out ** 2).sum()
 
     mine = [t.clone().requires_grad_() for t in (weights, biases)]
@@ -195,9 +198,9 @@ def test_gather_link_merges_recurrence_gradients(sparse_grad, outside):
         torch.testing.assert_close(dense_grad(a), b.grad, msg=name)
 
 
-def test_gather_without_link_and_without_candidates():
-    weights, biases, *_ = setup()
-    rows = torch.tensor([[1, 3, 3], [0, 2, 1]])
+def test_gather_without_link_and_without_candidates(device):
+    weights, biases, *_ = setup(device=device)
+    rows = torch.tensor([[1, 3, 3], [0, 2, 1]], device=device)
     for sparse_grad in (False, True):
         w, b = weights.clone().requires_grad_(), biases.clone().requires_grad_()
         ws, bs = gather_edges(w, b, rows, sparse_grad, EdgeGradLink())  # a link nobody publishes to
@@ -208,8 +211,8 @@ def test_gather_without_link_and_without_candidates():
         torch.testing.assert_close(dense_grad(b), b2.grad)
 
 
-def test_float32_matches_float64_and_repeated_calls_reuse_buffers(cache_everything):
-    weights, biases, indptr, indices, sources, x, pe, V = setup(V=9, N=40, seed=4)
+def test_float32_matches_float64_and_repeated_calls_reuse_buffers(cache_everything, device):
+    weights, biases, indptr, indices, sources, x, pe, V = setup(V=9, N=40, seed=4, device=device)
     grads = []
     for _ in range(3):  # buffer reuse across steps must not change results
         w = weights.float().requires_grad_()
@@ -224,12 +227,12 @@ def test_float32_matches_float64_and_repeated_calls_reuse_buffers(cache_everythi
     torch.testing.assert_close(grads[0], w64.grad.to_dense().float(), atol=1e-4, rtol=1e-4)
 
 
-def test_large_groups_and_empty_input():
-    weights, biases, indptr, indices, _, _, _, V = setup(V=6, seed=6)
-    sources = torch.tensor([2] * 20 + [0] * 3 + [5])
+def test_large_groups_and_empty_input(device):
+    weights, biases, indptr, indices, _, _, _, V = setup(V=6, seed=6, device=device)
+    sources = torch.tensor([2] * 20 + [0] * 3 + [5], device=device)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(sources.numel(), D, generator=g, dtype=torch.float64)
-    pe = torch.randn(sources.numel(), D, generator=g, dtype=torch.float64)
+    x = torch.randn(sources.numel(), D, generator=g, dtype=torch.float64).to(device)
+    pe = torch.randn(sources.numel(), D, generator=g, dtype=torch.float64).to(device)
     xs = x.clone().requires_grad_()
     logits, *_ = fast_logits(xs, pe, weights, biases, sources, indptr, indices, V, True)
     xr = x.clone().requires_grad_()
@@ -238,7 +241,7 @@ def test_large_groups_and_empty_input():
     logits.pow(2).sum().backward()
     expected.pow(2).sum().backward()
     torch.testing.assert_close(xs.grad, xr.grad)
-    empty = torch.zeros(0, dtype=torch.long)
+    empty = torch.zeros(0, dtype=torch.long, device=device)
     plan = make_plan(empty, indptr, indices, V)
     e, s = candidate_energies(x[:0], pe[:0], weights, biases, plan)
     assert e.numel() == 0 and s.numel() == 0
@@ -246,14 +249,14 @@ def test_large_groups_and_empty_input():
 
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("n", [1, 6])
-def test_successor_logits_equals_the_grouped_path(dense, n):
+def test_successor_logits_equals_the_grouped_path(dense, n, device):
     from modeling_brillm.energy import successor_logits
 
-    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, N=n, seed=8)
+    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, N=n, seed=8, device=device)
     expected = reference(x, pe, weights, biases, sources, indptr, indices, V)
     torch.testing.assert_close(successor_logits(x, pe, weights, biases, sources, indptr, indices, V), expected)
     if not dense:  # a source without real successors: every node gets the shared energy
-        empty = torch.tensor([V - 1])
+        empty = torch.tensor([V - 1], device=device)
         got = successor_logits(x[:1], pe[:1], weights, biases, empty, indptr, indices, V)
         torch.testing.assert_close(got, reference(x[:1], pe[:1], weights, biases, empty, indptr, indices, V))
 
@@ -270,9 +273,9 @@ def cache_everything(monkeypatch):
 
 
 @pytest.mark.parametrize("sparse_grad", [False, True])
-def test_gradient_accumulation_and_two_graphs_in_flight(sparse_grad, cache_everything):
+def test_gradient_accumulation_and_two_graphs_in_flight(sparse_grad, cache_everything, device):
     """Reused buffers must never be shared by two live gradients or two un-backwarded graphs."""
-    weights, biases, indptr, indices, sources, x, pe, V = setup(V=9, N=30, seed=10, dtype=torch.float32)
+    weights, biases, indptr, indices, sources, x, pe, V = setup(V=9, N=30, seed=10, dtype=torch.float32, device=device)
     w = weights.clone().requires_grad_()
     b = biases.clone().requires_grad_()
     ref_w, ref_b = weights.clone().requires_grad_(), biases.clone().requires_grad_()
@@ -280,7 +283,7 @@ def test_gradient_accumulation_and_two_graphs_in_flight(sparse_grad, cache_every
     halves = [sources[:15], sources[15:]]
     xs = [x[:15], x[15:]]
     pes = [pe[:15], pe[15:]]
-    wts = [torch.randn(15, V, generator=g) for _ in range(2)]
+    wts = [torch.randn(15, V, generator=g).to(device) for _ in range(2)]
     # two forwards, then two backwards, without zero_grad in between
     outs = [fast_logits(xx, pp, w, b, ss, indptr, indices, V, sparse_grad)[0] for xx, pp, ss in zip(xs, pes, halves)]
     for out, wt in zip(outs, wts):

@@ -26,8 +26,8 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    return make_model(tokenizer)
+def model(tokenizer, device):
+    return make_model(tokenizer).to(device)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def manual_nll(model, sequences: list[torch.Tensor]) -> tuple[float, int]:
     total, count = 0.0, 0
     with torch.no_grad():
         for seq in sequences:
-            logits = model(seq.unsqueeze(0)).logits[0, :-1].double()
+            logits = model(seq.unsqueeze(0)).logits[0, :-1].double().cpu()
             logp = torch.log_softmax(logits, -1).gather(1, seq[1:].unsqueeze(1))
             total -= float(logp.sum())
             count += seq.numel() - 1
@@ -55,7 +55,7 @@ def test_builtin_perplexity_equals_exp_of_masked_cross_entropy(model, tokenizer)
     # manual: one padded batch, masked cross-entropy over every real next token
     enc = tokenizer(TEXTS, padding=True, return_tensors="pt")
     with torch.no_grad():
-        logits = model(enc.input_ids, attention_mask=enc.attention_mask).logits
+        logits = model(enc.input_ids, attention_mask=enc.attention_mask).logits.cpu()
     ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).double(), enc.input_ids[:, 1:],
                                            reduction="none")
     mask = enc.attention_mask[:, 1:].double()
@@ -223,7 +223,7 @@ def test_energy_trace_agrees_with_logits(model, tokenizer):
     ids = torch.tensor(tokenizer(text).input_ids)
     assert isinstance(trace, EnergyTrace) and torch.equal(trace.tokens, ids) and len(trace) == ids.numel() - 1
     with torch.no_grad():
-        logits = model(ids.unsqueeze(0)).logits[0, :-1]
+        logits = model(ids.unsqueeze(0)).logits[0, :-1].cpu()
     V = model.config.vocab_size
     for t, step in enumerate(trace.steps()):
         row = logits[t]
@@ -322,7 +322,7 @@ def test_energy_trace_reads_past_the_range_only_with_extend(model, tokenizer, mo
         energy_trace(model, seq)
     monkeypatch.setattr(model.config, "position_overflow", "extend")
     trace = energy_trace(model, seq)
-    logits = model(seq.unsqueeze(0)).logits[0, :-1]
+    logits = model(seq.unsqueeze(0)).logits[0, :-1].cpu()
     assert trace.energies.shape == (seq.numel() - 1,)
     torch.testing.assert_close(trace.energies, logits.gather(1, seq[1:].unsqueeze(1)).squeeze(1))
 

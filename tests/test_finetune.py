@@ -2,6 +2,7 @@
 in-process: every --train_only mode trains what it says and leaves the rest bit for bit unchanged; bad input gets
 a one-line error."""
 
+import copy
 import importlib.util
 import json
 from pathlib import Path
@@ -82,15 +83,17 @@ def test_truncation_drops_rows_without_a_completion(tiny):
     assert rows == [] and dropped == 1
 
 
-def test_loss_is_on_the_completion_only(tiny):
+def test_loss_is_on_the_completion_only(tiny, device):
     _, model, tok, _ = tiny
+    model = copy.deepcopy(model).to(device)  # the saved base stays as it is for the script tests
     batch = collate_sft(tokenize_records(PAIRS[:3], tok, 64)[0], PAD)
     with torch.no_grad():
         out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
     targets = batch["labels"][:, 1:]
-    nll = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]),
+    logits = out.logits.cpu()
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                             targets.reshape(-1), ignore_index=-100)
-    assert torch.allclose(out.loss, nll, atol=1e-5)
+    assert torch.allclose(out.loss.cpu(), nll, atol=1e-5)
     full = model(batch["input_ids"], attention_mask=batch["attention_mask"],
                  labels=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)).loss
     assert not torch.allclose(out.loss, full)  # the prompt really is left out

@@ -23,13 +23,13 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    return make_model(tokenizer)
+def model(tokenizer, device):
+    return make_model(tokenizer).to(device)
 
 
 @pytest.fixture(scope="module")
-def dense_model(tokenizer):
-    return make_model(tokenizer, dense=True, seed=1)
+def dense_model(tokenizer, device):
+    return make_model(tokenizer, dense=True, seed=1).to(device)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def saved(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pipe(saved):
+def pipe(saved, device):
     directory, _, _ = saved
-    return pipeline("text-generation", model=str(directory), trust_remote_code=True)
+    return pipeline("text-generation", model=str(directory), trust_remote_code=True, device=device)
 
 
 def batch(tokenizer, prompts=PROMPTS, side="left"):
@@ -222,8 +222,8 @@ def test_energy_generate_right_padding_is_realigned(model, tokenizer):
     assert torch.allclose(a.energies, b.energies, equal_nan=True)
 
 
-def test_self_loops_excluded_when_asked(tokenizer):
-    model = make_model(tokenizer, dense=True, seed=1)
+def test_self_loops_excluded_when_asked(tokenizer, device):
+    model = make_model(tokenizer, dense=True, seed=1).to(device)
     V = model.config.vocab_size
     with torch.no_grad():  # every edge output = GeLU(b + PE); every self-loop u→u delivers by far the most energy
         model.weights.zero_()
@@ -249,7 +249,7 @@ def test_temperature_changes_the_sampling_distribution(model, tokenizer):
     rows = ids.repeat(n, 1)
     empirical = {}
     for temperature in (0.5, 1.0, 3.0):
-        gen = torch.Generator().manual_seed(1)
+        gen = torch.Generator(device=model.device).manual_seed(1)
         out = energy_generate(model, rows, max_new_tokens=1, do_sample=True, temperature=temperature,
                               exclude_self_loops=False, generator=gen, num_alternatives=0)
         counts = torch.bincount(out.tokens[:, 0], minlength=logits.numel()).float() / n
@@ -267,16 +267,16 @@ def test_sampling_top_k_top_p_and_generator(model, tokenizer):
     with torch.no_grad():
         logits = model(ids[:1]).logits[0, -1]
     out = energy_generate(model, ids, max_new_tokens=1, do_sample=True, top_k=2, exclude_self_loops=False,
-                          generator=torch.Generator().manual_seed(0))
+                          generator=torch.Generator(device=model.device).manual_seed(0))
     assert set(out.tokens[:, 0].tolist()) <= set(logits.topk(2).indices.tolist())
     probs = torch.softmax(logits, -1)
     out = energy_generate(model, ids, max_new_tokens=1, do_sample=True, top_p=0.5, exclude_self_loops=False,
-                          generator=torch.Generator().manual_seed(0))
+                          generator=torch.Generator(device=model.device).manual_seed(0))
     order = probs.argsort(descending=True)
     nucleus = order[: int((probs[order].cumsum(0) < 0.5).sum()) + 1]
     assert set(out.tokens[:, 0].tolist()) <= set(nucleus.tolist())
-    a = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True, generator=torch.Generator().manual_seed(3))
-    b = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True, generator=torch.Generator().manual_seed(3))
+    a = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True, generator=torch.Generator(device=model.device).manual_seed(3))
+    b = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True, generator=torch.Generator(device=model.device).manual_seed(3))
     assert torch.equal(a.sequences, b.sequences)
 
 
@@ -358,7 +358,7 @@ def test_energy_beam_paths_match_the_returned_tokens(model, tokenizer):
             row = logits[r, T + s - 1]
             assert math.isclose(st.energy, float(row[st.token]), rel_tol=1e-5, abs_tol=1e-5)
             assert st.rank == 1 + int((row > row[st.token]).sum()) and st.token != st.source  # self-loops excluded
-            assert torch.allclose(out.alternative_energies[r, s], row.scatter(0, torch.tensor([st.token]),
+            assert torch.allclose(out.alternative_energies[r, s], row.scatter(0, torch.tensor([st.token], device=row.device),
                                                                               float("-inf")).topk(3).values, atol=1e-5)
         # the beam score is the path's log-probabilities, length-normalised
         score = sum(math.log(st.probability) for st in steps) / n ** 0.5
@@ -369,14 +369,14 @@ def test_energy_beam_paths_match_the_returned_tokens(model, tokenizer):
 def test_energy_beam_search_with_one_beam_is_greedy_and_more_beams_score_at_least_as_well(model, tokenizer):
     from modeling_brillm import decoding
 
-    enc = batch(tokenizer)
+    enc = batch(tokenizer).to(model.device)  # the internal beam loop takes inputs where the model is
     greedy = energy_generate(model, enc.input_ids, enc.attention_mask, max_new_tokens=16, num_alternatives=3)
     # the beam code itself with one beam (energy_generate sends num_beams=1 to the greedy loop), same rules
     one = decoding._beam_search(
         model, enc.input_ids, enc.attention_mask.bool(), enc.attention_mask.sum(1), steps=16, num_beams=1,
         num_return_sequences=1, length_penalty=1.0, early_stopping=True,
         constrain=lambda raw, current, pen, hist: raw.scatter(1, current.unsqueeze(1), float("-inf")),
-        penalised=None, history=None, texts=None, stop=None, eos_tensor=torch.tensor([EOS]), pad_token_id=PAD,
+        penalised=None, history=None, texts=None, stop=None, eos_tensor=torch.tensor([EOS], device=model.device), pad_token_id=PAD,
         num_alternatives=3, tokenizer=None)
     for name in ("sequences", "tokens", "sources", "ranks", "alternative_tokens", "step_mask", "positions"):
         assert torch.equal(getattr(one, name), getattr(greedy, name)), name

@@ -35,9 +35,9 @@ def grown_copy(model):
     return copy.eval()
 
 
-def test_new_nodes_leave_old_logits_exactly(trained):
+def test_new_nodes_leave_old_logits_exactly(trained, device):
     model, tokenizer = trained
-    model, tokenizer = grown_copy(model), make_tokenizer()
+    model, tokenizer = grown_copy(model).to(device), make_tokenizer()
     ids, mask = old_batch(tokenizer)
     V = model.config.vocab_size
     with torch.no_grad():
@@ -59,9 +59,9 @@ def test_new_nodes_leave_old_logits_exactly(trained):
             assert torch.isfinite(model(torch.tensor([new_ids])).logits).all()
 
 
-def test_new_edges_start_as_the_shared_edge_and_change_nothing(trained):
+def test_new_edges_start_as_the_shared_edge_and_change_nothing(trained, device):
     model, _ = trained
-    model, tokenizer = grown_copy(model), make_tokenizer()
+    model, tokenizer = grown_copy(model).to(device), make_tokenizer()
     tokenizer.add_tokens(NEW_CHARS)
     model.resize_token_embeddings(len(tokenizer))
     ids, mask = old_batch(tokenizer)
@@ -97,9 +97,9 @@ def test_new_edges_start_as_the_shared_edge_and_change_nothing(trained):
     assert model.graph_counts[fresh - 1].tolist() == [7, 9]
 
 
-def test_bad_growth_input_has_clear_errors(trained):
+def test_bad_growth_input_has_clear_errors(trained, device):
     model, _ = trained
-    model = grown_copy(model)
+    model = grown_copy(model).to(device)
     V = model.config.vocab_size
     with pytest.raises(ValueError, match=f"would drop nodes {V - 2}..{V - 1}.*can only add nodes"):
         model.resize_token_embeddings(V - 2)
@@ -124,9 +124,9 @@ def test_bad_growth_input_has_clear_errors(trained):
         dense.add_edges([(0, 1)])
 
 
-def test_dense_graph_grows_keeping_old_edges(trained):
+def test_dense_graph_grows_keeping_old_edges(trained, device):
     tokenizer = make_tokenizer()
-    dense = make_model(tokenizer, dense=True, node_size=4)
+    dense = make_model(tokenizer, dense=True, node_size=4).to(device)
     ids, mask = old_batch(tokenizer)
     V = dense.config.vocab_size
     with torch.no_grad():

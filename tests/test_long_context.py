@@ -16,11 +16,11 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
+def model(tokenizer, device):
     model = make_model(tokenizer, max_positions=M)
     with torch.no_grad():
         model.positions.normal_()  # distinct mix weights, so reusing the last one past the range is really tested
-    return model
+    return model.to(device)
 
 
 @pytest.fixture()
@@ -92,7 +92,7 @@ def test_reading_past_the_range_uses_the_last_weight_and_the_pe_formula(extended
         last_weight = model.positions.view(-1)[-1].double()
         for i in range(M, M + 5):
             row = model.edge_rows(ids[i - 1:i], ids[i:i + 1])[0]
-            pe = positional_encoding(torch.tensor([i]), model.config.node_size, model.config.position_encoding)[0]
+            pe = positional_encoding(torch.tensor([i], device=model.device), model.config.node_size, model.config.position_encoding)[0]
             out = torch.nn.functional.gelu(signal @ model.weights[row].double() + model.biases[row, 0].double()
                                            + pe.double())
             new_max = torch.maximum(mix_max, last_weight)
@@ -132,7 +132,7 @@ def test_pipeline_reads_past_the_range(extended, tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     loaded = BriLLMForCausalLM.from_pretrained(tmp_path)
     assert loaded.config.position_overflow == "extend"
-    pipe = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True)
+    pipe = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True, device=extended.device)
     text = pipe("the cat sat on the mat " * 3, max_new_tokens=60, min_new_tokens=60, do_sample=False,
                 return_full_text=False)[0]["generated_text"]
     assert len(text) >= 50  # character tokens: 60 new ones (a few may decode to nothing)

@@ -19,13 +19,13 @@ from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, BriLLMModel, build_
 V, D = 12, 6
 
 
-def tiny_model(seed=0, dense=False, length=9, rows=6, **config):
+def tiny_model(seed=0, dense=False, length=9, rows=6, device="cpu", **config):
     torch.manual_seed(seed)
     seqs = [torch.randint(0, V, (length,)) for _ in range(rows)]
     model = BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=V, node_size=D, dense=dense, **config)
     with torch.no_grad():
         model.positions.normal_()  # non-uniform mix weights, so the softmax mix is really exercised
-    return model, seqs
+    return model.to(device), seqs
 
 
 def row_map(model):
@@ -35,7 +35,7 @@ def row_map(model):
 
 
 def released_state(model, requires_grad=False):
-    return {k: model.state_dict()[k].detach().clone().requires_grad_(requires_grad)
+    return {k: model.state_dict()[k].detach().cpu().clone().requires_grad_(requires_grad)
             for k in ("node_bias", "weights", "biases", "positions")}
 
 
@@ -115,29 +115,30 @@ def test_positional_encoding_variants_and_errors():
 
 
 @pytest.mark.parametrize("dense", [False, True])
-def test_teacher_forced_logits_equal_spec(dense):
-    model, seqs = tiny_model(dense=dense)
+def test_teacher_forced_logits_equal_spec(dense, device):
+    model, seqs = tiny_model(dense=dense, device=device)
     rows = row_map(model) if not dense else released_edge_rows(V)[0]
     state = released_state(model)
-    logits = model(torch.stack(seqs[:3])).logits
+    logits = model(torch.stack(seqs[:3])).logits.cpu()
     for b in range(3):
         torch.testing.assert_close(logits[b], spec_forward(state, rows, seqs[b].tolist()), atol=1e-5, rtol=1e-5)
 
 
-def test_textbook_position_encoding_option_changes_logits():
-    model, seqs = tiny_model()
+def test_textbook_position_encoding_option_changes_logits(device):
+    model, seqs = tiny_model(device=device)
     textbook = BriLLMForCausalLM(BriLLMConfig(**{**model.config.to_dict(), "position_encoding": "sinusoidal"}))
     textbook.load_state_dict(model.state_dict())
+    textbook.to(device)
     ids = seqs[0][None]
     assert not torch.allclose(model(ids).logits, textbook(ids).logits)
-    torch.testing.assert_close(textbook(ids).logits[0], spec_forward(released_state(model), row_map(model),
+    torch.testing.assert_close(textbook(ids).logits[0].cpu(), spec_forward(released_state(model), row_map(model),
                                                                      seqs[0].tolist(), released_pe=False))
 
 
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("sparse_gradients", [False, True])
-def test_exact_loss_and_gradients_equal_spec(dense, sparse_gradients):
-    model, seqs = tiny_model(dense=dense)
+def test_exact_loss_and_gradients_equal_spec(dense, sparse_gradients, device):
+    model, seqs = tiny_model(dense=dense, device=device)
     model.sparse_gradients = sparse_gradients
     rows = row_map(model) if not dense else released_edge_rows(V)[0]
     tokens = seqs[1]
@@ -147,18 +148,18 @@ def test_exact_loss_and_gradients_equal_spec(dense, sparse_gradients):
     state = released_state(model, requires_grad=True)
     expected = spec_loss(state, rows, tokens.tolist())
     expected.backward()
-    torch.testing.assert_close(out.loss, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss.cpu(), expected, atol=1e-5, rtol=1e-5)
     for name in state:
-        grad = getattr(model, name).grad
+        grad = getattr(model, name).grad.cpu()
         if sparse_gradients and name != "positions":
             assert grad.is_sparse
             grad = grad.to_dense()
         torch.testing.assert_close(grad, state[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_exact_loss_equals_full_softmax_over_logits_and_costs_real_successors_only():
-    model, seqs = tiny_model(rows=12)
-    ids = torch.stack(seqs)
+def test_exact_loss_equals_full_softmax_over_logits_and_costs_real_successors_only(device):
+    model, seqs = tiny_model(rows=12, device=device)
+    ids = torch.stack(seqs).to(device)
     out = model(ids, labels=ids)
     full = F.cross_entropy(out.logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, full)
@@ -167,8 +168,8 @@ def test_exact_loss_equals_full_softmax_over_logits_and_costs_real_successors_on
     assert plan.num_entries == int((model.graph_indptr.diff()[ids[:, :-1].reshape(-1)]).sum()) < ids[:, :-1].numel() * V
 
 
-def test_labels_minus_100_and_padding_are_ignored():
-    model, seqs = tiny_model()
+def test_labels_minus_100_and_padding_are_ignored(device):
+    model, seqs = tiny_model(device=device)
     ids = seqs[0][None].repeat(2, 1)
     labels = ids.clone()
     labels[:, 5:] = -100
@@ -196,33 +197,35 @@ def _frequency_negatives(model, tokens, K):
     return negatives
 
 
-def test_sampled_loss_frequency_negatives_equals_release_objective():
-    model, seqs = tiny_model(loss_type="sampled", num_negatives=3, rows=20)
+def test_sampled_loss_frequency_negatives_equals_release_objective(device):
+    model, seqs = tiny_model(loss_type="sampled", num_negatives=3, rows=20, device=device)
     tokens = seqs[2].tolist()
     out = model(seqs[2][None], labels=seqs[2][None])
     expected = spec_sampled_loss(released_state(model), row_map(model), tokens, _frequency_negatives(model, tokens, 3))
-    torch.testing.assert_close(out.loss, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss.cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_uniform_sampled_loss_with_all_nodes_is_the_exact_loss():
-    model, seqs = tiny_model(loss_type="sampled", negative_sampling="uniform", num_negatives=V - 1)
+def test_uniform_sampled_loss_with_all_nodes_is_the_exact_loss(device):
+    model, seqs = tiny_model(loss_type="sampled", negative_sampling="uniform", num_negatives=V - 1, device=device)
     exact = BriLLMForCausalLM(BriLLMConfig(**{**model.config.to_dict(), "loss_type": "exact"}))
     exact.load_state_dict(model.state_dict())
+    exact.to(device)
     ids = torch.stack(seqs[:2])
     torch.testing.assert_close(model(ids, labels=ids).loss, exact(ids, labels=ids).loss)
     small = BriLLMForCausalLM(BriLLMConfig(**{**model.config.to_dict(), "num_negatives": 2}))
     small.load_state_dict(model.state_dict())
+    small.to(device)
     assert small(ids, labels=ids).loss < exact(ids, labels=ids).loss  # fewer competitors, lower loss
 
 
 # ------------------------------------------------------------------------------------- padding, state
-def test_padding_either_side_gives_the_rows_own_logits():
-    model, seqs = tiny_model(length=10)
+def test_padding_either_side_gives_the_rows_own_logits(device):
+    model, seqs = tiny_model(length=10, device=device)
     a, b = seqs[0][:6], seqs[1]
     alone_a, alone_b = model(a[None]).logits[0], model(b[None]).logits[0]
     for left in (True, False):
-        ids = torch.zeros(2, 10, dtype=torch.long)
-        mask = torch.zeros(2, 10, dtype=torch.long)
+        ids = torch.zeros(2, 10, dtype=torch.long, device=device)
+        mask = torch.zeros(2, 10, dtype=torch.long, device=device)
         cols = slice(4, 10) if left else slice(0, 6)
         ids[0, cols], mask[0, cols] = a, 1
         ids[1], mask[1] = b, 1
@@ -231,8 +234,8 @@ def test_padding_either_side_gives_the_rows_own_logits():
         assert torch.count_nonzero(logits[0, mask[0] == 0]) == 0
 
 
-def test_incremental_decoding_equals_teacher_forcing_with_constant_state():
-    model, seqs = tiny_model(length=40, rows=3)
+def test_incremental_decoding_equals_teacher_forcing_with_constant_state(device):
+    model, seqs = tiny_model(length=40, rows=3, device=device)
     ids = torch.stack(seqs[:2])
     full = model(ids).logits
     out = model(ids[:, :5])
@@ -248,19 +251,57 @@ def test_incremental_decoding_equals_teacher_forcing_with_constant_state():
     assert state.seen == 40 and state.length.tolist() == [40, 40]
 
 
-def test_running_mix_is_stable_with_extreme_position_weights():
-    model, seqs = tiny_model(length=20)
+def test_running_mix_is_stable_with_extreme_position_weights(device):
+    model, seqs = tiny_model(length=20, device=device)
     with torch.no_grad():
         model.positions.view(-1)[:20] = torch.linspace(-200, 200, 20)
     ids = seqs[0][None]
-    logits = model(ids).logits
+    logits = model(ids).logits.cpu()
     assert torch.isfinite(logits).all()
     torch.testing.assert_close(logits[0], spec_forward(released_state(model), row_map(model), ids[0].tolist()),
                                atol=1e-5, rtol=1e-5)
 
 
-def test_sequences_past_max_positions_are_refused():
-    model, _ = tiny_model(max_position_embeddings=8)
+@pytest.mark.parametrize("model_on_device", [True, False])
+def test_inputs_on_another_device_follow_the_model(device, model_on_device):
+    """Ids, mask, labels and signal_ids on one device, the model on the other (with a GPU: CPU inputs to a CUDA
+    model and CUDA inputs to a CPU model): every entry point computes on the model's device, as on one device."""
+    from modeling_brillm.evaluation import perplexity
+    from modeling_brillm.interpretability import energy_trace
+
+    model, seqs = tiny_model(start_signal="learned", num_start_signals=2, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        model.start_signals[1] = torch.linspace(-1, 1, D)
+    ids = torch.stack(seqs[:2])
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    labels, signal_ids = ids.masked_fill(mask == 0, -100), torch.tensor([1, 0])
+    generation = dict(max_new_tokens=3, do_sample=False)
+    ref = model(ids, attention_mask=mask, labels=labels, signal_ids=signal_ids)
+    ref_generated = model.generate(ids, attention_mask=mask, signal_ids=signal_ids, **generation)
+    ref_energy = model.energy_generate(ids, attention_mask=mask, signal_ids=signal_ids, **generation).sequences
+    ref_ppl, ref_trace = perplexity(model, None, [ids[1]]).perplexity, energy_trace(model, ids[1]).energies
+    ref_rows = model.edge_rows(ids[0], ids[1])
+
+    model.to(device if model_on_device else "cpu")
+    at = "cpu" if model_on_device else device
+    ids, mask, labels, signal_ids = (t.to(at) for t in (ids, mask, labels, signal_ids))
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, labels=labels, signal_ids=signal_ids)
+    assert out.logits.device == model.input_device == model.weights.device
+    torch.testing.assert_close(out.logits.cpu(), ref.logits.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss.cpu(), ref.loss.detach(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(model.generate(ids, attention_mask=mask, signal_ids=signal_ids, **generation).cpu(),
+                       ref_generated)
+    assert torch.equal(model.energy_generate(ids, attention_mask=mask, signal_ids=signal_ids,
+                                             **generation).sequences.cpu(), ref_energy)
+    assert perplexity(model, None, [ids[1]]).perplexity == pytest.approx(ref_ppl, rel=1e-5)
+    torch.testing.assert_close(energy_trace(model, ids[1]).energies, ref_trace, atol=1e-5, rtol=1e-5)
+    assert torch.equal(model.edge_rows(ids[0], ids[1]).cpu(), ref_rows)
+
+
+def test_sequences_past_max_positions_are_refused(device):
+    model, _ = tiny_model(max_position_embeddings=8, device=device)
     model(torch.zeros(1, 8, dtype=torch.long))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
@@ -277,9 +318,9 @@ def greedy_by_hand(model, ids, steps):
     return ids
 
 
-def test_generate_greedy_sampling_and_beam():
-    model, seqs = tiny_model(eos_token_id=None)
-    prompt = seqs[0][None, :4]
+def test_generate_greedy_sampling_and_beam(device):
+    model, seqs = tiny_model(eos_token_id=None, device=device)
+    prompt = seqs[0][None, :4].to(device)
     greedy = model.generate(prompt, max_new_tokens=6, do_sample=False)
     assert torch.equal(greedy, greedy_by_hand(model, prompt, 6))
     for kwargs in (dict(do_sample=True, top_k=3), dict(do_sample=True, top_p=0.8, temperature=0.7),
@@ -295,8 +336,8 @@ def test_generate_greedy_sampling_and_beam():
     torch.testing.assert_close(beams.sequences_scores[0] * 3, logp, atol=1e-4, rtol=1e-4)
 
 
-def test_generate_batched_left_padding_equals_single_prompts():
-    model, seqs = tiny_model(eos_token_id=None, pad_token_id=0)
+def test_generate_batched_left_padding_equals_single_prompts(device):
+    model, seqs = tiny_model(eos_token_id=None, pad_token_id=0, device=device)
     short, longer = seqs[0][:3], seqs[1][:6]
     ids = torch.zeros(2, 6, dtype=torch.long)
     mask = torch.zeros(2, 6, dtype=torch.long)
@@ -410,12 +451,13 @@ def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
     assert "ok" in out
 
 
-def test_dtype_conversion_and_dtype_loading(tmp_path):
-    model, seqs = tiny_model()
+def test_dtype_conversion_and_dtype_loading(tmp_path, device):
+    model, seqs = tiny_model(device=device)
     model.save_pretrained(tmp_path)
     ids = torch.stack(seqs[:2])
     reference = model(ids, labels=ids)
-    for half in (model.to(torch.bfloat16), AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)):
+    for half in (model.to(torch.bfloat16),
+                 AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).to(device)):
         assert half.weights.dtype == torch.bfloat16 and half.graph_indices.dtype == torch.long
         out = half(ids, labels=ids)
         assert out.logits.dtype == torch.float32
@@ -426,8 +468,8 @@ def test_dtype_conversion_and_dtype_loading(tmp_path):
 
 
 # -------------------------------------------------------------------------------------------- bad input
-def test_bad_inputs_get_clear_errors():
-    model, _ = tiny_model()
+def test_bad_inputs_get_clear_errors(device):
+    model, _ = tiny_model(device=device)
     cases = [
         (dict(input_ids=torch.tensor([[1, V]])), ValueError, f"token id {V} is outside the vocabulary"),
         (dict(input_ids=torch.tensor([[-1, 2]])), ValueError, "token id -1 is outside"),

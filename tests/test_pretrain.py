@@ -292,7 +292,7 @@ def test_two_processes_match_one(corpus, tmp_path):
     # --optimizer auto picks dense AdamW under DDP; the one-process run asks for it (auto would pick the lazy
     # SparseAdamW, which updates untouched rows differently)
     run(["--train_file", corpus, "--output_dir", one, *TWO_ARGS, "--per_device_train_batch_size", "8",
-         "--optimizer", "adamw"])
+         "--optimizer", "adamw"], ACCELERATE_USE_CPU="1")  # on the CPU like cpu_2.yaml's, also on a GPU machine
     result = run(["--train_file", corpus, "--output_dir", two, *TWO_ARGS, "--per_device_train_batch_size", "4",
                   "--checkpointing_steps", "3"], launcher=CPU2, timeout=180)
     assert "2 process(es)" in result.stdout and "global batch 16 blocks = 4 x 2 process(es) x 2" in result.stdout
@@ -373,6 +373,53 @@ def test_cpu_launcher_with_several_processes_is_refused(corpus, tmp_path):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env())
     assert result.returncode != 0
     assert "started ONE process" in result.stderr and "cpu_2.yaml" in result.stderr
+
+
+def test_launch_device_follows_the_launch_config(monkeypatch):
+    """cpu_2.yaml trains on the CPU wherever it runs (it hides the GPUs from its processes); a GPU launch with
+    more processes than visible GPUs is refused up front (counts faked: this machine may have none)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from modeling_brillm.training.launch import launch_on_cpu
+
+    for key in ("ACCELERATE_USE_CPU", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(key, raising=False)
+    args = launch_command_parser().parse_args(["--config_file", str(CPU2), "--main_process_port", "0", str(SCRIPT)])
+    args, _, _ = _validate_launch_command(args)
+    launched = prepare_multi_gpu_env(args)  # the environment accelerate's torchrun launcher gives the processes
+    assert args.multi_gpu and args.num_processes == 2
+    seen = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"], env=launched,
+                          capture_output=True, text=True, timeout=120)
+    assert seen.stdout.strip() == "0", seen.stderr  # no GPU visible to them, whatever this machine has
+    assert launch_on_cpu({**launched, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, gpus=0)
+
+    two = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert launch_on_cpu({**two, "ACCELERATE_USE_CPU": "true"}, gpus=8)  # --cpu / ACCELERATE_USE_CPU=1 as well
+    assert not launch_on_cpu(two, gpus=2)
+    assert not launch_on_cpu({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, gpus=8)  # two machines of 8
+    with pytest.raises(UsageError, match=r"starts 2 processes on this machine, but only 1 GPU is visible: launch at "
+                                         r"most 1 process \(--num_processes 1\), or train on the CPU .*cpu_2.yaml"):
+        launch_on_cpu(two, gpus=1)
+    with pytest.raises(UsageError, match="starts 8 processes on this machine, but no GPU is visible: train on the CPU"):
+        launch_on_cpu({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, gpus=0)
+
+
+def test_gpu_config_with_more_processes_than_gpus_is_refused_before_any_work(tmp_path):
+    """A GPU launch config (cpu_2.yaml without its GPU hiding) with one process more than this machine's GPUs:
+    one clear error line from the processes, nothing written."""
+    import torch
+
+    processes = max(2, torch.cuda.device_count() + 1)
+    config = tmp_path / "gpus.yaml"
+    config.write_text(CPU2.read_text().replace('gpu_ids: "-1,-1"', "gpu_ids: all").replace("use_cpu: true", "use_cpu: false")
+                      .replace("num_processes: 2", f"num_processes: {processes}"))
+    assert "gpu_ids: all" in config.read_text()
+    result = run(["--output_dir", tmp_path / "out"], launcher=config, check=False, timeout=180)
+    assert result.returncode != 0
+    assert (f"error: this launch asks for GPUs, one per process, and starts {processes} processes on this machine"
+            in result.stderr), result.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------------- memory
@@ -484,3 +531,21 @@ def test_embedded_corpus_exists_offline():
     texts = data.embedded_corpus()
     assert len(texts) > 1000 and sum(map(len, texts)) > 300_000
     assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3 for t in texts for line in t.splitlines())
+
+
+def test_doc_cleaning_drops_every_kind_of_markup_line_and_keeps_the_text():
+    """What the pydoc_data of some Python version may hold (this one may lack some): section overlines and
+    underlines in any reST adornment character, mixed rules, traceback markers; tables and code stay."""
+    text = ("=========\nOverview\n=========\n\nThe *assert* statement\n**********************\n\n"
+            "Notes\n\"\"\"\"\"\n  !!!!!!!!  \n\n=-=-=-=-\n\n"
+            "   >>> print(1 / 0)\n   Traceback (most recent call last):\n       print(1 / 0)\n             ~~^~~\n"
+            "   ZeroDivisionError: division by zero\n\n"
+            "+-------+-------+\n| a     | b     |\n+=======+=======+\n\n"
+            "   x = [1, 2]\n   ^\n   ...\n\n~~~~\n\n")
+    assert data.doc_paragraphs(text) == [
+        "Overview", "The *assert* statement", "Notes",
+        "   >>> print(1 / 0)\n   Traceback (most recent call last):\n       print(1 / 0)\n"
+        "   ZeroDivisionError: division by zero",
+        "+-------+-------+\n| a     | b     |\n+=======+=======+",
+        "   x = [1, 2]\n   ^\n   ...",
+    ]

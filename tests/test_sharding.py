@@ -241,7 +241,7 @@ def _env():
                                                           "MASTER_PORT", "MASTER_ADDR", "ACCELERATE_USE_CPU",
                                                           "BRILLM_AVAILABLE_MEMORY_GB")}
     e.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-             PYTHONUNBUFFERED="1")
+             PYTHONUNBUFFERED="1", ACCELERATE_USE_CPU="1")  # one process on the CPU like cpu_2.yaml's, on any machine
     return e
 
 

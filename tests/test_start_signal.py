@@ -14,8 +14,8 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def uniform(tok):
-    return make_model(tok)
+def uniform(tok, device):
+    return make_model(tok).to(device)
 
 
 def as_learned(model, num_start_signals=1):
@@ -25,7 +25,7 @@ def as_learned(model, num_start_signals=1):
     learned = BriLLMForCausalLM(config)
     missing, unexpected = learned.load_state_dict(model.state_dict(), strict=False)
     assert missing == ["start_signals"] and not unexpected
-    return learned.eval()
+    return learned.to(model.device).eval()
 
 
 def batch(tok, texts=("the cat sat", "a dog saw the mat")):
@@ -54,7 +54,7 @@ def test_parameter_count_includes_learned_signals():
 
 def test_fresh_learned_start_equals_uniform_exactly(tok, uniform):
     learned = as_learned(uniform, num_start_signals=2)
-    assert torch.equal(learned.start_signals, torch.full((2, 8), 1 / 8))
+    assert torch.equal(learned.start_signals.cpu(), torch.full((2, 8), 1 / 8))
     ids, mask = batch(tok)
     with torch.no_grad():
         a = uniform(ids, attention_mask=mask, labels=ids)
@@ -67,8 +67,9 @@ def test_fresh_learned_start_equals_uniform_exactly(tok, uniform):
 def test_uniform_checkpoint_loads_as_learned(tmp_path, tok, uniform):
     uniform.save_pretrained(tmp_path / "uniform")
     learned = BriLLMForCausalLM.from_pretrained(tmp_path / "uniform", start_signal="learned", num_start_signals=3)
+    learned.to(uniform.device)
     assert learned.config.start_signal == "learned"
-    assert torch.equal(learned.start_signals, torch.full((3, 8), 1 / 8))  # missing key: initialised to 1/d
+    assert torch.equal(learned.start_signals.cpu(), torch.full((3, 8), 1 / 8))  # missing key: initialised to 1/d
     assert torch.equal(learned.weights, uniform.weights)  # loaded ones are not re-initialised
     ids, mask = batch(tok)
     with torch.no_grad():
@@ -78,7 +79,7 @@ def test_uniform_checkpoint_loads_as_learned(tmp_path, tok, uniform):
         learned.start_signals[2] = torch.linspace(-1, 1, 8)
     learned.save_pretrained(tmp_path / "learned")
     again = BriLLMForCausalLM.from_pretrained(tmp_path / "learned")
-    assert again.config.num_start_signals == 3 and torch.equal(again.start_signals, learned.start_signals)
+    assert again.config.num_start_signals == 3 and torch.equal(again.start_signals, learned.start_signals.cpu())
 
 
 def test_signal_ids_pick_each_rows_start(tok, uniform):
@@ -141,7 +142,7 @@ def test_signal_ids_reach_generate_and_energy_generate(tok, uniform):
     learned = as_learned(uniform, num_start_signals=2)
     with torch.no_grad():
         learned.start_signals[1] = torch.linspace(-3, 3, 8)
-    prompt = torch.tensor([[BOS]])
+    prompt = torch.tensor([[BOS]], device=learned.device)
     expected = [greedy_by_forward(learned, prompt, sid, 6) for sid in (0, 1)]
     assert not torch.equal(expected[0], expected[1])  # the start signal alone changes the continuation
     for sid in (0, 1):

@@ -25,24 +25,37 @@ def file_builder(path: str, flag: str) -> str:
     return FILE_BUILDERS[extension]
 
 
+# A line of the documentation text that holds no language, whole: a reST section adornment (an underline or overline
+# is one punctuation character repeated, any of reST's 32), a rule mixing the usual adornment characters (=-=-),
+# or the ~~^~~ markers under a traceback's code line (the docs of newer Pythons show them: 3.13.0 has two).
+_NO_LANGUAGE = re.compile(r"([!-/:-@\[-`{-~])\1{3,}|[-=~^*#]{4,}|[~^]{2,}")
+
+
+def doc_paragraphs(text: str) -> list[str]:
+    """The paragraphs (blank-line separated) of reST-derived documentation text, with the lines that hold no
+    language removed (_NO_LANGUAGE); paragraphs left empty are dropped. Grid-table borders
+    (+----+) and code are kept: they are part of the text a user reads."""
+    out = []
+    for paragraph in re.split(r"\n[ \t]*\n", text):
+        lines = [line for line in paragraph.split("\n")
+                 if not _NO_LANGUAGE.fullmatch(line.strip())]
+        paragraph = "\n".join(lines).strip("\n")
+        if paragraph.strip():
+            out.append(paragraph)
+    return out
+
+
 def embedded_corpus() -> list[str]:
     """The English documentation text inside every CPython install (`pydoc_data.topics`), one paragraph per
-    text, in a fixed order: a corpus that exists offline on any machine."""
+    text, in a fixed order: a corpus that exists offline on any machine (whose reST markup differs by version:
+    `doc_paragraphs` cleans what any of them holds)."""
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip pydoc_data
         raise UsageError(
             "no data given and this Python has no pydoc_data (the built-in corpus); pass --train_file."
         ) from None
-    underline = re.compile(r"^\s*([*=~^#-])\1{3,}\s*$")  # reST heading underlines: no language in them
-    texts = []
-    for key in sorted(topics):
-        for paragraph in re.split(r"\n[ \t]*\n", topics[key]):
-            lines = [line for line in paragraph.split("\n") if not underline.match(line)]
-            paragraph = "\n".join(lines).strip("\n")
-            if paragraph.strip():
-                texts.append(paragraph)
-    return texts
+    return [paragraph for key in sorted(topics) for paragraph in doc_paragraphs(topics[key])]
 
 
 def held_out_indices(n: int, percentage: float) -> list[int]:

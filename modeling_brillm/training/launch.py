@@ -8,6 +8,47 @@ from .errors import UsageError
 from .memory import keep_freed_memory
 
 
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def visible_gpus() -> int:
+    """Accelerator devices this process can see (CUDA, or torch's current accelerator type), 0 on a CPU machine."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: whichever accelerator type torch was built for
+    if accelerator is not None and accelerator.is_available():
+        return accelerator.device_count()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
+    """Whether a multi-process launch (WORLD_SIZE > 1) trains on the CPU, deciding from what the launch asked for:
+
+    - the CPU: `ACCELERATE_USE_CPU` (accelerate's --cpu, or set by hand), or a launch config that hides every GPU
+      (configuration/accelerate/cpu_2.yaml: `gpu_ids: "-1,-1"` sets CUDA_VISIBLE_DEVICES to no device). It runs
+      on the CPU whatever the machine has: a CPU config on a GPU machine does not try to put rank k on cuda:k.
+    - GPUs, one per process (any other multi-process config): refused with a clear error, before any work, when
+      this machine runs more processes than it has visible GPUs (rank k would ask for a cuda:k that does not exist).
+    """
+    if _truthy(environ.get("ACCELERATE_USE_CPU")):
+        return True
+    gpus = visible_gpus() if gpus is None else gpus
+    if gpus == 0 and environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return True  # the launch hid the GPUs on purpose
+    local = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("WORLD_SIZE") or 1)
+    if local > gpus:
+        seen = "no GPU is visible" if gpus == 0 else f"only {gpus} GPU{'s are' if gpus > 1 else ' is'} visible"
+        fix = f"launch at most {gpus} process{'es' if gpus > 1 else ''} (--num_processes {gpus}), or " if gpus else ""
+        raise UsageError(
+            f"this launch asks for GPUs, one per process, and starts {local} processes on this machine, but {seen}"
+            f"{' (CUDA_VISIBLE_DEVICES=' + environ['CUDA_VISIBLE_DEVICES'] + ')' if 'CUDA_VISIBLE_DEVICES' in environ else ''}"
+            f": {fix}train on the CPU with `accelerate launch --config_file configuration/accelerate/cpu_2.yaml` "
+            "(or ACCELERATE_USE_CPU=1)."
+        )
+    return False
+
+
 def make_accelerator(args, project_name: str | None = None):
     """An Accelerator for a training script (`args`: gradient_accumulation_steps, seed, output_dir, with_tracking,
     report_to, torch_threads, no_malloc_tuning), with the launch checked, logging quieted on non-main
@@ -18,11 +59,12 @@ def make_accelerator(args, project_name: str | None = None):
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
 
-    # A multi-process launch on a machine without CUDA must use CPU/gloo: without cpu=True accelerate would
-    # start every process as an independent single-process run.
+    # Several processes: CPU (gloo) or one GPU each, as the launch asked (launch_on_cpu), checked before accelerate
+    # binds rank k to cuda:k. A CPU launch needs cpu=True: without it accelerate would start every process as an
+    # independent single-process run.
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
     accelerator = Accelerator(
-        cpu=multi and not torch.cuda.is_available(),
+        cpu=multi and launch_on_cpu(),
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=args.gradient_accumulation_steps),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
         step_scheduler_with_optimizer=False,  # stepped by hand, once per optimizer step, whatever the processes
