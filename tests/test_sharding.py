@@ -299,8 +299,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "pretrain.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 CPU2 = ROOT / "configuration" / "accelerate" / "cpu_2.yaml"
+# --max_grad_norm 0.6: the global gradient norm of these runs is 0.42-0.77, so 7 of the 10 steps clip
 TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
-        "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5", "--max_train_steps", "10"]
+        "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5", "--max_train_steps", "10",
+        "--max_grad_norm", "0.6"]
 GLOBAL = 24  # = 1 x 24 = 2 x 12 blocks
 
 
@@ -365,6 +367,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
                         "--checkpointing_steps", "5"], processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout
+    assert "gradient norm clipped to 0.6" in result.stdout
     _same_run(two, one, range(1, 11))
     assert sorted(p.name for p in (two / "step_5").glob("edge_*")) == [
         "edge_shard_00000_of_00002.safetensors", "edge_shard_00001_of_00002.safetensors", "edge_shared.safetensors"]
