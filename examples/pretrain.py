@@ -129,7 +129,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="auto: sparse_adamw in one process, adamw with several; adamw: torch AdamW (fused) on "
                    "dense gradients; sparse_adamw: modeling_brillm.optimization.SparseAdamW on sparse edge "
                    "gradients, updating only the touched rows (one process, or with --edge_sharding source, where auto "
-                   "picks it). All clip to --max_grad_norm except the sharded path.")
+                   "picks it). All clip to --max_grad_norm (the global norm, also sharded).")
     g.add_argument("--edge_sharding", choices=EDGE_SHARDINGS, default="none",
                    help="none: every process holds the whole model (DDP with several processes); source: each "
                    "process owns the edge blocks of a set of source nodes and their AdamW state, exchanging "
@@ -262,9 +262,9 @@ def run(args) -> int:
 
     # ---------------------------------------------------------------- loaders, optimizer, schedule
     plan = choose_optimizer(args.optimizer, 1 if sharding else W, args.max_grad_norm)
-    if sharding:  # the sharded step does not clip: the norm would need every owner's rows
-        plan = dataclasses.replace(plan, clip=False, reason="--edge_sharding source: each process updates the "
-                                   "touched rows it owns")
+    if sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
+        plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
+                                   "owns")
     say(describe_optimizer(plan, args.max_grad_norm))
     train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,
                               batch_size=args.per_device_train_batch_size)
@@ -302,7 +302,8 @@ def run(args) -> int:
     if sharding:
         train_step = ShardedTrainStep(accelerator, model, optimizer, lr_scheduler, learning_rate=args.learning_rate,
                                       per_device_batch_size=args.per_device_train_batch_size,
-                                      block_size=args.block_size)
+                                      block_size=args.block_size,
+                                      max_grad_norm=args.max_grad_norm if plan.clip else None)
         evaluate = evaluate_sharded  # noqa: F811  (the sharded model has no logits; same figures)
     else:
         evaluate = evaluate_dense

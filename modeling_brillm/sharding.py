@@ -2,7 +2,8 @@
 
 The edge table (`weights` (P, d, d), `biases` (P, 1, d)) is split by source node: a process keeps the CSR blocks of
 the sources it owns (plus the shared edge, row 0) and the AdamW state of those rows only. `node_bias`,
-`positions` and row 0 are replicated; their gradients are all-reduced. A training step:
+`positions`, row 0 and the learned start signals (`start_signal="learned"`) are replicated; their gradients are
+all-reduced. A training step:
 
 1. recurrence: every process runs the signal recurrence over its own sequences; the edge rows it crosses are
    fetched from their owners (unique rows only: counts, then row ids, then rows, by `all_to_all_single`), and
@@ -10,11 +11,14 @@ the sources it owns (plus the shared edge, row 0) and the AdamW state of those r
 2. candidates: the signal of every scored position goes to the owner of its source, which computes the
    candidate energies over its own blocks and the per-position loss (exact, or sampled by frequency); the
    signal gradients return in the backward;
-3. optimizer: each owner updates its touched rows with lazy AdamW (`SparseAdamW`); the table's gradient
-   never crosses the network and is never dense. `reduce_gradients()` all-reduces the replicated ones.
+3. optimizer: `reduce_gradients()` all-reduces the replicated gradients; `clip_grad_norm_()` clips by the global
+   norm (each owner's squared norm of its own rows plus the replicated ones counted once, one all-reduce of a
+   scalar); each owner updates its touched rows with lazy AdamW (`SparseAdamW`). The table's gradient never
+   crosses the network and is never dense.
 
-The same global batch gives the losses and parameters of one process with `SparseAdamW` (up to float summation
-order). Model-level API, for a custom loop (torch.distributed initialised, e.g. by accelerate)::
+The same global batch gives the losses and parameters of one process with `SparseAdamW` and the same clipping (up
+to float summation order). Model-level API, for a custom loop (torch.distributed initialised, e.g. by
+accelerate)::
 
     model = BriLLMForCausalLM.from_graph(graph, config)       # or ShardedBriLLM.from_config(...) for huge graphs
     sharded = ShardedBriLLM(model)                             # frees the blocks of other processes' sources
@@ -23,6 +27,7 @@ order). Model-level API, for a custom loop (torch.distributed initialised, e.g. 
         out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"])
         out.loss.backward()                                    # value: the global mean; gradient: exact once reduced
         sharded.reduce_gradients()
+        sharded.clip_grad_norm_(1.0)                           # optional: the global norm, as one process clips
         optimizer.step(); optimizer.zero_grad(set_to_none=True)
     sharded.save_shard(directory, optimizer)                   # every process; resume on any process count
     full = sharded.export_model()                              # rank 0: a plain BriLLMForCausalLM (None elsewhere)
@@ -168,6 +173,34 @@ class _Transport:
         return tensor
 
 
+def _row_squares(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, squared L2 norm of each row, float64) of a gradient; a sparse COO one's duplicate rows summed first
+    (without `coalesce()`, which would sort and copy every value: only the duplicated entries are copied)."""
+    if not grad.is_sparse:
+        flat = grad.detach().reshape(grad.shape[0], -1) if grad.dim() else grad.detach().reshape(1, 1)
+        return torch.arange(flat.shape[0], device=grad.device), _squares(flat)
+    rows = grad._indices()[0]
+    values = grad._values().detach().reshape(rows.numel(), -1)
+    squares = _squares(values)
+    if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
+        uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
+        dup = counts[inverse] > 1
+        if bool(dup.any()):  # the norm of a duplicated row is that of its entries' sum
+            dup_rows = uniq[counts > 1]
+            merged = values.new_zeros(dup_rows.numel(), values.shape[1])
+            merged.index_add_(0, torch.searchsorted(dup_rows, rows[dup]), values[dup])
+            single = ~dup
+            return torch.cat([rows[single], dup_rows]), torch.cat([squares[single], _squares(merged)])
+    return rows, squares
+
+
+def _squares(values: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm of every row of (n, k) values, in float64 (a row's norm in its dtype, then squared)."""
+    if values.numel() == 0:
+        return values.new_zeros(values.shape[0], dtype=torch.float64)
+    return torch.linalg.vector_norm(values.float(), dim=1).double().square()
+
+
 @dataclass
 class ShardedOutput:
     """`loss`: the token-weighted mean over the global batch (its gradient: this process's share of it);
@@ -182,17 +215,13 @@ class ShardedOutput:
 class ShardedBriLLM(nn.Module):
     """A `BriLLMForCausalLM` whose edge table is split by source node over the processes (module docstring).
 
-    Parameters: `node_bias`, `positions` (replicated) and `weights` (1 + R, d, d), `biases` (1 + R, 1, d): row 0
-    the shared edge (replicated), rows 1.. the owned sources' blocks in ascending source order.
+    Parameters: `node_bias`, `positions`, `start_signals` (learned start signals only) (replicated) and `weights`
+    (1 + R, d, d), `biases` (1 + R, 1, d): row 0 the shared edge (replicated), rows 1.. the owned sources' blocks in
+    ascending source order.
     """
 
     def __init__(self, model, owners: torch.Tensor | None = None, group=None, source_counts=None):
         super().__init__()
-        if getattr(model.config, "start_signal", "uniform") != "uniform":
-            # its gradient would need the same all-reduce as node_bias; not wired yet, so refuse rather than diverge
-            raise ValueError("source sharding trains models with start_signal='uniform' only; train the learned start "
-                             "signal in one process (examples/finetune.py --train_only start_signal) or without "
-                             "--edge_sharding.")
         self.transport = _Transport(group)
         W, rank = self.transport.world, self.transport.rank
         cfg = model.config
@@ -232,6 +261,7 @@ class ShardedBriLLM(nn.Module):
         self.model.biases = nn.Parameter(biases if biases is not None else torch.empty(len(keep), 1, d, device=device))
         self.model.sparse_gradients = True  # node_bias's gradient: the rows of the sequences' first tokens
         self._link = None
+        self._unreduced = False  # a backward ran since the last reduce_gradients (clip_grad_norm_ checks it)
 
     # ------------------------------------------------------------------------------------- construction
     @classmethod
@@ -250,6 +280,8 @@ class ShardedBriLLM(nn.Module):
         V, d = config.vocab_size, config.node_size
         model.node_bias = nn.Parameter(torch.empty(V, 1, d).uniform_(-r, r, generator=gen).to(device))
         model.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1, device=device))
+        if model.start_signals is not None:  # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
+            model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d, device=device))
         for name, buf in list(model.named_buffers(recurse=False)):
             model.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))
         if graph is not None:
@@ -298,7 +330,12 @@ class ShardedBriLLM(nn.Module):
         """Optimizer groups as examples/pretrain.py makes them: weight decay on the edge matrices only."""
         m = self.model
         return [{"params": [m.weights], "weight_decay": weight_decay},
-                {"params": [m.node_bias, m.biases, m.positions], "weight_decay": 0.0}]
+                {"params": [m.node_bias, m.biases, m.positions] + self._start_signals(), "weight_decay": 0.0}]
+
+    def _start_signals(self) -> list:
+        """[start_signals] for a model with learned start signals, else []."""
+        s = self.model.start_signals
+        return [] if s is None else [s]
 
     def _source_of_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Source node of global edge rows (> 0)."""
@@ -340,10 +377,12 @@ class ShardedBriLLM(nn.Module):
         B, L = rows.shape
         return steps[:, :d * d].view(B, L, d, d), steps[:, d * d:].view(B, L, d)
 
-    def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None) -> ShardedOutput:
+    def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None,
+                signal_ids=None) -> ShardedOutput:
         """The loss of the global batch (every process passes its own sequences, and every process must call
         this the same number of times); see `ShardedOutput`. `loss_type` overrides the config's ("exact" for
-        validation whatever the training loss)."""
+        validation whatever the training loss); `signal_ids` (B,) picks each row's learned start signal, as in
+        `BriLLMForCausalLM.forward`."""
         if labels is None:
             raise ValueError("ShardedBriLLM computes the training loss only: pass labels (for logits or generation, "
                              "use export_model() on rank 0).")
@@ -353,8 +392,9 @@ class ShardedBriLLM(nn.Module):
             raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
                              f"got {tuple(labels.shape)}.")
         self._link = EdgeGradLink() if torch.is_grad_enabled() else None
+        self._unreduced = self._unreduced or torch.is_grad_enabled()
         self._anchors = []
-        run = m._run_signals(input_ids, attention_mask, None, edge_fetch=self._fetch_rows)
+        run = m._run_signals(input_ids, attention_mask, None, signal_ids=signal_ids, edge_fetch=self._fetch_rows)
         T = input_ids.shape[1]
         wdtype = m.weights.dtype
 
@@ -417,7 +457,9 @@ class ShardedBriLLM(nn.Module):
 
         Lazy AdamW must update a replicated row iff the global batch touched it, and every process's table must
         count every step (SparseAdamW's bias correction is per parameter, as the single process counts the whole
-        table): an untouched local table gets an empty sparse gradient.
+        table): an untouched local table gets an empty sparse gradient. The dense ones (`positions`, learned
+        `start_signals`: one process gives them a dense gradient, so AdamW moves every row) get the global sum
+        wherever any process had a gradient, so they step exactly when one process would.
         """
         m = self.model
         d = self.config.node_size
@@ -451,9 +493,15 @@ class ShardedBriLLM(nn.Module):
         pg = m.positions.grad
         parts.append(pg.reshape(-1) if pg is not None else torch.zeros(m.positions.numel(), device=dev))
         parts.append(torch.tensor([float(pg is not None)], device=dev))
+        starts = self._start_signals()
+        for s in starts:
+            parts.append(s.grad.reshape(-1) if s.grad is not None else torch.zeros(s.numel(), device=dev))
+            parts.append(torch.tensor([float(s.grad is not None)], device=dev))
         flat = self.transport.all_reduce(torch.cat([t.float() for t in parts]))
+        self._unreduced = False
 
-        pieces = flat.split([d * d, d, 2, V * (d + 1), m.positions.numel(), 1])
+        pieces = flat.split([d * d, d, 2, V * (d + 1), m.positions.numel(), 1]
+                            + [n for s in starts for n in (s.numel(), 1)])
         for p, summed, touched_here, pos, touched_any in zip((m.weights, m.biases), pieces[:2], row0, row0_pos,
                                                              pieces[2].tolist()):
             g = p.grad
@@ -478,6 +526,43 @@ class ShardedBriLLM(nn.Module):
                                                     m.node_bias.shape, is_coalesced=True, check_invariants=False)
                             if rows.numel() else None)
         m.positions.grad = pieces[4].view_as(m.positions).clone() if float(pieces[5]) > 0 else None
+        for s, summed, any_grad in zip(starts, pieces[6::2], pieces[7::2]):
+            s.grad = summed.view_as(s).to(s.dtype).clone() if float(any_grad) > 0 else None
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip every gradient by the global L2 norm, as `torch.nn.utils.clip_grad_norm_` does in one process;
+        returns that norm (before clipping), the same number on every process. Call after `reduce_gradients()`.
+
+        The norm is the one-process model's: every owner adds the squared norm of its own edge rows (duplicate
+        entries of its uncoalesced gradient summed first, so it is the norm of the dense gradient they stand for)
+        and rank 0 the replicated parameters' (`node_bias`, `positions`, row 0, the start signals: identical on
+        every process after the reduction, so counted once), then one all-reduce of that scalar. Every process
+        multiplies its gradients by the same clamp(max_norm / (norm + 1e-6), max=1).
+        """
+        if self._unreduced:
+            raise RuntimeError("ShardedBriLLM.clip_grad_norm_: call reduce_gradients() first (after backward): the "
+                               "replicated gradients are still this process's share, not the global sum.")
+        m = self.model
+        dev = m.weights.device
+        owned = torch.zeros((), dtype=torch.float64, device=dev)
+        replicated = torch.zeros((), dtype=torch.float64, device=dev)
+        for p in (m.weights, m.biases):
+            if p.grad is not None:
+                rows, squares = _row_squares(p.grad)
+                shared = rows == 0
+                replicated += squares[shared].sum()
+                owned += squares[~shared].sum()
+        for p in [m.node_bias, m.positions] + self._start_signals():
+            if p.grad is not None:
+                replicated += _row_squares(p.grad)[1].sum()
+        total = owned + replicated if self.rank == 0 else owned
+        norm = float(self.transport.all_reduce(total.reshape(1))[0].sqrt())
+        coef = min(max_norm / (norm + 1e-6), 1.0)
+        if coef < 1.0:
+            for p in self.parameters():
+                if p.grad is not None:
+                    (p.grad._values() if p.grad.is_sparse else p.grad).mul_(coef)
+        return norm
 
     # ------------------------------------------------------------------------------------- checkpoints
     def _moments(self, optimizer, p):
@@ -506,8 +591,9 @@ class ShardedBriLLM(nn.Module):
             shared = {"owners": self.owners.cpu(), "node_bias": m.node_bias.detach().cpu(),
                       "positions": m.positions.detach().cpu(), "weights.row0": m.weights.detach()[0].cpu(),
                       "biases.row0": m.biases.detach()[0].cpu()}
-            for name, p in (("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights),
-                            ("biases", m.biases)):
+            if m.start_signals is not None:
+                shared["start_signals"] = m.start_signals.detach().cpu()
+            for name, p in self._replicated():
                 st = self._moments(optimizer, p)
                 if st is not None:
                     sl = (lambda t: t[0]) if name in ("weights", "biases") else (lambda t: t)
@@ -519,11 +605,19 @@ class ShardedBriLLM(nn.Module):
         if self.world_size > 1:
             dist.barrier(group=self.transport.group)
 
+    def _replicated(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, parameter) of every parameter whose optimizer state the shared file holds (row 0 for the table)."""
+        m = self.model
+        named = [("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights), ("biases", m.biases)]
+        return named + [("start_signals", s) for s in self._start_signals()]
+
     def _shape_meta(self) -> dict:
         cfg = self.config
+        learned = getattr(cfg, "start_signal", "uniform") == "learned"
         return {"vocab_size": str(cfg.vocab_size), "node_size": str(cfg.node_size),
                 "num_edge_rows": str(cfg.num_edge_rows), "graph": cfg.graph,
-                "max_position_embeddings": str(cfg.max_position_embeddings)}
+                "max_position_embeddings": str(cfg.max_position_embeddings),
+                "start_signals": str(cfg.num_start_signals if learned else 0)}
 
     @staticmethod
     def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
@@ -549,7 +643,7 @@ class ShardedBriLLM(nn.Module):
             raise ValueError(f"{directory} holds no source-sharded checkpoint ({SHARED_FILE} is missing): it was "
                              "saved without --edge_sharding source; resume it the way it was trained.")
         with safe_open(shared_path, "pt") as f:
-            meta = f.metadata() or {}
+            meta = {"start_signals": "0", **(f.metadata() or {})}  # saved before learned start signals trained sharded
             mine = self._shape_meta()
             diff = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
             if diff:
@@ -569,10 +663,13 @@ class ShardedBriLLM(nn.Module):
             m.positions.copy_(shared["positions"])
             m.weights[0].copy_(shared["weights.row0"])
             m.biases[0].copy_(shared["biases.row0"])
+            if m.start_signals is not None:
+                m.start_signals.copy_(shared["start_signals"])
             moments = {}
             if with_moments:
-                for name, p in (("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights),
-                                ("biases", m.biases)):
+                for name, p in self._replicated():
+                    if f"{name}.step" not in shared:  # never had a gradient (e.g. frozen): no state to restore
+                        continue
                     st = {"step": shared[f"{name}.step"].reshape(()).clone(),
                           "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
                     if name in ("weights", "biases"):

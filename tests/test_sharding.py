@@ -1,5 +1,6 @@
 """Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
-SparseAdamW on the same global batch, checkpoints that resume on another process count, clear errors.
+SparseAdamW and gradient clipping on the same global batch (learned start signals too), checkpoints that resume on
+another process count, clear errors.
 
 Processes are spawned with torch.multiprocessing over gloo (file:// rendezvous in tmp_path); one tiny sparse
 model (V = 300, d = 8) and one fixed sequence of global batches serve every test.
@@ -14,9 +15,12 @@ import torch.multiprocessing as mp
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.optimization import SparseAdamW
 from modeling_brillm.sharding import ShardedBriLLM, balance_sources, check_assignment, sharded_memory, source_costs
+from modeling_brillm.training.loop import clip_grad_norm_
 
 V, D, GLOBAL_BATCH, LENGTH, STEPS = 300, 8, 12, 16, 20
 LR, WD = 1e-2, 0.01
+MAX_NORM = 0.3  # the global gradient norm is 0.21-0.36 here: about half the steps clip
+LEARNED = {"start_signal": "learned", "num_start_signals": 2}
 
 
 def _sequences(n: int, seed: int) -> torch.Tensor:
@@ -29,12 +33,13 @@ def _sequences(n: int, seed: int) -> torch.Tensor:
     return ids * mask, mask
 
 
-def _model(loss_type: str = "exact") -> BriLLMForCausalLM:
+def _model(loss_type: str = "exact", **config) -> BriLLMForCausalLM:
     ids, mask = _sequences(400, seed=1)
     seqs = [row[m.bool()] for row, m in zip(ids, mask)]
     torch.manual_seed(0)
     return BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=V, node_size=D, max_position_embeddings=LENGTH,
-                                                  loss_type=loss_type, num_negatives=8, negative_sampling="frequency")
+                                                  loss_type=loss_type, num_negatives=8, negative_sampling="frequency",
+                                                  **config)
 
 
 def _batch(step: int):
@@ -42,40 +47,55 @@ def _batch(step: int):
     return ids, mask
 
 
+def _signal_ids(model, step: int):
+    """Which learned start signal each row of the global batch starts from ({} for the uniform start)."""
+    if model.config.start_signal != "learned":
+        return {}
+    g = torch.Generator().manual_seed(500 + step)
+    return {"signal_ids": torch.randint(0, model.config.num_start_signals, (GLOBAL_BATCH,), generator=g)}
+
+
 def _groups(model):
     return [{"params": [model.weights], "weight_decay": WD},
             {"params": [model.node_bias, model.biases, model.positions], "weight_decay": 0.0}]
 
 
-def _reference(loss_type: str, steps: int = STEPS):
-    model = _model(loss_type)
+def _reference(loss_type: str, steps: int = STEPS, **config):
+    """One process, SparseAdamW, clipped to MAX_NORM as loop.TrainStep clips: (losses, norms, final state)."""
+    model = _model(loss_type, **config)
     model.sparse_gradients = True
-    opt = SparseAdamW(_groups(model), lr=LR)
-    losses = []
+    groups = _groups(model)
+    if model.start_signals is not None:
+        groups[1]["params"].append(model.start_signals)
+    opt = SparseAdamW(groups, lr=LR)
+    losses, norms = [], []
     for step in range(steps):
         ids, mask = _batch(step)
-        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False, **_signal_ids(model, step)).loss
         loss.backward()
+        norms.append(clip_grad_norm_(list(model.parameters()), MAX_NORM))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _train(sharded, opt, first: int, last: int, rank: int, world: int, save_at=None, save_dir=None):
-    losses = []
+    losses, norms = [], []
     for step in range(first, last):
         ids, mask = _batch(step)
         part = torch.arange(GLOBAL_BATCH).tensor_split(world)[rank]  # uneven with 3 processes
-        out = sharded(ids[part], mask[part], labels=ids[part])
+        extra = {k: v[part] for k, v in _signal_ids(sharded.model, step).items()}
+        out = sharded(ids[part], mask[part], labels=ids[part], **extra)
         out.loss.backward()
         sharded.reduce_gradients()
+        norms.append(sharded.clip_grad_norm_(MAX_NORM))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(out.loss.detach()))
         if save_at is not None and step + 1 == save_at:
             sharded.save_shard(save_dir, opt)
-    return losses
+    return losses, norms
 
 
 def _worker(rank, world, init_file, job, out_file):
@@ -83,17 +103,23 @@ def _worker(rank, world, init_file, job, out_file):
     if world > 1:
         torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        sharded = ShardedBriLLM(_model(job.get("loss_type", "exact")))
+        sharded = ShardedBriLLM(_model(job.get("loss_type", "exact"), **job.get("config", {})))
         opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
         if job.get("resume"):
             sharded.load_shard(job["resume"], opt)
-        losses = _train(sharded, opt, job["first"], job["last"], rank, world, job.get("save_at"), job.get("save_dir"))
+        losses, norms = _train(sharded, opt, job["first"], job["last"], rank, world, job.get("save_at"),
+                               job.get("save_dir"))
         state = sharded.full_state_dict()
-        result = {"losses": losses, "state": state, "bytes": sharded.bytes_sent, "rows": sharded.model.weights.shape[0]}
+        result = {"losses": losses, "norms": norms, "state": state, "bytes": sharded.bytes_sent,
+                  "rows": sharded.model.weights.shape[0]}
+        all_norms = [None] * world
+        if world > 1:  # the clip coefficient must be the same everywhere: every process saw the same norms
+            torch.distributed.all_gather_object(all_norms, norms)
+            result["norms_agree"] = all(n == norms for n in all_norms)
         if job.get("sampled_steps"):  # a second model in the same process group: the sampled (frequency) loss
             sharded = ShardedBriLLM(_model("sampled"))
             opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
-            result["sampled"] = {"losses": _train(sharded, opt, 0, job["sampled_steps"], rank, world),
+            result["sampled"] = {"losses": _train(sharded, opt, 0, job["sampled_steps"], rank, world)[0],
                                  "state": sharded.full_state_dict()}
         if rank == 0:
             torch.save(result, out_file)
@@ -137,11 +163,16 @@ def test_assignment_balances_work_and_rejects_empty_processes():
 
 
 def test_three_then_two_then_one_processes_match_one_process(tmp_path, reference):
-    ref_losses, ref_state = reference
+    ref_losses, ref_norms, ref_state = reference
+    clipped = sum(n > MAX_NORM for n in ref_norms)
+    assert 0 < clipped < STEPS, ref_norms  # both branches of the clipping are exercised
     ckpt3, ckpt2 = str(tmp_path / "ckpt3"), str(tmp_path / "ckpt2")
     # 3 processes (uneven split of the 12 rows and of the sources), 20 steps, checkpoint at step 10
     three = _run(tmp_path, 3, {"first": 0, "last": STEPS, "save_at": 10, "save_dir": ckpt3}, "three")
     assert torch.allclose(torch.tensor(three["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    # the global norm: every owner's rows plus the replicated parameters once, the same on every process
+    assert torch.allclose(torch.tensor(three["norms"]), torch.tensor(ref_norms), rtol=1e-5, atol=0)
+    assert three["norms_agree"]
     _assert_close(three["state"], ref_state)
     assert three["rows"] < ref_state["weights"].shape[0] // 2  # this process holds about a third of the table
     # resume 3 -> 2 at step 10, checkpoint again at step 15
@@ -154,7 +185,7 @@ def test_three_then_two_then_one_processes_match_one_process(tmp_path, reference
     assert torch.allclose(torch.tensor(one["losses"]), torch.tensor(ref_losses[15:]), rtol=1e-5, atol=0)
     _assert_close(one["state"], ref_state)
     # the sampled loss (frequency negatives), 2 processes
-    ref_losses, ref_state = _reference("sampled", steps=5)
+    ref_losses, _, ref_state = _reference("sampled", steps=5)
     assert torch.allclose(torch.tensor(two["sampled"]["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     # Adam's normalised step turns summation-order rounding in rows whose gradient is ~0 into up to ~1e-3 of one
     # lr=1e-2 step (seen: 1.8e-6 after 5 steps); the losses above agree to 1e-5 relative
@@ -189,6 +220,9 @@ def test_from_config_never_builds_the_full_table():
     assert out.num_targets == 3 * 7 and sharded.model.weights.grad.is_sparse
     plain = sharded.export_model()(ids, labels=ids).loss.detach()
     assert float(out.loss.detach()) == pytest.approx(float(plain), rel=1e-6)
+    learned = ShardedBriLLM.from_config(BriLLMConfig(vocab_size=40, node_size=D, graph="dense",
+                                                     max_position_embeddings=LENGTH, **LEARNED), seed=3)
+    assert torch.equal(learned.model.start_signals, torch.full((2, D), 1.0 / D))  # the release's uniform start
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
@@ -203,11 +237,50 @@ def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
         other.load_shard(tmp_path)
 
 
-def test_learned_start_signal_is_refused_not_silently_unsynchronised():
-    model = BriLLMForCausalLM.from_token_sequences([torch.arange(50)], vocab_size=V, node_size=D,
-                                                   max_position_embeddings=LENGTH, start_signal="learned")
-    with pytest.raises(ValueError, match="start_signal='uniform' only"):
-        ShardedBriLLM(model)
+def test_learned_start_signals_train_sharded_resume_and_export(tmp_path):
+    ref_losses, ref_norms, ref_state = _reference("exact", **LEARNED)
+    assert 0 < sum(n > MAX_NORM for n in ref_norms) < STEPS, ref_norms
+    ckpt = str(tmp_path / "ckpt")
+    two = _run(tmp_path, 2, {"first": 0, "last": STEPS, "save_at": 10, "save_dir": ckpt, "config": LEARNED}, "learned")
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    assert torch.allclose(torch.tensor(two["norms"]), torch.tensor(ref_norms), rtol=1e-5, atol=0)
+    _assert_close(two["state"], ref_state)  # the start signals among them
+    signals = two["state"]["start_signals"]
+    assert float((signals - 1.0 / D).abs().min()) > 1e-3 and not torch.allclose(signals[0], signals[1])  # trained
+    # the two-process checkpoint resumes in one process (the start signals and their moments come back)
+    sharded = ShardedBriLLM(_model(**LEARNED))
+    opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
+    sharded.load_shard(ckpt, opt)
+    losses, _ = _train(sharded, opt, 10, STEPS, 0, 1)
+    assert torch.allclose(torch.tensor(losses), torch.tensor(ref_losses[10:]), rtol=1e-5, atol=0)
+    # exported: a plain model with the trained start signals
+    sharded.export_model().save_pretrained(tmp_path / "out")
+    loaded = BriLLMForCausalLM.from_pretrained(tmp_path / "out")
+    assert torch.allclose(loaded.start_signals.detach(), ref_state["start_signals"], rtol=1e-5, atol=1e-6)
+    # a checkpoint of a uniform-start model is not silently loaded into a learned one
+    ShardedBriLLM(_model()).save_shard(tmp_path / "uniform")
+    with pytest.raises(ValueError, match="saved for another model"):
+        ShardedBriLLM(_model(**LEARNED)).load_shard(tmp_path / "uniform")
+
+
+def test_clip_needs_reduced_gradients_and_scales_every_gradient():
+    sharded = ShardedBriLLM(_model(**LEARNED))
+    ids, mask = _batch(0)
+    sharded(ids, mask, labels=ids, **_signal_ids(sharded.model, 0)).loss.backward()
+    with pytest.raises(RuntimeError, match="call reduce_gradients"):
+        sharded.clip_grad_norm_(MAX_NORM)
+    sharded.reduce_gradients()
+    w = sharded.model.weights
+    g = w.grad  # split every row into two entries (as accumulated micro-batches may leave it): duplicate rows
+    w.grad = torch.sparse_coo_tensor(torch.cat([g._indices(), g._indices().flip(1)], 1),
+                                     torch.cat([0.25 * g._values(), 0.75 * g._values().flip(0)]), w.shape,
+                                     check_invariants=True)
+    grads = {n: p.grad.to_dense().clone() for n, p in sharded.named_parameters()}
+    norm = sharded.clip_grad_norm_(1e-3)
+    dense = sum(float(g.double().pow(2).sum()) for g in grads.values()) ** 0.5  # duplicate rows summed by to_dense
+    assert norm == pytest.approx(dense, rel=1e-6) and norm > 1e-3
+    for n, p in sharded.named_parameters():
+        assert torch.allclose(p.grad.to_dense(), grads[n] * (1e-3 / (norm + 1e-6)), rtol=1e-5, atol=1e-12), n
 
 
 def test_dense_paper_graph_fits_40_gb_per_process_on_8():
@@ -231,8 +304,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "pretrain.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 CPU2 = ROOT / "configuration" / "accelerate" / "cpu_2.yaml"
+# --max_grad_norm 0.6: the global gradient norm of these runs is 0.42-0.77, so 7 of the 10 steps clip
 TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
-        "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5", "--max_train_steps", "10"]
+        "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5", "--max_train_steps", "10",
+        "--max_grad_norm", "0.6"]
 GLOBAL = 24  # = 1 x 24 = 2 x 12 blocks
 
 
@@ -297,6 +372,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
                         "--checkpointing_steps", "5"], processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout
+    assert "gradient norm clipped to 0.6" in result.stdout
     _same_run(two, one, range(1, 11))
     assert sorted(p.name for p in (two / "step_5").glob("edge_*")) == [
         "edge_shard_00000_of_00002.safetensors", "edge_shard_00001_of_00002.safetensors", "edge_shared.safetensors"]

@@ -1,11 +1,11 @@
 """Training with the source-sharded edge table (`--edge_sharding source`, see modeling_brillm/sharding.py).
 
 The model is not handed to `accelerator.prepare` (no DDP, no dense all-reduce): each process keeps the blocks of
-the sources it owns, `ShardedTrainStep` runs the step (backward, the all-reduce of the replicated gradients,
-SparseAdamW on the owned rows), validation splits every batch over the processes, checkpoints add one shard file
-per process (written into the checkpoint's temporary folder before its one rename), and the final model is
-gathered on the main process for `save_pretrained`. Accelerate still prepares the training loader and the
-scheduler and forms the process group (gloo on CPU, NCCL on GPU).
+the sources it owns, `ShardedTrainStep` runs the step (backward, the all-reduce of the replicated gradients, the
+clipping by the global gradient norm, SparseAdamW on the owned rows), validation splits every batch over the
+processes, checkpoints add one shard file per process (written into the checkpoint's temporary folder before its
+one rename), and the final model is gathered on the main process for `save_pretrained`. Accelerate still prepares
+the training loader and the scheduler and forms the process group (gloo on CPU, NCCL on GPU).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from .errors import UsageError
-from .loop import StepResult
+from .loop import StepResult, _extra_inputs
 from .optimizers import BETAS, EPS
 
 EDGE_SHARDINGS = ("none", "source")
@@ -104,17 +104,19 @@ class ShardedTrainStep:
     Every process backpropagates (global mean of this micro-batch) x (its global targets) / ref; at the last
     micro-batch of an accumulation the replicated gradients are all-reduced and every gradient is multiplied by
     ref / (targets of the whole accumulation), which gives the gradient of the mean over every target of the
-    global batch. No clipping: the global norm would need every owner's rows (one process clips; this step does not).
+    global batch; then, as `TrainStep` in one process, the gradients are clipped to `max_grad_norm` by their global
+    norm (`ShardedBriLLM.clip_grad_norm_`: one all-reduce of the owners' squared norms; None or 0: no clipping).
     """
 
     def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int,
-                 block_size: int, learning_rate: float):
+                 block_size: int, learning_rate: float, max_grad_norm: float | None = None):
         import torch
 
         self.accelerator, self.sharded = accelerator, sharded
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.ref = float(per_device_batch_size * block_size)
         self.lr_used = learning_rate
+        self.max_grad_norm = max_grad_norm
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, own tokens
 
     def __call__(self, batch) -> StepResult | None:
@@ -123,7 +125,7 @@ class ShardedTrainStep:
         acc, sharded = self.accelerator, self.sharded
         totals = None
         with acc.accumulate(sharded):
-            out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"])
+            out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], **_extra_inputs(batch))
             (out.loss * (out.num_targets / self.ref)).backward()
             self.sums += torch.tensor([float(out.loss.detach()) * out.num_targets, out.num_targets,
                                        float(batch["attention_mask"].sum())], dtype=torch.float64,
@@ -134,6 +136,8 @@ class ShardedTrainStep:
                 for p in sharded.parameters():
                     if p.grad is not None:
                         p.grad.mul_(scale)
+                if self.max_grad_norm:
+                    sharded.clip_grad_norm_(self.max_grad_norm)
                 self.optimizer.step()
                 self.lr_used = self.lr_scheduler.get_last_lr()[0]
                 self.lr_scheduler.step()
@@ -159,12 +163,15 @@ def evaluate_sharded(sharded, dataloader, accelerator) -> tuple[float, float, in
     for batch in dataloader:
         rows = torch.arange(batch["input_ids"].shape[0]).tensor_split(W)[rank]
         ids, mask, labels = (batch[k][rows] for k in ("input_ids", "attention_mask", "labels"))
+        extra = {k: v[rows] for k, v in _extra_inputs(batch).items()}
         if rows.numel() == 0:
             ids, mask = batch["input_ids"][:1, :1], batch["attention_mask"][:1, :1].clamp_min(1)
             labels = torch.full_like(ids, -100)
+            extra = {k: v[:1] for k, v in _extra_inputs(batch).items()}
         dev = accelerator.device
         with torch.no_grad():
-            out = sharded(ids.to(dev), mask.to(dev), labels=labels.to(dev), loss_type="exact")
+            out = sharded(ids.to(dev), mask.to(dev), labels=labels.to(dev), loss_type="exact",
+                          **{k: v.to(dev) for k, v in extra.items()})
         total += float(out.loss) * out.num_targets
         count += out.num_targets
     sharded.train()
