@@ -193,6 +193,9 @@ class ShardedBriLLM(nn.Module):
             raise ValueError("source sharding trains models with start_signal='uniform' only; train the learned start "
                              "signal in one process (examples/finetune.py --train_only start_signal) or without "
                              "--edge_sharding.")
+        if getattr(model.config, "non_edge_bias", False):
+            raise ValueError("source sharding does not support non_edge_bias=True yet (its gradient would need an "
+                             "all-reduce); train it in one process or without --edge_sharding.")
         self.transport = _Transport(group)
         W, rank = self.transport.world, self.transport.rank
         cfg = model.config
