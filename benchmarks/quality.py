@@ -92,6 +92,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_eval_blocks", type=int, default=None, help="Score at most this many held-out blocks.")
     p.add_argument("--gpt2_lr", type=float, default=3e-3, help="GPT-2 peak learning rate (AdamW).")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2 linear warmup steps.")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                   help="Learning rate after the warmup, the same rule for every model: constant, or a cosine over the "
+                   "training clock from the peak to --min_lr_ratio of it at the largest budget (then the smaller "
+                   "budgets' figures come from a run not yet annealed).")
+    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="End of the cosine, a fraction of the peak.")
     p.add_argument("--interleave", type=float, default=5.0,
                    help="Models take turns, this many training seconds each, so that a shared machine's varying "
                    "load falls on all alike; 0: one model after the other.")
@@ -142,6 +147,8 @@ def check_args(args):
         raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
     if args.max_eval_blocks is not None and args.max_eval_blocks < 1:
         raise UsageError(f"--max_eval_blocks must be a positive integer, got {args.max_eval_blocks}.")
+    if not 0 <= args.min_lr_ratio <= 1:
+        raise UsageError(f"--min_lr_ratio must be in [0, 1], got {args.min_lr_ratio}.")
     if not args.gpt2_lr > 0 or args.gpt2_warmup < 0:
         raise UsageError("--gpt2_lr must be positive and --gpt2_warmup >= 0.")
     if args.no_brillm and not args.gpt2:
@@ -263,6 +270,29 @@ def make_gpt2(data, size, seed: int):
     return model
 
 
+class TrainingClock:
+    """Training seconds of one run, read by a schedule over the clock (BudgetRun sets it before every step)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+
+def clock_schedule(optimizer, warmup_steps: int, schedule: str, horizon: float, min_ratio: float, clock: TrainingClock):
+    """LambdaLR: linear warmup over `warmup_steps` steps, then constant, or a cosine over the training clock from the
+    peak down to `min_ratio` of it at `horizon` seconds (and flat after)."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, clock.seconds / horizon)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
 def package_step(accelerator, model, optimizer, scheduler, args, block_size: int, max_grad_norm):
     """step(ids, mask) -> training loss, through the pretraining code's TrainStep (forward, token-weighted
     backward, gradient clipping, optimizer and scheduler step), the same for every model."""
@@ -278,41 +308,53 @@ def package_step(accelerator, model, optimizer, scheduler, args, block_size: int
     return step
 
 
+def schedule_text(args) -> str:
+    if args.schedule == "constant":
+        return "constant after warmup"
+    return f"cosine over {max(args.budgets):g} training seconds to {args.min_lr_ratio:g} x the peak, after warmup"
+
+
 def brillm_trainer(model, data, args, accelerator):
     """BriLLM as examples/pretrain.py trains it in one process (its --optimizer default: SparseAdamW on sparse
-    edge gradients, the preset's learning rate, weight decay, warmup and clipping), with a constant learning rate
-    after the warmup (the budget must not shape the schedule)."""
-    from transformers import get_scheduler
-
+    edge gradients, the preset's learning rate, weight decay and its lazy mode, shared-edge and node rates, warmup
+    and clipping), with --schedule over the training clock. Returns (step, info, clock, optimizer)."""
     from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
 
     pargs = data["pargs"]
     plan = choose_optimizer(pargs.optimizer, 1, pargs.max_grad_norm)
-    optimizer = build_optimizer(model, plan, pargs.learning_rate, pargs.weight_decay, accelerator)
-    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=pargs.num_warmup_steps)
+    optimizer = build_optimizer(model, plan, pargs.learning_rate, pargs.weight_decay, accelerator,
+                                lazy_weight_decay=pargs.lazy_weight_decay, node_lr_scale=pargs.node_lr_scale,
+                                shared_edge_lr_scale=pargs.shared_edge_lr_scale)
+    clock = TrainingClock()
+    scheduler = clock_schedule(optimizer, pargs.num_warmup_steps, args.schedule, max(args.budgets), args.min_lr_ratio,
+                               clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size,
                         pargs.max_grad_norm if plan.clip else None)
     info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
                 lr=pargs.learning_rate, weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps,
-                schedule="constant after warmup", grad_clip=pargs.max_grad_norm if plan.clip else None)
-    return step, info
+                lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
+                node_lr_scale=pargs.node_lr_scale, min_bigram_count=pargs.min_bigram_count,
+                signal_dropout=model.config.signal_dropout, non_edge_bias=model.config.non_edge_bias,
+                node_size=model.config.node_size, schedule=schedule_text(args),
+                grad_clip=pargs.max_grad_norm if plan.clip else None)
+    return step, info, clock, optimizer
 
 
 def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device):
-    """GPT-2's usual recipe: fused AdamW (weight decay 0.01 on matrices), linear warmup then constant, gradient
+    """GPT-2's usual recipe: fused AdamW (weight decay 0.01 on matrices), linear warmup then --schedule, gradient
     norm clipped to 1.0; the step itself is the pretraining code's TrainStep, as for BriLLM."""
     import torch
-    from transformers import get_scheduler
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type in ("cpu", "cuda"))
-    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=warmup)
+    clock = TrainingClock()
+    scheduler = clock_schedule(optimizer, warmup, args.schedule, max(args.budgets), args.min_lr_ratio, clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, data["pargs"].block_size, 1.0)
     info = dict(optimizer="adamw (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
-                schedule="constant after warmup", grad_clip=1.0)
-    return step, info
+                schedule=schedule_text(args), grad_clip=1.0)
+    return step, info, clock
 
 
 def heldout_nll(model, held, batch_size: int, device) -> tuple[float, int]:
@@ -395,13 +437,16 @@ class BudgetRun:
     forward, backward and optimizer step, nothing else) passes t, and evaluates each time the clock passes one
     of `points`. Runs can take turns in slices (interleaved), so a shared machine's load falls on all alike."""
 
-    def __init__(self, label, model, step, data, points, args, device, say=print):
+    def __init__(self, label, model, step, data, points, args, device, say=print, clock=None, optimizer=None):
         import torch
 
         from common import CpuMonitor
 
         self.label, self.model, self.step, self.data, self.args, self.device, self.say = (
             label, model, step, data, args, device, say)
+        # `clock` (a TrainingClock): told the training seconds before every step, for a schedule over the clock;
+        # `optimizer`: its lazily decayed rows are brought up to date before every evaluation
+        self.clock_ref, self.optimizer = clock, optimizer
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.batches = iter(BatchOrder(len(data["train"][0]), args.batch_size, args.seed))
         self.pending = list(points)
@@ -416,6 +461,10 @@ class BudgetRun:
         return not self.pending
 
     def evaluate(self) -> dict:
+        from modeling_brillm.training.optimizers import apply_pending_weight_decay
+
+        if self.optimizer is not None:
+            apply_pending_weight_decay(self.optimizer)
         started = time.perf_counter()
         total, count = heldout_nll(self.model, self.data["held"], self.args.eval_batch_size, self.device)
         nll = total / count
@@ -438,6 +487,8 @@ class BudgetRun:
             self.sync()
             started = time.perf_counter()
             ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+            if self.clock_ref is not None:
+                self.clock_ref.seconds = self.clock
             loss = float(self.step(ids, mask))
             self.sync()
             self.clock += time.perf_counter() - started
@@ -593,7 +644,7 @@ def run(args) -> dict:
         if kind == "brillm":
             model = make_brillm(data, args.seed)
             label = f"BriLLM d={model.config.node_size}"
-            step, info = brillm_trainer(model.to(device), data, args, accelerator)
+            step, info, clock, optimizer = brillm_trainer(model.to(device), data, args, accelerator)
             touched = touched_edge_share(data, args)
             note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size} (+ the "
                     f"shared edge); a step touches only the edges leaving the batch's tokens: {touched:.1%} of them "
@@ -601,13 +652,14 @@ def run(args) -> dict:
         else:
             model = make_gpt2(data, size, args.seed).to(device)
             label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
-            step, info = gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
+            step, info, clock = gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
+            optimizer = None
             note = "dense: every parameter is used and updated every step (tied input/output embeddings)"
         params = count_parameters(model)
         print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
         models.append(dict(kind=kind, label=label, parameters=params, parameters_note=note, **info,
                            size=None if size is None else dict(zip(("layers", "width", "heads"), size[:3]))))
-        runs.append(BudgetRun(label, model, step, data, points, args, device))
+        runs.append(BudgetRun(label, model, step, data, points, args, device, clock=clock, optimizer=optimizer))
     load_before = wait_for_quiet(max_wait_s=60) if args.wait_quiet else None
     run_all(runs, args.interleave)
     for model, run in zip(models, runs):
@@ -619,6 +671,7 @@ def run(args) -> dict:
         settings=dict(budgets=sorted(args.budgets), curve_points=points, batch_size=args.batch_size,
                       threads=args.threads, device=str(device), seed=args.seed, config=args.config,
                       interleave_seconds=args.interleave, gpt2_lr=args.gpt2_lr, gpt2_warmup=args.gpt2_warmup,
+                      schedule=schedule_text(args),
                       other_cpu_load_before=None if load_before is None else round(load_before, 3),
                       machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
         data=dict(description=data["description"], vocab_size=len(tok), block_size=int(data["train"][0].shape[1]),

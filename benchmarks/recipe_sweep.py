@@ -55,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--gpt2", nargs="*", default=[], metavar="LxE[xH][@LR]", help="GPT-2 references (quality.py's).")
     p.add_argument("--gpt2_lr", type=float, default=3e-3)
     p.add_argument("--gpt2_warmup", type=int, default=20)
+    p.add_argument("--gpt2_schedule", choices=["constant", "cosine"], default="constant",
+                   help="GPT-2's schedule after warmup (cosine over --budget seconds, to --min_lr_ratio).")
+    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="End of GPT-2's cosine.")
     p.add_argument("--config", default="demo")
     p.add_argument("--train_file")
     p.add_argument("--validation_file")
@@ -89,27 +92,8 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name, settings
 
 
-class Clock:
-    """The training clock of one run, for a schedule over training seconds."""
-    seconds = 0.0
-
-
-def lr_factor(settings, warmup: int, horizon: float, clock: Clock):
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if settings.get("schedule", "constant") == "constant":
-            return 1.0
-        floor = settings.get("min_lr", 0.1)
-        progress = min(1.0, clock.seconds / horizon)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
 def make_variant(name, settings, data, args, accelerator, device):
     import torch
-    from torch.optim.lr_scheduler import LambdaLR
 
     from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, build_sparse_graph
     from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
@@ -134,9 +118,10 @@ def make_variant(name, settings, data, args, accelerator, device):
     optimizer = build_optimizer(model, plan, lr, wd, accelerator, lazy_weight_decay=bool(settings.get("lazy_wd", 0)),
                                 shared_edge_lr_scale=settings.get("shared_lr", 1.0),
                                 node_lr_scale=settings.get("node_lr", 1.0))
-    clock = Clock()
+    clock = quality.TrainingClock()
     warmup = settings.get("warmup", pargs.num_warmup_steps)
-    scheduler = LambdaLR(optimizer, lr_factor(settings, warmup, args.horizon or args.budget, clock))
+    scheduler = quality.clock_schedule(optimizer, warmup, settings.get("schedule", "constant"),
+                                       args.horizon or args.budget, settings.get("min_lr", 0.1), clock)
     step = quality.package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size, clip or None)
     recipe = dict(lr=lr, weight_decay=wd, lazy_weight_decay=bool(settings.get("lazy_wd", 0)), warmup=warmup,
                   schedule=settings.get("schedule", "constant"), clip=clip, min_bigram_count=min_count,
@@ -177,36 +162,18 @@ def split_nll(model, held, batch_size: int, device) -> dict:
 
 
 class SweepRun(quality.BudgetRun):
-    """quality.BudgetRun that feeds its clock to the schedule, brings lazy weight decay up to date before every
-    evaluation, and splits BriLLM's held-out NLL into seen / unseen bigrams."""
+    """quality.BudgetRun (clock-driven schedule, lazy weight decay brought up to date before every evaluation) that
+    also splits BriLLM's held-out NLL into seen / unseen bigrams at the later curve points."""
 
-    def __init__(self, *a, clock=None, optimizer=None, brillm=True, **kw):
-        self.clock_ref, self.optimizer, self.brillm = clock, optimizer, brillm
+    def __init__(self, *a, brillm=True, **kw):
+        self.brillm = brillm
         super().__init__(*a, **kw)
 
     def evaluate(self):
-        from modeling_brillm.training.optimizers import apply_pending_weight_decay
-
-        if self.clock_ref is not None:
-            self.clock_ref.seconds = self.clock
-        if self.optimizer is not None:
-            apply_pending_weight_decay(self.optimizer)
         point = super().evaluate()
         if self.brillm and self.clock >= 0.3 * self.args.budget:  # the split costs a second pass: later points only
             point.update(split_nll(self.model, self.data["held"], self.args.eval_batch_size, self.device))
         return point
-
-    def train_until(self, limit: float):
-        # the schedule reads the clock each step: patch the step to update it first
-        if self.clock_ref is not None and not getattr(self, "_wrapped", False):
-            inner, run = self.step, self
-
-            def step(ids, mask):
-                run.clock_ref.seconds = run.clock
-                return inner(ids, mask)
-
-            self.step, self._wrapped = step, True
-        return super().train_until(limit)
 
 
 def markdown(results) -> str:
@@ -273,6 +240,7 @@ def run(args) -> dict:
     if not args.budget > 0:
         raise UsageError("--budget must be positive.")
     sizes = quality.gpt2_sizes(args.gpt2, args.gpt2_lr)
+    args.budgets, args.schedule = [args.budget], args.gpt2_schedule  # what quality.gpt2_trainer reads
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     keep_freed_memory()
@@ -293,11 +261,11 @@ def run(args) -> dict:
         runs.append(SweepRun(name, model, step, data, points, args, device, clock=clock, optimizer=optimizer))
     for size in sizes:
         model = quality.make_gpt2(data, size, args.seed).to(device)
-        step, info = quality.gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
+        step, info, clock = quality.gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
         label = f"GPT-2 {size[0]}L {size[1]}w"
         models.append(dict(kind="gpt2", label=label, recipe=info, recipe_text=f"AdamW lr {size[3]:g}",
                            parameters=quality.count_parameters(model)))
-        runs.append(SweepRun(label, model, step, data, points, args, device, brillm=False))
+        runs.append(SweepRun(label, model, step, data, points, args, device, brillm=False, clock=clock))
     load_before = wait_for_quiet(max_wait_s=30)
     quality.run_all(runs, args.interleave)
     for model, r in zip(models, runs):
