@@ -81,6 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "rate --gpt2_lr); none to skip GPT-2.")
     p.add_argument("--no_brillm", action="store_true", help="Train only the GPT-2 models.")
     p.add_argument("--config", default="demo", help="Pretraining preset of BriLLM, data and tokenizer settings.")
+    p.add_argument("--more_brillm", nargs="*", default=[], metavar="PRESET",
+                   help="More BriLLM recipes (preset names or JSON paths) trained beside the first on the same data: "
+                   "their model and training sections, their own graph; the data flags stay --config's.")
     p.add_argument("--train_file", help="Training text (.txt one text per line, .json/.jsonl, .csv); default: "
                    "the embedded corpus.")
     p.add_argument("--validation_file", help="Held-out text, same format (default: every 20th training text).")
@@ -215,7 +218,21 @@ def prepare_data(args, output_dir: Path, accelerator) -> dict:
                          "--batch_size or give more text.")
     config, graph = build_config_and_graph(model_fields, tokenizer, train_blocks, pargs.min_bigram_count)
     return dict(tokenizer=tokenizer, train=train, held=held, graph=graph, config=config, pargs=pargs,
-                description=description)
+                description=description, train_blocks=train_blocks)
+
+
+def brillm_setup(data, args, preset: str) -> dict:
+    """Another BriLLM recipe on the same data (--more_brillm): `preset`'s model and training settings, its own graph
+    (its --min_bigram_count) over the same training blocks and tokenizer. Data flags (vocabulary, blocks) stay the
+    first preset's."""
+    from argparse import Namespace
+
+    from modeling_brillm.training.presets import build_config_and_graph
+
+    pargs, model_fields, _ = pretrain_args(Namespace(**{**vars(args), "config": preset}))
+    pargs.block_size = int(data["train"][0].shape[1])
+    config, graph = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], pargs.min_bigram_count)
+    return {**data, "config": config, "graph": graph, "pargs": pargs}
 
 
 def labels_of(ids, mask):
@@ -637,15 +654,17 @@ def run(args) -> dict:
     print(f"machine: {machine()}, device {device}; budgets {args.budgets} s, "
           f"curve points {[round(p, 1) for p in points]}")
 
-    specs = [] if args.no_brillm else [("brillm", None)]
+    specs = [] if args.no_brillm else [("brillm", args.config)] + [("brillm", p) for p in args.more_brillm]
     specs += [("gpt2", size) for size in sizes]
     runs, models = [], []
     for kind, size in specs:
         if kind == "brillm":
-            model = make_brillm(data, args.seed)
-            label = f"BriLLM d={model.config.node_size}"
-            step, info, clock, optimizer = brillm_trainer(model.to(device), data, args, accelerator)
-            touched = touched_edge_share(data, args)
+            setup = data if size == args.config else brillm_setup(data, args, size)
+            model = make_brillm(setup, args.seed)
+            label = f"BriLLM d={model.config.node_size}" + (f" ({Path(size).stem})" if args.more_brillm else "")
+            step, info, clock, optimizer = brillm_trainer(model.to(device), setup, args, accelerator)
+            info["preset"] = size
+            touched = touched_edge_share(setup, args)
             note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size} (+ the "
                     f"shared edge); a step touches only the edges leaving the batch's tokens: {touched:.1%} of them "
                     f"on average at batch {args.batch_size}")
@@ -658,7 +677,7 @@ def run(args) -> dict:
         params = count_parameters(model)
         print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
         models.append(dict(kind=kind, label=label, parameters=params, parameters_note=note, **info,
-                           size=None if size is None else dict(zip(("layers", "width", "heads"), size[:3]))))
+                           size=None if kind == "brillm" else dict(zip(("layers", "width", "heads"), size[:3]))))
         runs.append(BudgetRun(label, model, step, data, points, args, device, clock=clock, optimizer=optimizer))
     load_before = wait_for_quiet(max_wait_s=60) if args.wait_quiet else None
     run_all(runs, args.interleave)

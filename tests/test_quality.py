@@ -42,15 +42,22 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     train.write_text("\n".join(lines) + "\n", encoding="utf-8")
     valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "out"
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"model": {"node_size": 16, "non_edge_bias": True},
+                                  "training": {"min_bigram_count": 3, "lazy_weight_decay": True}}))
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
+            "--more_brillm", str(recipe), "--schedule", "cosine",
             "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
             "--threads", "1", "--interleave", "0.3",
             "--no-wait-quiet", "--output_dir", str(out)]
     assert quality.main(argv) == 0
     assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "quality.json").read_text())
-    assert [m["kind"] for m in results["models"]] == ["brillm", "gpt2"]
-    assert results["models"][1]["lr"] == 2e-3
+    assert [m["kind"] for m in results["models"]] == ["brillm", "brillm", "gpt2"]
+    assert results["models"][2]["lr"] == 2e-3
+    second = results["models"][1]
+    assert second["label"] == "BriLLM d=16 (recipe)" and second["lazy_weight_decay"] and second["non_edge_bias"]
+    assert second["min_bigram_count"] == 3 and "cosine" in second["schedule"]
     assert results["settings"]["budgets"] == [0.4, 1.0]
     for model in results["models"]:
         curve = model["curve"]
