@@ -3,6 +3,9 @@
     python benchmarks/quality.py                                   # embedded corpus, budgets 30 90 180 s
     python benchmarks/quality.py --budgets 30 120 300 --gpt2 2x64 4x128 4x256@1e-3 --batch_size 256
     python benchmarks/quality.py --train_file train.txt --validation_file valid.txt --output_dir outputs/q
+    python benchmarks/quality.py --train_file outputs/corpora/small/train.jsonl \
+        --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
+        --budgets 60 600 --schedule cosine --more_brillm configuration/models/demo-release.json
 
 What is the same for every model (the fairness rules):
 - data, tokenizer and blocks come from the package's pretraining code (modeling_brillm.training, with
@@ -19,13 +22,16 @@ What is the same for every model (the fairness rules):
   torch thread count (--threads), in one process. One run per model up to the largest budget; the held-out
   perplexity is taken whenever the training clock passes a curve point (the budgets among them), so every
   budget's figure comes from a run whose schedule does not depend on the budget (constant learning rate after a
-  warmup counted in steps). The models take turns (--interleave seconds of training each), so the load other
-  processes put on a shared machine falls on all of them alike; the load seen is reported per model.
+  warmup counted in steps; with --schedule cosine, every model's rate follows one cosine over the training clock to
+  the largest budget, so the smaller budgets' figures come from runs not yet annealed). The models take turns
+  (--interleave seconds of training each), so the load other processes put on a shared machine falls on all of
+  them alike; the load seen is reported per model.
 
 Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on
-sparse edge gradients) with the preset's learning rate (demo: 5e-2), weight decay, warmup and clipping; GPT-2
-(transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight decay 0.01,
---gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
+sparse edge gradients) with the preset's recipe (learning rate, weight decay and its lazy mode, shared-edge and node
+rates, warmup, clipping, graph pruning, signal dropout, non-edge bias; --more_brillm adds other presets' recipes on
+the same data); GPT-2 (transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3,
+weight decay 0.01, --gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
 1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3
 (its default: 4x256@1e-3).
 

@@ -162,7 +162,8 @@ class BriLLMConfig(PreTrainedConfig):
         need(isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0,
              f"initializer_range must be a positive number, got {self.initializer_range!r}.")
         need(isinstance(self.signal_dropout, (int, float)) and not isinstance(self.signal_dropout, bool)
-             and 0 <= self.signal_dropout < 1, f"signal_dropout must be a probability in [0, 1), got {self.signal_dropout!r}.")
+             and 0 <= self.signal_dropout < 1,
+             f"signal_dropout must be a probability in [0, 1), got {self.signal_dropout!r}.")
         need(isinstance(self.non_edge_bias, bool), f"non_edge_bias must be True or False, got {self.non_edge_bias!r}.")
         need(not (self.non_edge_bias and self.loss_type == "sampled"),
              "non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the non-successors).")
