@@ -27,13 +27,13 @@ What is the same for every model (the fairness rules):
   (--interleave seconds of training each), so the load other processes put on a shared machine falls on all of
   them alike; the load seen is reported per model.
 
-Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on
-sparse edge gradients) with the preset's recipe (learning rate, weight decay and its lazy mode, shared-edge and node
-rates, warmup, clipping, graph pruning, signal dropout, non-edge bias; --more_brillm adds other presets' recipes on
-the same data); GPT-2 (transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3,
-weight decay 0.01, --gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
-1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3
-(its default: 4x256@1e-3).
+Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on sparse
+edge gradients) with the preset's recipe (learning rate, weight decay and its lazy mode, shared-edge and node rates,
+warmup, clipping, graph pruning, signal dropout, non-edge bias; --more_brillm adds other presets' recipes on the
+same data); GPT-2 (transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight
+decay 0.01, --gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 /
+6e-3 / 1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with
+1e-3 (its default: 4x256@1e-3).
 
 Writes <output_dir>/quality.json (settings, data, every model's parameters and curve, the table per budget)
 and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
