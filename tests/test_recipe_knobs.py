@@ -272,3 +272,30 @@ def test_pretrain_flags_reach_the_config_and_optimizer(tmp_path):
     bad = run(["--train_file", corpus, "--output_dir", tmp_path / "bad", *TINY, "--shared_edge_lr_scale", "0"],
               check=False)
     assert bad.returncode == 2 and "--shared_edge_lr_scale must be a positive number" in bad.stderr
+
+
+def test_non_edge_bias_through_remote_code(tmp_path):
+    from tests.test_modeling import run_isolated
+
+    tok, ids, mask = batch()
+    base = make_model(tok)
+    model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True, "signal_dropout": 0.1}))
+    model.load_state_dict(base.state_dict(), strict=False)
+    with torch.no_grad():
+        model.non_edge_bias.copy_(torch.linspace(-1, 1, model.config.vocab_size))
+    model.eval()
+    model.save_pretrained(tmp_path / "saved")
+    with torch.no_grad():
+        torch.save({"ids": ids, "mask": mask, "logits": model(ids, attention_mask=mask).logits}, tmp_path / "expected.pt")
+    out = run_isolated("""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained("saved", trust_remote_code=True).eval()
+        assert "transformers_modules" in type(model).__module__ and model.config.non_edge_bias
+        expected = torch.load("expected.pt")
+        with torch.no_grad():
+            logits = model(expected["ids"], attention_mask=expected["mask"]).logits
+        torch.testing.assert_close(logits, expected["logits"])
+        print("ok")
+    """, tmp_path)
+    assert "ok" in out
