@@ -1,7 +1,8 @@
 """Energies of every candidate edge: the costly part of BriLLM, computed block by block.
 
 For a signal x at a position whose current node is u, every real successor v of u gets the energy
-E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, and every other node gets one shared energy from edge row 0.
+E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, and every other node gets one shared energy from edge row 0 (plus its own
+learned offset `non_edge_bias[v]` when the model has `config.non_edge_bias`: the `non_edge_bias` arguments below).
 Positions are grouped by source node so each source's block of edge matrices (contiguous, CSR order) is
 read once per call; the backward writes gradients for the touched rows only (dense or sparse COO).
 
