@@ -3,6 +3,9 @@
     python benchmarks/quality.py                                   # embedded corpus, budgets 30 90 180 s
     python benchmarks/quality.py --budgets 30 120 300 --gpt2 2x64 4x128 4x256@1e-3 --batch_size 256
     python benchmarks/quality.py --train_file train.txt --validation_file valid.txt --output_dir outputs/q
+    python benchmarks/quality.py --train_file outputs/corpora/small/train.jsonl \
+        --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
+        --budgets 60 600 --schedule cosine --more_brillm configuration/models/demo-release.json
 
 What is the same for every model (the fairness rules):
 - data, tokenizer and blocks come from the package's pretraining code (modeling_brillm.training, with
@@ -19,15 +22,18 @@ What is the same for every model (the fairness rules):
   torch thread count (--threads), in one process. One run per model up to the largest budget; the held-out
   perplexity is taken whenever the training clock passes a curve point (the budgets among them), so every
   budget's figure comes from a run whose schedule does not depend on the budget (constant learning rate after a
-  warmup counted in steps). The models take turns (--interleave seconds of training each), so the load other
-  processes put on a shared machine falls on all of them alike; the load seen is reported per model.
+  warmup counted in steps; with --schedule cosine, every model's rate follows one cosine over the training clock to
+  the largest budget, so the smaller budgets' figures come from runs not yet annealed). The models take turns
+  (--interleave seconds of training each), so the load other processes put on a shared machine falls on all of
+  them alike; the load seen is reported per model.
 
-Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on
-sparse edge gradients) with the preset's learning rate (demo: 5e-2), weight decay, warmup and clipping; GPT-2
-(transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight decay 0.01,
---gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
-1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3
-(its default: 4x256@1e-3).
+Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on sparse
+edge gradients) with the preset's recipe (learning rate, weight decay and its lazy mode, shared-edge and node rates,
+warmup, clipping, graph pruning, signal dropout, non-edge bias; --more_brillm adds other presets' recipes on the
+same data); GPT-2 (transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight
+decay 0.01, --gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 /
+6e-3 / 1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with
+1e-3 (its default: 4x256@1e-3).
 
 Writes <output_dir>/quality.json (settings, data, every model's parameters and curve, the table per budget)
 and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
@@ -81,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "rate --gpt2_lr); none to skip GPT-2.")
     p.add_argument("--no_brillm", action="store_true", help="Train only the GPT-2 models.")
     p.add_argument("--config", default="demo", help="Pretraining preset of BriLLM, data and tokenizer settings.")
+    p.add_argument("--more_brillm", nargs="*", default=[], metavar="PRESET",
+                   help="More BriLLM recipes (preset names or JSON paths) trained beside the first on the same data: "
+                   "their model and training sections, their own graph; the data flags stay --config's.")
     p.add_argument("--train_file", help="Training text (.txt one text per line, .json/.jsonl, .csv); default: "
                    "the embedded corpus.")
     p.add_argument("--validation_file", help="Held-out text, same format (default: every 20th training text).")
@@ -92,6 +101,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_eval_blocks", type=int, default=None, help="Score at most this many held-out blocks.")
     p.add_argument("--gpt2_lr", type=float, default=3e-3, help="GPT-2 peak learning rate (AdamW).")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2 linear warmup steps.")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                   help="Learning rate after the warmup, the same rule for every model: constant, or a cosine over the "
+                   "training clock from the peak to --min_lr_ratio of it at the largest budget (then the smaller "
+                   "budgets' figures come from a run not yet annealed).")
+    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="End of the cosine, a fraction of the peak.")
     p.add_argument("--interleave", type=float, default=5.0,
                    help="Models take turns, this many training seconds each, so that a shared machine's varying "
                    "load falls on all alike; 0: one model after the other.")
@@ -142,6 +156,8 @@ def check_args(args):
         raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
     if args.max_eval_blocks is not None and args.max_eval_blocks < 1:
         raise UsageError(f"--max_eval_blocks must be a positive integer, got {args.max_eval_blocks}.")
+    if not 0 <= args.min_lr_ratio <= 1:
+        raise UsageError(f"--min_lr_ratio must be in [0, 1], got {args.min_lr_ratio}.")
     if not args.gpt2_lr > 0 or args.gpt2_warmup < 0:
         raise UsageError("--gpt2_lr must be positive and --gpt2_warmup >= 0.")
     if args.no_brillm and not args.gpt2:
@@ -208,7 +224,21 @@ def prepare_data(args, output_dir: Path, accelerator) -> dict:
                          "--batch_size or give more text.")
     config, graph = build_config_and_graph(model_fields, tokenizer, train_blocks, pargs.min_bigram_count)
     return dict(tokenizer=tokenizer, train=train, held=held, graph=graph, config=config, pargs=pargs,
-                description=description)
+                description=description, train_blocks=train_blocks)
+
+
+def brillm_setup(data, args, preset: str) -> dict:
+    """Another BriLLM recipe on the same data (--more_brillm): `preset`'s model and training settings, its own graph
+    (its --min_bigram_count) over the same training blocks and tokenizer. Data flags (vocabulary, blocks) stay the
+    first preset's."""
+    from argparse import Namespace
+
+    from modeling_brillm.training.presets import build_config_and_graph
+
+    pargs, model_fields, _ = pretrain_args(Namespace(**{**vars(args), "config": preset}))
+    pargs.block_size = int(data["train"][0].shape[1])
+    config, graph = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], pargs.min_bigram_count)
+    return {**data, "config": config, "graph": graph, "pargs": pargs}
 
 
 def labels_of(ids, mask):
@@ -263,6 +293,29 @@ def make_gpt2(data, size, seed: int):
     return model
 
 
+class TrainingClock:
+    """Training seconds of one run, read by a schedule over the clock (BudgetRun sets it before every step)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+
+def clock_schedule(optimizer, warmup_steps: int, schedule: str, horizon: float, min_ratio: float, clock: TrainingClock):
+    """LambdaLR: linear warmup over `warmup_steps` steps, then constant, or a cosine over the training clock from the
+    peak down to `min_ratio` of it at `horizon` seconds (and flat after)."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, clock.seconds / horizon)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
 def package_step(accelerator, model, optimizer, scheduler, args, block_size: int, max_grad_norm):
     """step(ids, mask) -> training loss, through the pretraining code's TrainStep (forward, token-weighted
     backward, gradient clipping, optimizer and scheduler step), the same for every model."""
@@ -278,41 +331,53 @@ def package_step(accelerator, model, optimizer, scheduler, args, block_size: int
     return step
 
 
+def schedule_text(args) -> str:
+    if args.schedule == "constant":
+        return "constant after warmup"
+    return f"cosine over {max(args.budgets):g} training seconds to {args.min_lr_ratio:g} x the peak, after warmup"
+
+
 def brillm_trainer(model, data, args, accelerator):
     """BriLLM as examples/pretrain.py trains it in one process (its --optimizer default: SparseAdamW on sparse
-    edge gradients, the preset's learning rate, weight decay, warmup and clipping), with a constant learning rate
-    after the warmup (the budget must not shape the schedule)."""
-    from transformers import get_scheduler
-
+    edge gradients, the preset's learning rate, weight decay and its lazy mode, shared-edge and node rates, warmup
+    and clipping), with --schedule over the training clock. Returns (step, info, clock, optimizer)."""
     from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
 
     pargs = data["pargs"]
     plan = choose_optimizer(pargs.optimizer, 1, pargs.max_grad_norm)
-    optimizer = build_optimizer(model, plan, pargs.learning_rate, pargs.weight_decay, accelerator)
-    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=pargs.num_warmup_steps)
+    optimizer = build_optimizer(model, plan, pargs.learning_rate, pargs.weight_decay, accelerator,
+                                lazy_weight_decay=pargs.lazy_weight_decay, node_lr_scale=pargs.node_lr_scale,
+                                shared_edge_lr_scale=pargs.shared_edge_lr_scale)
+    clock = TrainingClock()
+    scheduler = clock_schedule(optimizer, pargs.num_warmup_steps, args.schedule, max(args.budgets), args.min_lr_ratio,
+                               clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size,
                         pargs.max_grad_norm if plan.clip else None)
     info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
                 lr=pargs.learning_rate, weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps,
-                schedule="constant after warmup", grad_clip=pargs.max_grad_norm if plan.clip else None)
-    return step, info
+                lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
+                node_lr_scale=pargs.node_lr_scale, min_bigram_count=pargs.min_bigram_count,
+                signal_dropout=model.config.signal_dropout, non_edge_bias=model.config.non_edge_bias,
+                node_size=model.config.node_size, schedule=schedule_text(args),
+                grad_clip=pargs.max_grad_norm if plan.clip else None)
+    return step, info, clock, optimizer
 
 
 def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device):
-    """GPT-2's usual recipe: fused AdamW (weight decay 0.01 on matrices), linear warmup then constant, gradient
+    """GPT-2's usual recipe: fused AdamW (weight decay 0.01 on matrices), linear warmup then --schedule, gradient
     norm clipped to 1.0; the step itself is the pretraining code's TrainStep, as for BriLLM."""
     import torch
-    from transformers import get_scheduler
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type in ("cpu", "cuda"))
-    scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=warmup)
+    clock = TrainingClock()
+    scheduler = clock_schedule(optimizer, warmup, args.schedule, max(args.budgets), args.min_lr_ratio, clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, data["pargs"].block_size, 1.0)
     info = dict(optimizer="adamw (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
-                schedule="constant after warmup", grad_clip=1.0)
-    return step, info
+                schedule=schedule_text(args), grad_clip=1.0)
+    return step, info, clock
 
 
 def heldout_nll(model, held, batch_size: int, device) -> tuple[float, int]:
@@ -395,13 +460,16 @@ class BudgetRun:
     forward, backward and optimizer step, nothing else) passes t, and evaluates each time the clock passes one
     of `points`. Runs can take turns in slices (interleaved), so a shared machine's load falls on all alike."""
 
-    def __init__(self, label, model, step, data, points, args, device, say=print):
+    def __init__(self, label, model, step, data, points, args, device, say=print, clock=None, optimizer=None):
         import torch
 
         from common import CpuMonitor
 
         self.label, self.model, self.step, self.data, self.args, self.device, self.say = (
             label, model, step, data, args, device, say)
+        # `clock` (a TrainingClock): told the training seconds before every step, for a schedule over the clock;
+        # `optimizer`: its lazily decayed rows are brought up to date before every evaluation
+        self.clock_ref, self.optimizer = clock, optimizer
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.batches = iter(BatchOrder(len(data["train"][0]), args.batch_size, args.seed))
         self.pending = list(points)
@@ -416,6 +484,10 @@ class BudgetRun:
         return not self.pending
 
     def evaluate(self) -> dict:
+        from modeling_brillm.training.optimizers import apply_pending_weight_decay
+
+        if self.optimizer is not None:
+            apply_pending_weight_decay(self.optimizer)
         started = time.perf_counter()
         total, count = heldout_nll(self.model, self.data["held"], self.args.eval_batch_size, self.device)
         nll = total / count
@@ -438,6 +510,8 @@ class BudgetRun:
             self.sync()
             started = time.perf_counter()
             ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+            if self.clock_ref is not None:
+                self.clock_ref.seconds = self.clock
             loss = float(self.step(ids, mask))
             self.sync()
             self.clock += time.perf_counter() - started
@@ -586,28 +660,31 @@ def run(args) -> dict:
     print(f"machine: {machine()}, device {device}; budgets {args.budgets} s, "
           f"curve points {[round(p, 1) for p in points]}")
 
-    specs = [] if args.no_brillm else [("brillm", None)]
+    specs = [] if args.no_brillm else [("brillm", args.config)] + [("brillm", p) for p in args.more_brillm]
     specs += [("gpt2", size) for size in sizes]
     runs, models = [], []
     for kind, size in specs:
         if kind == "brillm":
-            model = make_brillm(data, args.seed)
-            label = f"BriLLM d={model.config.node_size}"
-            step, info = brillm_trainer(model.to(device), data, args, accelerator)
-            touched = touched_edge_share(data, args)
+            setup = data if size == args.config else brillm_setup(data, args, size)
+            model = make_brillm(setup, args.seed)
+            label = f"BriLLM d={model.config.node_size}" + (f" ({Path(size).stem})" if args.more_brillm else "")
+            step, info, clock, optimizer = brillm_trainer(model.to(device), setup, args, accelerator)
+            info["preset"] = size
+            touched = touched_edge_share(setup, args)
             note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size} (+ the "
                     f"shared edge); a step touches only the edges leaving the batch's tokens: {touched:.1%} of them "
                     f"on average at batch {args.batch_size}")
         else:
             model = make_gpt2(data, size, args.seed).to(device)
             label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
-            step, info = gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
+            step, info, clock = gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
+            optimizer = None
             note = "dense: every parameter is used and updated every step (tied input/output embeddings)"
         params = count_parameters(model)
         print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
         models.append(dict(kind=kind, label=label, parameters=params, parameters_note=note, **info,
-                           size=None if size is None else dict(zip(("layers", "width", "heads"), size[:3]))))
-        runs.append(BudgetRun(label, model, step, data, points, args, device))
+                           size=None if kind == "brillm" else dict(zip(("layers", "width", "heads"), size[:3]))))
+        runs.append(BudgetRun(label, model, step, data, points, args, device, clock=clock, optimizer=optimizer))
     load_before = wait_for_quiet(max_wait_s=60) if args.wait_quiet else None
     run_all(runs, args.interleave)
     for model, run in zip(models, runs):
@@ -619,6 +696,7 @@ def run(args) -> dict:
         settings=dict(budgets=sorted(args.budgets), curve_points=points, batch_size=args.batch_size,
                       threads=args.threads, device=str(device), seed=args.seed, config=args.config,
                       interleave_seconds=args.interleave, gpt2_lr=args.gpt2_lr, gpt2_warmup=args.gpt2_warmup,
+                      schedule=schedule_text(args),
                       other_cpu_load_before=None if load_before is None else round(load_before, 3),
                       machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
         data=dict(description=data["description"], vocab_size=len(tok), block_size=int(data["train"][0].shape[1]),

@@ -52,7 +52,9 @@ from modeling_brillm.training.launch import make_accelerator
 from modeling_brillm.training.loop import TrainStep, choose_prompts, generate_samples
 from modeling_brillm.training.loop import evaluate as evaluate_dense
 from modeling_brillm.training.memory import check_memory, human_bytes
-from modeling_brillm.training.optimizers import OPTIMIZERS, build_optimizer, choose_optimizer, describe_optimizer
+from modeling_brillm.training.optimizers import (
+    OPTIMIZERS, apply_pending_weight_decay, build_optimizer, choose_optimizer, describe_optimizer,
+)
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
 from modeling_brillm.training.publishing import push_folder, write_training_card
 from modeling_brillm.training.sharded import (
@@ -111,6 +113,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--num_negatives", type=int, default=None, help="K negatives of the sampled loss. [400]")
     g.add_argument("--negatives", choices=["frequency", "uniform"], default=None,
                    help="Negatives of the sampled loss: most frequent successors, or uniform.")
+    g.add_argument("--signal_dropout", type=float, default=None,
+                   help="Dropout on the signal leaving every token, training only (config.signal_dropout). [0]")
+    g.add_argument("--non_edge_bias", action=argparse.BooleanOptionalAction, default=None,
+                   help="A learned energy offset per node for non-successors, so unseen continuations differ "
+                   "(config.non_edge_bias; exact loss, sparse graph). [off]")
 
     g = p.add_argument_group("training")
     g.add_argument("--per_device_train_batch_size", type=int, default=None, help="Blocks per process. [32]")
@@ -125,6 +132,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                             "constant_with_warmup", "inverse_sqrt", "warmup_stable_decay"], help="[linear]")
     g.add_argument("--num_warmup_steps", type=int, default=None, help="Linear warmup steps. [0]")
     g.add_argument("--max_grad_norm", type=float, default=None, help="Clip the gradient norm (0: off). [1.0]")
+    g.add_argument("--lazy_weight_decay", action=argparse.BooleanOptionalAction, default=None,
+                   help="SparseAdamW: decay every edge row as dense AdamW would, applied when the row is next touched "
+                   "(off: only touched rows decay, once per step they are touched). [off]")
+    g.add_argument("--shared_edge_lr_scale", type=float, default=None,
+                   help="Learning-rate multiplier of the shared edge (row 0 of the edge tables; SparseAdamW). [1]")
+    g.add_argument("--node_lr_scale", type=float, default=None,
+                   help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [1]")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
                    help="auto: sparse_adamw in one process, adamw with several; adamw: torch AdamW (fused) on "
                    "dense gradients; sparse_adamw: modeling_brillm.optimization.SparseAdamW on sparse edge "
@@ -207,6 +221,13 @@ def check_args(args, model_fields: dict):
                 raise UsageError(f"--{flag} {path}: no such file.")
             if os.path.getsize(path) == 0:
                 raise UsageError(f"--{flag} {path} is empty: there is no text to train on.")
+    for name in ("shared_edge_lr_scale", "node_lr_scale"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name} must be a positive number, got {getattr(args, name)}.")
+    if args.edge_sharding == "source" and (args.lazy_weight_decay or args.shared_edge_lr_scale != 1
+                                           or args.node_lr_scale != 1):
+        raise UsageError("--lazy_weight_decay, --shared_edge_lr_scale and --node_lr_scale are not wired into "
+                         "--edge_sharding source yet; drop them or train in one process.")
     if args.tokenizer_name and not os.path.isdir(args.tokenizer_name):
         raise UsageError(f"--tokenizer_name {args.tokenizer_name}: not a folder with a saved tokenizer.")
 
@@ -286,7 +307,9 @@ def run(args) -> int:
                                                                 device=accelerator.device)).tolist()]
         say(f"edge sharding by source: edge rows per process {rows} of {config.num_edge_rows - 1:,}")
     else:
-        optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator)
+        optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator,
+                                    lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
+                                    shared_edge_lr_scale=args.shared_edge_lr_scale)
         if eval_loader is not None:
             model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader,
                                                                               eval_loader)
@@ -387,6 +410,7 @@ def run(args) -> int:
 
             if args.eval_steps and eval_loader is not None and completed_steps % args.eval_steps == 0 \
                     and completed_steps < args.max_train_steps:
+                apply_pending_weight_decay(optimizer)
                 loss_v, ppl_v, _ = evaluate(model, eval_loader, accelerator)
                 if accelerator.is_local_main_process:
                     progress.write(f"step {completed_steps}: train loss {last_loss:.4f}, validation loss "
@@ -414,6 +438,7 @@ def run(args) -> int:
             f"= {train_tokens / train_time:,.0f} tokens/s; last train loss {last_loss:.4f}")
     summary.update(steps=completed_steps, train_seconds=round(train_time, 2), train_tokens=train_tokens,
                    tokens_per_second=round(train_tokens / train_time, 1) if train_time else None, last_loss=last_loss)
+    apply_pending_weight_decay(optimizer)  # lazily decayed rows: the weights as dense AdamW's decay has them
     if eval_loader is not None:
         loss1, ppl1, n1 = evaluate(model, eval_loader, accelerator)
         say(f"validation loss {loss1:.4f}, perplexity {ppl1:,.2f} ({n1:,} tokens)"

@@ -76,6 +76,17 @@ class BriLLMConfig(PreTrainedConfig):
         num_start_signals (`int`, defaults to 1):
             Learned start signals (one per task), chosen per row by the `signal_ids` input (default 0). Only
             with `start_signal="learned"`.
+        signal_dropout (`float`, defaults to 0.0):
+            Training only (`model.train()`): dropout with this probability on the signal leaving every token, i.e.
+            on the x that enters its outgoing edge and its candidate energies (the running mix keeps the undropped
+            edge outputs). 0 = the release. A regulariser: each of the many d×d edge matrices otherwise fits the few
+            signals that reach it.
+        non_edge_bias (`bool`, defaults to False):
+            Sparse graphs: give every node a learned energy offset `non_edge_bias[v]` (a V-vector, initialised to 0)
+            that a non-successor v adds to the shared energy, so unseen continuations u→v are no longer all alike
+            (the release: every non-successor of u gets the one shared energy). Real edges are unchanged; a fresh
+            model computes exactly the release's energies. The exact loss only (the sampled loss's negatives do not
+            cover the non-successors).
         bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*):
             Special token ids of the tokenizer the graph was built for.
     """
@@ -95,6 +106,8 @@ class BriLLMConfig(PreTrainedConfig):
     negative_sampling: str = "frequency"
     start_signal: str = "uniform"
     num_start_signals: int = 1
+    signal_dropout: float = 0.0
+    non_edge_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -127,6 +140,7 @@ class BriLLMConfig(PreTrainedConfig):
         signal)."""
         d = self.node_size
         learned = self.num_start_signals * d if self.start_signal == "learned" else 0
+        learned += self.vocab_size if self.non_edge_bias else 0
         return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
@@ -158,6 +172,12 @@ class BriLLMConfig(PreTrainedConfig):
              "is a single fixed vector).")
         need(isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0,
              f"initializer_range must be a positive number, got {self.initializer_range!r}.")
+        need(isinstance(self.signal_dropout, (int, float)) and not isinstance(self.signal_dropout, bool)
+             and 0 <= self.signal_dropout < 1,
+             f"signal_dropout must be a probability in [0, 1), got {self.signal_dropout!r}.")
+        need(isinstance(self.non_edge_bias, bool), f"non_edge_bias must be True or False, got {self.non_edge_bias!r}.")
+        need(not (self.non_edge_bias and self.loss_type == "sampled"),
+             "non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the non-successors).")
         if self.loss_type == "sampled":
             need(self.num_negatives < self.vocab_size,
                  f"num_negatives={self.num_negatives} must be smaller than vocab_size={self.vocab_size}.")

@@ -1,7 +1,8 @@
 """Energies of every candidate edge: the costly part of BriLLM, computed block by block.
 
 For a signal x at a position whose current node is u, every real successor v of u gets the energy
-E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, and every other node gets one shared energy from edge row 0.
+E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, and every other node gets one shared energy from edge row 0 (plus its own
+learned offset `non_edge_bias[v]` when the model has `config.non_edge_bias`: the `non_edge_bias` arguments below).
 Positions are grouped by source node so each source's block of edge matrices (contiguous, CSR order) is
 read once per call; the backward writes gradients for the touched rows only (dense or sparse COO).
 
@@ -407,14 +408,19 @@ def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad:
     return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
 
 
-def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int) -> torch.Tensor:
-    """Full (N, V) logits in sorted order: the shared energy everywhere, real successors' energies on top."""
+def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
+    """Full (N, V) logits in sorted order: the shared energy everywhere (plus `non_edge_bias[v]` (V,) when the
+    model has one), real successors' energies on top."""
     n = shared.shape[0]
-    logits = shared.unsqueeze(1).expand(n, vocab_size).contiguous()
+    if non_edge_bias is None:
+        logits = shared.unsqueeze(1).expand(n, vocab_size).contiguous()
+    else:
+        logits = shared.unsqueeze(1) + non_edge_bias.to(shared.dtype).unsqueeze(0)
     return logits.index_put((plan.entry_position, plan.entry_target), energies)
 
 
-def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int) -> torch.Tensor:
+def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
+                     non_edge_bias=None) -> torch.Tensor:
     """(N, V) energies of every node as the successor of each position, in the given order; inference only.
 
     The decoding hot path: no plan or autograd for a single position (one `baddbmm` over its source's block,
@@ -434,6 +440,8 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
             else:
                 shared = _energy(torch.addmm(b2[0] + pe, x, weights[0]))[1]
                 logits = shared.expand(1, vocab_size).clone()
+                if non_edge_bias is not None:
+                    logits += non_edge_bias.to(logits.dtype)
             if b > a:
                 n = b - a
                 h = torch.baddbmm(b2[a + 1:b + 1].unsqueeze(1), x.expand(n, 1, d), weights[a + 1:b + 1]).view(n, d)
@@ -447,15 +455,40 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
         plan = make_plan(sources, indptr, indices, vocab_size)
         energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan)
         logits = torch.empty(N, vocab_size, dtype=energies.dtype, device=x.device)
-        logits[plan.order] = scatter_logits(energies, shared, plan, vocab_size)
+        logits[plan.order] = scatter_logits(energies, shared, plan, vocab_size, non_edge_bias)
         return logits
 
 
-def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int) -> torch.Tensor:
-    """log Σ_v exp(E_v) over all V nodes per position, with the V − degree non-successors sharing one energy.
+def non_edge_log_mass(non_edge_bias, plan: CandidatePlan) -> torch.Tensor:
+    """log Σ_{v not a real successor} exp(non_edge_bias[v]) per sorted position (N,): all nodes' sum minus the
+    position's real successors', in float64 (the subtraction keeps ~1e-16 of the total); -inf-like where every
+    node is a successor."""
+    b = non_edge_bias.double()
+    top = b.max().detach()
+    w = torch.exp(b - top)
+    succ = w.new_zeros(plan.degree.numel())
+    if plan.num_entries:
+        succ = succ.index_add(0, plan.entry_position, w[plan.entry_target])
+    return torch.log((w.sum() - succ).clamp_min(1e-300)) + top
+
+
+def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
+    """log Σ_v exp(E_v) over all V nodes per position, with the V − degree non-successors sharing one energy
+    (each plus its own `non_edge_bias[v]` when given).
 
     Cost follows the real successors (M packed energies), not N·V.
     """
+    if non_edge_bias is not None and plan.has_shared:
+        has_shared = plan.degree < vocab_size
+        shared_term = shared + non_edge_log_mass(non_edge_bias, plan).to(shared.dtype)
+        peak = torch.where(has_shared, shared_term, torch.full_like(shared, float("-inf")))
+        if plan.num_entries:
+            peak = peak.scatter_reduce(0, plan.entry_position, energies, "amax", include_self=True)
+        peak = peak.detach()
+        total = torch.where(has_shared, torch.exp(shared_term - peak), torch.zeros_like(shared))
+        if plan.num_entries:
+            total = total.index_add(0, plan.entry_position, torch.exp(energies - peak[plan.entry_position]))
+        return peak + torch.log(total)
     num_shared = (vocab_size - plan.degree).to(shared.dtype)
     has_shared = num_shared > 0
     peak = torch.where(has_shared, shared, torch.full_like(shared, float("-inf")))
@@ -468,8 +501,10 @@ def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int) 
     return peak + torch.log(total)
 
 
-def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor, target_rows, block_first_row):
-    """Energy each sorted position gives its target node: the real edge's, or the shared one.
+def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor, target_rows, block_first_row,
+                    non_edge_bias=None):
+    """Energy each sorted position gives its target node: the real edge's, or the shared one (plus
+    `non_edge_bias[target]` when given).
 
     `target_rows` (N,) are the edge rows of source→target (0 = shared); `block_first_row` (N,) the first row of
     each position's block.
@@ -477,6 +512,8 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
     real = target_rows > 0
     entry = plan.entry_start + (target_rows - block_first_row).clamp_min(0)
     picked = energies[entry.clamp_max(max(plan.num_entries - 1, 0))] if plan.num_entries else shared
+    if non_edge_bias is not None:
+        shared = shared + non_edge_bias.to(shared.dtype)[targets]
     return torch.where(real, picked, shared)
 
 
@@ -489,6 +526,7 @@ __all__ = [
     "scatter_logits",
     "successor_logits",
     "exact_log_partition",
+    "non_edge_log_mass",
     "target_energies",
     "release_workspaces",
 ]

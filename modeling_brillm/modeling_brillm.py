@@ -166,6 +166,8 @@ class BriLLMPreTrainedModel(PreTrainedModel):
             init.ones_(module.positions)
             if module.start_signals is not None:  # also fills it when a uniform checkpoint is loaded as learned
                 init.constant_(module.start_signals, 1.0 / self.config.node_size)
+            if module.non_edge_bias is not None:  # zero: the release's energies (also for older checkpoints)
+                init.zeros_(module.non_edge_bias)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -196,6 +198,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
         self.start_signals = None
         if config.start_signal == "learned":
             self.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d))
+        # non_edge_bias=True: a non-successor v of any node gets the shared energy + non_edge_bias[v] (0 = the release)
+        self.non_edge_bias = None
+        if config.non_edge_bias and config.graph == "sparse":
+            self.non_edge_bias = nn.Parameter(torch.zeros(V))
         if config.graph == "sparse":
             E = config.num_edges
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
@@ -650,18 +656,23 @@ class BriLLMModel(BriLLMPreTrainedModel):
             s0 = F.gelu(start_signal + node_bias.float() + start_pe)
             signal = torch.where(first.unsqueeze(1), s0, signal)
 
+        # signal_dropout (training only): the signal leaving each token is dropped out where it is used (its edge
+        # and its candidate energies); the state keeps the undropped one
+        drop = cfg.signal_dropout if self.training else 0.0
+        feed = F.dropout(signal, drop, training=True) if drop else signal
         signals = []
         edge_cols = has_edge.any(0).tolist()
         for j in range(L):
             if edge_cols[j]:
-                out = F.gelu(torch.bmm(signal.to(wdtype).unsqueeze(1), w_steps[j]).squeeze(1) + b_steps[j] + pe_edge[j])
+                out = F.gelu(torch.bmm(feed.to(wdtype).unsqueeze(1), w_steps[j]).squeeze(1) + b_steps[j] + pe_edge[j])
                 new_sum, new_norm, new_max = _mix_in(out.float(), mix_weight[j], mix_sum, mix_norm, mix_max)
                 step = has_edge[:, j]
                 mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
                 mix_norm = torch.where(step, new_norm, mix_norm)
                 mix_max = torch.where(step, new_max, mix_max)
                 signal = torch.where(step.unsqueeze(1), mix_sum / mix_norm.clamp_min(1e-30).unsqueeze(1), signal)
-            signals.append(signal)
+                feed = F.dropout(signal, drop, training=True) if drop else signal
+            signals.append(feed)
 
         rows_idx = torch.arange(B, device=device)
         final_token = torch.where(lengths > 0, tokens[rows_idx, (lengths - 1).clamp_min(0)], last)
@@ -744,7 +755,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             indptr, indices = self.csr()
             pe = self._pe(run.index[:, 0] + 1).to(self.weights.dtype)
             logits = successor_logits(run.signals[:, 0].to(self.weights.dtype), pe, self.weights, self.biases,
-                                      run.tokens[:, 0], indptr, indices, V)
+                                      run.tokens[:, 0], indptr, indices, V, self.non_edge_bias)
             use_cache = cfg.use_cache if use_cache is None else use_cache
             return BriLLMCausalLMOutput(logits=logits.float().unsqueeze(1),
                                         past_key_values=run.state if use_cache else None)
@@ -781,7 +792,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         energies, shared = energies.float(), shared.float()
         logits_sorted = None
         if return_logits or (targets is not None and cfg.loss_type == "sampled"):
-            logits_sorted = scatter_logits(energies, shared, plan, V)  # (N, V) in plan order
+            logits_sorted = scatter_logits(energies, shared, plan, V, self.non_edge_bias)  # (N, V) in plan order
 
         loss = None
         if targets is not None:
@@ -789,9 +800,10 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             scored = target != -100
             safe_target = torch.where(scored, target, torch.zeros_like(target))
             rows = self.edge_rows(sources, safe_target)
-            true_energy = target_energies(energies, shared, plan, safe_target, rows, indptr[sources] + 1)
+            true_energy = target_energies(energies, shared, plan, safe_target, rows, indptr[sources] + 1,
+                                          self.non_edge_bias)
             if cfg.loss_type == "exact":
-                per_position = exact_log_partition(energies, shared, plan, V) - true_energy
+                per_position = exact_log_partition(energies, shared, plan, V, self.non_edge_bias) - true_energy
             else:
                 per_position = self._sampled_loss(logits_sorted, shared, sources, safe_target)
             count = scored.sum()

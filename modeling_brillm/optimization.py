@@ -16,6 +16,21 @@ Semantics ("lazy AdamW", like TF's LazyAdam or `torch.optim.SparseAdam`, with Ad
 * How it differs from AdamW over the whole tensor (where untouched rows would see a zero gradient):
   untouched rows do not move at all: their moments do not decay, no momentum step is applied to them, and
   weight decay is applied to touched rows only (once per step in which they are touched).
+* Lazy weight decay (group option `lazy_weight_decay=True`; default False, the rule above): the decoupled decay
+  that AdamW applies to every row at every step, applied to a row when it is next touched. Per sparse-gradient
+  parameter the state keeps `decay_log`, Σ over the steps s in which the parameter had a gradient of
+  log(1 − lr_s·wd) (a Python float, float64), and `decayed_at` (float64, one value per row): the `decay_log` up to
+  which the row has been decayed. At a step t, before its AdamW update, every touched row r is multiplied by
+  exp(decay_log_{t−1} − decayed_at[r]) = Π (1 − lr_s·wd) over the steps s it missed; the update then applies
+  step t's own (1 − lr_t·wd) as above, and decayed_at[r] ← decay_log_t. A row's weights thus equal AdamW's
+  decay-only path over every step (up to float rounding: one float64 product instead of a float32 chain), while
+  its moments stay lazy. `apply_pending_weight_decay()` brings every row up to date (call it before reading or
+  saving the weights: evaluation, `save_pretrained`); training after it continues identically. Dense gradients
+  are decayed every step anyway, so the option changes nothing for them.
+* First-row learning rate (group option `first_row_lr_scale`, default 1.0; BriLLM's shared edge is row 0 of the
+  edge tables): row 0 of every sparse-gradient parameter of the group takes its Adam step with lr·scale; its
+  weight decay stays lr·wd (the fused kernel is called with lr·scale and wd/scale). Must be > 0; with a dense
+  gradient it is refused (use sparse gradients).
 * Bias correction uses one step count t per parameter: the number of `step()` calls in which that parameter
   had a gradient (global, not per row), as `torch.optim.SparseAdam` and LazyAdam do. A row first touched at a
   late step t therefore takes a first step of (1−β1)/(1−β1^t) of AdamW's first-step size; per-row step
@@ -32,6 +47,8 @@ scattered rows are gathered, updated and written back in bounded chunks. Duplica
 gradient are found by one sort of the row indices and only the duplicated entries are summed; torch's
 `coalesce()` (which sorts and copies every value row) is never called.
 """
+
+import math
 
 import torch
 from torch.optim import Optimizer
@@ -80,7 +97,11 @@ class SparseAdamW(Optimizer):
         betas (`tuple[float, float]`, defaults to (0.9, 0.999)): moment decay rates β1, β2.
         eps (`float`, defaults to 1e-8): added to the denominator.
         weight_decay (`float`, defaults to 0.0): decoupled weight decay (AdamW); with sparse gradients applied
-            to the touched rows only.
+            to the touched rows only, or lazily to every row with `lazy_weight_decay`.
+        lazy_weight_decay (`bool`, defaults to False): with sparse gradients, decay every row as AdamW would at
+            every step, applied when the row is next touched (module docstring). Per group.
+        first_row_lr_scale (`float`, defaults to 1.0): learning-rate multiplier of row 0 of sparse-gradient
+            parameters (BriLLM's shared edge). Per group.
         foreach, fused (`bool`, *optional*): passed to the dense update exactly as `torch.optim.AdamW` takes them
             (dense gradients then equal `AdamW(..., foreach=..., fused=...)`); `fused=True` is several times faster
             on CPU for large dense parameters. Sparse gradients always use the fused kernel on row ranges.
@@ -90,7 +111,8 @@ class SparseAdamW(Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 *, foreach: bool | None = None, fused: bool | None = None):
+                 *, foreach: bool | None = None, fused: bool | None = None, lazy_weight_decay: bool = False,
+                 first_row_lr_scale: float = 1.0):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -99,8 +121,12 @@ class SparseAdamW(Optimizer):
             raise ValueError(f"Invalid beta parameters: {betas}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=foreach, fused=fused)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=foreach, fused=fused,
+                        lazy_weight_decay=lazy_weight_decay, first_row_lr_scale=first_row_lr_scale)
         super().__init__(params, defaults)
+        for group in self.param_groups:
+            if not group["first_row_lr_scale"] > 0:
+                raise ValueError(f"Invalid first_row_lr_scale: {group['first_row_lr_scale']} (must be > 0)")
 
     def _state(self, p, group):
         state = self.state[p]
@@ -109,6 +135,51 @@ class SparseAdamW(Optimizer):
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
+
+    def _lazy(self, group) -> bool:
+        return bool(group.get("lazy_weight_decay")) and group["weight_decay"] != 0
+
+    @staticmethod
+    def _decay_rows(p, state, rows):
+        """Multiply `rows` (unique) of p by their pending decay, exp(decay_log − decayed_at[row])."""
+        n_rows = state["decayed_at"].numel()
+        P2 = p.view(n_rows, -1)
+        pending = (state["decay_log"] - state["decayed_at"][rows.cpu()]).exp_().to(device=p.device, dtype=p.dtype)
+        if rows.numel() == n_rows:
+            P2.mul_(pending.unsqueeze(1))
+        else:
+            P2.index_copy_(0, rows, P2.index_select(0, rows) * pending.unsqueeze(1))
+
+    @torch.no_grad()
+    def apply_pending_weight_decay(self):
+        """Bring every row of every lazily decayed parameter up to date (before evaluating or saving the weights).
+        Training afterwards continues as if this had not been called (up to float rounding)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state.get(p, {})
+                if "decayed_at" not in state:
+                    continue
+                stale = (state["decayed_at"] != state["decay_log"]).nonzero().squeeze(1).to(p.device)
+                if stale.numel():
+                    self._decay_rows(p, state, stale)
+                    state["decayed_at"].fill_(state["decay_log"])
+
+    def load_state_dict(self, state_dict):
+        # Optimizer.load_state_dict casts floating state to the parameter's dtype; the float64 decay bookkeeping
+        # must survive a checkpoint bit for bit, so it is set aside and put back.
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        kept = {}
+        state = dict(state_dict["state"])
+        for key, value in state.items():
+            if isinstance(value, dict) and "decayed_at" in value:
+                value = dict(value)
+                kept[key] = value.pop("decayed_at")
+                state[key] = value
+        super().load_state_dict({**state_dict, "state": state})
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params):
+            if saved_id in kept:
+                self.state[p]["decayed_at"] = kept[saved_id].to(dtype=torch.float64, device="cpu").clone()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -130,8 +201,20 @@ class SparseAdamW(Optimizer):
                 state = self._state(p, group)
                 if p.grad.is_sparse:
                     state["step"] += 1
-                    self._sparse_update(p, p.grad, state, lr, beta1, beta2, eps, wd)
+                    lazy = None
+                    if self._lazy(group):
+                        if "decayed_at" not in state:  # float64 bookkeeping on the CPU (module docstring)
+                            state["decay_log"] = 0.0
+                            state["decayed_at"] = torch.zeros(p.shape[0] if p.dim() else 1, dtype=torch.float64)
+                        lazy = state
+                    self._sparse_update(p, p.grad, state, lr, beta1, beta2, eps, wd, lazy,
+                                        float(group.get("first_row_lr_scale", 1.0)))
+                    if lazy is not None:
+                        state["decay_log"] += math.log1p(-lr * wd)
                 else:
+                    if group.get("first_row_lr_scale", 1.0) != 1.0:
+                        raise RuntimeError("SparseAdamW: first_row_lr_scale needs sparse gradients (set "
+                                           "model.sparse_gradients = True); a dense gradient updates all rows at once.")
                     for lst, item in zip(dense, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
                         lst.append(item)
             if dense[0]:
@@ -147,7 +230,7 @@ class SparseAdamW(Optimizer):
 
     # --------------------------------------------------------------------------------------- sparse rows
     @staticmethod
-    def _sparse_update(p, grad, state, lr, beta1, beta2, eps, wd):
+    def _sparse_update(p, grad, state, lr, beta1, beta2, eps, wd, lazy=None, first_row_scale: float = 1.0):
         sparse_dim = grad.sparse_dim()
         n_rows = 1
         for s in p.shape[:sparse_dim]:
@@ -174,6 +257,22 @@ class SparseAdamW(Optimizer):
         V2 = state["exp_avg_sq"].view(n_rows, -1)
         step = state["step"]
         hyper = (lr, beta1, beta2, eps, wd)
+        if lazy is not None or first_row_scale != 1.0:
+            # these need unique rows: coalesce the indices (only when duplicated; sorted rows stay as they are)
+            if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
+                uniq, inverse = torch.unique(rows, return_inverse=True)
+                values = values.new_zeros(uniq.numel(), values.shape[1]).index_add_(0, inverse, values)
+                rows = uniq
+            if lazy is not None:
+                SparseAdamW._decay_rows(p, lazy, rows.to(p.device))
+                lazy["decayed_at"][rows.cpu()] = lazy["decay_log"] + math.log1p(-lr * wd)
+            if first_row_scale != 1.0 and bool((rows == 0).any()):
+                rest = (rows != 0).nonzero().squeeze(1)
+                first = (rows == 0).nonzero().squeeze(1)
+                scaled = (lr * first_row_scale, beta1, beta2, eps, wd / first_row_scale)
+                SparseAdamW._update_entries(P2, M2, V2, rows, values, first, step, scaled)
+                SparseAdamW._update_entries(P2, M2, V2, rows, values, rest, step, hyper)
+                return
 
         nnz = rows.numel()
         if nnz > 1 and not bool((rows[1:] > rows[:-1]).all()):

@@ -222,6 +222,9 @@ class ShardedBriLLM(nn.Module):
 
     def __init__(self, model, owners: torch.Tensor | None = None, group=None, source_counts=None):
         super().__init__()
+        if getattr(model.config, "non_edge_bias", False):
+            raise ValueError("source sharding does not support non_edge_bias=True yet (its gradient would need an "
+                             "all-reduce); train it in one process or without --edge_sharding.")
         self.transport = _Transport(group)
         W, rank = self.transport.world, self.transport.rank
         cfg = model.config

@@ -42,15 +42,22 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     train.write_text("\n".join(lines) + "\n", encoding="utf-8")
     valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "out"
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"model": {"node_size": 16, "non_edge_bias": True},
+                                  "training": {"min_bigram_count": 3, "lazy_weight_decay": True}}))
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
+            "--more_brillm", str(recipe), "--schedule", "cosine",
             "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
             "--threads", "1", "--interleave", "0.3",
             "--no-wait-quiet", "--output_dir", str(out)]
     assert quality.main(argv) == 0
     assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "quality.json").read_text())
-    assert [m["kind"] for m in results["models"]] == ["brillm", "gpt2"]
-    assert results["models"][1]["lr"] == 2e-3
+    assert [m["kind"] for m in results["models"]] == ["brillm", "brillm", "gpt2"]
+    assert results["models"][2]["lr"] == 2e-3
+    second = results["models"][1]
+    assert second["label"] == "BriLLM d=16 (recipe)" and second["lazy_weight_decay"] and second["non_edge_bias"]
+    assert second["min_bigram_count"] == 3 and "cosine" in second["schedule"]
     assert results["settings"]["budgets"] == [0.4, 1.0]
     for model in results["models"]:
         curve = model["curve"]
@@ -117,3 +124,63 @@ def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
     assert quality.main(argv + ["--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def load_sweep():
+    spec = importlib.util.spec_from_file_location("brillm_recipe_sweep", ROOT / "benchmarks" / "recipe_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_files(tmp_path):
+    train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
+    words = " ".join(CORPUS).split()
+    train.write_text("\n".join(" ".join(words[(7 * i) % len(words):][:9]) + "." for i in range(300)) + "\n",
+                     encoding="utf-8")
+    valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    return ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
+            "--batch_size", "8", "--threads", "1", "--interleave", "0.3"]
+
+
+def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
+    sweep = load_sweep()
+    out = tmp_path / "sweep"
+    argv = tiny_files(tmp_path) + [
+        "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2",
+        "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:1,shared_lr:0.5,node_lr:2,schedule:cosine",
+        "pruned=min_count:60,d:4,clip:0,lr:0.01"]
+    assert sweep.main(argv) == 0
+    results = json.loads((out / "recipe_sweep.json").read_text())
+    assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w"]
+    knobs, pruned = results["models"][1], results["models"][2]
+    assert knobs["recipe"]["lazy_weight_decay"] and knobs["recipe"]["non_edge_bias"]
+    assert knobs["recipe"]["schedule"] == "cosine" and knobs["recipe"]["signal_dropout"] == 0.1
+    assert pruned["recipe"]["node_size"] == 4 and pruned["edges"] < results["models"][0]["edges"]
+    last = quality.at_budget(results["models"][0]["curve"], 0.6)
+    assert last["seen_targets"] + last["unseen_targets"] == results["models"][0]["curve"][0]["eval_tokens"]
+    # the split is the same NLL the score uses
+    nll = (last["seen_nll"] * last["seen_targets"] + (last["unseen_nll"] or 0) * last["unseen_targets"])
+    assert nll / last["eval_tokens"] == pytest.approx(last["eval_nll"], rel=1e-4)
+    table = (out / "recipe_sweep.md").read_text()
+    assert table.count("\n") == 6 and "| knobs |" in table
+    assert (out / "recipe_sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert sweep.main(["--variant", "x=bogus:1", "--output_dir", str(out)]) == 2
+    assert "not key:value" in capsys.readouterr().err
+
+
+def test_cosine_schedule_follows_the_training_clock():
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1.0)
+    clock = quality.TrainingClock()
+    sched = quality.clock_schedule(opt, 2, "cosine", horizon=10.0, min_ratio=0.1, clock=clock)
+    seen = []
+    for seconds in (0.0, 1.0, 5.0, 10.0, 20.0):
+        clock.seconds = seconds
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen[0] == pytest.approx(0.5)  # warmup step 1 of 2
+    assert seen[1] == pytest.approx(1.0)  # warmup done, clock 0 when this lr was set
+    assert seen[2] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.1)))
+    assert seen[4] == pytest.approx(0.1)

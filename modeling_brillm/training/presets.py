@@ -18,7 +18,7 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
 # from the graph, the special ids from the tokenizer).
 MODEL_FIELDS = {
     "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
-    "num_negatives", "negative_sampling",
+    "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias",
 }
 MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact"}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
@@ -37,6 +37,9 @@ TRAINING_DEFAULTS = {
     "lr_scheduler_type": "linear",
     "num_warmup_steps": 0,
     "max_grad_norm": 1.0,
+    "lazy_weight_decay": False,
+    "shared_edge_lr_scale": 1.0,
+    "node_lr_scale": 1.0,
     "min_bigram_count": 1,
     "validation_split_percentage": 5,
     "max_eval_samples": None,
@@ -54,6 +57,8 @@ FLAG_TO_FIELD = {
     "loss": ("model", "loss_type"),
     "num_negatives": ("model", "num_negatives"),
     "negatives": ("model", "negative_sampling"),
+    "signal_dropout": ("model", "signal_dropout"),
+    "non_edge_bias": ("model", "non_edge_bias"),
     "vocab_size": ("tokenizer", "vocab_size"),
     "tokenizer_kind": ("tokenizer", "kind"),
     "tokenizer_min_frequency": ("tokenizer", "min_frequency"),
