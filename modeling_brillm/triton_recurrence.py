@@ -199,7 +199,7 @@ if triton is not None:
             weight = tl.exp(p - M_out)
             Nc = tl.where(e, tl.maximum(N_out, 1e-30), 1.0)
             gS1 = gS + gx / Nc
-            gN1 = gN - tl.sum(gx * x_out, axis=0) / Nc * (N_out > 1e-30)
+            gN1 = gN - tl.where(N_out > 1e-30, tl.sum(gx * x_out, axis=0) / Nc, 0.0)  # clamp_min's backward
             g_max = gM - tl.sum(gS1 * S_out, axis=0) - gN1 * N_out
             gp = weight * (tl.sum(gS1 * out, axis=0) + gN1)
             gM_in = decay * (tl.sum(gS1 * S_in, axis=0) + gN1 * N_in)
