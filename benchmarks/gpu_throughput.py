@@ -13,8 +13,9 @@ model, with synthetic Zipf paths along real edges (benchmarks/common.py). Each r
 
 * tokens/s: B·L input tokens over the median step (forward + backward + optimizer step + zero_grad), timed
   after warm-up steps with the device synchronised around each step;
-* launches: CUDA kernels (and memcpy/memset) the profiler sees in one step (on CPU: top-level aten ops, the
-  host's dispatches, which is what becomes kernel launches on a GPU);
+* launches: CUDA kernels (and memcpy/memset) the profiler sees in one step (on CPU: aten ops dispatched from
+  Python, autograd or a custom autograd function, i.e. not from inside another aten op, views and allocations
+  left out: roughly what becomes kernel launches on a GPU; Triton kernels in the interpreter are not counted);
 * busy: the kernels' summed time over the median step time (the GPU-busy fraction);
 * peak GB: torch.cuda.max_memory_allocated over the configuration (on CPU: the process's RSS high-water);
 * floor ms / of floor: the step's bandwidth floor (bytes a step must move, over the copy bandwidth measured on
@@ -122,8 +123,18 @@ def profile_step(step, device) -> tuple[int, float]:
     if device.type == "cuda":
         kernels = [e for e in events if e.device_type == DeviceType.CUDA]
         return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) * 1e-6
-    top = [e for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
-    return len(top), float("nan")
+    # aten ops called from Python, autograd or a custom autograd function (not from inside another aten op) that
+    # compute something (views and allocations launch no kernel)
+    ops = [e for e in events if e.name.startswith("aten::") and e.name[6:] not in _NO_KERNEL
+           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+    return len(ops), float("nan")
+
+
+_NO_KERNEL = {"view", "slice", "select", "as_strided", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute",
+              "reshape", "_reshape_alias", "unbind", "split", "split_with_sizes", "chunk", "narrow", "detach", "alias",
+              "lift_fresh", "empty", "empty_like", "empty_strided", "resize_", "to", "_to_copy_noop", "numpy_T",
+              "_unsafe_view", "contiguous", "result_type", "is_nonzero", "item", "_local_scalar_dense", "size",
+              "stride", "dim", "set_"}
 
 
 def set_objective(model, objective):
