@@ -297,7 +297,8 @@ def print_tables(rows, device_name):
             speedup = r["tokens_per_s"] / ref["tokens_per_s"] if ref else None
             flag = " (interpreted: not a speed figure)" if r["interpreted"] else ""
             print(f"| {r['shape']} | {r['B']}x{r['L']} | {r['objective']} | {r['optimizer']} | {r['backend']}{flag} | "
-                  f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.2f} | {fmt(speedup, '.2f')} | {fmt(r['launches'], ',')} | "
+                  f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.2f} | {fmt(speedup, '.2f')} | "
+                  f"{fmt(r['launches'], ',')} | "
                   f"{fmt(r['busy'], '.0%')} | {r['peak_gb']:.2f} | {r['floor_ms']:.3f} | {r['of_floor']:.1%} |")
     decode = [r for r in rows if r["kind"] == "decode"]
     if decode:

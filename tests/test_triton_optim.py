@@ -16,6 +16,7 @@ from modeling_brillm.optimization import SparseAdamW
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (pip install .[gpu])")
 
 TOL = 1e-6
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # without a GPU: Triton's interpreter on CPU tensors
 
 
 def assert_rel(actual, expected, name):
@@ -27,7 +28,7 @@ def assert_rel(actual, expected, name):
 def sparse_grad(shape, rows, seed):
     g = torch.Generator().manual_seed(seed)
     values = torch.randn(len(rows), *shape[1:], generator=g)
-    return torch.sparse_coo_tensor(torch.tensor([rows]), values, shape, check_invariants=True)
+    return torch.sparse_coo_tensor(torch.tensor([rows]), values, shape, check_invariants=True).to(DEVICE)
 
 
 GRADIENTS = {
@@ -40,7 +41,7 @@ GRADIENTS = {
 @pytest.mark.parametrize("shape", [(10, 6), (10, 3, 4)])
 def test_fused_rows_equal_the_torch_path(kind, shape):
     g = torch.Generator().manual_seed(0)
-    start = torch.randn(shape, generator=g)
+    start = torch.randn(shape, generator=g).to(DEVICE)
     results = []
     for backend in ("torch", "triton"):
         p = torch.nn.Parameter(start.clone())
@@ -56,7 +57,7 @@ def test_fused_rows_equal_the_torch_path(kind, shape):
     (p0, m0, v0), (p1, m1, v1) = results
     for name, a, b in (("param", p1, p0), ("exp_avg", m1, m0), ("exp_avg_sq", v1, v0)):
         assert_rel(a, b, name)
-    untouched = torch.ones(shape[0], dtype=torch.bool)
+    untouched = torch.ones(shape[0], dtype=torch.bool, device=DEVICE)
     untouched[sorted({r for rows in GRADIENTS[kind] for r in rows})] = False
     assert torch.equal(p1[untouched], start[untouched])  # rows never touched never move
 
@@ -65,8 +66,8 @@ def test_embedding_gradient_and_a_dense_parameter_in_one_group():
     """node_bias's gradient from F.embedding(sparse=True) is uncoalesced with repeated rows; a dense parameter in
     the same group keeps torch's AdamW."""
     g = torch.Generator().manual_seed(1)
-    table, dense = torch.randn(12, 5, generator=g), torch.randn(4, generator=g)
-    ids = torch.tensor([3, 7, 3, 3, 0, 11, 7])
+    table, dense = torch.randn(12, 5, generator=g).to(DEVICE), torch.randn(4, generator=g).to(DEVICE)
+    ids = torch.tensor([3, 7, 3, 3, 0, 11, 7], device=DEVICE)
     results = []
     for backend in ("torch", "triton"):
         emb, vec = torch.nn.Parameter(table.clone()), torch.nn.Parameter(dense.clone())
@@ -93,6 +94,8 @@ def test_entries_and_the_step_read_inside_the_kernel():
     start = [torch.randn(P, W, generator=g), torch.randn(P, W, generator=g), torch.rand(P, W, generator=g)]
     values = torch.randn(6, W, generator=g)
     rows, entries = torch.tensor([6, 1, 4]), torch.tensor([5, 0, 2])
+    start = [t.to(DEVICE) for t in start]
+    values, rows, entries = values.to(DEVICE), rows.to(DEVICE), entries.to(DEVICE)
     step = torch.tensor(3.0)
     hyper = (0.01, 0.9, 0.999, 1e-8, 0.05)
     # reference: AdamW's arithmetic on the picked rows
@@ -106,11 +109,11 @@ def test_entries_and_the_step_read_inside_the_kernel():
     for step_in_kernel in (False, True):
         got = [t.clone() for t in start]
         with kernel_backend("triton"):
-            sparse_adamw_rows(*got, rows, values, step, hyper, entries=entries, unique=True,
-                              step_in_kernel=step_in_kernel)
+            sparse_adamw_rows(*got, rows, values, step.to(DEVICE) if step_in_kernel else step, hyper, entries=entries,
+                              unique=True, step_in_kernel=step_in_kernel)
         for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), got, (p, m, v)):
             assert_rel(a[rows], b, f"{name} (step in kernel: {step_in_kernel})")
-        others = torch.ones(P, dtype=torch.bool)
+        others = torch.ones(P, dtype=torch.bool, device=DEVICE)
         others[rows] = False
         assert all(torch.equal(a[others], s[others]) for a, s in zip(got, start))
 
@@ -123,11 +126,11 @@ def test_a_model_trains_the_same_with_both_backends():
     V, d = 8, 4
     mask = torch.rand(V, V, generator=g) < 0.5
     src, tgt = mask.nonzero(as_tuple=True)
-    ids = torch.randint(0, V, (3, 5), generator=g)
+    ids = torch.randint(0, V, (3, 5), generator=g).to(DEVICE)
     results = []
     for backend in ("torch", "triton"):
         torch.manual_seed(0)
-        model = BriLLMForCausalLM.from_graph(graph_from_edges(src, tgt, V), node_size=d)
+        model = BriLLMForCausalLM.from_graph(graph_from_edges(src, tgt, V), node_size=d).to(DEVICE)
         model.sparse_gradients = True
         opt = SparseAdamW(model.parameters(), lr=0.05, weight_decay=0.01)
         with kernel_backend(backend):

@@ -1,7 +1,8 @@
 """The recurrence as one Triton scan (triton_recurrence.py) against the torch column loop (the reference).
 
-Without a GPU the kernels run in Triton's interpreter on CPU tensors (conftest.py sets TRITON_INTERPRET=1);
-`kernel_backend("triton")` forces them, `kernel_backend("torch")` the loop. fp32 everywhere: signals, loss and
+Without a GPU the kernels run in Triton's interpreter on CPU tensors (conftest.py sets TRITON_INTERPRET=1); with
+one, everything runs on it (TF32 is off by default for fp32 matmuls). `kernel_backend("triton")` forces the
+kernels, `kernel_backend("torch")` the loop. fp32 everywhere: signals, loss and
 every gradient within 1e-5 relative (to the largest entry of the reference), on random sparse and dense graphs,
 right and left padding, continuation from a state, with dense and sparse gradients, and with and without the
 candidate backward's gradient hand-over (EdgeGradLink). Shapes are tiny: the interpreter is slow.
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed
 
 V, D = 9, 8
 TOL = 1e-5
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def random_model(seed=0, dense=False, positions="random", cls=BriLLMForCausalLM, **config):
@@ -33,7 +35,7 @@ def random_model(seed=0, dense=False, positions="random", cls=BriLLMForCausalLM,
     if positions == "random":
         with torch.no_grad():
             model.positions.uniform_(-2, 2, generator=g)
-    return model  # positions="ones": the released init, where every running-max update is a tie
+    return model.to(DEVICE)  # positions="ones": the released init, where every running-max update is a tie
 
 
 def assert_rel(actual, expected, name="", tol=TOL):
@@ -80,8 +82,8 @@ def masks(kind, B, T):
 def test_training_forward_and_backward_equal_the_torch_loop(dense, sparse, padding):
     model = random_model(seed=1, dense=dense)
     B, T = 3, 7
-    ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(2))
-    mask = masks(padding, B, T)
+    ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    mask = masks(padding, B, T).to(DEVICE)
     (l0, h0, z0, g0), (l1, h1, z1, g1) = both_backends(lambda: run_lm(model, ids, mask, sparse))
     assert_rel(l1, l0, "loss")
     assert_rel(h1, h0, "signals")
@@ -94,11 +96,11 @@ def test_training_forward_and_backward_equal_the_torch_loop(dense, sparse, paddi
 def test_released_positions_ties_and_learned_start_signal():
     # positions all ones: every running-max update compares equal numbers (torch.maximum splits the gradient)
     model = random_model(seed=3, positions="ones", start_signal="learned", num_start_signals=2)
-    ids = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(4)).to(DEVICE)
 
     def run():
         model.zero_grad(set_to_none=True)
-        out = model(input_ids=ids, labels=ids, signal_ids=torch.tensor([1, 0]))
+        out = model(input_ids=ids, labels=ids, signal_ids=torch.tensor([1, 0], device=DEVICE))
         out.loss.backward()
         return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -120,6 +122,7 @@ def test_continuation_from_a_state_passes_gradients_to_the_state(positions):
     mask2 = torch.ones(3, 7, dtype=torch.long)
     mask2[1, -1] = 0  # a right-padded column in the continuation
     weights = torch.randn(3, 3, D, generator=g)
+    first, second, mask2, weights = (t.to(DEVICE) for t in (first, second, mask2, weights))
 
     def run():
         model.zero_grad(set_to_none=True)
@@ -149,8 +152,8 @@ def test_own_edge_gradients_without_candidate_energies(sparse):
     gradients, dense or sparse over the rows read (row 0 included for padding columns, as gather_edges)."""
     model = random_model(seed=7, cls=BriLLMModel)
     model.sparse_gradients = sparse
-    ids = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(8))
-    mask = torch.ones(2, 5, dtype=torch.long)
+    ids = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    mask = torch.ones(2, 5, dtype=torch.long, device=DEVICE)
     mask[0, -2:] = 0
 
     def run():
@@ -171,7 +174,7 @@ def test_own_edge_gradients_without_candidate_energies(sparse):
 def test_inference_and_fetched_rows():
     """No grad: signals equal; and the sharded path's `edge_fetch` (rows handed in as a gathered table)."""
     model = random_model(seed=9, dense=True, cls=BriLLMModel)
-    ids = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(10))
+    ids = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(10)).to(DEVICE)
     with torch.no_grad():
         h0, h1 = both_backends(lambda: model(ids).last_hidden_state)
     assert_rel(h1, h0, "no-grad signals")
@@ -199,9 +202,9 @@ def test_scan_is_chosen_only_where_it_applies():
         assert model._scan_kernel(False) is None
         model.eval()
         assert model._scan_kernel(False) is not None
-        big = BriLLMModel.from_graph(None, vocab_size=2, node_size=136)
+        big = BriLLMModel.from_graph(None, vocab_size=2, node_size=136).to(DEVICE)
         assert big._scan_kernel(False) is None  # d > 128: the tile would not fit in registers
-        half = BriLLMModel.from_graph(None, vocab_size=3, node_size=8).to(torch.bfloat16)
+        half = BriLLMModel.from_graph(None, vocab_size=3, node_size=8).to(DEVICE, torch.bfloat16)
         assert half._scan_kernel(False) is None  # training bf16 weights: the loop
         with torch.no_grad():
             assert half._scan_kernel(False) is not None  # bf16 inference: the scan (float32 arithmetic)
