@@ -55,14 +55,22 @@ def both_backends(fn):
     return results
 
 
-def run_lm(model, ids, mask, sparse):
+def run_lm(model, ids, mask, sparse, labels=None, return_logits=True):
     model.sparse_gradients = sparse
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, attention_mask=mask, labels=ids, output_hidden_states=True)
+    labels = ids if labels is None else labels
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, output_hidden_states=True,
+                return_logits=return_logits)
     out.loss.backward()
+    for name in ("weights", "biases"):
+        grad = getattr(model, name).grad
+        if grad.is_sparse:  # one gradient per table: the recurrence's rows were added into the candidates' own
+            rows = grad._indices()[0]
+            assert bool((rows[1:] > rows[:-1]).all()), f"{name}: the sparse gradient has repeated rows"
     grads = {n: p.grad.to_dense() if p.grad.is_sparse else p.grad.clone()
              for n, p in model.named_parameters() if p.grad is not None}
-    return out.loss.detach(), out.hidden_states[0].detach(), out.logits.detach(), grads
+    logits = out.logits.detach() if return_logits else None
+    return out.loss.detach(), out.hidden_states[0].detach(), logits, grads
 
 
 def masks(kind, B, T):
@@ -89,6 +97,27 @@ def test_training_forward_and_backward_equal_the_torch_loop(dense, sparse, paddi
     assert_rel(h1, h0, "signals")
     assert_rel(z1, z0, "logits")
     assert g0.keys() == g1.keys() == {"node_bias", "weights", "biases", "positions"}
+    for name in g0:
+        assert_rel(g1[name], g0[name], name)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_edges_outside_the_scored_blocks(sparse):
+    """Unscored positions (-100): the recurrence crosses edges whose source block the candidate backward does not
+    touch; their gradients must still land in the one gradient it publishes (rows merged through the link)."""
+    model = random_model(seed=12)
+    indptr, indices = model.csr()
+    u = int((indptr.diff() > 0).nonzero()[0])  # a source with real successors, read at one unscored position only
+    others = torch.tensor([n for n in range(V) if n != u])
+    ids = others[torch.randint(0, V - 1, (3, 7), generator=torch.Generator().manual_seed(13))]
+    ids[0, 2], ids[0, 3] = u, indices[indptr[u]]  # the real edge u -> its first successor
+    labels = ids.clone()
+    labels[0, 3] = -100  # position 2 (source u) is not scored
+    assert model.edge_rows(ids[0, 2:3], ids[0, 3:4]).item() > 0
+    ids, labels = ids.to(DEVICE), labels.to(DEVICE)
+    # no logits: only the scored positions' source blocks get candidate energies
+    (l0, h0, z0, g0), (l1, h1, z1, g1) = both_backends(lambda: run_lm(model, ids, None, sparse, labels, False))
+    assert_rel(l1, l0, "loss")
     for name in g0:
         assert_rel(g1[name], g0[name], name)
 
