@@ -49,13 +49,14 @@ if triton is not None:
         p_ptr, m_ptr, v_ptr, g_ptr,  # (n_rows, W) parameter and moments, (entries, W) gradient values
         rows_ptr, entries_ptr,  # (nnz,) row of every entry (sorted unless UNIQUE), (nnz,) its values row
         step_ptr,  # the step count when it lives on the device
-        nnz, W,
+        nnz, W: tl.constexpr,
         lr, beta1, beta2, eps, decay, step_size, bc2_sqrt, log_beta1, log_beta2,
         HAS_ENTRIES: tl.constexpr, UNIQUE: tl.constexpr, STEP_ON_DEVICE: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
     ):
-        k = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        # per-row quantities are (BLOCK_R, 1) columns, per-column ones (1, BLOCK_W) rows: one layout for the tile
+        k = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+        c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
         in_k = k < nnz
         cm = c < W
         row = tl.load(rows_ptr + k, mask=in_k, other=-1)
@@ -69,25 +70,24 @@ if triton is not None:
             ent = tl.load(entries_ptr + k, mask=lead, other=0)
         else:
             ent = k.to(tl.int64)
-        tile = lead[:, None] & cm[None, :]
-        g = tl.load(g_ptr + ent[:, None] * W + c[None, :], mask=tile, other=0.0).to(tl.float32)
+        tile = lead & cm
+        g = tl.load(g_ptr + ent * W + c, mask=tile, other=0.0).to(tl.float32)
         if not UNIQUE:
             nk = k + 1
             same = lead & (tl.load(rows_ptr + nk, mask=lead & (nk < nnz), other=-1) == row)
-            while tl.max(same.to(tl.int32), axis=0) > 0:
+            while tl.max(tl.max(same.to(tl.int32), axis=1), axis=0) > 0:
                 if HAS_ENTRIES:
                     ent_n = tl.load(entries_ptr + nk, mask=same, other=0)
                 else:
                     ent_n = nk.to(tl.int64)
-                g += tl.load(g_ptr + ent_n[:, None] * W + c[None, :], mask=same[:, None] & cm[None, :],
-                             other=0.0).to(tl.float32)
+                g += tl.load(g_ptr + ent_n * W + c, mask=same & cm, other=0.0).to(tl.float32)
                 nk += 1
                 same = same & (tl.load(rows_ptr + nk, mask=same & (nk < nnz), other=-1) == row)
         if STEP_ON_DEVICE:
             t = tl.load(step_ptr).to(tl.float32)
             step_size = lr / (1.0 - tl.exp(t * log_beta1))
             bc2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
-        at = row.to(tl.int64)[:, None] * W + c[None, :]
+        at = row.to(tl.int64) * W + c
         p = tl.load(p_ptr + at, mask=tile, other=0.0).to(tl.float32)
         m = tl.load(m_ptr + at, mask=tile, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + at, mask=tile, other=0.0).to(tl.float32)

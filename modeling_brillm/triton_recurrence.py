@@ -90,7 +90,7 @@ if triton is not None:
         return 0.5 * (1.0 + tl.erf(h * 0.7071067811865476)) + h * 0.3989422804014327 * tl.exp(-0.5 * h * h)
 
     @triton.jit
-    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j, L, d, i, k, mi, mk):
+    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j, L, d: tl.constexpr, i, k, mi, mk):
         """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal."""
         inside = j < L
         at = base + j
@@ -109,7 +109,7 @@ if triton is not None:
         w_ptr, b_ptr, rows_ptr, edge_ptr, pe_ptr, mixw_ptr,  # (P, d, d), (P, d), (B, L) ×2, (B, L, d), (B, L)
         sig_ptr, nsave_ptr, msave_ptr,  # out: signals (B, L, d); norm and max after every column (B, L)
         sfin_ptr, nfin_ptr, mfin_ptr,  # out: final mix sum (B, d), norm (B,), max (B,)
-        L, d,
+        L, d: tl.constexpr,
         D: tl.constexpr, SAVE: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
@@ -154,7 +154,7 @@ if triton is not None:
         gsig_ptr, gsfin_ptr, gnfin_ptr, gmfin_ptr,  # incoming gradients (zeros where none)
         gx0_ptr, gs0_ptr, gn0_ptr, gm0_ptr, gmixw_ptr,  # out: gradients of the inputs
         gw_ptr, gb_ptr,  # edge-row gradients (R, d, d), (R, d), added at slot_ptr's slots
-        L, d,
+        L, d: tl.constexpr,
         D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
