@@ -17,6 +17,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from .backend import use_triton
 from .configuration_brillm import BriLLMConfig
 from .energy import (
     EdgeGradLink,
@@ -590,6 +591,21 @@ class BriLLMModel(BriLLMPreTrainedModel):
                              "use an id below it, or build the model with more start signals.")
         return signal_ids.long()
 
+    def _scan_kernel(self, fetched: bool):
+        """`triton_recurrence.signal_scan` when the recurrence runs as one Triton scan, else None (the torch loop).
+
+        The backend decides (`backend.use_triton`: Triton for CUDA tensors by default); the loop stays for what the
+        kernel does not cover: signal dropout in training, node_size > 128, training non-float32 weights."""
+        if not use_triton(self.weights):
+            return None
+        if self.training and getattr(self.config, "signal_dropout", 0.0):
+            return None
+        from .triton_recurrence import signal_scan, unsupported_reason
+
+        params = (self.weights, self.biases, self.positions, self.node_bias)
+        needs_grad = torch.is_grad_enabled() and (fetched or any(p.requires_grad for p in params))
+        return signal_scan if unsupported_reason(self.weights, needs_grad) is None else None
+
     def _run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None,
                      signal_ids=None, edge_fetch=None) -> _Signals:
         """`edge_fetch(rows)`, when given, returns the edge rows (w_steps (B, L, d, d), b_steps (B, L, 1, d)) for the
@@ -634,18 +650,21 @@ class BriLLMModel(BriLLMPreTrainedModel):
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
+        # One Triton scan over all columns (triton_recurrence.py) when the backend picks Triton; the column loop
+        # below is the reference and runs whatever the kernel does not cover.
+        scan = self._scan_kernel(edge_fetch is not None)
         if edge_fetch is not None:
             link = None
             w_steps, b_steps = edge_fetch(rows)
         else:
             link = EdgeGradLink() if torch.is_grad_enabled() else None
-            w_steps, b_steps = gather_edges(self.weights, self.biases, rows, self.sparse_gradients, link)
-        w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
-        pe_edge = self._pe(index).to(wdtype).unbind(1)  # PE[i+1] of edge i
-        mix_weight = self.positions.view(-1).float()[(index - 1).clamp(0, cfg.max_position_embeddings - 1)].unbind(1)
+            if scan is None:
+                w_steps, b_steps = gather_edges(self.weights, self.biases, rows, self.sparse_gradients, link)
+        pe_edge = self._pe(index).to(wdtype)  # PE[i+1] of edge i, (B, L, d)
+        mix_weight = self.positions.view(-1).float()[(index - 1).clamp(0, cfg.max_position_embeddings - 1)]  # (B, L)
 
         first = valid[:, 0] & (index[:, 0] == 0)
-        if bool(first.any()):
+        if state is None or bool(first.any()):  # without a state every row starts here: no need to ask the device
             start_pe = self._pe(torch.zeros(1, dtype=torch.long, device=device))
             node_bias = F.embedding(tokens[:, 0], _rows(self.node_bias, d), sparse=self.sparse_gradients)
             if self.start_signals is None:
@@ -656,28 +675,43 @@ class BriLLMModel(BriLLMPreTrainedModel):
             s0 = F.gelu(start_signal + node_bias.float() + start_pe)
             signal = torch.where(first.unsqueeze(1), s0, signal)
 
-        # signal_dropout (training only): the signal leaving each token is dropped out where it is used (its edge
-        # and its candidate energies); the state keeps the undropped one
-        drop = cfg.signal_dropout if self.training else 0.0
-        feed = F.dropout(signal, drop, training=True) if drop else signal
-        signals = []
-        edge_cols = has_edge.any(0).tolist()
-        for j in range(L):
-            if edge_cols[j]:
-                out = F.gelu(torch.bmm(feed.to(wdtype).unsqueeze(1), w_steps[j]).squeeze(1) + b_steps[j] + pe_edge[j])
-                new_sum, new_norm, new_max = _mix_in(out.float(), mix_weight[j], mix_sum, mix_norm, mix_max)
-                step = has_edge[:, j]
-                mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
-                mix_norm = torch.where(step, new_norm, mix_norm)
-                mix_max = torch.where(step, new_max, mix_max)
-                signal = torch.where(step.unsqueeze(1), mix_sum / mix_norm.clamp_min(1e-30).unsqueeze(1), signal)
-                feed = F.dropout(signal, drop, training=True) if drop else signal
-            signals.append(feed)
+        if scan is not None:
+            if edge_fetch is not None:  # the fetched rows are the table: row b·L + j is column j of row b
+                table, table_rows = (w_steps.reshape(B * L, d, d), b_steps.reshape(B * L, d)), \
+                    torch.arange(B * L, device=device).view(B, L)
+                sparse, scan_link = False, None
+            else:
+                table, table_rows, sparse, scan_link = (self.weights, self.biases), rows, self.sparse_gradients, link
+            stacked, mix_sum, mix_norm, mix_max = scan(signal, mix_sum, mix_norm, mix_max, mix_weight, *table,
+                                                       table_rows, has_edge, pe_edge, sparse, scan_link)
+            signal = stacked[:, -1]
+        else:
+            w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
+            pe_edge, mix_weight = pe_edge.unbind(1), mix_weight.unbind(1)
+            # signal_dropout (training only; the scan kernel is not chosen then): the signal leaving each token is
+            # dropped out where it is used (its edge and its candidate energies); the state keeps the undropped one
+            drop = cfg.signal_dropout if self.training else 0.0
+            feed = F.dropout(signal, drop, training=True) if drop else signal
+            signals = []
+            edge_cols = has_edge.any(0).tolist()
+            for j in range(L):
+                if edge_cols[j]:
+                    out = F.gelu(torch.bmm(feed.to(wdtype).unsqueeze(1), w_steps[j]).squeeze(1) + b_steps[j]
+                                 + pe_edge[j])
+                    new_sum, new_norm, new_max = _mix_in(out.float(), mix_weight[j], mix_sum, mix_norm, mix_max)
+                    step = has_edge[:, j]
+                    mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
+                    mix_norm = torch.where(step, new_norm, mix_norm)
+                    mix_max = torch.where(step, new_max, mix_max)
+                    signal = torch.where(step.unsqueeze(1), mix_sum / mix_norm.clamp_min(1e-30).unsqueeze(1), signal)
+                    feed = F.dropout(signal, drop, training=True) if drop else signal
+                signals.append(feed)
+            stacked = torch.stack(signals, 1)
 
         rows_idx = torch.arange(B, device=device)
         final_token = torch.where(lengths > 0, tokens[rows_idx, (lengths - 1).clamp_min(0)], last)
         new_state = BriLLMState(signal, mix_sum, mix_norm, mix_max, start + lengths, final_token, seen + T)
-        return _Signals(tokens, valid, column, index, torch.stack(signals, 1), new_state, link)
+        return _Signals(tokens, valid, column, index, stacked, new_state, link)
 
     def _decode_step(self, tokens: torch.Tensor, state: BriLLMState) -> _Signals:
         """One new token per row on top of `state`: the decoding hot path, the same math as the general loop."""

@@ -45,13 +45,17 @@ Speed: rows are updated with torch's fused AdamW kernel over views of contiguous
 its moments and the gradient values (one read of g, p, m, v and one write of p, m, v per element, no copies);
 scattered rows are gathered, updated and written back in bounded chunks. Duplicate rows of an uncoalesced
 gradient are found by one sort of the row indices and only the duplicated entries are summed; torch's
-`coalesce()` (which sorts and copies every value row) is never called.
+`coalesce()` (which sorts and copies every value row) is never called. Where the kernel backend picks Triton
+(`backend.use_triton`: CUDA tensors by default), a sparse gradient's rows are updated by one fused kernel instead
+(`triton_optim.py`: one pass over p, m, v and the values, duplicates summed inside it, no host synchronisation).
 """
 
 import math
 
 import torch
 from torch.optim import Optimizer
+
+from .backend import use_triton
 
 try:  # the same functional update torch.optim.AdamW runs
     from torch.optim.adam import adam as _adam_functional
@@ -275,6 +279,11 @@ class SparseAdamW(Optimizer):
                 return
 
         nnz = rows.numel()
+        if use_triton(P2):  # one fused pass, duplicate rows summed inside it, no host synchronisation
+            from .triton_optim import sparse_adamw_rows
+
+            sparse_adamw_rows(P2, M2, V2, rows, values, step, hyper)
+            return
         if nnz > 1 and not bool((rows[1:] > rows[:-1]).all()):
             # unsorted or duplicated rows: one sort of the indices, sum only the duplicated entries
             uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
@@ -302,6 +311,11 @@ class SparseAdamW(Optimizer):
             r = rows
         n = r.numel()
         if n == 0:
+            return
+        if use_triton(P2):
+            from .triton_optim import sparse_adamw_rows
+
+            sparse_adamw_rows(P2, M2, V2, r, values, step, hyper, entries=positions, unique=True)
             return
         e = positions if positions is not None else None
         # runs: consecutive entries that are also consecutive rows → views of p, m, v and of the values

@@ -1,0 +1,362 @@
+"""The signal recurrence as one Triton scan: one launch forward, one backward, whatever the sequence length.
+
+The math (the column loop of `BriLLMModel._run_signals`, which stays the reference): for each compacted column j
+of a batch row that crosses an edge (token j−1 → token j, edge-table row r_j),
+
+    c_j = GeLU(x · W[r_j] + b[r_j] + PE_j)                      the edge output
+    M' = max(M, p_j);  S' = S·e^{M−M'} + e^{p_j−M'}·c_j;  N' = N·e^{M−M'} + e^{p_j−M'}   the running softmax mix
+    x  = S' / N'                                                 the signal leaving token j
+
+with p_j the position weight logit of the edge and (S, N, M) the mix's running sum, norm and max; a column
+without an edge (a sequence's first token, padding) keeps x and (S, N, M). The columns are sequential, the batch
+rows independent: one program per batch row walks its columns in a loop (a scan inside the kernel) and reads
+each edge matrix straight from `weights` by its row id, so no (B, L, d, d) gathered copy exists.
+
+Backward (reverse scan, one program per batch row, columns from last to first). With the adjoints ḡx of the
+signal, ḡS, ḡN, ḡM of the state after column j (ḡx also collects the signals' own gradient), the exact reverse
+mode of the stable update above is
+
+    ḡS' = ḡS + ḡx / N'                ḡN' = ḡN − ⟨ḡx, x⟩ / N'
+    ḡp  = e^{p−M'}·(⟨ḡS', c⟩ + ḡN')  ḡc  = e^{p−M'}·ḡS'           (the mix weight and the edge output)
+    ḡS ← e^{M−M'}·ḡS'                 ḡN ← e^{M−M'}·ḡN'           ḡM ← e^{M−M'}·(⟨ḡS', S⟩ + ḡN'·N)
+    ḡM' = ḡM − ⟨ḡS', S'⟩ − ḡN'·N'     routed through the max as torch.maximum does (ties: half to each side)
+    ḡh  = ḡc ⊙ GeLU'(h);  ḡW[r] += x_in ⊗ ḡh;  ḡb[r] += ḡh;  ḡx ← ḡh · W[r]ᵀ
+
+Unrolled, ḡp_k = e^{p_k}·(⟨Σ_{i≥k} ḡx_i/Z_i, c_k⟩ − Σ_{i≥k} ⟨ḡx_i, x_i⟩/Z_i) with Z_i = Σ_{k≤i} e^{p_k}: the
+reverse running sums of the brief, kept here in the max-scaled form (the ḡM' route is zero up to rounding when
+only the signals are used, and makes gradients of a returned state's raw (S, N, M) exact too). The forward saves
+x, N and M per column (S = x·N is recomputed); the backward recomputes h from x_in and W, which it reads anyway.
+
+Edge-row gradients are added with atomics into, in this order of preference: the buffers the candidate backward
+published through the `EdgeGradLink` (`(index, w_values, b_values)`, slot = searchsorted(index, row), or the row
+itself for a dense gradient), so each parameter gets one gradient; else a dense zero gradient; else sparse COO
+values over the distinct rows read (like `gather_edges`). The start signal, the position weights, PE and the
+incoming state are plain tensors here: their gradients go back through torch autograd upstream.
+
+Design for an H100 (predictions, not measurements; see benchmarks/GPU_KERNELS.md): a step of one row is a
+(1×d)·(d×d) product, 1,024 FMAs for d = 32: one warp per row holds the tile in registers (32 floats a thread).
+The columns form a chain of dependent loads, so the next column's row id, edge matrix, bias and PE are loaded one
+column ahead (software pipelining by hand) and only the ~0.3 µs of arithmetic and shuffles stays on the chain.
+d is a compile-time constant (one compilation per node size): ptxas then gives 96 registers a thread at d = 32 and
+128-bit loads of the tile; as a runtime argument it took 200-255 registers and spilled (tests/_compile_kernels.py).
+At 1024 × 64 (paper shape) the forward reads 1024·64·4.2 KB = 275 MB (~0.1 ms at 3 TB/s; 1,024 warps resident on
+132 SMs) and the backward reads as much and adds as much with atomics (~0.2-0.3 ms): under 5% of the step's
+~13 ms floor. At 32 × 32 the 32 programs are latency-bound: ~32 columns × ~0.5 µs ≈ 20 µs each way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import HAVE_TRITON
+
+MAX_NODE_SIZE = 128  # a row's d×d tile lives in registers; larger d falls back to the torch loop
+
+if HAVE_TRITON:  # a CPU-only install never imports triton (the remote-code import check skips this block)
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:  # pragma: no cover - found but broken
+        triton = tl = None
+else:  # pragma: no cover
+    triton = tl = None
+
+
+def unsupported_reason(weights: torch.Tensor, needs_grad: bool) -> str | None:
+    """Why the scan cannot run these weights (None when it can); the caller then runs the torch loop."""
+    if triton is None:
+        return "triton is not importable"
+    if weights.shape[-1] > MAX_NODE_SIZE:
+        return f"node_size {weights.shape[-1]} > {MAX_NODE_SIZE}"
+    if weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"weights dtype {weights.dtype}"
+    if needs_grad and weights.dtype != torch.float32:
+        return "training with non-float32 weights (the atomics accumulate float32 gradients)"
+    return None
+
+
+def _meta(d: int) -> dict:
+    D = max(16, triton.next_power_of_2(d))
+    return dict(D=D, num_warps=1 if D <= 32 else 4 if D <= 64 else 8)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gelu(h):
+        return 0.5 * h * (1.0 + tl.erf(h * 0.7071067811865476))
+
+    @triton.jit
+    def _gelu_grad(h):
+        # d/dh of h·Φ(h) = Φ(h) + h·φ(h)
+        return 0.5 * (1.0 + tl.erf(h * 0.7071067811865476)) + h * 0.3989422804014327 * tl.exp(-0.5 * h * h)
+
+    @triton.jit
+    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j, L, d: tl.constexpr, i, k, mi, mk):
+        """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal."""
+        inside = j < L
+        at = base + j
+        r = tl.load(rows_ptr + at, mask=inside, other=0)
+        e = tl.load(edge_ptr + at, mask=inside, other=0) != 0
+        W = tl.load(w_ptr + r * d * d + i[:, None] * d + k[None, :], mask=(mi[:, None] & mk[None, :]) & inside,
+                    other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + r * d + k, mask=mk & inside, other=0.0).to(tl.float32)
+        pe = tl.load(pe_ptr + at * d + k, mask=mk & inside, other=0.0).to(tl.float32)
+        p = tl.load(mixw_ptr + at, mask=inside, other=0.0)
+        return W, bias + pe, p, e
+
+    @triton.jit
+    def _scan_forward_kernel(
+        x0_ptr, s0_ptr, n0_ptr, m0_ptr,  # incoming signal (B, d), mix sum (B, d), norm (B,), max (B,)
+        w_ptr, b_ptr, rows_ptr, edge_ptr, pe_ptr, mixw_ptr,  # (P, d, d), (P, d), (B, L) ×2, (B, L, d), (B, L)
+        sig_ptr, nsave_ptr, msave_ptr,  # out: signals (B, L, d); norm and max after every column (B, L)
+        sfin_ptr, nfin_ptr, mfin_ptr,  # out: final mix sum (B, d), norm (B,), max (B,)
+        L, d: tl.constexpr,
+        D: tl.constexpr, SAVE: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        i = tl.arange(0, D)  # input index of W (its rows)
+        k = tl.arange(0, D)  # output index of W (its columns)
+        mi, mk = i < d, k < d
+        base = row * L
+        x = tl.load(x0_ptr + row * d + i, mask=mi, other=0.0)
+        S = tl.load(s0_ptr + row * d + k, mask=mk, other=0.0)
+        N = tl.load(n0_ptr + row)
+        M = tl.load(m0_ptr + row)
+        W, add, p, e = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, 0, L, d, i, k, mi, mk)
+        j = 0
+        while j < L:  # (a while loop: Triton's interpreter cannot index range() by a runtime bound)
+            # the next column's loads go out before this column's arithmetic (they do not depend on it)
+            Wn, addn, pn, en = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j + 1, L, d,
+                                          i, k, mi, mk)
+            out = _gelu(tl.sum(x[:, None] * W, axis=0) + add)
+            M_new = tl.maximum(M, p)
+            decay = tl.exp(M - M_new)
+            weight = tl.exp(p - M_new)
+            S = tl.where(e, S * decay + weight * out, S)
+            N = tl.where(e, N * decay + weight, N)
+            M = tl.where(e, M_new, M)
+            x_new = S / tl.maximum(N, 1e-30)
+            x = tl.where(e & mi, x_new, x)
+            tl.store(sig_ptr + (base + j) * d + i, x, mask=mi)
+            if SAVE:
+                tl.store(nsave_ptr + base + j, N)
+                tl.store(msave_ptr + base + j, M)
+            W, add, p, e = Wn, addn, pn, en
+            j += 1
+        tl.store(sfin_ptr + row * d + k, S, mask=mk)
+        tl.store(nfin_ptr + row, N)
+        tl.store(mfin_ptr + row, M)
+
+    @triton.jit
+    def _scan_backward_kernel(
+        x0_ptr, s0_ptr, n0_ptr, m0_ptr,
+        w_ptr, b_ptr, rows_ptr, slot_ptr, edge_ptr, pe_ptr, mixw_ptr,
+        sig_ptr, nsave_ptr, msave_ptr,  # saved by the forward
+        gsig_ptr, gsfin_ptr, gnfin_ptr, gmfin_ptr,  # incoming gradients (zeros where none)
+        gx0_ptr, gs0_ptr, gn0_ptr, gm0_ptr, gmixw_ptr,  # out: gradients of the inputs
+        gw_ptr, gb_ptr,  # edge-row gradients (R, d, d), (R, d), added at slot_ptr's slots
+        L, d: tl.constexpr,
+        D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        i = tl.arange(0, D)
+        k = tl.arange(0, D)
+        mi, mk = i < d, k < d
+        wmask = mi[:, None] & mk[None, :]
+        base = row * L
+        gx = tl.zeros([D], dtype=tl.float32)
+        gS = tl.load(gsfin_ptr + row * d + k, mask=mk, other=0.0)
+        gN = tl.load(gnfin_ptr + row)
+        gM = tl.load(gmfin_ptr + row)
+        j = L - 1
+        while j >= 0:
+            at = base + j
+            gx += tl.load(gsig_ptr + at * d + k, mask=mk, other=0.0)
+            e = tl.load(edge_ptr + at) != 0
+            r = tl.load(rows_ptr + at)
+            W = tl.load(w_ptr + r * d * d + i[:, None] * d + k[None, :], mask=wmask & e, other=0.0).to(tl.float32)
+            add = tl.load(b_ptr + r * d + k, mask=mk & e, other=0.0).to(tl.float32)
+            add += tl.load(pe_ptr + at * d + k, mask=mk & e, other=0.0).to(tl.float32)
+            p = tl.load(mixw_ptr + at)
+            # the signal entering the edge and the state before the column: column j−1's, or the incoming ones
+            first = j == 0
+            x_in = tl.load(sig_ptr + (at - 1) * d + i, mask=mi & (j > 0), other=0.0) \
+                + tl.load(x0_ptr + row * d + i, mask=mi & first, other=0.0)
+            N_in = tl.load(nsave_ptr + at - 1, mask=j > 0, other=0.0) + tl.load(n0_ptr + row, mask=first, other=0.0)
+            M_in = tl.where(first, tl.load(m0_ptr + row), tl.load(msave_ptr + at - 1, mask=j > 0, other=0.0))
+            S_in = tl.where(first, tl.load(s0_ptr + row * d + k, mask=mk, other=0.0),
+                            tl.load(sig_ptr + (at - 1) * d + k, mask=mk & (j > 0), other=0.0) * N_in)
+            x_out = tl.load(sig_ptr + at * d + k, mask=mk, other=0.0)
+            N_out = tl.load(nsave_ptr + at)
+            M_out = tl.load(msave_ptr + at)
+            S_out = x_out * N_out
+
+            h = tl.sum(x_in[:, None] * W, axis=0) + add
+            out = _gelu(h)
+            # columns without an edge change nothing below; neutral values keep their arithmetic finite
+            M_out = tl.where(e, M_out, 0.0)
+            M_in = tl.where(e, M_in, 0.0)
+            decay = tl.exp(M_in - M_out)
+            weight = tl.exp(p - M_out)
+            Nc = tl.where(e, tl.maximum(N_out, 1e-30), 1.0)
+            gS1 = gS + gx / Nc
+            gN1 = gN - tl.where(N_out > 1e-30, tl.sum(gx * x_out, axis=0) / Nc, 0.0)  # clamp_min's backward
+            g_max = gM - tl.sum(gS1 * S_out, axis=0) - gN1 * N_out
+            gp = weight * (tl.sum(gS1 * out, axis=0) + gN1)
+            gM_in = decay * (tl.sum(gS1 * S_in, axis=0) + gN1 * N_in)
+            # torch.maximum's backward: all to the larger input, half to each on a tie
+            gp += tl.where(p > M_in, g_max, tl.where(p == M_in, 0.5 * g_max, 0.0))
+            gM_in += tl.where(M_in > p, g_max, tl.where(p == M_in, 0.5 * g_max, 0.0))
+            gh = weight * gS1 * _gelu_grad(h)
+            gh = tl.where(mk, gh, 0.0)
+            gx_in = tl.sum(W * gh[None, :], axis=1)
+            s = tl.load(slot_ptr + at)
+            if NEED_W:
+                tl.atomic_add(gw_ptr + s * d * d + i[:, None] * d + k[None, :], x_in[:, None] * gh[None, :],
+                              mask=wmask & e, sem="relaxed")
+            if NEED_B:
+                tl.atomic_add(gb_ptr + s * d + k, gh, mask=mk & e, sem="relaxed")
+            tl.store(gmixw_ptr + at, tl.where(e, gp, 0.0))
+            gx = tl.where(e & mk, gx_in, gx)
+            gS = tl.where(e, gS1 * decay, gS)
+            gN = tl.where(e, gN1 * decay, gN)
+            gM = tl.where(e, gM_in, gM)
+            j -= 1
+        tl.store(gx0_ptr + row * d + k, gx, mask=mk)
+        tl.store(gs0_ptr + row * d + k, gS, mask=mk)
+        tl.store(gn0_ptr + row, gN)
+        tl.store(gm0_ptr + row, gM)
+
+
+def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
+    """Where the edge-row gradients go: (w_buffer, b_buffer, slots, own (w, b) gradients or None).
+
+    The buffers the candidate backward published on the link when it has them; otherwise fresh ones of our own,
+    returned as this function's gradients (dense, or sparse over the distinct rows read, as `gather_edges`)."""
+    P, d = ctx.weight_shape[0], ctx.weight_shape[-1]
+    link = ctx.link
+    ctx.link = None
+    published = link.grad if link is not None else None
+    if link is not None:
+        link.grad = None
+    w_buf = b_buf = slot = None
+    if published is not None:
+        index, w_values, b_values = published
+        if (not need_w or w_values is not None) and (not need_b or b_values is not None):
+            slot = rows if index is None else torch.searchsorted(index, rows)
+            return (w_values if need_w else None), (b_values if need_b else None), slot, None
+    device = rows.device
+    if ctx.sparse_grad:
+        uniq, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
+        slot, R = inverse.view(rows.shape), uniq.numel()
+    else:
+        uniq, slot, R = None, rows, P
+    if need_w:
+        w_buf = torch.zeros(R, d, d, dtype=torch.float32, device=device)
+    if need_b:
+        b_buf = torch.zeros(R, d, dtype=torch.float32, device=device)
+    own = (uniq, w_buf, b_buf)
+    return w_buf, b_buf, slot, own
+
+
+class _SignalScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x0, s0, n0, m0, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad: bool, link):
+        B, L = rows.shape
+        P, d = weights.shape[0], weights.shape[-1]
+        device = x0.device
+        x0, s0 = x0.float().contiguous(), s0.float().contiguous()
+        n0, m0 = n0.float().contiguous(), m0.float().contiguous()
+        mix_weight = mix_weight.float().contiguous()
+        rows = rows.contiguous()
+        edge = has_edge.contiguous().view(torch.uint8)
+        pe = pe.contiguous()
+        w = weights.contiguous()
+        b2 = biases.reshape(P, d).contiguous()
+        training = any(ctx.needs_input_grad[:7])
+        signals = torch.empty(B, L, d, dtype=torch.float32, device=device)
+        n_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
+        m_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
+        s_fin = torch.empty(B, d, dtype=torch.float32, device=device)
+        n_fin = torch.empty(B, dtype=torch.float32, device=device)
+        m_fin = torch.empty(B, dtype=torch.float32, device=device)
+        if B and L:
+            _scan_forward_kernel[(B,)](x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, signals, n_save, m_save,
+                                       s_fin, n_fin, m_fin, L, d, SAVE=training, **_meta(d))
+        else:
+            s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
+        if link is not None:
+            # the rows the recurrence reads, for the candidate backward to make room for (sorted, may repeat:
+            # no host synchronisation; both candidate backwards merge them with their own rows)
+            link.rows = torch.sort(rows.reshape(-1)).values
+            link.grad = None
+        if training:
+            ctx.save_for_backward(x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save)
+        ctx.sparse_grad, ctx.link = sparse_grad, link
+        ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
+        ctx.weight_dtype = weights.dtype
+        return signals, s_fin, n_fin, m_fin
+
+    @staticmethod
+    def backward(ctx, g_signals, g_sum, g_norm, g_max):
+        x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save = ctx.saved_tensors
+        B, L = rows.shape
+        d = w.shape[-1]
+        device = x0.device
+        need_w, need_b = ctx.needs_input_grad[5], ctx.needs_input_grad[6]
+
+        def given(g, *shape):
+            return torch.zeros(*shape, dtype=torch.float32, device=device) if g is None else g.float().contiguous()
+
+        g_signals, g_sum = given(g_signals, B, L, d), given(g_sum, B, d)
+        g_norm, g_max = given(g_norm, B), given(g_max, B)
+        w_buf, b_buf, slot, own = _edge_gradient_buffers(ctx, need_w, need_b, rows)
+        if need_w and w_buf.dtype != torch.float32:  # pragma: no cover - unsupported_reason refuses this
+            raise RuntimeError("the recurrence scan accumulates float32 edge gradients only")
+        g_x0 = torch.empty(B, d, dtype=torch.float32, device=device)
+        g_s0 = torch.empty(B, d, dtype=torch.float32, device=device)
+        g_n0 = torch.empty(B, dtype=torch.float32, device=device)
+        g_m0 = torch.empty(B, dtype=torch.float32, device=device)
+        g_mix = torch.empty(B, L, dtype=torch.float32, device=device)
+        if B and L:
+            dummy = g_x0
+            _scan_backward_kernel[(B,)](
+                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, signals, n_save, m_save,
+                g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
+                w_buf if need_w else dummy, b_buf if need_b else dummy, L, d,
+                NEED_W=need_w, NEED_B=need_b, **_meta(d))
+        else:
+            g_x0.zero_(), g_mix.zero_()
+            g_s0.copy_(g_sum), g_n0.copy_(g_norm), g_m0.copy_(g_max)
+        grad_w = grad_b = None
+        if own is not None:
+            uniq, w_own, b_own = own
+            if ctx.sparse_grad:
+                index = uniq.unsqueeze(0)
+                if need_w:
+                    grad_w = torch.sparse_coo_tensor(index, w_own.to(ctx.weight_dtype), ctx.weight_shape,
+                                                     is_coalesced=True, check_invariants=False)
+                if need_b:
+                    grad_b = torch.sparse_coo_tensor(index, b_own.view(-1, *ctx.bias_shape[1:]).to(ctx.weight_dtype),
+                                                     ctx.bias_shape, is_coalesced=True, check_invariants=False)
+            else:
+                grad_w = w_own.to(ctx.weight_dtype) if need_w else None
+                grad_b = b_own.view(ctx.bias_shape).to(ctx.weight_dtype) if need_b else None
+        return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None
+
+
+def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
+                sparse_grad: bool = False, link=None):
+    """Run the recurrence over all columns; returns (signals (B, L, d), mix_sum, mix_norm, mix_max) after the last.
+
+    `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
+    `mix_weight` (B, L): the position weight logit of each column's edge; `weights` (P, d, d), `biases` (P, 1, d)
+    or (P, d): the edge table; `rows` (B, L) int64: each column's edge row (any valid row where `has_edge` (B, L)
+    is False); `pe` (B, L, d): each column's PE row. `sparse_grad` / `link`: as `energy.gather_edges`.
+    """
+    return _SignalScan.apply(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
+                             sparse_grad, link)
+
+
+__all__ = ["MAX_NODE_SIZE", "signal_scan", "unsupported_reason"]

@@ -1,0 +1,81 @@
+"""Compile the recurrence and optimizer kernels for an H100 (sm_90) without a GPU, and print their resources.
+
+    python tests/_compile_kernels.py          # one line per kernel variant: registers, stack (spills), shared
+
+Triton's interpreter (how CI checks the kernels' arithmetic) accepts programs its compiler rejects, and says
+nothing about register pressure; the triton wheel ships ptxas, so the real compilation runs on any machine. Must
+run without TRITON_INTERPRET (the kernels are then ordinary JIT functions); exits 1 if a variant fails to compile.
+Variants: the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128; the optimizer's two row
+widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from modeling_brillm import triton_optim, triton_recurrence  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def resources(fn, types: dict, constants: dict, num_warps: int) -> str:
+    names = fn.arg_names
+    signature = {a: types.get(a, "constexpr") for a in names}
+    # torch's allocations are 16-byte aligned: Triton assumes it at launch, so the check does too
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if types.get(a, "").startswith("*")}
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs), target=TARGET,
+                            options=dict(num_warps=num_warps))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
+                             capture_output=True, text=True, check=True).stdout
+    return next(line.strip() for line in out.splitlines() if "REG:" in line)
+
+
+def variants():
+    R, O = triton_recurrence, triton_optim
+    forward = {a: "*fp32" for a in R._scan_forward_kernel.arg_names if a.endswith("_ptr")}
+    forward.update(rows_ptr="*i64", edge_ptr="*u8", L="i32")
+    backward = {a: "*fp32" for a in R._scan_backward_kernel.arg_names if a.endswith("_ptr")}
+    backward.update(rows_ptr="*i64", slot_ptr="*i64", edge_ptr="*u8", L="i32")
+    for d in (32, 8, 64, 128):
+        meta = R._meta(d)
+        yield f"scan forward d={d}", R._scan_forward_kernel, forward, dict(d=d, D=meta["D"], SAVE=True), meta
+        yield f"scan backward d={d}", R._scan_backward_kernel, backward, dict(d=d, D=meta["D"], NEED_W=True,
+                                                                              NEED_B=True), meta
+    yield ("scan forward d=32 bf16 weights", R._scan_forward_kernel, dict(forward, w_ptr="*bf16", b_ptr="*bf16",
+           pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False), R._meta(32))
+    optim = {a: "*fp32" for a in O._sparse_adamw_kernel.arg_names if a.endswith("_ptr")}
+    optim.update(rows_ptr="*i64", entries_ptr="*i64", nnz="i32")
+    optim.update({a: "fp32" for a in ("lr", "beta1", "beta2", "eps", "decay", "step_size", "bc2_sqrt", "log_beta1",
+                                      "log_beta2")})
+    for width in (1024, 32):
+        block_w = min(triton.next_power_of_2(width), O._TILE)
+        for unique in (True, False):
+            yield (f"sparse adamw width={width} unique={unique}", O._sparse_adamw_kernel, optim,
+                   dict(W=width, HAS_ENTRIES=not unique, UNIQUE=unique, STEP_ON_DEVICE=not unique,
+                        BLOCK_R=max(1, O._TILE // block_w), BLOCK_W=block_w), dict(num_warps=4))
+
+
+def main() -> int:
+    failed = 0
+    for label, fn, types, constants, meta in variants():
+        try:
+            print(f"{label}: {resources(fn, types, constants, meta['num_warps'])}", flush=True)
+        except Exception as error:  # report every variant, then fail
+            failed += 1
+            print(f"{label}: FAILED {type(error).__name__}: {str(error)[-500:]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
