@@ -1,0 +1,565 @@
+"""Triton kernels for the candidate energies (energy.py's math, fused; one launch per pass).
+
+What they compute is `energy.py`'s: for a signal x at a position whose node is u, every real successor v of u gets
+E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The plan (`energy.KernelPlan`, built on the device without host
+synchronisation) cuts the work into tiles (source u, block of `tile_successors` successors); a persistent grid of
+a fixed number of programs walks them, so the launch count depends neither on V nor on the number of distinct
+sources. A tile loads its x rows in chunks of `BM` positions (all positions of u), its edge matrices `BN`
+successors at a time as one (d × BN·d) operand (the block is contiguous in CSR order: one GEMM
+x (BM × d) · [W_v1 | W_v2 | ...] per sub-tile), adds bias and PE, applies the exact (erf) GeLU and reduces the L2
+norm per (position, successor), all in registers.
+
+    forward, LSE mode     per (position, tile): log Σ_{v in tile} exp(E_v), into (N, T) (T = ceil(max_degree /
+                          tile_successors), static per graph); log Z = logsumexp of that row and the shared term,
+                          so the exact loss never materialises the M = Σ degree energies (a data-dependent size).
+    forward, LOGITS mode  E_v written straight into an (rows, V) output prefilled with the shared energy.
+    backward              per (tile, sub-tile): recompute h, GeLU(h), E (nothing per entry is kept from the
+                          forward), dL/dE from the LSE partials, the target term and/or the logits' gradient;
+                          dL/dh; the sub-tile's weight and bias gradient accumulated over all positions of u in
+                          registers and written once (row-major into the dense gradient, or into the row's slot of
+                          the sparse gradient's values); dL/dx = Σ_v dL/dh_v · W_vᵀ added atomically (several tiles
+                          share a position).
+
+The shared edge (row 0, one d×d product per position) stays in torch. `energy.py` dispatches here when
+`backend.use_triton(...)` is true (CUDA tensors, or `kernel_backend("triton")` under Triton's interpreter);
+BRILLM_KERNEL_* environment variables are not read: tile sizes are the constants below (see
+benchmarks/GPU_KERNELS.md for what each predicts).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+try:  # optional: CUDA builds of torch ship it; the check of remote-code imports skips try blocks
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - energy.py only imports this module when backend.use_triton() is true
+    triton = tl = None
+
+# positions per chunk (the dot's M; tl.dot needs >= 16), successors per sub-tile (the dot's N is BN·D)
+BLOCK_POSITIONS = 32
+BLOCK_SUCCESSORS = 4
+PROGRAMS_PER_SM = 4  # persistent grid: this many programs per streaming multiprocessor
+INTERPRETER_PROGRAMS = 4  # grid size under Triton's CPU interpreter (it runs programs one after the other)
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def padded_width(d: int) -> int:
+    """Register width of a d-vector: the next power of two, at least 16 (tl.dot's smallest K and N)."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def unsupported_reason(weights: torch.Tensor, x: torch.Tensor) -> str | None:
+    """Why the kernels cannot run these tensors (None when they can); the caller then takes the torch path."""
+    if triton is None:
+        return "triton is not installed"
+    if weights.dtype not in SUPPORTED_DTYPES:
+        return f"edge tables of dtype {weights.dtype} (the kernels read float32, bfloat16 or float16 rows)"
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"signals of dtype {x.dtype}"
+    if weights.dim() != 3 or weights.shape[1] != weights.shape[2]:
+        return f"edge table of shape {tuple(weights.shape)}"
+    if not weights.is_contiguous():
+        return "a non-contiguous edge table"
+    return None
+
+
+def _grid(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
+    return INTERPRETER_PROGRAMS
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gelu_and_grad(h):
+        """GeLU(h) (exact, erf) and its derivative Φ(h) + h·φ(h)."""
+        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+        pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327
+        return h * cdf, cdf + h * pdf
+
+    @triton.jit
+    def _widen(values, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+        """(BM, BN) → (BM, BN·D): every value repeated over its successor's D columns."""
+        return tl.reshape(tl.broadcast_to(values[:, :, None], (BM, BN, D)), (BM, BN * D))
+
+    @triton.jit
+    def _energy_forward_kernel(
+        x_ptr, pe_ptr, w_ptr, b_ptr,
+        tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
+        part_ptr, out_ptr, out_row_ptr,
+        d, T, V,
+        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
+        LSE: tl.constexpr, LOGITS: tl.constexpr, HAS_INDICES: tl.constexpr, OUT_ROWS: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        total = tl.load(tile_total_ptr)
+        k = tl.arange(0, D)
+        cols = tl.arange(0, BN * D)
+        col_succ = cols // D  # successor (within the sub-tile) of every column
+        col_j = cols % D  # output unit of every column
+        lanes = tl.arange(0, BN)
+        rows_in_chunk = tl.arange(0, BM)
+        t = pid
+        while t < total:
+            u = tl.load(tile_source_ptr + t)
+            s = t - tl.load(tile_first_ptr + u)
+            count = tl.load(count_ptr + u)
+            first = tl.load(group_start_ptr + u)
+            e0 = tl.load(indptr_ptr + u).to(tl.int64)
+            degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+            v0 = s * (NSUB * BN)
+            c = 0
+            while c < count:
+                p = first + c + rows_in_chunk
+                pmask = (c + rows_in_chunk) < count
+                p64 = p.to(tl.int64)
+                x = tl.load(x_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                            other=0.0).to(tl.float32)
+                pe = tl.load(pe_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                             other=0.0).to(tl.float32)
+                pe_wide = tl.reshape(tl.broadcast_to(pe[:, None, :], (BM, BN, D)), (BM, BN * D))
+                run_max = tl.full((BM,), float("-inf"), tl.float32)
+                run_sum = tl.zeros((BM,), tl.float32)
+                if OUT_ROWS:
+                    out_row = tl.load(out_row_ptr + p, mask=pmask, other=0).to(tl.int64)
+                else:
+                    out_row = p64
+                for sub in tl.static_range(NSUB):
+                    vs = v0 + sub * BN
+                    if vs < degree:
+                        col_v = vs + col_succ
+                        col_ok = (col_v < degree) & (col_j < d)
+                        row = e0 + 1 + col_v.to(tl.int64)
+                        w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                                    mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
+                        bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                        h = tl.dot(x, w, input_precision="ieee") + bias[None, :] + pe_wide
+                        y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+                        energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BM, BN, D)), axis=2))  # (BM, BN)
+                        v = vs + lanes
+                        vmask = v < degree
+                        if LSE:
+                            masked = tl.where(vmask[None, :], energy, float("-inf"))
+                            new_max = tl.maximum(run_max, tl.max(masked, axis=1))
+                            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(masked - new_max[:, None]), axis=1)
+                            run_max = new_max
+                        if LOGITS:
+                            if HAS_INDICES:
+                                target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
+                            else:
+                                target = v.to(tl.int64)
+                            tl.store(out_ptr + out_row[:, None] * V + target[None, :], energy,
+                                     mask=pmask[:, None] & vmask[None, :])
+                if LSE:
+                    tl.store(part_ptr + p64 * T + s, run_max + tl.log(run_sum), mask=pmask)
+                c += BM
+            t += GRID
+
+    @triton.jit
+    def _energy_backward_kernel(
+        x_ptr, pe_ptr, w_ptr, b_ptr,
+        tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
+        part_ptr, grad_part_ptr, grad_target_ptr, target_within_ptr, grad_logits_ptr, logit_row_ptr,
+        successor_sum_ptr, slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr,
+        d, T, V,
+        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
+        LSE: tl.constexpr, TARGET: tl.constexpr, LOGITS: tl.constexpr, LOGIT_ROWS: tl.constexpr,
+        HAS_INDICES: tl.constexpr, SUCCESSOR_SUM: tl.constexpr, SLOTS: tl.constexpr,
+        NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        total = tl.load(tile_total_ptr)
+        k = tl.arange(0, D)
+        cols = tl.arange(0, BN * D)
+        col_succ = cols // D
+        col_j = cols % D
+        lanes = tl.arange(0, BN)
+        rows_in_chunk = tl.arange(0, BM)
+        t = pid
+        while t < total:
+            u = tl.load(tile_source_ptr + t)
+            s = t - tl.load(tile_first_ptr + u)
+            count = tl.load(count_ptr + u)
+            first = tl.load(group_start_ptr + u)
+            e0 = tl.load(indptr_ptr + u).to(tl.int64)
+            degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+            v0 = s * (NSUB * BN)
+            for sub in tl.static_range(NSUB):
+                vs = v0 + sub * BN
+                if vs < degree:
+                    col_v = vs + col_succ
+                    col_ok = (col_v < degree) & (col_j < d)
+                    row = e0 + 1 + col_v.to(tl.int64)
+                    w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                                mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
+                    bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                    v = vs + lanes
+                    vmask = v < degree
+                    if LOGITS:
+                        if HAS_INDICES:
+                            target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
+                        else:
+                            target = v.to(tl.int64)
+                    acc_w = tl.zeros((D, BN * D), tl.float32)
+                    acc_b = tl.zeros((BN * D,), tl.float32)
+                    c = 0
+                    while c < count:
+                        p = first + c + rows_in_chunk
+                        pmask = (c + rows_in_chunk) < count
+                        p64 = p.to(tl.int64)
+                        x = tl.load(x_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                                    other=0.0).to(tl.float32)
+                        pe = tl.load(pe_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                                     other=0.0).to(tl.float32)
+                        pe_wide = tl.reshape(tl.broadcast_to(pe[:, None, :], (BM, BN, D)), (BM, BN * D))
+                        h = tl.dot(x, w, input_precision="ieee") + bias[None, :] + pe_wide
+                        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+                        y = h * cdf
+                        slope = cdf + h * tl.exp(-0.5 * h * h) * 0.3989422804014327
+                        energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BM, BN, D)), axis=2))  # (BM, BN)
+                        live = pmask[:, None] & vmask[None, :]
+                        grad_e = tl.zeros((BM, BN), tl.float32)
+                        if LSE:  # d logsumexp(tile) / dE_v = exp(E_v − partial)
+                            part = tl.load(part_ptr + p64 * T + s, mask=pmask, other=0.0)
+                            gpart = tl.load(grad_part_ptr + p64 * T + s, mask=pmask, other=0.0)
+                            grad_e += gpart[:, None] * tl.exp(tl.where(live, energy - part[:, None], float("-inf")))
+                        if TARGET:  # the target's energy, picked from this tile
+                            within = tl.load(target_within_ptr + p, mask=pmask, other=-1)
+                            gt = tl.load(grad_target_ptr + p, mask=pmask, other=0.0)
+                            grad_e += tl.where(within[:, None] == v[None, :], gt[:, None], 0.0)
+                        if LOGITS:
+                            if LOGIT_ROWS:
+                                lrow = tl.load(logit_row_ptr + p, mask=pmask, other=0).to(tl.int64)
+                            else:
+                                lrow = p64
+                            gl = tl.load(grad_logits_ptr + lrow[:, None] * V + target[None, :], mask=live, other=0.0)
+                            grad_e += gl
+                            if SUCCESSOR_SUM:  # the shared energy's gradient is the sum over the other columns
+                                tl.atomic_add(successor_sum_ptr + p64, tl.sum(gl, axis=1), mask=pmask)
+                        grad_e = tl.where(live, grad_e, 0.0)
+                        scale = grad_e / tl.maximum(energy, 1.1754943508222875e-38)
+                        gh = tl.reshape(tl.broadcast_to(scale[:, :, None], (BM, BN, D)), (BM, BN * D)) * y * slope
+                        if NEED_W:
+                            acc_w += tl.dot(tl.trans(x), gh, input_precision="ieee")
+                        if NEED_B:
+                            acc_b += tl.sum(gh, axis=0)
+                        if NEED_X:
+                            gx = tl.dot(gh, tl.trans(w), input_precision="ieee")
+                            tl.atomic_add(grad_x_ptr + p64[:, None] * d + k[None, :], gx,
+                                          mask=pmask[:, None] & (k[None, :] < d))
+                        c += BM
+                    if SLOTS:
+                        slot = tl.load(slot_ptr + row, mask=col_ok, other=0).to(tl.int64)
+                    else:
+                        slot = row
+                    if NEED_W:
+                        tl.store(grad_w_ptr + slot[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                                 acc_w.to(grad_w_ptr.dtype.element_ty), mask=(k[:, None] < d) & col_ok[None, :])
+                    if NEED_B:
+                        tl.store(grad_b_ptr + slot * d + col_j, acc_b.to(grad_b_ptr.dtype.element_ty), mask=col_ok)
+            t += GRID
+
+
+# ------------------------------------------------------------------------------------------------ launches
+def _common_args(plan):
+    indices = plan.indices if plan.indices is not None else plan.indptr  # any valid pointer when dense
+    return (plan.tile_source, plan.tile_first, plan.tile_total, plan.count, plan.group_start, plan.indptr, indices)
+
+
+def _meta(plan, d):
+    return dict(D=padded_width(d), BM=BLOCK_POSITIONS, BN=BLOCK_SUCCESSORS,
+                NSUB=plan.tile_successors // BLOCK_SUCCESSORS, GRID=_grid(plan.count.device),
+                HAS_INDICES=plan.indices is not None)
+
+
+def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, T) float32: log Σ exp(E) of every (sorted position, successor tile); −inf past a position's degree."""
+    N, d = x.shape
+    if out is None:
+        out = torch.empty(N, plan.num_tiles, dtype=torch.float32, device=x.device)
+    part = out.fill_(float("-inf"))
+    if N and plan.num_tiles:
+        meta = _meta(plan, d)
+        _energy_forward_kernel[(meta["GRID"],)](
+            x, pe, weights, b2, *_common_args(plan), part, part, plan.count,
+            d, plan.num_tiles, plan.vocab_size, LSE=True, LOGITS=False, OUT_ROWS=False, **meta, num_warps=4)
+    return part
+
+
+def write_logits(x, pe, weights, b2, plan, out: torch.Tensor, out_rows: torch.Tensor | None = None):
+    """Write every real successor's energy into `out` (rows, V) at [out_rows[p] (or p), target]."""
+    N, d = x.shape
+    if N and plan.num_tiles:
+        meta = _meta(plan, d)
+        _energy_forward_kernel[(meta["GRID"],)](
+            x, pe, weights, b2, *_common_args(plan), out, out, out_rows if out_rows is not None else plan.count,
+            d, plan.num_tiles, plan.vocab_size, LSE=False, LOGITS=True, OUT_ROWS=out_rows is not None, **meta,
+            num_warps=4)
+    return out
+
+
+def _shared_energy(x, pe, w0, b0):
+    h = torch.addmm(b0 + pe, x, w0)
+    y = F.gelu(h)
+    return h, y, torch.linalg.vector_norm(y, dim=-1)
+
+
+def _shared_backward(h, y, e, grad_e):
+    grad_y = (grad_e / e.clamp_min(torch.finfo(e.dtype).tiny)).unsqueeze(-1) * y
+    return torch.ops.aten.gelu_backward(grad_y, h)
+
+
+def _gradient_rows(plan, P: int, link, device):
+    """Sparse gradient layout: the sorted touched rows `index` (R,), each row's slot (P,), and the slots of rows
+    only the recurrence touched (zeroed here, filled by its backward). One host synchronisation: R is the size of
+    the sparse gradient."""
+    V = plan.vocab_size
+    present = (plan.count > 0).to(torch.int32)
+    # every row of every present source's block: +1 at its first row, −1 past its last, then a running sum
+    mark = torch.zeros(P + 1, dtype=torch.int32, device=device)
+    mark.index_add_(0, plan.indptr[:V] + 1, present)
+    mark.index_add_(0, plan.indptr[1:V + 1] + 1, -present)
+    in_block = torch.cumsum(mark[:P], 0) > 0
+    touched = in_block.clone()
+    if plan.has_shared:
+        touched[0] = True
+    if link is not None and link.rows is not None and link.rows.numel():
+        touched.index_fill_(0, link.rows.to(device), True)
+    extra = touched & ~in_block
+    if plan.has_shared:
+        extra[0] = False  # the shared row is written by the torch part
+    R, X = torch.stack([touched.sum(), extra.sum()]).tolist()  # the one synchronisation (sizes of the gradient)
+    slot = torch.cumsum(touched, 0, dtype=torch.int64) - 1
+    index = _nonzero(touched, R)
+    extra_slots = slot[_nonzero(extra, X)]
+    return index, slot, extra_slots
+
+
+def _nonzero(mask, size: int):
+    if hasattr(torch, "nonzero_static"):
+        return torch.nonzero_static(mask, size=size).view(-1)
+    return mask.nonzero().view(-1)  # pragma: no cover - older torch
+
+
+class KernelEnergies(torch.autograd.Function):
+    """Triton twin of `energy._CandidateEnergies`: returns the (N, T) tile log-sum-exps (not the packed energies)
+    and the (N,) shared energies; `KernelTarget` and `KernelLogits` read the same plan and hand their gradients to
+    this function's backward through `plan.pending`, so one kernel pass writes every edge-row gradient."""
+
+    @staticmethod
+    def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link):
+        N, d = x.shape
+        P = weights.shape[0]
+        b2 = biases.reshape(P, d)
+        x, pe = x.contiguous(), pe.contiguous()
+        plan.inputs = (x, pe, weights, b2)
+        plan.pending = {}
+        # Inference that only wants logits never reads the partials: without gradients they are filled lazily,
+        # by the first log_partition call.
+        part = torch.empty(N, plan.num_tiles, dtype=torch.float32, device=x.device)
+        training = any(ctx.needs_input_grad[:4])
+        if training:
+            forward_partials(x, pe, weights, b2, plan, out=part)
+        plan.partials_filled = training
+        if plan.has_shared:
+            h_shared, y_shared, shared = _shared_energy(x, pe, weights[0], b2[0])
+        else:
+            h_shared = y_shared = None
+            shared = x.new_zeros(N)
+        ctx.plan, ctx.sparse_grad, ctx.link = plan, sparse_grad, link
+        ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
+        ctx.save_for_backward(x, pe, weights, b2, part, h_shared, y_shared, shared)
+        return part, shared
+
+    @staticmethod
+    def backward(ctx, grad_part, grad_shared):
+        x, pe, weights, b2, part, h_shared, y_shared, shared = ctx.saved_tensors
+        plan, link = ctx.plan, ctx.link
+        ctx.link = None
+        pending, plan.pending = plan.pending, {}
+        plan.inputs = None
+        N, d = x.shape
+        P = weights.shape[0]
+        device = x.device
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        target = pending.get("target")
+        grad_logits = pending.get("logits")
+        use_lse = grad_part is not None
+        grad_shared = grad_shared.float() if grad_shared is not None else None
+        grad_x = torch.zeros(N, d, dtype=torch.float32, device=device) if need_x else None
+
+        index = slot = None
+        w_values = b_values = None
+        if need_w or need_b:
+            if ctx.sparse_grad:
+                index, slot, extra_slots = _gradient_rows(plan, P, link, device)
+                R = index.numel()
+                if need_w:
+                    w_values = torch.empty(R, *ctx.weight_shape[1:], dtype=weights.dtype, device=device)
+                    w_values.index_fill_(0, extra_slots, 0)
+                if need_b:
+                    b_values = torch.empty(R, d, dtype=weights.dtype, device=device)
+                    b_values.index_fill_(0, extra_slots, 0)
+            else:
+                w_values = torch.zeros(ctx.weight_shape, dtype=weights.dtype, device=device) if need_w else None
+                b_values = torch.zeros(P, d, dtype=weights.dtype, device=device) if need_b else None
+
+        successor_sum = None
+        if grad_logits is not None and plan.has_shared:
+            successor_sum = torch.zeros(N, dtype=torch.float32, device=device)
+        live = use_lse or target is not None or grad_logits is not None
+        launch = bool(N and plan.num_tiles and live and (need_x or need_w or need_b or successor_sum is not None))
+        if not launch:  # nothing reaches the candidate energies: their rows' gradients are zero
+            for values in (w_values, b_values):
+                if values is not None:
+                    values.zero_()
+        else:
+            meta = _meta(plan, d)
+            dummy = plan.count
+            gt, within = target if target is not None else (dummy, dummy)
+            _energy_backward_kernel[(meta["GRID"],)](
+                x, pe, weights, b2, *_common_args(plan),
+                part, grad_part.contiguous() if use_lse else part, gt, within,
+                grad_logits if grad_logits is not None else part, dummy,
+                successor_sum if successor_sum is not None else part, slot if slot is not None else dummy,
+                w_values if w_values is not None else part, b_values if b_values is not None else part,
+                grad_x if grad_x is not None else part,
+                d, plan.num_tiles, plan.vocab_size,
+                LSE=use_lse, TARGET=target is not None, LOGITS=grad_logits is not None, LOGIT_ROWS=False,
+                SUCCESSOR_SUM=successor_sum is not None, SLOTS=slot is not None,
+                NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, **meta, num_warps=8)
+
+        # the shared edge (row 0): torch, one (N × d) · (d × d) product
+        if plan.has_shared:
+            g = grad_shared
+            if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
+                from_logits = grad_logits.sum(1) - successor_sum
+                g = from_logits if g is None else g + from_logits
+            if need_w:
+                w_values[0].zero_()
+            if need_b:
+                b_values[0].zero_()
+            if g is not None and N:
+                gh = _shared_backward(h_shared, y_shared, shared, g.to(h_shared.dtype))
+                if need_w:
+                    torch.mm(x.t().to(w_values.dtype), gh.to(w_values.dtype), out=w_values[0])
+                if need_b:
+                    b_values[0] = gh.sum(0).to(b_values.dtype)
+                if need_x:
+                    grad_x.addmm_(gh.float(), weights[0].t().float())
+
+        grad_w = grad_b = None
+        if need_w or need_b:
+            if link is not None:
+                link.grad = (index, w_values, b_values)
+            if ctx.sparse_grad:
+                idx = index.unsqueeze(0)
+                if need_w:
+                    grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True,
+                                                     check_invariants=False)
+                if need_b:
+                    grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
+                                                     is_coalesced=True, check_invariants=False)
+            else:
+                grad_w = w_values
+                grad_b = None if b_values is None else b_values.view(ctx.bias_shape)
+        if grad_x is not None:
+            grad_x = grad_x.to(x.dtype)
+        return grad_x, None, grad_w, grad_b, None, None, None
+
+
+def log_partition(part, shared, plan, vocab_size: int) -> torch.Tensor:
+    """log Σ_v exp(E_v) per sorted position from the tile partials and the V − degree shared energies."""
+    if not plan.partials_filled:  # inference: the forward left them for here
+        x, pe, weights, b2 = plan.inputs
+        forward_partials(x, pe, weights, b2, plan, out=part)
+        plan.partials_filled = True
+    num_shared = (vocab_size - plan.degree).to(shared.dtype)
+    shared_term = torch.where(num_shared > 0, shared + torch.log(num_shared.clamp_min(1)),
+                              torch.full_like(shared, float("-inf")))
+    return torch.logsumexp(torch.cat([part.to(shared.dtype), shared_term.unsqueeze(1)], 1), 1)
+
+
+class KernelTarget(torch.autograd.Function):
+    """The energy each sorted position gives its target when that is a real successor (`within` its block).
+    Forward: a small torch computation over one edge row per position. Backward: hands its gradient to
+    `KernelEnergies.backward` (which runs later: it depends on `part`), whose kernel adds it at the target's entry."""
+
+    @staticmethod
+    def forward(ctx, part, target_rows, within, plan):
+        x, pe, weights, b2 = plan.inputs
+        rows = target_rows.clamp_min(0)
+        h = torch.bmm(x.unsqueeze(1), weights[rows]).squeeze(1) + b2[rows] + pe
+        ctx.plan = plan
+        ctx.save_for_backward(within)
+        return torch.linalg.vector_norm(F.gelu(h.float()), dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (within,) = ctx.saved_tensors
+        plan = ctx.plan
+        if "target" in plan.pending:
+            gt, w = plan.pending["target"]
+            if w is not within and not torch.equal(w, within):
+                raise NotImplementedError("two different target selections on one kernel plan: build one plan per "
+                                          "loss (make_plan) or use BRILLM_BACKEND=torch.")
+            grad = grad + gt
+        plan.pending["target"] = (grad.float().contiguous(), within)
+        return None, None, None, None
+
+
+def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.Tensor:
+    real = target_rows > 0
+    within = torch.where(real, target_rows - block_first_row, torch.full_like(target_rows, -1)).to(torch.int32)
+    picked = KernelTarget.apply(part, target_rows, within.contiguous(), plan)
+    return torch.where(real, picked.to(shared.dtype), shared)
+
+
+class KernelLogits(torch.autograd.Function):
+    """(N, V) logits in sorted order: the shared energy everywhere, the kernel writes the real successors'."""
+
+    @staticmethod
+    def forward(ctx, part, shared, plan):
+        x, pe, weights, b2 = plan.inputs
+        N = shared.shape[0]
+        out = shared.float().unsqueeze(1).expand(N, plan.vocab_size).contiguous()
+        write_logits(x, pe, weights, b2, plan, out)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        plan = ctx.plan
+        grad = grad.float().contiguous()
+        if "logits" in plan.pending:
+            grad = grad + plan.pending["logits"]
+        plan.pending["logits"] = grad
+        return None, None, None
+
+
+def scatter_logits(part, shared, plan) -> torch.Tensor:
+    return KernelLogits.apply(part, shared, plan)
+
+
+@torch.no_grad()
+def successor_logits(x, pe, weights, b2, plan) -> torch.Tensor:
+    """(N, V) logits in the positions' own order (inference): the plan's sorted positions write through
+    `plan.order` into their rows; one kernel launch plus the shared edge's product."""
+    N, d = x.shape
+    xs, pes = x[plan.order].contiguous(), pe[plan.order].contiguous()
+    if plan.has_shared:
+        shared = _shared_energy(x, pe, weights[0], b2[0])[2].float()
+        out = shared.unsqueeze(1).expand(N, plan.vocab_size).contiguous()
+    else:
+        out = torch.empty(N, plan.vocab_size, dtype=torch.float32, device=x.device)  # every column is a successor
+    return write_logits(xs, pes, weights, b2, plan, out, out_rows=plan.order)
+
+
+__all__ = ["KernelEnergies", "KernelLogits", "KernelTarget", "forward_partials", "log_partition", "padded_width",
+           "scatter_logits", "successor_logits", "target_energies", "unsupported_reason", "write_logits"]

@@ -1,0 +1,201 @@
+"""The Triton candidate-energy kernels against the torch path (fp32), run by Triton's CPU interpreter.
+
+`kernel_backend("triton")` makes `make_plan` return a `KernelPlan` on CPU tensors; tests/conftest.py sets
+TRITON_INTERPRET=1 when there is no GPU. Shapes are tiny (the interpreter runs every program in Python), d is not
+a power of two (the kernels pad it to 16 with masks), the graphs have sources without real successors, sources
+repeated over more than one position chunk, and both graph kinds.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modeling_brillm import energy
+from modeling_brillm.backend import kernel_backend
+from modeling_brillm.energy import (
+    EdgeGradLink,
+    KernelPlan,
+    candidate_energies,
+    exact_log_partition,
+    gather_edges,
+    make_kernel_plan,
+    make_plan,
+    scatter_logits,
+    successor_logits,
+    target_energies,
+)
+from modeling_brillm.graph import graph_from_edges
+
+pytest.importorskip("triton")
+
+D = 5
+RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    """Tiles of 8 successors (two sub-tiles of 4): blocks of up to 9 successors span two tiles, the second with an
+    empty sub-tile; 40 extra positions on one node span two chunks of 32."""
+    monkeypatch.setattr(energy, "KERNEL_TILE_SUCCESSORS", 8)
+
+
+def graph(V, seed, dense):
+    if dense:
+        return torch.arange(V + 1) * V, None
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(V, V, generator=g) < 0.5
+    mask[V - 1] = False  # a node without real successors
+    mask[0] = True  # node 0 has every node as a real successor: its block spans two tiles
+    src, tgt = mask.nonzero(as_tuple=True)
+    gr = graph_from_edges(src, tgt, V)
+    return gr.indptr, gr.indices
+
+
+def setup(V=9, N=12, seed=0, dense=False, hot=0):
+    """Random fp32 tables and N positions; `hot` extra positions all on node 0 (more than one chunk of 32)."""
+    g = torch.Generator().manual_seed(seed)
+    indptr, indices = graph(V, seed, dense)
+    P = int(indptr[-1]) + 1
+    weights = torch.randn(P, D, D, generator=g) * 0.5
+    biases = torch.randn(P, 1, D, generator=g) * 0.5
+    sources = torch.cat([torch.randint(0, V, (N,), generator=g), torch.zeros(hot, dtype=torch.long)])
+    sources[0] = V - 1  # a source with no real successor
+    x = torch.randn(sources.numel(), D, generator=g)
+    pe = torch.randn(sources.numel(), D, generator=g)
+    return weights, biases, indptr, indices, sources, x, pe, V
+
+
+def rows_of(sources, targets, indptr, indices, V):
+    if indices is None:
+        return 1 + sources * V + targets
+    edge_src = torch.repeat_interleave(torch.arange(V), indptr.diff())
+    keys = edge_src * V + indices
+    key = sources * V + targets
+    pos = torch.searchsorted(keys, key).clamp_max(keys.numel() - 1)
+    return torch.where(keys[pos] == key, pos + 1, torch.zeros_like(pos))
+
+
+def close(a, b, name):
+    a = a.to_dense() if a.is_sparse else a
+    b = b.to_dense() if b.is_sparse else b
+    scale = b.abs().max().clamp_min(1e-30)
+    err = float((a - b).abs().max() / scale)
+    assert err <= RTOL, f"{name}: max error {err:.2e} of the largest value"
+
+
+def exact_loss(backend, tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows=None):
+    """Mean exact loss and every gradient, through energy.py's functions as the model calls them."""
+    weights, biases, x, pe = [t.clone().requires_grad_() for t in tensors]
+    with kernel_backend(backend):
+        link = None
+        extra = 0
+        if link_rows is not None:  # a recurrence-like gather on the same link
+            link = EdgeGradLink()
+            ws, bs = gather_edges(weights, biases, link_rows, sparse_grad, link)
+            extra = (F.gelu(ws.sum(-1) + bs.squeeze(-2)) ** 2).sum()
+        plan = make_plan(sources, indptr, indices, V)
+        assert isinstance(plan, KernelPlan) == (backend == "triton")
+        src, tgt = sources[plan.order], targets[plan.order]
+        energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, sparse_grad, link)
+        rows = rows_of(src, tgt, indptr, indices, V)
+        true = target_energies(energies, shared, plan, tgt, rows, indptr[src] + 1)
+        log_z = exact_log_partition(energies, shared, plan, V)
+        loss = (log_z - true).mean() + extra
+        loss.backward()
+    return loss.detach(), log_z.detach(), true.detach(), weights.grad, biases.grad, x.grad
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_exact_loss_and_gradients_match_torch(dense, sparse_grad):
+    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, hot=40)
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(1))
+    targets[1] = int(indices[0]) if indices is not None else 3  # at least one real-edge target
+    tensors = (weights, biases, x, pe)
+    ref = exact_loss("torch", tensors, sources, targets, indptr, indices, V, sparse_grad)
+    got = exact_loss("triton", tensors, sources, targets, indptr, indices, V, sparse_grad)
+    for a, b, name in zip(got, ref, ("loss", "log Z", "target energy", "grad weights", "grad biases", "grad x")):
+        if sparse_grad and name.startswith("grad w"):
+            assert a.is_sparse and b.is_sparse
+            assert torch.equal(a.coalesce().indices(), b.coalesce().indices()), "touched rows differ"
+        close(a, b, name)
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_link_hands_recurrence_rows_into_the_kernel_gradient(sparse_grad):
+    weights, biases, indptr, indices, sources, x, pe, V = setup(seed=3)
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(2))
+    # rows read by "the recurrence": row 0, rows of candidate blocks, a row outside every candidate block
+    present = set(sources.tolist())
+    outside = [r for u in range(V) if u not in present for r in range(int(indptr[u]) + 1, int(indptr[u + 1]) + 1)]
+    inside = int(indptr[int(sources[1])]) + 1
+    link_rows = torch.tensor([[0, inside, inside], [outside[0] if outside else 0, 1, 2]])
+    tensors = (weights, biases, x, pe)
+    ref = exact_loss("torch", tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows)
+    got = exact_loss("triton", tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows)
+    for a, b, name in zip(got, ref, ("loss", "log Z", "target energy", "grad weights", "grad biases", "grad x")):
+        close(a, b, name)
+    if sparse_grad:  # one coalesced gradient: the recurrence added into the kernel's buffers
+        idx = got[3]._indices()[0]
+        assert bool((idx[1:] > idx[:-1]).all())
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_logits_and_their_gradients_match_torch(dense):
+    """scatter_logits (sampled loss, eval) and successor_logits (decoding) write the (N, V) energies directly."""
+    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, seed=4, hot=3)
+    probe = torch.randn(sources.numel(), V, generator=torch.Generator().manual_seed(5))
+    out = {}
+    for backend in ("torch", "triton"):
+        w, b, xx = [t.clone().requires_grad_() for t in (weights, biases, x)]
+        with kernel_backend(backend):
+            plan = make_plan(sources, indptr, indices, V)
+            energies, shared = candidate_energies(xx[plan.order], pe[plan.order], w, b, plan, True)
+            logits = scatter_logits(energies, shared, plan, V)
+            inv = torch.argsort(plan.order)
+            (logits[inv] * probe).sum().backward()
+            direct = successor_logits(x, pe, weights, biases, sources, indptr, indices, V)
+        out[backend] = (logits[inv].detach(), direct, w.grad, b.grad, xx.grad)
+    for a, c, name in zip(out["triton"], out["torch"], ("logits", "successor logits", "grad w", "grad b", "grad x")):
+        close(a, c, name)
+    close(out["triton"][1], out["torch"][0], "successor logits vs grouped")
+
+
+def test_eval_without_gradients_fills_partials_lazily():
+    weights, biases, indptr, indices, sources, x, pe, V = setup(seed=6)
+    results = {}
+    for backend in ("torch", "triton"):
+        with torch.no_grad(), kernel_backend(backend):
+            plan = make_plan(sources, indptr, indices, V)
+            energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan)
+            logits = scatter_logits(energies, shared, plan, V)
+            results[backend] = (logits, exact_log_partition(energies, shared, plan, V))
+    close(results["triton"][0], results["torch"][0], "logits")
+    close(results["triton"][1], results["torch"][1], "log Z")
+    close(results["triton"][1], torch.logsumexp(results["torch"][0], 1), "log Z vs logits")
+
+
+def test_float64_falls_back_to_the_torch_path():
+    weights, biases, indptr, indices, sources, x, pe, V = setup(seed=7)
+    w64, b64, x64, pe64 = (t.double() for t in (weights, biases, x, pe))
+    with kernel_backend("triton"):
+        plan = make_plan(sources, indptr, indices, V)
+        energies, shared = candidate_energies(x64[plan.order], pe64[plan.order], w64, b64, plan)
+        assert plan.fallback is not None and energies.dim() == 1  # packed energies: the torch path ran
+        log_z = exact_log_partition(energies, shared, plan, V)
+    with kernel_backend("torch"):
+        ref_plan = make_plan(sources, indptr, indices, V)
+        e2, s2 = candidate_energies(x64[ref_plan.order], pe64[ref_plan.order], w64, b64, ref_plan)
+        torch.testing.assert_close(log_z, exact_log_partition(e2, s2, ref_plan, V))
+
+
+def test_plan_building_is_host_sync_free():
+    """On meta tensors any .item(), .tolist(), nonzero() or data-dependent size raises: the plan has none."""
+    V, N = 50, 64
+    sources = torch.empty(N, dtype=torch.long, device="meta")
+    indptr = torch.empty(V + 1, dtype=torch.long, device="meta")
+    indices = torch.empty(300, dtype=torch.long, device="meta")
+    plan = make_kernel_plan(sources, indptr, indices, V, max_degree=40)
+    assert plan.num_tiles == 5 and plan.tile_source.shape == (min(N, V) * 5,) and plan.count.shape == (V,)
+    dense = make_kernel_plan(sources, torch.empty(V + 1, dtype=torch.long, device="meta"), None, V)
+    assert dense.num_tiles == 7 and dense.degree.shape == (N,)
