@@ -9,12 +9,15 @@ successors at a time as one (d × BN·d) operand (the block is contiguous in CSR
 x (BM × d) · [W_v1 | W_v2 | ...] per sub-tile), adds bias and PE, applies the exact (erf) GeLU and reduces the L2
 norm per (position, successor), all in registers.
 
-    forward, LSE mode     per (position, tile): log Σ_{v in tile} exp(E_v), into (N, T) (T = ceil(max_degree /
-                          tile_successors), static per graph); log Z = logsumexp of that row and the shared term,
-                          so the exact loss never materialises the M = Σ degree energies (a data-dependent size).
+    forward, LSE mode     per (position, tile): the tile's largest energy m and Σ_{v in tile} exp(E_v − m), into
+                          (N, T, 2) (T = ceil(max_degree / tile_successors), static per graph); log Z combines a
+                          row of them with the shared term (torch, `log_partition`), so the exact loss never
+                          materialises the M = Σ degree energies (a data-dependent size). Keeping (max, sum)
+                          rather than its log keeps the precision of energy.py's peak-and-total formula.
     forward, LOGITS mode  E_v written straight into an (rows, V) output prefilled with the shared energy.
     backward              per (tile, sub-tile): recompute h, GeLU(h), E (nothing per entry is kept from the
-                          forward), dL/dE from the LSE partials, the target term and/or the logits' gradient;
+                          forward), dL/dE = g·exp(E − peak)/total from log Z, the target term and/or the logits'
+                          gradient;
                           dL/dh; the sub-tile's weight and bias gradient accumulated over all positions of u in
                           registers and written once (row-major into the dense gradient, or into the row's slot of
                           the sparse gradient's values); dL/dx = Σ_v dL/dh_v · W_vᵀ added atomically (several tiles
@@ -157,7 +160,8 @@ if triton is not None:
                             tl.store(out_ptr + out_row[:, None] * V + target[None, :], energy,
                                      mask=pmask[:, None] & vmask[None, :])
                 if LSE:
-                    tl.store(part_ptr + p64 * T + s, run_max + tl.log(run_sum), mask=pmask)
+                    tl.store(part_ptr + (p64 * T + s) * 2, run_max, mask=pmask)
+                    tl.store(part_ptr + (p64 * T + s) * 2 + 1, run_sum, mask=pmask)
                 c += BM
             t += GRID
 
@@ -165,12 +169,12 @@ if triton is not None:
     def _energy_backward_kernel(
         x_ptr, pe_ptr, w_ptr, b_ptr,
         tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
-        part_ptr, grad_part_ptr, grad_target_ptr, target_within_ptr, grad_logits_ptr, logit_row_ptr,
-        successor_sum_ptr, slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr,
+        peak_ptr, lse_scale_ptr, grad_target_ptr, target_within_ptr, grad_logits_ptr, logit_row_ptr,
+        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr,
         d, T, V,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, TARGET: tl.constexpr, LOGITS: tl.constexpr, LOGIT_ROWS: tl.constexpr,
-        HAS_INDICES: tl.constexpr, SUCCESSOR_SUM: tl.constexpr, SLOTS: tl.constexpr,
+        HAS_INDICES: tl.constexpr, CLEAR_SUCCESSORS: tl.constexpr, SLOTS: tl.constexpr,
         NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr,
     ):
         pid = tl.program_id(0)
@@ -225,10 +229,10 @@ if triton is not None:
                         energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BM, BN, D)), axis=2))  # (BM, BN)
                         live = pmask[:, None] & vmask[None, :]
                         grad_e = tl.zeros((BM, BN), tl.float32)
-                        if LSE:  # d logsumexp(tile) / dE_v = exp(E_v − partial)
-                            part = tl.load(part_ptr + p64 * T + s, mask=pmask, other=0.0)
-                            gpart = tl.load(grad_part_ptr + p64 * T + s, mask=pmask, other=0.0)
-                            grad_e += gpart[:, None] * tl.exp(tl.where(live, energy - part[:, None], float("-inf")))
+                        if LSE:  # d log Z / dE_v = exp(E_v − peak) / total; lse_scale = dL/dlog Z / total
+                            peak = tl.load(peak_ptr + p64, mask=pmask, other=0.0)
+                            lse_scale = tl.load(lse_scale_ptr + p64, mask=pmask, other=0.0)
+                            grad_e += lse_scale[:, None] * tl.exp(tl.where(live, energy - peak[:, None], float("-inf")))
                         if TARGET:  # the target's energy, picked from this tile
                             within = tl.load(target_within_ptr + p, mask=pmask, other=-1)
                             gt = tl.load(grad_target_ptr + p, mask=pmask, other=0.0)
@@ -240,8 +244,9 @@ if triton is not None:
                                 lrow = p64
                             gl = tl.load(grad_logits_ptr + lrow[:, None] * V + target[None, :], mask=live, other=0.0)
                             grad_e += gl
-                            if SUCCESSOR_SUM:  # the shared energy's gradient is the sum over the other columns
-                                tl.atomic_add(successor_sum_ptr + p64, tl.sum(gl, axis=1), mask=pmask)
+                            if CLEAR_SUCCESSORS:  # what remains of the row is the shared energy's gradient
+                                tl.store(grad_logits_ptr + lrow[:, None] * V + target[None, :], tl.zeros_like(gl),
+                                         mask=live)
                         grad_e = tl.where(live, grad_e, 0.0)
                         scale = grad_e / tl.maximum(energy, 1.1754943508222875e-38)
                         gh = tl.reshape(tl.broadcast_to(scale[:, :, None], (BM, BN, D)), (BM, BN * D)) * y * slope
@@ -279,11 +284,14 @@ def _meta(plan, d):
 
 
 def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(N, T) float32: log Σ exp(E) of every (sorted position, successor tile); −inf past a position's degree."""
+    """(N, T, 2) float32: per (sorted position, successor tile) the largest energy and Σ exp(E − it); (−inf, 0)
+    past a position's degree."""
     N, d = x.shape
     if out is None:
-        out = torch.empty(N, plan.num_tiles, dtype=torch.float32, device=x.device)
-    part = out.fill_(float("-inf"))
+        out = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
+    out[..., 0] = float("-inf")
+    out[..., 1] = 0.0
+    part = out
     if N and plan.num_tiles:
         meta = _meta(plan, d)
         _energy_forward_kernel[(meta["GRID"],)](
@@ -348,9 +356,10 @@ def _nonzero(mask, size: int):
 
 
 class KernelEnergies(torch.autograd.Function):
-    """Triton twin of `energy._CandidateEnergies`: returns the (N, T) tile log-sum-exps (not the packed energies)
-    and the (N,) shared energies; `KernelTarget` and `KernelLogits` read the same plan and hand their gradients to
-    this function's backward through `plan.pending`, so one kernel pass writes every edge-row gradient."""
+    """Triton twin of `energy._CandidateEnergies`. Returns the (N, T, 2) tile partials (in place of the packed
+    energies; not differentiable themselves) and the (N,) shared energies. `KernelLogPartition`, `KernelTarget` and
+    `KernelLogits` read the same plan, take `shared` as an input (so autograd runs their backward first) and hand
+    their gradients to this backward through `plan.pending`: one kernel pass then writes every edge-row gradient."""
 
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link):
@@ -362,7 +371,7 @@ class KernelEnergies(torch.autograd.Function):
         plan.pending = {}
         # Inference that only wants logits never reads the partials: without gradients they are filled lazily,
         # by the first log_partition call.
-        part = torch.empty(N, plan.num_tiles, dtype=torch.float32, device=x.device)
+        part = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
         training = any(ctx.needs_input_grad[:4])
         if training:
             forward_partials(x, pe, weights, b2, plan, out=part)
@@ -372,25 +381,26 @@ class KernelEnergies(torch.autograd.Function):
         else:
             h_shared = y_shared = None
             shared = x.new_zeros(N)
+        ctx.mark_non_differentiable(part)
         ctx.plan, ctx.sparse_grad, ctx.link = plan, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
-        ctx.save_for_backward(x, pe, weights, b2, part, h_shared, y_shared, shared)
+        ctx.save_for_backward(x, pe, weights, b2, h_shared, y_shared, shared)
         return part, shared
 
     @staticmethod
-    def backward(ctx, grad_part, grad_shared):
-        x, pe, weights, b2, part, h_shared, y_shared, shared = ctx.saved_tensors
+    def backward(ctx, _grad_part, grad_shared):
+        x, pe, weights, b2, h_shared, y_shared, shared = ctx.saved_tensors
         plan, link = ctx.plan, ctx.link
         ctx.link = None
-        pending, plan.pending = plan.pending, {}
+        pending, plan.pending = plan.pending or {}, {}
         plan.inputs = None
         N, d = x.shape
         P = weights.shape[0]
         device = x.device
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        target = pending.get("target")
-        grad_logits = pending.get("logits")
-        use_lse = grad_part is not None
+        lse = pending.get("lse")  # (peak, dL/dlog Z / total) per position
+        target = pending.get("target")  # (dL/dE_target, index of the target within the block or −1)
+        grad_logits = pending.get("logits")  # (N, V)
         grad_shared = grad_shared.float() if grad_shared is not None else None
         grad_x = torch.zeros(N, d, dtype=torch.float32, device=device) if need_x else None
 
@@ -410,36 +420,38 @@ class KernelEnergies(torch.autograd.Function):
                 w_values = torch.zeros(ctx.weight_shape, dtype=weights.dtype, device=device) if need_w else None
                 b_values = torch.zeros(P, d, dtype=weights.dtype, device=device) if need_b else None
 
-        successor_sum = None
-        if grad_logits is not None and plan.has_shared:
-            successor_sum = torch.zeros(N, dtype=torch.float32, device=device)
-        live = use_lse or target is not None or grad_logits is not None
-        launch = bool(N and plan.num_tiles and live and (need_x or need_w or need_b or successor_sum is not None))
+        clear = grad_logits is not None and plan.has_shared
+        if clear:  # the kernel reads the successors' columns and zeroes them: the rest sums to the shared gradient
+            grad_logits = grad_logits.clone()
+        live = lse is not None or target is not None or grad_logits is not None
+        launch = bool(N and plan.num_tiles and live and (need_x or need_w or need_b or clear))
         if not launch:  # nothing reaches the candidate energies: their rows' gradients are zero
             for values in (w_values, b_values):
                 if values is not None:
                     values.zero_()
         else:
             meta = _meta(plan, d)
+            f32 = shared if shared.dtype == torch.float32 else grad_x  # any float32 tensor: unused pointer
+            f32 = f32 if f32 is not None else torch.zeros(1, device=device)
             dummy = plan.count
-            gt, within = target if target is not None else (dummy, dummy)
+            peak, lse_scale = lse if lse is not None else (f32, f32)
+            gt, within = target if target is not None else (f32, dummy)
             _energy_backward_kernel[(meta["GRID"],)](
                 x, pe, weights, b2, *_common_args(plan),
-                part, grad_part.contiguous() if use_lse else part, gt, within,
-                grad_logits if grad_logits is not None else part, dummy,
-                successor_sum if successor_sum is not None else part, slot if slot is not None else dummy,
-                w_values if w_values is not None else part, b_values if b_values is not None else part,
-                grad_x if grad_x is not None else part,
+                peak, lse_scale, gt, within,
+                grad_logits if grad_logits is not None else f32, dummy, slot if slot is not None else dummy,
+                w_values if w_values is not None else f32, b_values if b_values is not None else f32,
+                grad_x if grad_x is not None else f32,
                 d, plan.num_tiles, plan.vocab_size,
-                LSE=use_lse, TARGET=target is not None, LOGITS=grad_logits is not None, LOGIT_ROWS=False,
-                SUCCESSOR_SUM=successor_sum is not None, SLOTS=slot is not None,
+                LSE=lse is not None, TARGET=target is not None, LOGITS=grad_logits is not None, LOGIT_ROWS=False,
+                CLEAR_SUCCESSORS=clear, SLOTS=slot is not None,
                 NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, **meta, num_warps=8)
 
         # the shared edge (row 0): torch, one (N × d) · (d × d) product
         if plan.has_shared:
             g = grad_shared
             if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
-                from_logits = grad_logits.sum(1) - successor_sum
+                from_logits = grad_logits.sum(1)  # the successors' columns are zero now
                 g = from_logits if g is None else g + from_logits
             if need_w:
                 w_values[0].zero_()
@@ -474,25 +486,62 @@ class KernelEnergies(torch.autograd.Function):
         return grad_x, None, grad_w, grad_b, None, None, None
 
 
+def _add_pending(plan, key, value):
+    """Accumulate a gradient handed to the candidate backward (a loss may use the same quantity twice)."""
+    if key in plan.pending:
+        value = plan.pending[key] + value
+    plan.pending[key] = value
+
+
+class KernelLogPartition(torch.autograd.Function):
+    """log Σ_v exp(E_v) per sorted position, as energy.exact_log_partition: peak = the largest energy (tile
+    maxima, shared), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak + log total.
+    Backward: the shared energy's share goes to `shared`; the real successors' (dL/dE = g·exp(E − peak)/total) is
+    handed to the kernel as (peak, g/total)."""
+
+    @staticmethod
+    def forward(ctx, part, shared, plan, vocab_size: int):
+        num_shared = (vocab_size - plan.degree).to(torch.float32)
+        shared32 = shared.float()
+        shared_or_none = torch.where(num_shared > 0, shared32, torch.full_like(shared32, float("-inf")))
+        peak = torch.maximum(part[..., 0].amax(1) if part.shape[1] else shared_or_none, shared_or_none)
+        total = (part[..., 1] * torch.exp(part[..., 0] - peak.unsqueeze(1))).sum(1)
+        total = total + torch.where(num_shared > 0, num_shared * torch.exp(shared32 - peak), torch.zeros_like(total))
+        ctx.plan = plan
+        ctx.save_for_backward(peak, total, num_shared, shared32)
+        ctx.shared_dtype = shared.dtype
+        return (peak + torch.log(total)).to(shared.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        peak, total, num_shared, shared32 = ctx.saved_tensors
+        scale = grad.float() / total
+        plan = ctx.plan
+        if "lse" in plan.pending:
+            old_peak, old_scale = plan.pending["lse"]
+            scale = scale + old_scale * torch.exp(old_peak - peak)  # same peaks: one call per plan in practice
+        plan.pending["lse"] = (peak, scale)
+        grad_shared = torch.where(num_shared > 0, scale * num_shared * torch.exp(shared32 - peak), torch.zeros_like(scale))
+        return None, grad_shared.to(ctx.shared_dtype), None, None
+
+
 def log_partition(part, shared, plan, vocab_size: int) -> torch.Tensor:
     """log Σ_v exp(E_v) per sorted position from the tile partials and the V − degree shared energies."""
     if not plan.partials_filled:  # inference: the forward left them for here
         x, pe, weights, b2 = plan.inputs
         forward_partials(x, pe, weights, b2, plan, out=part)
         plan.partials_filled = True
-    num_shared = (vocab_size - plan.degree).to(shared.dtype)
-    shared_term = torch.where(num_shared > 0, shared + torch.log(num_shared.clamp_min(1)),
-                              torch.full_like(shared, float("-inf")))
-    return torch.logsumexp(torch.cat([part.to(shared.dtype), shared_term.unsqueeze(1)], 1), 1)
+    return KernelLogPartition.apply(part, shared, plan, vocab_size)
 
 
 class KernelTarget(torch.autograd.Function):
     """The energy each sorted position gives its target when that is a real successor (`within` its block).
     Forward: a small torch computation over one edge row per position. Backward: hands its gradient to
-    `KernelEnergies.backward` (which runs later: it depends on `part`), whose kernel adds it at the target's entry."""
+    `KernelEnergies.backward` (which runs later: this takes its `shared`), whose kernel adds it at the target's
+    entry, so the target's edge row gets no second gradient tensor."""
 
     @staticmethod
-    def forward(ctx, part, target_rows, within, plan):
+    def forward(ctx, shared, target_rows, within, plan):
         x, pe, weights, b2 = plan.inputs
         rows = target_rows.clamp_min(0)
         h = torch.bmm(x.unsqueeze(1), weights[rows]).squeeze(1) + b2[rows] + pe
@@ -504,28 +553,30 @@ class KernelTarget(torch.autograd.Function):
     def backward(ctx, grad):
         (within,) = ctx.saved_tensors
         plan = ctx.plan
+        grad = grad.float().contiguous()
         if "target" in plan.pending:
-            gt, w = plan.pending["target"]
+            old, w = plan.pending["target"]
             if w is not within and not torch.equal(w, within):
                 raise NotImplementedError("two different target selections on one kernel plan: build one plan per "
                                           "loss (make_plan) or use BRILLM_BACKEND=torch.")
-            grad = grad + gt
-        plan.pending["target"] = (grad.float().contiguous(), within)
+            grad = grad + old
+        plan.pending["target"] = (grad, within)
         return None, None, None, None
 
 
 def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.Tensor:
     real = target_rows > 0
     within = torch.where(real, target_rows - block_first_row, torch.full_like(target_rows, -1)).to(torch.int32)
-    picked = KernelTarget.apply(part, target_rows, within.contiguous(), plan)
+    picked = KernelTarget.apply(shared, target_rows, within.contiguous(), plan)
     return torch.where(real, picked.to(shared.dtype), shared)
 
 
 class KernelLogits(torch.autograd.Function):
-    """(N, V) logits in sorted order: the shared energy everywhere, the kernel writes the real successors'."""
+    """(N, V) logits in sorted order: the shared energy everywhere, the kernel writes the real successors'. The
+    gradient (shared part included) is handed to the candidate backward."""
 
     @staticmethod
-    def forward(ctx, part, shared, plan):
+    def forward(ctx, shared, plan):
         x, pe, weights, b2 = plan.inputs
         N = shared.shape[0]
         out = shared.float().unsqueeze(1).expand(N, plan.vocab_size).contiguous()
@@ -535,16 +586,12 @@ class KernelLogits(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        plan = ctx.plan
-        grad = grad.float().contiguous()
-        if "logits" in plan.pending:
-            grad = grad + plan.pending["logits"]
-        plan.pending["logits"] = grad
-        return None, None, None
+        _add_pending(ctx.plan, "logits", grad.float().contiguous())
+        return None, None
 
 
 def scatter_logits(part, shared, plan) -> torch.Tensor:
-    return KernelLogits.apply(part, shared, plan)
+    return KernelLogits.apply(shared, plan)
 
 
 @torch.no_grad()
@@ -561,5 +608,5 @@ def successor_logits(x, pe, weights, b2, plan) -> torch.Tensor:
     return write_logits(xs, pes, weights, b2, plan, out, out_rows=plan.order)
 
 
-__all__ = ["KernelEnergies", "KernelLogits", "KernelTarget", "forward_partials", "log_partition", "padded_width",
+__all__ = ["KernelEnergies", "KernelLogPartition", "KernelLogits", "KernelTarget", "forward_partials", "log_partition", "padded_width",
            "scatter_logits", "successor_logits", "target_energies", "unsupported_reason", "write_logits"]
