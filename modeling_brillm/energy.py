@@ -592,6 +592,40 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
         return logits
 
 
+def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
+                            max_degree: int) -> torch.Tensor:
+    """`successor_logits` with no host synchronisation and shapes fixed by (N, max_degree): the decode step that
+    `decode_capture` records into a CUDA graph (and that runs on `device="meta"`). `max_degree` is the graph's largest
+    number of real successors (`graph_max_degree`, V for a dense graph).
+
+    Triton: one kernel launch over a `KernelPlan`. Torch: every position gathers `max_degree` edge rows from the
+    start of its block (rows past its degree are computed and dropped into a spare column), so it reads
+    N · max_degree · d² weights: meant for small batches, the meta check and GPUs without Triton.
+    """
+    with torch.no_grad():
+        N, d = x.shape
+        P = weights.shape[0]
+        b2 = biases.reshape(P, d)
+        if use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
+            plan = make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
+            return _kernels().successor_logits(x, pe, weights, b2, plan)
+        if indices is None:
+            logits = x.new_zeros(N, vocab_size + 1)  # every column is a real successor
+        else:
+            shared = _energy(torch.addmm(b2[0] + pe, x, weights[0]))[1]
+            logits = shared.unsqueeze(1).expand(N, vocab_size + 1).contiguous()
+        if max_degree and P > 1:
+            first = indptr[sources]
+            j = torch.arange(max_degree, device=x.device)
+            real = j < (indptr[sources + 1] - first).unsqueeze(1)  # (N, K)
+            edge = torch.where(real, first.unsqueeze(1) + j, torch.zeros_like(j))  # CSR index; 0 where not real
+            h = torch.matmul(x[:, None, None, :], weights[edge + 1]).squeeze(2) + b2[edge + 1] + pe.unsqueeze(1)
+            energies = _energy(h)[1]  # (N, K)
+            target = j.expand(N, max_degree) if indices is None else indices[edge]
+            logits.scatter_(1, torch.where(real, target, vocab_size), energies)
+        return logits[:, :vocab_size]
+
+
 def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int) -> torch.Tensor:
     """log Σ_v exp(E_v) over all V nodes per position, with the V − degree non-successors sharing one energy.
 
@@ -639,6 +673,7 @@ __all__ = [
     "gather_edges",
     "scatter_logits",
     "successor_logits",
+    "successor_logits_static",
     "exact_log_partition",
     "target_energies",
     "release_workspaces",
