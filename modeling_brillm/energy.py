@@ -551,22 +551,22 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int) -> to
     return logits.index_put((plan.entry_position, plan.entry_target), energies)
 
 
-def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int) -> torch.Tensor:
+def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int, *,
+                     kernels: bool = True) -> torch.Tensor:
     """(N, V) energies of every node as the successor of each position, in the given order; inference only.
 
     The decoding hot path: no plan or autograd for a single position (one `baddbmm` over its source's block,
     written into a row of shared energies); several positions go through the grouped path. `x`, `pe` (N, d);
     `sources` (N,) current nodes; `indices=None` means a dense graph. Equals `scatter_logits` of
-    `candidate_energies` (un-sorted).
+    `candidate_energies` (un-sorted). With the Triton backend: one kernel launch (`kernels=False` keeps torch).
     """
     with torch.no_grad():
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
-        if use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
-            # no host synchronisation: the decode step this serves is captured into a CUDA graph
-            plan = make_kernel_plan(sources, indptr, indices, vocab_size)
-            return _kernels().successor_logits(x, pe, weights, b2, plan)
+        if kernels and use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
+            max_degree = vocab_size if indices is None else graph_max_degree(indptr)
+            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree)
         if N == 1:
             u = int(sources[0])
             a, b = int(indptr[u]), int(indptr[u + 1])
@@ -598,7 +598,7 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
     `decode_capture` records into a CUDA graph (and that runs on `device="meta"`). `max_degree` is the graph's largest
     number of real successors (`graph_max_degree`, V for a dense graph).
 
-    Triton: one kernel launch over a `KernelPlan`. Torch: every position gathers `max_degree` edge rows from the
+    Triton: one kernel launch over a static (N, tiles) grid. Torch: every position gathers `max_degree` edge rows from the
     start of its block (rows past its degree are computed and dropped into a spare column), so it reads
     N · max_degree · d² weights: meant for small batches, the meta check and GPUs without Triton.
     """
@@ -607,8 +607,7 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
         if use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
-            plan = make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
-            return _kernels().successor_logits(x, pe, weights, b2, plan)
+            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree)
         if indices is None:
             logits = x.new_zeros(N, vocab_size + 1)  # every column is a real successor
         else:

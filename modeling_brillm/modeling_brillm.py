@@ -17,6 +17,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from .backend import use_triton
 from .configuration_brillm import BriLLMConfig
 from .energy import (
     EdgeGradLink,
@@ -676,6 +677,14 @@ class BriLLMModel(BriLLMPreTrainedModel):
         cfg = self.config
         M = cfg.max_position_embeddings
         wdtype = self.weights.dtype
+        if use_triton(tokens) and self.weights.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            from .triton_energy import decode_step  # two launches for the whole step
+
+            indptr, indices = self.csr()
+            P = self.biases.shape[0]
+            return decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, self.weights,
+                               self.biases.view(P, -1), self.positions.view(-1), self._pe(length), self._pe(length + 1),
+                               indptr, indices, cfg.vocab_size, max_degree)
         rows = self.edge_rows(last_token, tokens)
         out = torch.bmm(signal.to(wdtype).unsqueeze(1), self.weights[rows]).squeeze(1)
         out = F.gelu(out + self.biases[rows, 0] + self._pe(length).to(wdtype))
@@ -763,7 +772,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             indptr, indices = self.csr()
             pe = self._pe(run.index[:, 0] + 1).to(self.weights.dtype)
             logits = successor_logits(run.signals[:, 0].to(self.weights.dtype), pe, self.weights, self.biases,
-                                      run.tokens[:, 0], indptr, indices, V)
+                                      run.tokens[:, 0], indptr, indices, V, kernels=self._kernel_options_supported())
             use_cache = cfg.use_cache if use_cache is None else use_cache
             return BriLLMCausalLMOutput(logits=logits.float().unsqueeze(1),
                                         past_key_values=run.state if use_cache else None)
@@ -790,7 +799,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
 
         indptr, indices = self.csr()
         sources = run.tokens[b_idx, j_idx]
-        plan = make_plan(sources, indptr, indices, V)
+        plan = make_plan(sources, indptr, indices, V, kernels=self._kernel_options_supported())
         b_idx, j_idx, sources = b_idx[plan.order], j_idx[plan.order], sources[plan.order]
         x = run.signals[b_idx, j_idx].to(self.weights.dtype)
         pe = self._pe(run.index[b_idx, j_idx] + 1).to(self.weights.dtype)

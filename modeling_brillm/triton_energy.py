@@ -271,6 +271,111 @@ if triton is not None:
             t += GRID
 
 
+    @triton.jit
+    def _decode_state_kernel(
+        tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr, length_ptr,
+        w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr,
+        new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr,
+        d, V, M,
+        D: tl.constexpr, SEARCH_STEPS: tl.constexpr, HAS_INDICES: tl.constexpr, HAS_SHARED: tl.constexpr,
+        FILL: tl.constexpr,
+    ):
+        """One row of the decode step: the edge last→token (binary search in last's sorted block), its output
+        GeLU(x·W + b + PE[length]), the running softmax mix, the new signal; then the shared energy of the next
+        step's candidates written over the row of logits (the successors' kernel writes the real ones after)."""
+        r = tl.program_id(0).to(tl.int64)
+        k = tl.arange(0, D)
+        kmask = k < d
+        token = tl.load(tokens_ptr + r)
+        last = tl.load(last_ptr + r)
+        e0 = tl.load(indptr_ptr + last)
+        degree = tl.load(indptr_ptr + last + 1) - e0
+        if HAS_INDICES:  # first position in [0, degree) whose target is >= token
+            lo = e0 * 0
+            hi = degree
+            for _ in tl.static_range(SEARCH_STEPS):
+                open_range = lo < hi
+                mid = (lo + hi) // 2
+                less = tl.load(indices_ptr + e0 + mid, mask=open_range, other=0) < token
+                lo, hi = tl.where(open_range & less, mid + 1, lo), tl.where(open_range & ~less, mid, hi)
+            found = (lo < degree) & (tl.load(indices_ptr + e0 + lo, mask=lo < degree, other=-1) == token)
+            row = tl.where(found, e0 + lo + 1, 0)
+        else:
+            row = e0 + token + 1
+        row = row.to(tl.int64)
+        x = tl.load(signal_ptr + r * d + k, mask=kmask, other=0.0)
+        w = tl.load(w_ptr + row * d * d + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
+                    other=0.0).to(tl.float32)
+        h = tl.sum(x[:, None] * w, axis=0) + tl.load(b_ptr + row * d + k, mask=kmask, other=0.0).to(tl.float32)
+        h += tl.load(pe_in_ptr + r * d + k, mask=kmask, other=0.0)
+        out = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+        length = tl.load(length_ptr + r)
+        logit = tl.load(weight_logit_ptr + tl.minimum(tl.maximum(length - 1, 0), M - 1)).to(tl.float32)
+        old_max = tl.load(mix_max_ptr + r)
+        new_max = tl.maximum(old_max, logit)
+        decay = tl.exp(old_max - new_max)
+        weight = tl.exp(logit - new_max)
+        mix_sum = tl.load(mix_sum_ptr + r * d + k, mask=kmask, other=0.0) * decay + weight * out
+        mix_norm = tl.load(mix_norm_ptr + r) * decay + weight
+        signal = mix_sum / mix_norm
+        tl.store(new_signal_ptr + r * d + k, signal, mask=kmask)
+        tl.store(new_sum_ptr + r * d + k, mix_sum, mask=kmask)
+        tl.store(new_norm_ptr + r, mix_norm)
+        tl.store(new_max_ptr + r, new_max)
+        tl.store(new_length_ptr + r, length + 1)
+        if HAS_SHARED:  # every non-successor of `token` gets the shared edge's energy
+            w0 = tl.load(w_ptr + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
+                         other=0.0).to(tl.float32)
+            h0 = tl.sum(signal[:, None] * w0, axis=0) + tl.load(b_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            h0 += tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0)
+            y0 = h0 * 0.5 * (1.0 + tl.math.erf(h0 * 0.7071067811865476))
+            shared = tl.sqrt(tl.sum(y0 * y0, axis=0))
+            cols = tl.arange(0, FILL)
+            c0 = 0
+            while c0 < V:  # (a while loop: Triton's interpreter cannot range() over a runtime bound)
+                tl.store(logits_ptr + r * V + c0 + cols, tl.zeros((FILL,), tl.float32) + shared, mask=c0 + cols < V)
+                c0 += FILL
+
+    @triton.jit
+    def _decode_successors_kernel(
+        x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr,
+        d, V,
+        D: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, HAS_INDICES: tl.constexpr,
+    ):
+        """Energies of one position's successors in tile `program_id(1)` (NSUB·BN of them), written into its row of
+        logits: a plan-free grid (position, tile) for decoding, where a position rarely shares its source."""
+        r = tl.program_id(0).to(tl.int64)
+        s = tl.program_id(1)
+        k = tl.arange(0, D)
+        cols = tl.arange(0, BN * D)
+        col_succ = cols // D
+        col_j = cols % D
+        lanes = tl.arange(0, BN)
+        u = tl.load(sources_ptr + r)
+        e0 = tl.load(indptr_ptr + u)
+        degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+        x = tl.load(x_ptr + r * d + k, mask=k < d, other=0.0).to(tl.float32)
+        pe = tl.load(pe_ptr + r * d + col_j, mask=col_j < d, other=0.0).to(tl.float32)
+        for sub in tl.static_range(NSUB):
+            vs = s * (NSUB * BN) + sub * BN
+            if vs < degree:
+                col_v = vs + col_succ
+                col_ok = (col_v < degree) & (col_j < d)
+                row = e0 + 1 + col_v.to(tl.int64)
+                w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                            mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
+                h = tl.sum(x[:, None] * w, axis=0) + tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                h += pe
+                y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+                energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BN, D)), axis=1))
+                v = vs + lanes
+                vmask = v < degree
+                if HAS_INDICES:
+                    target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
+                else:
+                    target = v.to(tl.int64)
+                tl.store(out_ptr + r * V + target, energy, mask=vmask)
+
 # ------------------------------------------------------------------------------------------------ launches
 def _common_args(plan):
     indices = plan.indices if plan.indices is not None else plan.indptr  # any valid pointer when dense
@@ -376,11 +481,11 @@ class KernelEnergies(torch.autograd.Function):
         if training:
             forward_partials(x, pe, weights, b2, plan, out=part)
         plan.partials_filled = training
-        if plan.has_shared:
-            h_shared, y_shared, shared = _shared_energy(x, pe, weights[0], b2[0])
+        if plan.has_shared:  # float32 math whatever the tables' dtype, as inside the kernels
+            h_shared, y_shared, shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())
         else:
             h_shared = y_shared = None
-            shared = x.new_zeros(N)
+            shared = torch.zeros(N, dtype=torch.float32, device=x.device)
         ctx.mark_non_differentiable(part)
         ctx.plan, ctx.sparse_grad, ctx.link = plan, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
@@ -458,13 +563,13 @@ class KernelEnergies(torch.autograd.Function):
             if need_b:
                 b_values[0].zero_()
             if g is not None and N:
-                gh = _shared_backward(h_shared, y_shared, shared, g.to(h_shared.dtype))
+                gh = _shared_backward(h_shared, y_shared, shared, g.float())
                 if need_w:
-                    torch.mm(x.t().to(w_values.dtype), gh.to(w_values.dtype), out=w_values[0])
+                    w_values[0] = (x.float().t() @ gh).to(w_values.dtype)
                 if need_b:
                     b_values[0] = gh.sum(0).to(b_values.dtype)
                 if need_x:
-                    grad_x.addmm_(gh.float(), weights[0].t().float())
+                    grad_x.addmm_(gh, weights[0].t().float())
 
         grad_w = grad_b = None
         if need_w or need_b:
@@ -544,10 +649,10 @@ class KernelTarget(torch.autograd.Function):
     def forward(ctx, shared, target_rows, within, plan):
         x, pe, weights, b2 = plan.inputs
         rows = target_rows.clamp_min(0)
-        h = torch.bmm(x.unsqueeze(1), weights[rows]).squeeze(1) + b2[rows] + pe
+        h = torch.bmm(x.float().unsqueeze(1), weights[rows].float()).squeeze(1) + b2[rows].float() + pe.float()
         ctx.plan = plan
         ctx.save_for_backward(within)
-        return torch.linalg.vector_norm(F.gelu(h.float()), dim=-1)
+        return torch.linalg.vector_norm(F.gelu(h), dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
@@ -595,18 +700,57 @@ def scatter_logits(part, shared, plan) -> torch.Tensor:
 
 
 @torch.no_grad()
-def successor_logits(x, pe, weights, b2, plan) -> torch.Tensor:
-    """(N, V) logits in the positions' own order (inference): the plan's sorted positions write through
-    `plan.order` into their rows; one kernel launch plus the shared edge's product."""
+def successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int) -> torch.Tensor:
+    """(N, V) logits in the positions' own order (inference, one token per row): the shared energy (torch, one
+    (N × d)·(d × d) product) everywhere, then the real successors' by `decode_successor_logits`."""
     N, d = x.shape
-    xs, pes = x[plan.order].contiguous(), pe[plan.order].contiguous()
-    if plan.has_shared:
-        shared = _shared_energy(x, pe, weights[0], b2[0])[2].float()
-        out = shared.unsqueeze(1).expand(N, plan.vocab_size).contiguous()
+    if indices is not None:
+        shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())[2]
+        out = shared.unsqueeze(1).expand(N, vocab_size).contiguous()
     else:
-        out = torch.empty(N, plan.vocab_size, dtype=torch.float32, device=x.device)  # every column is a successor
-    return write_logits(xs, pes, weights, b2, plan, out, out_rows=plan.order)
+        out = torch.empty(N, vocab_size, dtype=torch.float32, device=x.device)  # every column is a successor
+    return decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree, out)
+
+DECODE_TILE_SUCCESSORS = 32  # successors per program of the decode kernel (sub-tiles of BLOCK_SUCCESSORS)
 
 
-__all__ = ["KernelEnergies", "KernelLogPartition", "KernelLogits", "KernelTarget", "forward_partials", "log_partition", "padded_width",
+def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int,
+                            out: torch.Tensor) -> torch.Tensor:
+    """Write every real successor's energy into `out` (N, V) (prefilled with the shared energies): one launch over a
+    static (N, ceil(max_degree / 32)) grid, no plan, no host read."""
+    N, d = x.shape
+    tiles = -(-max_degree // DECODE_TILE_SUCCESSORS)
+    if N and tiles:
+        _decode_successors_kernel[(N, tiles)](
+            x.contiguous(), pe.contiguous(), weights, b2, sources, indptr,
+            indices if indices is not None else indptr, out, d, vocab_size,
+            D=padded_width(d), BN=BLOCK_SUCCESSORS, NSUB=DECODE_TILE_SUCCESSORS // BLOCK_SUCCESSORS,
+            HAS_INDICES=indices is not None, num_warps=4)
+    return out
+
+
+@torch.no_grad()
+def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
+                pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int):
+    """The whole one-token decode step in two launches (state update + shared energies, then the successors):
+    `BriLLMForCausalLM._decode_core`'s math. Returns the (B, V) float32 logits and the new state tensors."""
+    B, d = signal.shape
+    V = vocab_size
+    logits = torch.empty(B, V, dtype=torch.float32, device=signal.device)
+    new_signal, new_sum = torch.empty_like(signal), torch.empty_like(mix_sum)
+    new_norm, new_max, new_length = torch.empty_like(mix_norm), torch.empty_like(mix_max), torch.empty_like(length)
+    if B:
+        _decode_state_kernel[(B,)](
+            tokens, last_token, signal.contiguous(), mix_sum.contiguous(), mix_norm, mix_max, length,
+            weights, b2, position_logits, pe_in.contiguous(), pe_out.contiguous(), indptr,
+            indices if indices is not None else indptr,
+            new_signal, new_sum, new_norm, new_max, new_length, logits,
+            d, V, position_logits.numel(),
+            D=padded_width(d), SEARCH_STEPS=max(1, max_degree.bit_length()), HAS_INDICES=indices is not None,
+            HAS_SHARED=indices is not None, FILL=1024, num_warps=4)
+        decode_successor_logits(new_signal, pe_out, weights, b2, tokens, indptr, indices, V, max_degree, logits)
+    return logits, (new_signal, new_sum, new_norm, new_max, new_length, tokens)
+
+
+__all__ = ["decode_step", "decode_successor_logits", "KernelEnergies", "KernelLogPartition", "KernelLogits", "KernelTarget", "forward_partials", "log_partition", "padded_width",
            "scatter_logits", "successor_logits", "target_energies", "unsupported_reason", "write_logits"]

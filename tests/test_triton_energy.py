@@ -274,3 +274,52 @@ def test_generate_tokens_equal_torch(tiny):
                              model.energy_generate(ids, attention_mask=mask, max_new_tokens=4).sequences)
     assert torch.equal(outs["triton"][0], outs["torch"][0])
     assert torch.equal(outs["triton"][1], outs["torch"][1])
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
+    """The sync-free decode step (decode_mode="eager") as two kernels: logits, state and greedy tokens as torch's."""
+    tok, models = tiny
+    model = models[dense]
+    ids, mask = _batch(tok, "left")
+    state = model(ids, attention_mask=mask, use_cache=True).past_key_values
+    tokens = torch.tensor([5, 9, 4])
+    if not dense:  # row 0 steps along the last real edge of its block, row 1 along a non-edge (the shared row)
+        indptr, indices = model.csr()
+        last = state.last_token.tolist()
+        tokens[0] = indices[int(indptr[last[0] + 1]) - 1]
+        tokens[1] = min(set(range(model.config.vocab_size)) - set(indices[int(indptr[last[1]]):int(indptr[last[1] + 1])].tolist()))
+        assert model.edge_rows(state.last_token, tokens)[:2].tolist()[1] == 0
+    tensors = [getattr(state, n) for n in state._tensors()]
+    out = {}
+    for backend in ("torch", "triton"):
+        with torch.no_grad(), kernel_backend(backend):
+            out[backend] = model._decode_core(tokens, *tensors, model._decode_max_degree())
+    close(out["triton"][0], out["torch"][0], "logits")
+    for a, b, name in zip(out["triton"][1], out["torch"][1], state._tensors()):
+        close(a.float(), b.float(), name)
+    model.decode_mode = "eager"
+    try:
+        seqs = {}
+        for backend in ("torch", "triton"):
+            with kernel_backend(backend):
+                seqs[backend] = model.energy_generate(ids, attention_mask=mask, max_new_tokens=5).sequences
+    finally:
+        model.decode_mode = "auto"
+    assert torch.equal(seqs["triton"], seqs["torch"])
+
+
+def test_bfloat16_tables_are_read_with_float32_math():
+    """bf16 edge tables (half the bytes per row): the kernels read them and compute in float32, so the loss equals
+    a float32 computation on the same (bf16-rounded) values; gradients come back in bf16."""
+    weights, biases, indptr, indices, sources, x, pe, V = setup(seed=8, hot=3)
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(9))
+    w16, b16, x16 = weights.bfloat16(), biases.bfloat16(), x.bfloat16()
+    got = exact_loss("triton", (w16, b16, x16, pe), sources, targets, indptr, indices, V, True)
+    ref = exact_loss("torch", (w16.float(), b16.float(), x16.float(), pe), sources, targets, indptr, indices, V, True)
+    close(got[0], ref[0], "loss")
+    close(got[1], ref[1], "log Z")
+    assert got[3].dtype == torch.bfloat16 and got[5].dtype == torch.bfloat16
+    for a, b, name in zip(got[3:], ref[3:], ("grad weights", "grad biases", "grad x")):
+        a, b = a.to_dense().float() if a.is_sparse else a.float(), b.to_dense() if b.is_sparse else b
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-2, name  # one bf16 rounding of each value
