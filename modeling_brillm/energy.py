@@ -598,8 +598,8 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
     `decode_capture` records into a CUDA graph (and that runs on `device="meta"`). `max_degree` is the graph's largest
     number of real successors (`graph_max_degree`, V for a dense graph).
 
-    Triton: one kernel launch over a static (N, tiles) grid. Torch: every position gathers `max_degree` edge rows from the
-    start of its block (rows past its degree are computed and dropped into a spare column), so it reads
+    Triton: one kernel launch over a static (N, tiles) grid. Torch: every position gathers `max_degree` edge rows
+    from the start of its block (rows past its degree are computed and dropped into a spare column), so it reads
     N · max_degree · d² weights: meant for small batches, the meta check and GPUs without Triton.
     """
     with torch.no_grad():

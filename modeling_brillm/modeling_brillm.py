@@ -865,7 +865,8 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         cfg = self.config
         B = input_ids.shape[0]
         if not isinstance(state, BriLLMState):
-            raise TypeError(f"past_key_values must be the BriLLMState a previous call returned, got {type(state).__name__}.")
+            raise TypeError("past_key_values must be the BriLLMState a previous call returned, got "
+                            f"{type(state).__name__}.")
         if trusted:
             if state.batch_size != B:
                 raise ValueError(f"past_key_values holds {state.batch_size} sequences but input_ids has {B} rows.")
@@ -962,7 +963,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         finally:
             self._prompt_mask = None
         state = out.get("past_key_values") if isinstance(out, ModelOutput) else None
-        if getattr(state, "graph_owned", False):  # the captured step's buffers: the next generate() would overwrite them
+        if getattr(state, "graph_owned", False):  # a captured step's buffers: the next generate() overwrites them
             out["past_key_values"] = state.clone()
         return out
 

@@ -1,4 +1,4 @@
-"""Triton kernels for the candidate energies (energy.py's math, fused; one launch per pass).
+"""Triton kernels for the candidate energies and the decode step (energy.py's math, fused; one launch per pass).
 
 What they compute is `energy.py`'s: for a signal x at a position whose node is u, every real successor v of u gets
 E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The plan (`energy.KernelPlan`, built on the device without host
@@ -16,22 +16,24 @@ norm per (position, successor), all in registers.
                           rather than its log keeps the precision of energy.py's peak-and-total formula.
     forward, LOGITS mode  E_v written straight into an (rows, V) output prefilled with the shared energy.
     backward              per (tile, sub-tile): recompute h, GeLU(h), E (nothing per entry is kept from the
-                          forward), dL/dE = g·exp(E − peak)/total from log Z, the target term and/or the logits'
-                          gradient;
-                          dL/dh; the sub-tile's weight and bias gradient accumulated over all positions of u in
-                          registers and written once (row-major into the dense gradient, or into the row's slot of
-                          the sparse gradient's values); dL/dx = Σ_v dL/dh_v · W_vᵀ added atomically (several tiles
-                          share a position).
+                          forward); dL/dE = g·exp(E − peak)/total from log Z, plus the target term and/or the
+                          logits' gradient; dL/dh; the sub-tile's weight and bias gradient accumulated over all
+                          positions of u in registers and written once (row-major into the dense gradient, or into
+                          the row's slot of the sparse gradient's values); dL/dx = Σ_v dL/dh_v · W_vᵀ added
+                          atomically (several tiles share a position).
+    decode                two launches a step: `_decode_state_kernel` (one program per row: the edge found by
+                          binary search in the source's sorted block, the recurrence update, the shared energy
+                          written over the row of logits) and `_decode_successors_kernel` (a static (rows, tiles)
+                          grid, no plan: a decoding position rarely shares its source).
 
-The shared edge (row 0, one d×d product per position) stays in torch. `energy.py` dispatches here when
-`backend.use_triton(...)` is true (CUDA tensors, or `kernel_backend("triton")` under Triton's interpreter);
-BRILLM_KERNEL_* environment variables are not read: tile sizes are the constants below (see
-benchmarks/GPU_KERNELS.md for what each predicts).
+The shared edge (row 0, one d×d product per position) stays in torch in training. Tables of float32, bfloat16 or
+float16 are read as they are and computed in float32; gradients come back in the table's dtype. `energy.py` (and
+`BriLLMForCausalLM._decode_core`) dispatch here when `backend.use_triton(...)` is true (CUDA tensors, or
+`kernel_backend("triton")` under Triton's interpreter). Tile sizes and the dot precision are the constants below;
+benchmarks/GPU_KERNELS.md says what each predicts.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -42,9 +44,16 @@ try:  # optional: CUDA builds of torch ship it; the check of remote-code imports
 except ImportError:  # pragma: no cover - energy.py only imports this module when backend.use_triton() is true
     triton = tl = None
 
-# positions per chunk (the dot's M; tl.dot needs >= 16), successors per sub-tile (the dot's N is BN·D)
+# Positions per chunk (the dot's M; tl.dot needs >= 16): a source's positions are cut into chunks of this many,
+# and a chunk's empty rows are computed and dropped. Sparse batches (fewer than DENSE_BATCH positions per node on
+# average: most sources occur once or twice) use the small chunk, dense ones the large (fewer re-reads of a tile).
+BLOCK_POSITIONS_SPARSE_BATCH = 16
 BLOCK_POSITIONS = 32
-BLOCK_SUCCESSORS = 4
+DENSE_BATCH = 4
+BLOCK_SUCCESSORS = 4  # successors per sub-tile (the dot's N is BN·D)
+# tl.dot input precision: "ieee" is exact fp32 (CUDA-core FMAs, the 1e-5 target); "tf32x3" (three tensor-core
+# passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (GPU_KERNELS.md).
+DOT_PRECISION = "ieee"
 PROGRAMS_PER_SM = 4  # persistent grid: this many programs per streaming multiprocessor
 INTERPRETER_PROGRAMS = 4  # grid size under Triton's CPU interpreter (it runs programs one after the other)
 
@@ -99,6 +108,7 @@ if triton is not None:
         d, T, V,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, LOGITS: tl.constexpr, HAS_INDICES: tl.constexpr, OUT_ROWS: tl.constexpr,
+        PRECISION: tl.constexpr,
     ):
         pid = tl.program_id(0)
         total = tl.load(tile_total_ptr)
@@ -142,7 +152,7 @@ if triton is not None:
                         w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
                                     mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
                         bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
-                        h = tl.dot(x, w, input_precision="ieee") + bias[None, :] + pe_wide
+                        h = tl.dot(x, w, input_precision=PRECISION) + bias[None, :] + pe_wide
                         y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
                         energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BM, BN, D)), axis=2))  # (BM, BN)
                         v = vs + lanes
@@ -150,7 +160,8 @@ if triton is not None:
                         if LSE:
                             masked = tl.where(vmask[None, :], energy, float("-inf"))
                             new_max = tl.maximum(run_max, tl.max(masked, axis=1))
-                            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(masked - new_max[:, None]), axis=1)
+                            run_sum = (run_sum * tl.exp(run_max - new_max)
+                                       + tl.sum(tl.exp(masked - new_max[:, None]), axis=1))
                             run_max = new_max
                         if LOGITS:
                             if HAS_INDICES:
@@ -175,7 +186,7 @@ if triton is not None:
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, TARGET: tl.constexpr, LOGITS: tl.constexpr, LOGIT_ROWS: tl.constexpr,
         HAS_INDICES: tl.constexpr, CLEAR_SUCCESSORS: tl.constexpr, SLOTS: tl.constexpr,
-        NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr,
+        NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr, PRECISION: tl.constexpr,
     ):
         pid = tl.program_id(0)
         total = tl.load(tile_total_ptr)
@@ -222,7 +233,7 @@ if triton is not None:
                         pe = tl.load(pe_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
                                      other=0.0).to(tl.float32)
                         pe_wide = tl.reshape(tl.broadcast_to(pe[:, None, :], (BM, BN, D)), (BM, BN * D))
-                        h = tl.dot(x, w, input_precision="ieee") + bias[None, :] + pe_wide
+                        h = tl.dot(x, w, input_precision=PRECISION) + bias[None, :] + pe_wide
                         cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
                         y = h * cdf
                         slope = cdf + h * tl.exp(-0.5 * h * h) * 0.3989422804014327
@@ -251,11 +262,11 @@ if triton is not None:
                         scale = grad_e / tl.maximum(energy, 1.1754943508222875e-38)
                         gh = tl.reshape(tl.broadcast_to(scale[:, :, None], (BM, BN, D)), (BM, BN * D)) * y * slope
                         if NEED_W:
-                            acc_w += tl.dot(tl.trans(x), gh, input_precision="ieee")
+                            acc_w += tl.dot(tl.trans(x), gh, input_precision=PRECISION)
                         if NEED_B:
                             acc_b += tl.sum(gh, axis=0)
                         if NEED_X:
-                            gx = tl.dot(gh, tl.trans(w), input_precision="ieee")
+                            gx = tl.dot(gh, tl.trans(w), input_precision=PRECISION)
                             tl.atomic_add(grad_x_ptr + p64[:, None] * d + k[None, :], gx,
                                           mask=pmask[:, None] & (k[None, :] < d))
                         c += BM
@@ -364,7 +375,8 @@ if triton is not None:
                 row = e0 + 1 + col_v.to(tl.int64)
                 w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
                             mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
-                h = tl.sum(x[:, None] * w, axis=0) + tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                h = tl.sum(x[:, None] * w, axis=0) + bias
                 h += pe
                 y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
                 energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BN, D)), axis=1))
@@ -383,9 +395,10 @@ def _common_args(plan):
 
 
 def _meta(plan, d):
-    return dict(D=padded_width(d), BM=BLOCK_POSITIONS, BN=BLOCK_SUCCESSORS,
-                NSUB=plan.tile_successors // BLOCK_SUCCESSORS, GRID=_grid(plan.count.device),
-                HAS_INDICES=plan.indices is not None)
+    sparse_batch = plan.order.numel() < DENSE_BATCH * plan.vocab_size  # static sizes: no host read
+    return dict(D=padded_width(d), BM=BLOCK_POSITIONS_SPARSE_BATCH if sparse_batch else BLOCK_POSITIONS,
+                BN=BLOCK_SUCCESSORS, NSUB=plan.tile_successors // BLOCK_SUCCESSORS, GRID=_grid(plan.count.device),
+                HAS_INDICES=plan.indices is not None, PRECISION=DOT_PRECISION)
 
 
 def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -600,7 +613,8 @@ def _add_pending(plan, key, value):
 
 class KernelLogPartition(torch.autograd.Function):
     """log Σ_v exp(E_v) per sorted position, as energy.exact_log_partition: peak = the largest energy (tile
-    maxima, shared), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak + log total.
+    maxima, shared), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak +
+    log total.
     Backward: the shared energy's share goes to `shared`; the real successors' (dL/dE = g·exp(E − peak)/total) is
     handed to the kernel as (peak, g/total)."""
 
@@ -626,7 +640,8 @@ class KernelLogPartition(torch.autograd.Function):
             old_peak, old_scale = plan.pending["lse"]
             scale = scale + old_scale * torch.exp(old_peak - peak)  # same peaks: one call per plan in practice
         plan.pending["lse"] = (peak, scale)
-        grad_shared = torch.where(num_shared > 0, scale * num_shared * torch.exp(shared32 - peak), torch.zeros_like(scale))
+        grad_shared = torch.where(num_shared > 0, scale * num_shared * torch.exp(shared32 - peak),
+                                  torch.zeros_like(scale))
         return None, grad_shared.to(ctx.shared_dtype), None, None
 
 
@@ -752,5 +767,19 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
     return logits, (new_signal, new_sum, new_norm, new_max, new_length, tokens)
 
 
-__all__ = ["decode_step", "decode_successor_logits", "KernelEnergies", "KernelLogPartition", "KernelLogits", "KernelTarget", "forward_partials", "log_partition", "padded_width",
-           "scatter_logits", "successor_logits", "target_energies", "unsupported_reason", "write_logits"]
+__all__ = [
+    "KernelEnergies",
+    "KernelLogPartition",
+    "KernelLogits",
+    "KernelTarget",
+    "decode_step",
+    "decode_successor_logits",
+    "forward_partials",
+    "log_partition",
+    "padded_width",
+    "scatter_logits",
+    "successor_logits",
+    "target_energies",
+    "unsupported_reason",
+    "write_logits",
+]

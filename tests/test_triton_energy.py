@@ -288,7 +288,8 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
         indptr, indices = model.csr()
         last = state.last_token.tolist()
         tokens[0] = indices[int(indptr[last[0] + 1]) - 1]
-        tokens[1] = min(set(range(model.config.vocab_size)) - set(indices[int(indptr[last[1]]):int(indptr[last[1] + 1])].tolist()))
+        successors = set(indices[int(indptr[last[1]]):int(indptr[last[1] + 1])].tolist())
+        tokens[1] = min(set(range(model.config.vocab_size)) - successors)
         assert model.edge_rows(state.last_token, tokens)[:2].tolist()[1] == 0
     tensors = [getattr(state, n) for n in state._tensors()]
     out = {}
