@@ -44,12 +44,10 @@ try:  # optional: CUDA builds of torch ship it; the check of remote-code imports
 except ImportError:  # pragma: no cover - energy.py only imports this module when backend.use_triton() is true
     triton = tl = None
 
-# Positions per chunk (the dot's M; tl.dot needs >= 16): a source's positions are cut into chunks of this many,
-# and a chunk's empty rows are computed and dropped. Sparse batches (fewer than DENSE_BATCH positions per node on
-# average: most sources occur once or twice) use the small chunk, dense ones the large (fewer re-reads of a tile).
-BLOCK_POSITIONS_SPARSE_BATCH = 16
-BLOCK_POSITIONS = 32
-DENSE_BATCH = 4
+# Positions per chunk (the dot's M; tl.dot's smallest is 16): a source's positions are cut into chunks of this
+# many and a chunk's empty rows are computed and dropped. Zipf batches at the paper shape have 1.1 (32 x 32) to 16
+# (1024 x 64) positions per present source, so the smallest chunk wastes the least (GPU_KERNELS.md).
+BLOCK_POSITIONS = 16
 BLOCK_SUCCESSORS = 4  # successors per sub-tile (the dot's N is BN·D)
 # tl.dot input precision: "ieee" is exact fp32 (CUDA-core FMAs, the 1e-5 target); "tf32x3" (three tensor-core
 # passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (GPU_KERNELS.md).
@@ -395,8 +393,7 @@ def _common_args(plan):
 
 
 def _meta(plan, d):
-    sparse_batch = plan.order.numel() < DENSE_BATCH * plan.vocab_size  # static sizes: no host read
-    return dict(D=padded_width(d), BM=BLOCK_POSITIONS_SPARSE_BATCH if sparse_batch else BLOCK_POSITIONS,
+    return dict(D=padded_width(d), BM=BLOCK_POSITIONS,
                 BN=BLOCK_SUCCESSORS, NSUB=plan.tile_successors // BLOCK_SUCCESSORS, GRID=_grid(plan.count.device),
                 HAS_INDICES=plan.indices is not None, PRECISION=DOT_PRECISION)
 

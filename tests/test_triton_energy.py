@@ -35,7 +35,7 @@ RTOL = 1e-5
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
     """Tiles of 8 successors (two sub-tiles of 4): blocks of up to 9 successors span two tiles, the second with an
-    empty sub-tile; 40 extra positions on one node span two chunks of 32."""
+    empty sub-tile; 40 extra positions on one node span three chunks of 16."""
     monkeypatch.setattr(energy, "KERNEL_TILE_SUCCESSORS", 8)
 
 
@@ -324,3 +324,37 @@ def test_bfloat16_tables_are_read_with_float32_math():
     for a, b, name in zip(got[3:], ref[3:], ("grad weights", "grad biases", "grad x")):
         a, b = a.to_dense().float() if a.is_sparse else a.float(), b.to_dense() if b.is_sparse else b
         assert float((a - b).abs().max() / b.abs().max()) < 1e-2, name  # one bf16 rounding of each value
+
+
+def test_launches_do_not_grow_with_the_number_of_sources():
+    """The exact loss's candidate part (plan, energies, target, log Z, backward) dispatches the same operations for
+    5 or 19 distinct sources and V = 10 or 24 (the torch path grows by ~2 per source): on a GPU, a fixed launch
+    count."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for V, N in ((10, 6), (24, 40)):
+        weights, biases, indptr, indices, sources, x, pe, V = setup(V=V, N=N, seed=1)
+        targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(0))
+        rows = rows_of(sources, targets, indptr, indices, V)
+        energy.graph_max_degree(indptr)  # read once per graph, before the step
+        w, b, xx = (t.clone().requires_grad_() for t in (weights, biases, x))
+        with kernel_backend("triton"):
+            Count.ops = 0
+            with Count():
+                plan = make_plan(sources, indptr, indices, V)
+                src = sources[plan.order]
+                energies, shared = candidate_energies(xx[plan.order], pe[plan.order], w, b, plan, True)
+                true = target_energies(energies, shared, plan, targets[plan.order], rows[plan.order], indptr[src] + 1)
+                (exact_log_partition(energies, shared, plan, V) - true).mean().backward()
+            counts.append(Count.ops)
+        assert len(set(sources.tolist())) >= (5 if V == 10 else 18)
+    assert counts[0] == counts[1]
