@@ -91,11 +91,9 @@ class KernelPlan:
     tile_successors: int = KERNEL_TILE_SUCCESSORS
     fallback: CandidatePlan | None = None  # set when the tensors turned out unsupported: the torch plan
 
-    # per call (set by candidate_energies): inputs the logits / target functions reuse, and the gradients they
-    # hand to the candidate backward
-    inputs: tuple | None = None
-    pending: dict | None = None
-    partials_filled: bool = True
+    # the last candidate_energies call on this plan (triton_energy.KernelCall): its inputs, which the log Z, target
+    # and logits functions reuse, and the gradients they hand to its backward
+    call: object | None = None
 
 
 _MAX_DEGREE: dict = {}

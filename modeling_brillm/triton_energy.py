@@ -470,11 +470,29 @@ def _nonzero(mask, size: int):
     return mask.nonzero().view(-1)  # pragma: no cover - older torch
 
 
+class KernelCall:
+    """The state of one `candidate_energies` call on a `KernelPlan` (`plan.call`, replaced by the next call): its
+    inputs, which the log Z, target and logits functions reuse; whether the forward filled the partials; and the
+    gradients those functions hand to this call's backward. Functions keep the call they were made with, so a plan
+    reused for a second call leaves the first one's hand-over intact."""
+
+    def __init__(self, inputs, partials_filled: bool):
+        self.inputs = inputs
+        self.partials_filled = partials_filled
+        self.pending = {}
+
+    def add(self, key, value):
+        """Accumulate a gradient handed to the candidate backward (a loss may use the same quantity twice)."""
+        if key in self.pending:
+            value = self.pending[key] + value
+        self.pending[key] = value
+
+
 class KernelEnergies(torch.autograd.Function):
     """Triton twin of `energy._CandidateEnergies`. Returns the (N, T, 2) tile partials (in place of the packed
     energies; not differentiable themselves) and the (N,) shared energies. `KernelLogPartition`, `KernelTarget` and
     `KernelLogits` read the same plan, take `shared` as an input (so autograd runs their backward first) and hand
-    their gradients to this backward through `plan.pending`: one kernel pass then writes every edge-row gradient."""
+    their gradients to this backward through `plan.call`: one kernel pass then writes every edge-row gradient."""
 
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link):
@@ -482,22 +500,20 @@ class KernelEnergies(torch.autograd.Function):
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
         x, pe = x.contiguous(), pe.contiguous()
-        plan.inputs = (x, pe, weights, b2)
-        plan.pending = {}
         # Inference that only wants logits never reads the partials: without gradients they are filled lazily,
         # by the first log_partition call.
         part = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
         training = any(ctx.needs_input_grad[:4])
         if training:
             forward_partials(x, pe, weights, b2, plan, out=part)
-        plan.partials_filled = training
+        plan.call = KernelCall((x, pe, weights, b2), training)
         if plan.has_shared:  # float32 math whatever the tables' dtype, as inside the kernels
             h_shared, y_shared, shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())
         else:
             h_shared = y_shared = None
             shared = torch.zeros(N, dtype=torch.float32, device=x.device)
         ctx.mark_non_differentiable(part)
-        ctx.plan, ctx.sparse_grad, ctx.link = plan, sparse_grad, link
+        ctx.plan, ctx.call, ctx.sparse_grad, ctx.link = plan, plan.call, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
         ctx.save_for_backward(x, pe, weights, b2, h_shared, y_shared, shared)
         return part, shared
@@ -505,10 +521,10 @@ class KernelEnergies(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _grad_part, grad_shared):
         x, pe, weights, b2, h_shared, y_shared, shared = ctx.saved_tensors
-        plan, link = ctx.plan, ctx.link
-        ctx.link = None
-        pending, plan.pending = plan.pending or {}, {}
-        plan.inputs = None
+        plan, call, link = ctx.plan, ctx.call, ctx.link
+        ctx.link = ctx.call = None
+        pending, call.pending = call.pending, {}
+        call.inputs = None
         N, d = x.shape
         P = weights.shape[0]
         device = x.device
@@ -601,13 +617,6 @@ class KernelEnergies(torch.autograd.Function):
         return grad_x, None, grad_w, grad_b, None, None, None
 
 
-def _add_pending(plan, key, value):
-    """Accumulate a gradient handed to the candidate backward (a loss may use the same quantity twice)."""
-    if key in plan.pending:
-        value = plan.pending[key] + value
-    plan.pending[key] = value
-
-
 class KernelLogPartition(torch.autograd.Function):
     """log Σ_v exp(E_v) per sorted position, as energy.exact_log_partition: peak = the largest energy (tile
     maxima, shared), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak +
@@ -623,7 +632,7 @@ class KernelLogPartition(torch.autograd.Function):
         peak = torch.maximum(part[..., 0].amax(1) if part.shape[1] else shared_or_none, shared_or_none)
         total = (part[..., 1] * torch.exp(part[..., 0] - peak.unsqueeze(1))).sum(1)
         total = total + torch.where(num_shared > 0, num_shared * torch.exp(shared32 - peak), torch.zeros_like(total))
-        ctx.plan = plan
+        ctx.call = plan.call
         ctx.save_for_backward(peak, total, num_shared, shared32)
         ctx.shared_dtype = shared.dtype
         return (peak + torch.log(total)).to(shared.dtype)
@@ -632,11 +641,11 @@ class KernelLogPartition(torch.autograd.Function):
     def backward(ctx, grad):
         peak, total, num_shared, shared32 = ctx.saved_tensors
         scale = grad.float() / total
-        plan = ctx.plan
-        if "lse" in plan.pending:
-            old_peak, old_scale = plan.pending["lse"]
-            scale = scale + old_scale * torch.exp(old_peak - peak)  # same peaks: one call per plan in practice
-        plan.pending["lse"] = (peak, scale)
+        call = ctx.call
+        if "lse" in call.pending:  # log Z used twice: the same peaks
+            old_peak, old_scale = call.pending["lse"]
+            scale = scale + old_scale * torch.exp(old_peak - peak)
+        call.pending["lse"] = (peak, scale)
         grad_shared = torch.where(num_shared > 0, scale * num_shared * torch.exp(shared32 - peak),
                                   torch.zeros_like(scale))
         return None, grad_shared.to(ctx.shared_dtype), None, None
@@ -644,10 +653,11 @@ class KernelLogPartition(torch.autograd.Function):
 
 def log_partition(part, shared, plan, vocab_size: int) -> torch.Tensor:
     """log Σ_v exp(E_v) per sorted position from the tile partials and the V − degree shared energies."""
-    if not plan.partials_filled:  # inference: the forward left them for here
-        x, pe, weights, b2 = plan.inputs
+    call = plan.call
+    if not call.partials_filled:  # inference: the forward left them for here
+        x, pe, weights, b2 = call.inputs
         forward_partials(x, pe, weights, b2, plan, out=part)
-        plan.partials_filled = True
+        call.partials_filled = True
     return KernelLogPartition.apply(part, shared, plan, vocab_size)
 
 
@@ -659,25 +669,25 @@ class KernelTarget(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shared, target_rows, within, plan):
-        x, pe, weights, b2 = plan.inputs
+        x, pe, weights, b2 = plan.call.inputs
         rows = target_rows.clamp_min(0)
         h = torch.bmm(x.float().unsqueeze(1), weights[rows].float()).squeeze(1) + b2[rows].float() + pe.float()
-        ctx.plan = plan
+        ctx.call = plan.call
         ctx.save_for_backward(within)
         return torch.linalg.vector_norm(F.gelu(h), dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
         (within,) = ctx.saved_tensors
-        plan = ctx.plan
+        call = ctx.call
         grad = grad.float().contiguous()
-        if "target" in plan.pending:
-            old, w = plan.pending["target"]
+        if "target" in call.pending:
+            old, w = call.pending["target"]
             if w is not within and not torch.equal(w, within):
                 raise NotImplementedError("two different target selections on one kernel plan: build one plan per "
                                           "loss (make_plan) or use BRILLM_BACKEND=torch.")
             grad = grad + old
-        plan.pending["target"] = (grad, within)
+        call.pending["target"] = (grad, within)
         return None, None, None, None
 
 
@@ -694,16 +704,16 @@ class KernelLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shared, plan):
-        x, pe, weights, b2 = plan.inputs
+        x, pe, weights, b2 = plan.call.inputs
         N = shared.shape[0]
         out = shared.float().unsqueeze(1).expand(N, plan.vocab_size).contiguous()
         write_logits(x, pe, weights, b2, plan, out)
-        ctx.plan = plan
+        ctx.call = plan.call
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        _add_pending(ctx.plan, "logits", grad.float().contiguous())
+        ctx.call.add("logits", grad.float().contiguous())
         return None, None
 
 
@@ -765,6 +775,7 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
 
 
 __all__ = [
+    "KernelCall",
     "KernelEnergies",
     "KernelLogPartition",
     "KernelLogits",

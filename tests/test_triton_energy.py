@@ -358,3 +358,26 @@ def test_launches_do_not_grow_with_the_number_of_sources():
             counts.append(Count.ops)
         assert len(set(sources.tolist())) >= (5 if V == 10 else 18)
     assert counts[0] == counts[1]
+
+
+def test_one_plan_two_calls_in_flight():
+    """A plan reused for a second call (gradient accumulation over two signals) keeps each call's hand-over."""
+    weights, biases, indptr, indices, sources, x, pe, V = setup(seed=10)
+    x2 = torch.randn(x.shape, generator=torch.Generator().manual_seed(11))
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(12))
+    grads = {}
+    for backend in ("torch", "triton"):
+        w, b = weights.clone().requires_grad_(), biases.clone().requires_grad_()
+        with kernel_backend(backend):
+            plan = make_plan(sources, indptr, indices, V)
+            src, tgt = sources[plan.order], targets[plan.order]
+            rows = rows_of(src, tgt, indptr, indices, V)
+            losses = []
+            for signal in (x, x2):
+                energies, shared = candidate_energies(signal[plan.order], pe[plan.order], w, b, plan, True)
+                true = target_energies(energies, shared, plan, tgt, rows, indptr[src] + 1)
+                losses.append((exact_log_partition(energies, shared, plan, V) - true).sum())
+            (losses[0] + 2 * losses[1]).backward()
+        grads[backend] = (w.grad, b.grad)
+    for a, c, name in zip(grads["triton"], grads["torch"], ("weights", "biases")):
+        close(a, c, name)
