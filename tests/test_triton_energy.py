@@ -1,7 +1,7 @@
-"""The Triton candidate-energy kernels against the torch path (fp32), run by Triton's CPU interpreter.
+"""The Triton candidate-energy and decode kernels against the torch path (fp32).
 
-`kernel_backend("triton")` makes `make_plan` return a `KernelPlan` on CPU tensors; tests/conftest.py sets
-TRITON_INTERPRET=1 when there is no GPU. Shapes are tiny (the interpreter runs every program in Python), d is not
+On a machine with a GPU the tensors live on it and the kernels are compiled; without one they stay on the CPU and
+`kernel_backend("triton")` runs the kernels in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1). Shapes are tiny (the interpreter runs every program in Python), d is not
 a power of two (the kernels pad it to 16 with masks), the graphs have sources without real successors, sources
 repeated over more than one position chunk, and both graph kinds.
 """
@@ -30,6 +30,7 @@ pytest.importorskip("triton")
 
 D = 5
 RTOL = 1e-5
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.fixture(autouse=True)
@@ -62,13 +63,14 @@ def setup(V=9, N=12, seed=0, dense=False, hot=0):
     sources[0] = V - 1  # a source with no real successor
     x = torch.randn(sources.numel(), D, generator=g)
     pe = torch.randn(sources.numel(), D, generator=g)
-    return weights, biases, indptr, indices, sources, x, pe, V
+    indices = None if indices is None else indices.to(DEVICE)
+    return (*(t.to(DEVICE) for t in (weights, biases, indptr)), indices, *(t.to(DEVICE) for t in (sources, x, pe)), V)
 
 
 def rows_of(sources, targets, indptr, indices, V):
     if indices is None:
         return 1 + sources * V + targets
-    edge_src = torch.repeat_interleave(torch.arange(V), indptr.diff())
+    edge_src = torch.repeat_interleave(torch.arange(V, device=indptr.device), indptr.diff())
     keys = edge_src * V + indices
     key = sources * V + targets
     pos = torch.searchsorted(keys, key).clamp_max(keys.numel() - 1)
@@ -109,7 +111,7 @@ def exact_loss(backend, tensors, sources, targets, indptr, indices, V, sparse_gr
 @pytest.mark.parametrize("sparse_grad", [False, True])
 def test_exact_loss_and_gradients_match_torch(dense, sparse_grad):
     weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, hot=40)
-    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     targets[1] = int(indices[0]) if indices is not None else 3  # at least one real-edge target
     tensors = (weights, biases, x, pe)
     ref = exact_loss("torch", tensors, sources, targets, indptr, indices, V, sparse_grad)
@@ -124,12 +126,12 @@ def test_exact_loss_and_gradients_match_torch(dense, sparse_grad):
 @pytest.mark.parametrize("sparse_grad", [False, True])
 def test_link_hands_recurrence_rows_into_the_kernel_gradient(sparse_grad):
     weights, biases, indptr, indices, sources, x, pe, V = setup(seed=3)
-    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(2))
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     # rows read by "the recurrence": row 0, rows of candidate blocks, a row outside every candidate block
     present = set(sources.tolist())
     outside = [r for u in range(V) if u not in present for r in range(int(indptr[u]) + 1, int(indptr[u + 1]) + 1)]
     inside = int(indptr[int(sources[1])]) + 1
-    link_rows = torch.tensor([[0, inside, inside], [outside[0] if outside else 0, 1, 2]])
+    link_rows = torch.tensor([[0, inside, inside], [outside[0] if outside else 0, 1, 2]], device=DEVICE)
     tensors = (weights, biases, x, pe)
     ref = exact_loss("torch", tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows)
     got = exact_loss("triton", tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows)
@@ -144,7 +146,7 @@ def test_link_hands_recurrence_rows_into_the_kernel_gradient(sparse_grad):
 def test_logits_and_their_gradients_match_torch(dense):
     """scatter_logits (sampled loss, eval) and successor_logits (decoding) write the (N, V) energies directly."""
     weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, seed=4, hot=3)
-    probe = torch.randn(sources.numel(), V, generator=torch.Generator().manual_seed(5))
+    probe = torch.randn(sources.numel(), V, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     out = {}
     for backend in ("torch", "triton"):
         w, b, xx = [t.clone().requires_grad_() for t in (weights, biases, x)]
@@ -208,14 +210,15 @@ def tiny():
     from _tiny import make_model, make_tokenizer
 
     tok = make_tokenizer()
-    return tok, {False: make_model(tok, node_size=6, seed=2), True: make_model(tok, dense=True, node_size=6, seed=2)}
+    models = {False: make_model(tok, node_size=6, seed=2), True: make_model(tok, dense=True, node_size=6, seed=2)}
+    return tok, {dense: model.to(DEVICE) for dense, model in models.items()}
 
 
 def _batch(tok, side):
     tok.padding_side = side
     enc = tok(["the cat sat on", "a dog", "my cat"], return_tensors="pt", padding=True)
     tok.padding_side = "left"
-    return enc["input_ids"], enc["attention_mask"]
+    return enc["input_ids"].to(DEVICE), enc["attention_mask"].to(DEVICE)
 
 
 def _model_step(model, ids, mask, backend, return_logits):
@@ -283,7 +286,7 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
     model = models[dense]
     ids, mask = _batch(tok, "left")
     state = model(ids, attention_mask=mask, use_cache=True).past_key_values
-    tokens = torch.tensor([5, 9, 4])
+    tokens = torch.tensor([5, 9, 4], device=DEVICE)
     if not dense:  # row 0 steps along the last real edge of its block, row 1 along a non-edge (the shared row)
         indptr, indices = model.csr()
         last = state.last_token.tolist()
@@ -314,7 +317,7 @@ def test_bfloat16_tables_are_read_with_float32_math():
     """bf16 edge tables (half the bytes per row): the kernels read them and compute in float32, so the loss equals
     a float32 computation on the same (bf16-rounded) values; gradients come back in bf16."""
     weights, biases, indptr, indices, sources, x, pe, V = setup(seed=8, hot=3)
-    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(9))
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(9)).to(DEVICE)
     w16, b16, x16 = weights.bfloat16(), biases.bfloat16(), x.bfloat16()
     got = exact_loss("triton", (w16, b16, x16, pe), sources, targets, indptr, indices, V, True)
     ref = exact_loss("torch", (w16.float(), b16.float(), x16.float(), pe), sources, targets, indptr, indices, V, True)
@@ -343,7 +346,7 @@ def test_launches_do_not_grow_with_the_number_of_sources():
     counts = []
     for V, N in ((10, 6), (24, 40)):
         weights, biases, indptr, indices, sources, x, pe, V = setup(V=V, N=N, seed=1)
-        targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(0))
+        targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE)
         rows = rows_of(sources, targets, indptr, indices, V)
         energy.graph_max_degree(indptr)  # read once per graph, before the step
         w, b, xx = (t.clone().requires_grad_() for t in (weights, biases, x))
@@ -363,8 +366,8 @@ def test_launches_do_not_grow_with_the_number_of_sources():
 def test_one_plan_two_calls_in_flight():
     """A plan reused for a second call (gradient accumulation over two signals) keeps each call's hand-over."""
     weights, biases, indptr, indices, sources, x, pe, V = setup(seed=10)
-    x2 = torch.randn(x.shape, generator=torch.Generator().manual_seed(11))
-    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(12))
+    x2 = torch.randn(x.shape, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(12)).to(DEVICE)
     grads = {}
     for backend in ("torch", "triton"):
         w, b = weights.clone().requires_grad_(), biases.clone().requires_grad_()
