@@ -721,6 +721,9 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
     #   "eager"  the sync-free step without capture, on any device (what CPU tests compare against "off")
     #   "off"    the general path (`_decode_step` + `successor_logits`), which reads the device for its checks
     decode_mode = "auto"
+    # the sync-free step without Triton gathers (rows × max degree) edge matrices; above this many bytes the one-token
+    # steps take the general path instead (a dense V = 4000 graph at batch 32 would gather 2 GB)
+    padded_decode_bytes = 512 * 2**20
 
     def forward(
         self,
@@ -857,6 +860,12 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             raise ValueError(f"decode_mode must be 'auto', 'eager' or 'off', got {mode!r}.")
         if mode == "off" or not self._kernel_options_supported():
             return False
+        if not use_triton(input_ids):
+            # the torch version gathers every row's padded block: keep its temporary within bounds
+            d = self.config.node_size
+            gathered = input_ids.shape[0] * self._decode_max_degree() * d * d * self.weights.element_size()
+            if gathered > self.padded_decode_bytes:
+                return False
         return mode == "eager" or input_ids.is_cuda
 
     def _generation_step(self, input_ids, attention_mask, state: BriLLMState, use_cache, trusted: bool):

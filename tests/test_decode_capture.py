@@ -180,3 +180,21 @@ def test_captured_step_replays_the_eager_step(models, tok, dense):
     finally:
         model.cpu()
         model._decode_graphs = None
+
+
+def test_large_padded_gathers_take_the_general_path(models, tok, monkeypatch):
+    """Without Triton the sync-free step gathers rows × max-degree matrices; past `padded_decode_bytes` the one-token
+    step takes the general path (same logits), so a dense graph at a large batch does not allocate gigabytes."""
+    model = models[True]
+    enc = _enc(tok)
+    state = model(**enc, use_cache=True).past_key_values
+    step = torch.tensor([[5], [6], [7]])
+    ref = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
+
+    def padded_step(*args):
+        raise AssertionError("the padded step ran")
+
+    monkeypatch.setattr(type(model), "_decode_core", padded_step)
+    monkeypatch.setattr(model, "padded_decode_bytes", 1024)
+    out = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
