@@ -137,6 +137,12 @@ def _as_id_list(value) -> list[int]:
     return [int(value)]
 
 
+def _finish_check_every(device: torch.device) -> int:
+    """How many steps energy_generate runs between two reads of "has every row finished?" from the device: 8 on a
+    GPU (a read waits for the queued work), 1 elsewhere (a read is free, an extra step is not)."""
+    return 8 if device.type == "cuda" else 1
+
+
 def _left_align(input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Move every row's real tokens to the right end (left padding), keeping their order."""
     if bool(mask[:, -1].all()):
@@ -433,13 +439,18 @@ def energy_generate(
 
     # ------------------------------------------------------------------------------------------- decoding
     # Per-step results are collected in lists and masked once at the end: the loop does the least work per token.
+    # Without stop strings, n-gram bans or a streamer (which read tokens on the host) a step never waits for the
+    # device: finished rows are tracked on it, and whether all rows have finished is read every `check_every` steps;
+    # the steps run past the last active one are dropped at the end, so the result is the same as stopping at once.
     steps = max_new_tokens
     pad = torch.tensor(int(pad_token_id), dtype=torch.long, device=device)
     rec_tokens, rec_sources, rec_energies, rec_probs, rec_ranks, rec_alt_t, rec_alt_e, rec_active = ([] for _ in range(8))
     if streamer is not None:
         streamer.put(input_ids.cpu())
     active = torch.ones(B, dtype=torch.bool, device=device)
-    all_active = True  # python mirror of active.all(), so the common case skips the masking ops
+    can_end = eos_tensor.numel() > 0 or stop is not None
+    host_reads = stop is not None or history is not None or streamer is not None
+    check_every = 1 if host_reads else _finish_check_every(device)
     current = input_ids[:, -1]  # left-aligned: the last column is every row's last real token
     if steps:
         out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
@@ -460,7 +471,7 @@ def energy_generate(
             chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         else:
             chosen = logits.argmax(dim=-1)
-        if not all_active:
+        if can_end:
             chosen = torch.where(active, chosen, pad)
         picked = chosen.unsqueeze(1)
         chosen_energy = raw.gather(1, picked)
@@ -474,8 +485,9 @@ def energy_generate(
             top = torch.topk(raw.scatter(1, picked, float("-inf")), num_alternatives, dim=1)
             rec_alt_t.append(top.indices)
             rec_alt_e.append(top.values)
-        if penalised is not None:
-            penalised[rows[active], chosen[active]] = True
+        if penalised is not None:  # mark the chosen node of every active row (no boolean indexing: no host read)
+            picked_rows = penalised.gather(1, picked) | active.unsqueeze(1)
+            penalised.scatter_(1, picked, picked_rows)
         if history is not None:
             for r in active.nonzero().flatten().tolist():
                 history[r].append(int(chosen[r]))
@@ -491,19 +503,23 @@ def energy_generate(
             ended = hits if ended is None else ended | hits
         if ended is not None:
             active = active & ~ended
-            all_active = bool(active.all())
-            if not all_active and not bool(active.any()):
+            if (s + 1) % check_every == 0 and not bool(active.any()):
                 break
         if s + 1 == steps:
             break
         # Finished rows are fed their pad token like generate() does: their state is no longer used, and a full
         # batch keeps the model on its one-token decoding path. (Their length stays within max positions: at most
         # max_new_tokens - 1 steps are fed after a prompt that left room for max_new_tokens.)
-        out = model(picked, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        out = model(picked, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1,
+                    generation_step=True)
         current = chosen
     if streamer is not None:
         streamer.end()
 
+    if can_end and rec_active and check_every > 1:  # drop the steps run after every row had finished
+        ran = int(torch.stack(rec_active).any(1).sum())
+        for records in (rec_tokens, rec_sources, rec_energies, rec_probs, rec_ranks, rec_alt_t, rec_alt_e, rec_active):
+            del records[ran:]
     done = len(rec_tokens)
     if done:
         step_mask = torch.stack(rec_active, 1)
@@ -657,7 +673,8 @@ def _beam_search(model, input_ids, mask, lengths, *, steps, num_beams, num_retur
             history = [history[r] + [t] for r, t in zip(order.tolist(), new_ids)]
         if texts is not None:
             texts = [texts[r] + [t] for r, t in zip(order.tolist(), new_ids)]
-        out = model(chosen.unsqueeze(1), past_key_values=state, use_cache=True, logits_to_keep=1)
+        out = model(chosen.unsqueeze(1), past_key_values=state, use_cache=True, logits_to_keep=1,
+                    generation_step=True)
         state = out.past_key_values
         raw = out.logits[:, -1, :].float()
         current = chosen

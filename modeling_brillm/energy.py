@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .backend import use_triton
+
 
 @dataclass
 class CandidatePlan:
@@ -61,8 +63,143 @@ class CandidatePlan:
         return self.entry_row if self.grouped_to_packed is None else self.entry_row[self.grouped_to_packed]
 
 
-def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int) -> CandidatePlan:
-    """Plan for positions whose current nodes are `sources` (N,). `indices=None` means a dense graph."""
+# ------------------------------------------------------------------------------------- kernel plan
+KERNEL_TILE_SUCCESSORS = 32  # successors per work tile of the Triton kernels (a multiple of their sub-tile, 4)
+
+
+@dataclass
+class KernelPlan:
+    """Work tiles of the Triton kernels, built on the device with static shapes (no host synchronisation).
+
+    A tile is (source u, block of `tile_successors` consecutive successors of u); a source present in the batch
+    owns ceil(degree(u) / tile_successors) tiles, an absent one none. Tile t belongs to `tile_source[t]` and is its
+    (t − tile_first[u])-th; `tile_total` (1,) is their number, read by the kernels on the device (the grid is fixed).
+    """
+
+    order: torch.Tensor  # (N,) positions sorted by source node (stable), as CandidatePlan.order
+    sources: torch.Tensor  # (N,) the unsorted sources (kept to build the torch plan on a fallback)
+    degree: torch.Tensor  # (N,) real successors of each sorted position
+    count: torch.Tensor  # (V,) int32 positions of each source
+    group_start: torch.Tensor  # (V,) int32 first sorted position of each source
+    tile_first: torch.Tensor  # (V,) int32 first tile of each source
+    tile_total: torch.Tensor  # (1,) int32 number of tiles
+    tile_source: torch.Tensor  # (U,) int32 source of every tile id below U (ids >= tile_total unused)
+    indptr: torch.Tensor  # (V+1,) CSR offsets of the real edges (edge row = offset + 1)
+    indices: torch.Tensor | None  # (E,) targets, None for a dense graph
+    vocab_size: int
+    has_shared: bool
+    num_tiles: int  # T = ceil(max_degree / tile_successors): tiles of the largest block (static per graph)
+    tile_successors: int = KERNEL_TILE_SUCCESSORS
+    fallback: CandidatePlan | None = None  # set when the tensors turned out unsupported: the torch plan
+
+    # the last candidate_energies call on this plan (triton_energy.KernelCall): its inputs, which the log Z, target
+    # and logits functions reuse, and the gradients they hand to its backward
+    call: object | None = None
+
+
+_MAX_DEGREE: dict = {}
+
+
+def graph_max_degree(indptr: torch.Tensor) -> int:
+    """Largest number of real successors of any node; one host read per graph (cached by tensor and version)."""
+    key = (indptr.data_ptr(), indptr._version, indptr.numel(), indptr.device)
+    if key not in _MAX_DEGREE:
+        if len(_MAX_DEGREE) > 16:
+            _MAX_DEGREE.clear()
+        _MAX_DEGREE[key] = int((indptr[1:] - indptr[:-1]).max()) if indptr.numel() > 1 else 0
+    return _MAX_DEGREE[key]
+
+
+def make_kernel_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int,
+                     max_degree: int | None = None, tile_successors: int | None = None) -> KernelPlan:
+    """`KernelPlan` for positions whose current nodes are `sources` (N,): argsort, counts, cumulative sums and a
+    searchsorted, all of sizes known from N and V (so it runs on `device="meta"` and inside a CUDA graph).
+    `max_degree` (static per graph) defaults to V for a dense graph and to `graph_max_degree(indptr)` otherwise."""
+    device = sources.device
+    V = vocab_size
+    N = sources.numel()
+    tile_successors = tile_successors or KERNEL_TILE_SUCCESSORS
+    if max_degree is None:
+        max_degree = V if indices is None else graph_max_degree(indptr)
+    order = torch.argsort(sources, stable=True)
+    count = torch.zeros(V, dtype=torch.int32, device=device)
+    count.index_add_(0, sources, torch.ones(N, dtype=torch.int32, device=device))
+    group_start = torch.cumsum(count, 0, dtype=torch.int32) - count
+    node_degree = indptr[1:] - indptr[:-1]
+    tiles = torch.where(count > 0, (node_degree + tile_successors - 1) // tile_successors, 0).to(torch.int32)
+    tile_end = torch.cumsum(tiles, 0, dtype=torch.int32)
+    num_tiles = -(-max_degree // tile_successors)
+    upper = min(N, V) * num_tiles  # no more tiles than (distinct sources) x (tiles of the largest block)
+    tile_source = torch.searchsorted(tile_end, torch.arange(upper, dtype=torch.int32, device=device), right=True)
+    return KernelPlan(
+        order=order,
+        sources=sources,
+        degree=node_degree[sources[order]],
+        count=count,
+        group_start=group_start,
+        tile_first=tile_end - tiles,
+        tile_total=tile_end[-1:] if V else torch.zeros(1, dtype=torch.int32, device=device),
+        tile_source=tile_source.to(torch.int32),
+        indptr=indptr,
+        indices=indices,
+        vocab_size=V,
+        has_shared=indices is not None,
+        num_tiles=num_tiles,
+        tile_successors=tile_successors,
+    )
+
+
+def _kernels():
+    """The Triton kernel module, imported on first use (a relative `from .x import` so saved models carry it)."""
+    import sys
+
+    from .triton_energy import KernelEnergies
+
+    return sys.modules[KernelEnergies.__module__]
+
+
+def _runs_kernels(plan, weights=None, x=None) -> bool:
+    """Whether `plan` runs the Triton kernels; a kernel plan meeting tensors they do not read falls back for good."""
+    if not isinstance(plan, KernelPlan) or plan.fallback is not None:
+        return False
+    if weights is not None:
+        reason = _kernels().unsupported_reason(weights, x)
+        if reason is not None:
+            plan.fallback = make_torch_plan(plan.sources, plan.indptr, plan.indices, plan.vocab_size)
+            return False
+    return True
+
+
+def _no_kernel_bias(non_edge_bias):
+    """The kernels compute the release's energies only: a model with `non_edge_bias` makes its plans with
+    `kernels=False`."""
+    if non_edge_bias is not None:
+        raise ValueError("non_edge_bias is not computed by the Triton kernels; make the plan with kernels=False "
+                         "(BriLLMModel does) or run with BRILLM_BACKEND=torch.")
+
+
+def _torch_plan(plan):
+    """The plan the torch path runs: itself, or the fallback a kernel plan switched to."""
+    if isinstance(plan, KernelPlan):
+        return plan.fallback
+    return plan
+
+
+def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
+              kernels: bool = True, max_degree: int | None = None) -> CandidatePlan | KernelPlan:
+    """Plan for positions whose current nodes are `sources` (N,). `indices=None` means a dense graph.
+
+    A `KernelPlan` when the Triton kernels run these tensors (`backend.use_triton`) and `kernels` is True (a caller
+    whose options the kernels do not cover passes False), else the torch path's `CandidatePlan`.
+    """
+    if kernels and use_triton(sources):
+        return make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
+    return make_torch_plan(sources, indptr, indices, vocab_size)
+
+
+def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None,
+                    vocab_size: int) -> CandidatePlan:
+    """The torch path's plan (host-side group sizes: one synchronisation per call on a GPU)."""
     device = sources.device
     order = torch.argsort(sources, stable=True)
     sorted_src = sources[order]
@@ -403,14 +540,21 @@ def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad:
 
     `x` and `pe` are (N, d) in the plan's sorted order; `biases` is (P, d) or (P, 1, d). With `sparse_grad`, the
     gradients of `weights` and `biases` are sparse COO tensors over the touched rows (coalesced), as
-    `nn.Embedding(sparse=True)` gives. `link`: see `gather_edges`.
+    `nn.Embedding(sparse=True)` gives. `link`: see `gather_edges`. With a `KernelPlan` the first result is the (N, T)
+    tile log-sum-exps instead (see the module docstring); pass it on to the functions below unchanged.
     """
-    return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
+    if _runs_kernels(plan, weights, x):
+        return _kernels().KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
+    return _CandidateEnergies.apply(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)
 
 
 def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
     """Full (N, V) logits in sorted order: the shared energy everywhere (plus `non_edge_bias[v]` (V,) when the
     model has one), real successors' energies on top."""
+    if _runs_kernels(plan):
+        _no_kernel_bias(non_edge_bias)
+        return _kernels().scatter_logits(energies, shared, plan)
+    plan = _torch_plan(plan)
     n = shared.shape[0]
     if non_edge_bias is None:
         logits = shared.unsqueeze(1).expand(n, vocab_size).contiguous()
@@ -420,18 +564,22 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_e
 
 
 def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
-                     non_edge_bias=None) -> torch.Tensor:
+                     non_edge_bias=None, *, kernels: bool = True) -> torch.Tensor:
     """(N, V) energies of every node as the successor of each position, in the given order; inference only.
 
     The decoding hot path: no plan or autograd for a single position (one `baddbmm` over its source's block,
     written into a row of shared energies); several positions go through the grouped path. `x`, `pe` (N, d);
     `sources` (N,) current nodes; `indices=None` means a dense graph. Equals `scatter_logits` of
-    `candidate_energies` (un-sorted).
+    `candidate_energies` (un-sorted). With the Triton backend: one kernel launch (`kernels=False` keeps torch).
     """
+    kernels = kernels and non_edge_bias is None  # the kernels compute the release's energies only
     with torch.no_grad():
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
+        if kernels and use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
+            max_degree = vocab_size if indices is None else graph_max_degree(indptr)
+            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree)
         if N == 1:
             u = int(sources[0])
             a, b = int(indptr[u]), int(indptr[u + 1])
@@ -452,11 +600,44 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
                 else:
                     logits[0].index_copy_(0, indices[a:b], energies)
             return logits
-        plan = make_plan(sources, indptr, indices, vocab_size)
+        plan = make_plan(sources, indptr, indices, vocab_size, kernels=kernels)
         energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan)
         logits = torch.empty(N, vocab_size, dtype=energies.dtype, device=x.device)
         logits[plan.order] = scatter_logits(energies, shared, plan, vocab_size, non_edge_bias)
         return logits
+
+
+def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
+                            max_degree: int) -> torch.Tensor:
+    """`successor_logits` with no host synchronisation and shapes fixed by (N, max_degree): the decode step that
+    `decode_capture` records into a CUDA graph (and that runs on `device="meta"`). `max_degree` is the graph's largest
+    number of real successors (`graph_max_degree`, V for a dense graph).
+
+    Triton: one kernel launch over a static (N, tiles) grid. Torch: every position gathers `max_degree` edge rows
+    from the start of its block (rows past its degree are computed and dropped into a spare column), so it reads
+    N · max_degree · d² weights: meant for small batches, the meta check and GPUs without Triton.
+    """
+    with torch.no_grad():
+        N, d = x.shape
+        P = weights.shape[0]
+        b2 = biases.reshape(P, d)
+        if use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
+            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree)
+        if indices is None:
+            logits = x.new_zeros(N, vocab_size + 1)  # every column is a real successor
+        else:
+            shared = _energy(torch.addmm(b2[0] + pe, x, weights[0]))[1]
+            logits = shared.unsqueeze(1).expand(N, vocab_size + 1).contiguous()
+        if max_degree and P > 1:
+            first = indptr[sources]
+            j = torch.arange(max_degree, device=x.device)
+            real = j < (indptr[sources + 1] - first).unsqueeze(1)  # (N, K)
+            edge = torch.where(real, first.unsqueeze(1) + j, torch.zeros_like(j))  # CSR index; 0 where not real
+            h = torch.matmul(x[:, None, None, :], weights[edge + 1]).squeeze(2) + b2[edge + 1] + pe.unsqueeze(1)
+            energies = _energy(h)[1]  # (N, K)
+            target = j.expand(N, max_degree) if indices is None else indices[edge]
+            logits.scatter_(1, torch.where(real, target, vocab_size), energies)
+        return logits[:, :vocab_size]
 
 
 def non_edge_log_mass(non_edge_bias, plan: CandidatePlan) -> torch.Tensor:
@@ -478,6 +659,10 @@ def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, 
 
     Cost follows the real successors (M packed energies), not N·V.
     """
+    if _runs_kernels(plan):
+        _no_kernel_bias(non_edge_bias)
+        return _kernels().log_partition(energies, shared, plan, vocab_size)
+    plan = _torch_plan(plan)
     if non_edge_bias is not None and plan.has_shared:
         has_shared = plan.degree < vocab_size
         shared_term = shared + non_edge_log_mass(non_edge_bias, plan).to(shared.dtype)
@@ -509,6 +694,10 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
     `target_rows` (N,) are the edge rows of source→target (0 = shared); `block_first_row` (N,) the first row of
     each position's block.
     """
+    if _runs_kernels(plan):
+        _no_kernel_bias(non_edge_bias)
+        return _kernels().target_energies(energies, shared, plan, target_rows, block_first_row)
+    plan = _torch_plan(plan)
     real = target_rows > 0
     entry = plan.entry_start + (target_rows - block_first_row).clamp_min(0)
     picked = energies[entry.clamp_max(max(plan.num_entries - 1, 0))] if plan.num_entries else shared
@@ -519,12 +708,17 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
 
 __all__ = [
     "CandidatePlan",
+    "KernelPlan",
+    "make_kernel_plan",
+    "make_torch_plan",
+    "graph_max_degree",
     "EdgeGradLink",
     "make_plan",
     "candidate_energies",
     "gather_edges",
     "scatter_logits",
     "successor_logits",
+    "successor_logits_static",
     "exact_log_partition",
     "non_edge_log_mass",
     "target_energies",

@@ -24,9 +24,11 @@ from .energy import (
     candidate_energies,
     exact_log_partition,
     gather_edges,
+    graph_max_degree,
     make_plan,
     scatter_logits,
     successor_logits,
+    successor_logits_static,
     target_energies,
 )
 from .graph import BigramGraph, build_sparse_graph, check_csr, count_bigrams, merge_edges
@@ -92,7 +94,7 @@ class BriLLMState:
     as running sums with a running max for stability: x = mix_sum / mix_norm, both scaled by exp(-mix_max).
     """
 
-    def __init__(self, signal, mix_sum, mix_norm, mix_max, length, last_token, seen: int):
+    def __init__(self, signal, mix_sum, mix_norm, mix_max, length, last_token, seen: int, longest: int | None = None):
         self.signal = signal  # (B, d) signal leaving the last token
         self.mix_sum = mix_sum  # (B, d) Σ exp(p_k − max) · c_k
         self.mix_norm = mix_norm  # (B,)  Σ exp(p_k − max)
@@ -100,6 +102,10 @@ class BriLLMState:
         self.length = length  # (B,)  real tokens consumed
         self.last_token = last_token  # (B,)  node the signal sits on
         self.seen = seen  # input columns consumed, padding included (what generate() slices by)
+        # host-side bound on length.max() (None = not known yet): lets a decode step check the position range
+        # without reading the device
+        self.longest = longest
+        self.graph_owned = False  # True: the tensors are a captured decode step's buffers (see decode_capture.py)
 
     def _tensors(self):
         return ("signal", "mix_sum", "mix_norm", "mix_max", "length", "last_token")
@@ -115,7 +121,12 @@ class BriLLMState:
         return self
 
     def detach(self) -> "BriLLMState":
-        return BriLLMState(*(getattr(self, n).detach() for n in self._tensors()), seen=self.seen)
+        return BriLLMState(*(getattr(self, n).detach() for n in self._tensors()), seen=self.seen, longest=self.longest)
+
+    def clone(self) -> "BriLLMState":
+        """A copy that owns its tensors (a state returned by a captured decode step lives in the graph's buffers,
+        which the next replay overwrites)."""
+        return BriLLMState(*(getattr(self, n).clone() for n in self._tensors()), seen=self.seen, longest=self.longest)
 
     @property
     def batch_size(self) -> int:
@@ -731,6 +742,38 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return _Signals(tokens.unsqueeze(1), ones, torch.zeros_like(tokens).unsqueeze(1), length.unsqueeze(1),
                         signal.unsqueeze(1), new_state)
 
+    def _decode_core(self, tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, max_degree: int):
+        """`_decode_step` plus the successors' logits with no host synchronisation and fixed shapes: what
+        `decode_capture` records into a CUDA graph (and what runs on `device="meta"`). Returns the (B, V) float32
+        logits of every node as the successor of `tokens` (B,) and the state tensors after them."""
+        cfg = self.config
+        M = cfg.max_position_embeddings
+        wdtype = self.weights.dtype
+        if use_triton(tokens) and self.weights.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            from .triton_energy import decode_step  # two launches for the whole step
+
+            indptr, indices = self.csr()
+            P = self.biases.shape[0]
+            return decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, self.weights,
+                               self.biases.view(P, -1), self.positions.view(-1), self._pe(length), self._pe(length + 1),
+                               indptr, indices, cfg.vocab_size, max_degree)
+        rows = self.edge_rows(last_token, tokens)
+        out = torch.bmm(signal.to(wdtype).unsqueeze(1), self.weights[rows]).squeeze(1)
+        out = F.gelu(out + self.biases[rows, 0] + self._pe(length).to(wdtype))
+        weight = self.positions.view(-1).float()[(length - 1).clamp(0, M - 1)]  # past the range: the last one
+        mix_sum, mix_norm, mix_max = _mix_in(out.float(), weight, mix_sum, mix_norm, mix_max)
+        signal = mix_sum / mix_norm.unsqueeze(1)
+        indptr, indices = self.csr()
+        logits = successor_logits_static(signal.to(wdtype), self._pe(length + 1).to(wdtype), self.weights,
+                                         self.biases, tokens, indptr, indices, cfg.vocab_size, max_degree)
+        return logits.float(), (signal, mix_sum, mix_norm, mix_max, length + 1, tokens)
+
+    def _decode_max_degree(self) -> int:
+        """Largest real out-degree (static shape of the sync-free step); read from the device once per graph."""
+        if self.config.graph == "dense":
+            return self.config.vocab_size
+        return graph_max_degree(self.graph_indptr)
+
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
                 signal_ids=None, **kwargs):
         input_ids, attention_mask, signal_ids = self._to_input_device(input_ids, attention_mask, signal_ids)
@@ -745,6 +788,16 @@ class BriLLMModel(BriLLMPreTrainedModel):
 class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
     """BriLLM with its energies as logits, the exact (or the release's sampled) loss, and `generate()`."""
 
+    # One-token steps on a state (generate(), energy_generate, pipeline, or a direct call):
+    #   "auto"   on CUDA the sync-free step (`_decode_core`), captured into a CUDA graph per batch size when called by
+    #            the decoding loops (`generation_step=True`), run eagerly otherwise; elsewhere the general path
+    #   "eager"  the sync-free step without capture, on any device (what CPU tests compare against "off")
+    #   "off"    the general path (`_decode_step` + `successor_logits`), which reads the device for its checks
+    decode_mode = "auto"
+    # the sync-free step without Triton gathers (rows × max degree) edge matrices; above this many bytes the one-token
+    # steps take the general path instead (a dense V = 4000 graph at batch 32 would gather 2 GB)
+    padded_decode_bytes = 512 * 2**20
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -757,6 +810,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         signal_ids: torch.LongTensor | None = None,
+        generation_step: bool = False,
         **kwargs,
     ) -> BriLLMCausalLMOutput:
         r"""
@@ -771,6 +825,9 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
         signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
             from (`start_signal="learned"`; default 0). Ignored with `past_key_values` (the start is consumed).
+        generation_step (`bool`): set by the decoding loops (generate(), energy_generate) for their one-token steps:
+            the new column of `attention_mask` is all ones and the ids are the model's own picks (or a finished row's
+            pad token), so the step skips the checks that read the device and may be replayed from a CUDA graph.
 
         Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
         """
@@ -780,6 +837,12 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
                                                                               signal_ids)
         cfg = self.config
         V = cfg.vocab_size
+        if (past_key_values is not None and labels is None and return_logits and not output_hidden_states
+                and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 1
+                and not torch.is_grad_enabled() and self._sync_free_decoding(input_ids)):
+            out = self._generation_step(input_ids, attention_mask, past_key_values, use_cache, generation_step)
+            if out is not None:
+                return out
         run = self._run_signals(input_ids, attention_mask, past_key_values, signal_ids)
         B, T = input_ids.shape
         device = input_ids.device
@@ -789,7 +852,8 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             indptr, indices = self.csr()
             pe = self._pe(run.index[:, 0] + 1).to(self.weights.dtype)
             logits = successor_logits(run.signals[:, 0].to(self.weights.dtype), pe, self.weights, self.biases,
-                                      run.tokens[:, 0], indptr, indices, V, self.non_edge_bias)
+                                      run.tokens[:, 0], indptr, indices, V, self.non_edge_bias,
+                                      kernels=self._kernel_options_supported())
             use_cache = cfg.use_cache if use_cache is None else use_cache
             return BriLLMCausalLMOutput(logits=logits.float().unsqueeze(1),
                                         past_key_values=run.state if use_cache else None)
@@ -816,7 +880,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
 
         indptr, indices = self.csr()
         sources = run.tokens[b_idx, j_idx]
-        plan = make_plan(sources, indptr, indices, V)
+        plan = make_plan(sources, indptr, indices, V, kernels=self._kernel_options_supported())
         b_idx, j_idx, sources = b_idx[plan.order], j_idx[plan.order], sources[plan.order]
         x = run.signals[b_idx, j_idx].to(self.weights.dtype)
         pe = self._pe(run.index[b_idx, j_idx] + 1).to(self.weights.dtype)
@@ -862,6 +926,64 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         return BriLLMCausalLMOutput(
             loss=loss, logits=logits, past_key_values=run.state if use_cache else None, hidden_states=hidden
         )
+
+    # ------------------------------------------------------------------------------------- sync-free decoding
+    def _kernel_options_supported(self) -> bool:
+        """The Triton kernels and the sync-free step compute the release's energies; options that change the
+        candidate energies (a per-node non-edge bias) keep the torch path."""
+        return getattr(self, "non_edge_bias", None) is None
+
+    def _sync_free_decoding(self, input_ids) -> bool:
+        mode = self.decode_mode
+        if mode not in ("auto", "eager", "off"):
+            raise ValueError(f"decode_mode must be 'auto', 'eager' or 'off', got {mode!r}.")
+        if mode == "off" or not self._kernel_options_supported():
+            return False
+        if not use_triton(input_ids):
+            # the torch version gathers every row's padded block: keep its temporary within bounds
+            d = self.config.node_size
+            gathered = input_ids.shape[0] * self._decode_max_degree() * d * d * self.weights.element_size()
+            if gathered > self.padded_decode_bytes:
+                return False
+        return mode == "eager" or input_ids.is_cuda
+
+    def _generation_step(self, input_ids, attention_mask, state: BriLLMState, use_cache, trusted: bool):
+        """One token per row without reading the device (see `decode_mode`); None hands the call back to the
+        general path (a padded new column)."""
+        cfg = self.config
+        B = input_ids.shape[0]
+        if not isinstance(state, BriLLMState):
+            raise TypeError("past_key_values must be the BriLLMState a previous call returned, got "
+                            f"{type(state).__name__}.")
+        if trusted:
+            if state.batch_size != B:
+                raise ValueError(f"past_key_values holds {state.batch_size} sequences but input_ids has {B} rows.")
+            # Only a finished row can be fed an id the model did not pick (the pad token, which may lie outside the
+            # vocabulary); its state and logits are never used again, so clamping keeps every index in range.
+            tokens = input_ids[:, 0].clamp(0, cfg.vocab_size - 1)
+        else:
+            mask = self._check_inputs(input_ids, attention_mask, state)
+            if not bool(mask.all()):
+                return None
+            tokens = input_ids[:, 0]
+        if state.longest is None:
+            state.longest = int(state.length.max()) if B else 0  # once per generation; then tracked on the host
+        if not self.extends_positions and state.longest >= cfg.max_position_embeddings:
+            raise self._too_long(state.longest + 1)
+        state_tensors = [getattr(state, name) for name in state._tensors()]
+        captured = trusted and self.decode_mode == "auto" and input_ids.is_cuda
+        if captured:
+            if getattr(self, "_decode_graphs", None) is None:
+                from .decode_capture import DecodeGraphs
+
+                self._decode_graphs = DecodeGraphs()
+            logits, new_tensors = self._decode_graphs.step(self, tokens, state)
+        else:
+            logits, new_tensors = self._decode_core(tokens, *state_tensors, self._decode_max_degree())
+        new_state = BriLLMState(*new_tensors, seen=state.seen + 1, longest=state.longest + 1)
+        new_state.graph_owned = captured
+        use_cache = cfg.use_cache if use_cache is None else use_cache
+        return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), past_key_values=new_state if use_cache else None)
 
     def _sampled_loss(self, logits, shared, sources, targets):
         """The release's objective: cross-entropy over the true target (first) and K negatives of the source."""
@@ -913,6 +1035,8 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             "past_key_values": past_key_values,
             "use_cache": True if use_cache is None else use_cache,
             "logits_to_keep": 1 if logits_to_keep is None else logits_to_keep,
+            # generate() appends a column of ones to the mask and feeds its own picks: the step may skip its checks
+            "generation_step": past_key_values is not None,
         }
         if past_key_values is None and kwargs.get("signal_ids") is not None:
             inputs["signal_ids"] = kwargs["signal_ids"]  # the first call starts the signal; later ones carry state
@@ -927,9 +1051,13 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         mask = kwargs.get("attention_mask")
         self._prompt_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         try:
-            return super().generate(*args, **kwargs)
+            out = super().generate(*args, **kwargs)
         finally:
             self._prompt_mask = None
+        state = out.get("past_key_values") if isinstance(out, ModelOutput) else None
+        if getattr(state, "graph_owned", False):  # a captured step's buffers: the next generate() overwrites them
+            out["past_key_values"] = state.clone()
+        return out
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
                                   model_input_name, input_ids_length, inputs_tensor):

@@ -1,0 +1,106 @@
+"""CUDA graphs of BriLLM's one-token decoding step: captured once per batch size, replayed every token.
+
+A decode step is ~60 small kernels for ~0.1 ms of GPU work; launched one by one from Python it costs ~1.7 ms of host
+time (measured on an H100, see ../shared/reference/GPU_NOTES.md). `BriLLMForCausalLM._decode_core` computes the step
+with fixed shapes and no host synchronisation (the position check uses a host-side bound kept in the state), so it
+can be recorded into a `torch.cuda.CUDAGraph` and replayed with one launch.
+
+Contract (why this is only used by generate(), energy_generate and pipeline, which pass `generation_step=True`):
+the returned state lives in the graph's input buffers, so the next replay advances it in place. The decoding loops
+keep only the newest state, which is what makes this safe; `BriLLMForCausalLM.generate` hands the user a copy
+(`BriLLMState.clone`). A state that is not the graph's own (the prompt's, or one reordered by beam search) is copied
+into the buffers first (six small copies). The logits are the graph's output buffer, valid until the next step
+(transformers copies them; energy_generate consumes them within the step).
+
+A graph reads the parameters, the graph's CSR arrays, the position table and the edge-row keys by address: it is
+re-captured when any of them is re-allocated (resize_token_embeddings, add_edges, .to(), loading), never when they
+change in place (training between two generate() calls is fine).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import current_backend
+
+
+def _signature(model, device) -> tuple:
+    """Everything a captured step depends on by address or by value."""
+    cfg = model.config
+    # the lazily built tables must be current before their addresses are read (same keys as edge_rows and _pe)
+    if model._pe_cache is None or model._pe_cache[0] != (device, cfg.position_encoding, cfg.node_size,
+                                                         cfg.max_position_embeddings):
+        model._pe(torch.zeros(1, dtype=torch.long, device=device))
+    if cfg.graph == "sparse":
+        indices = model.graph_indices
+        key = (indices.data_ptr(), indices._version, model.graph_indptr._version, indices.device)
+        if model._edge_key_cache is None or model._edge_key_cache[0] != key:
+            probe = torch.zeros(1, dtype=torch.long, device=device)
+            model.edge_rows(probe, probe)
+    tensors = [model.weights, model.biases, model.positions, model._pe_cache[1]]
+    if model.config.graph == "sparse":
+        tensors += [model.graph_indptr, model.graph_indices, model._edge_key_cache[1]]
+    return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
+            model.config.vocab_size, model.config.max_position_embeddings, model.config.position_overflow,
+            model.config.position_encoding, model._decode_max_degree())
+
+
+class _Graph:
+    def __init__(self, model, tokens, state, signature, pool):
+        self.signature = signature
+        device = tokens.device
+        max_degree = model._decode_max_degree()
+        self.tokens = tokens.detach().clone()
+        self.state = [getattr(state, name).detach().clone() for name in state._tensors()]
+        # warm up on a side stream (Triton compiles its kernels, caches fill), then record
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model._decode_core(self.tokens, *self.state, max_degree)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits, new_state = model._decode_core(self.tokens, *self.state, max_degree)
+            for buffer, value in zip(self.state, new_state):
+                buffer.copy_(value)  # the state advances in place: its next step reads it where it is
+
+    def owns(self, state) -> bool:
+        return all(getattr(state, name) is buffer for name, buffer in zip(state._tensors(), self.state))
+
+    def step(self, tokens, state):
+        self.tokens.copy_(tokens)
+        if not self.owns(state):
+            for name, buffer in zip(state._tensors(), self.state):
+                buffer.copy_(getattr(state, name))
+        self.graph.replay()
+        return self.logits, tuple(self.state)
+
+
+class DecodeGraphs:
+    """The captured decode steps of one model, one per batch size (they share one memory pool)."""
+
+    def __init__(self):
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = None
+
+    def step(self, model, tokens: torch.Tensor, state):
+        """Logits (B, V) and the new state tensors for `tokens` (B,) on top of `state` (see the module contract)."""
+        signature = _signature(model, tokens.device)
+        B = tokens.shape[0]
+        graph = self.graphs.get(B)
+        if graph is None or graph.signature != signature:
+            if graph is not None:  # tables moved: every graph of this model is stale
+                self.graphs.clear()
+                self.pool = None
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = self.graphs[B] = _Graph(model, tokens, state, signature, self.pool)
+        return graph.step(tokens, state)
+
+    def clear(self):
+        self.graphs.clear()
+        self.pool = None
+
+
+__all__ = ["DecodeGraphs"]

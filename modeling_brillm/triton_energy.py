@@ -1,0 +1,793 @@
+"""Triton kernels for the candidate energies and the decode step (energy.py's math, fused; one launch per pass).
+
+What they compute is `energy.py`'s: for a signal x at a position whose node is u, every real successor v of u gets
+E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The plan (`energy.KernelPlan`, built on the device without host
+synchronisation) cuts the work into tiles (source u, block of `tile_successors` successors); a persistent grid of
+a fixed number of programs walks them, so the launch count depends neither on V nor on the number of distinct
+sources. A tile loads its x rows in chunks of `BM` positions (all positions of u), its edge matrices `BN`
+successors at a time as one (d × BN·d) operand (the block is contiguous in CSR order: one GEMM
+x (BM × d) · [W_v1 | W_v2 | ...] per sub-tile), adds bias and PE, applies the exact (erf) GeLU and reduces the L2
+norm per (position, successor), all in registers.
+
+    forward, LSE mode     per (position, tile): the tile's largest energy m and Σ_{v in tile} exp(E_v − m), into
+                          (N, T, 2) (T = ceil(max_degree / tile_successors), static per graph); log Z combines a
+                          row of them with the shared term (torch, `log_partition`), so the exact loss never
+                          materialises the M = Σ degree energies (a data-dependent size). Keeping (max, sum)
+                          rather than its log keeps the precision of energy.py's peak-and-total formula.
+    forward, LOGITS mode  E_v written straight into an (rows, V) output prefilled with the shared energy.
+    backward              per (tile, sub-tile): recompute h, GeLU(h), E (nothing per entry is kept from the
+                          forward); dL/dE = g·exp(E − peak)/total from log Z, plus the target term and/or the
+                          logits' gradient; dL/dh; the sub-tile's weight and bias gradient accumulated over all
+                          positions of u in registers and written once (row-major into the dense gradient, or into
+                          the row's slot of the sparse gradient's values); dL/dx = Σ_v dL/dh_v · W_vᵀ added
+                          atomically (several tiles share a position).
+    decode                two launches a step: `_decode_state_kernel` (one program per row: the edge found by
+                          binary search in the source's sorted block, the recurrence update, the shared energy
+                          written over the row of logits) and `_decode_successors_kernel` (a static (rows, tiles)
+                          grid, no plan: a decoding position rarely shares its source).
+
+The shared edge (row 0, one d×d product per position) stays in torch in training. Tables of float32, bfloat16 or
+float16 are read as they are and computed in float32; gradients come back in the table's dtype. `energy.py` (and
+`BriLLMForCausalLM._decode_core`) dispatch here when `backend.use_triton(...)` is true (CUDA tensors, or
+`kernel_backend("triton")` under Triton's interpreter). Tile sizes and the dot precision are the constants below;
+benchmarks/GPU_KERNELS.md says what each predicts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # optional: CUDA builds of torch ship it; the check of remote-code imports skips try blocks
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - energy.py only imports this module when backend.use_triton() is true
+    triton = tl = None
+
+# Positions per chunk (the dot's M; tl.dot's smallest is 16): a source's positions are cut into chunks of this
+# many and a chunk's empty rows are computed and dropped. Zipf batches at the paper shape have 1.1 (32 x 32) to 16
+# (1024 x 64) positions per present source, so the smallest chunk wastes the least (GPU_KERNELS.md).
+BLOCK_POSITIONS = 16
+BLOCK_SUCCESSORS = 4  # successors per sub-tile (the dot's N is BN·D)
+# tl.dot input precision: "ieee" is exact fp32 (CUDA-core FMAs, the 1e-5 target); "tf32x3" (three tensor-core
+# passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (GPU_KERNELS.md).
+DOT_PRECISION = "ieee"
+PROGRAMS_PER_SM = 4  # persistent grid: this many programs per streaming multiprocessor
+INTERPRETER_PROGRAMS = 4  # grid size under Triton's CPU interpreter (it runs programs one after the other)
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def padded_width(d: int) -> int:
+    """Register width of a d-vector: the next power of two, at least 16 (tl.dot's smallest K and N)."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def unsupported_reason(weights: torch.Tensor, x: torch.Tensor) -> str | None:
+    """Why the kernels cannot run these tensors (None when they can); the caller then takes the torch path."""
+    if triton is None:
+        return "triton is not installed"
+    if weights.dtype not in SUPPORTED_DTYPES:
+        return f"edge tables of dtype {weights.dtype} (the kernels read float32, bfloat16 or float16 rows)"
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"signals of dtype {x.dtype}"
+    if weights.dim() != 3 or weights.shape[1] != weights.shape[2]:
+        return f"edge table of shape {tuple(weights.shape)}"
+    if not weights.is_contiguous():
+        return "a non-contiguous edge table"
+    return None
+
+
+def _grid(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
+    return INTERPRETER_PROGRAMS
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gelu_and_grad(h):
+        """GeLU(h) (exact, erf) and its derivative Φ(h) + h·φ(h)."""
+        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+        pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327
+        return h * cdf, cdf + h * pdf
+
+    @triton.jit
+    def _widen(values, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+        """(BM, BN) → (BM, BN·D): every value repeated over its successor's D columns."""
+        return tl.reshape(tl.broadcast_to(values[:, :, None], (BM, BN, D)), (BM, BN * D))
+
+    @triton.jit
+    def _energy_forward_kernel(
+        x_ptr, pe_ptr, w_ptr, b_ptr,
+        tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
+        part_ptr, out_ptr, out_row_ptr,
+        d, T, V,
+        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
+        LSE: tl.constexpr, LOGITS: tl.constexpr, HAS_INDICES: tl.constexpr, OUT_ROWS: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        total = tl.load(tile_total_ptr)
+        k = tl.arange(0, D)
+        cols = tl.arange(0, BN * D)
+        col_succ = cols // D  # successor (within the sub-tile) of every column
+        col_j = cols % D  # output unit of every column
+        lanes = tl.arange(0, BN)
+        rows_in_chunk = tl.arange(0, BM)
+        t = pid
+        while t < total:
+            u = tl.load(tile_source_ptr + t)
+            s = t - tl.load(tile_first_ptr + u)
+            count = tl.load(count_ptr + u)
+            first = tl.load(group_start_ptr + u)
+            e0 = tl.load(indptr_ptr + u).to(tl.int64)
+            degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+            v0 = s * (NSUB * BN)
+            c = 0
+            while c < count:
+                p = first + c + rows_in_chunk
+                pmask = (c + rows_in_chunk) < count
+                p64 = p.to(tl.int64)
+                x = tl.load(x_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                            other=0.0).to(tl.float32)
+                pe = tl.load(pe_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                             other=0.0).to(tl.float32)
+                pe_wide = tl.reshape(tl.broadcast_to(pe[:, None, :], (BM, BN, D)), (BM, BN * D))
+                run_max = tl.full((BM,), float("-inf"), tl.float32)
+                run_sum = tl.zeros((BM,), tl.float32)
+                if OUT_ROWS:
+                    out_row = tl.load(out_row_ptr + p, mask=pmask, other=0).to(tl.int64)
+                else:
+                    out_row = p64
+                for sub in tl.static_range(NSUB):
+                    vs = v0 + sub * BN
+                    if vs < degree:
+                        col_v = vs + col_succ
+                        col_ok = (col_v < degree) & (col_j < d)
+                        row = e0 + 1 + col_v.to(tl.int64)
+                        w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                                    mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
+                        bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                        h = tl.dot(x, w, input_precision=PRECISION) + bias[None, :] + pe_wide
+                        y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+                        energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BM, BN, D)), axis=2))  # (BM, BN)
+                        v = vs + lanes
+                        vmask = v < degree
+                        if LSE:
+                            masked = tl.where(vmask[None, :], energy, float("-inf"))
+                            new_max = tl.maximum(run_max, tl.max(masked, axis=1))
+                            run_sum = (run_sum * tl.exp(run_max - new_max)
+                                       + tl.sum(tl.exp(masked - new_max[:, None]), axis=1))
+                            run_max = new_max
+                        if LOGITS:
+                            if HAS_INDICES:
+                                target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
+                            else:
+                                target = v.to(tl.int64)
+                            tl.store(out_ptr + out_row[:, None] * V + target[None, :], energy,
+                                     mask=pmask[:, None] & vmask[None, :])
+                if LSE:
+                    tl.store(part_ptr + (p64 * T + s) * 2, run_max, mask=pmask)
+                    tl.store(part_ptr + (p64 * T + s) * 2 + 1, run_sum, mask=pmask)
+                c += BM
+            t += GRID
+
+    @triton.jit
+    def _energy_backward_kernel(
+        x_ptr, pe_ptr, w_ptr, b_ptr,
+        tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
+        peak_ptr, lse_scale_ptr, grad_target_ptr, target_within_ptr, grad_logits_ptr, logit_row_ptr,
+        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr,
+        d, T, V,
+        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
+        LSE: tl.constexpr, TARGET: tl.constexpr, LOGITS: tl.constexpr, LOGIT_ROWS: tl.constexpr,
+        HAS_INDICES: tl.constexpr, CLEAR_SUCCESSORS: tl.constexpr, SLOTS: tl.constexpr,
+        NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        total = tl.load(tile_total_ptr)
+        k = tl.arange(0, D)
+        cols = tl.arange(0, BN * D)
+        col_succ = cols // D
+        col_j = cols % D
+        lanes = tl.arange(0, BN)
+        rows_in_chunk = tl.arange(0, BM)
+        t = pid
+        while t < total:
+            u = tl.load(tile_source_ptr + t)
+            s = t - tl.load(tile_first_ptr + u)
+            count = tl.load(count_ptr + u)
+            first = tl.load(group_start_ptr + u)
+            e0 = tl.load(indptr_ptr + u).to(tl.int64)
+            degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+            v0 = s * (NSUB * BN)
+            for sub in tl.static_range(NSUB):
+                vs = v0 + sub * BN
+                if vs < degree:
+                    col_v = vs + col_succ
+                    col_ok = (col_v < degree) & (col_j < d)
+                    row = e0 + 1 + col_v.to(tl.int64)
+                    w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                                mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
+                    bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                    v = vs + lanes
+                    vmask = v < degree
+                    if LOGITS:
+                        if HAS_INDICES:
+                            target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
+                        else:
+                            target = v.to(tl.int64)
+                    acc_w = tl.zeros((D, BN * D), tl.float32)
+                    acc_b = tl.zeros((BN * D,), tl.float32)
+                    c = 0
+                    while c < count:
+                        p = first + c + rows_in_chunk
+                        pmask = (c + rows_in_chunk) < count
+                        p64 = p.to(tl.int64)
+                        x = tl.load(x_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                                    other=0.0).to(tl.float32)
+                        pe = tl.load(pe_ptr + p64[:, None] * d + k[None, :], mask=pmask[:, None] & (k[None, :] < d),
+                                     other=0.0).to(tl.float32)
+                        pe_wide = tl.reshape(tl.broadcast_to(pe[:, None, :], (BM, BN, D)), (BM, BN * D))
+                        h = tl.dot(x, w, input_precision=PRECISION) + bias[None, :] + pe_wide
+                        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+                        y = h * cdf
+                        slope = cdf + h * tl.exp(-0.5 * h * h) * 0.3989422804014327
+                        energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BM, BN, D)), axis=2))  # (BM, BN)
+                        live = pmask[:, None] & vmask[None, :]
+                        grad_e = tl.zeros((BM, BN), tl.float32)
+                        if LSE:  # d log Z / dE_v = exp(E_v − peak) / total; lse_scale = dL/dlog Z / total
+                            peak = tl.load(peak_ptr + p64, mask=pmask, other=0.0)
+                            lse_scale = tl.load(lse_scale_ptr + p64, mask=pmask, other=0.0)
+                            grad_e += lse_scale[:, None] * tl.exp(tl.where(live, energy - peak[:, None], float("-inf")))
+                        if TARGET:  # the target's energy, picked from this tile
+                            within = tl.load(target_within_ptr + p, mask=pmask, other=-1)
+                            gt = tl.load(grad_target_ptr + p, mask=pmask, other=0.0)
+                            grad_e += tl.where(within[:, None] == v[None, :], gt[:, None], 0.0)
+                        if LOGITS:
+                            if LOGIT_ROWS:
+                                lrow = tl.load(logit_row_ptr + p, mask=pmask, other=0).to(tl.int64)
+                            else:
+                                lrow = p64
+                            gl = tl.load(grad_logits_ptr + lrow[:, None] * V + target[None, :], mask=live, other=0.0)
+                            grad_e += gl
+                            if CLEAR_SUCCESSORS:  # what remains of the row is the shared energy's gradient
+                                tl.store(grad_logits_ptr + lrow[:, None] * V + target[None, :], tl.zeros_like(gl),
+                                         mask=live)
+                        grad_e = tl.where(live, grad_e, 0.0)
+                        scale = grad_e / tl.maximum(energy, 1.1754943508222875e-38)
+                        gh = tl.reshape(tl.broadcast_to(scale[:, :, None], (BM, BN, D)), (BM, BN * D)) * y * slope
+                        if NEED_W:
+                            acc_w += tl.dot(tl.trans(x), gh, input_precision=PRECISION)
+                        if NEED_B:
+                            acc_b += tl.sum(gh, axis=0)
+                        if NEED_X:
+                            gx = tl.dot(gh, tl.trans(w), input_precision=PRECISION)
+                            tl.atomic_add(grad_x_ptr + p64[:, None] * d + k[None, :], gx,
+                                          mask=pmask[:, None] & (k[None, :] < d))
+                        c += BM
+                    if SLOTS:
+                        slot = tl.load(slot_ptr + row, mask=col_ok, other=0).to(tl.int64)
+                    else:
+                        slot = row
+                    if NEED_W:
+                        tl.store(grad_w_ptr + slot[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                                 acc_w.to(grad_w_ptr.dtype.element_ty), mask=(k[:, None] < d) & col_ok[None, :])
+                    if NEED_B:
+                        tl.store(grad_b_ptr + slot * d + col_j, acc_b.to(grad_b_ptr.dtype.element_ty), mask=col_ok)
+            t += GRID
+
+
+    @triton.jit
+    def _decode_state_kernel(
+        tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr, length_ptr,
+        w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr,
+        new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr,
+        d, V, M,
+        D: tl.constexpr, SEARCH_STEPS: tl.constexpr, HAS_INDICES: tl.constexpr, HAS_SHARED: tl.constexpr,
+        FILL: tl.constexpr,
+    ):
+        """One row of the decode step: the edge last→token (binary search in last's sorted block), its output
+        GeLU(x·W + b + PE[length]), the running softmax mix, the new signal; then the shared energy of the next
+        step's candidates written over the row of logits (the successors' kernel writes the real ones after)."""
+        r = tl.program_id(0).to(tl.int64)
+        k = tl.arange(0, D)
+        kmask = k < d
+        token = tl.load(tokens_ptr + r)
+        last = tl.load(last_ptr + r)
+        e0 = tl.load(indptr_ptr + last)
+        degree = tl.load(indptr_ptr + last + 1) - e0
+        if HAS_INDICES:  # first position in [0, degree) whose target is >= token
+            lo = e0 * 0
+            hi = degree
+            for _ in tl.static_range(SEARCH_STEPS):
+                open_range = lo < hi
+                mid = (lo + hi) // 2
+                less = tl.load(indices_ptr + e0 + mid, mask=open_range, other=0) < token
+                lo, hi = tl.where(open_range & less, mid + 1, lo), tl.where(open_range & ~less, mid, hi)
+            found = (lo < degree) & (tl.load(indices_ptr + e0 + lo, mask=lo < degree, other=-1) == token)
+            row = tl.where(found, e0 + lo + 1, 0)
+        else:
+            row = e0 + token + 1
+        row = row.to(tl.int64)
+        x = tl.load(signal_ptr + r * d + k, mask=kmask, other=0.0)
+        w = tl.load(w_ptr + row * d * d + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
+                    other=0.0).to(tl.float32)
+        h = tl.sum(x[:, None] * w, axis=0) + tl.load(b_ptr + row * d + k, mask=kmask, other=0.0).to(tl.float32)
+        h += tl.load(pe_in_ptr + r * d + k, mask=kmask, other=0.0)
+        out = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+        length = tl.load(length_ptr + r)
+        logit = tl.load(weight_logit_ptr + tl.minimum(tl.maximum(length - 1, 0), M - 1)).to(tl.float32)
+        old_max = tl.load(mix_max_ptr + r)
+        new_max = tl.maximum(old_max, logit)
+        decay = tl.exp(old_max - new_max)
+        weight = tl.exp(logit - new_max)
+        mix_sum = tl.load(mix_sum_ptr + r * d + k, mask=kmask, other=0.0) * decay + weight * out
+        mix_norm = tl.load(mix_norm_ptr + r) * decay + weight
+        signal = mix_sum / mix_norm
+        tl.store(new_signal_ptr + r * d + k, signal, mask=kmask)
+        tl.store(new_sum_ptr + r * d + k, mix_sum, mask=kmask)
+        tl.store(new_norm_ptr + r, mix_norm)
+        tl.store(new_max_ptr + r, new_max)
+        tl.store(new_length_ptr + r, length + 1)
+        if HAS_SHARED:  # every non-successor of `token` gets the shared edge's energy
+            w0 = tl.load(w_ptr + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
+                         other=0.0).to(tl.float32)
+            h0 = tl.sum(signal[:, None] * w0, axis=0) + tl.load(b_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            h0 += tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0)
+            y0 = h0 * 0.5 * (1.0 + tl.math.erf(h0 * 0.7071067811865476))
+            shared = tl.sqrt(tl.sum(y0 * y0, axis=0))
+            cols = tl.arange(0, FILL)
+            c0 = 0
+            while c0 < V:  # (a while loop: Triton's interpreter cannot range() over a runtime bound)
+                tl.store(logits_ptr + r * V + c0 + cols, tl.zeros((FILL,), tl.float32) + shared, mask=c0 + cols < V)
+                c0 += FILL
+
+    @triton.jit
+    def _decode_successors_kernel(
+        x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr,
+        d, V,
+        D: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, HAS_INDICES: tl.constexpr,
+    ):
+        """Energies of one position's successors in tile `program_id(1)` (NSUB·BN of them), written into its row of
+        logits: a plan-free grid (position, tile) for decoding, where a position rarely shares its source."""
+        r = tl.program_id(0).to(tl.int64)
+        s = tl.program_id(1)
+        k = tl.arange(0, D)
+        cols = tl.arange(0, BN * D)
+        col_succ = cols // D
+        col_j = cols % D
+        lanes = tl.arange(0, BN)
+        u = tl.load(sources_ptr + r)
+        e0 = tl.load(indptr_ptr + u)
+        degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+        x = tl.load(x_ptr + r * d + k, mask=k < d, other=0.0).to(tl.float32)
+        pe = tl.load(pe_ptr + r * d + col_j, mask=col_j < d, other=0.0).to(tl.float32)
+        for sub in tl.static_range(NSUB):
+            vs = s * (NSUB * BN) + sub * BN
+            if vs < degree:
+                col_v = vs + col_succ
+                col_ok = (col_v < degree) & (col_j < d)
+                row = e0 + 1 + col_v.to(tl.int64)
+                w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                            mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
+                bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                h = tl.sum(x[:, None] * w, axis=0) + bias
+                h += pe
+                y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+                energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BN, D)), axis=1))
+                v = vs + lanes
+                vmask = v < degree
+                if HAS_INDICES:
+                    target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
+                else:
+                    target = v.to(tl.int64)
+                tl.store(out_ptr + r * V + target, energy, mask=vmask)
+
+# ------------------------------------------------------------------------------------------------ launches
+def _common_args(plan):
+    indices = plan.indices if plan.indices is not None else plan.indptr  # any valid pointer when dense
+    return (plan.tile_source, plan.tile_first, plan.tile_total, plan.count, plan.group_start, plan.indptr, indices)
+
+
+def _meta(plan, d):
+    return dict(D=padded_width(d), BM=BLOCK_POSITIONS,
+                BN=BLOCK_SUCCESSORS, NSUB=plan.tile_successors // BLOCK_SUCCESSORS, GRID=_grid(plan.count.device),
+                HAS_INDICES=plan.indices is not None, PRECISION=DOT_PRECISION)
+
+
+def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, T, 2) float32: per (sorted position, successor tile) the largest energy and Σ exp(E − it); (−inf, 0)
+    past a position's degree."""
+    N, d = x.shape
+    if out is None:
+        out = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
+    out[..., 0] = float("-inf")
+    out[..., 1] = 0.0
+    part = out
+    if N and plan.num_tiles:
+        meta = _meta(plan, d)
+        _energy_forward_kernel[(meta["GRID"],)](
+            x, pe, weights, b2, *_common_args(plan), part, part, plan.count,
+            d, plan.num_tiles, plan.vocab_size, LSE=True, LOGITS=False, OUT_ROWS=False, **meta, num_warps=4)
+    return part
+
+
+def write_logits(x, pe, weights, b2, plan, out: torch.Tensor, out_rows: torch.Tensor | None = None):
+    """Write every real successor's energy into `out` (rows, V) at [out_rows[p] (or p), target]."""
+    N, d = x.shape
+    if N and plan.num_tiles:
+        meta = _meta(plan, d)
+        _energy_forward_kernel[(meta["GRID"],)](
+            x, pe, weights, b2, *_common_args(plan), out, out, out_rows if out_rows is not None else plan.count,
+            d, plan.num_tiles, plan.vocab_size, LSE=False, LOGITS=True, OUT_ROWS=out_rows is not None, **meta,
+            num_warps=4)
+    return out
+
+
+def _shared_energy(x, pe, w0, b0):
+    h = torch.addmm(b0 + pe, x, w0)
+    y = F.gelu(h)
+    return h, y, torch.linalg.vector_norm(y, dim=-1)
+
+
+def _shared_backward(h, y, e, grad_e):
+    grad_y = (grad_e / e.clamp_min(torch.finfo(e.dtype).tiny)).unsqueeze(-1) * y
+    return torch.ops.aten.gelu_backward(grad_y, h)
+
+
+def _gradient_rows(plan, P: int, link, device):
+    """Sparse gradient layout: the sorted touched rows `index` (R,), each row's slot (P,), and the slots of rows
+    only the recurrence touched (zeroed here, filled by its backward). One host synchronisation: R is the size of
+    the sparse gradient."""
+    V = plan.vocab_size
+    present = (plan.count > 0).to(torch.int32)
+    # every row of every present source's block: +1 at its first row, −1 past its last, then a running sum
+    mark = torch.zeros(P + 1, dtype=torch.int32, device=device)
+    mark.index_add_(0, plan.indptr[:V] + 1, present)
+    mark.index_add_(0, plan.indptr[1:V + 1] + 1, -present)
+    in_block = torch.cumsum(mark[:P], 0) > 0
+    touched = in_block.clone()
+    if plan.has_shared:
+        touched[0] = True
+    if link is not None and link.rows is not None and link.rows.numel():
+        touched.index_fill_(0, link.rows.to(device), True)
+    extra = touched & ~in_block
+    if plan.has_shared:
+        extra[0] = False  # the shared row is written by the torch part
+    R, X = torch.stack([touched.sum(), extra.sum()]).tolist()  # the one synchronisation (sizes of the gradient)
+    slot = torch.cumsum(touched, 0, dtype=torch.int64) - 1
+    index = _nonzero(touched, R)
+    extra_slots = slot[_nonzero(extra, X)]
+    return index, slot, extra_slots
+
+
+def _nonzero(mask, size: int):
+    if hasattr(torch, "nonzero_static"):
+        return torch.nonzero_static(mask, size=size).view(-1)
+    return mask.nonzero().view(-1)  # pragma: no cover - older torch
+
+
+class KernelCall:
+    """The state of one `candidate_energies` call on a `KernelPlan` (`plan.call`, replaced by the next call): its
+    inputs, which the log Z, target and logits functions reuse; whether the forward filled the partials; and the
+    gradients those functions hand to this call's backward. Functions keep the call they were made with, so a plan
+    reused for a second call leaves the first one's hand-over intact."""
+
+    def __init__(self, inputs, partials_filled: bool):
+        self.inputs = inputs
+        self.partials_filled = partials_filled
+        self.pending = {}
+
+    def add(self, key, value):
+        """Accumulate a gradient handed to the candidate backward (a loss may use the same quantity twice)."""
+        if key in self.pending:
+            value = self.pending[key] + value
+        self.pending[key] = value
+
+
+class KernelEnergies(torch.autograd.Function):
+    """Triton twin of `energy._CandidateEnergies`. Returns the (N, T, 2) tile partials (in place of the packed
+    energies; not differentiable themselves) and the (N,) shared energies. `KernelLogPartition`, `KernelTarget` and
+    `KernelLogits` read the same plan, take `shared` as an input (so autograd runs their backward first) and hand
+    their gradients to this backward through `plan.call`: one kernel pass then writes every edge-row gradient."""
+
+    @staticmethod
+    def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link):
+        N, d = x.shape
+        P = weights.shape[0]
+        b2 = biases.reshape(P, d)
+        x, pe = x.contiguous(), pe.contiguous()
+        # Inference that only wants logits never reads the partials: without gradients they are filled lazily,
+        # by the first log_partition call.
+        part = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
+        training = any(ctx.needs_input_grad[:4])
+        if training:
+            forward_partials(x, pe, weights, b2, plan, out=part)
+        plan.call = KernelCall((x, pe, weights, b2), training)
+        if plan.has_shared:  # float32 math whatever the tables' dtype, as inside the kernels
+            h_shared, y_shared, shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())
+        else:
+            h_shared = y_shared = None
+            shared = torch.zeros(N, dtype=torch.float32, device=x.device)
+        ctx.mark_non_differentiable(part)
+        ctx.plan, ctx.call, ctx.sparse_grad, ctx.link = plan, plan.call, sparse_grad, link
+        ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
+        ctx.save_for_backward(x, pe, weights, b2, h_shared, y_shared, shared)
+        return part, shared
+
+    @staticmethod
+    def backward(ctx, _grad_part, grad_shared):
+        x, pe, weights, b2, h_shared, y_shared, shared = ctx.saved_tensors
+        plan, call, link = ctx.plan, ctx.call, ctx.link
+        ctx.link = ctx.call = None
+        pending, call.pending = call.pending, {}
+        call.inputs = None
+        N, d = x.shape
+        P = weights.shape[0]
+        device = x.device
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        lse = pending.get("lse")  # (peak, dL/dlog Z / total) per position
+        target = pending.get("target")  # (dL/dE_target, index of the target within the block or −1)
+        grad_logits = pending.get("logits")  # (N, V)
+        grad_shared = grad_shared.float() if grad_shared is not None else None
+        grad_x = torch.zeros(N, d, dtype=torch.float32, device=device) if need_x else None
+
+        index = slot = None
+        w_values = b_values = None
+        if need_w or need_b:
+            if ctx.sparse_grad:
+                index, slot, extra_slots = _gradient_rows(plan, P, link, device)
+                R = index.numel()
+                if need_w:
+                    w_values = torch.empty(R, *ctx.weight_shape[1:], dtype=weights.dtype, device=device)
+                    w_values.index_fill_(0, extra_slots, 0)
+                if need_b:
+                    b_values = torch.empty(R, d, dtype=weights.dtype, device=device)
+                    b_values.index_fill_(0, extra_slots, 0)
+            else:
+                w_values = torch.zeros(ctx.weight_shape, dtype=weights.dtype, device=device) if need_w else None
+                b_values = torch.zeros(P, d, dtype=weights.dtype, device=device) if need_b else None
+
+        clear = grad_logits is not None and plan.has_shared
+        if clear:  # the kernel reads the successors' columns and zeroes them: the rest sums to the shared gradient
+            grad_logits = grad_logits.clone()
+        live = lse is not None or target is not None or grad_logits is not None
+        launch = bool(N and plan.num_tiles and live and (need_x or need_w or need_b or clear))
+        if not launch:  # nothing reaches the candidate energies: their rows' gradients are zero
+            for values in (w_values, b_values):
+                if values is not None:
+                    values.zero_()
+        else:
+            meta = _meta(plan, d)
+            f32 = shared if shared.dtype == torch.float32 else grad_x  # any float32 tensor: unused pointer
+            f32 = f32 if f32 is not None else torch.zeros(1, device=device)
+            dummy = plan.count
+            peak, lse_scale = lse if lse is not None else (f32, f32)
+            gt, within = target if target is not None else (f32, dummy)
+            _energy_backward_kernel[(meta["GRID"],)](
+                x, pe, weights, b2, *_common_args(plan),
+                peak, lse_scale, gt, within,
+                grad_logits if grad_logits is not None else f32, dummy, slot if slot is not None else dummy,
+                w_values if w_values is not None else f32, b_values if b_values is not None else f32,
+                grad_x if grad_x is not None else f32,
+                d, plan.num_tiles, plan.vocab_size,
+                LSE=lse is not None, TARGET=target is not None, LOGITS=grad_logits is not None, LOGIT_ROWS=False,
+                CLEAR_SUCCESSORS=clear, SLOTS=slot is not None,
+                NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, **meta, num_warps=8)
+
+        # the shared edge (row 0): torch, one (N × d) · (d × d) product
+        if plan.has_shared:
+            g = grad_shared
+            if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
+                from_logits = grad_logits.sum(1)  # the successors' columns are zero now
+                g = from_logits if g is None else g + from_logits
+            if need_w:
+                w_values[0].zero_()
+            if need_b:
+                b_values[0].zero_()
+            if g is not None and N:
+                gh = _shared_backward(h_shared, y_shared, shared, g.float())
+                if need_w:
+                    w_values[0] = (x.float().t() @ gh).to(w_values.dtype)
+                if need_b:
+                    b_values[0] = gh.sum(0).to(b_values.dtype)
+                if need_x:
+                    grad_x.addmm_(gh, weights[0].t().float())
+
+        grad_w = grad_b = None
+        if need_w or need_b:
+            if link is not None:
+                link.grad = (index, w_values, b_values)
+            if ctx.sparse_grad:
+                idx = index.unsqueeze(0)
+                if need_w:
+                    grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True,
+                                                     check_invariants=False)
+                if need_b:
+                    grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
+                                                     is_coalesced=True, check_invariants=False)
+            else:
+                grad_w = w_values
+                grad_b = None if b_values is None else b_values.view(ctx.bias_shape)
+        if grad_x is not None:
+            grad_x = grad_x.to(x.dtype)
+        return grad_x, None, grad_w, grad_b, None, None, None
+
+
+class KernelLogPartition(torch.autograd.Function):
+    """log Σ_v exp(E_v) per sorted position, as energy.exact_log_partition: peak = the largest energy (tile
+    maxima, shared), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak +
+    log total.
+    Backward: the shared energy's share goes to `shared`; the real successors' (dL/dE = g·exp(E − peak)/total) is
+    handed to the kernel as (peak, g/total)."""
+
+    @staticmethod
+    def forward(ctx, part, shared, plan, vocab_size: int):
+        num_shared = (vocab_size - plan.degree).to(torch.float32)
+        shared32 = shared.float()
+        shared_or_none = torch.where(num_shared > 0, shared32, torch.full_like(shared32, float("-inf")))
+        peak = torch.maximum(part[..., 0].amax(1) if part.shape[1] else shared_or_none, shared_or_none)
+        total = (part[..., 1] * torch.exp(part[..., 0] - peak.unsqueeze(1))).sum(1)
+        total = total + torch.where(num_shared > 0, num_shared * torch.exp(shared32 - peak), torch.zeros_like(total))
+        ctx.call = plan.call
+        ctx.save_for_backward(peak, total, num_shared, shared32)
+        ctx.shared_dtype = shared.dtype
+        return (peak + torch.log(total)).to(shared.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        peak, total, num_shared, shared32 = ctx.saved_tensors
+        scale = grad.float() / total
+        call = ctx.call
+        if "lse" in call.pending:  # log Z used twice: the same peaks
+            old_peak, old_scale = call.pending["lse"]
+            scale = scale + old_scale * torch.exp(old_peak - peak)
+        call.pending["lse"] = (peak, scale)
+        grad_shared = torch.where(num_shared > 0, scale * num_shared * torch.exp(shared32 - peak),
+                                  torch.zeros_like(scale))
+        return None, grad_shared.to(ctx.shared_dtype), None, None
+
+
+def log_partition(part, shared, plan, vocab_size: int) -> torch.Tensor:
+    """log Σ_v exp(E_v) per sorted position from the tile partials and the V − degree shared energies."""
+    call = plan.call
+    if not call.partials_filled:  # inference: the forward left them for here
+        x, pe, weights, b2 = call.inputs
+        forward_partials(x, pe, weights, b2, plan, out=part)
+        call.partials_filled = True
+    return KernelLogPartition.apply(part, shared, plan, vocab_size)
+
+
+class KernelTarget(torch.autograd.Function):
+    """The energy each sorted position gives its target when that is a real successor (`within` its block).
+    Forward: a small torch computation over one edge row per position. Backward: hands its gradient to
+    `KernelEnergies.backward` (which runs later: this takes its `shared`), whose kernel adds it at the target's
+    entry, so the target's edge row gets no second gradient tensor."""
+
+    @staticmethod
+    def forward(ctx, shared, target_rows, within, plan):
+        x, pe, weights, b2 = plan.call.inputs
+        rows = target_rows.clamp_min(0)
+        h = torch.bmm(x.float().unsqueeze(1), weights[rows].float()).squeeze(1) + b2[rows].float() + pe.float()
+        ctx.call = plan.call
+        ctx.save_for_backward(within)
+        return torch.linalg.vector_norm(F.gelu(h), dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (within,) = ctx.saved_tensors
+        call = ctx.call
+        grad = grad.float().contiguous()
+        if "target" in call.pending:
+            old, w = call.pending["target"]
+            if w is not within and not torch.equal(w, within):
+                raise NotImplementedError("two different target selections on one kernel plan: build one plan per "
+                                          "loss (make_plan) or use BRILLM_BACKEND=torch.")
+            grad = grad + old
+        call.pending["target"] = (grad, within)
+        return None, None, None, None
+
+
+def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.Tensor:
+    real = target_rows > 0
+    within = torch.where(real, target_rows - block_first_row, torch.full_like(target_rows, -1)).to(torch.int32)
+    picked = KernelTarget.apply(shared, target_rows, within.contiguous(), plan)
+    return torch.where(real, picked.to(shared.dtype), shared)
+
+
+class KernelLogits(torch.autograd.Function):
+    """(N, V) logits in sorted order: the shared energy everywhere, the kernel writes the real successors'. The
+    gradient (shared part included) is handed to the candidate backward."""
+
+    @staticmethod
+    def forward(ctx, shared, plan):
+        x, pe, weights, b2 = plan.call.inputs
+        N = shared.shape[0]
+        out = shared.float().unsqueeze(1).expand(N, plan.vocab_size).contiguous()
+        write_logits(x, pe, weights, b2, plan, out)
+        ctx.call = plan.call
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.call.add("logits", grad.float().contiguous())
+        return None, None
+
+
+def scatter_logits(part, shared, plan) -> torch.Tensor:
+    return KernelLogits.apply(shared, plan)
+
+
+@torch.no_grad()
+def successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int) -> torch.Tensor:
+    """(N, V) logits in the positions' own order (inference, one token per row): the shared energy (torch, one
+    (N × d)·(d × d) product) everywhere, then the real successors' by `decode_successor_logits`."""
+    N, d = x.shape
+    if indices is not None:
+        shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())[2]
+        out = shared.unsqueeze(1).expand(N, vocab_size).contiguous()
+    else:
+        out = torch.empty(N, vocab_size, dtype=torch.float32, device=x.device)  # every column is a successor
+    return decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree, out)
+
+DECODE_TILE_SUCCESSORS = 32  # successors per program of the decode kernel (sub-tiles of BLOCK_SUCCESSORS)
+
+
+def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int,
+                            out: torch.Tensor) -> torch.Tensor:
+    """Write every real successor's energy into `out` (N, V) (prefilled with the shared energies): one launch over a
+    static (N, ceil(max_degree / 32)) grid, no plan, no host read."""
+    N, d = x.shape
+    tiles = -(-max_degree // DECODE_TILE_SUCCESSORS)
+    if N and tiles:
+        _decode_successors_kernel[(N, tiles)](
+            x.contiguous(), pe.contiguous(), weights, b2, sources, indptr,
+            indices if indices is not None else indptr, out, d, vocab_size,
+            D=padded_width(d), BN=BLOCK_SUCCESSORS, NSUB=DECODE_TILE_SUCCESSORS // BLOCK_SUCCESSORS,
+            HAS_INDICES=indices is not None, num_warps=4)
+    return out
+
+
+@torch.no_grad()
+def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
+                pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int):
+    """The whole one-token decode step in two launches (state update + shared energies, then the successors):
+    `BriLLMForCausalLM._decode_core`'s math. Returns the (B, V) float32 logits and the new state tensors."""
+    B, d = signal.shape
+    V = vocab_size
+    logits = torch.empty(B, V, dtype=torch.float32, device=signal.device)
+    new_signal, new_sum = torch.empty_like(signal), torch.empty_like(mix_sum)
+    new_norm, new_max, new_length = torch.empty_like(mix_norm), torch.empty_like(mix_max), torch.empty_like(length)
+    if B:
+        _decode_state_kernel[(B,)](
+            tokens, last_token, signal.contiguous(), mix_sum.contiguous(), mix_norm, mix_max, length,
+            weights, b2, position_logits, pe_in.contiguous(), pe_out.contiguous(), indptr,
+            indices if indices is not None else indptr,
+            new_signal, new_sum, new_norm, new_max, new_length, logits,
+            d, V, position_logits.numel(),
+            D=padded_width(d), SEARCH_STEPS=max(1, max_degree.bit_length()), HAS_INDICES=indices is not None,
+            HAS_SHARED=indices is not None, FILL=1024, num_warps=4)
+        decode_successor_logits(new_signal, pe_out, weights, b2, tokens, indptr, indices, V, max_degree, logits)
+    return logits, (new_signal, new_sum, new_norm, new_max, new_length, tokens)
+
+
+__all__ = [
+    "KernelCall",
+    "KernelEnergies",
+    "KernelLogPartition",
+    "KernelLogits",
+    "KernelTarget",
+    "decode_step",
+    "decode_successor_logits",
+    "forward_partials",
+    "log_partition",
+    "padded_width",
+    "scatter_logits",
+    "successor_logits",
+    "target_energies",
+    "unsupported_reason",
+    "write_logits",
+]

@@ -1,0 +1,200 @@
+"""The sync-free decode step (`BriLLMForCausalLM._decode_core`, `decode_mode`) and its CUDA-graph capture.
+
+On CPU: the eager sync-free step gives the logits and tokens of the general path (generate, energy_generate, beam
+search, sampling, left padding, dense and sparse graphs), runs on `device="meta"` (so it holds no host read and no
+data-dependent shape, which is what a CUDA graph needs), and checks the position range from a host-side bound. The
+capture itself needs a GPU: its test is skipped here and runs on a CUDA machine.
+"""
+
+import pytest
+import torch
+
+from _tiny import make_model, make_tokenizer
+from modeling_brillm import decoding
+from modeling_brillm.modeling_brillm import BriLLMState
+
+
+@pytest.fixture(scope="module")
+def tok():
+    t = make_tokenizer()
+    t.padding_side = "left"
+    return t
+
+
+@pytest.fixture(scope="module")
+def models(tok):
+    return {False: make_model(tok, node_size=6, seed=3), True: make_model(tok, dense=True, node_size=6, seed=3)}
+
+
+def _enc(tok):
+    return tok(["the cat", "a dog saw", "my"], return_tensors="pt", padding=True)
+
+
+def _run(model, mode, fn):
+    model.decode_mode = mode
+    try:
+        with torch.no_grad():  # generate() runs without gradients; the one-token paths need that too
+            return fn()
+    finally:
+        model.decode_mode = "auto"
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_eager_sync_free_step_equals_the_general_path(models, tok, dense):
+    model = models[dense]
+    enc = _enc(tok)
+
+    def decode():
+        g = model.generate(**enc, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        e = model.energy_generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=6)
+        b = model.generate(**enc, max_new_tokens=4, num_beams=3, do_sample=False)
+        torch.manual_seed(0)
+        s = model.generate(**enc, max_new_tokens=5, do_sample=True, top_k=5)
+        return g, e, b, s
+
+    off = _run(model, "off", decode)
+    eager = _run(model, "eager", decode)
+    assert torch.equal(eager[0].sequences, off[0].sequences)
+    torch.testing.assert_close(torch.stack(eager[0].logits), torch.stack(off[0].logits), rtol=1e-5, atol=1e-5)
+    assert torch.equal(eager[1].sequences, off[1].sequences)
+    torch.testing.assert_close(eager[1].energies, off[1].energies, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.equal(eager[2], off[2])
+    assert torch.equal(eager[3], off[3])
+    # generate() returned the final state; the sync-free one tracks the longest row on the host
+    state = eager[0].past_key_values
+    assert isinstance(state, BriLLMState) and state.longest == int(state.length.max())
+
+
+def test_direct_calls_check_their_inputs_and_positions(models, tok):
+    model = models[False]
+    enc = _enc(tok)
+    out = model(**enc, use_cache=True)
+    state = out.past_key_values
+    step = torch.tensor([[5], [6], [7]])
+    ref = _run(model, "off", lambda: model(step, past_key_values=state.clone(), use_cache=True))
+    got = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), use_cache=True))
+    torch.testing.assert_close(got.logits, ref.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.past_key_values.signal, ref.past_key_values.signal)
+    # a direct call (no generation_step) still validates its ids
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        _run(model, "eager", lambda: model(step + 1000, past_key_values=state.clone()))
+    # a padded new column goes to the general path, with the same result as there
+    mask = torch.cat([enc["attention_mask"], torch.tensor([[1], [0], [1]])], 1)
+    ref = _run(model, "off", lambda: model(step, attention_mask=mask, past_key_values=state.clone()))
+    got = _run(model, "eager", lambda: model(step, attention_mask=mask, past_key_values=state.clone()))
+    torch.testing.assert_close(got.logits, ref.logits)
+    # the position limit comes from the host-side bound, with the general path's message
+    model.config.max_position_embeddings = 6
+    try:
+        out = model(torch.tensor([[2, 5, 6, 7, 8]]), use_cache=True)
+        nxt = _run(model, "eager", lambda: model(torch.tensor([[9]]), past_key_values=out.past_key_values,
+                                                 generation_step=True))
+        assert nxt.past_key_values.longest == 6
+        with pytest.raises(ValueError, match="exceeds max_position_embeddings=6"):
+            _run(model, "eager", lambda: model(torch.tensor([[9]]), past_key_values=nxt.past_key_values,
+                                               generation_step=True))
+    finally:
+        model.config.max_position_embeddings = 64
+    with pytest.raises(ValueError, match="decode_mode"):
+        _run(model, "sometimes", lambda: model(step, past_key_values=state.clone()))
+
+
+def test_generation_step_clamps_a_finished_rows_pad_token(models, tok):
+    """Only finished rows are fed ids the model did not pick (the pad token, possibly outside the vocabulary):
+    the trusted step clamps them instead of reading the device to check, and the live rows are unaffected."""
+    model = models[False]
+    enc = _enc(tok)
+    state = model(**enc, use_cache=True).past_key_values
+    V = model.config.vocab_size
+    good = torch.tensor([[5], [6], [7]])
+    bad = torch.tensor([[5], [V + 3], [7]])
+    ref = _run(model, "eager", lambda: model(good, past_key_values=state.clone(), generation_step=True))
+    got = _run(model, "eager", lambda: model(bad, past_key_values=state.clone(), generation_step=True))
+    torch.testing.assert_close(got.logits[[0, 2]], ref.logits[[0, 2]])
+
+
+def test_energy_generate_reads_finished_rows_lazily_with_the_same_result(models, tok, monkeypatch):
+    """On a GPU energy_generate asks "all finished?" every 8 steps and drops the extra steps at the end."""
+    model = models[False]
+    enc = _enc(tok)
+    kwargs = dict(attention_mask=enc["attention_mask"], max_new_tokens=20, pad_token_id=0, repetition_penalty=1.3)
+    free = model.energy_generate(enc["input_ids"], eos_token_id=[], **kwargs).tokens
+    # the eos: the node every row reaches soonest, so that all rows finish early (at different steps)
+    first = {t: max(row.tolist().index(t) if t in row.tolist() else 99 for row in free) for t in free.unique().tolist()}
+    eos = min(first, key=first.get)
+    kwargs["eos_token_id"] = eos
+    ref = model.energy_generate(enc["input_ids"], **kwargs)
+    monkeypatch.setattr(decoding, "_finish_check_every", lambda device: 8)
+    got = _run(model, "eager", lambda: model.energy_generate(enc["input_ids"], **kwargs))
+    assert ref.num_steps < 20 and ref.num_steps % 8  # all rows ended, between two reads
+    assert got.num_steps == ref.num_steps
+    assert torch.equal(got.sequences, ref.sequences) and torch.equal(got.step_mask, ref.step_mask)
+    torch.testing.assert_close(got.energies, ref.energies, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_the_step_runs_on_meta_tensors(models, tok, dense):
+    """Every op of the step exists on `meta` with shapes known in advance: no .item(), .tolist(), nonzero() or
+    data-dependent size, hence nothing that waits for the GPU (the tables it reads are built before, once)."""
+    model = models[dense]
+    B = 4
+    max_degree = model._decode_max_degree()
+    model.edge_rows(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))  # builds the key table
+    keys = model._edge_key_cache
+    meta = make_model(tok, dense=dense, node_size=6, seed=3).to("meta")
+    if not dense:  # the key table comes from the device once per graph; carry it over to the meta copy
+        idx = meta.graph_indices
+        meta._edge_key_cache = ((idx.data_ptr(), idx._version, meta.graph_indptr._version, idx.device),
+                                keys[1].to("meta"))
+    d = model.config.node_size
+    state = [torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), torch.empty(B, device="meta"),
+             torch.empty(B, device="meta"), torch.empty(B, dtype=torch.long, device="meta"),
+             torch.empty(B, dtype=torch.long, device="meta")]
+    with torch.no_grad():
+        logits, new_state = meta._decode_core(torch.empty(B, dtype=torch.long, device="meta"), *state, max_degree)
+    assert logits.shape == (B, model.config.vocab_size) and logits.device.type == "meta"
+    assert [t.shape for t in new_state] == [t.shape for t in state]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (checked on the device machine)")
+@pytest.mark.parametrize("dense", [False, True])
+def test_captured_step_replays_the_eager_step(models, tok, dense):
+    model = models[dense].cuda()
+    enc = {k: v.cuda() for k, v in _enc(tok).items()}
+    try:
+        eager = _run(model, "eager", lambda: model.generate(**enc, max_new_tokens=10, do_sample=False,
+                                                            return_dict_in_generate=True, output_logits=True))
+        captured = model.generate(**enc, max_new_tokens=10, do_sample=False, return_dict_in_generate=True,
+                                  output_logits=True)
+        assert len(model._decode_graphs.graphs) == 1
+        assert torch.equal(captured.sequences, eager.sequences)
+        torch.testing.assert_close(torch.stack(captured.logits), torch.stack(eager.logits))
+        assert not captured.past_key_values.graph_owned  # generate() hands out a copy
+        e1 = model.energy_generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=10)
+        e2 = _run(model, "eager", lambda: model.energy_generate(enc["input_ids"], attention_mask=enc["attention_mask"],
+                                                                max_new_tokens=10))
+        assert torch.equal(e1.sequences, e2.sequences)
+        beams = model.generate(**enc, max_new_tokens=5, num_beams=2, do_sample=False)
+        assert torch.equal(beams, _run(model, "eager", lambda: model.generate(**enc, max_new_tokens=5, num_beams=2,
+                                                                               do_sample=False)))
+    finally:
+        model.cpu()
+        model._decode_graphs = None
+
+
+def test_large_padded_gathers_take_the_general_path(models, tok, monkeypatch):
+    """Without Triton the sync-free step gathers rows × max-degree matrices; past `padded_decode_bytes` the one-token
+    step takes the general path (same logits), so a dense graph at a large batch does not allocate gigabytes."""
+    model = models[True]
+    enc = _enc(tok)
+    state = model(**enc, use_cache=True).past_key_values
+    step = torch.tensor([[5], [6], [7]])
+    ref = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
+
+    def padded_step(*args):
+        raise AssertionError("the padded step ran")
+
+    monkeypatch.setattr(type(model), "_decode_core", padded_step)
+    monkeypatch.setattr(model, "padded_decode_bytes", 1024)
+    out = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
