@@ -9,10 +9,12 @@ TORCH  ?= torch==2.13.0
 FLOOR_VENV := .venv-floor
 FLOOR_PY   := $(FLOOR_VENV)/bin/python
 # The Hugging Face-facing tests: config, remote code, modeling, generate/pipeline, evaluate, publishing,
-# tokenizers, fine-tuning, and pretraining end to end through accelerate (with checkpoint and exact resume).
+# tokenizers, fine-tuning, pretraining end to end through accelerate (with checkpoint and exact resume), and a saved
+# model with the demo recipe's non-edge bias through remote code.
 FLOOR_TESTS := tests/test_config.py tests/test_remote_code.py tests/test_modeling.py tests/test_generation.py \
 	tests/test_evaluation.py tests/test_publishing.py tests/test_tokenization.py tests/test_finetune.py \
-	tests/test_pretrain.py::test_end_to_end_accelerate_launch tests/test_pretrain.py::test_resume_gives_identical_loss_curve
+	tests/test_pretrain.py::test_end_to_end_accelerate_launch tests/test_pretrain.py::test_resume_gives_identical_loss_curve \
+	tests/test_recipe_knobs.py::test_non_edge_bias_through_remote_code
 
 .PHONY: demo test test-floor setup setup-floor
 
