@@ -1,13 +1,15 @@
-"""How far a source-sharded run's losses are from one process's, through examples/pretrain.py (issue 15).
+"""How far a source-sharded run's losses are from one process's, through examples/pretrain.py (issues 15, 16).
 
     python benchmarks/sharded_parity.py                               # the demo preset, 20 steps, default flags
     python benchmarks/sharded_parity.py --steps 20 -- --max_grad_norm 0 --lr_scheduler_type constant
     BRILLM_ROOT=/path/to/other/checkout python benchmarks/sharded_parity.py   # measure another copy of the code
 
-Runs `pretrain.py --config demo` (the embedded corpus) twice on the same global batch: one process
-(`--optimizer auto`, i.e. SparseAdamW) with the whole batch, and two processes with `--edge_sharding source` and
-half the batch each (`configuration/accelerate/cpu_2.yaml`). Prints both loss curves (from
-train_log.jsonl) and the relative difference |sharded - one| / one at every step, its maximum and at the last step.
+Runs `pretrain.py --config demo` (the embedded corpus; the preset carries the issue-16 recipe: non_edge_bias,
+--node_lr_scale 2, --shared_edge_lr_scale 0.5; add `-- --lazy_weight_decay` for the optional knob) twice on the
+same global batch: one process (`--optimizer auto`, i.e. SparseAdamW) with the whole batch, and two processes with
+`--edge_sharding source` and half the batch each (`configuration/accelerate/cpu_2.yaml`). Prints both loss curves
+(from train_log.jsonl) and the relative difference |sharded - one| / one at every step, its maximum and at the last
+step.
 Arguments after `--` go to both runs. Takes ~1-2 minutes on 2 CPU cores (mostly start-up and tokenizer training).
 """
 

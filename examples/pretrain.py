@@ -224,10 +224,6 @@ def check_args(args, model_fields: dict):
     for name in ("shared_edge_lr_scale", "node_lr_scale"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name} must be a positive number, got {getattr(args, name)}.")
-    if args.edge_sharding == "source" and (args.lazy_weight_decay or args.shared_edge_lr_scale != 1
-                                           or args.node_lr_scale != 1):
-        raise UsageError("--lazy_weight_decay, --shared_edge_lr_scale and --node_lr_scale are not wired into "
-                         "--edge_sharding source yet; drop them or train in one process.")
     if args.tokenizer_name and not os.path.isdir(args.tokenizer_name):
         raise UsageError(f"--tokenizer_name {args.tokenizer_name}: not a folder with a saved tokenizer.")
 
@@ -299,7 +295,9 @@ def run(args) -> int:
     if sharding:
         # not prepared: no DDP wrapper; every process reads every validation batch and scores its share
         model = build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
-        optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay)
+        optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay,
+                                            lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
+                                            shared_edge_lr_scale=args.shared_edge_lr_scale)
         train_loader = accelerator.prepare(train_loader)
         if eval_loader is not None:
             eval_loader = DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size * W)

@@ -2,19 +2,28 @@
 
 The edge table (`weights` (P, d, d), `biases` (P, 1, d)) is split by source node: a process keeps the CSR blocks of
 the sources it owns (plus the shared edge, row 0) and the AdamW state of those rows only. `node_bias`,
-`positions`, row 0 and the learned start signals (`start_signal="learned"`) are replicated; their gradients are
-all-reduced. A training step:
+`positions`, row 0, the learned start signals (`start_signal="learned"`) and the per-node non-edge offsets
+(`non_edge_bias`) are replicated; their gradients are all-reduced. A training step:
 
 1. recurrence: every process runs the signal recurrence over its own sequences; the edge rows it crosses are
    fetched from their owners (unique rows only: counts, then row ids, then rows, by `all_to_all_single`), and
    the rows' gradients travel back the same way in the backward (differentiable all-to-all);
 2. candidates: the signal of every scored position goes to the owner of its source, which computes the
-   candidate energies over its own blocks and the per-position loss (exact, or sampled by frequency); the
-   signal gradients return in the backward;
+   candidate energies over its own blocks and the per-position loss (exact, or sampled by frequency); with
+   `non_edge_bias` it adds the offsets to the non-successors' shared energy and takes the log partition over
+   its sources' own successor sets, as one process does; the signal gradients return in the backward;
 3. optimizer: `reduce_gradients()` all-reduces the replicated gradients; `clip_grad_norm_()` clips by the global
    norm (each owner's squared norm of its own rows plus the replicated ones counted once, one all-reduce of a
    scalar); each owner updates its touched rows with lazy AdamW (`SparseAdamW`). The table's gradient never
    crosses the network and is never dense.
+
+The recipe options of `parameter_groups` (SparseAdamW group options, as `training.optimizers.parameter_groups`
+makes them for one process) need nothing more: local row 0 is the shared edge, so `first_row_lr_scale`
+(`shared_edge_lr_scale`) scales exactly it; every process's table has a gradient at every step (empty where the
+step touched none of its rows), so each process's step count and `lazy_weight_decay` bookkeeping equal one
+process's, and each owner decays its own rows lazily (`apply_pending_weight_decay()` on every process brings
+them up to date; checkpoints keep each row's pending decay); `node_lr_scale` is the node group's rate
+(`node_bias`, `non_edge_bias`).
 
 The same global batch gives the losses and parameters of one process with `SparseAdamW` and the same clipping (up
 to float summation order). Model-level API, for a custom loop (torch.distributed initialised, e.g. by
@@ -22,7 +31,7 @@ accelerate)::
 
     model = BriLLMForCausalLM.from_graph(graph, config)       # or ShardedBriLLM.from_config(...) for huge graphs
     sharded = ShardedBriLLM(model)                             # frees the blocks of other processes' sources
-    optimizer = SparseAdamW(sharded.parameter_groups(weight_decay=0.01), lr=1e-3)
+    optimizer = SparseAdamW(sharded.parameter_groups(weight_decay=0.01, learning_rate=1e-3), lr=1e-3)
     for batch in loader:                                      # each process: its own part of the global batch
         out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"])
         out.loss.backward()                                    # value: the global mean; gradient: exact once reduced
@@ -30,6 +39,7 @@ accelerate)::
         sharded.clip_grad_norm_(1.0)                           # optional: the global norm, as one process clips
         optimizer.step(); optimizer.zero_grad(set_to_none=True)
     sharded.save_shard(directory, optimizer)                   # every process; resume on any process count
+    optimizer.apply_pending_weight_decay()                     # with lazy_weight_decay: before reading the weights
     full = sharded.export_model()                              # rank 0: a plain BriLLMForCausalLM (None elsewhere)
 """
 
@@ -215,16 +225,13 @@ class ShardedOutput:
 class ShardedBriLLM(nn.Module):
     """A `BriLLMForCausalLM` whose edge table is split by source node over the processes (module docstring).
 
-    Parameters: `node_bias`, `positions`, `start_signals` (learned start signals only) (replicated) and `weights`
-    (1 + R, d, d), `biases` (1 + R, 1, d): row 0 the shared edge (replicated), rows 1.. the owned sources' blocks in
-    ascending source order.
+    Parameters: `node_bias`, `positions`, `start_signals` (learned start signals only), `non_edge_bias` (config
+    `non_edge_bias`, sparse graphs) (replicated) and `weights` (1 + R, d, d), `biases` (1 + R, 1, d): row 0 the
+    shared edge (replicated), rows 1.. the owned sources' blocks in ascending source order.
     """
 
     def __init__(self, model, owners: torch.Tensor | None = None, group=None, source_counts=None):
         super().__init__()
-        if getattr(model.config, "non_edge_bias", False):
-            raise ValueError("source sharding does not support non_edge_bias=True yet (its gradient would need an "
-                             "all-reduce); train it in one process or without --edge_sharding.")
         self.transport = _Transport(group)
         W, rank = self.transport.world, self.transport.rank
         cfg = model.config
@@ -285,6 +292,8 @@ class ShardedBriLLM(nn.Module):
         model.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1, device=device))
         if model.start_signals is not None:  # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
             model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d, device=device))
+        if model.non_edge_bias is not None:  # zero: the release's energies, as BriLLMForCausalLM initialises it
+            model.non_edge_bias = nn.Parameter(torch.zeros(V, device=device))
         for name, buf in list(model.named_buffers(recurse=False)):
             model.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))
         if graph is not None:
@@ -329,16 +338,30 @@ class ShardedBriLLM(nn.Module):
         """Bytes this process sent to other processes so far (forward, backward, reductions)."""
         return self.transport.bytes_sent
 
-    def parameter_groups(self, weight_decay: float = 0.0) -> list[dict]:
-        """Optimizer groups as examples/pretrain.py makes them: weight decay on the edge matrices only."""
-        m = self.model
-        return [{"params": [m.weights], "weight_decay": weight_decay},
-                {"params": [m.node_bias, m.biases, m.positions] + self._start_signals(), "weight_decay": 0.0}]
+    def parameter_groups(self, weight_decay: float = 0.0, learning_rate: float | None = None, *,
+                         lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0,
+                         node_lr_scale: float = 1.0) -> list[dict]:
+        """SparseAdamW groups as examples/pretrain.py makes them for one process
+        (`training.optimizers.parameter_groups`): weight decay on the edge matrices only; the recipe options
+        `lazy_weight_decay`, `shared_edge_lr_scale` (row 0 of the local tables, the shared edge) and `node_lr_scale`
+        (`node_bias`, `non_edge_bias`; needs `learning_rate`, the optimizer's base rate)."""
+        from .training.optimizers import parameter_groups
+
+        if node_lr_scale != 1.0 and learning_rate is None:
+            raise ValueError("parameter_groups: node_lr_scale scales learning_rate; pass learning_rate (the "
+                             "optimizer's lr) too.")
+        return parameter_groups(self, weight_decay, learning_rate, lazy_weight_decay=lazy_weight_decay,
+                                shared_edge_lr_scale=shared_edge_lr_scale, node_lr_scale=node_lr_scale)
 
     def _start_signals(self) -> list:
         """[start_signals] for a model with learned start signals, else []."""
         s = self.model.start_signals
         return [] if s is None else [s]
+
+    def _dense_replicated(self) -> list:
+        """The replicated parameters whose one-process gradient is dense: positions, start signals, non_edge_bias."""
+        nb = self.model.non_edge_bias
+        return [self.model.positions] + self._start_signals() + ([] if nb is None else [nb])
 
     def _source_of_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Source node of global edge rows (> 0)."""
@@ -391,6 +414,12 @@ class ShardedBriLLM(nn.Module):
                              "use export_model() on rank 0).")
         m, cfg = self.model, self.config
         V = cfg.vocab_size
+        loss_type = loss_type or cfg.loss_type
+        if loss_type not in ("exact", "sampled"):
+            raise ValueError(f"loss_type must be 'exact' or 'sampled', got {loss_type!r}.")
+        if loss_type == "sampled" and m.non_edge_bias is not None:  # BriLLMConfig.check's refusal, word for word
+            raise ValueError("non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the "
+                             "non-successors).")
         if labels.shape != input_ids.shape:
             raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
                              f"got {tuple(labels.shape)}.")
@@ -424,7 +453,7 @@ class ShardedBriLLM(nn.Module):
         for got in self._anchors:
             local_sum = local_sum + got.sum() * 0
         if meta.shape[0]:
-            local_sum = local_sum + self._owner_loss(xr, meta, loss_type or self.config.loss_type)
+            local_sum = local_sum + self._owner_loss(xr, meta, loss_type)
         self._anchors = []
 
         totals = torch.stack([local_sum.detach().double(), torch.tensor(float(b_idx.numel()), dtype=torch.float64,
@@ -436,21 +465,26 @@ class ShardedBriLLM(nn.Module):
         return ShardedOutput(loss=loss, num_targets=int(totals[1]), local_targets=int(b_idx.numel()))
 
     def _owner_loss(self, x: torch.Tensor, meta: torch.Tensor, loss_type: str) -> torch.Tensor:
-        """Sum of the per-position losses of positions whose sources this process owns."""
+        """Sum of the per-position losses of positions whose sources this process owns.
+
+        The plan is over the owned sources' local blocks, whose successor sets are the global ones, so
+        `non_edge_bias` enters the target energies and the log partition (`non_edge_log_mass` over each position's
+        successors) exactly as in `BriLLMForCausalLM.forward`."""
         m, cfg = self.model, self.config
         V = cfg.vocab_size
+        nb = m.non_edge_bias
         sources, targets, pe_index = meta.unbind(1)
-        plan = make_plan(sources, self.local_indptr, self.local_indices, V)
+        plan = make_plan(sources, self.local_indptr, self.local_indices, V, kernels=m._kernel_options_supported())
         sources, targets = sources[plan.order], targets[plan.order]
         pe = m._pe(pe_index[plan.order]).to(m.weights.dtype)
         energies, shared = candidate_energies(x[plan.order], pe, m.weights, m.biases, plan, True, link=self._link)
         energies, shared = energies.float(), shared.float()
         rows = self._to_local(m.edge_rows(sources, targets))
-        true_energy = target_energies(energies, shared, plan, targets, rows, self.local_indptr[sources] + 1)
+        true_energy = target_energies(energies, shared, plan, targets, rows, self.local_indptr[sources] + 1, nb)
         if loss_type == "exact":
-            per_position = exact_log_partition(energies, shared, plan, V) - true_energy
+            per_position = exact_log_partition(energies, shared, plan, V, nb) - true_energy
         else:
-            logits = scatter_logits(energies, shared, plan, V)
+            logits = scatter_logits(energies, shared, plan, V, nb)
             per_position = m._sampled_loss(logits, shared, sources, targets)
         return per_position.sum()
 
@@ -461,8 +495,8 @@ class ShardedBriLLM(nn.Module):
         Lazy AdamW must update a replicated row iff the global batch touched it, and every process's table must
         count every step (SparseAdamW's bias correction is per parameter, as the single process counts the whole
         table): an untouched local table gets an empty sparse gradient. The dense ones (`positions`, learned
-        `start_signals`: one process gives them a dense gradient, so AdamW moves every row) get the global sum
-        wherever any process had a gradient, so they step exactly when one process would.
+        `start_signals`, `non_edge_bias`: one process gives them a dense gradient, so AdamW moves every row) get the
+        global sum wherever any process had a gradient, so they step exactly when one process would.
         """
         m = self.model
         d = self.config.node_size
@@ -493,18 +527,14 @@ class ShardedBriLLM(nn.Module):
             nb_dense[:, :d].index_add_(0, idx, nb._values().reshape(-1, d))
             nb_dense[idx, d] = 1.0
         parts.append(nb_dense.reshape(-1))
-        pg = m.positions.grad
-        parts.append(pg.reshape(-1) if pg is not None else torch.zeros(m.positions.numel(), device=dev))
-        parts.append(torch.tensor([float(pg is not None)], device=dev))
-        starts = self._start_signals()
-        for s in starts:
-            parts.append(s.grad.reshape(-1) if s.grad is not None else torch.zeros(s.numel(), device=dev))
-            parts.append(torch.tensor([float(s.grad is not None)], device=dev))
+        dense = self._dense_replicated()
+        for p in dense:  # its gradient (or zeros) and whether this process had one
+            parts.append(p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=dev))
+            parts.append(torch.tensor([float(p.grad is not None)], device=dev))
         flat = self.transport.all_reduce(torch.cat([t.float() for t in parts]))
         self._unreduced = False
 
-        pieces = flat.split([d * d, d, 2, V * (d + 1), m.positions.numel(), 1]
-                            + [n for s in starts for n in (s.numel(), 1)])
+        pieces = flat.split([d * d, d, 2, V * (d + 1)] + [n for p in dense for n in (p.numel(), 1)])
         for p, summed, touched_here, pos, touched_any in zip((m.weights, m.biases), pieces[:2], row0, row0_pos,
                                                              pieces[2].tolist()):
             g = p.grad
@@ -528,9 +558,8 @@ class ShardedBriLLM(nn.Module):
         m.node_bias.grad = (torch.sparse_coo_tensor(rows.unsqueeze(0), nb_sum[rows, :d].reshape(-1, 1, d).contiguous(),
                                                     m.node_bias.shape, is_coalesced=True, check_invariants=False)
                             if rows.numel() else None)
-        m.positions.grad = pieces[4].view_as(m.positions).clone() if float(pieces[5]) > 0 else None
-        for s, summed, any_grad in zip(starts, pieces[6::2], pieces[7::2]):
-            s.grad = summed.view_as(s).to(s.dtype).clone() if float(any_grad) > 0 else None
+        for p, summed, any_grad in zip(dense, pieces[4::2], pieces[5::2]):
+            p.grad = summed.view_as(p).to(p.dtype).clone() if float(any_grad) > 0 else None
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip every gradient by the global L2 norm, as `torch.nn.utils.clip_grad_norm_` does in one process;
@@ -538,9 +567,9 @@ class ShardedBriLLM(nn.Module):
 
         The norm is the one-process model's: every owner adds the squared norm of its own edge rows (duplicate
         entries of its uncoalesced gradient summed first, so it is the norm of the dense gradient they stand for)
-        and rank 0 the replicated parameters' (`node_bias`, `positions`, row 0, the start signals: identical on
-        every process after the reduction, so counted once), then one all-reduce of that scalar. Every process
-        multiplies its gradients by the same clamp(max_norm / (norm + 1e-6), max=1).
+        and rank 0 the replicated parameters' (`node_bias`, `positions`, row 0, the start signals, `non_edge_bias`:
+        identical on every process after the reduction, so counted once), then one all-reduce of that scalar. Every
+        process multiplies its gradients by the same clamp(max_norm / (norm + 1e-6), max=1).
         """
         if self._unreduced:
             raise RuntimeError("ShardedBriLLM.clip_grad_norm_: call reduce_gradients() first (after backward): the "
@@ -555,7 +584,7 @@ class ShardedBriLLM(nn.Module):
                 shared = rows == 0
                 replicated += squares[shared].sum()
                 owned += squares[~shared].sum()
-        for p in [m.node_bias, m.positions] + self._start_signals():
+        for p in [m.node_bias] + self._dense_replicated():
             if p.grad is not None:
                 replicated += _row_squares(p.grad)[1].sum()
         total = owned + replicated if self.rank == 0 else owned
@@ -587,6 +616,8 @@ class ShardedBriLLM(nn.Module):
             if st is not None:
                 tensors[f"{name}.exp_avg"] = st["exp_avg"][1:].cpu()
                 tensors[f"{name}.exp_avg_sq"] = st["exp_avg_sq"][1:].cpu()
+                if "decayed_at" in st:  # lazy_weight_decay: how far each row has been decayed (float64)
+                    tensors[f"{name}.decayed_at"] = st["decayed_at"][1:].cpu()
         meta = {"world_size": str(self.world_size), "rank": str(self.rank), **self._shape_meta()}
         path = os.path.join(directory, SHARD_PATTERN.format(rank=self.rank, world=self.world_size))
         save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=meta)
@@ -596,6 +627,8 @@ class ShardedBriLLM(nn.Module):
                       "biases.row0": m.biases.detach()[0].cpu()}
             if m.start_signals is not None:
                 shared["start_signals"] = m.start_signals.detach().cpu()
+            if m.non_edge_bias is not None:
+                shared["non_edge_bias"] = m.non_edge_bias.detach().cpu()
             for name, p in self._replicated():
                 st = self._moments(optimizer, p)
                 if st is not None:
@@ -603,6 +636,9 @@ class ShardedBriLLM(nn.Module):
                     shared[f"{name}.exp_avg"] = sl(st["exp_avg"]).cpu()
                     shared[f"{name}.exp_avg_sq"] = sl(st["exp_avg_sq"]).cpu()
                     shared[f"{name}.step"] = st["step"].detach().reshape(1).float().cpu()
+                    if "decayed_at" in st:  # the same decay_log on every process (every table steps every step)
+                        shared[f"{name}.decayed_at.row0"] = st["decayed_at"][:1].cpu()
+                        shared[f"{name}.decay_log"] = torch.tensor([st["decay_log"]], dtype=torch.float64)
             save_file({k: v.contiguous() for k, v in shared.items()}, os.path.join(directory, SHARED_FILE),
                       metadata=meta)
         if self.world_size > 1:
@@ -612,7 +648,8 @@ class ShardedBriLLM(nn.Module):
         """(name, parameter) of every parameter whose optimizer state the shared file holds (row 0 for the table)."""
         m = self.model
         named = [("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights), ("biases", m.biases)]
-        return named + [("start_signals", s) for s in self._start_signals()]
+        named += [("start_signals", s) for s in self._start_signals()]
+        return named + ([] if m.non_edge_bias is None else [("non_edge_bias", m.non_edge_bias)])
 
     def _shape_meta(self) -> dict:
         cfg = self.config
@@ -620,7 +657,8 @@ class ShardedBriLLM(nn.Module):
         return {"vocab_size": str(cfg.vocab_size), "node_size": str(cfg.node_size),
                 "num_edge_rows": str(cfg.num_edge_rows), "graph": cfg.graph,
                 "max_position_embeddings": str(cfg.max_position_embeddings),
-                "start_signals": str(cfg.num_start_signals if learned else 0)}
+                "start_signals": str(cfg.num_start_signals if learned else 0),
+                "non_edge_bias": str(int(self.model.non_edge_bias is not None))}
 
     @staticmethod
     def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
@@ -646,7 +684,8 @@ class ShardedBriLLM(nn.Module):
             raise ValueError(f"{directory} holds no source-sharded checkpoint ({SHARED_FILE} is missing): it was "
                              "saved without --edge_sharding source; resume it the way it was trained.")
         with safe_open(shared_path, "pt") as f:
-            meta = {"start_signals": "0", **(f.metadata() or {})}  # saved before learned start signals trained sharded
+            # checkpoints saved before learned start signals / non_edge_bias trained sharded lack their keys
+            meta = {"start_signals": "0", "non_edge_bias": "0", **(f.metadata() or {})}
             mine = self._shape_meta()
             diff = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
             if diff:
@@ -668,6 +707,8 @@ class ShardedBriLLM(nn.Module):
             m.biases[0].copy_(shared["biases.row0"])
             if m.start_signals is not None:
                 m.start_signals.copy_(shared["start_signals"])
+            if m.non_edge_bias is not None:
+                m.non_edge_bias.copy_(shared["non_edge_bias"])
             moments = {}
             if with_moments:
                 for name, p in self._replicated():
@@ -678,6 +719,10 @@ class ShardedBriLLM(nn.Module):
                     if name in ("weights", "biases"):
                         st["exp_avg"][0].copy_(shared[f"{name}.exp_avg"])
                         st["exp_avg_sq"][0].copy_(shared[f"{name}.exp_avg_sq"])
+                        if f"{name}.decay_log" in shared:  # lazy_weight_decay bookkeeping (SparseAdamW)
+                            st["decay_log"] = float(shared[f"{name}.decay_log"][0])
+                            st["decayed_at"] = torch.zeros(p.shape[0], dtype=torch.float64)
+                            st["decayed_at"][0] = shared[f"{name}.decayed_at.row0"][0]
                     else:
                         st["exp_avg"].copy_(shared[f"{name}.exp_avg"])
                         st["exp_avg_sq"].copy_(shared[f"{name}.exp_avg_sq"])
@@ -691,8 +736,7 @@ class ShardedBriLLM(nn.Module):
                     keys = set(f.keys())
                     deg = self.global_indptr.cpu().diff()[srcs]
                     file_first = torch.cumsum(deg, 0) - deg  # row of each source in this file
-                    slices = {k: f.get_slice(k) for k in ("weights", "biases", "weights.exp_avg", "weights.exp_avg_sq",
-                                                          "biases.exp_avg", "biases.exp_avg_sq") if k in keys}
+                    slices = {k: f.get_slice(k) for k in keys if k != "sources"}
                     for u, a, n in zip(srcs.tolist(), file_first.tolist(), deg.tolist()):
                         if u not in need or n == 0:
                             continue
@@ -702,8 +746,9 @@ class ShardedBriLLM(nn.Module):
                         m.biases[la:la + n].copy_(slices["biases"][a:a + n])
                         if with_moments:
                             for name in ("weights", "biases"):
-                                for k in ("exp_avg", "exp_avg_sq"):
-                                    moments[name][k][la:la + n].copy_(slices[f"{name}.{k}"][a:a + n])
+                                for k in ("exp_avg", "exp_avg_sq", "decayed_at"):
+                                    if k in moments[name]:
+                                        moments[name][k][la:la + n].copy_(slices[f"{name}.{k}"][a:a + n])
             expected = int((self.global_indptr.cpu().diff()[sorted(need)] > 0).sum()) if need else 0
             if found != expected:
                 raise ValueError(f"{directory}: the shard files hold {found} of this process's {expected} sources "
@@ -713,7 +758,8 @@ class ShardedBriLLM(nn.Module):
                 p = getattr(m, name)
                 group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
                 st["step"] = st["step"].to(dev if group.get("fused") else "cpu")
-                optimizer.state[p] = {k: (v.to(dev) if k != "step" else v) for k, v in st.items()}
+                # the step and the lazy-decay bookkeeping stay where SparseAdamW keeps them (CPU, float64 / float)
+                optimizer.state[p] = {k: (v.to(dev) if k in ("exp_avg", "exp_avg_sq") else v) for k, v in st.items()}
 
     # ------------------------------------------------------------------------------------- export
     def full_state_dict(self) -> dict | None:
@@ -788,8 +834,9 @@ def sharded_memory(config, world_size: int, global_tokens: int = 8192, imbalance
     parts["row gradients (touched rows, at most the share)"] = rows * row
     parts["candidate workspace"] = 5 * 4 * scored * degree * d
     parts["fetched rows + their gradients"] = 2 * math.ceil(global_tokens / world_size) * row
+    offsets = V if getattr(config, "non_edge_bias", False) and config.graph == "sparse" else 0  # non_edge_bias
     parts["replicated (node_bias, positions, shared edge) + moments"] = 3 * 4 * (V * d + config.max_position_embeddings
-                                                                                 + d * d + d)
+                                                                                 + d * d + d + offsets)
     parts["total"] = sum(parts.values())
     return parts
 

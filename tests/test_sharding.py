@@ -1,6 +1,7 @@
 """Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
-SparseAdamW and gradient clipping on the same global batch (learned start signals too), checkpoints that resume on
-another process count, clear errors.
+SparseAdamW and gradient clipping on the same global batch (learned start signals too; the issue-16 recipe:
+non_edge_bias, node and shared-edge learning-rate scales, lazy weight decay), checkpoints that resume on another
+process count, clear errors.
 
 Processes are spawned with torch.multiprocessing over gloo (file:// rendezvous in tmp_path); one tiny sparse
 model (V = 300, d = 8) and one fixed sequence of global batches serve every test.
@@ -16,11 +17,17 @@ from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.optimization import SparseAdamW
 from modeling_brillm.sharding import ShardedBriLLM, balance_sources, check_assignment, sharded_memory, source_costs
 from modeling_brillm.training.loop import clip_grad_norm_
+from modeling_brillm.training.optimizers import parameter_groups
 
 V, D, GLOBAL_BATCH, LENGTH, STEPS = 300, 8, 12, 16, 20
 LR, WD = 1e-2, 0.01
 MAX_NORM = 0.3  # the global gradient norm is 0.21-0.36 here: about half the steps clip
 LEARNED = {"start_signal": "learned", "num_start_signals": 2}
+# the issue-16 recipe (configuration/models/demo.json) plus lazy weight decay, strong enough that rows untouched for
+# a few steps visibly decay
+RECIPE = {"non_edge_bias": True}
+RECIPE_GROUPS = {"node_lr_scale": 2.0, "shared_edge_lr_scale": 0.5, "lazy_weight_decay": True}
+RECIPE_WD = 0.5
 
 
 def _sequences(n: int, seed: int) -> torch.Tensor:
@@ -55,19 +62,12 @@ def _signal_ids(model, step: int):
     return {"signal_ids": torch.randint(0, model.config.num_start_signals, (GLOBAL_BATCH,), generator=g)}
 
 
-def _groups(model):
-    return [{"params": [model.weights], "weight_decay": WD},
-            {"params": [model.node_bias, model.biases, model.positions], "weight_decay": 0.0}]
-
-
-def _reference(loss_type: str, steps: int = STEPS, **config):
-    """One process, SparseAdamW, clipped to MAX_NORM as loop.TrainStep clips: (losses, norms, final state)."""
+def _reference(loss_type: str, steps: int = STEPS, groups=None, wd=WD, **config):
+    """One process, SparseAdamW with pretrain.py's groups (`groups`: their recipe options), clipped to MAX_NORM as
+    loop.TrainStep clips: (losses, norms, final state, lazy decay brought up to date)."""
     model = _model(loss_type, **config)
     model.sparse_gradients = True
-    groups = _groups(model)
-    if model.start_signals is not None:
-        groups[1]["params"].append(model.start_signals)
-    opt = SparseAdamW(groups, lr=LR)
+    opt = SparseAdamW(parameter_groups(model, wd, LR, **(groups or {})), lr=LR)
     losses, norms = [], []
     for step in range(steps):
         ids, mask = _batch(step)
@@ -77,6 +77,7 @@ def _reference(loss_type: str, steps: int = STEPS, **config):
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
+    opt.apply_pending_weight_decay()
     return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -104,11 +105,12 @@ def _worker(rank, world, init_file, job, out_file):
         torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         sharded = ShardedBriLLM(_model(job.get("loss_type", "exact"), **job.get("config", {})))
-        opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
+        opt = SparseAdamW(sharded.parameter_groups(job.get("wd", WD), LR, **job.get("groups", {})), lr=LR)
         if job.get("resume"):
             sharded.load_shard(job["resume"], opt)
         losses, norms = _train(sharded, opt, job["first"], job["last"], rank, world, job.get("save_at"),
                                job.get("save_dir"))
+        opt.apply_pending_weight_decay()  # each owner's lazily decayed rows (a no-op without lazy_weight_decay)
         state = sharded.full_state_dict()
         result = {"losses": losses, "norms": norms, "state": state, "bytes": sharded.bytes_sent,
                   "rows": sharded.model.weights.shape[0]}
@@ -263,6 +265,63 @@ def test_learned_start_signals_train_sharded_resume_and_export(tmp_path):
         ShardedBriLLM(_model(**LEARNED)).load_shard(tmp_path / "uniform")
 
 
+def test_recipe_trains_sharded_like_one_process_and_resumes_on_one(tmp_path):
+    """non_edge_bias + node_lr_scale + shared_edge_lr_scale + lazy weight decay, clipping active: two processes
+    give one process's losses, norms and parameters; their checkpoint (pending decay included) resumes in one."""
+    steps, half = 10, 5
+    ref_losses, ref_norms, ref_state = _reference("exact", steps, RECIPE_GROUPS, RECIPE_WD, **RECIPE)
+    assert 0 < sum(n > MAX_NORM for n in ref_norms) < steps, ref_norms
+    init = _model(**RECIPE).state_dict()
+    assert float((ref_state["non_edge_bias"] - init["non_edge_bias"]).abs().max()) > 1e-2  # the offsets trained
+    ckpt = str(tmp_path / "ckpt")
+    job = {"first": 0, "last": steps, "save_at": half, "save_dir": ckpt, "config": RECIPE, "groups": RECIPE_GROUPS,
+           "wd": RECIPE_WD}
+    two = _run(tmp_path, 2, job, "recipe")
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    assert torch.allclose(torch.tensor(two["norms"]), torch.tensor(ref_norms), rtol=1e-5, atol=0)
+    _assert_close(two["state"], ref_state)  # non_edge_bias, row 0 at half the rate, every row decayed
+    # without lazy decay the rows the batches did not touch would keep more of their weight: the test sees it
+    plain = _reference("exact", steps, {**RECIPE_GROUPS, "lazy_weight_decay": False}, RECIPE_WD, **RECIPE)[2]
+    assert float((plain["weights"] - ref_state["weights"]).abs().max()) > 1e-3
+    # 2 -> 1: the rows, moments, step counts, pending decay and non_edge_bias come back
+    sharded = ShardedBriLLM(_model(**RECIPE))
+    opt = SparseAdamW(sharded.parameter_groups(RECIPE_WD, LR, **RECIPE_GROUPS), lr=LR)
+    sharded.load_shard(ckpt, opt)
+    losses, _ = _train(sharded, opt, half, steps, 0, 1)
+    assert torch.allclose(torch.tensor(losses), torch.tensor(ref_losses[half:]), rtol=1e-5, atol=0)
+    opt.apply_pending_weight_decay()
+    _assert_close(sharded.full_state_dict(), ref_state)
+
+
+def test_recipe_groups_and_errors(tmp_path):
+    sharded = ShardedBriLLM(_model(**RECIPE))
+    m = sharded.model
+    groups = sharded.parameter_groups(WD, LR, **RECIPE_GROUPS)
+    by_param = {id(p): g for g in groups for p in g["params"]}
+    assert by_param[id(m.node_bias)]["lr"] == by_param[id(m.non_edge_bias)]["lr"] == pytest.approx(2 * LR)
+    assert by_param[id(m.weights)]["first_row_lr_scale"] == by_param[id(m.biases)]["first_row_lr_scale"] == 0.5
+    assert by_param[id(m.weights)]["lazy_weight_decay"] and by_param[id(m.weights)]["weight_decay"] == WD
+    assert sum(len(g["params"]) for g in groups) == len(list(sharded.parameters()))
+    with pytest.raises(ValueError, match="pass learning_rate"):
+        sharded.parameter_groups(WD, node_lr_scale=2.0)
+    # one process group-less: the sharded loss is the plain model's, with trained-looking offsets
+    with torch.no_grad():
+        m.non_edge_bias.copy_(torch.linspace(-1, 1, V))
+    ids, mask = _batch(0)
+    plain = _model(**RECIPE)
+    with torch.no_grad():
+        plain.non_edge_bias.copy_(torch.linspace(-1, 1, V))
+        want = plain(ids, attention_mask=mask, labels=ids).loss
+        assert float(sharded(ids, mask, labels=ids).loss) == pytest.approx(float(want), rel=1e-6)
+    # the sampled loss cannot score the offsets: refused as BriLLMConfig refuses it
+    with pytest.raises(ValueError, match="non_edge_bias needs loss_type='exact'"):
+        sharded(ids, mask, labels=ids, loss_type="sampled")
+    # a checkpoint without non_edge_bias is not silently loaded into a model with it
+    ShardedBriLLM(_model()).save_shard(tmp_path / "plain")
+    with pytest.raises(ValueError, match="saved for another model"):
+        sharded.load_shard(tmp_path / "plain")
+
+
 def test_clip_needs_reduced_gradients_and_scales_every_gradient():
     sharded = ShardedBriLLM(_model(**LEARNED))
     ids, mask = _batch(0)
@@ -409,3 +468,25 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
                      "--resume_from_checkpoint", two / "step_5", "--node_size", "4"], check=False)
     assert bad.returncode == 2 and "saved for another model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(corpus, tmp_path):
+    """The demo preset's recipe (non_edge_bias, --node_lr_scale 2, --shared_edge_lr_scale 0.5, weight decay 0.1) plus
+    --lazy_weight_decay, at TINY's size: two sharded processes equal one process; their step-5 checkpoint resumes
+    in one sharded process to the same end."""
+    import shutil
+
+    recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _pretrain(["--train_file", corpus, "--output_dir", one, *recipe])
+    _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source", *recipe], processes=2)
+    config = json.loads((two / "config.json").read_text())
+    assert config["non_edge_bias"] is True and config["node_size"] == 8
+    _same_run(two, one, range(1, 11))
+    assert float(_final_params(two)["non_edge_bias"].abs().max()) > 1e-2  # trained, and equal to one process's
+    shutil.copytree(two, tmp_path / "r1")
+    shutil.rmtree(tmp_path / "r1" / "step_10")
+    result = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "r1", "--edge_sharding", "source",
+                        "--resume_from_checkpoint", "latest", *recipe])
+    assert "resumed from" in result.stdout and "step 5" in result.stdout
+    _same_run(tmp_path / "r1", one, range(6, 11))

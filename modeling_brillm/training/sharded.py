@@ -2,7 +2,8 @@
 
 The model is not handed to `accelerator.prepare` (no DDP, no dense all-reduce): each process keeps the blocks of
 the sources it owns, `ShardedTrainStep` runs the step (backward, the all-reduce of the replicated gradients, the
-clipping by the global gradient norm, SparseAdamW on the owned rows), validation splits every batch over the
+clipping by the global gradient norm, SparseAdamW on the owned rows, with the recipe options `--node_lr_scale`,
+`--shared_edge_lr_scale` and `--lazy_weight_decay` as in one process), validation splits every batch over the
 processes, checkpoints add one shard file per process (written into the checkpoint's temporary folder before its
 one rename), and the final model is gathered on the main process for `save_pretrained`. Accelerate still prepares
 the training loader and the scheduler and forms the process group (gloo on CPU, NCCL on GPU).
@@ -81,10 +82,15 @@ def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, 
         raise UsageError(f"--edge_sharding source: {err}") from None
 
 
-def build_sharded_optimizer(sharded, learning_rate: float, weight_decay: float):
+def build_sharded_optimizer(sharded, learning_rate: float, weight_decay: float, *, lazy_weight_decay: bool = False,
+                            shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0):
+    """SparseAdamW over the shards with the groups (and recipe options) of the one-process optimizer
+    (`optimizers.build_optimizer`): on each process it updates the rows it owns exactly as one process would."""
     from modeling_brillm.optimization import SparseAdamW
 
-    return SparseAdamW(sharded.parameter_groups(weight_decay), lr=learning_rate, betas=BETAS, eps=EPS)
+    groups = sharded.parameter_groups(weight_decay, learning_rate, lazy_weight_decay=lazy_weight_decay,
+                                      shared_edge_lr_scale=shared_edge_lr_scale, node_lr_scale=node_lr_scale)
+    return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS)
 
 
 def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
