@@ -229,6 +229,7 @@ def check_args(args, model_fields: dict):
 
 
 def run(args) -> int:
+    shared_rate_from_preset = args.shared_edge_lr_scale is None  # a preset's rate yields to dense AdamW, a flag's not
     model_fields, tok_settings = resolve_settings(args)
     check_args(args, model_fields)
     args.optimizer = resolve_optimizer(args.edge_sharding, args.optimizer)
@@ -283,6 +284,10 @@ def run(args) -> int:
         plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
                                    "owns")
     say(describe_optimizer(plan, args.max_grad_norm))
+    if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and shared_rate_from_preset:
+        say(f"the preset's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
+            f"{plan.name} the shared edge trains at the base rate")
+        args.shared_edge_lr_scale = 1.0
     train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,
                               batch_size=args.per_device_train_batch_size)
     eval_loader = (DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size)
