@@ -92,16 +92,23 @@ if triton is not None:
         return 0.5 * (1.0 + tl.erf(h * 0.7071067811865476)) + h * 0.3989422804014327 * tl.exp(-0.5 * h * h)
 
     @triton.jit
+    def _bvec(v, cond):
+        """The scalar condition `cond` as a boolean vector shaped like `v`: a block & a scalar gives an int32 mask,
+        which triton 3.9's interpreter refuses."""
+        return (v * 0 + cond.to(tl.int32)) != 0
+
+    @triton.jit
     def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j, L, d: tl.constexpr, i, k, mi, mk):
         """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal."""
         inside = j < L
         at = base + j
         r = tl.load(rows_ptr + at, mask=inside, other=0)
         e = tl.load(edge_ptr + at, mask=inside, other=0) != 0
-        W = tl.load(w_ptr + r * d * d + i[:, None] * d + k[None, :], mask=(mi[:, None] & mk[None, :]) & inside,
+        mk_in = mk & _bvec(k, inside)
+        W = tl.load(w_ptr + r * d * d + i[:, None] * d + k[None, :], mask=mi[:, None] & mk_in[None, :],
                     other=0.0).to(tl.float32)
-        bias = tl.load(b_ptr + r * d + k, mask=mk & inside, other=0.0).to(tl.float32)
-        pe = tl.load(pe_ptr + at * d + k, mask=mk & inside, other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + r * d + k, mask=mk_in, other=0.0).to(tl.float32)
+        pe = tl.load(pe_ptr + at * d + k, mask=mk_in, other=0.0).to(tl.float32)
         p = tl.load(mixw_ptr + at, mask=inside, other=0.0)
         return W, bias + pe, p, e
 
@@ -163,7 +170,6 @@ if triton is not None:
         i = tl.arange(0, D)
         k = tl.arange(0, D)
         mi, mk = i < d, k < d
-        wmask = mi[:, None] & mk[None, :]
         base = row * L
         gx = tl.zeros([D], dtype=tl.float32)
         gS = tl.load(gsfin_ptr + row * d + k, mask=mk, other=0.0)
@@ -175,18 +181,20 @@ if triton is not None:
             gx += tl.load(gsig_ptr + at * d + k, mask=mk, other=0.0)
             e = tl.load(edge_ptr + at) != 0
             r = tl.load(rows_ptr + at)
-            W = tl.load(w_ptr + r * d * d + i[:, None] * d + k[None, :], mask=wmask & e, other=0.0).to(tl.float32)
-            add = tl.load(b_ptr + r * d + k, mask=mk & e, other=0.0).to(tl.float32)
-            add += tl.load(pe_ptr + at * d + k, mask=mk & e, other=0.0).to(tl.float32)
+            mk_e = mk & _bvec(k, e)
+            W = tl.load(w_ptr + r * d * d + i[:, None] * d + k[None, :], mask=mi[:, None] & mk_e[None, :],
+                        other=0.0).to(tl.float32)
+            add = tl.load(b_ptr + r * d + k, mask=mk_e, other=0.0).to(tl.float32)
+            add += tl.load(pe_ptr + at * d + k, mask=mk_e, other=0.0).to(tl.float32)
             p = tl.load(mixw_ptr + at)
             # the signal entering the edge and the state before the column: column j−1's, or the incoming ones
             first = j == 0
-            x_in = tl.load(sig_ptr + (at - 1) * d + i, mask=mi & (j > 0), other=0.0) \
-                + tl.load(x0_ptr + row * d + i, mask=mi & first, other=0.0)
+            x_in = tl.load(sig_ptr + (at - 1) * d + i, mask=mi & _bvec(i, j > 0), other=0.0) \
+                + tl.load(x0_ptr + row * d + i, mask=mi & _bvec(i, first), other=0.0)
             N_in = tl.load(nsave_ptr + at - 1, mask=j > 0, other=0.0) + tl.load(n0_ptr + row, mask=first, other=0.0)
             M_in = tl.where(first, tl.load(m0_ptr + row), tl.load(msave_ptr + at - 1, mask=j > 0, other=0.0))
             S_in = tl.where(first, tl.load(s0_ptr + row * d + k, mask=mk, other=0.0),
-                            tl.load(sig_ptr + (at - 1) * d + k, mask=mk & (j > 0), other=0.0) * N_in)
+                            tl.load(sig_ptr + (at - 1) * d + k, mask=mk & _bvec(k, j > 0), other=0.0) * N_in)
             x_out = tl.load(sig_ptr + at * d + k, mask=mk, other=0.0)
             N_out = tl.load(nsave_ptr + at)
             M_out = tl.load(msave_ptr + at)
@@ -214,11 +222,11 @@ if triton is not None:
             s = tl.load(slot_ptr + at)
             if NEED_W:
                 tl.atomic_add(gw_ptr + s * d * d + i[:, None] * d + k[None, :], x_in[:, None] * gh[None, :],
-                              mask=wmask & e, sem="relaxed")
+                              mask=mi[:, None] & mk_e[None, :], sem="relaxed")
             if NEED_B:
-                tl.atomic_add(gb_ptr + s * d + k, gh, mask=mk & e, sem="relaxed")
+                tl.atomic_add(gb_ptr + s * d + k, gh, mask=mk_e, sem="relaxed")
             tl.store(gmixw_ptr + at, tl.where(e, gp, 0.0))
-            gx = tl.where(e & mk, gx_in, gx)
+            gx = tl.where(mk_e, gx_in, gx)
             gS = tl.where(e, gS1 * decay, gS)
             gN = tl.where(e, gN1 * decay, gN)
             gM = tl.where(e, gM_in, gM)
