@@ -15,13 +15,20 @@ from importlib import metadata
 REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
 
 
+FLOOR_EXTRAS = ("gpu",)  # extras whose requirements have floors too (the test and viz tools do not count)
+
+
 def floors(setup_cfg: str) -> dict[str, str]:
-    """{distribution name: its lower bound} for every install requirement; each must have a `>=` bound."""
+    """{distribution name: its lower bound} for every install requirement and every requirement of the extras in
+    FLOOR_EXTRAS; each must have a `>=` bound."""
     parser = configparser.ConfigParser()
     if not parser.read(setup_cfg):
         sys.exit(f"floor_constraints: cannot read {setup_cfg}")
     result = {}
-    for line in parser.get("options", "install_requires").splitlines():
+    lines = parser.get("options", "install_requires").splitlines()
+    for extra in FLOOR_EXTRAS:
+        lines += parser.get("options.extras_require", extra).splitlines()
+    for line in lines:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
