@@ -12,9 +12,9 @@ keep only the newest state, which is what makes this safe; `BriLLMForCausalLM.ge
 into the buffers first (six small copies). The logits are the graph's output buffer, valid until the next step
 (transformers copies them; energy_generate consumes them within the step).
 
-A graph reads the parameters, the graph's CSR arrays, the position table and the edge-row keys by address: it is
-re-captured when any of them is re-allocated (resize_token_embeddings, add_edges, .to(), loading), never when they
-change in place (training between two generate() calls is fine).
+A graph reads the parameters (`non_edge_bias` included), the graph's CSR arrays, the position table and the
+edge-row keys by address: it is re-captured when any of them is re-allocated (resize_token_embeddings, add_edges,
+.to(), loading), never when they change in place (training between two generate() calls is fine).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def _signature(model, device) -> tuple:
     tensors = [model.weights, model.biases, model.positions, model._pe_cache[1]]
     if model.config.graph == "sparse":
         tensors += [model.graph_indptr, model.graph_indices, model._edge_key_cache[1]]
+    if getattr(model, "non_edge_bias", None) is not None:  # the step adds it to the non-successors' logits
+        tensors.append(model.non_edge_bias)
     return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
             model.config.vocab_size, model.config.max_position_embeddings, model.config.position_overflow,
             model.config.position_encoding, model._decode_max_degree())

@@ -170,14 +170,6 @@ def _runs_kernels(plan, weights=None, x=None) -> bool:
     return True
 
 
-def _no_kernel_bias(non_edge_bias):
-    """The kernels compute the release's energies only: a model with `non_edge_bias` makes its plans with
-    `kernels=False`."""
-    if non_edge_bias is not None:
-        raise ValueError("non_edge_bias is not computed by the Triton kernels; make the plan with kernels=False "
-                         "(BriLLMModel does) or run with BRILLM_BACKEND=torch.")
-
-
 def _torch_plan(plan):
     """The plan the torch path runs: itself, or the fallback a kernel plan switched to."""
     if isinstance(plan, KernelPlan):
@@ -535,16 +527,18 @@ class _CandidateEnergies(torch.autograd.Function):
 
 
 def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False,
-                       link: EdgeGradLink | None = None):
+                       link: EdgeGradLink | None = None, non_edge_bias=None):
     """Energies of every real successor (packed, see `CandidatePlan`) and the shared energy of every position.
 
     `x` and `pe` are (N, d) in the plan's sorted order; `biases` is (P, d) or (P, 1, d). With `sparse_grad`, the
     gradients of `weights` and `biases` are sparse COO tensors over the touched rows (coalesced), as
     `nn.Embedding(sparse=True)` gives. `link`: see `gather_edges`. With a `KernelPlan` the first result is the (N, T)
     tile log-sum-exps instead (see the module docstring); pass it on to the functions below unchanged.
+    `non_edge_bias`: the model's (V,) offsets when it has them, the same tensor later given to `scatter_logits`: on
+    the kernel path the logits' gradient reaches it through this call's backward (the torch path ignores it here).
     """
     if _runs_kernels(plan, weights, x):
-        return _kernels().KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
+        return _kernels().KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
     return _CandidateEnergies.apply(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)
 
 
@@ -552,8 +546,7 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_e
     """Full (N, V) logits in sorted order: the shared energy everywhere (plus `non_edge_bias[v]` (V,) when the
     model has one), real successors' energies on top."""
     if _runs_kernels(plan):
-        _no_kernel_bias(non_edge_bias)
-        return _kernels().scatter_logits(energies, shared, plan)
+        return _kernels().scatter_logits(energies, shared, plan, non_edge_bias)
     plan = _torch_plan(plan)
     n = shared.shape[0]
     if non_edge_bias is None:
@@ -572,14 +565,14 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
     `sources` (N,) current nodes; `indices=None` means a dense graph. Equals `scatter_logits` of
     `candidate_energies` (un-sorted). With the Triton backend: one kernel launch (`kernels=False` keeps torch).
     """
-    kernels = kernels and non_edge_bias is None  # the kernels compute the release's energies only
     with torch.no_grad():
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
         if kernels and use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
             max_degree = vocab_size if indices is None else graph_max_degree(indptr)
-            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree)
+            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree,
+                                               non_edge_bias)
         if N == 1:
             u = int(sources[0])
             a, b = int(indptr[u]), int(indptr[u + 1])
@@ -608,10 +601,11 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
 
 
 def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
-                            max_degree: int) -> torch.Tensor:
+                            max_degree: int, non_edge_bias=None) -> torch.Tensor:
     """`successor_logits` with no host synchronisation and shapes fixed by (N, max_degree): the decode step that
     `decode_capture` records into a CUDA graph (and that runs on `device="meta"`). `max_degree` is the graph's largest
-    number of real successors (`graph_max_degree`, V for a dense graph).
+    number of real successors (`graph_max_degree`, V for a dense graph); `non_edge_bias` (V,) is added to the
+    non-successors' shared energy when given.
 
     Triton: one kernel launch over a static (N, tiles) grid. Torch: every position gathers `max_degree` edge rows
     from the start of its block (rows past its degree are computed and dropped into a spare column), so it reads
@@ -622,12 +616,15 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
         if use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
-            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree)
+            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree,
+                                               non_edge_bias)
         if indices is None:
             logits = x.new_zeros(N, vocab_size + 1)  # every column is a real successor
         else:
             shared = _energy(torch.addmm(b2[0] + pe, x, weights[0]))[1]
             logits = shared.unsqueeze(1).expand(N, vocab_size + 1).contiguous()
+            if non_edge_bias is not None:
+                logits[:, :vocab_size] += non_edge_bias.to(logits.dtype)
         if max_degree and P > 1:
             first = indptr[sources]
             j = torch.arange(max_degree, device=x.device)
@@ -640,13 +637,28 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
         return logits[:, :vocab_size]
 
 
-def non_edge_log_mass(non_edge_bias, plan: CandidatePlan) -> torch.Tensor:
+def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.Tensor:
     """log Σ_{v not a real successor} exp(non_edge_bias[v]) per sorted position (N,): all nodes' sum minus the
     position's real successors', in float64 (the subtraction keeps ~1e-16 of the total); -inf-like where every
-    node is a successor."""
+    node is a successor.
+
+    A `KernelPlan` has no per-entry tensors (their number is data-dependent): the sum is taken per node over the
+    CSR (E edges, sizes known from the graph, no host read) and gathered by each position's source; the same terms
+    in the same (CSR) order as the torch plan's per-position sum."""
     b = non_edge_bias.double()
     top = b.max().detach()
     w = torch.exp(b - top)
+    if isinstance(plan, KernelPlan):
+        V = plan.vocab_size
+        node_degree = plan.indptr[1:] - plan.indptr[:-1]
+        if plan.indices is None:  # dense: every node is a successor
+            node_succ = w.sum().expand(V)
+        else:
+            E = plan.indices.numel()
+            edge_source = torch.repeat_interleave(torch.arange(V, device=w.device), node_degree, output_size=E)
+            node_succ = w.new_zeros(V).index_add(0, edge_source, w[plan.indices])
+        node_mass = torch.log((w.sum() - node_succ).clamp_min(1e-300)) + top
+        return node_mass[plan.sources[plan.order]]
     succ = w.new_zeros(plan.degree.numel())
     if plan.num_entries:
         succ = succ.index_add(0, plan.entry_position, w[plan.entry_target])
@@ -660,8 +672,10 @@ def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, 
     Cost follows the real successors (M packed energies), not N·V.
     """
     if _runs_kernels(plan):
-        _no_kernel_bias(non_edge_bias)
-        return _kernels().log_partition(energies, shared, plan, vocab_size)
+        log_mass = None
+        if non_edge_bias is not None and plan.has_shared:  # the non-successors' weight, log(V − degree) without it
+            log_mass = non_edge_log_mass(non_edge_bias, plan).to(torch.float32)
+        return _kernels().log_partition(energies, shared, plan, vocab_size, log_mass)
     plan = _torch_plan(plan)
     if non_edge_bias is not None and plan.has_shared:
         has_shared = plan.degree < vocab_size
@@ -695,7 +709,8 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
     each position's block.
     """
     if _runs_kernels(plan):
-        _no_kernel_bias(non_edge_bias)
+        if non_edge_bias is not None:  # a non-edge target's energy; autograd takes the bias's gradient from here
+            shared = shared + non_edge_bias.to(shared.dtype)[targets]
         return _kernels().target_energies(energies, shared, plan, target_rows, block_first_row)
     plan = _torch_plan(plan)
     real = target_rows > 0

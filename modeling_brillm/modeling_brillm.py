@@ -756,7 +756,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
             P = self.biases.shape[0]
             return decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, self.weights,
                                self.biases.view(P, -1), self.positions.view(-1), self._pe(length), self._pe(length + 1),
-                               indptr, indices, cfg.vocab_size, max_degree)
+                               indptr, indices, cfg.vocab_size, max_degree, self.non_edge_bias)
         rows = self.edge_rows(last_token, tokens)
         out = torch.bmm(signal.to(wdtype).unsqueeze(1), self.weights[rows]).squeeze(1)
         out = F.gelu(out + self.biases[rows, 0] + self._pe(length).to(wdtype))
@@ -765,7 +765,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         signal = mix_sum / mix_norm.unsqueeze(1)
         indptr, indices = self.csr()
         logits = successor_logits_static(signal.to(wdtype), self._pe(length + 1).to(wdtype), self.weights,
-                                         self.biases, tokens, indptr, indices, cfg.vocab_size, max_degree)
+                                         self.biases, tokens, indptr, indices, cfg.vocab_size, max_degree,
+                                         self.non_edge_bias)
         return logits.float(), (signal, mix_sum, mix_norm, mix_max, length + 1, tokens)
 
     def _decode_max_degree(self) -> int:
@@ -852,8 +853,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
             indptr, indices = self.csr()
             pe = self._pe(run.index[:, 0] + 1).to(self.weights.dtype)
             logits = successor_logits(run.signals[:, 0].to(self.weights.dtype), pe, self.weights, self.biases,
-                                      run.tokens[:, 0], indptr, indices, V, self.non_edge_bias,
-                                      kernels=self._kernel_options_supported())
+                                      run.tokens[:, 0], indptr, indices, V, self.non_edge_bias)
             use_cache = cfg.use_cache if use_cache is None else use_cache
             return BriLLMCausalLMOutput(logits=logits.float().unsqueeze(1),
                                         past_key_values=run.state if use_cache else None)
@@ -880,12 +880,13 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
 
         indptr, indices = self.csr()
         sources = run.tokens[b_idx, j_idx]
-        plan = make_plan(sources, indptr, indices, V, kernels=self._kernel_options_supported())
+        plan = make_plan(sources, indptr, indices, V)
         b_idx, j_idx, sources = b_idx[plan.order], j_idx[plan.order], sources[plan.order]
         x = run.signals[b_idx, j_idx].to(self.weights.dtype)
         pe = self._pe(run.index[b_idx, j_idx] + 1).to(self.weights.dtype)
         energies, shared = candidate_energies(
-            x, pe, self.weights, self.biases, plan, self.sparse_gradients, link=run.link
+            x, pe, self.weights, self.biases, plan, self.sparse_gradients, link=run.link,
+            non_edge_bias=self.non_edge_bias,
         )
         energies, shared = energies.float(), shared.float()
         logits_sorted = None
@@ -928,16 +929,11 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         )
 
     # ------------------------------------------------------------------------------------- sync-free decoding
-    def _kernel_options_supported(self) -> bool:
-        """The Triton kernels and the sync-free step compute the release's energies; options that change the
-        candidate energies (a per-node non-edge bias) keep the torch path."""
-        return getattr(self, "non_edge_bias", None) is None
-
     def _sync_free_decoding(self, input_ids) -> bool:
         mode = self.decode_mode
         if mode not in ("auto", "eager", "off"):
             raise ValueError(f"decode_mode must be 'auto', 'eager' or 'off', got {mode!r}.")
-        if mode == "off" or not self._kernel_options_supported():
+        if mode == "off":
             return False
         if not use_triton(input_ids):
             # the torch version gathers every row's padded block: keep its temporary within bounds

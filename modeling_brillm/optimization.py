@@ -47,7 +47,9 @@ scattered rows are gathered, updated and written back in bounded chunks. Duplica
 gradient are found by one sort of the row indices and only the duplicated entries are summed; torch's
 `coalesce()` (which sorts and copies every value row) is never called. Where the kernel backend picks Triton
 (`backend.use_triton`: CUDA tensors by default), a sparse gradient's rows are updated by one fused kernel instead
-(`triton_optim.py`: one pass over p, m, v and the values, duplicates summed inside it, no host synchronisation).
+(`triton_optim.py`: one pass over p, m, v and the values, duplicates summed and row 0's `first_row_lr_scale` applied
+inside it, no host synchronisation). Lazy weight decay keeps its torch pre-pass before that kernel (its float64
+`decayed_at` table lives on the CPU by design, so the pending decay reads the touched rows back to the host).
 """
 
 import math
@@ -261,6 +263,12 @@ class SparseAdamW(Optimizer):
         V2 = state["exp_avg_sq"].view(n_rows, -1)
         step = state["step"]
         hyper = (lr, beta1, beta2, eps, wd)
+        if lazy is None and use_triton(P2):
+            # one fused pass: duplicate rows summed and row 0's learning rate scaled inside it, no host synchronisation
+            from .triton_optim import sparse_adamw_rows
+
+            sparse_adamw_rows(P2, M2, V2, rows, values, step, hyper, first_row_scale=first_row_scale)
+            return
         if lazy is not None or first_row_scale != 1.0:
             # these need unique rows: coalesce the indices (only when duplicated; sorted rows stay as they are)
             if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
@@ -270,6 +278,12 @@ class SparseAdamW(Optimizer):
             if lazy is not None:
                 SparseAdamW._decay_rows(p, lazy, rows.to(p.device))
                 lazy["decayed_at"][rows.cpu()] = lazy["decay_log"] + math.log1p(-lr * wd)
+                if use_triton(P2):  # the pending decay is applied: the rest is the fused pass on unique rows
+                    from .triton_optim import sparse_adamw_rows
+
+                    sparse_adamw_rows(P2, M2, V2, rows, values, step, hyper, unique=True,
+                                      first_row_scale=first_row_scale)
+                    return
             if first_row_scale != 1.0 and bool((rows == 0).any()):
                 rest = (rows != 0).nonzero().squeeze(1)
                 first = (rows == 0).nonzero().squeeze(1)
@@ -279,11 +293,6 @@ class SparseAdamW(Optimizer):
                 return
 
         nnz = rows.numel()
-        if use_triton(P2):  # one fused pass, duplicate rows summed inside it, no host synchronisation
-            from .triton_optim import sparse_adamw_rows
-
-            sparse_adamw_rows(P2, M2, V2, rows, values, step, hyper)
-            return
         if nnz > 1 and not bool((rows[1:] > rows[:-1]).all()):
             # unsorted or duplicated rows: one sort of the indices, sum only the duplicated entries
             uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
@@ -311,11 +320,6 @@ class SparseAdamW(Optimizer):
             r = rows
         n = r.numel()
         if n == 0:
-            return
-        if use_triton(P2):
-            from .triton_optim import sparse_adamw_rows
-
-            sparse_adamw_rows(P2, M2, V2, r, values, step, hyper, entries=positions, unique=True)
             return
         e = positions if positions is not None else None
         # runs: consecutive entries that are also consecutive rows → views of p, m, v and of the values

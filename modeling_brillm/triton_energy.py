@@ -283,15 +283,16 @@ if triton is not None:
     @triton.jit
     def _decode_state_kernel(
         tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr, length_ptr,
-        w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr,
+        w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr, non_edge_ptr,
         new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr,
         d, V, M,
         D: tl.constexpr, SEARCH_STEPS: tl.constexpr, HAS_INDICES: tl.constexpr, HAS_SHARED: tl.constexpr,
-        FILL: tl.constexpr,
+        HAS_BIAS: tl.constexpr, FILL: tl.constexpr,
     ):
         """One row of the decode step: the edge last→token (binary search in last's sorted block), its output
         GeLU(x·W + b + PE[length]), the running softmax mix, the new signal; then the shared energy of the next
-        step's candidates written over the row of logits (the successors' kernel writes the real ones after)."""
+        step's candidates (plus non_edge_bias[v] with HAS_BIAS) written over the row of logits (the successors'
+        kernel writes the real ones after)."""
         r = tl.program_id(0).to(tl.int64)
         k = tl.arange(0, D)
         kmask = k < d
@@ -342,7 +343,10 @@ if triton is not None:
             cols = tl.arange(0, FILL)
             c0 = 0
             while c0 < V:  # (a while loop: Triton's interpreter cannot range() over a runtime bound)
-                tl.store(logits_ptr + r * V + c0 + cols, tl.zeros((FILL,), tl.float32) + shared, mask=c0 + cols < V)
+                fill = tl.zeros((FILL,), tl.float32) + shared
+                if HAS_BIAS:
+                    fill += tl.load(non_edge_ptr + c0 + cols, mask=c0 + cols < V, other=0.0).to(tl.float32)
+                tl.store(logits_ptr + r * V + c0 + cols, fill, mask=c0 + cols < V)
                 c0 += FILL
 
     @triton.jit
@@ -476,9 +480,10 @@ class KernelCall:
     gradients those functions hand to this call's backward. Functions keep the call they were made with, so a plan
     reused for a second call leaves the first one's hand-over intact."""
 
-    def __init__(self, inputs, partials_filled: bool):
+    def __init__(self, inputs, partials_filled: bool, non_edge_bias=None):
         self.inputs = inputs
         self.partials_filled = partials_filled
+        self.non_edge_bias = non_edge_bias  # the offsets whose logits gradient this call's backward returns
         self.pending = {}
 
     def add(self, key, value):
@@ -492,10 +497,14 @@ class KernelEnergies(torch.autograd.Function):
     """Triton twin of `energy._CandidateEnergies`. Returns the (N, T, 2) tile partials (in place of the packed
     energies; not differentiable themselves) and the (N,) shared energies. `KernelLogPartition`, `KernelTarget` and
     `KernelLogits` read the same plan, take `shared` as an input (so autograd runs their backward first) and hand
-    their gradients to this backward through `plan.call`: one kernel pass then writes every edge-row gradient."""
+    their gradients to this backward through `plan.call`: one kernel pass then writes every edge-row gradient.
+
+    `non_edge_bias` (V,) or None is not read here: it is an input so that this backward can return its gradient
+    from the logits (Σ over positions of the logits' gradient in every non-successor column, known only once the
+    kernel has zeroed the successors' columns). Its other uses (log Z, target energies) are torch ops."""
 
     @staticmethod
-    def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link):
+    def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link, non_edge_bias=None):
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
@@ -506,7 +515,7 @@ class KernelEnergies(torch.autograd.Function):
         training = any(ctx.needs_input_grad[:4])
         if training:
             forward_partials(x, pe, weights, b2, plan, out=part)
-        plan.call = KernelCall((x, pe, weights, b2), training)
+        plan.call = KernelCall((x, pe, weights, b2), training, non_edge_bias)
         if plan.has_shared:  # float32 math whatever the tables' dtype, as inside the kernels
             h_shared, y_shared, shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())
         else:
@@ -515,6 +524,7 @@ class KernelEnergies(torch.autograd.Function):
         ctx.mark_non_differentiable(part)
         ctx.plan, ctx.call, ctx.sparse_grad, ctx.link = plan, plan.call, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
+        ctx.non_edge_dtype = None if non_edge_bias is None else non_edge_bias.dtype
         ctx.save_for_backward(x, pe, weights, b2, h_shared, y_shared, shared)
         return part, shared
 
@@ -529,6 +539,7 @@ class KernelEnergies(torch.autograd.Function):
         P = weights.shape[0]
         device = x.device
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        need_bias = len(ctx.needs_input_grad) > 7 and ctx.needs_input_grad[7]
         lse = pending.get("lse")  # (peak, dL/dlog Z / total) per position
         target = pending.get("target")  # (dL/dE_target, index of the target within the block or −1)
         grad_logits = pending.get("logits")  # (N, V)
@@ -579,11 +590,14 @@ class KernelEnergies(torch.autograd.Function):
                 NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, **meta, num_warps=8)
 
         # the shared edge (row 0): torch, one (N × d) · (d × d) product
+        grad_bias = None
         if plan.has_shared:
             g = grad_shared
             if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
                 from_logits = grad_logits.sum(1)  # the successors' columns are zero now
                 g = from_logits if g is None else g + from_logits
+                if need_bias:  # logits[p, v] = shared[p] + bias[v] in those columns
+                    grad_bias = grad_logits.sum(0).to(ctx.non_edge_dtype)
             if need_w:
                 w_values[0].zero_()
             if need_b:
@@ -614,51 +628,59 @@ class KernelEnergies(torch.autograd.Function):
                 grad_b = None if b_values is None else b_values.view(ctx.bias_shape)
         if grad_x is not None:
             grad_x = grad_x.to(x.dtype)
-        return grad_x, None, grad_w, grad_b, None, None, None
+        return grad_x, None, grad_w, grad_b, None, None, None, grad_bias
 
 
 class KernelLogPartition(torch.autograd.Function):
     """log Σ_v exp(E_v) per sorted position, as energy.exact_log_partition: peak = the largest energy (tile
-    maxima, shared), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak +
-    log total.
-    Backward: the shared energy's share goes to `shared`; the real successors' (dL/dE = g·exp(E − peak)/total) is
-    handed to the kernel as (peak, g/total)."""
+    maxima, shared term), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak +
+    log total. With `log_mass` (N,) (the model's `non_edge_bias`: log Σ_{v non-successor} exp(bias[v]), a
+    differentiable torch function of the bias) the non-successors' term is exp(shared + log_mass − peak) instead.
+    Backward: the shared term's share goes to `shared` (and `log_mass`); the real successors' (dL/dE =
+    g·exp(E − peak)/total) is handed to the kernel as (peak, g/total)."""
 
     @staticmethod
-    def forward(ctx, part, shared, plan, vocab_size: int):
-        num_shared = (vocab_size - plan.degree).to(torch.float32)
+    def forward(ctx, part, shared, plan, vocab_size: int, log_mass=None):
+        has_shared = plan.degree < vocab_size
         shared32 = shared.float()
-        shared_or_none = torch.where(num_shared > 0, shared32, torch.full_like(shared32, float("-inf")))
-        peak = torch.maximum(part[..., 0].amax(1) if part.shape[1] else shared_or_none, shared_or_none)
+        if log_mass is None:
+            weight, term = (vocab_size - plan.degree).to(torch.float32), shared32
+        else:
+            weight, term = has_shared.to(torch.float32), shared32 + log_mass.float()
+        term_or_none = torch.where(has_shared, term, torch.full_like(term, float("-inf")))
+        peak = torch.maximum(part[..., 0].amax(1) if part.shape[1] else term_or_none, term_or_none)
         total = (part[..., 1] * torch.exp(part[..., 0] - peak.unsqueeze(1))).sum(1)
-        total = total + torch.where(num_shared > 0, num_shared * torch.exp(shared32 - peak), torch.zeros_like(total))
+        total = total + torch.where(has_shared, weight * torch.exp(term - peak), torch.zeros_like(total))
         ctx.call = plan.call
-        ctx.save_for_backward(peak, total, num_shared, shared32)
+        ctx.save_for_backward(peak, total, weight, term, has_shared)
         ctx.shared_dtype = shared.dtype
+        ctx.mass_dtype = None if log_mass is None else log_mass.dtype
         return (peak + torch.log(total)).to(shared.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        peak, total, num_shared, shared32 = ctx.saved_tensors
+        peak, total, weight, term, has_shared = ctx.saved_tensors
         scale = grad.float() / total
         call = ctx.call
         if "lse" in call.pending:  # log Z used twice: the same peaks
             old_peak, old_scale = call.pending["lse"]
             scale = scale + old_scale * torch.exp(old_peak - peak)
         call.pending["lse"] = (peak, scale)
-        grad_shared = torch.where(num_shared > 0, scale * num_shared * torch.exp(shared32 - peak),
-                                  torch.zeros_like(scale))
-        return None, grad_shared.to(ctx.shared_dtype), None, None
+        grad_term = torch.where(has_shared, scale * weight * torch.exp(term - peak), torch.zeros_like(scale))
+        grad_mass = None if ctx.mass_dtype is None else grad_term.to(ctx.mass_dtype)
+        return None, grad_term.to(ctx.shared_dtype), None, None, grad_mass
 
 
-def log_partition(part, shared, plan, vocab_size: int) -> torch.Tensor:
-    """log Σ_v exp(E_v) per sorted position from the tile partials and the V − degree shared energies."""
+def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.Tensor:
+    """log Σ_v exp(E_v) per sorted position from the tile partials and the non-successors' shared energies: V −
+    degree of them, or `log_mass` (N,) = log Σ_{v non-successor} exp(non_edge_bias[v]) (energy.non_edge_log_mass)
+    in place of log(V − degree)."""
     call = plan.call
     if not call.partials_filled:  # inference: the forward left them for here
         x, pe, weights, b2 = call.inputs
         forward_partials(x, pe, weights, b2, plan, out=part)
         call.partials_filled = True
-    return KernelLogPartition.apply(part, shared, plan, vocab_size)
+    return KernelLogPartition.apply(part, shared, plan, vocab_size, log_mass)
 
 
 class KernelTarget(torch.autograd.Function):
@@ -699,36 +721,50 @@ def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.T
 
 
 class KernelLogits(torch.autograd.Function):
-    """(N, V) logits in sorted order: the shared energy everywhere, the kernel writes the real successors'. The
-    gradient (shared part included) is handed to the candidate backward."""
+    """(N, V) logits in sorted order: the shared energy everywhere (plus `non_edge_bias[v]`), the kernel writes the
+    real successors'. The gradient (shared and bias parts included) is handed to the candidate backward."""
 
     @staticmethod
-    def forward(ctx, shared, plan):
-        x, pe, weights, b2 = plan.call.inputs
+    def forward(ctx, shared, plan, non_edge_bias=None):
+        call = plan.call
+        x, pe, weights, b2 = call.inputs
         N = shared.shape[0]
-        out = shared.float().unsqueeze(1).expand(N, plan.vocab_size).contiguous()
+        if non_edge_bias is None:
+            out = shared.float().unsqueeze(1).expand(N, plan.vocab_size).contiguous()
+        else:
+            out = shared.float().unsqueeze(1) + non_edge_bias.float().unsqueeze(0)
         write_logits(x, pe, weights, b2, plan, out)
-        ctx.call = plan.call
+        ctx.call = call
         return out
 
     @staticmethod
     def backward(ctx, grad):
         ctx.call.add("logits", grad.float().contiguous())
-        return None, None
+        return None, None, None
 
 
-def scatter_logits(part, shared, plan) -> torch.Tensor:
-    return KernelLogits.apply(shared, plan)
+def scatter_logits(part, shared, plan, non_edge_bias=None) -> torch.Tensor:
+    if (non_edge_bias is not None and torch.is_grad_enabled() and non_edge_bias.requires_grad
+            and plan.call.non_edge_bias is not non_edge_bias):
+        raise ValueError("scatter_logits got a non_edge_bias that the candidate_energies call did not: pass the same "
+                         "tensor to candidate_energies(..., non_edge_bias=...), whose backward returns its gradient "
+                         "from the logits.")
+    return KernelLogits.apply(shared, plan, non_edge_bias)
 
 
 @torch.no_grad()
-def successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int) -> torch.Tensor:
+def successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int,
+                     non_edge_bias=None) -> torch.Tensor:
     """(N, V) logits in the positions' own order (inference, one token per row): the shared energy (torch, one
-    (N × d)·(d × d) product) everywhere, then the real successors' by `decode_successor_logits`."""
+    (N × d)·(d × d) product; plus `non_edge_bias[v]` when given) everywhere, then the real successors' by
+    `decode_successor_logits`."""
     N, d = x.shape
     if indices is not None:
         shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())[2]
-        out = shared.unsqueeze(1).expand(N, vocab_size).contiguous()
+        if non_edge_bias is None:
+            out = shared.unsqueeze(1).expand(N, vocab_size).contiguous()
+        else:
+            out = shared.unsqueeze(1) + non_edge_bias.float().unsqueeze(0)
     else:
         out = torch.empty(N, vocab_size, dtype=torch.float32, device=x.device)  # every column is a successor
     return decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree, out)
@@ -753,23 +789,26 @@ def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_
 
 @torch.no_grad()
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
-                pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int):
-    """The whole one-token decode step in two launches (state update + shared energies, then the successors):
-    `BriLLMForCausalLM._decode_core`'s math. Returns the (B, V) float32 logits and the new state tensors."""
+                pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int, non_edge_bias=None):
+    """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
+    the successors): `BriLLMForCausalLM._decode_core`'s math. Returns the (B, V) float32 logits and the new state
+    tensors."""
     B, d = signal.shape
     V = vocab_size
     logits = torch.empty(B, V, dtype=torch.float32, device=signal.device)
     new_signal, new_sum = torch.empty_like(signal), torch.empty_like(mix_sum)
     new_norm, new_max, new_length = torch.empty_like(mix_norm), torch.empty_like(mix_max), torch.empty_like(length)
+    has_bias = non_edge_bias is not None and indices is not None  # the bias offsets non-successors only
     if B:
         _decode_state_kernel[(B,)](
             tokens, last_token, signal.contiguous(), mix_sum.contiguous(), mix_norm, mix_max, length,
             weights, b2, position_logits, pe_in.contiguous(), pe_out.contiguous(), indptr,
             indices if indices is not None else indptr,
+            non_edge_bias.contiguous() if has_bias else mix_norm,
             new_signal, new_sum, new_norm, new_max, new_length, logits,
             d, V, position_logits.numel(),
             D=padded_width(d), SEARCH_STEPS=max(1, max_degree.bit_length()), HAS_INDICES=indices is not None,
-            HAS_SHARED=indices is not None, FILL=1024, num_warps=4)
+            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, FILL=1024, num_warps=4)
         decode_successor_logits(new_signal, pe_out, weights, b2, tokens, indptr, indices, V, max_degree, logits)
     return logits, (new_signal, new_sum, new_norm, new_max, new_length, tokens)
 

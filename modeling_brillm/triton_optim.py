@@ -6,7 +6,8 @@ row r, with the gradient g[r] summed over duplicate entries,
     p[r] ← p[r]·(1 − lr·wd);  m[r] ← β1·m[r] + (1−β1)·g[r];  v[r] ← β2·v[r] + (1−β2)·g[r]²
     p[r] ← p[r] − lr/(1−β1^t) · m[r] / (√v[r] / √(1−β2^t) + ε)
 
-with t the parameter's step count. One program updates a tile of rows × columns: it reads p, m, v and the gradient
+with t the parameter's step count; row 0 (BriLLM's shared edge) takes its Adam step with lr·first_row_scale and its
+decay with lr·wd (SparseAdamW's `first_row_lr_scale`: a per-row factor inside the kernel, no host read). One program updates a tile of rows × columns: it reads p, m, v and the gradient
 values once and writes p, m, v once (7 passes over a touched row, the minimum without changing the state's
 layout); gradient values are read in place through an entry index, never gathered or coalesced into a copy.
 
@@ -50,7 +51,7 @@ if triton is not None:
         rows_ptr, entries_ptr,  # (nnz,) row of every entry (sorted unless UNIQUE), (nnz,) its values row
         step_ptr,  # the step count when it lives on the device
         nnz, W: tl.constexpr,
-        lr, beta1, beta2, eps, decay, step_size, bc2_sqrt, log_beta1, log_beta2,
+        lr, beta1, beta2, eps, decay, step_size, bc2_sqrt, log_beta1, log_beta2, first_row_scale,
         HAS_ENTRIES: tl.constexpr, UNIQUE: tl.constexpr, STEP_ON_DEVICE: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
     ):
@@ -91,6 +92,7 @@ if triton is not None:
         p = tl.load(p_ptr + at, mask=tile, other=0.0).to(tl.float32)
         m = tl.load(m_ptr + at, mask=tile, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + at, mask=tile, other=0.0).to(tl.float32)
+        step_size = tl.where(row == 0, step_size * first_row_scale, step_size)  # (BLOCK_R, 1)
         p = p * decay
         m = beta1 * m + (1.0 - beta1) * g
         v = beta2 * v + (1.0 - beta2) * g * g
@@ -101,14 +103,15 @@ if triton is not None:
 
 
 def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, entries=None, unique: bool = False,
-                      step_in_kernel: bool | None = None):
+                      step_in_kernel: bool | None = None, first_row_scale: float = 1.0):
     """Lazy AdamW on the listed rows, in place, in one kernel launch (plus an index sort unless `unique`).
 
     `param`, `exp_avg`, `exp_avg_sq`: (n_rows, W) contiguous views of the parameter and its moments; `rows` (n,)
     int64 row of every entry; `values` (≥ n, W) the gradient values, entry e's row being `values[entries[e]]`
     (`entries` None: `values[e]`); duplicate rows are summed unless the caller promises `unique` rows. `step`: the
     parameter's step count (a scalar tensor, already incremented); `hyper` = (lr, beta1, beta2, eps, weight_decay).
-    `step_in_kernel`: read the step inside the kernel (default: when it is not on the CPU).
+    `step_in_kernel`: read the step inside the kernel (default: when it is not on the CPU). `first_row_scale`:
+    row 0's Adam step is taken with lr·first_row_scale (its weight decay stays lr·wd).
     """
     lr, beta1, beta2, eps, wd = (float(h) for h in hyper)
     n = rows.numel()
@@ -137,7 +140,7 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
     _sparse_adamw_kernel[grid](
         param, exp_avg, exp_avg_sq, values, rows, entries if entries is not None else rows,
         step if on_device else rows, n, W,
-        lr, beta1, beta2, eps, 1.0 - lr * wd, step_size, bc2_sqrt, log_beta1, log_beta2,
+        lr, beta1, beta2, eps, 1.0 - lr * wd, step_size, bc2_sqrt, log_beta1, log_beta2, float(first_row_scale),
         HAS_ENTRIES=entries is not None, UNIQUE=unique or n == 1, STEP_ON_DEVICE=on_device,
         BLOCK_R=BLOCK_R, BLOCK_W=BLOCK_W, num_warps=4)
 

@@ -57,7 +57,7 @@ def variants():
     optim = {a: "*fp32" for a in O._sparse_adamw_kernel.arg_names if a.endswith("_ptr")}
     optim.update(rows_ptr="*i64", entries_ptr="*i64", nnz="i32")
     optim.update({a: "fp32" for a in ("lr", "beta1", "beta2", "eps", "decay", "step_size", "bc2_sqrt", "log_beta1",
-                                      "log_beta2")})
+                                      "log_beta2", "first_row_scale")})
     for width in (1024, 32):
         block_w = min(triton.next_power_of_2(width), O._TILE)
         for unique in (True, False):

@@ -198,3 +198,46 @@ def test_large_padded_gathers_take_the_general_path(models, tok, monkeypatch):
     monkeypatch.setattr(model, "padded_decode_bytes", 1024)
     out = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
+    """A model with `non_edge_bias` decodes through the sync-free step too (shared + bias[v] for non-successors):
+    the general path's logits and tokens, and the step's torch version still runs on `meta`."""
+    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+    from modeling_brillm.energy import successor_logits_static
+
+    base = make_model(tok, node_size=6, seed=3)
+    model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
+    model.load_state_dict(base.state_dict(), strict=False)
+    with torch.no_grad():
+        model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(4)) * 2)
+    enc = _enc(tok)
+
+    def decode():
+        g = model.generate(**enc, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        e = model.energy_generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=6)
+        return g, e
+
+    off = _run(model, "off", decode)
+    calls = []
+    original = type(model)._decode_core
+    type(model)._decode_core = lambda self, *a: calls.append(1) or original(self, *a)
+    try:
+        eager = _run(model, "eager", decode)
+    finally:
+        type(model)._decode_core = original
+    assert calls, "the sync-free step did not run"
+    assert torch.equal(eager[0].sequences, off[0].sequences)
+    torch.testing.assert_close(torch.stack(eager[0].logits), torch.stack(off[0].logits), rtol=1e-5, atol=1e-5)
+    assert torch.equal(eager[1].sequences, off[1].sequences)
+    # the bias is not a no-op: the first step's logits differ from the model without it
+    plain = _run(base, "off", lambda: base.generate(**enc, max_new_tokens=1, do_sample=False, output_logits=True,
+                                                    return_dict_in_generate=True))
+    assert not torch.allclose(plain.logits[0], off[0].logits[0])
+    B, d, V, P = 4, 6, model.config.vocab_size, model.weights.shape[0]
+    logits = successor_logits_static(
+        torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), torch.empty(P, d, d, device="meta"),
+        torch.empty(P, 1, d, device="meta"), torch.empty(B, dtype=torch.long, device="meta"),
+        torch.empty(V + 1, dtype=torch.long, device="meta"), torch.empty(P - 1, dtype=torch.long, device="meta"), V,
+        model._decode_max_degree(), torch.empty(V, device="meta"))
+    assert logits.shape == (B, V) and logits.device.type == "meta"

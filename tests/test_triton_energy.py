@@ -384,3 +384,130 @@ def test_one_plan_two_calls_in_flight():
         grads[backend] = (w.grad, b.grad)
     for a, c, name in zip(grads["triton"], grads["torch"], ("weights", "biases")):
         close(a, c, name)
+
+
+# ------------------------------------------------------------------------------------------- non_edge_bias
+def biased_loss(backend, tensors, bias, sources, targets, indptr, indices, V, sparse_grad, probe):
+    """The exact loss plus a probe of the logits, with a per-node `non_edge_bias`, through energy.py's functions as
+    the model calls them; returns the values and every gradient (the bias's included)."""
+    weights, biases, x, pe, nb = [t.clone().requires_grad_() for t in (*tensors, bias)]
+    with kernel_backend(backend):
+        plan = make_plan(sources, indptr, indices, V)
+        assert isinstance(plan, KernelPlan) == (backend == "triton")
+        src, tgt = sources[plan.order], targets[plan.order]
+        energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, sparse_grad,
+                                              non_edge_bias=nb)
+        true = target_energies(energies, shared, plan, tgt, rows_of(src, tgt, indptr, indices, V), indptr[src] + 1,
+                               nb)
+        log_z = exact_log_partition(energies, shared, plan, V, nb)
+        logits = scatter_logits(energies, shared, plan, V, nb)
+        ((log_z - true).mean() + (logits * probe).sum()).backward()
+        inv = torch.argsort(plan.order)
+        direct = successor_logits(x, pe, weights, biases, sources, indptr, indices, V, nb.detach())
+        static = energy.successor_logits_static(x, pe, weights, biases, sources, indptr, indices, V,
+                                                V if indices is None else energy.graph_max_degree(indptr), nb.detach())
+    grad_nb = nb.grad if nb.grad is not None else torch.zeros_like(nb)  # dense: no non-successor anywhere
+    return (log_z.detach(), true.detach(), logits.detach()[inv], direct, static, weights.grad, biases.grad, x.grad,
+            grad_nb)
+
+
+@pytest.mark.parametrize("dense,sparse_grad", [(False, False), (False, True), (True, True)])
+def test_non_edge_bias_loss_logits_and_gradients_match_torch(dense, sparse_grad):
+    """`non_edge_bias` on the kernel path: log Z (the non-successors' mass from the CSR), target energies (real and
+    non-edge targets), logits (training and both decoding functions) and every gradient, the bias's included, as
+    the torch path's; node 0 has every node as a successor (no non-successor mass), node V−1 none."""
+    weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, seed=13, hot=20)
+    g = torch.Generator().manual_seed(14)
+    targets = torch.randint(0, V, sources.shape, generator=g).to(DEVICE)
+    bias = (torch.randn(V, generator=g) * 2).to(DEVICE)
+    probe = (torch.randn(sources.numel(), V, generator=g) * 0.1).to(DEVICE)
+    tensors = (weights, biases, x, pe)
+    ref = biased_loss("torch", tensors, bias, sources, targets, indptr, indices, V, sparse_grad, probe)
+    got = biased_loss("triton", tensors, bias, sources, targets, indptr, indices, V, sparse_grad, probe)
+    names = ("log Z", "target energy", "logits", "successor logits", "static successor logits", "grad weights",
+             "grad biases", "grad x", "grad non_edge_bias")
+    for a, b, name in zip(got, ref, names):
+        close(a, b, name)
+    close(got[0], torch.logsumexp(ref[2], 1)[torch.argsort(sources, stable=True)], "log Z vs logits")
+    if not dense:
+        real = rows_of(sources, targets, indptr, indices, V) > 0
+        assert bool(real.any()) and bool((~real).any())  # both kinds of target were scored
+        assert float(got[-1].abs().max()) > 0
+
+
+@pytest.fixture(scope="module")
+def biased(tiny):
+    """The sparse tiny model with `non_edge_bias` set to random offsets."""
+    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+
+    tok, models = tiny
+    base = models[False]
+    model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
+    model.load_state_dict(base.state_dict(), strict=False)
+    with torch.no_grad():
+        model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(15)))
+    return model.to(DEVICE)
+
+
+@pytest.mark.parametrize("sparse_gradients,side", [(True, "right"), (False, "left")])
+def test_non_edge_bias_model_matches_torch(tiny, biased, sparse_gradients, side, monkeypatch):
+    """The model with `non_edge_bias` runs the kernels (no torch fallback) and gives the torch path's loss and
+    logits within 1e-5 and every gradient as close to a float64 run as the torch path's own."""
+    tok, _ = tiny
+    model = biased
+    model.sparse_gradients = sparse_gradients
+    ids, mask = _batch(tok, side)
+    try:
+        loss_t, logits_t, grads_t = _model_step(model, ids, mask, "torch", True)
+        calls = []
+        kernel_energies = energy._kernels().KernelEnergies
+        original = kernel_energies.apply
+        with monkeypatch.context() as patch:
+            patch.setattr(kernel_energies, "apply", lambda *a: calls.append(1) or original(*a))
+            loss_k, logits_k, grads_k = _model_step(model, ids, mask, "triton", True)
+        model.double()
+        loss_64, _, grads_64 = _model_step(model, ids, mask, "torch", False)
+    finally:
+        model.float()
+        model.sparse_gradients = False
+    assert calls, "the kernels did not run"
+    close(loss_k, loss_t, "loss")
+    close(logits_k, logits_t, "logits")
+    assert "non_edge_bias" in grads_k and grads_k.keys() == grads_t.keys() == grads_64.keys()
+    for name, exact in grads_64.items():
+        scale = exact.abs().max()
+        err_k = float((grads_k[name].double() - exact).abs().max() / scale)
+        err_t = float((grads_t[name].double() - exact).abs().max() / scale)
+        assert err_k <= max(RTOL, 2 * err_t), f"grad {name}: kernels {err_k:.1e}, torch fp32 {err_t:.1e}"
+
+
+def test_non_edge_bias_decoding_equals_torch(tiny, biased):
+    """The sync-free step's two kernels write shared + non_edge_bias[v] for non-successors: logits and state as the
+    torch step's, and greedy tokens (kernels, eager step) as the general torch path's."""
+    tok, _ = tiny
+    model = biased
+    ids, mask = _batch(tok, "left")
+    state = model(ids, attention_mask=mask, use_cache=True).past_key_values
+    tensors = [getattr(state, n) for n in state._tensors()]
+    tokens = torch.tensor([5, 9, 4], device=DEVICE)
+    out = {}
+    for backend in ("torch", "triton"):
+        with torch.no_grad(), kernel_backend(backend):
+            out[backend] = model._decode_core(tokens, *tensors, model._decode_max_degree())
+    close(out["triton"][0], out["torch"][0], "logits")
+    for a, b, name in zip(out["triton"][1], out["torch"][1], state._tensors()):
+        close(a.float(), b.float(), name)
+    with kernel_backend("torch"):
+        model.decode_mode = "off"
+        try:
+            ref = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        finally:
+            model.decode_mode = "auto"
+    for mode in ("auto", "eager"):  # on CPU tensors: "auto" is the general path with the kernels, "eager" the step
+        model.decode_mode = mode
+        try:
+            with kernel_backend("triton"):
+                got = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        finally:
+            model.decode_mode = "auto"
+        assert torch.equal(got, ref), mode

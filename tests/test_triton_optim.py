@@ -141,3 +141,57 @@ def test_a_model_trains_the_same_with_both_backends():
         results.append({n: p.detach().clone() for n, p in model.named_parameters()})
     for name in results[0]:
         torch.testing.assert_close(results[1][name], results[0][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_first_row_lr_scale_equals_the_torch_path(lazy):
+    """`first_row_lr_scale` (row 0, BriLLM's shared edge, at its own learning rate) inside the kernel: the torch
+    path's parameters and moments within 1e-6 over steps where row 0 is duplicated, absent and present; with lazy
+    weight decay the pending decay stays the torch pre-pass and the rows then go through the kernel."""
+    shape = (10, 3, 4)
+    steps = [[0, 3, 0, 5], [2, 9], [9, 0, 1]]
+    start = torch.randn(shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    results = {}
+    for backend, scale in (("torch", 0.3), ("triton", 0.3), ("triton", 1.0)):
+        p = torch.nn.Parameter(start.clone())
+        opt = SparseAdamW([p], lr=0.05, weight_decay=0.1, betas=(0.8, 0.95), lazy_weight_decay=lazy,
+                          first_row_lr_scale=scale)
+        with kernel_backend(backend):
+            for step, rows in enumerate(steps):
+                p.grad = sparse_grad(shape, rows, seed=step)
+                opt.step()
+            if lazy:
+                opt.apply_pending_weight_decay()
+        state = opt.state[p]
+        results[backend, scale] = (p.detach().clone(), state["exp_avg"].clone(), state["exp_avg_sq"].clone())
+    for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), results["triton", 0.3], results["torch", 0.3]):
+        assert_rel(a, b, name)
+    scaled, plain = results["triton", 0.3][0], results["triton", 1.0][0]
+    assert not torch.allclose(scaled[0], plain[0]) and torch.equal(scaled[1:], plain[1:])  # row 0 alone moved less
+
+
+def test_first_row_lr_scale_adds_no_host_reads():
+    """Without lazy decay the Triton path reads nothing back from the device for the first-row rate (the torch path
+    coalesced the rows with torch.unique and asked `(rows == 0).any()`): the same operations as with scale 1."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    shape = (10, 6)
+    seen = {}
+    for scale in (1.0, 0.3):
+        p = torch.nn.Parameter(torch.zeros(shape, device=DEVICE))
+        opt = SparseAdamW([p], lr=0.05, first_row_lr_scale=scale)
+        p.grad = sparse_grad(shape, [5, 0, 5, 2], seed=0)
+        with kernel_backend("triton"), Record() as record:
+            opt.step()
+        seen[scale] = record.ops
+    assert seen[0.3] == seen[1.0]
+    assert not any("unique" in op or "nonzero" in op for op in seen[0.3])
