@@ -26,7 +26,10 @@ norm per (position, successor), all in registers.
                           written over the row of logits) and `_decode_successors_kernel` (a static (rows, tiles)
                           grid, no plan: a decoding position rarely shares its source).
 
-The shared edge (row 0, one d×d product per position) stays in torch in training. Tables of float32, bfloat16 or
+The shared edge (row 0, one d×d product per position) stays in torch in training. A model's `non_edge_bias` (a
+non-successor v gets shared + bias[v]) changes no training kernel: log Z takes the non-successors' log mass per
+source from torch (`energy.non_edge_log_mass`), the logits are prefilled with shared + bias, and the bias's logits
+gradient is a column sum after the backward kernel; the decode state kernel adds bias[v] as it fills a row. Tables of float32, bfloat16 or
 float16 are read as they are and computed in float32; gradients come back in the table's dtype. `energy.py` (and
 `BriLLMForCausalLM._decode_core`) dispatch here when `backend.use_triton(...)` is true (CUDA tensors, or
 `kernel_backend("triton")` under Triton's interpreter). Tile sizes and the dot precision are the constants below;

@@ -6,7 +6,8 @@ Triton's interpreter (how CI checks the kernels' arithmetic) accepts programs it
 nothing about register pressure; the triton wheel ships ptxas, so the real compilation runs on any machine. Must
 run without TRITON_INTERPRET (the kernels are then ordinary JIT functions); exits 1 if a variant fails to compile.
 Variants: the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128; the optimizer's two row
-widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows.
+widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows; the decode step's state kernel
+(sparse graph, d = 32) with and without `non_edge_bias`.
 """
 
 import os
@@ -64,6 +65,15 @@ def variants():
             yield (f"sparse adamw width={width} unique={unique}", O._sparse_adamw_kernel, optim,
                    dict(W=width, HAS_ENTRIES=not unique, UNIQUE=unique, STEP_ON_DEVICE=not unique,
                         BLOCK_R=max(1, O._TILE // block_w), BLOCK_W=block_w), dict(num_warps=4))
+    from modeling_brillm import triton_energy as E
+
+    state = {a: "*fp32" for a in E._decode_state_kernel.arg_names if a.endswith("_ptr")}
+    state.update(tokens_ptr="*i64", last_ptr="*i64", length_ptr="*i64", new_length_ptr="*i64", indptr_ptr="*i64",
+                 indices_ptr="*i64", d="i32", V="i32", M="i32")
+    for bias in (False, True):
+        yield (f"decode state d=32 non_edge_bias={bias}", E._decode_state_kernel, state,
+               dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True, HAS_BIAS=bias, FILL=1024),
+               dict(num_warps=4))
 
 
 def main() -> int:
