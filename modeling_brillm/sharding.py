@@ -474,10 +474,11 @@ class ShardedBriLLM(nn.Module):
         V = cfg.vocab_size
         nb = m.non_edge_bias
         sources, targets, pe_index = meta.unbind(1)
-        plan = make_plan(sources, self.local_indptr, self.local_indices, V, kernels=m._kernel_options_supported())
+        plan = make_plan(sources, self.local_indptr, self.local_indices, V)
         sources, targets = sources[plan.order], targets[plan.order]
         pe = m._pe(pe_index[plan.order]).to(m.weights.dtype)
-        energies, shared = candidate_energies(x[plan.order], pe, m.weights, m.biases, plan, True, link=self._link)
+        energies, shared = candidate_energies(x[plan.order], pe, m.weights, m.biases, plan, True, link=self._link,
+                                              non_edge_bias=nb)
         energies, shared = energies.float(), shared.float()
         rows = self._to_local(m.edge_rows(sources, targets))
         true_energy = target_energies(energies, shared, plan, targets, rows, self.local_indptr[sources] + 1, nb)
