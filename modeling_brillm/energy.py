@@ -368,6 +368,24 @@ def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGra
 
 
 # ------------------------------------------------------------------------------------- candidate energies
+def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool, link):
+    """The edge tables' gradients from the values of the touched rows `index` (sorted, unique): handed to `link`
+    (see `gather_edges`), then returned as sparse COO tensors (`ctx.sparse_grad`) or as the dense values. Shared by
+    the torch and the Triton backward."""
+    if link is not None:
+        link.grad = (index, w_values, b_values)
+    if not ctx.sparse_grad:
+        return w_values, None if b_values is None else b_values.view(ctx.bias_shape)
+    idx = index.unsqueeze(0)
+    grad_w = grad_b = None
+    if need_w:
+        grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True, check_invariants=False)
+    if need_b:
+        grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
+                                         is_coalesced=True, check_invariants=False)
+    return grad_w, grad_b
+
+
 class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
@@ -510,19 +528,7 @@ class _CandidateEnergies(torch.autograd.Function):
 
         grad_w = grad_b = None
         if need_params:
-            if link is not None:
-                link.grad = (index, w_values, b_values)
-            if ctx.sparse_grad:
-                idx = index.unsqueeze(0)
-                if need_w:
-                    grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True,
-                                                     check_invariants=False)
-                if need_b:
-                    grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
-                                                     is_coalesced=True, check_invariants=False)
-            else:
-                grad_w = w_values
-                grad_b = None if b_values is None else b_values.view(ctx.bias_shape)
+            grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link)
         return grad_x, None, grad_w, grad_b, None, None, None
 
 

@@ -41,6 +41,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .energy import edge_table_grads
+
 try:  # optional: CUDA builds of torch ship it; the check of remote-code imports skips try blocks
     import triton
     import triton.language as tl
@@ -616,19 +618,7 @@ class KernelEnergies(torch.autograd.Function):
 
         grad_w = grad_b = None
         if need_w or need_b:
-            if link is not None:
-                link.grad = (index, w_values, b_values)
-            if ctx.sparse_grad:
-                idx = index.unsqueeze(0)
-                if need_w:
-                    grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True,
-                                                     check_invariants=False)
-                if need_b:
-                    grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
-                                                     is_coalesced=True, check_invariants=False)
-            else:
-                grad_w = w_values
-                grad_b = None if b_values is None else b_values.view(ctx.bias_shape)
+            grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link)
         if grad_x is not None:
             grad_x = grad_x.to(x.dtype)
         return grad_x, None, grad_w, grad_b, None, None, None, grad_bias
