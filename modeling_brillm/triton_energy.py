@@ -146,7 +146,9 @@ if triton is not None:
                     out_row = tl.load(out_row_ptr + p, mask=pmask, other=0).to(tl.int64)
                 else:
                     out_row = p64
-                for sub in tl.static_range(NSUB):
+                # a loop, not static_range: unrolled, the 8 sub-tiles' loads were hoisted together and spilled
+                # 2 KB a thread on sm_90 (tests/_compile_kernels.py); looped, <= 96 bytes
+                for sub in range(NSUB):
                     vs = v0 + sub * BN
                     if vs < degree:
                         col_v = vs + col_succ

@@ -1,4 +1,4 @@
-"""Compile the recurrence and optimizer kernels for an H100 (sm_90) without a GPU, and print their resources.
+"""Compile every Triton kernel for an H100 (sm_90) without a GPU, and print their resources.
 
     python tests/_compile_kernels.py          # one line per kernel variant: registers, stack (spills), shared
 
@@ -7,7 +7,8 @@ nothing about register pressure; the triton wheel ships ptxas, so the real compi
 run without TRITON_INTERPRET (the kernels are then ordinary JIT functions); exits 1 if a variant fails to compile.
 Variants: the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128; the optimizer's two row
 widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows; the decode step's state kernel
-(sparse graph, d = 32) with and without `non_edge_bias`.
+(sparse graph, d = 32) with and without `non_edge_bias` and its successors kernel; the candidate energies'
+forward (log Z, logits, bf16 rows) and backward (sparse and dense gradients, the logits' gradient) at d = 32.
 """
 
 import os
@@ -74,6 +75,34 @@ def variants():
         yield (f"decode state d=32 non_edge_bias={bias}", E._decode_state_kernel, state,
                dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True, HAS_BIAS=bias, FILL=1024),
                dict(num_warps=4))
+    successors = {a: "*fp32" for a in E._decode_successors_kernel.arg_names if a.endswith("_ptr")}
+    successors.update(sources_ptr="*i64", indptr_ptr="*i64", indices_ptr="*i64", d="i32", V="i32")
+    yield ("decode successors d=32", E._decode_successors_kernel, successors,
+           dict(D=32, BN=E.BLOCK_SUCCESSORS, NSUB=E.DECODE_TILE_SUCCESSORS // E.BLOCK_SUCCESSORS, HAS_INDICES=True),
+           dict(num_warps=4))
+
+    # candidate energies at the paper's d = 32 on an H100's persistent grid (132 SMs), as energy.py launches them
+    tiles = dict(D=32, BM=E.BLOCK_POSITIONS, BN=E.BLOCK_SUCCESSORS, NSUB=32 // E.BLOCK_SUCCESSORS,
+                 GRID=132 * E.PROGRAMS_PER_SM, HAS_INDICES=True, PRECISION=E.DOT_PRECISION)
+    plan = dict(tile_source_ptr="*i64", tile_first_ptr="*i64", tile_total_ptr="*i64", count_ptr="*i64",
+                group_start_ptr="*i64", indptr_ptr="*i64", indices_ptr="*i64", d="i32", T="i32", V="i32")
+    forward = {a: "*fp32" for a in E._energy_forward_kernel.arg_names if a.endswith("_ptr")}
+    forward.update(plan, out_row_ptr="*i64")
+    for label, flags, dtype in (("log Z (training)", dict(LSE=True, LOGITS=False, OUT_ROWS=False), "fp32"),
+                                ("logits", dict(LSE=False, LOGITS=True, OUT_ROWS=True), "fp32"),
+                                ("log Z bf16 weights", dict(LSE=True, LOGITS=False, OUT_ROWS=False), "bf16")):
+        yield (f"energy forward d=32 {label}", E._energy_forward_kernel, dict(forward, w_ptr=f"*{dtype}",
+               b_ptr=f"*{dtype}"), dict(tiles, **flags), dict(num_warps=4))
+    backward = {a: "*fp32" for a in E._energy_backward_kernel.arg_names if a.endswith("_ptr")}
+    backward.update(plan, target_within_ptr="*i64", logit_row_ptr="*i64", slot_ptr="*i64")
+    training = dict(LSE=True, TARGET=True, LOGITS=False, LOGIT_ROWS=False, CLEAR_SUCCESSORS=False, NEED_W=True,
+                    NEED_B=True, NEED_X=True)
+    for label, flags in (("exact loss, sparse gradient", dict(training, SLOTS=True)),
+                         ("exact loss, dense gradient", dict(training, SLOTS=False)),
+                         ("logits' gradient", dict(training, LSE=False, TARGET=False, LOGITS=True,
+                                                   CLEAR_SUCCESSORS=True, SLOTS=False))):
+        yield (f"energy backward d=32 {label}", E._energy_backward_kernel, backward, dict(tiles, **flags),
+               dict(num_warps=8))
 
 
 def main() -> int:

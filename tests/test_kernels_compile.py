@@ -1,5 +1,6 @@
-"""The recurrence, optimizer and decode-state kernels compile for an H100 (sm_90) with the ptxas the triton wheel
-ships, without a GPU (tests/_compile_kernels.py), and the paper's d = 32 variants spill no registers."""
+"""Every Triton kernel (recurrence, optimizer, candidate energies, decode) compiles for an H100 (sm_90) with the
+ptxas the triton wheel ships, without a GPU (tests/_compile_kernels.py), and the paper's d = 32 variants spill no
+registers (the candidate energies' at most a few words)."""
 
 import os
 import re
@@ -32,8 +33,10 @@ def test_kernels_compile_for_sm90_without_spills():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
-    assert len(lines) == 15, result.stdout
+    assert len(lines) == 22, result.stdout
     for label, usage in lines.items():
         stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-        if "d=32" in label or "adamw" in label:
+        if label.startswith("energy"):  # 255 registers, a few spilled; unrolled sub-tiles once spilled 2 KB
+            assert stack <= 128, f"{label} spills registers: {usage}"
+        elif "d=32" in label or "adamw" in label:
             assert stack == 0, f"{label} spills registers: {usage}"
