@@ -7,13 +7,18 @@
 with the environment variable `BRILLM_BACKEND=auto|torch|triton` or, inside a program, `with kernel_backend("torch"):`
 (benchmarks run both side by side). `triton` on CPU tensors needs Triton's interpreter (`TRITON_INTERPRET=1` set
 before triton is imported): that is how the kernels are checked on machines without a GPU.
+
+Both backends compute in the parameters' dtype under autocast too: the models' `forward` is `exact_precision`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
+
+import torch
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -67,4 +72,26 @@ def use_triton(tensor) -> bool:
     return True
 
 
-__all__ = ["BACKENDS", "HAVE_TRITON", "current_backend", "kernel_backend", "interpreting", "use_triton"]
+def exact_precision(forward):
+    """Run `forward` with autocast off: BriLLM computes in its parameters' dtype whatever autocast asks.
+
+    Under `--mixed_precision bf16/fp16` autocast would round every matrix product's inputs and output to 16 bits:
+    on the torch path each gathered edge row is cast again at every use (more bytes read, not fewer: measured slower
+    on an H100), and on the Triton path only the shared edge's product would be, putting a 16-bit energy beside
+    float32 ones in every softmax. BriLLM's step is memory-bound and 70% of its bytes are the optimizer's float32
+    state (benchmarks/GPU_KERNELS.md, "Mixed precision"), so 16-bit products would save little; a model cast to
+    bfloat16 reads half the bytes on both backends (the kernels compute in float32)."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        device_type = next(self.parameters()).device.type
+        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type, enabled=False):
+                return forward(self, *args, **kwargs)
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+__all__ = ["BACKENDS", "HAVE_TRITON", "current_backend", "exact_precision", "kernel_backend", "interpreting",
+           "use_triton"]

@@ -17,7 +17,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
-from .backend import use_triton
+from .backend import exact_precision, use_triton
 from .configuration_brillm import BriLLMConfig
 from .energy import (
     EdgeGradLink,
@@ -775,6 +775,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
             return self.config.vocab_size
         return graph_max_degree(self.graph_indptr)
 
+    @exact_precision
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
                 signal_ids=None, **kwargs):
         input_ids, attention_mask, signal_ids = self._to_input_device(input_ids, attention_mask, signal_ids)
@@ -799,6 +800,7 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
     # steps take the general path instead (a dense V = 4000 graph at batch 32 would gather 2 GB)
     padded_decode_bytes = 512 * 2**20
 
+    @exact_precision
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

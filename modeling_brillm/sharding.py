@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .backend import exact_precision
 from .energy import (
     EdgeGradLink,
     candidate_energies,
@@ -403,6 +404,7 @@ class ShardedBriLLM(nn.Module):
         B, L = rows.shape
         return steps[:, :d * d].view(B, L, d, d), steps[:, d * d:].view(B, L, d)
 
+    @exact_precision
     def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None,
                 signal_ids=None) -> ShardedOutput:
         """The loss of the global batch (every process passes its own sequences, and every process must call

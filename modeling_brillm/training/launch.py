@@ -57,7 +57,7 @@ def make_accelerator(args, project_name: str | None = None):
     import torch
     import transformers
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+    from accelerate.utils import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, set_seed
 
     # Several processes: CPU (gloo) or one GPU each, as the launch asked (launch_on_cpu), checked before accelerate
     # binds rank k to cuda:k. A CPU launch needs cpu=True: without it accelerate would start every process as an
@@ -97,4 +97,7 @@ def make_accelerator(args, project_name: str | None = None):
             + (f" ({torch.get_num_threads()} threads{', malloc keeps freed memory' if kept else ''})"
                if accelerator.device.type == "cpu" else "") + ", "
             f"mixed precision {accelerator.mixed_precision}")
+    # autocast does not reach BriLLM's math (exact_precision); FSDP's policy casts the gathered parameters instead
+    if accelerator.mixed_precision in ("bf16", "fp16") and accelerator.distributed_type != DistributedType.FSDP:
+        line += " (BriLLM computes in float32 all the same: see benchmarks/GPU_KERNELS.md, 'Mixed precision')"
     return accelerator, line
