@@ -53,7 +53,8 @@ from modeling_brillm.training.loop import TrainStep, choose_prompts, generate_sa
 from modeling_brillm.training.loop import evaluate as evaluate_dense
 from modeling_brillm.training.memory import check_memory, human_bytes
 from modeling_brillm.training.optimizers import (
-    OPTIMIZERS, apply_pending_weight_decay, build_optimizer, choose_optimizer, describe_optimizer,
+    MOMENT_DTYPES, OPTIMIZERS, apply_pending_weight_decay, build_optimizer, choose_optimizer, describe_optimizer,
+    resolve_moment_dtype,
 )
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
 from modeling_brillm.training.publishing import push_folder, write_training_card
@@ -139,6 +140,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Learning-rate multiplier of the shared edge (row 0 of the edge tables; SparseAdamW). [1]")
     g.add_argument("--node_lr_scale", type=float, default=None,
                    help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [1]")
+    g.add_argument("--moment_dtype", choices=MOMENT_DTYPES, default=None,
+                   help="SparseAdamW's moments: bfloat16 stores them with stochastic rounding (half their memory and "
+                   "bytes). [bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32]")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
                    help="auto: sparse_adamw in one process, adamw with several; adamw: torch AdamW (fused) on "
                    "dense gradients; sparse_adamw: modeling_brillm.optimization.SparseAdamW on sparse edge "
@@ -270,6 +274,18 @@ def run(args) -> int:
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {args.min_bigram_count} times" if graph is not None else "")
         + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)")
+    # the optimizer is chosen before the memory check: its moments' dtype counts there
+    plan = choose_optimizer(args.optimizer, 1 if sharding else W, args.max_grad_norm)
+    if sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
+        plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
+                                   "owns")
+    args.moment_dtype = resolve_moment_dtype(args.moment_dtype, plan, accelerator.mixed_precision,
+                                             accelerator.device.type)
+    say(describe_optimizer(plan, args.max_grad_norm, args.moment_dtype))
+    if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and shared_rate_from_preset:
+        say(f"the preset's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
+            f"{plan.name} the shared edge trains at the base rate")
+        args.shared_edge_lr_scale = 1.0
     say(check_memory(config, accelerator, args))
     if sharding and not whole_model_fits(config, accelerator, args):
         say("the whole model does not fit one process: each process initialises only the blocks of its own "
@@ -279,15 +295,6 @@ def run(args) -> int:
         model = BriLLMForCausalLM.from_graph(graph, config=config)
 
     # ---------------------------------------------------------------- loaders, optimizer, schedule
-    plan = choose_optimizer(args.optimizer, 1 if sharding else W, args.max_grad_norm)
-    if sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
-        plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
-                                   "owns")
-    say(describe_optimizer(plan, args.max_grad_norm))
-    if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and shared_rate_from_preset:
-        say(f"the preset's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
-            f"{plan.name} the shared edge trains at the base rate")
-        args.shared_edge_lr_scale = 1.0
     train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,
                               batch_size=args.per_device_train_batch_size)
     eval_loader = (DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size)
@@ -302,7 +309,8 @@ def run(args) -> int:
         model = build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
         optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay,
                                             lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
-                                            shared_edge_lr_scale=args.shared_edge_lr_scale)
+                                            shared_edge_lr_scale=args.shared_edge_lr_scale,
+                                            moment_dtype=args.moment_dtype)
         train_loader = accelerator.prepare(train_loader)
         if eval_loader is not None:
             eval_loader = DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size * W)
@@ -312,7 +320,7 @@ def run(args) -> int:
     else:
         optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator,
                                     lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
-                                    shared_edge_lr_scale=args.shared_edge_lr_scale)
+                                    shared_edge_lr_scale=args.shared_edge_lr_scale, moment_dtype=args.moment_dtype)
         if eval_loader is not None:
             model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader,
                                                                               eval_loader)

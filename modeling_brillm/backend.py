@@ -78,9 +78,9 @@ def exact_precision(forward):
     Under `--mixed_precision bf16/fp16` autocast would round every matrix product's inputs and output to 16 bits:
     on the torch path each gathered edge row is cast again at every use (more bytes read, not fewer: measured slower
     on an H100), and on the Triton path only the shared edge's product would be, putting a 16-bit energy beside
-    float32 ones in every softmax. BriLLM's step is memory-bound and 70% of its bytes are the optimizer's float32
-    state (benchmarks/GPU_KERNELS.md, "Mixed precision"), so 16-bit products would save little; a model cast to
-    bfloat16 reads half the bytes on both backends (the kernels compute in float32)."""
+    float32 ones in every softmax. BriLLM's step is memory-bound and 70% of its bytes are the optimizer's state:
+    what 16 bits buy there is `SparseAdamW(moment_dtype="bfloat16")` (benchmarks/GPU_KERNELS.md, "Mixed
+    precision"); a model cast to bfloat16 reads half the bytes on both backends (the kernels compute in float32)."""
 
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):

@@ -37,6 +37,13 @@ Semantics ("lazy AdamW", like TF's LazyAdam or `torch.optim.SparseAdam`, with Ad
   counts would need another full-size tensor and break the single fused update of contiguous row ranges.
   On the first step every touched row gets exactly AdamW's first update.
 
+* bfloat16 moments (group option `moment_dtype="bfloat16"`, default "float32"): `exp_avg` and `exp_avg_sq` are
+  stored in bfloat16 (half their memory and bytes); each update computes in float32 from them and stores them back
+  with stochastic rounding: up or down to a neighbouring bfloat16 with the probabilities that make the stored value
+  unbiased, so v still moves when (1−β2)·g² (0.1% of v at β2 = 0.999) is below bfloat16's resolution (0.4%), where
+  round-to-nearest would freeze it. The random bits hash the element's row and column, the step count and the
+  moment (`rounding_bits`): the torch path and the Triton kernel draw the same bits. Parameters stay float32.
+
 State per parameter, as in AdamW: `step` (float32 scalar tensor), `exp_avg`, `exp_avg_sq` (full size, created
 on the parameter's first gradient), so `state_dict()` / `load_state_dict()` (checkpoint resume, accelerate) work
 unchanged and a dense-trained checkpoint resumes with sparse gradients and back.
@@ -94,6 +101,40 @@ def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, ep
         p.addcdiv_(m, denom, value=-lr / bc1)
 
 
+MOMENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _moment_dtype(group) -> torch.dtype:
+    return MOMENT_DTYPES[group.get("moment_dtype", "float32")]
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser on int64 tensors holding uint32 values (products wrap: only the low 32 bits
+    are kept, exactly as uint32 arithmetic in the Triton kernel)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def rounding_bits(rows: torch.Tensor, columns: torch.Tensor, step: int, moment: int) -> torch.Tensor:
+    """(len(rows), len(columns)) random 16-bit values (int32 in [0, 65536)) for the elements (row, column) of a
+    parameter viewed as (rows, width), at `step`, for moment 0 (exp_avg) or 1 (exp_avg_sq): a hash of the row xor a
+    hash of the column, each drawn anew every step (one pass per element, not a hash per element: the torch path's
+    cost), the same function as `triton_optim._round_bf16`."""
+    key = int(_fmix32(torch.tensor((step * 0x9E3779B1) ^ (moment * 0x7F4A7C15)) & 0xFFFFFFFF))
+    row_bits = _fmix32((rows & 0xFFFFFFFF) ^ _fmix32(((rows >> 32) + key) & 0xFFFFFFFF))
+    column_bits = _fmix32((columns.to(torch.int64) + (key ^ 0x5BD1E995)) & 0xFFFFFFFF)
+    return ((row_bits >> 16).to(torch.int32).unsqueeze(1) ^ (column_bits >> 16).to(torch.int32).unsqueeze(0))
+
+
+def stochastic_round_bf16(values: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """float32 → bfloat16 rounding up with probability (the dropped 16 bits)/2^16: unbiased. `bits` in [0, 65536)."""
+    raw = values.contiguous().view(torch.int32)
+    return ((raw + bits.to(torch.int32)) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
 class SparseAdamW(Optimizer):
     r"""AdamW for dense and sparse COO gradients; sparse ones update only the rows they touch (lazy AdamW).
 
@@ -108,6 +149,8 @@ class SparseAdamW(Optimizer):
             every step, applied when the row is next touched (module docstring). Per group.
         first_row_lr_scale (`float`, defaults to 1.0): learning-rate multiplier of row 0 of sparse-gradient
             parameters (BriLLM's shared edge). Per group.
+        moment_dtype (`str`, defaults to "float32"): "bfloat16" stores both moments in bfloat16 with stochastic
+            rounding (module docstring). Per group; float32 parameters only.
         foreach, fused (`bool`, *optional*): passed to the dense update exactly as `torch.optim.AdamW` takes them
             (dense gradients then equal `AdamW(..., foreach=..., fused=...)`); `fused=True` is several times faster
             on CPU for large dense parameters. Sparse gradients always use the fused kernel on row ranges.
@@ -118,7 +161,7 @@ class SparseAdamW(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  *, foreach: bool | None = None, fused: bool | None = None, lazy_weight_decay: bool = False,
-                 first_row_lr_scale: float = 1.0):
+                 first_row_lr_scale: float = 1.0, moment_dtype: str = "float32"):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -128,18 +171,24 @@ class SparseAdamW(Optimizer):
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=foreach, fused=fused,
-                        lazy_weight_decay=lazy_weight_decay, first_row_lr_scale=first_row_lr_scale)
+                        lazy_weight_decay=lazy_weight_decay, first_row_lr_scale=first_row_lr_scale,
+                        moment_dtype=moment_dtype)
         super().__init__(params, defaults)
         for group in self.param_groups:
             if not group["first_row_lr_scale"] > 0:
                 raise ValueError(f"Invalid first_row_lr_scale: {group['first_row_lr_scale']} (must be > 0)")
+            if group["moment_dtype"] not in MOMENT_DTYPES:
+                raise ValueError(f"Invalid moment_dtype: {group['moment_dtype']!r} (one of {', '.join(MOMENT_DTYPES)})")
+            if group["moment_dtype"] != "float32" and any(p.dtype != torch.float32 for p in group["params"]):
+                raise ValueError("moment_dtype='bfloat16' needs float32 parameters (they stay the master copy).")
 
     def _state(self, p, group):
         state = self.state[p]
         if len(state) == 0:  # as torch.optim.AdamW: the step on the CPU unless the fused dense kernel is used
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if group.get("fused") else "cpu")
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            dtype = _moment_dtype(group)
+            state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return state
 
     def _lazy(self, group) -> bool:
@@ -186,6 +235,12 @@ class SparseAdamW(Optimizer):
         for saved_id, p in zip(saved_ids, params):
             if saved_id in kept:
                 self.state[p]["decayed_at"] = kept[saved_id].to(dtype=torch.float64, device="cpu").clone()
+        for group in self.param_groups:  # bfloat16 moments were cast to float32 on the way in: exactly back
+            dtype = _moment_dtype(group)
+            for p in group["params"]:
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if key in self.state.get(p, {}):
+                        self.state[p][key] = self.state[p][key].to(dtype)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -221,6 +276,14 @@ class SparseAdamW(Optimizer):
                     if group.get("first_row_lr_scale", 1.0) != 1.0:
                         raise RuntimeError("SparseAdamW: first_row_lr_scale needs sparse gradients (set "
                                            "model.sparse_gradients = True); a dense gradient updates all rows at once.")
+                    if state["exp_avg"].dtype != p.dtype:  # bfloat16 moments: every row, through the rows path
+                        state["step"] += 1
+                        n_rows = p.shape[0] if p.dim() else 1
+                        SparseAdamW._update_entries(
+                            p.view(n_rows, -1), state["exp_avg"].view(n_rows, -1), state["exp_avg_sq"].view(n_rows, -1),
+                            torch.arange(n_rows, device=p.device), p.grad.reshape(n_rows, -1), None, state["step"],
+                            (lr, beta1, beta2, eps, wd))
+                        continue
                     for lst, item in zip(dense, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
                         lst.append(item)
             if dense[0]:
@@ -321,6 +384,10 @@ class SparseAdamW(Optimizer):
         n = r.numel()
         if n == 0:
             return
+        if M2.dtype != P2.dtype:  # bfloat16 moments
+            SparseAdamW._update_rows_rounded(P2, M2, V2, r, values if positions is None else values[positions], step,
+                                             hyper)
+            return
         e = positions if positions is not None else None
         # runs: consecutive entries that are also consecutive rows → views of p, m, v and of the values
         if n > 1:
@@ -362,3 +429,24 @@ class SparseAdamW(Optimizer):
                 P2.index_copy_(0, rr, p_g)
                 M2.index_copy_(0, rr, m_g)
                 V2.index_copy_(0, rr, v_g)
+
+    @staticmethod
+    def _update_rows_rounded(P2, M2, V2, rows, grads, step, hyper):
+        """AdamW on `rows` (unique) with gradient rows `grads`, from bfloat16 moments computed in float32 and stored
+        back stochastically rounded: `triton_optim._sparse_adamw_kernel`'s arithmetic, in bounded chunks."""
+        lr, beta1, beta2, eps, wd = hyper
+        t = float(step)
+        step_size, bc2_sqrt = lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5
+        width = P2.shape[1]
+        columns = torch.arange(width, device=P2.device)
+        chunk = max(1, (1 << 18) // max(width, 1))  # 1 MB a temporary: the dozen passes stay in cache
+        for c in range(0, rows.numel(), chunk):
+            rr = rows[c:c + chunk]
+            g = grads[c:c + chunk].float()
+            p = P2.index_select(0, rr) * (1 - lr * wd)
+            m = M2.index_select(0, rr).float() * beta1 + g * (1 - beta1)
+            v = V2.index_select(0, rr).float() * beta2 + g * g * (1 - beta2)
+            p = p - step_size * m / (v.sqrt() / bc2_sqrt + eps)
+            P2.index_copy_(0, rr, p.to(P2.dtype))
+            M2.index_copy_(0, rr, stochastic_round_bf16(m, rounding_bits(rr, columns, int(t), 0)))
+            V2.index_copy_(0, rr, stochastic_round_bf16(v, rounding_bits(rr, columns, int(t), 1)))

@@ -9,7 +9,8 @@ row r, with the gradient g[r] summed over duplicate entries,
 with t the parameter's step count; row 0 (BriLLM's shared edge) takes its Adam step with lr·first_row_scale and its
 decay with lr·wd (SparseAdamW's `first_row_lr_scale`: a per-row factor inside the kernel, no host read). One program updates a tile of rows × columns: it reads p, m, v and the gradient
 values once and writes p, m, v once (7 passes over a touched row, the minimum without changing the state's
-layout); gradient values are read in place through an entry index, never gathered or coalesced into a copy.
+layout; the bytes of 5 with bfloat16 moments); gradient values are read in place through an entry index, never gathered or
+coalesced into a copy.
 
 No host synchronisation: the rows are sorted on the device (an index sort, O(nnz) keys; skipped when the caller
 knows them unique), the first entry of each run of equal rows sums the run's values inside the kernel (a while
@@ -46,13 +47,34 @@ _TILE = 2048  # floats per program (rows × columns)
 if triton is not None:
 
     @triton.jit
+    def _fmix32(x):
+        """MurmurHash3's 32-bit finaliser (uint32 in, uint32 out; products wrap)."""
+        x ^= x >> 16
+        x *= 0x85EBCA6B
+        x ^= x >> 13
+        x *= 0xC2B2AE35
+        x ^= x >> 16
+        return x
+
+    @triton.jit
+    def _round_bf16(values, row, column, t, MOMENT: tl.constexpr):
+        """float32 → bfloat16, stochastically: optimization.rounding_bits and stochastic_round_bf16, the same
+        function (a hash of the row, (BLOCK_R, 1) int64, xor a hash of the column, (1, BLOCK_W))."""
+        key = _fmix32(t * 0x9E3779B1 ^ (MOMENT * 0x7F4A7C15))
+        row_bits = _fmix32((row & 0xFFFFFFFF).to(tl.uint32) ^ _fmix32((row >> 32).to(tl.uint32) + key))
+        column_bits = _fmix32(column.to(tl.uint32) + (key ^ 0x5BD1E995))
+        bits = (row_bits >> 16) ^ (column_bits >> 16)
+        raw = values.to(tl.uint32, bitcast=True)
+        return ((raw + bits) & 0xFFFF0000).to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+    @triton.jit
     def _sparse_adamw_kernel(
         p_ptr, m_ptr, v_ptr, g_ptr,  # (n_rows, W) parameter and moments, (entries, W) gradient values
         rows_ptr, entries_ptr,  # (nnz,) row of every entry (sorted unless UNIQUE), (nnz,) its values row
         step_ptr,  # the step count when it lives on the device
         nnz, W: tl.constexpr,
-        lr, beta1, beta2, eps, decay, step_size, bc2_sqrt, log_beta1, log_beta2, first_row_scale,
-        HAS_ENTRIES: tl.constexpr, UNIQUE: tl.constexpr, STEP_ON_DEVICE: tl.constexpr,
+        lr, beta1, beta2, eps, decay, step_size, bc2_sqrt, log_beta1, log_beta2, first_row_scale, step_host,
+        HAS_ENTRIES: tl.constexpr, UNIQUE: tl.constexpr, STEP_ON_DEVICE: tl.constexpr, ROUNDED: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
     ):
         # per-row quantities are (BLOCK_R, 1) columns, per-column ones (1, BLOCK_W) rows: one layout for the tile
@@ -88,6 +110,9 @@ if triton is not None:
             t = tl.load(step_ptr).to(tl.float32)
             step_size = lr / (1.0 - tl.exp(t * log_beta1))
             bc2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
+            t_int = t.to(tl.uint32)
+        else:
+            t_int = step_host.to(tl.uint32)
         at = row.to(tl.int64) * W + c
         p = tl.load(p_ptr + at, mask=tile, other=0.0).to(tl.float32)
         m = tl.load(m_ptr + at, mask=tile, other=0.0).to(tl.float32)
@@ -98,8 +123,12 @@ if triton is not None:
         v = beta2 * v + (1.0 - beta2) * g * g
         p = p - step_size * m / (tl.sqrt(v) / bc2_sqrt + eps)
         tl.store(p_ptr + at, p.to(p_ptr.dtype.element_ty), mask=tile)
-        tl.store(m_ptr + at, m.to(m_ptr.dtype.element_ty), mask=tile)
-        tl.store(v_ptr + at, v.to(v_ptr.dtype.element_ty), mask=tile)
+        if ROUNDED:  # bfloat16 moments, stochastically rounded (SparseAdamW's moment_dtype="bfloat16")
+            tl.store(m_ptr + at, _round_bf16(m, row.to(tl.int64), c, t_int, 0), mask=tile)
+            tl.store(v_ptr + at, _round_bf16(v, row.to(tl.int64), c, t_int, 1), mask=tile)
+        else:
+            tl.store(m_ptr + at, m.to(m_ptr.dtype.element_ty), mask=tile)
+            tl.store(v_ptr + at, v.to(v_ptr.dtype.element_ty), mask=tile)
 
 
 def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, entries=None, unique: bool = False,
@@ -111,7 +140,8 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
     (`entries` None: `values[e]`); duplicate rows are summed unless the caller promises `unique` rows. `step`: the
     parameter's step count (a scalar tensor, already incremented); `hyper` = (lr, beta1, beta2, eps, weight_decay).
     `step_in_kernel`: read the step inside the kernel (default: when it is not on the CPU). `first_row_scale`:
-    row 0's Adam step is taken with lr·first_row_scale (its weight decay stays lr·wd).
+    row 0's Adam step is taken with lr·first_row_scale (its weight decay stays lr·wd). bfloat16 moments beside a
+    float32 parameter are stored with stochastic rounding (SparseAdamW's `moment_dtype="bfloat16"`).
     """
     lr, beta1, beta2, eps, wd = (float(h) for h in hyper)
     n = rows.numel()
@@ -129,6 +159,7 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
         entries = entries.to(device=param.device, dtype=torch.int64).contiguous()
     on_device = step.device.type != "cpu" if step_in_kernel is None else step_in_kernel
     step_size = bc2_sqrt = 1.0
+    t = 0
     if not on_device:  # a CPU scalar: read here, no device round trip
         t = float(step)
         step_size, bc2_sqrt = lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5
@@ -141,7 +172,8 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
         param, exp_avg, exp_avg_sq, values, rows, entries if entries is not None else rows,
         step if on_device else rows, n, W,
         lr, beta1, beta2, eps, 1.0 - lr * wd, step_size, bc2_sqrt, log_beta1, log_beta2, float(first_row_scale),
-        HAS_ENTRIES=entries is not None, UNIQUE=unique or n == 1, STEP_ON_DEVICE=on_device,
+        int(t), HAS_ENTRIES=entries is not None, UNIQUE=unique or n == 1, STEP_ON_DEVICE=on_device,
+        ROUNDED=exp_avg.dtype == torch.bfloat16 and param.dtype != torch.bfloat16,
         BLOCK_R=BLOCK_R, BLOCK_W=BLOCK_W, num_warps=4)
 
 

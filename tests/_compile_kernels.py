@@ -6,7 +6,7 @@ Triton's interpreter (how CI checks the kernels' arithmetic) accepts programs it
 nothing about register pressure; the triton wheel ships ptxas, so the real compilation runs on any machine. Must
 run without TRITON_INTERPRET (the kernels are then ordinary JIT functions); exits 1 if a variant fails to compile.
 Variants: the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128; the optimizer's two row
-widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows; the decode step's state kernel
+widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows, and with bfloat16 moments; the decode step's state kernel
 (sparse graph, d = 32) with and without `non_edge_bias` and its successors kernel; the candidate energies'
 forward (log Z, logits, bf16 rows) and backward (sparse and dense gradients, the logits' gradient) at d = 32.
 """
@@ -60,12 +60,18 @@ def variants():
     optim.update(rows_ptr="*i64", entries_ptr="*i64", nnz="i32")
     optim.update({a: "fp32" for a in ("lr", "beta1", "beta2", "eps", "decay", "step_size", "bc2_sqrt", "log_beta1",
                                       "log_beta2", "first_row_scale")})
+    optim.update(step_host="i32")
     for width in (1024, 32):
         block_w = min(triton.next_power_of_2(width), O._TILE)
         for unique in (True, False):
             yield (f"sparse adamw width={width} unique={unique}", O._sparse_adamw_kernel, optim,
-                   dict(W=width, HAS_ENTRIES=not unique, UNIQUE=unique, STEP_ON_DEVICE=not unique,
+                   dict(W=width, HAS_ENTRIES=not unique, UNIQUE=unique, STEP_ON_DEVICE=not unique, ROUNDED=False,
                         BLOCK_R=max(1, O._TILE // block_w), BLOCK_W=block_w), dict(num_warps=4))
+    for on_device in (False, True):
+        yield (f"sparse adamw width=1024 bf16 moments, step {'in kernel' if on_device else 'from host'}",
+               O._sparse_adamw_kernel, dict(optim, m_ptr="*bf16", v_ptr="*bf16"),
+               dict(W=1024, HAS_ENTRIES=False, UNIQUE=True, STEP_ON_DEVICE=on_device, ROUNDED=True, BLOCK_R=2,
+                    BLOCK_W=1024), dict(num_warps=4))
     from modeling_brillm import triton_energy as E
 
     state = {a: "*fp32" for a in E._decode_state_kernel.arg_names if a.endswith("_ptr")}

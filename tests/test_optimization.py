@@ -271,3 +271,92 @@ def test_dense_fused_option_equals_adamw_fused():
         opt_a.step()
         opt_b.step()
     assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------- bfloat16 moments
+def test_stochastic_rounding_is_unbiased_and_keeps_representable_values():
+    from modeling_brillm.optimization import rounding_bits, stochastic_round_bf16
+
+    rows, columns = torch.arange(400), torch.arange(250)
+    for value in (1.0 + 2**-10, -3.3e-5, 7.1e3):
+        x = torch.full((400, 250), value)
+        got = stochastic_round_bf16(x, rounding_bits(rows, columns, step=3, moment=1))
+        neighbours = set(got.float().unique().tolist())
+        assert len(neighbours) == 2 and value not in neighbours
+        spread = max(neighbours) - min(neighbours)
+        assert abs(got.float().double().mean().item() - value) < 0.01 * spread, value
+    exact = torch.randn(400, 250).bfloat16().float()  # already bfloat16: never moved
+    assert torch.equal(stochastic_round_bf16(exact, rounding_bits(rows, columns, 1, 0)).float(), exact)
+    # other steps and the other moment draw other bits, uniform over [0, 65536)
+    bits = rounding_bits(rows, columns, 3, 0)
+    assert (bits != rounding_bits(rows, columns, 3, 1)).float().mean() > 0.99
+    assert (bits != rounding_bits(rows, columns, 4, 0)).float().mean() > 0.99
+    assert bits.min() >= 0 and bits.max() < 65536 and abs(bits.double().mean().item() / 32768 - 1) < 0.01
+
+
+def test_bfloat16_moments_keep_decaying_where_nearest_rounding_freezes():
+    """v ← 0.999·v moves v by 0.1%, below bfloat16's 0.4% resolution: round-to-nearest would keep v = 1 forever."""
+    n, steps = 4000, 200
+    p = torch.nn.Parameter(torch.zeros(n, 1))
+    opt = SparseAdamW([p], lr=1e-3, moment_dtype="bfloat16")
+    opt.state[p]["step"] = torch.zeros((), dtype=torch.float32)
+    opt.state[p]["exp_avg"] = torch.zeros(n, 1, dtype=torch.bfloat16)
+    opt.state[p]["exp_avg_sq"] = torch.ones(n, 1, dtype=torch.bfloat16)
+    for _ in range(steps):
+        p.grad = sparse_rows(torch.arange(n), torch.zeros(n, 1), (n, 1))
+        opt.step()
+    v = opt.state[p]["exp_avg_sq"].float()
+    assert abs(v.mean().item() / 0.999**steps - 1) < 0.01
+    assert torch.tensor(0.999).bfloat16() == 1.0  # what round-to-nearest would store, every step
+
+
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_bfloat16_moments_follow_float32_adamw(sparse):
+    shape = (40, 3, 3)
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        w = torch.nn.Parameter(torch.randn(shape, generator=torch.Generator().manual_seed(0)))
+        start = w.detach().clone()
+        opt = SparseAdamW([w], **HYPER, moment_dtype=dtype)
+        for k in range(6):
+            g = torch.Generator().manual_seed(10 + k)
+            rows = torch.unique(torch.randint(0, 40, (25,), generator=g))
+            values = torch.randn(rows.numel(), 3, 3, generator=g)
+            w.grad = sparse_rows(rows, values, shape) if sparse else torch.randn(shape, generator=g)
+            opt.step()
+        assert opt.state[w]["exp_avg"].dtype == opt.state[w]["exp_avg_sq"].dtype == getattr(torch, dtype)
+        results[dtype] = w.detach() - start
+    moved = results["float32"]
+    assert moved.abs().max() > 0.05
+    assert (results["bfloat16"] - moved).abs().max() < 0.02 * moved.abs().max()
+
+
+def test_bfloat16_moments_resume_exactly_and_bad_options_are_refused():
+    shape = (30, 4)
+
+    def grad(k):
+        g = torch.Generator().manual_seed(k)
+        rows = torch.unique(torch.randint(0, 30, (12,), generator=g))
+        return sparse_rows(rows, torch.randn(rows.numel(), 4, generator=g), shape), torch.randn(4, generator=g)
+
+    w, b = torch.nn.Parameter(torch.randn(shape)), torch.nn.Parameter(torch.randn(4))
+    opt = SparseAdamW([w, b], **HYPER, moment_dtype="bfloat16")
+    for k in range(3):
+        w.grad, b.grad = grad(k)
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    w2, b2 = torch.nn.Parameter(w.detach().clone()), torch.nn.Parameter(b.detach().clone())
+    opt2 = SparseAdamW([w2, b2], lr=1.0, moment_dtype="bfloat16")
+    opt2.load_state_dict(saved)  # Optimizer.load_state_dict casts the moments to float32: they come back bfloat16
+    assert opt2.state[w2]["exp_avg"].dtype == torch.bfloat16
+    for k in range(3, 6):
+        for (pw, pb), o in (((w, b), opt), ((w2, b2), opt2)):
+            pw.grad, pb.grad = grad(k)
+            o.step()
+    assert torch.equal(w, w2) and torch.equal(b, b2)
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(opt.state[w][key], opt2.state[w2][key]) and torch.equal(opt.state[b][key], opt2.state[b2][key])
+    with pytest.raises(ValueError, match="moment_dtype"):
+        SparseAdamW([torch.nn.Parameter(torch.zeros(2))], moment_dtype="float16")
+    with pytest.raises(ValueError, match="float32 parameters"):
+        SparseAdamW([torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))], moment_dtype="bfloat16")

@@ -194,6 +194,17 @@ def test_optimizer_choice():
     with pytest.raises(UsageError, match="single process only"):
         optimizers.choose_optimizer("sparse_adamw", 2, 1.0)
     assert pretrain.parse_args([]).optimizer == "auto"
+    # the moments' dtype: bfloat16 under bf16 mixed precision with SparseAdamW on a GPU, a flag wins, dense AdamW
+    # refuses it
+    assert optimizers.resolve_moment_dtype(None, one, "bf16", "cuda") == "bfloat16"
+    assert optimizers.resolve_moment_dtype("bfloat16", one, "no", "cpu") == "bfloat16"
+    assert "float32" == optimizers.resolve_moment_dtype(None, one, "no", "cuda") \
+        == optimizers.resolve_moment_dtype(None, two, "bf16", "cuda") \
+        == optimizers.resolve_moment_dtype("float32", one, "bf16", "cuda") \
+        == optimizers.resolve_moment_dtype(None, one, "bf16", "cpu")
+    assert "moments in bfloat16" in optimizers.describe_optimizer(one, 1.0, "bfloat16")
+    with pytest.raises(UsageError, match="--moment_dtype bfloat16 needs SparseAdamW"):
+        optimizers.resolve_moment_dtype("bfloat16", two, "bf16")
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2])

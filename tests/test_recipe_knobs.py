@@ -264,8 +264,8 @@ def test_pretrain_flags_reach_the_config_and_optimizer(tmp_path):
     result = run(["--train_file", corpus, "--output_dir", out, *TINY, "--max_train_steps", "6",
                   "--per_device_train_batch_size", "16", "--weight_decay", "0.1", "--lazy_weight_decay",
                   "--shared_edge_lr_scale", "0.5", "--node_lr_scale", "2", "--signal_dropout", "0.1",
-                  "--non_edge_bias"])
-    assert "sparse_adamw" in result.stdout
+                  "--non_edge_bias", "--moment_dtype", "bfloat16"])
+    assert "sparse_adamw" in result.stdout and "moments in bfloat16 with stochastic rounding" in result.stdout
     config = json.loads((out / "config.json").read_text())
     assert config["signal_dropout"] == 0.1 and config["non_edge_bias"] is True
     assert len(losses(out)) == 6

@@ -195,3 +195,46 @@ def test_first_row_lr_scale_adds_no_host_reads():
         seen[scale] = record.ops
     assert seen[0.3] == seen[1.0]
     assert not any("unique" in op or "nonzero" in op for op in seen[0.3])
+
+
+@pytest.mark.parametrize("kind", list(GRADIENTS))
+def test_bfloat16_moments_equal_the_torch_path(kind):
+    """moment_dtype="bfloat16": the kernel draws the torch path's rounding bits, so the stored moments are the same
+    bfloat16 values (bit for bit in the interpreter), with the step count read on the host or inside the kernel; the
+    float32 parameters agree within 1e-6 (operation order)."""
+    from modeling_brillm.triton_optim import sparse_adamw_rows
+
+    shape = (10, 3, 4)
+    start = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    results = []
+    for backend in ("torch", "triton"):
+        p = torch.nn.Parameter(start.clone())
+        opt = SparseAdamW([p], lr=0.05, weight_decay=0.1, betas=(0.8, 0.95), moment_dtype="bfloat16")
+        with kernel_backend(backend):
+            for step, rows in enumerate(GRADIENTS[kind]):
+                p.grad = sparse_grad(shape, rows, seed=step)
+                opt.step()
+        state = opt.state[p]
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+        results.append((p.detach().clone(), state["exp_avg"].clone(), state["exp_avg_sq"].clone()))
+    (p0, m0, v0), (p1, m1, v1) = results
+    for a, b in ((m1, m0), (v1, v0)):  # the same bits; a compiled kernel's FMAs may move a value across a rounding
+        same = (a == b).float().mean()  # boundary (odds 2^-16 an element): then one bfloat16 step apart
+        assert same > 0.99 and torch.allclose(a.float(), b.float(), rtol=2**-7, atol=0), float(same)
+    assert_rel(p1, p0, "param")
+
+    # one more step straight through the kernel: the step count read inside it draws the same bits
+    P2, M2, V2 = p1.view(10, -1), m1.view(10, -1), v1.view(10, -1)
+    rows = torch.tensor(GRADIENTS[kind][0], device=DEVICE)
+    values = torch.randn(rows.numel(), 12, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    got = []
+    for step_in_kernel in (False, True):
+        state = [P2.clone(), M2.clone(), V2.clone()]
+        step = torch.tensor(4.0)
+        with kernel_backend("triton"):
+            sparse_adamw_rows(*state, rows, values, step.to(DEVICE) if step_in_kernel else step,
+                              (0.05, 0.8, 0.95, 1e-8, 0.1), step_in_kernel=step_in_kernel)
+        got.append(state)
+    assert not torch.equal(got[0][1], M2)
+    assert torch.equal(got[1][1], got[0][1]) and torch.equal(got[1][2], got[0][2])
+    assert_rel(got[1][0], got[0][0], "param (step in kernel)")  # the bias correction is computed in float32 there

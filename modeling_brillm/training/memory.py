@@ -20,7 +20,7 @@ def human_bytes(n: float) -> str:
 
 
 def training_memory(num_params: int, strategy: str = "single", world_size: int = 1,
-                    mixed_precision: str = "no") -> dict:
+                    mixed_precision: str = "no", moment_bytes: int = 8) -> dict:
     """Bytes one process needs to train a model of `num_params` fp32 parameters with AdamW.
 
     single: parameters (4 B) + gradients (4 B) + AdamW's two moments (8 B) = 16 B per parameter.
@@ -28,17 +28,18 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
     fsdp:   the 16 B sharded over `world_size` processes, plus the parameters and gradients gathered whole
             for the forward/backward (BriLLM is one module: the whole edge table is gathered), in the compute
             dtype (2 B with fp16/bf16, else 4 B).
+    `moment_bytes`: AdamW's two moments per parameter (8 in float32, 4 with SparseAdamW's bfloat16 moments).
     10% is added for activations and allocator slack.
     """
     parts = {}
     if strategy == "fsdp":
-        parts["sharded params+grads+AdamW"] = 16 * num_params / max(world_size, 1)
+        parts["sharded params+grads+AdamW"] = (8 + moment_bytes) * num_params / max(world_size, 1)
         width = 2 if mixed_precision in ("fp16", "bf16") else 4
         parts["gathered params+grads"] = 2 * width * num_params
     else:
         parts["params"] = 4 * num_params
         parts["grads"] = 4 * num_params
-        parts["AdamW moments"] = 8 * num_params
+        parts["AdamW moments"] = moment_bytes * num_params
         if strategy == "ddp":
             parts["DDP buckets"] = 4 * num_params
     total = sum(parts.values()) * 1.1
@@ -126,8 +127,12 @@ def check_memory(config, accelerator, args) -> str:
     if getattr(args, "edge_sharding", "none") == "source":
         need = sharded_training_memory(config, accelerator.num_processes,
                                        args.per_device_train_batch_size * args.block_size)
+        if getattr(args, "moment_dtype", "float32") == "bfloat16" and "AdamW moments" in need["parts"]:
+            need["parts"]["AdamW moments"] /= 2
+            need["total"] = sum(need["parts"].values()) * 1.1
     else:
-        need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision)
+        need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision,
+                               moment_bytes=4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8)
     have, source = available_memory(accelerator, args.available_memory_gb)
     if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
         have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())

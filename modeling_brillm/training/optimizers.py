@@ -65,11 +65,32 @@ def _have_sparse_adamw() -> bool:
     return True
 
 
-def describe_optimizer(plan: OptimizerPlan, max_grad_norm: float | None) -> str:
-    """One line for the start-up summary: the optimizer, why, and the clipping."""
+MOMENT_DTYPES = ("float32", "bfloat16")
+
+
+def resolve_moment_dtype(requested: str | None, plan: OptimizerPlan, mixed_precision: str,
+                         device_type: str = "cuda") -> str:
+    """The dtype of the AdamW moments: `--moment_dtype` if given, else bfloat16 under `--mixed_precision bf16` with
+    SparseAdamW on a GPU (the 16-bit scheme that pays for BriLLM there: benchmarks/GPU_KERNELS.md, "Mixed
+    precision"), else float32 (on a CPU the torch path's rounding costs more time than the bytes it saves)."""
+    if requested is None:
+        wanted = mixed_precision == "bf16" and plan.name == "sparse_adamw" and device_type == "cuda"
+        return "bfloat16" if wanted else "float32"
+    if requested not in MOMENT_DTYPES:
+        raise UsageError(f"--moment_dtype {requested!r}: choose one of {', '.join(MOMENT_DTYPES)}.")
+    if requested != "float32" and plan.name != "sparse_adamw":
+        raise UsageError(f"--moment_dtype {requested} needs SparseAdamW (--optimizer sparse_adamw, or auto in one "
+                         f"process, or --edge_sharding source); {plan.name} keeps float32 moments.")
+    return requested
+
+
+def describe_optimizer(plan: OptimizerPlan, max_grad_norm: float | None, moment_dtype: str = "float32") -> str:
+    """One line for the start-up summary: the optimizer, why, the clipping and the moments' dtype."""
     kind = "SparseAdamW on sparse row gradients" if plan.name == "sparse_adamw" else "AdamW on dense gradients"
     clip = f"gradient norm clipped to {max_grad_norm:g}" if plan.clip else "no gradient clipping"
-    return f"optimizer: {plan.name} ({kind}; {plan.reason}); {clip}"
+    moments = ("; moments in bfloat16 with stochastic rounding (4 bytes per parameter instead of 8)"
+               if moment_dtype == "bfloat16" else "")
+    return f"optimizer: {plan.name} ({kind}; {plan.reason}); {clip}{moments}"
 
 
 def parameter_groups(model, weight_decay: float, learning_rate: float | None = None, *,
@@ -113,7 +134,8 @@ def apply_pending_weight_decay(optimizer):
 
 
 def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_decay: float, accelerator, *,
-                    lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0):
+                    lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
+                    moment_dtype: str = "float32"):
     """The optimizer of `plan` over `model` (before accelerator.prepare); sets model.sparse_gradients to match."""
     import torch
 
@@ -127,7 +149,7 @@ def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_dec
     if plan.name == "sparse_adamw":
         from modeling_brillm.optimization import SparseAdamW
 
-        return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS)
+        return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
     # torch's fused kernel: one pass over parameter, gradient and moments (7x faster than the default on CPU)
     fused = accelerator.device.type in ("cpu", "cuda") and accelerator.distributed_type.value != "DEEPSPEED"
     return torch.optim.AdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS, fused=fused)

@@ -40,6 +40,7 @@ TRAINING_DEFAULTS = {
     "lazy_weight_decay": False,
     "shared_edge_lr_scale": 1.0,
     "node_lr_scale": 1.0,
+    "moment_dtype": None,  # None: bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32
     "min_bigram_count": 1,
     "validation_split_percentage": 5,
     "max_eval_samples": None,

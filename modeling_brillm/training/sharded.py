@@ -83,14 +83,15 @@ def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, 
 
 
 def build_sharded_optimizer(sharded, learning_rate: float, weight_decay: float, *, lazy_weight_decay: bool = False,
-                            shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0):
+                            shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
+                            moment_dtype: str = "float32"):
     """SparseAdamW over the shards with the groups (and recipe options) of the one-process optimizer
     (`optimizers.build_optimizer`): on each process it updates the rows it owns exactly as one process would."""
     from modeling_brillm.optimization import SparseAdamW
 
     groups = sharded.parameter_groups(weight_decay, learning_rate, lazy_weight_decay=lazy_weight_decay,
                                       shared_edge_lr_scale=shared_edge_lr_scale, node_lr_scale=node_lr_scale)
-    return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS)
+    return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
 
 
 def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
