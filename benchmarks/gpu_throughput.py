@@ -7,7 +7,9 @@
 Training: for every shape ("paper" = V 4000, 227 successors, d 32, 0.96B parameters; "small" = V 1000, 100
 successors; "tiny" = V 64, 8 successors, d 8, for smoke tests), batch × length (32x32, 256x64, 1024x64),
 objective ("exact" full softmax; "sampled" = the release's K=400 frequency negatives), optimizer
-("sparse_adamw" = sparse gradients + SparseAdamW; "adamw" = dense gradients + torch's fused AdamW) and backend
+("sparse_adamw" = sparse gradients + SparseAdamW; "sparse_adamw_bf16" = the same with bfloat16 moments,
+stochastically rounded, what --mixed_precision bf16 picks on a GPU; "adamw" = dense gradients + torch's fused
+AdamW) and backend
 ("torch" = `kernel_backend("torch")`, the reference path; "triton" = `kernel_backend("triton")`), on the same
 model, with synthetic Zipf paths along real edges (benchmarks/common.py). Each row reports:
 
@@ -21,7 +23,8 @@ model, with synthetic Zipf paths along real edges (benchmarks/common.py). Each r
 * floor ms / of floor: the step's bandwidth floor (bytes a step must move, over the copy bandwidth measured on
   this device at start-up) and the fraction of it reached (floor / measured step). Bytes, with R the edge rows
   the step touches (every successor block of a scored source, the shared row) and P all rows, each
-  (d² + d)·4 bytes: sparse_adamw 10·R rows (read forward, read + write gradient backward, 7 optimizer passes);
+  (d² + d)·4 bytes: sparse_adamw 10·R rows (read forward, read + write gradient backward, 7 optimizer passes;
+  8·R with bfloat16 moments, whose 4 passes move half the bytes);
   adamw 3·R + 8·P rows (the dense gradient is zero-filled, then 7 passes over every row).
 
 Decoding: generate() greedy at batch 1, 32, 256 (`--decode-batches`), tokens/s over `--decode-tokens` new
@@ -65,7 +68,7 @@ SHAPES = {
     "small": dict(vocab=1000, successors=100, node_size=32),
     "tiny": dict(vocab=64, successors=8, node_size=8),
 }
-OPTIMIZERS = ("sparse_adamw", "adamw")
+OPTIMIZERS = ("sparse_adamw", "sparse_adamw_bf16", "adamw")
 OBJECTIVES = ("exact", "sampled")
 
 
@@ -107,7 +110,8 @@ def floor_bytes(model, batch: torch.Tensor, optimizer: str) -> int:
     sources = torch.unique(batch[:, :-1].cpu())
     R = int(degree[sources].sum()) + (1 if model.config.graph == "sparse" else 0)
     P = model.weights.shape[0]
-    return row * (10 * R if optimizer == "sparse_adamw" else 3 * R + 8 * P)
+    rows = {"sparse_adamw": 10 * R, "sparse_adamw_bf16": 8 * R}.get(optimizer, 3 * R + 8 * P)
+    return row * rows
 
 
 def profile_step(step, device) -> tuple[int, float]:
@@ -149,11 +153,12 @@ def train_row(args, model, batches, device, B, L, objective, optimizer_name, bac
     from modeling_brillm.optimization import SparseAdamW
 
     set_objective(model, objective)
-    sparse = optimizer_name == "sparse_adamw"
+    sparse = optimizer_name.startswith("sparse_adamw")
     model.sparse_gradients = sparse
     params = list(model.parameters())
     if sparse:
-        optimizer = SparseAdamW(params, lr=1e-3)
+        moments = "bfloat16" if optimizer_name.endswith("bf16") else "float32"
+        optimizer = SparseAdamW(params, lr=1e-3, moment_dtype=moments)
     else:
         optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
     if device.type == "cuda":

@@ -1,14 +1,16 @@
 """Compile every Triton kernel for an H100 (sm_90) without a GPU, and print their resources.
 
-    python tests/_compile_kernels.py          # one line per kernel variant: registers, stack (spills), shared
+    python tests/_compile_kernels.py              # one line per kernel variant: registers, stack (spills), shared
+    python tests/_compile_kernels.py --arch 80    # another GPU: 80 A100, 89 L40/RTX 4090, 100 B200, 120 RTX 5090
 
 Triton's interpreter (how CI checks the kernels' arithmetic) accepts programs its compiler rejects, and says
 nothing about register pressure; the triton wheel ships ptxas, so the real compilation runs on any machine. Must
 run without TRITON_INTERPRET (the kernels are then ordinary JIT functions); exits 1 if a variant fails to compile.
-Variants: the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128; the optimizer's two row
-widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows, and with bfloat16 moments; the decode step's state kernel
-(sparse graph, d = 32) with and without `non_edge_bias` and its successors kernel; the candidate energies'
-forward (log Z, logits, bf16 rows) and backward (sparse and dense gradients, the logits' gradient) at d = 32.
+Variants: the recurrence at the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128; the
+optimizer's two row widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows, and with
+bfloat16 moments; the decode step's state kernel (sparse graph, d = 32) with and without `non_edge_bias`, and its
+successors kernel; the candidate energies' forward (log Z, logits, bf16 rows) and backward (sparse and dense
+gradients, the logits' gradient) at d = 32.
 """
 
 import os
@@ -112,6 +114,9 @@ def variants():
 
 
 def main() -> int:
+    global TARGET
+    if "--arch" in sys.argv:
+        TARGET = GPUTarget("cuda", int(sys.argv[sys.argv.index("--arch") + 1]), 32)
     failed = 0
     for label, fn, types, constants, meta in variants():
         try:
