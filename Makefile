@@ -10,13 +10,13 @@ FLOOR_VENV := .venv-floor
 FLOOR_PY   := $(FLOOR_VENV)/bin/python
 # The Hugging Face-facing tests: config, remote code, modeling, generate/pipeline, evaluate, publishing,
 # tokenizers, fine-tuning, pretraining end to end through accelerate (with checkpoint and exact resume), and a saved
-# model with the demo recipe's non-edge bias through remote code; and the Triton kernels (interpreted) at the oldest
-# triton claimed.
+# model with the demo recipe's non-edge bias through remote code; and the Triton kernels (interpreted, and compiled
+# for sm_90) at the oldest triton claimed.
 FLOOR_TESTS := tests/test_config.py tests/test_remote_code.py tests/test_modeling.py tests/test_generation.py \
 	tests/test_evaluation.py tests/test_publishing.py tests/test_tokenization.py tests/test_finetune.py \
 	tests/test_pretrain.py::test_end_to_end_accelerate_launch tests/test_pretrain.py::test_resume_gives_identical_loss_curve \
 	tests/test_recipe_knobs.py::test_non_edge_bias_through_remote_code \
-	tests/test_triton_energy.py tests/test_triton_recurrence.py tests/test_triton_optim.py
+	tests/test_triton_energy.py tests/test_triton_recurrence.py tests/test_triton_optim.py tests/test_kernels_compile.py
 
 .PHONY: demo test test-floor setup setup-floor
 

@@ -72,6 +72,17 @@ def use_triton(tensor) -> bool:
     return True
 
 
+def triton_modules():
+    """(triton, triton.language), or (None, None) where triton is missing: the kernel modules' one import of it (they
+    are imported only when a kernel is about to run, after TRITON_INTERPRET is settled)."""
+    try:  # transformers' check of a saved model's imports skips try blocks: a CPU-only install never needs triton
+        import triton
+        import triton.language as tl
+    except ImportError:  # pragma: no cover - found by find_spec but broken
+        return None, None
+    return triton, tl
+
+
 def exact_precision(forward):
     """Run `forward` with autocast off: BriLLM computes in its parameters' dtype whatever autocast asks.
 
@@ -94,4 +105,4 @@ def exact_precision(forward):
 
 
 __all__ = ["BACKENDS", "HAVE_TRITON", "current_backend", "exact_precision", "kernel_backend", "interpreting",
-           "use_triton"]
+           "triton_modules", "use_triton"]

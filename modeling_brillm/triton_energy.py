@@ -41,13 +41,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .backend import triton_modules
 from .energy import edge_table_grads
 
-try:  # optional: CUDA builds of torch ship it; the check of remote-code imports skips try blocks
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - energy.py only imports this module when backend.use_triton() is true
-    triton = tl = None
+triton, tl = triton_modules()
 
 # Positions per chunk (the dot's M; tl.dot's smallest is 16): a source's positions are cut into chunks of this
 # many and a chunk's empty rows are computed and dropped. Zipf batches at the paper shape have 1.1 (32 x 32) to 16
@@ -104,6 +101,18 @@ if triton is not None:
         return tl.reshape(tl.broadcast_to(values[:, :, None], (BM, BN, D)), (BM, BN * D))
 
     @triton.jit
+    def _tile(t, tile_source_ptr, tile_first_ptr, count_ptr, group_start_ptr, indptr_ptr):
+        """Work tile t of the plan: its source u, its index s among u's tiles, u's positions (count of them, the first
+        in sorted order) and u's successors' edge rows e0 + 1 … e0 + degree (row 0 is the shared edge)."""
+        u = tl.load(tile_source_ptr + t)
+        s = t - tl.load(tile_first_ptr + u)
+        count = tl.load(count_ptr + u)
+        first = tl.load(group_start_ptr + u)
+        e0 = tl.load(indptr_ptr + u).to(tl.int64)
+        degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+        return u, s, count, first, e0, degree
+
+    @triton.jit
     def _energy_forward_kernel(
         x_ptr, pe_ptr, w_ptr, b_ptr,
         tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
@@ -123,12 +132,8 @@ if triton is not None:
         rows_in_chunk = tl.arange(0, BM)
         t = pid
         while t < total:
-            u = tl.load(tile_source_ptr + t)
-            s = t - tl.load(tile_first_ptr + u)
-            count = tl.load(count_ptr + u)
-            first = tl.load(group_start_ptr + u)
-            e0 = tl.load(indptr_ptr + u).to(tl.int64)
-            degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+            u, s, count, first, e0, degree = _tile(t, tile_source_ptr, tile_first_ptr, count_ptr, group_start_ptr,
+                                                    indptr_ptr)
             v0 = s * (NSUB * BN)
             c = 0
             while c < count:
@@ -203,12 +208,8 @@ if triton is not None:
         rows_in_chunk = tl.arange(0, BM)
         t = pid
         while t < total:
-            u = tl.load(tile_source_ptr + t)
-            s = t - tl.load(tile_first_ptr + u)
-            count = tl.load(count_ptr + u)
-            first = tl.load(group_start_ptr + u)
-            e0 = tl.load(indptr_ptr + u).to(tl.int64)
-            degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
+            u, s, count, first, e0, degree = _tile(t, tile_source_ptr, tile_first_ptr, count_ptr, group_start_ptr,
+                                                    indptr_ptr)
             v0 = s * (NSUB * BN)
             for sub in tl.static_range(NSUB):
                 vs = v0 + sub * BN

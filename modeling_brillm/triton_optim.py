@@ -30,16 +30,9 @@ import math
 
 import torch
 
-from .backend import HAVE_TRITON
+from .backend import triton_modules
 
-if HAVE_TRITON:  # a CPU-only install never imports triton (the remote-code import check skips this block)
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:  # pragma: no cover - found but broken
-        triton = tl = None
-else:  # pragma: no cover
-    triton = tl = None
+triton, tl = triton_modules()
 
 _TILE = 2048  # floats per program (rows × columns)
 

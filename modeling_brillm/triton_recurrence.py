@@ -48,18 +48,11 @@ from __future__ import annotations
 
 import torch
 
-from .backend import HAVE_TRITON
+from .backend import triton_modules
 
 MAX_NODE_SIZE = 128  # a row's d×d tile lives in registers; larger d falls back to the torch loop
 
-if HAVE_TRITON:  # a CPU-only install never imports triton (the remote-code import check skips this block)
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:  # pragma: no cover - found but broken
-        triton = tl = None
-else:  # pragma: no cover
-    triton = tl = None
+triton, tl = triton_modules()
 
 
 def unsupported_reason(weights: torch.Tensor, needs_grad: bool) -> str | None:
