@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from .backend import exact_precision, use_triton
 from .configuration_brillm import BriLLMConfig
@@ -32,6 +32,8 @@ from .energy import (
     target_energies,
 )
 from .graph import BigramGraph, build_sparse_graph, check_csr, count_bigrams, merge_edges
+
+logger = logging.get_logger(__name__)
 
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
@@ -969,19 +971,36 @@ class BriLLMForCausalLM(BriLLMModel, GenerationMixin):
         if not self.extends_positions and state.longest >= cfg.max_position_embeddings:
             raise self._too_long(state.longest + 1)
         state_tensors = [getattr(state, name) for name in state._tensors()]
-        captured = trusted and self.decode_mode == "auto" and input_ids.is_cuda
+        replayed = None
+        if trusted and self.decode_mode == "auto" and input_ids.is_cuda:
+            replayed = self._replay_decode_graph(tokens, state)
+        captured = replayed is not None
         if captured:
-            if getattr(self, "_decode_graphs", None) is None:
-                from .decode_capture import DecodeGraphs
-
-                self._decode_graphs = DecodeGraphs()
-            logits, new_tensors = self._decode_graphs.step(self, tokens, state)
+            logits, new_tensors = replayed
         else:
             logits, new_tensors = self._decode_core(tokens, *state_tensors, self._decode_max_degree())
         new_state = BriLLMState(*new_tensors, seen=state.seen + 1, longest=state.longest + 1)
         new_state.graph_owned = captured
         use_cache = cfg.use_cache if use_cache is None else use_cache
         return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), past_key_values=new_state if use_cache else None)
+
+    def _replay_decode_graph(self, tokens, state):
+        """The step from its CUDA graph (decode_capture.py): (logits, new state tensors); None where capturing fails,
+        said once: this model then decodes with the same step uncaptured (decode_mode becomes "eager")."""
+        if getattr(self, "_decode_graphs", None) is None:
+            from .decode_capture import DecodeGraphs
+
+            self._decode_graphs = DecodeGraphs()
+        try:
+            return self._decode_graphs.step(self, tokens, state)
+        except RuntimeError as error:  # the capture never ran on this GPU / driver / triton before: keep decoding
+            self._decode_graphs.clear()
+            self.decode_mode = "eager"
+            logger.warning(f"BriLLM: capturing the decode step into a CUDA graph failed ({type(error).__name__}: "
+                           f"{str(error).splitlines()[0] if str(error) else ''}); decoding continues with the same "
+                           "step uncaptured (model.decode_mode = 'eager', a few times slower per token at batch 1). "
+                           "Please report it with your GPU, torch and triton versions.")
+            return None
 
     def _sampled_loss(self, logits, shared, sources, targets):
         """The release's objective: cross-entropy over the true target (first) and K negatives of the source."""

@@ -156,6 +156,33 @@ def test_the_step_runs_on_meta_tensors(models, tok, dense):
     assert [t.shape for t in new_state] == [t.shape for t in state]
 
 
+def test_a_failed_capture_falls_back_to_the_eager_step(tok, monkeypatch, caplog):
+    """Capture has never run on most users' GPU / driver / triton: where it fails, decoding goes on uncaptured with
+    the same step (one warning), instead of stopping generate(). Simulated here: the capture raises."""
+    from modeling_brillm.decode_capture import DecodeGraphs
+
+    model = make_model(tok, node_size=6, seed=3)
+
+    def fail(self, *args):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(DecodeGraphs, "step", fail)
+    enc = _enc(tok)
+    with torch.no_grad():
+        state = model(**enc, use_cache=True).past_key_values
+        tokens = torch.tensor([5, 6, 7])
+        with caplog.at_level("WARNING"):
+            assert model._replay_decode_graph(tokens, state) is None
+        assert model.decode_mode == "eager" and not model._decode_graphs.graphs
+        assert "capturing the decode step into a CUDA graph failed (RuntimeError: CUDA error: operation not " \
+               "permitted when stream is capturing)" in caplog.text and "more detail" not in caplog.text
+        # the eager step it falls back to: the general path's logits
+        eager = model(input_ids=tokens[:, None], past_key_values=state, generation_step=True).logits
+        model.decode_mode = "off"
+        general = model(input_ids=tokens[:, None], past_key_values=state).logits
+    torch.testing.assert_close(eager, general, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (checked on the device machine)")
 @pytest.mark.parametrize("dense", [False, True])
 def test_captured_step_replays_the_eager_step(models, tok, dense):
