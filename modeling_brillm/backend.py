@@ -83,6 +83,20 @@ def triton_modules():
     return triton, tl
 
 
+def launch(kernel, grid, *args, **kwargs):
+    """`kernel[grid](*args, **kwargs)`; where Triton cannot compile or launch it on this device, an error that says
+    how to go on (the torch path) instead of a trace from inside Triton's compiler."""
+    try:
+        return kernel[grid](*args, **kwargs)
+    except Exception as error:
+        name = getattr(getattr(kernel, "fn", kernel), "__name__", "kernel")
+        detail = str(error).strip().splitlines()
+        raise RuntimeError(
+            f"BriLLM's Triton kernel {name} failed ({type(error).__name__}: {detail[-1] if detail else ''}). Set "
+            "BRILLM_BACKEND=torch (or `with kernel_backend('torch'):`) to run the torch path instead, and please "
+            "report it with your GPU, torch and triton versions.") from error
+
+
 def exact_precision(forward):
     """Run `forward` with autocast off: BriLLM computes in its parameters' dtype whatever autocast asks.
 
@@ -105,4 +119,4 @@ def exact_precision(forward):
 
 
 __all__ = ["BACKENDS", "HAVE_TRITON", "current_backend", "exact_precision", "kernel_backend", "interpreting",
-           "triton_modules", "use_triton"]
+           "launch", "triton_modules", "use_triton"]

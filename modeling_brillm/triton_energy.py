@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import triton_modules
+from .backend import launch, triton_modules
 from .energy import edge_table_grads
 
 triton, tl = triton_modules()
@@ -421,7 +421,7 @@ def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor | None = None) 
     part = out
     if N and plan.num_tiles:
         meta = _meta(plan, d)
-        _energy_forward_kernel[(meta["GRID"],)](
+        launch(_energy_forward_kernel, (meta["GRID"],),
             x, pe, weights, b2, *_common_args(plan), part, part, plan.count,
             d, plan.num_tiles, plan.vocab_size, LSE=True, LOGITS=False, OUT_ROWS=False, **meta, num_warps=4)
     return part
@@ -432,7 +432,7 @@ def write_logits(x, pe, weights, b2, plan, out: torch.Tensor, out_rows: torch.Te
     N, d = x.shape
     if N and plan.num_tiles:
         meta = _meta(plan, d)
-        _energy_forward_kernel[(meta["GRID"],)](
+        launch(_energy_forward_kernel, (meta["GRID"],),
             x, pe, weights, b2, *_common_args(plan), out, out, out_rows if out_rows is not None else plan.count,
             d, plan.num_tiles, plan.vocab_size, LSE=False, LOGITS=True, OUT_ROWS=out_rows is not None, **meta,
             num_warps=4)
@@ -574,8 +574,8 @@ class KernelEnergies(torch.autograd.Function):
         if clear:  # the kernel reads the successors' columns and zeroes them: the rest sums to the shared gradient
             grad_logits = grad_logits.clone()
         live = lse is not None or target is not None or grad_logits is not None
-        launch = bool(N and plan.num_tiles and live and (need_x or need_w or need_b or clear))
-        if not launch:  # nothing reaches the candidate energies: their rows' gradients are zero
+        run_kernel = bool(N and plan.num_tiles and live and (need_x or need_w or need_b or clear))
+        if not run_kernel:  # nothing reaches the candidate energies: their rows' gradients are zero
             for values in (w_values, b_values):
                 if values is not None:
                     values.zero_()
@@ -586,7 +586,7 @@ class KernelEnergies(torch.autograd.Function):
             dummy = plan.count
             peak, lse_scale = lse if lse is not None else (f32, f32)
             gt, within = target if target is not None else (f32, dummy)
-            _energy_backward_kernel[(meta["GRID"],)](
+            launch(_energy_backward_kernel, (meta["GRID"],),
                 x, pe, weights, b2, *_common_args(plan),
                 peak, lse_scale, gt, within,
                 grad_logits if grad_logits is not None else f32, dummy, slot if slot is not None else dummy,
@@ -775,7 +775,7 @@ def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_
     N, d = x.shape
     tiles = -(-max_degree // DECODE_TILE_SUCCESSORS)
     if N and tiles:
-        _decode_successors_kernel[(N, tiles)](
+        launch(_decode_successors_kernel, (N, tiles),
             x.contiguous(), pe.contiguous(), weights, b2, sources, indptr,
             indices if indices is not None else indptr, out, d, vocab_size,
             D=padded_width(d), BN=BLOCK_SUCCESSORS, NSUB=DECODE_TILE_SUCCESSORS // BLOCK_SUCCESSORS,
@@ -796,7 +796,7 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
     new_norm, new_max, new_length = torch.empty_like(mix_norm), torch.empty_like(mix_max), torch.empty_like(length)
     has_bias = non_edge_bias is not None and indices is not None  # the bias offsets non-successors only
     if B:
-        _decode_state_kernel[(B,)](
+        launch(_decode_state_kernel, (B,),
             tokens, last_token, signal.contiguous(), mix_sum.contiguous(), mix_norm, mix_max, length,
             weights, b2, position_logits, pe_in.contiguous(), pe_out.contiguous(), indptr,
             indices if indices is not None else indptr,

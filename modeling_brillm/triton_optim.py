@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from .backend import triton_modules
+from .backend import launch, triton_modules
 
 triton, tl = triton_modules()
 
@@ -161,7 +161,7 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
     BLOCK_W = min(triton.next_power_of_2(W), _TILE)
     BLOCK_R = max(1, _TILE // BLOCK_W)
     grid = (triton.cdiv(n, BLOCK_R), triton.cdiv(W, BLOCK_W))
-    _sparse_adamw_kernel[grid](
+    launch(_sparse_adamw_kernel, grid,
         param, exp_avg, exp_avg_sq, values, rows, entries if entries is not None else rows,
         step if on_device else rows, n, W,
         lr, beta1, beta2, eps, 1.0 - lr * wd, step_size, bc2_sqrt, log_beta1, log_beta2, float(first_row_scale),

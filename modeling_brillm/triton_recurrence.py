@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import triton_modules
+from .backend import launch, triton_modules
 
 MAX_NODE_SIZE = 128  # a row's d×d tile lives in registers; larger d falls back to the torch loop
 
@@ -283,7 +283,7 @@ class _SignalScan(torch.autograd.Function):
         n_fin = torch.empty(B, dtype=torch.float32, device=device)
         m_fin = torch.empty(B, dtype=torch.float32, device=device)
         if B and L:
-            _scan_forward_kernel[(B,)](x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, signals, n_save, m_save,
+            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, signals, n_save, m_save,
                                        s_fin, n_fin, m_fin, L, d, SAVE=training, **_meta(d))
         else:
             s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
@@ -322,7 +322,7 @@ class _SignalScan(torch.autograd.Function):
         g_mix = torch.empty(B, L, dtype=torch.float32, device=device)
         if B and L:
             dummy = g_x0
-            _scan_backward_kernel[(B,)](
+            launch(_scan_backward_kernel, (B,),
                 x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, signals, n_save, m_save,
                 g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
                 w_buf if need_w else dummy, b_buf if need_b else dummy, L, d,
