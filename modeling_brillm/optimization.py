@@ -279,10 +279,16 @@ class SparseAdamW(Optimizer):
                     if state["exp_avg"].dtype != p.dtype:  # bfloat16 moments: every row, through the rows path
                         state["step"] += 1
                         n_rows = p.shape[0] if p.dim() else 1
-                        SparseAdamW._update_entries(
-                            p.view(n_rows, -1), state["exp_avg"].view(n_rows, -1), state["exp_avg_sq"].view(n_rows, -1),
-                            torch.arange(n_rows, device=p.device), p.grad.reshape(n_rows, -1), None, state["step"],
-                            (lr, beta1, beta2, eps, wd))
+                        P2, M2, V2 = (t.view(n_rows, -1) for t in (p, state["exp_avg"], state["exp_avg_sq"]))
+                        rows, hyper = torch.arange(n_rows, device=p.device), (lr, beta1, beta2, eps, wd)
+                        if use_triton(P2):
+                            from .triton_optim import sparse_adamw_rows
+
+                            sparse_adamw_rows(P2, M2, V2, rows, p.grad.reshape(n_rows, -1), state["step"], hyper,
+                                              unique=True)
+                        else:
+                            SparseAdamW._update_entries(P2, M2, V2, rows, p.grad.reshape(n_rows, -1), None,
+                                                        state["step"], hyper)
                         continue
                     for lst, item in zip(dense, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
                         lst.append(item)
