@@ -761,8 +761,11 @@ class ShardedBriLLM(nn.Module):
                 p = getattr(m, name)
                 group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
                 st["step"] = st["step"].to(dev if group.get("fused") else "cpu")
-                # the step and the lazy-decay bookkeeping stay where SparseAdamW keeps them (CPU, float64 / float)
-                optimizer.state[p] = {k: (v.to(dev) if k in ("exp_avg", "exp_avg_sq") else v) for k, v in st.items()}
+                # the step and the lazy-decay bookkeeping stay where SparseAdamW keeps them (CPU, float64 / float); the
+                # moments in the group's dtype (bfloat16 moments were saved as such: exact)
+                moment = getattr(torch, group.get("moment_dtype", "float32"))
+                optimizer.state[p] = {k: (v.to(dev, moment) if k in ("exp_avg", "exp_avg_sq") else v)
+                                      for k, v in st.items()}
 
     # ------------------------------------------------------------------------------------- export
     def full_state_dict(self) -> dict | None:

@@ -293,6 +293,27 @@ def test_recipe_trains_sharded_like_one_process_and_resumes_on_one(tmp_path):
     _assert_close(sharded.full_state_dict(), ref_state)
 
 
+def test_bfloat16_moments_resume_sharded_bit_for_bit(tmp_path):
+    """SparseAdamW(moment_dtype="bfloat16") on the shards: a checkpoint's moments come back in bfloat16 and training
+    continues exactly as without the interruption (in one process: the file format is the same for any count)."""
+    def fresh():
+        sharded = ShardedBriLLM(_model(**RECIPE))
+        opt = SparseAdamW(sharded.parameter_groups(RECIPE_WD, LR, **RECIPE_GROUPS), lr=LR, moment_dtype="bfloat16")
+        return sharded, opt
+
+    sharded, opt = fresh()
+    ckpt = str(tmp_path / "ckpt")
+    losses, _ = _train(sharded, opt, 0, 6, 0, 1, save_at=3, save_dir=ckpt)
+    resumed, opt2 = fresh()
+    resumed.load_shard(ckpt, opt2)
+    again, _ = _train(resumed, opt2, 3, 6, 0, 1)
+    assert again == losses[3:]
+    for p, q in zip(sharded.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert opt2.state[q][key].dtype == torch.bfloat16 and torch.equal(opt.state[p][key], opt2.state[q][key])
+
+
 def test_recipe_groups_and_errors(tmp_path):
     sharded = ShardedBriLLM(_model(**RECIPE))
     m = sharded.model
