@@ -104,7 +104,8 @@ def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, ep
 MOMENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _moment_dtype(group) -> torch.dtype:
+def group_moment_dtype(group) -> torch.dtype:
+    """The dtype of the AdamW moments of a SparseAdamW parameter group."""
     return MOMENT_DTYPES[group.get("moment_dtype", "float32")]
 
 
@@ -186,7 +187,7 @@ class SparseAdamW(Optimizer):
         state = self.state[p]
         if len(state) == 0:  # as torch.optim.AdamW: the step on the CPU unless the fused dense kernel is used
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if group.get("fused") else "cpu")
-            dtype = _moment_dtype(group)
+            dtype = group_moment_dtype(group)
             state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return state
@@ -236,7 +237,7 @@ class SparseAdamW(Optimizer):
             if saved_id in kept:
                 self.state[p]["decayed_at"] = kept[saved_id].to(dtype=torch.float64, device="cpu").clone()
         for group in self.param_groups:  # bfloat16 moments were cast to float32 on the way in: exactly back
-            dtype = _moment_dtype(group)
+            dtype = group_moment_dtype(group)
             for p in group["params"]:
                 for key in ("exp_avg", "exp_avg_sq"):
                     if key in self.state.get(p, {}):

@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .backend import exact_precision
+from .optimization import group_moment_dtype
 from .energy import (
     EdgeGradLink,
     candidate_energies,
@@ -763,7 +764,7 @@ class ShardedBriLLM(nn.Module):
                 st["step"] = st["step"].to(dev if group.get("fused") else "cpu")
                 # the step and the lazy-decay bookkeeping stay where SparseAdamW keeps them (CPU, float64 / float); the
                 # moments in the group's dtype (bfloat16 moments were saved as such: exact)
-                moment = getattr(torch, group.get("moment_dtype", "float32"))
+                moment = group_moment_dtype(group)
                 optimizer.state[p] = {k: (v.to(dev, moment) if k in ("exp_avg", "exp_avg_sq") else v)
                                       for k, v in st.items()}
 
@@ -820,14 +821,15 @@ class ShardedBriLLM(nn.Module):
 
 # ------------------------------------------------------------------------------------------------ memory
 def sharded_memory(config, world_size: int, global_tokens: int = 8192, imbalance: float = 1.25,
-                   optimizer_state: bool = True) -> dict:
+                   optimizer_state: bool = True, moment_bytes: int = 8) -> dict:
     """Bytes per process of the source-sharded path in fp32, by part (an upper estimate for the busiest process).
 
     The process's share of the edge table under a balanced split (table / world size, plus one source's block of
     slack), its two AdamW moments, the sparse gradient of its touched rows (at most its whole share), the
     candidate workspace (5 (M, d) fp32 buffers, M = positions it scores x successors, the positions being the
     global batch's / world size x `imbalance`), the rows its recurrence fetches and their gradient, and the
-    replicated parameters with their moments. `global_tokens`: batch x length over all processes.
+    replicated parameters with their moments. `global_tokens`: batch x length over all processes; `moment_bytes`:
+    the two moments per parameter (8 in float32, 4 with SparseAdamW's bfloat16 moments).
     """
     V, d, P = config.vocab_size, config.node_size, config.num_edge_rows
     row = 4 * (d * d + d)
@@ -836,13 +838,13 @@ def sharded_memory(config, world_size: int, global_tokens: int = 8192, imbalance
     scored = math.ceil(global_tokens / world_size * imbalance)
     parts = {"edge rows (weights + biases)": rows * row}
     if optimizer_state:
-        parts["AdamW moments"] = 2 * rows * row
+        parts["AdamW moments"] = moment_bytes * rows * row // 4
     parts["row gradients (touched rows, at most the share)"] = rows * row
     parts["candidate workspace"] = 5 * 4 * scored * degree * d
     parts["fetched rows + their gradients"] = 2 * math.ceil(global_tokens / world_size) * row
     offsets = V if getattr(config, "non_edge_bias", False) and config.graph == "sparse" else 0  # non_edge_bias
-    parts["replicated (node_bias, positions, shared edge) + moments"] = 3 * 4 * (V * d + config.max_position_embeddings
-                                                                                 + d * d + d + offsets)
+    parts["replicated (node_bias, positions, shared edge) + moments"] = (4 + moment_bytes) * (
+        V * d + config.max_position_embeddings + d * d + d + offsets)
     parts["total"] = sum(parts.values())
     return parts
 

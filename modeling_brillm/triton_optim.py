@@ -9,8 +9,8 @@ row r, with the gradient g[r] summed over duplicate entries,
 with t the parameter's step count; row 0 (BriLLM's shared edge) takes its Adam step with lr·first_row_scale and its
 decay with lr·wd (SparseAdamW's `first_row_lr_scale`: a per-row factor inside the kernel, no host read). One program updates a tile of rows × columns: it reads p, m, v and the gradient
 values once and writes p, m, v once (7 passes over a touched row, the minimum without changing the state's
-layout; the bytes of 5 with bfloat16 moments); gradient values are read in place through an entry index, never gathered or
-coalesced into a copy.
+layout; the bytes of 5 with bfloat16 moments); gradient values are read in place through an entry index, never
+gathered or coalesced into a copy.
 
 No host synchronisation: the rows are sorted on the device (an index sort, O(nnz) keys; skipped when the caller
 knows them unique), the first entry of each run of equal rows sums the run's values inside the kernel (a while

@@ -283,8 +283,8 @@ class _SignalScan(torch.autograd.Function):
         n_fin = torch.empty(B, dtype=torch.float32, device=device)
         m_fin = torch.empty(B, dtype=torch.float32, device=device)
         if B and L:
-            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, signals, n_save, m_save,
-                                       s_fin, n_fin, m_fin, L, d, SAVE=training, **_meta(d))
+            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, signals, n_save,
+                   m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, **_meta(d))
         else:
             s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
         if link is not None:

@@ -355,7 +355,8 @@ def test_bfloat16_moments_resume_exactly_and_bad_options_are_refused():
             o.step()
     assert torch.equal(w, w2) and torch.equal(b, b2)
     for key in ("exp_avg", "exp_avg_sq"):
-        assert torch.equal(opt.state[w][key], opt2.state[w2][key]) and torch.equal(opt.state[b][key], opt2.state[b2][key])
+        assert torch.equal(opt.state[w][key], opt2.state[w2][key])
+        assert torch.equal(opt.state[b][key], opt2.state[b2][key])
     with pytest.raises(ValueError, match="moment_dtype"):
         SparseAdamW([torch.nn.Parameter(torch.zeros(2))], moment_dtype="float16")
     with pytest.raises(ValueError, match="float32 parameters"):

@@ -46,14 +46,14 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
     return {"total": total, "parts": parts}
 
 
-def sharded_training_memory(config, world_size: int, tokens_per_process: int) -> dict:
+def sharded_training_memory(config, world_size: int, tokens_per_process: int, moment_bytes: int = 8) -> dict:
     """Bytes one process needs with `--edge_sharding source`: its share of the edge table, that share's AdamW
     moments and row gradient, the candidate workspace and the replicated parameters
     (`modeling_brillm.sharding.sharded_memory`), +10%. `whole_model`: the model built whole before sharding
     (4 B per parameter); when that does not fit, each process initialises only its own blocks."""
     from modeling_brillm.sharding import sharded_memory
 
-    parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size)
+    parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size, moment_bytes=moment_bytes)
     parts.pop("total")
     steady = sum(parts.values())
     return {"total": steady * 1.1, "parts": parts, "whole_model": 4 * config.num_parameters_formula() * 1.1}
@@ -124,15 +124,12 @@ def check_memory(config, accelerator, args) -> str:
     P = config.num_parameters_formula()
     dist = accelerator.distributed_type
     strategy = "fsdp" if dist == DistributedType.FSDP else ("ddp" if accelerator.num_processes > 1 else "single")
+    moment_bytes = 4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8
     if getattr(args, "edge_sharding", "none") == "source":
         need = sharded_training_memory(config, accelerator.num_processes,
-                                       args.per_device_train_batch_size * args.block_size)
-        if getattr(args, "moment_dtype", "float32") == "bfloat16" and "AdamW moments" in need["parts"]:
-            need["parts"]["AdamW moments"] /= 2
-            need["total"] = sum(need["parts"].values()) * 1.1
+                                       args.per_device_train_batch_size * args.block_size, moment_bytes)
     else:
-        need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision,
-                               moment_bytes=4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8)
+        need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision, moment_bytes)
     have, source = available_memory(accelerator, args.available_memory_gb)
     if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
         have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
