@@ -67,7 +67,7 @@ def energies_pass(model, tokens, x, pe, backend):
     V = model.config.vocab_size
     indptr, indices = model.csr()
     sources, targets = tokens[:, :-1].reshape(-1), tokens[:, 1:].reshape(-1)
-    w, b = model.weights, model.biases
+    w, b = model.base_model.weights, model.base_model.biases
     xs = x.detach().requires_grad_()
     with kernel_backend(backend):
         plan = make_plan(sources, indptr, indices, V)
@@ -141,7 +141,7 @@ def run_energies(args, device, bandwidth):
         N = B * (L - 1)
         g = torch.Generator(device="cpu").manual_seed(0)
         x = (torch.rand(N, d, generator=g) * 0.5).to(device)
-        pe = model._pe(torch.arange(1, L, device=device).repeat(B)).float()
+        pe = model.base_model.position_encoding(torch.arange(1, L, device=device).repeat(B)).float()
         touched = int(graph.indptr.diff()[tokens[:, :-1].reshape(-1).unique().cpu()].sum())
         floor_s = 3 * touched * (d * d + d) * 4 / bandwidth  # read fwd, read bwd, write bwd (copy bw counts r+w)
         results = {}

@@ -109,7 +109,7 @@ def floor_bytes(model, batch: torch.Tensor, optimizer: str) -> int:
     degree = indptr.diff().cpu()
     sources = torch.unique(batch[:, :-1].cpu())
     R = int(degree[sources].sum()) + (1 if model.config.graph == "sparse" else 0)
-    P = model.weights.shape[0]
+    P = model.base_model.weights.shape[0]
     rows = {"sparse_adamw": 10 * R, "sparse_adamw_bf16": 8 * R}.get(optimizer, 3 * R + 8 * P)
     return row * rows
 

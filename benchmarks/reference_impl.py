@@ -19,7 +19,7 @@ class PerCandidateReference:
         self.cfg = model.config
         self.model = model  # only for edge_rows / graph lookups and the PE table
         self.params = {
-            name: getattr(model, name).detach().clone().requires_grad_()
+            name: getattr(model.base_model, name).detach().clone().requires_grad_()
             for name in ("node_bias", "weights", "biases", "positions")
         }
         self.optimizer = torch.optim.AdamW(self.params.values(), lr=lr)
@@ -41,7 +41,7 @@ class PerCandidateReference:
             noise.scatter_(1, targets[:, None], -1.0)
             negatives = noise.topk(K, dim=1).indices
         else:
-            table = self.model._frequency_table(K + 1)[sources]  # (B, K+1), -1 = none left
+            table = self.model.base_model.frequency_table(K + 1)[sources]  # (B, K+1), -1 = none left
             drop = table == targets[:, None]
             drop[:, -1] |= ~drop.any(1)
             negatives = table.gather(1, torch.argsort(drop.to(torch.int8), dim=1, stable=True)[:, :K])

@@ -98,7 +98,7 @@ def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir)
                         else (2 * (world - 1) / world * 4 * P if world > 1 else 0))
     result = {"rank": rank, "median_s": statistics.median(times), "cpu_s": statistics.median(cpu), "bytes_per_step": statistics.median(sent),
               "peak_gb": peak_rss_gb(), "params": P,
-              "local_rows": int(sharded.model.weights.shape[0]) if sharded is not None else int(model.weights.shape[0])}
+              "local_rows": int(sharded.model.base_model.weights.shape[0]) if sharded is not None else int(model.base_model.weights.shape[0])}
     with open(os.path.join(out_dir, f"{mode}-{rank}.json"), "w") as f:
         json.dump(result, f)
     if world > 1:

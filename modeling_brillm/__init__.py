@@ -9,7 +9,8 @@ from .evaluation import perplexity
 from .graph import BigramGraph, build_sparse_graph, count_bigrams, graph_from_edges, merge_edges
 from .interpretability import EnergyTrace, energy_trace, plot_energy_path
 from .model_card import write_model_card
-from .modeling_brillm import BriLLMForCausalLM, BriLLMModel, BriLLMPreTrainedModel, BriLLMState, positional_encoding
+from .modeling_brillm import BriLLMForCausalLM, BriLLMModel, BriLLMPreTrainedModel, positional_encoding
+from .state import BriLLMState
 
 AutoConfig.register("brillm", BriLLMConfig, exist_ok=True)
 AutoModel.register(BriLLMConfig, BriLLMModel, exist_ok=True)

@@ -123,7 +123,7 @@ def convert(checkpoint, vocab_file, output_dir, word_frequency_file=None, tokeni
     tensors = dict(state)
     if graph is not None:
         tensors.update(graph_indptr=graph.indptr, graph_indices=graph.indices, graph_counts=graph.counts)
-    model.load_state_dict(tensors, assign=True, strict=True)
+    model.base_model.load_state_dict(tensors, assign=True, strict=True)
     model.check_graph()
     model.save_pretrained(output_dir)
     if tokenizer is not None:

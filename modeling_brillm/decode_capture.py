@@ -1,7 +1,7 @@
 """CUDA graphs of BriLLM's one-token decoding step: captured once per batch size, replayed every token.
 
 A decode step is ~60 small kernels for ~0.1 ms of GPU work; launched one by one from Python it costs ~1.7 ms of host
-time (measured on an H100, see ../shared/reference/GPU_NOTES.md). `BriLLMForCausalLM._decode_core` computes the step
+time (measured on an H100; docs/gpu.md). `BriLLMModel.decode_step` computes the step
 with fixed shapes and no host synchronisation (the position check uses a host-side bound kept in the state), so it
 can be recorded into a `torch.cuda.CUDAGraph` and replayed with one launch.
 
@@ -25,56 +25,47 @@ from .backend import current_backend
 
 
 def _signature(model, device) -> tuple:
-    """Everything a captured step depends on by address or by value."""
+    """Everything a captured step depends on by address or by value (`model` is a `BriLLMModel`)."""
     cfg = model.config
-    # the lazily built tables must be current before their addresses are read (same keys as edge_rows and _pe)
-    if model._pe_cache is None or model._pe_cache[0] != (device, cfg.position_encoding, cfg.node_size,
-                                                         cfg.max_position_embeddings):
-        model._pe(torch.zeros(1, dtype=torch.long, device=device))
+    # the lazily built tables must be current before their addresses are read
+    tensors = [model.weights, model.biases, model.positions, model.position_table(device)]
     if cfg.graph == "sparse":
-        indices = model.graph_indices
-        key = (indices.data_ptr(), indices._version, model.graph_indptr._version, indices.device)
-        if model._edge_key_cache is None or model._edge_key_cache[0] != key:
-            probe = torch.zeros(1, dtype=torch.long, device=device)
-            model.edge_rows(probe, probe)
-    tensors = [model.weights, model.biases, model.positions, model._pe_cache[1]]
-    if model.config.graph == "sparse":
-        tensors += [model.graph_indptr, model.graph_indices, model._edge_key_cache[1]]
-    if getattr(model, "non_edge_bias", None) is not None:  # the step adds it to the non-successors' logits
+        tensors += [model.graph_indptr, model.graph_indices, model.edge_keys()]
+    if model.non_edge_bias is not None:  # the step adds it to the non-successors' logits
         tensors.append(model.non_edge_bias)
     return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
-            model.config.vocab_size, model.config.max_position_embeddings, model.config.position_overflow,
-            model.config.position_encoding, model._decode_max_degree())
+            cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
+            model.decode_max_degree())
 
 
 class _Graph:
     def __init__(self, model, tokens, state, signature, pool):
         self.signature = signature
         device = tokens.device
-        max_degree = model._decode_max_degree()
+        max_degree = model.decode_max_degree()
         self.tokens = tokens.detach().clone()
-        self.state = [getattr(state, name).detach().clone() for name in state._tensors()]
+        self.state = [t.detach().clone() for t in state.tensors()]
         # warm up on a side stream (Triton compiles its kernels, caches fill), then record
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                model._decode_core(self.tokens, *self.state, max_degree)
+                model.decode_step(self.tokens, self.state, max_degree)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.logits, new_state = model._decode_core(self.tokens, *self.state, max_degree)
+            self.logits, new_state = model.decode_step(self.tokens, self.state, max_degree)
             for buffer, value in zip(self.state, new_state):
                 buffer.copy_(value)  # the state advances in place: its next step reads it where it is
 
     def owns(self, state) -> bool:
-        return all(getattr(state, name) is buffer for name, buffer in zip(state._tensors(), self.state))
+        return all(t is buffer for t, buffer in zip(state.tensors(), self.state))
 
     def step(self, tokens, state):
         self.tokens.copy_(tokens)
         if not self.owns(state):
-            for name, buffer in zip(state._tensors(), self.state):
-                buffer.copy_(getattr(state, name))
+            for t, buffer in zip(state.tensors(), self.state):
+                buffer.copy_(t)
         self.graph.replay()
         return self.logits, tuple(self.state)
 

@@ -145,4 +145,18 @@ def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> s
     return None
 
 
-__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr"]
+def edge_rows_from_keys(edge_keys, sources: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Edge-table row of every pair source→target: its real edge's row, or 0 (the shared edge).
+
+    `edge_keys` are the sorted keys source·V + target of a sparse graph's real edges (row of key i = i + 1);
+    None means a dense graph, where the row of u→v is 1 + u·V + v."""
+    if edge_keys is None:
+        return 1 + sources * vocab_size + targets
+    if edge_keys.numel() == 0:
+        return torch.zeros_like(sources)
+    query = sources * vocab_size + targets
+    pos = torch.searchsorted(edge_keys, query).clamp_max(edge_keys.numel() - 1)
+    return torch.where(edge_keys[pos] == query, pos + 1, torch.zeros_like(pos))
+
+
+__all__ = ["BigramGraph", "edge_rows_from_keys", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr"]

@@ -56,16 +56,10 @@ import torch.distributed as dist
 from torch import nn
 
 from .backend import exact_precision
+from .losses import position_losses, shift_labels
+from .modeling_brillm import BriLLMForCausalLM
+from .ops import EdgeGradLink, candidate_energies, gather_edges, make_plan
 from .optimization import group_moment_dtype
-from .energy import (
-    EdgeGradLink,
-    candidate_energies,
-    exact_log_partition,
-    gather_edges,
-    make_plan,
-    scatter_logits,
-    target_energies,
-)
 
 SHARED_FILE = "edge_shared.safetensors"
 SHARD_PATTERN = "edge_shard_{rank:05d}_of_{world:05d}.safetensors"
@@ -77,7 +71,7 @@ def _csr(model) -> tuple[torch.Tensor, torch.Tensor | None]:
     V = model.config.vocab_size
     if model.config.graph == "dense":
         return torch.arange(V + 1) * V, None
-    return model.graph_indptr.cpu(), model.graph_indices.cpu()
+    return model.base_model.graph_indptr.cpu(), model.base_model.graph_indices.cpu()
 
 
 def source_costs(model, source_counts: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,7 +89,7 @@ def source_costs(model, source_counts: torch.Tensor | None = None) -> torch.Tens
             raise ValueError(f"source_counts must have shape ({V},), got {tuple(uses.shape)}.")
     elif model.config.graph == "sparse":
         src = torch.repeat_interleave(torch.arange(V), indptr.cpu().diff())
-        uses = torch.zeros(V, dtype=torch.float64).index_add_(0, src, model.graph_counts.cpu().double())
+        uses = torch.zeros(V, dtype=torch.float64).index_add_(0, src, model.base_model.graph_counts.cpu().double())
     else:
         uses = torch.zeros(V, dtype=torch.float64)
     return (uses + 1) * (degree + 1)
@@ -244,7 +238,7 @@ class ShardedBriLLM(nn.Module):
             owners = balance_sources(source_costs(model, source_counts), W, degree)
         owners = torch.as_tensor(owners, dtype=torch.long).cpu()
         check_assignment(owners, degree, W)
-        device = model.node_bias.device
+        device = model.base_model.node_bias.device
         self.model = model
         self.register_buffer("owners", owners.to(device), persistent=False)
         owned = owners == rank
@@ -263,14 +257,14 @@ class ShardedBriLLM(nn.Module):
             self.local_indices = None
         keep = torch.cat([torch.zeros(1, dtype=torch.long), self.local_rows]).to(device)
         with torch.no_grad():
-            weights = model.weights.detach().index_select(0, keep) if model.weights.device.type != "meta" else None
-            biases = model.biases.detach().index_select(0, keep) if model.biases.device.type != "meta" else None
+            weights = model.base_model.weights.detach().index_select(0, keep) if model.base_model.weights.device.type != "meta" else None
+            biases = model.base_model.biases.detach().index_select(0, keep) if model.base_model.biases.device.type != "meta" else None
         # the model now holds the local table (its own full one is freed); `_run_signals` reads only its dtype
         d = cfg.node_size
         if weights is None:  # built on the meta device (from_config): filled there
             weights = torch.empty(len(keep), d, d, device=device)
-        self.model.weights = nn.Parameter(weights)
-        self.model.biases = nn.Parameter(biases if biases is not None else torch.empty(len(keep), 1, d, device=device))
+        self.model.base_model.weights = nn.Parameter(weights)
+        self.model.base_model.biases = nn.Parameter(biases if biases is not None else torch.empty(len(keep), 1, d, device=device))
         self.model.sparse_gradients = True  # node_bias's gradient: the rows of the sequences' first tokens
         self._link = None
         self._unreduced = False  # a backward ran since the last reduce_gradients (clip_grad_norm_ checks it)
@@ -282,27 +276,25 @@ class ShardedBriLLM(nn.Module):
         """A freshly initialised sharded model that never builds the full edge table (for graphs that do not fit
         one process). Every source's block is drawn from a generator seeded by (seed, source), so the
         initialisation is the same for any process count (but not the one of `BriLLMForCausalLM(config)`)."""
-        from .modeling_brillm import BriLLMForCausalLM
-
         with torch.device("meta"):
             model = BriLLMForCausalLM(config)
         device = torch.device(device or "cpu")
         r = config.initializer_range
         gen = torch.Generator().manual_seed(seed)
         V, d = config.vocab_size, config.node_size
-        model.node_bias = nn.Parameter(torch.empty(V, 1, d).uniform_(-r, r, generator=gen).to(device))
-        model.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1, device=device))
-        if model.start_signals is not None:  # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
-            model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d, device=device))
-        if model.non_edge_bias is not None:  # zero: the release's energies, as BriLLMForCausalLM initialises it
-            model.non_edge_bias = nn.Parameter(torch.zeros(V, device=device))
+        model.base_model.node_bias = nn.Parameter(torch.empty(V, 1, d).uniform_(-r, r, generator=gen).to(device))
+        model.base_model.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1, device=device))
+        if model.base_model.start_signals is not None:  # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
+            model.base_model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d, device=device))
+        if model.base_model.non_edge_bias is not None:  # zero: the release's energies, as BriLLMForCausalLM initialises it
+            model.base_model.non_edge_bias = nn.Parameter(torch.zeros(V, device=device))
         for name, buf in list(model.named_buffers(recurse=False)):
             model.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))
         if graph is not None:
             model.set_graph(graph)
         sharded = cls(model, owners=owners, group=group, source_counts=source_counts)
         with torch.no_grad():
-            w, b = sharded.model.weights, sharded.model.biases
+            w, b = sharded.model.base_model.weights, sharded.model.base_model.biases
             shared = torch.Generator().manual_seed(seed * 1_000_003 + V)
             w[0].copy_(torch.empty(d, d).uniform_(-r, r, generator=shared))
             b[0].copy_(torch.empty(1, d).uniform_(-r, r, generator=shared))
@@ -357,13 +349,13 @@ class ShardedBriLLM(nn.Module):
 
     def _start_signals(self) -> list:
         """[start_signals] for a model with learned start signals, else []."""
-        s = self.model.start_signals
+        s = self.model.base_model.start_signals
         return [] if s is None else [s]
 
     def _dense_replicated(self) -> list:
         """The replicated parameters whose one-process gradient is dense: positions, start signals, non_edge_bias."""
-        nb = self.model.non_edge_bias
-        return [self.model.positions] + self._start_signals() + ([] if nb is None else [nb])
+        nb = self.model.base_model.non_edge_bias
+        return [self.model.base_model.positions] + self._start_signals() + ([] if nb is None else [nb])
 
     def _source_of_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Source node of global edge rows (> 0)."""
@@ -388,7 +380,7 @@ class ShardedBriLLM(nn.Module):
     # ------------------------------------------------------------------------------------- forward
     def _fetch_rows(self, rows: torch.Tensor):
         """`edge_fetch` for the recurrence: the (B, L) global rows' matrices and biases, from their owners."""
-        m = self.model
+        m = self.model.base_model
         d = self.config.node_size
         uniq, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
         dest = torch.where(uniq > 0, self.owners[self._source_of_rows(uniq.clamp_min(1))],
@@ -415,7 +407,7 @@ class ShardedBriLLM(nn.Module):
         if labels is None:
             raise ValueError("ShardedBriLLM computes the training loss only: pass labels (for logits or generation, "
                              "use export_model() on rank 0).")
-        m, cfg = self.model, self.config
+        m, cfg = self.model.base_model, self.config
         V = cfg.vocab_size
         loss_type = loss_type or cfg.loss_type
         if loss_type not in ("exact", "sampled"):
@@ -429,20 +421,10 @@ class ShardedBriLLM(nn.Module):
         self._link = EdgeGradLink() if torch.is_grad_enabled() else None
         self._unreduced = self._unreduced or torch.is_grad_enabled()
         self._anchors = []
-        run = m._run_signals(input_ids, attention_mask, None, signal_ids=signal_ids, edge_fetch=self._fetch_rows)
-        T = input_ids.shape[1]
+        run = m.run_signals(input_ids, attention_mask, None, signal_ids=signal_ids, edge_fetch=self._fetch_rows)
         wdtype = m.weights.dtype
 
-        # scored positions, as BriLLMForCausalLM.forward selects them
-        shifted = torch.full_like(labels, -100)
-        shifted[:, :-1] = labels[:, 1:]
-        if attention_mask is not None:
-            next_real = torch.zeros_like(shifted, dtype=torch.bool)
-            next_real[:, :-1] = attention_mask[:, -T:][:, 1:] != 0
-            shifted = torch.where(next_real, shifted, torch.full_like(shifted, -100))
-        targets = shifted.gather(1, run.column)
-        if bool(((targets != -100) & ((targets < 0) | (targets >= V))).any()):
-            raise ValueError(f"labels hold ids outside the vocabulary [0, {V}) (use -100 to ignore a position).")
+        targets = shift_labels(labels, attention_mask, run.column, V)  # as BriLLMForCausalLM.forward scores
         b_idx, j_idx = (run.valid & (targets != -100)).nonzero(as_tuple=True)
         sources = run.tokens[b_idx, j_idx]
         meta = torch.stack([sources, targets[b_idx, j_idx], run.index[b_idx, j_idx] + 1], 1)
@@ -473,23 +455,21 @@ class ShardedBriLLM(nn.Module):
         The plan is over the owned sources' local blocks, whose successor sets are the global ones, so
         `non_edge_bias` enters the target energies and the log partition (`non_edge_log_mass` over each position's
         successors) exactly as in `BriLLMForCausalLM.forward`."""
-        m, cfg = self.model, self.config
+        m, cfg = self.model.base_model, self.config
         V = cfg.vocab_size
         nb = m.non_edge_bias
         sources, targets, pe_index = meta.unbind(1)
         plan = make_plan(sources, self.local_indptr, self.local_indices, V)
         sources, targets = sources[plan.order], targets[plan.order]
-        pe = m._pe(pe_index[plan.order]).to(m.weights.dtype)
+        pe = m.position_encoding(pe_index[plan.order]).to(m.weights.dtype)
         energies, shared = candidate_energies(x[plan.order], pe, m.weights, m.biases, plan, True, link=self._link,
                                               non_edge_bias=nb)
         energies, shared = energies.float(), shared.float()
         rows = self._to_local(m.edge_rows(sources, targets))
-        true_energy = target_energies(energies, shared, plan, targets, rows, self.local_indptr[sources] + 1, nb)
-        if loss_type == "exact":
-            per_position = exact_log_partition(energies, shared, plan, V, nb) - true_energy
-        else:
-            logits = scatter_logits(energies, shared, plan, V, nb)
-            per_position = m._sampled_loss(logits, shared, sources, targets)
+        by_count = m.frequency_table(cfg.num_negatives + 1) \
+            if loss_type == "sampled" and cfg.negative_sampling == "frequency" else None
+        per_position = position_losses(energies, shared, plan, sources, targets, rows, self.local_indptr[sources] + 1,
+                                       cfg, nb, successors_by_count=by_count, loss_type=loss_type)
         return per_position.sum()
 
     # ------------------------------------------------------------------------------------- gradients
@@ -502,7 +482,7 @@ class ShardedBriLLM(nn.Module):
         `start_signals`, `non_edge_bias`: one process gives them a dense gradient, so AdamW moves every row) get the
         global sum wherever any process had a gradient, so they step exactly when one process would.
         """
-        m = self.model
+        m = self.model.base_model
         d = self.config.node_size
         V = self.config.vocab_size
         dev = m.weights.device
@@ -578,7 +558,7 @@ class ShardedBriLLM(nn.Module):
         if self._unreduced:
             raise RuntimeError("ShardedBriLLM.clip_grad_norm_: call reduce_gradients() first (after backward): the "
                                "replicated gradients are still this process's share, not the global sum.")
-        m = self.model
+        m = self.model.base_model
         dev = m.weights.device
         owned = torch.zeros((), dtype=torch.float64, device=dev)
         replicated = torch.zeros((), dtype=torch.float64, device=dev)
@@ -611,7 +591,7 @@ class ShardedBriLLM(nn.Module):
         writes into a temporary folder and renames it once every process has written)."""
         from safetensors.torch import save_file
 
-        m = self.model
+        m = self.model.base_model
         os.makedirs(directory, exist_ok=True)
         tensors = {"sources": (self.owners == self.rank).nonzero().flatten().cpu(),
                    "weights": m.weights.detach()[1:].cpu(), "biases": m.biases.detach()[1:].cpu()}
@@ -650,7 +630,7 @@ class ShardedBriLLM(nn.Module):
 
     def _replicated(self) -> list[tuple[str, torch.Tensor]]:
         """(name, parameter) of every parameter whose optimizer state the shared file holds (row 0 for the table)."""
-        m = self.model
+        m = self.model.base_model
         named = [("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights), ("biases", m.biases)]
         named += [("start_signals", s) for s in self._start_signals()]
         return named + ([] if m.non_edge_bias is None else [("non_edge_bias", m.non_edge_bias)])
@@ -662,7 +642,7 @@ class ShardedBriLLM(nn.Module):
                 "num_edge_rows": str(cfg.num_edge_rows), "graph": cfg.graph,
                 "max_position_embeddings": str(cfg.max_position_embeddings),
                 "start_signals": str(cfg.num_start_signals if learned else 0),
-                "non_edge_bias": str(int(self.model.non_edge_bias is not None))}
+                "non_edge_bias": str(int(self.model.base_model.non_edge_bias is not None))}
 
     @staticmethod
     def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
@@ -682,7 +662,7 @@ class ShardedBriLLM(nn.Module):
         `optimizer` (a SparseAdamW over this module's parameters) when given."""
         from safetensors import safe_open
 
-        m = self.model
+        m = self.model.base_model
         shared_path = os.path.join(directory, SHARED_FILE)
         if not os.path.exists(shared_path):
             raise ValueError(f"{directory} holds no source-sharded checkpoint ({SHARED_FILE} is missing): it was "
@@ -772,7 +752,7 @@ class ShardedBriLLM(nn.Module):
     def full_state_dict(self) -> dict | None:
         """The state dict of the whole `BriLLMForCausalLM`, gathered on rank 0 (None on the others). Rank 0 needs
         host memory for the full table: 4·P·(d² + d) bytes in fp32 (67.6 GB for the dense V=4000, d=32 graph)."""
-        m = self.model
+        m = self.model.base_model
         W, rank = self.world_size, self.rank
         sd = None
         if rank == 0:
@@ -806,8 +786,6 @@ class ShardedBriLLM(nn.Module):
     def export_model(self):
         """Rank 0: a plain `BriLLMForCausalLM` with the gathered parameters, for `save_pretrained` (loadable in
         one process with no knowledge of the sharding). None on the other ranks. Call on every process."""
-        from .modeling_brillm import BriLLMForCausalLM
-
         sd = self.full_state_dict()
         if sd is None:
             return None

@@ -56,12 +56,12 @@ def test_sparse_conversion_matches_release_forward(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert model.config.graph == "sparse" and model.config.num_edges == V * V - len(zero)
     for name in state:
-        assert torch.equal(getattr(model, name), state[name]), name
+        assert torch.equal(getattr(model.base_model, name), state[name]), name
     # positive counts survive as bigram counts; unlisted pairs are real with count 0
     u, v = next((a, b) for (a, b) in ((a, b) for a in range(V) for b in range(V))
                 if frequency.get(tokens[a], {}).get(tokens[b], 0) > 0)
     row = int(model.edge_rows(torch.tensor([u]), torch.tensor([v])))
-    assert int(model.graph_counts[row - 1]) == frequency[tokens[u]][tokens[v]]
+    assert int(model.base_model.graph_counts[row - 1]) == frequency[tokens[u]][tokens[v]]
     torch.manual_seed(0)
     for _ in range(3):
         seq = torch.randint(0, V, (7,))

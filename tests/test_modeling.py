@@ -24,7 +24,7 @@ def tiny_model(seed=0, dense=False, length=9, rows=6, device="cpu", **config):
     seqs = [torch.randint(0, V, (length,)) for _ in range(rows)]
     model = BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=V, node_size=D, dense=dense, **config)
     with torch.no_grad():
-        model.positions.normal_()  # non-uniform mix weights, so the softmax mix is really exercised
+        model.base_model.positions.normal_()  # non-uniform mix weights, so the softmax mix is really exercised
     return model.to(device), seqs
 
 
@@ -35,7 +35,7 @@ def row_map(model):
 
 
 def released_state(model, requires_grad=False):
-    return {k: model.state_dict()[k].detach().cpu().clone().requires_grad_(requires_grad)
+    return {k: model.base_model.state_dict()[k].detach().cpu().clone().requires_grad_(requires_grad)
             for k in ("node_bias", "weights", "biases", "positions")}
 
 
@@ -75,7 +75,7 @@ def test_parameter_count_matches_paper_without_allocating():
     assert round(config.num_parameters_formula() / 1e9, 2) == 16.90
     with torch.device("meta"):
         model = BriLLMForCausalLM(config)
-    assert model.weights.is_meta
+    assert model.base_model.weights.is_meta
     assert model.num_parameters() == config.num_parameters_formula()
     sparse = BriLLMConfig(vocab_size=4000, node_size=32, num_edges=227 * 4000)
     assert round(sparse.num_parameters_formula() / 1e9, 3) == 0.959  # the paper's English sparse size
@@ -150,7 +150,7 @@ def test_exact_loss_and_gradients_equal_spec(dense, sparse_gradients, device):
     expected.backward()
     torch.testing.assert_close(out.loss.cpu(), expected, atol=1e-5, rtol=1e-5)
     for name in state:
-        grad = getattr(model, name).grad.cpu()
+        grad = getattr(model.base_model, name).grad.cpu()
         if sparse_gradients and name != "positions":
             assert grad.is_sparse
             grad = grad.to_dense()
@@ -165,7 +165,7 @@ def test_exact_loss_equals_full_softmax_over_logits_and_costs_real_successors_on
     torch.testing.assert_close(out.loss, full)
     # a shared energy per position, plus one per real successor: never V per position
     plan = mb.energy.make_plan(ids[:, :-1].reshape(-1), *model.csr(), V)
-    assert plan.num_entries == int((model.graph_indptr.diff()[ids[:, :-1].reshape(-1)]).sum()) < ids[:, :-1].numel() * V
+    assert plan.num_entries == int((model.base_model.graph_indptr.diff()[ids[:, :-1].reshape(-1)]).sum()) < ids[:, :-1].numel() * V
 
 
 def test_labels_minus_100_and_padding_are_ignored(device):
@@ -185,7 +185,7 @@ def test_labels_minus_100_and_padding_are_ignored(device):
 def _frequency_negatives(model, tokens, K):
     """The K most frequent successors of each source (by stored bigram count, ties by id), target excluded; fill
     with non-successors."""
-    indptr, indices, counts = model.graph_indptr, model.graph_indices, model.graph_counts
+    indptr, indices, counts = model.base_model.graph_indptr, model.base_model.graph_indices, model.base_model.graph_counts
     negatives = []
     for u, target in zip(tokens[:-1], tokens[1:]):
         succ = indices[indptr[u]:indptr[u + 1]].tolist()
@@ -254,7 +254,7 @@ def test_incremental_decoding_equals_teacher_forcing_with_constant_state(device)
 def test_running_mix_is_stable_with_extreme_position_weights(device):
     model, seqs = tiny_model(length=20, device=device)
     with torch.no_grad():
-        model.positions.view(-1)[:20] = torch.linspace(-200, 200, 20)
+        model.base_model.positions.view(-1)[:20] = torch.linspace(-200, 200, 20)
     ids = seqs[0][None]
     logits = model(ids).logits.cpu()
     assert torch.isfinite(logits).all()
@@ -271,7 +271,7 @@ def test_inputs_on_another_device_follow_the_model(device, model_on_device):
 
     model, seqs = tiny_model(start_signal="learned", num_start_signals=2, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
-        model.start_signals[1] = torch.linspace(-1, 1, D)
+        model.base_model.start_signals[1] = torch.linspace(-1, 1, D)
     ids = torch.stack(seqs[:2])
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
@@ -288,7 +288,7 @@ def test_inputs_on_another_device_follow_the_model(device, model_on_device):
     ids, mask, labels, signal_ids = (t.to(at) for t in (ids, mask, labels, signal_ids))
     with torch.no_grad():
         out = model(ids, attention_mask=mask, labels=labels, signal_ids=signal_ids)
-    assert out.logits.device == model.input_device == model.weights.device
+    assert out.logits.device == model.input_device == model.base_model.weights.device
     torch.testing.assert_close(out.logits.cpu(), ref.logits.detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.loss.cpu(), ref.loss.detach(), atol=1e-5, rtol=1e-5)
     assert torch.equal(model.generate(ids, attention_mask=mask, signal_ids=signal_ids, **generation).cpu(),
@@ -371,12 +371,12 @@ def test_graph_from_bigram_counts():
 
 def test_edges_stored_in_csr_order_with_shared_row_zero():
     model = BriLLMForCausalLM.from_token_sequences([[3, 1, 2, 1, 0]], vocab_size=4, node_size=2)
-    assert model.graph_indptr.tolist() == [0, 0, 2, 3, 4]
-    assert model.graph_indices.tolist() == [0, 2, 1, 1]
+    assert model.base_model.graph_indptr.tolist() == [0, 0, 2, 3, 4]
+    assert model.base_model.graph_indices.tolist() == [0, 2, 1, 1]
     assert model.edge_rows(torch.tensor([1, 1, 2, 3, 0, 3]), torch.tensor([0, 2, 1, 1, 1, 3])).tolist() == [1, 2, 3, 4, 0, 0]
-    assert model.weights.shape == (5, 2, 2) and model.biases.shape == (5, 1, 2) and model.node_bias.shape == (4, 1, 2)
-    assert model.positions.shape == (1, 512, 1) and torch.all(model.positions == 1)
-    assert model.weights.abs().max() <= 0.5
+    assert model.base_model.weights.shape == (5, 2, 2) and model.base_model.biases.shape == (5, 1, 2) and model.base_model.node_bias.shape == (4, 1, 2)
+    assert model.base_model.positions.shape == (1, 512, 1) and torch.all(model.base_model.positions == 1)
+    assert model.base_model.weights.abs().max() <= 0.5
 
 
 # ------------------------------------------------------------------------------------ HF integration
@@ -385,7 +385,7 @@ def test_auto_classes_are_registered():
     assert AutoModelForCausalLM.from_config(model.config).__class__ is BriLLMForCausalLM
     assert AutoModel.from_config(model.config).__class__ is BriLLMModel
     base = BriLLMModel(model.config)
-    base.load_state_dict(model.state_dict())
+    base.load_state_dict(model.base_model.state_dict())
     ids = torch.randint(0, V, (2, 5))
     hidden = base(ids).last_hidden_state
     assert hidden.shape == (2, 5, D)
@@ -458,13 +458,13 @@ def test_dtype_conversion_and_dtype_loading(tmp_path, device):
     reference = model(ids, labels=ids)
     for half in (model.to(torch.bfloat16),
                  AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).to(device)):
-        assert half.weights.dtype == torch.bfloat16 and half.graph_indices.dtype == torch.long
+        assert half.base_model.weights.dtype == torch.bfloat16 and half.base_model.graph_indices.dtype == torch.long
         out = half(ids, labels=ids)
         assert out.logits.dtype == torch.float32
         torch.testing.assert_close(out.logits, reference.logits, atol=0.1, rtol=0.05)
         torch.testing.assert_close(out.loss, reference.loss, atol=0.05, rtol=0.05)
         out.loss.backward()
-        assert half.weights.grad.dtype == torch.bfloat16
+        assert half.base_model.weights.grad.dtype == torch.bfloat16
 
 
 # -------------------------------------------------------------------------------------------- bad input
@@ -521,9 +521,9 @@ def test_broken_checkpoints_get_clear_errors(tmp_path):
 def test_malformed_edge_list_is_refused(tmp_path):
     model, _ = tiny_model()
     with torch.no_grad():
-        model.graph_indices[:2] = model.graph_indices[:2].flip(0) if model.graph_indices[0] != model.graph_indices[1] \
+        model.base_model.graph_indices[:2] = model.base_model.graph_indices[:2].flip(0) if model.base_model.graph_indices[0] != model.base_model.graph_indices[1] \
             else torch.tensor([V - 1, 0])
-        model.graph_indptr[3], model.graph_indptr[4] = model.graph_indptr[4], model.graph_indptr[3]
+        model.base_model.graph_indptr[3], model.base_model.graph_indptr[4] = model.base_model.graph_indptr[4], model.base_model.graph_indptr[3]
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="edge list does not fit"):
         AutoModelForCausalLM.from_pretrained(tmp_path)

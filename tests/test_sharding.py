@@ -113,7 +113,7 @@ def _worker(rank, world, init_file, job, out_file):
         opt.apply_pending_weight_decay()  # each owner's lazily decayed rows (a no-op without lazy_weight_decay)
         state = sharded.full_state_dict()
         result = {"losses": losses, "norms": norms, "state": state, "bytes": sharded.bytes_sent,
-                  "rows": sharded.model.weights.shape[0]}
+                  "rows": sharded.model.base_model.weights.shape[0]}
         all_norms = [None] * world
         if world > 1:  # the clip coefficient must be the same everywhere: every process saw the same norms
             torch.distributed.all_gather_object(all_norms, norms)
@@ -155,13 +155,13 @@ def reference():
 def test_assignment_balances_work_and_rejects_empty_processes():
     model = _model()
     costs = source_costs(model)
-    owners = balance_sources(costs, 3, model.graph_indptr.diff())
+    owners = balance_sources(costs, 3, model.base_model.graph_indptr.diff())
     loads = torch.zeros(3, dtype=torch.float64).index_add_(0, owners, costs)
     # LPT: the busiest process carries the hottest source alone, or the mean load within a few percent
     assert float(loads.max()) <= 1.05 * max(float(costs.max()), float(loads.mean()))
     assert owners.shape == (V,) and set(owners.tolist()) == {0, 1, 2}
     with pytest.raises(ValueError, match="would own no edge rows"):
-        check_assignment(torch.zeros(V, dtype=torch.long), model.graph_indptr.diff(), 2)
+        check_assignment(torch.zeros(V, dtype=torch.long), model.base_model.graph_indptr.diff(), 2)
 
 
 def test_three_then_two_then_one_processes_match_one_process(tmp_path, reference):
@@ -211,20 +211,20 @@ def test_export_loads_as_a_plain_model(tmp_path):
 def test_from_config_never_builds_the_full_table():
     config = BriLLMConfig(vocab_size=40, node_size=D, graph="dense", max_position_embeddings=LENGTH)
     sharded = ShardedBriLLM.from_config(config, seed=3)
-    assert sharded.model.weights.shape == (1 + 40 * 40, D, D) and sharded.model.weights.device.type == "cpu"
+    assert sharded.model.base_model.weights.shape == (1 + 40 * 40, D, D) and sharded.model.base_model.weights.device.type == "cpu"
     again = ShardedBriLLM.from_config(config, seed=3)  # the same initialisation (per-source generators)
-    assert torch.equal(sharded.model.weights, again.model.weights)
-    assert float(sharded.model.weights.detach().abs().max()) > 0
+    assert torch.equal(sharded.model.base_model.weights, again.model.base_model.weights)
+    assert float(sharded.model.base_model.weights.detach().abs().max()) > 0
     ids = torch.randint(0, 40, (3, 8))
     out = sharded(ids, labels=ids)
     out.loss.backward()
     sharded.reduce_gradients()
-    assert out.num_targets == 3 * 7 and sharded.model.weights.grad.is_sparse
+    assert out.num_targets == 3 * 7 and sharded.model.base_model.weights.grad.is_sparse
     plain = sharded.export_model()(ids, labels=ids).loss.detach()
     assert float(out.loss.detach()) == pytest.approx(float(plain), rel=1e-6)
     learned = ShardedBriLLM.from_config(BriLLMConfig(vocab_size=40, node_size=D, graph="dense",
                                                      max_position_embeddings=LENGTH, **LEARNED), seed=3)
-    assert torch.equal(learned.model.start_signals, torch.full((2, D), 1.0 / D))  # the release's uniform start
+    assert torch.equal(learned.model.base_model.start_signals, torch.full((2, D), 1.0 / D))  # the release's uniform start
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
@@ -258,7 +258,7 @@ def test_learned_start_signals_train_sharded_resume_and_export(tmp_path):
     # exported: a plain model with the trained start signals
     sharded.export_model().save_pretrained(tmp_path / "out")
     loaded = BriLLMForCausalLM.from_pretrained(tmp_path / "out")
-    assert torch.allclose(loaded.start_signals.detach(), ref_state["start_signals"], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(loaded.base_model.start_signals.detach(), ref_state["start_signals"], rtol=1e-5, atol=1e-6)
     # a checkpoint of a uniform-start model is not silently loaded into a learned one
     ShardedBriLLM(_model()).save_shard(tmp_path / "uniform")
     with pytest.raises(ValueError, match="saved for another model"):
@@ -319,15 +319,15 @@ def test_recipe_groups_and_errors(tmp_path):
     m = sharded.model
     groups = sharded.parameter_groups(WD, LR, **RECIPE_GROUPS)
     by_param = {id(p): g for g in groups for p in g["params"]}
-    assert by_param[id(m.node_bias)]["lr"] == by_param[id(m.non_edge_bias)]["lr"] == pytest.approx(2 * LR)
-    assert by_param[id(m.weights)]["first_row_lr_scale"] == by_param[id(m.biases)]["first_row_lr_scale"] == 0.5
-    assert by_param[id(m.weights)]["lazy_weight_decay"] and by_param[id(m.weights)]["weight_decay"] == WD
+    assert by_param[id(m.base_model.node_bias)]["lr"] == by_param[id(m.base_model.non_edge_bias)]["lr"] == pytest.approx(2 * LR)
+    assert by_param[id(m.base_model.weights)]["first_row_lr_scale"] == by_param[id(m.base_model.biases)]["first_row_lr_scale"] == 0.5
+    assert by_param[id(m.base_model.weights)]["lazy_weight_decay"] and by_param[id(m.base_model.weights)]["weight_decay"] == WD
     assert sum(len(g["params"]) for g in groups) == len(list(sharded.parameters()))
     with pytest.raises(ValueError, match="pass learning_rate"):
         sharded.parameter_groups(WD, node_lr_scale=2.0)
     # one process group-less: the sharded loss is the plain model's, with trained-looking offsets
     with torch.no_grad():
-        m.non_edge_bias.copy_(torch.linspace(-1, 1, V))
+        m.base_model.non_edge_bias.copy_(torch.linspace(-1, 1, V))
     ids, mask = _batch(0)
     plain = _model(**RECIPE)
     with torch.no_grad():
@@ -350,7 +350,7 @@ def test_clip_needs_reduced_gradients_and_scales_every_gradient():
     with pytest.raises(RuntimeError, match="call reduce_gradients"):
         sharded.clip_grad_norm_(MAX_NORM)
     sharded.reduce_gradients()
-    w = sharded.model.weights
+    w = sharded.model.base_model.weights
     g = w.grad  # split every row into two entries (as accumulated micro-batches may leave it): duplicate rows
     w.grad = torch.sparse_coo_tensor(torch.cat([g._indices(), g._indices().flip(1)], 1),
                                      torch.cat([0.25 * g._values(), 0.75 * g._values().flip(0)]), w.shape,
@@ -458,7 +458,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
         "edge_shard_00000_of_00002.safetensors", "edge_shard_00001_of_00002.safetensors", "edge_shared.safetensors"]
     # the final folder is a plain one: from_pretrained in one process, no sharding involved
     loaded = BriLLMForCausalLM.from_pretrained(two)
-    assert loaded.weights.shape[0] == loaded.config.num_edge_rows
+    assert loaded.base_model.weights.shape[0] == loaded.config.num_edge_rows
 
     # (3 processes, an uneven split: the model-level test above, through the same engine)
 

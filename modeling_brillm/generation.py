@@ -1,0 +1,197 @@
+"""BriLLM in transformers' generation loop: `generate()`, pipelines, beam search, and the one-token decode step.
+
+BriLLM carries an O(d) recurrent state (`BriLLMState`) where a Transformer carries key/value caches, so a few
+hooks of transformers' `GenerationMixin` are adapted: the state is fed only the new columns, beams reorder it, and
+the length checks count real tokens against the position limit (or none, for `position_overflow="extend"`).
+
+One-token steps on a state (generate(), energy_generate, pipelines, or a direct call) take one of three paths,
+chosen by `model.decode_mode`:
+    "auto"   on CUDA the sync-free step (`BriLLMModel.decode_step`: fixed shapes, no reads of the device), captured
+             into a CUDA graph per batch size when a decoding loop calls it (`generation_step=True`); elsewhere
+             the general path
+    "eager"  the sync-free step without capture, on any device (what CPU tests compare against "off")
+    "off"    the general path (`BriLLMModel.run_signals` + successor logits), which reads the device for its checks
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationMixin
+from transformers.utils import ModelOutput, logging
+
+from .ops import fused_decode_step
+from .decode_capture import DecodeGraphs
+from .state import BriLLMState
+from .validation import check_inputs, too_long
+
+logger = logging.get_logger(__name__)
+
+
+class BriLLMGenerationMixin(GenerationMixin):
+    """transformers' `GenerationMixin` for a model that carries a `BriLLMState` instead of key/value caches."""
+
+    decode_mode = "auto"
+    # the sync-free step without Triton gathers (rows × max degree) edge matrices; above this many bytes the one-token
+    # steps take the general path instead (a dense V = 4000 graph at batch 32 would gather 2 GB)
+    padded_decode_bytes = 512 * 2**20
+
+    # ------------------------------------------------------------------------------- the one-token step
+    def sync_free_decoding(self, input_ids) -> bool:
+        """Whether a one-token step on `input_ids` takes the sync-free step (see the module docstring)."""
+        mode = self.decode_mode
+        if mode not in ("auto", "eager", "off"):
+            raise ValueError(f"decode_mode must be 'auto', 'eager' or 'off', got {mode!r}.")
+        if mode == "off":
+            return False
+        base = self.base_model
+        if not fused_decode_step(input_ids, base.weights):
+            # the torch version gathers every row's padded block: keep its temporary within bounds
+            d = self.config.node_size
+            gathered = input_ids.shape[0] * base.decode_max_degree() * d * d * base.weights.element_size()
+            if gathered > self.padded_decode_bytes:
+                return False
+        return mode == "eager" or input_ids.is_cuda
+
+    def generation_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool):
+        """One token per row without reading the device: (logits (B, V), new state), or None to hand the call
+        back to the general path (a padded new column). `trusted`: the ids are the decoding loop's own picks."""
+        if not isinstance(state, BriLLMState):
+            raise TypeError("past_key_values must be the BriLLMState a previous call returned, got "
+                            f"{type(state).__name__}.")
+        tokens = self._step_tokens(input_ids, attention_mask, state, trusted)
+        if tokens is None:
+            return None
+        B, M = input_ids.shape[0], self.config.max_position_embeddings
+        if state.longest is None:
+            state.longest = int(state.length.max()) if B else 0  # once per generation; then tracked on the host
+        if not self.extends_positions and state.longest >= M:
+            raise too_long(state.longest + 1, M)
+        replayed = None
+        if trusted and self.decode_mode == "auto" and input_ids.is_cuda:
+            replayed = self._replay_decode_graph(tokens, state)
+        if replayed is not None:
+            logits, new_tensors = replayed
+        else:
+            base = self.base_model
+            logits, new_tensors = base.decode_step(tokens, state.tensors(), base.decode_max_degree())
+        new_state = BriLLMState(*new_tensors, seen=state.seen + 1, longest=state.longest + 1)
+        new_state.graph_owned = replayed is not None
+        return logits, new_state
+
+    def _step_tokens(self, input_ids, attention_mask, state, trusted: bool):
+        """The (B,) ids of a one-token step, or None when its column holds padding (the general path's case)."""
+        B = input_ids.shape[0]
+        if trusted:
+            if state.batch_size != B:
+                raise ValueError(f"past_key_values holds {state.batch_size} sequences but input_ids has {B} rows.")
+            # Only a finished row can be fed an id the model did not pick (the pad token, which may lie outside the
+            # vocabulary); its state and logits are never used again, so clamping keeps every index in range.
+            return input_ids[:, 0].clamp(0, self.config.vocab_size - 1)
+        mask = check_inputs(input_ids, attention_mask, state, self.config.vocab_size)
+        return input_ids[:, 0] if bool(mask.all()) else None
+
+    def _replay_decode_graph(self, tokens, state):
+        """The step from its CUDA graph (decode_capture.py): (logits, new state tensors); None where capturing fails,
+        said once: this model then decodes with the same step uncaptured (decode_mode becomes "eager")."""
+        if getattr(self, "_decode_graphs", None) is None:
+            self._decode_graphs = DecodeGraphs()
+        try:
+            return self._decode_graphs.step(self.base_model, tokens, state)
+        except RuntimeError as error:  # the capture never ran on this GPU / driver / triton before: keep decoding
+            self._decode_graphs.clear()
+            self.decode_mode = "eager"
+            first_line = str(error).splitlines()[0] if str(error) else ""
+            logger.warning(f"BriLLM: capturing the decode step into a CUDA graph failed ({type(error).__name__}: "
+                           f"{first_line}); decoding continues with the same step uncaptured (model.decode_mode = "
+                           "'eager', a few times slower per token at batch 1). Please report it with your GPU, torch "
+                           "and triton versions.")
+            return None
+
+    # ------------------------------------------------------------------------- transformers' hooks
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # BriLLM carries its own O(d) state (`BriLLMState`), not attention key/value caches
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=None,
+                                      logits_to_keep=None, **kwargs):
+        if past_key_values is not None:
+            # the state has consumed `seen` columns: feed only the new ones
+            input_ids = input_ids[:, past_key_values.seen:]
+        inputs = {
+            "input_ids": input_ids.contiguous(),
+            "attention_mask": attention_mask,
+            "past_key_values": past_key_values,
+            "use_cache": True if use_cache is None else use_cache,
+            "logits_to_keep": 1 if logits_to_keep is None else logits_to_keep,
+            # generate() appends a column of ones to the mask and feeds its own picks: the step may skip its checks
+            "generation_step": past_key_values is not None,
+        }
+        if past_key_values is None and kwargs.get("signal_ids") is not None:
+            inputs["signal_ids"] = kwargs["signal_ids"]  # the first call starts the signal; later ones carry state
+        return inputs
+
+    def generate(self, *args, **kwargs):
+        # Every tensor argument (ids, attention mask, signal_ids, ...) goes where the model is, as in forward():
+        # generate() concatenates the new tokens (made on the model's device) to the prompt, so it must live there.
+        args = self.to_input_device(*args)
+        kwargs = dict(zip(kwargs, self.to_input_device(*kwargs.values())))
+        # remember the prompt's real lengths: padding takes no position, so the length check counts real tokens
+        mask = kwargs.get("attention_mask")
+        self._prompt_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        try:
+            out = super().generate(*args, **kwargs)
+        finally:
+            self._prompt_mask = None
+        state = out.get("past_key_values") if isinstance(out, ModelOutput) else None
+        if getattr(state, "graph_owned", False):  # a captured step's buffers: the next generate() overwrites them
+            out["past_key_values"] = state.clone()
+        return out
+
+    def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
+                                  model_input_name, input_ids_length, inputs_tensor):
+        default_max_length = generation_config.max_length
+        generation_config = super()._prepare_generated_length(
+            generation_config, has_default_max_length, has_default_min_length, model_input_name, input_ids_length,
+            inputs_tensor,
+        )
+        if self.extends_positions and has_default_max_length and generation_config.max_new_tokens is None:
+            # transformers caps the default length at max_position_embeddings; a model that extends has no cap
+            generation_config.max_length = default_max_length + input_ids_length
+        return generation_config
+
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, *args, **kwargs):
+        criteria = super()._get_stopping_criteria(generation_config, stopping_criteria, *args, **kwargs)
+        if self.extends_positions:
+            for criterion in criteria:  # its "exceeded the model's predefined maximum length" warning does not apply
+                if hasattr(criterion, "max_position_embeddings"):
+                    criterion.max_position_embeddings = None
+        return criteria
+
+    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        if self.extends_positions:
+            return
+        # Refuse before generating (not ~M tokens later): the longest row may not run past the last position.
+        M = self.config.max_position_embeddings
+        longest = input_ids_length
+        mask = getattr(self, "_prompt_mask", None)
+        if mask is not None and mask.shape[1] == input_ids_length:
+            longest = int((mask != 0).sum(1).max())
+        new_tokens = generation_config.max_length - input_ids_length
+        if longest > M:
+            raise ValueError(
+                f"the prompt holds {longest} tokens, more than max_position_embeddings={M} of this model; shorten it "
+                f"to at most {M - 1} tokens to leave room for new ones, or set config.position_overflow=\"extend\"."
+            )
+        if longest + new_tokens > M:
+            raise ValueError(
+                f"a prompt of {longest} tokens plus max_new_tokens={new_tokens} exceeds max_position_embeddings={M} "
+                f"of this model: at most {M - longest} new tokens fit. Lower max_new_tokens, or set "
+                "config.position_overflow=\"extend\" to generate past the trained range."
+            )
+
+    def _reorder_cache(self, past_key_values: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
+        return past_key_values.reorder_cache(beam_idx)
+
+
+__all__ = ["BriLLMGenerationMixin"]

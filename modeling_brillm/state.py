@@ -1,0 +1,57 @@
+"""What a sequence needs to go on: BriLLM's recurrent state, O(d) per sequence whatever its length.
+
+The signal entering the next edge is a softmax(position weights)-weighted mean of every earlier edge output, kept
+as running sums with a running maximum for stability: x = mix_sum / mix_norm, both scaled by exp(-mix_max).
+transformers' generation loop carries it as `past_key_values` (it plays the part of a key/value cache).
+"""
+
+from __future__ import annotations
+
+import torch
+
+TENSORS = ("signal", "mix_sum", "mix_norm", "mix_max", "length", "last_token")
+
+
+class BriLLMState:
+    """The recurrent state of a batch of sequences (see the module docstring)."""
+
+    def __init__(self, signal, mix_sum, mix_norm, mix_max, length, last_token, seen: int, longest: int | None = None):
+        self.signal = signal  # (B, d) signal leaving the last token
+        self.mix_sum = mix_sum  # (B, d) Σ exp(p_k − max) · c_k
+        self.mix_norm = mix_norm  # (B,)  Σ exp(p_k − max)
+        self.mix_max = mix_max  # (B,)  max p_k so far (−inf before the first edge)
+        self.length = length  # (B,)  real tokens consumed
+        self.last_token = last_token  # (B,)  node the signal sits on
+        self.seen = seen  # input columns consumed, padding included (what generate() slices by)
+        # host-side bound on length.max() (None = not known yet): a decode step checks the position range with it
+        # without reading the device
+        self.longest = longest
+        self.graph_owned = False  # True: the tensors are a captured decode step's buffers (see decode_capture.py)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The state's tensors in `TENSORS` order (what a decode step reads and returns)."""
+        return tuple(getattr(self, name) for name in TENSORS)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        """Beam search: keep the rows `beam_idx` (in place)."""
+        for name, tensor in zip(TENSORS, self.tensors()):
+            setattr(self, name, tensor.index_select(0, beam_idx.to(tensor.device)))
+        return self
+
+    def detach(self) -> BriLLMState:
+        return BriLLMState(*(t.detach() for t in self.tensors()), seen=self.seen, longest=self.longest)
+
+    def clone(self) -> BriLLMState:
+        """A copy that owns its tensors (a state returned by a captured decode step lives in the graph's buffers,
+        which the next replay overwrites)."""
+        return BriLLMState(*(t.clone() for t in self.tensors()), seen=self.seen, longest=self.longest)
+
+    @property
+    def batch_size(self) -> int:
+        return self.length.shape[0]
+
+
+__all__ = ["BriLLMState", "TENSORS"]
