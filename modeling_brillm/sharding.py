@@ -792,7 +792,7 @@ class ShardedBriLLM(nn.Module):
         config = type(self.config).from_dict(self.config.to_dict())
         with torch.device("meta"):
             model = BriLLMForCausalLM(config)
-        model.load_state_dict(sd, assign=True)
+        model.base_model.load_state_dict(sd, assign=True)
         model.generation_config = self.model.generation_config
         return model
 

@@ -138,13 +138,13 @@ def test_the_step_runs_on_meta_tensors(models, tok, dense):
     data-dependent size, hence nothing that waits for the GPU (the tables it reads are built before, once)."""
     model = models[dense]
     B = 4
-    max_degree = model._decode_max_degree()
+    max_degree = model.base_model.decode_max_degree()
     model.edge_rows(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))  # builds the key table
     keys = model._edge_key_cache
     meta = make_model(tok, dense=dense, node_size=6, seed=3).to("meta")
     if not dense:  # the key table comes from the device once per graph; carry it over to the meta copy
-        idx = meta.graph_indices
-        meta._edge_key_cache = ((idx.data_ptr(), idx._version, meta.graph_indptr._version, idx.device),
+        idx = meta.base_model.graph_indices
+        meta._edge_key_cache = ((idx.data_ptr(), idx._version, meta.base_model.graph_indptr._version, idx.device),
                                 keys[1].to("meta"))
     d = model.config.node_size
     state = [torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), torch.empty(B, device="meta"),
@@ -237,7 +237,7 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
     model.load_state_dict(base.state_dict(), strict=False)
     with torch.no_grad():
-        model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(4)) * 2)
+        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(4)) * 2)
     enc = _enc(tok)
 
     def decode():
@@ -261,10 +261,10 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
     plain = _run(base, "off", lambda: base.generate(**enc, max_new_tokens=1, do_sample=False, output_logits=True,
                                                     return_dict_in_generate=True))
     assert not torch.allclose(plain.logits[0], off[0].logits[0])
-    B, d, V, P = 4, 6, model.config.vocab_size, model.weights.shape[0]
+    B, d, V, P = 4, 6, model.config.vocab_size, model.base_model.weights.shape[0]
     logits = successor_logits_static(
         torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), torch.empty(P, d, d, device="meta"),
         torch.empty(P, 1, d, device="meta"), torch.empty(B, dtype=torch.long, device="meta"),
         torch.empty(V + 1, dtype=torch.long, device="meta"), torch.empty(P - 1, dtype=torch.long, device="meta"), V,
-        model._decode_max_degree(), torch.empty(V, device="meta"))
+        model.base_model.decode_max_degree(), torch.empty(V, device="meta"))
     assert logits.shape == (B, V) and logits.device.type == "meta"

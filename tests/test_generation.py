@@ -226,9 +226,9 @@ def test_self_loops_excluded_when_asked(tokenizer, device):
     model = make_model(tokenizer, dense=True, seed=1).to(device)
     V = model.config.vocab_size
     with torch.no_grad():  # every edge output = GeLU(b + PE); every self-loop u→u delivers by far the most energy
-        model.weights.zero_()
+        model.base_model.weights.zero_()
         for u in range(V):
-            model.biases[1 + u * V + u].fill_(10.0)
+            model.base_model.biases[1 + u * V + u].fill_(10.0)
     ids = alone(tokenizer, "the cat").input_ids
     kept = energy_generate(model, ids, max_new_tokens=6, exclude_self_loops=False, eos_token_id=[])
     assert bool((kept.tokens == kept.sources).all())  # stuck on the last node

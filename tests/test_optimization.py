@@ -194,12 +194,12 @@ def test_model_sparse_training_step_matches_dense_adamw_on_first_step():
     ids = torch.stack(seqs)
     a(ids, labels=ids, return_logits=False).loss.backward()
     b(ids, labels=ids, return_logits=False).loss.backward()
-    touched = a.weights.grad.coalesce()._indices()[0]
+    touched = a.base_model.weights.grad.coalesce()._indices()[0]
     SparseAdamW(a.parameters(), **HYPER).step()
     torch.optim.AdamW(b.parameters(), **HYPER).step()
-    torch.testing.assert_close(a.weights[touched], b.weights[touched])
-    torch.testing.assert_close(a.biases[touched], b.biases[touched])
-    torch.testing.assert_close(a.positions, b.positions)
+    torch.testing.assert_close(a.base_model.weights[touched], b.base_model.weights[touched])
+    torch.testing.assert_close(a.base_model.biases[touched], b.base_model.biases[touched])
+    torch.testing.assert_close(a.base_model.positions, b.base_model.positions)
 
 
 def test_portable_fallback_matches_fused_kernel(monkeypatch):

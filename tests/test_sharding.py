@@ -78,7 +78,7 @@ def _reference(loss_type: str, steps: int = STEPS, groups=None, wd=WD, **config)
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     opt.apply_pending_weight_decay()
-    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, norms, {k: v.detach().clone() for k, v in model.base_model.state_dict().items()}
 
 
 def _train(sharded, opt, first: int, last: int, rank: int, world: int, save_at=None, save_dir=None):
@@ -271,7 +271,7 @@ def test_recipe_trains_sharded_like_one_process_and_resumes_on_one(tmp_path):
     steps, half = 10, 5
     ref_losses, ref_norms, ref_state = _reference("exact", steps, RECIPE_GROUPS, RECIPE_WD, **RECIPE)
     assert 0 < sum(n > MAX_NORM for n in ref_norms) < steps, ref_norms
-    init = _model(**RECIPE).state_dict()
+    init = _model(**RECIPE).base_model.state_dict()
     assert float((ref_state["non_edge_bias"] - init["non_edge_bias"]).abs().max()) > 1e-2  # the offsets trained
     ckpt = str(tmp_path / "ckpt")
     job = {"first": 0, "last": steps, "save_at": half, "save_dir": ckpt, "config": RECIPE, "groups": RECIPE_GROUPS,
@@ -331,7 +331,7 @@ def test_recipe_groups_and_errors(tmp_path):
     ids, mask = _batch(0)
     plain = _model(**RECIPE)
     with torch.no_grad():
-        plain.non_edge_bias.copy_(torch.linspace(-1, 1, V))
+        plain.base_model.non_edge_bias.copy_(torch.linspace(-1, 1, V))
         want = plain(ids, attention_mask=mask, labels=ids).loss
         assert float(sharded(ids, mask, labels=ids).loss) == pytest.approx(float(want), rel=1e-6)
     # the sampled loss cannot score the offsets: refused as BriLLMConfig refuses it

@@ -47,14 +47,14 @@ def test_parameter_count_includes_learned_signals():
     config = BriLLMConfig(vocab_size=6, node_size=4, graph="dense", max_position_embeddings=8,
                           start_signal="learned", num_start_signals=3)
     model = BriLLMForCausalLM(config)
-    assert model.start_signals.shape == (3, 4)
+    assert model.base_model.start_signals.shape == (3, 4)
     assert model.num_parameters() == config.num_parameters_formula()
     assert BriLLMForCausalLM(BriLLMConfig(vocab_size=6, node_size=4, graph="dense")).start_signals is None
 
 
 def test_fresh_learned_start_equals_uniform_exactly(tok, uniform):
     learned = as_learned(uniform, num_start_signals=2)
-    assert torch.equal(learned.start_signals.cpu(), torch.full((2, 8), 1 / 8))
+    assert torch.equal(learned.base_model.start_signals.cpu(), torch.full((2, 8), 1 / 8))
     ids, mask = batch(tok)
     with torch.no_grad():
         a = uniform(ids, attention_mask=mask, labels=ids)
@@ -69,24 +69,24 @@ def test_uniform_checkpoint_loads_as_learned(tmp_path, tok, uniform):
     learned = BriLLMForCausalLM.from_pretrained(tmp_path / "uniform", start_signal="learned", num_start_signals=3)
     learned.to(uniform.device)
     assert learned.config.start_signal == "learned"
-    assert torch.equal(learned.start_signals.cpu(), torch.full((3, 8), 1 / 8))  # missing key: initialised to 1/d
-    assert torch.equal(learned.weights, uniform.weights)  # loaded ones are not re-initialised
+    assert torch.equal(learned.base_model.start_signals.cpu(), torch.full((3, 8), 1 / 8))  # missing key: initialised to 1/d
+    assert torch.equal(learned.base_model.weights, uniform.base_model.weights)  # loaded ones are not re-initialised
     ids, mask = batch(tok)
     with torch.no_grad():
         assert torch.equal(learned(ids, attention_mask=mask).logits, uniform(ids, attention_mask=mask).logits)
     # a trained start signal survives a save/load round trip
     with torch.no_grad():
-        learned.start_signals[2] = torch.linspace(-1, 1, 8)
+        learned.base_model.start_signals[2] = torch.linspace(-1, 1, 8)
     learned.save_pretrained(tmp_path / "learned")
     again = BriLLMForCausalLM.from_pretrained(tmp_path / "learned")
-    assert again.config.num_start_signals == 3 and torch.equal(again.start_signals, learned.start_signals.cpu())
+    assert again.config.num_start_signals == 3 and torch.equal(again.base_model.start_signals, learned.base_model.start_signals.cpu())
 
 
 def test_signal_ids_pick_each_rows_start(tok, uniform):
     learned = as_learned(uniform, num_start_signals=3)
     with torch.no_grad():
-        learned.start_signals[1] = torch.linspace(-2, 2, 8)
-        learned.start_signals[2] = torch.linspace(2, -2, 8)
+        learned.base_model.start_signals[1] = torch.linspace(-2, 2, 8)
+        learned.base_model.start_signals[2] = torch.linspace(2, -2, 8)
     ids, mask = batch(tok)
     with torch.no_grad():
         both = learned(ids, attention_mask=mask, signal_ids=torch.tensor([1, 2])).logits
@@ -106,7 +106,7 @@ def test_start_signal_gets_gradients(tok, uniform):
     learned = as_learned(uniform, num_start_signals=2).train()
     ids, mask = batch(tok)
     learned(ids, attention_mask=mask, labels=ids, signal_ids=torch.tensor([1, 1]), return_logits=False).loss.backward()
-    assert learned.start_signals.grad[0].abs().sum() == 0 and learned.start_signals.grad[1].abs().sum() > 0
+    assert learned.base_model.start_signals.grad[0].abs().sum() == 0 and learned.base_model.start_signals.grad[1].abs().sum() > 0
 
 
 @pytest.mark.parametrize("value, message", [
@@ -141,7 +141,7 @@ def greedy_by_forward(model, prompt, signal_id, steps):
 def test_signal_ids_reach_generate_and_energy_generate(tok, uniform):
     learned = as_learned(uniform, num_start_signals=2)
     with torch.no_grad():
-        learned.start_signals[1] = torch.linspace(-3, 3, 8)
+        learned.base_model.start_signals[1] = torch.linspace(-3, 3, 8)
     prompt = torch.tensor([[BOS]], device=learned.device)
     expected = [greedy_by_forward(learned, prompt, sid, 6) for sid in (0, 1)]
     assert not torch.equal(expected[0], expected[1])  # the start signal alone changes the continuation
@@ -163,7 +163,7 @@ def test_signal_ids_through_pipeline(tok, uniform):
 
     learned = as_learned(uniform, num_start_signals=2)
     with torch.no_grad():
-        learned.start_signals[1] = torch.linspace(-3, 3, 8)
+        learned.base_model.start_signals[1] = torch.linspace(-3, 3, 8)
     pipe = pipeline("text-generation", model=learned, tokenizer=tok)
     ids = tok("the", return_tensors="pt").input_ids
     texts = []
@@ -178,7 +178,7 @@ def test_signal_ids_through_pipeline(tok, uniform):
 def test_signal_ids_reach_beam_search(tok, uniform):
     learned = as_learned(uniform, num_start_signals=2)
     with torch.no_grad():
-        learned.start_signals[1] = torch.linspace(-3, 3, 8)
+        learned.base_model.start_signals[1] = torch.linspace(-3, 3, 8)
     prompt = torch.tensor([[BOS]])
     found = []
     for sid in (0, 1):

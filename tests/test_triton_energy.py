@@ -294,13 +294,13 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
         successors = set(indices[int(indptr[last[1]]):int(indptr[last[1] + 1])].tolist())
         tokens[1] = min(set(range(model.config.vocab_size)) - successors)
         assert model.edge_rows(state.last_token, tokens)[:2].tolist()[1] == 0
-    tensors = [getattr(state, n) for n in state._tensors()]
+    tensors = [getattr(state, n) for n in state.tensors()]
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
-            out[backend] = model._decode_core(tokens, *tensors, model._decode_max_degree())
+            out[backend] = model._decode_core(tokens, *tensors, model.base_model.decode_max_degree())
     close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], state._tensors()):
+    for a, b, name in zip(out["triton"][1], out["torch"][1], state.tensors()):
         close(a.float(), b.float(), name)
     model.decode_mode = "eager"
     try:
@@ -445,7 +445,7 @@ def biased(tiny):
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
     model.load_state_dict(base.state_dict(), strict=False)
     with torch.no_grad():
-        model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(15)))
+        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(15)))
     return model.to(DEVICE)
 
 
@@ -488,14 +488,14 @@ def test_non_edge_bias_decoding_equals_torch(tiny, biased):
     model = biased
     ids, mask = _batch(tok, "left")
     state = model(ids, attention_mask=mask, use_cache=True).past_key_values
-    tensors = [getattr(state, n) for n in state._tensors()]
+    tensors = [getattr(state, n) for n in state.tensors()]
     tokens = torch.tensor([5, 9, 4], device=DEVICE)
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
-            out[backend] = model._decode_core(tokens, *tensors, model._decode_max_degree())
+            out[backend] = model._decode_core(tokens, *tensors, model.base_model.decode_max_degree())
     close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], state._tensors()):
+    for a, b, name in zip(out["triton"][1], out["torch"][1], state.tensors()):
         close(a.float(), b.float(), name)
     with kernel_backend("torch"):
         model.decode_mode = "off"

@@ -34,7 +34,7 @@ def random_model(seed=0, dense=False, positions="random", cls=BriLLMForCausalLM,
         model = cls.from_graph(graph_from_edges(src, tgt, V), node_size=D, **config)
     if positions == "random":
         with torch.no_grad():
-            model.positions.uniform_(-2, 2, generator=g)
+            model.base_model.positions.uniform_(-2, 2, generator=g)
     return model.to(DEVICE)  # positions="ones": the released init, where every running-max update is a tie
 
 
@@ -210,9 +210,9 @@ def test_inference_and_fetched_rows():
 
     def fetched():
         model.zero_grad(set_to_none=True)
-        run = model._run_signals(ids, edge_fetch=lambda rows: gather_edges(model.weights, model.biases, rows))
+        run = model.base_model.run_signals(ids, edge_fetch=lambda rows: gather_edges(model.base_model.weights, model.base_model.biases, rows))
         run.signals.square().sum().backward()
-        return run.signals.detach(), model.weights.grad.clone(), model.positions.grad.clone()
+        return run.signals.detach(), model.base_model.weights.grad.clone(), model.base_model.positions.grad.clone()
 
     (s0, w0, p0), (s1, w1, p1) = both_backends(fetched)
     assert_rel(s1, s0, "signals")
