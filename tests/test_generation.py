@@ -366,22 +366,8 @@ def test_energy_beam_paths_match_the_returned_tokens(model, tokenizer):
     assert bool((out.sequences_scores.view(len(PROMPTS), 3).diff(dim=1) <= 1e-6).all())  # best first per prompt
 
 
-def test_energy_beam_search_with_one_beam_is_greedy_and_more_beams_score_at_least_as_well(model, tokenizer):
-    from modeling_brillm import decoding
-
-    enc = batch(tokenizer).to(model.device)  # the internal beam loop takes inputs where the model is
-    greedy = energy_generate(model, enc.input_ids, enc.attention_mask, max_new_tokens=16, num_alternatives=3)
-    # the beam code itself with one beam (energy_generate sends num_beams=1 to the greedy loop), same rules
-    one = decoding._beam_search(
-        model, enc.input_ids, enc.attention_mask.bool(), enc.attention_mask.sum(1), steps=16, num_beams=1,
-        num_return_sequences=1, length_penalty=1.0, early_stopping=True,
-        constrain=lambda raw, current, pen, hist: raw.scatter(1, current.unsqueeze(1), float("-inf")),
-        penalised=None, history=None, texts=None, stop=None, eos_tensor=torch.tensor([EOS], device=model.device), pad_token_id=PAD,
-        num_alternatives=3, tokenizer=None)
-    for name in ("sequences", "tokens", "sources", "ranks", "alternative_tokens", "step_mask", "positions"):
-        assert torch.equal(getattr(one, name), getattr(greedy, name)), name
-    for name in ("energies", "probabilities", "alternative_energies"):
-        torch.testing.assert_close(getattr(one, name), getattr(greedy, name), equal_nan=True)
+def test_energy_beam_search_scores_at_least_as_well_as_greedy(model, tokenizer):
+    enc = batch(tokenizer).to(model.device)
     # fixed length (no eos), plain sums: a beam's best is at least as likely as the greedy path
     fixed = dict(max_new_tokens=16, eos_token_id=[], length_penalty=0.0)
     greedy = energy_generate(model, enc.input_ids, enc.attention_mask, **fixed)
@@ -404,7 +390,7 @@ def test_energy_generate_stop_strings_and_beams_bad_arguments(model, tokenizer):
         energy_generate(model, ids, num_beams=0)
     with pytest.raises(ValueError, match="do_sample=False"):
         energy_generate(model, ids, num_beams=2, do_sample=True)
-    with pytest.raises(ValueError, match="between 1 and num_beams=2"):
+    with pytest.raises(ValueError, match=r"smaller or equal to `num_beams` \(2\)"):
         energy_generate(model, ids, num_beams=2, num_return_sequences=3)
     with pytest.raises(ValueError, match="repeat the prompt rows"):
         energy_generate(model, ids, num_return_sequences=2)
