@@ -183,7 +183,8 @@ def _prompt(model, input_ids, attention_mask) -> tuple[torch.Tensor, torch.Tenso
     if attention_mask is None:
         return input_ids, torch.ones_like(input_ids, dtype=torch.bool)
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        got = attention_mask
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
         raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}.")
     mask = attention_mask.to(input_ids.device) != 0
     if not bool(mask.any(1).all()):
@@ -364,12 +365,16 @@ def _output(fields, step_mask, prompt, mask, pad_token_id, tokenizer, sequences_
         tokenizer=tokenizer, sequences_scores=sequences_scores, **fields)
 
 
-def _no_steps(prompt, k: int) -> dict:
-    B, device = prompt.shape[0], prompt.device
+def _no_steps(prompt, mask, copies: int, beams: bool, pad_token_id, tokenizer, k: int) -> EnergyGenerateOutput:
+    """The output of `max_new_tokens=0`: every prompt row (`copies` times) and an empty energy path."""
+    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
+    B, device = len(rows), prompt.device
     long, real = torch.zeros(B, 0, dtype=torch.long, device=device), torch.zeros(B, 0, device=device)
-    return {"sources": long, "tokens": long, "ranks": long, "energies": real, "probabilities": real,
-            "alternative_tokens": torch.empty(B, 0, k, dtype=torch.long, device=device),
-            "alternative_energies": torch.empty(B, 0, k, device=device)}
+    fields = {"sources": long, "tokens": long, "ranks": long, "energies": real, "probabilities": real,
+              "alternative_tokens": torch.empty(B, 0, k, dtype=torch.long, device=device),
+              "alternative_energies": torch.empty(B, 0, k, device=device)}
+    return _output(fields, torch.zeros(B, 0, dtype=torch.bool, device=device), prompt[rows], mask[rows], pad_token_id,
+                   tokenizer, torch.zeros(B, device=device) if beams else None)
 
 
 @torch.no_grad()
@@ -451,11 +456,7 @@ def energy_generate(
     start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the prompt's call starts the signal
     if max_new_tokens == 0:
         model(input_ids, attention_mask=mask.long(), logits_to_keep=1, **start)  # the model checks the prompt
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device).repeat_interleave(num_return_sequences)
-        step_mask = torch.zeros(len(rows), 0, dtype=torch.bool, device=input_ids.device)
-        scores = torch.zeros(len(rows), device=input_ids.device) if num_beams > 1 else None
-        return _output(_no_steps(input_ids[rows], k), step_mask, input_ids[rows], mask[rows], config.pad_token_id,
-                       tokenizer, scores)
+        return _no_steps(input_ids, mask, num_return_sequences, num_beams > 1, config.pad_token_id, tokenizer, k)
     if num_beams > 1:
         fields, step_mask, scores = _beam_search(model, input_ids, mask, start, config, exclude_self_loops,
                                                  tokenizer, streamer, k)
@@ -494,7 +495,9 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
         max_length = kwargs.get("max_length") or getattr(config, "max_length", None) or 20
         options["max_new_tokens"] = max(0, int(max_length) - input_ids.shape[-1])
     out = energy_generate(model, input_ids, attention_mask=attention_mask, streamer=streamer, **options)
-    if return_dict_in_generate if return_dict_in_generate is not None else getattr(config, "return_dict_in_generate", False):
+    if return_dict_in_generate is None:
+        return_dict_in_generate = getattr(config, "return_dict_in_generate", False)
+    if return_dict_in_generate:
         return out
     return out.sequences
 '''

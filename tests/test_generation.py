@@ -275,8 +275,10 @@ def test_sampling_top_k_top_p_and_generator(model, tokenizer):
     order = probs.argsort(descending=True)
     nucleus = order[: int((probs[order].cumsum(0) < 0.5).sum()) + 1]
     assert set(out.tokens[:, 0].tolist()) <= set(nucleus.tolist())
-    a = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True, generator=torch.Generator(device=model.device).manual_seed(3))
-    b = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True, generator=torch.Generator(device=model.device).manual_seed(3))
+    a = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True,
+                        generator=torch.Generator(device=model.device).manual_seed(3))
+    b = energy_generate(model, ids[:4], max_new_tokens=6, do_sample=True,
+                        generator=torch.Generator(device=model.device).manual_seed(3))
     assert torch.equal(a.sequences, b.sequences)
 
 
@@ -358,8 +360,8 @@ def test_energy_beam_paths_match_the_returned_tokens(model, tokenizer):
             row = logits[r, T + s - 1]
             assert math.isclose(st.energy, float(row[st.token]), rel_tol=1e-5, abs_tol=1e-5)
             assert st.rank == 1 + int((row > row[st.token]).sum()) and st.token != st.source  # self-loops excluded
-            assert torch.allclose(out.alternative_energies[r, s], row.scatter(0, torch.tensor([st.token], device=row.device),
-                                                                              float("-inf")).topk(3).values, atol=1e-5)
+            others = row.scatter(0, torch.tensor([st.token], device=row.device), float("-inf"))
+            assert torch.allclose(out.alternative_energies[r, s], others.topk(3).values, atol=1e-5)
         # the beam score is the path's log-probabilities, length-normalised
         score = sum(math.log(st.probability) for st in steps) / n ** 0.5
         assert math.isclose(score, float(out.sequences_scores[r]), rel_tol=1e-4, abs_tol=1e-5)
