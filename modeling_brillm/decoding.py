@@ -237,10 +237,9 @@ def _settings(model, options: dict, tokenizer) -> GenerationConfig:
         for source in (getattr(model, "generation_config", None), model.config):
             if options[name] is None:
                 options[name] = getattr(source, name, None)
-    eos = options["eos_token_id"]
-    eos = [] if eos is None else [int(t) for t in (eos.reshape(-1).tolist() if isinstance(eos, torch.Tensor) else
-                                                    eos if isinstance(eos, (list, tuple, set)) else [eos])]
-    options["eos_token_id"] = eos
+    eos = options["eos_token_id"]  # as a list of ids: [] never ends a row early
+    eos = eos.reshape(-1).tolist() if isinstance(eos, torch.Tensor) else [] if eos is None else eos
+    eos = options["eos_token_id"] = [int(t) for t in (eos if isinstance(eos, (list, tuple, set)) else [eos])]
     if options["pad_token_id"] is None:
         options["pad_token_id"] = eos[0] if eos else 0
     unused = () if sample else ("temperature", "top_k", "top_p")  # left out: transformers would warn about them
@@ -522,7 +521,7 @@ def save_custom_generate(output_dir) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(source + _CUSTOM_GENERATE_WRAPPER)
     with open(os.path.join(folder, "requirements.txt"), "w", encoding="utf-8") as f:
-        f.write("torch\n")
+        f.write("torch\ntransformers\n")
     readme = os.path.join(os.fspath(output_dir), "README.md")
     if not os.path.exists(readme):
         with open(readme, "w", encoding="utf-8") as f:
