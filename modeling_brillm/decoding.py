@@ -431,8 +431,9 @@ def energy_generate(
             `StopStringCriteria`); needs `tokenizer`.
         num_beams, num_return_sequences, length_penalty, early_stopping: beam search (greedy only) is `generate()`'s
             own, rules included; the rows of `sequences` are grouped by prompt: row r·n + i is prompt r's i-th best.
-            A beam is scored by the log-softmax of the energies, renormalised after the repetition penalty, n-gram
-            and self-loop bans when those apply.
+            As in `generate()`, the repetition penalty and the n-gram and self-loop bans act on the log-softmax of
+            the energies, renormalised when any applies; a beam's score is the sum of these log-probabilities. To
+            read the paths back, `generate()` keeps every step's (num_beams·batch, V) logits until the end.
         signal_ids: `(batch,)` learned start signal of each row (models with `start_signal="learned"`).
 
     Returns:
