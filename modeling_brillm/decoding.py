@@ -1,43 +1,60 @@
-"""BriLLM's own decoding loop: the next node is the one whose incoming edge receives the most energy.
+"""BriLLM's own decoding loop, `energy_generate`: the next node is the one whose incoming edge receives the most energy.
 
-`energy_generate(model, input_ids, ...)` steps the model's O(d) recurrent state directly — one forward with
-`past_key_values` and `logits_to_keep=1` per new token, no generic `generate()` machinery — and records the
-energy path: for every step and row, the node the signal sits on, the chosen node, its energy (the L2 norm
-delivered by its incoming edge, i.e. the raw logit), its rank among all V nodes, its probability under the
-decoding distribution, and the strongest runner-up nodes with their energies.
+Every token is a node of a graph. A step moves the signal from the node u it sits on to a successor v, and the
+energy E_v = ‖GeLU(x·W[u→v] + b + PE)‖ that the edge u→v delivers is v's logit. `energy_generate` decodes with these
+logits and records the *energy path*: for every step and row, the node the signal sat on, the node chosen, its
+energy (raw logit), its rank among all V nodes, its probability under the decoding distribution, and the strongest
+runner-up nodes with their energies.
 
-Compared with the BriLLM0.5 release (see BRILLM_SPEC.md, "Decoding in the release, and its defects"):
-  * positions: the model's recurrent state uses the teacher-forcing positions, so the energies seen while
-    decoding are exactly the logits of a teacher-forced forward over the final sequence (release defect 1);
-  * temperature divides the logits before the softmax (release defect 2: it divided the probabilities);
-  * all candidates are scored in one batched call (release defect 3: per-candidate Python loops);
-  * self-loops u→u are excluded as in the release by default (`exclude_self_loops=True`); pass False to decode
-    exactly like `model.generate()`.
+What comes from transformers and what is ours:
+  * temperature, top-k / top-p, the repetition penalty and n-gram bans are transformers' logits processors; the one
+    processor of ours, `SelfLoopBan`, forbids the move u→u;
+  * rows end with transformers' stopping criteria (`EosTokenCriteria`, `StopStringCriteria`, `MaxLengthCriteria`),
+    so stop strings and eos tokens end a row exactly where `generate()` ends it;
+  * beam search is `model.generate()`'s own: it is asked for its raw logits (the energies), its scores and its beam
+    indices, from which the energy path of every returned sequence is read back;
+  * greedy decoding and sampling run in a short loop of ours over the model's O(d) recurrent state (one forward per
+    token with `past_key_values` and `logits_to_keep=1`). It records the path as it goes, draws from a
+    `torch.Generator` when given one (`generate()` takes none), and on a GPU reads "has every row finished?" from the
+    device only every few steps.
 
-Plugging in. `BriLLMForCausalLM.energy_generate(input_ids, ...)` calls this function; the standard
-`model.generate()` (and so `pipeline("text-generation")`) is untouched. This module imports nothing but torch
-(it uses the model duck-typed), so it ships with saved models as remote code and can also be copied verbatim
-into a standalone `custom_generate/generate.py` repository: see `save_custom_generate`. Such a folder is on
-purpose *not* written into model repositories: transformers replaces `model.generate` by the repository's
-custom function whenever a model is loaded with `trust_remote_code=True` and the folder exists, which would
-change what `pipeline(...)` does.
+Compared with the decoding of the original BriLLM0.5 release (its defects are described in `docs/model.md`):
+  * the energies seen while decoding are exactly the logits of a teacher-forced forward over the final sequence
+    (the recurrent state uses the teacher-forcing positions);
+  * temperature divides the logits before the softmax, not the probabilities;
+  * all candidate nodes are scored in one batched call, not one call per candidate;
+  * self-loops u→u are excluded by default, as in the release (`exclude_self_loops=True`); with False, greedy
+    decoding equals `model.generate(do_sample=False)` token for token.
 
-Rows finish at an end-of-sequence token or at the token that completes a stop string; afterwards they are filled
-with the pad token (as `generate()` does) and their steps are masked out of the energy path.
-
-Beam search (`num_beams > 1`) follows `generate()`'s rules (see `energy_generate`) and scores with the log-softmax of
-the energies used as logits; every returned sequence carries the energy path of its own beam.
+`BriLLMForCausalLM.energy_generate(input_ids, ...)` calls this function; `model.generate()` and
+`pipeline("text-generation")` are untouched. The module imports only torch and transformers, so it ships with saved
+models as remote code and can be published as a standalone `custom_generate` repository (`save_custom_generate`).
+That folder is on purpose not written into model repositories: transformers would then replace `model.generate`
+itself whenever the model is loaded with `trust_remote_code=True`, which would change what `pipeline(...)` does.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field
 
 import torch
+from transformers import (
+    EosTokenCriteria,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MaxLengthCriteria,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    StoppingCriteriaList,
+    StopStringCriteria,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-__all__ = ["EnergyGenerateOutput", "EnergyStep", "energy_generate", "save_custom_generate"]
+__all__ = ["EnergyGenerateOutput", "EnergyStep", "SelfLoopBan", "energy_generate", "save_custom_generate"]
 
 
 @dataclass
@@ -127,107 +144,236 @@ def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _as_id_list(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.reshape(-1).tolist()]
-    if isinstance(value, (list, tuple, set)):
-        return [int(v) for v in value]
-    return [int(value)]
+class SelfLoopBan(LogitsProcessor):
+    """Forbids the move u→u: the node the signal sits on (each row's last token) may not follow itself."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
 
 
 def _finish_check_every(device: torch.device) -> int:
-    """How many steps energy_generate runs between two reads of "has every row finished?" from the device: 8 on a
-    GPU (a read waits for the queued work), 1 elsewhere (a read is free, an extra step is not)."""
+    """How many steps the loop runs between two reads of "has every row finished?" from the device: 8 on a GPU (a
+    read waits for the queued work), 1 elsewhere (a read is free, an extra step is not)."""
     return 8 if device.type == "cuda" else 1
 
 
-def _left_align(input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move every row's real tokens to the right end (left padding), keeping their order."""
+def _empty_prompt_message(config) -> str:
+    bos = getattr(config, "bos_token_id", None)
+    hint = f" (this model's BOS id is {bos}: input_ids=[[{bos}]])" if bos is not None else ""
+    return ("empty prompt: BriLLM needs at least one token per row to start the signal from; start an "
+            f"unconditional sample from the BOS token{hint}.")
+
+
+def _prompt(model, input_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompt as (batch, length) ids and a boolean mask on the model's input device, every row's real tokens
+    moved to the right end (left padding). Types and token ids are left for the model's forward to check."""
+    if isinstance(input_ids, (list, tuple)):
+        if len(input_ids) == 0 or (isinstance(input_ids[0], (list, tuple)) and all(len(r) == 0 for r in input_ids)):
+            raise ValueError(_empty_prompt_message(model.config))
+        input_ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 1:
+            attention_mask = attention_mask.unsqueeze(0)
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.numel() == 0:
+        raise ValueError(_empty_prompt_message(model.config))
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        return input_ids, None  # the model's forward says what is wrong
+    input_ids = input_ids.to(model.input_device)
+    if attention_mask is None:
+        return input_ids, torch.ones_like(input_ids, dtype=torch.bool)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        got = attention_mask
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}.")
+    mask = attention_mask.to(input_ids.device) != 0
+    if not bool(mask.any(1).all()):
+        raise ValueError(_empty_prompt_message(model.config) + " (a row of attention_mask is all zeros)")
     if bool(mask[:, -1].all()):
         return input_ids, mask
     order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)  # padding first, then the real tokens
     return input_ids.gather(1, order), mask.gather(1, order)
 
 
-def _top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Keep the `top_k` largest logits of every row (ties at the threshold kept), as transformers' TopK warper."""
-    top_k = min(max(int(top_k), 1), logits.shape[-1])
-    threshold = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < threshold, float("-inf"))
+def _check_length(config, mask: torch.Tensor, max_new_tokens) -> None:
+    """BriLLM has one learned position weight per position: refuse, before generating, what would read past it."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
+    if getattr(config, "position_overflow", "error") == "extend":  # reads any length: no limit
+        return
+    longest, limit = int(mask.sum(1).max()), int(config.max_position_embeddings)
+    if longest > limit:
+        raise ValueError(f"the prompt holds {longest} tokens, more than max_position_embeddings={limit} of this "
+                         f"model; shorten it to at most {limit - 1} tokens to leave room for new ones.")
+    if longest + max_new_tokens > limit:
+        raise ValueError(
+            f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds max_position_embeddings="
+            f"{limit} of this model: at most {limit - longest} new tokens fit (BriLLM has one learned position "
+            "weight per position, so it cannot read past the last one; config.position_overflow=\"extend\" lifts "
+            "the limit).")
 
 
-def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Nucleus filter: the smallest set of nodes with probability mass >= top_p (as transformers' TopP warper)."""
-    sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = cumulative <= (1 - top_p)
-    remove_sorted[..., -1:] = False  # always keep the most likely node
-    remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
-    return logits.masked_fill(remove, float("-inf"))
-
-
-def _banned_ngram_tokens(history: list[list[int]], n: int) -> list[list[int]]:
-    """For every row, the tokens that would repeat an n-gram already in its history."""
-    banned = []
-    for tokens in history:
-        if len(tokens) + 1 < n:
-            banned.append([])
-            continue
-        prefix = tuple(tokens[len(tokens) - n + 1:])
-        banned.append([tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tuple(tokens[i:i + n - 1]) == prefix])
-    return banned
-
-
-def _constrain(raw, current, penalised, history, repetition_penalty, no_repeat_ngram_size, exclude_self_loops):
-    """The decoding logits of one step: raw energies (rows, V) with the repetition penalty, n-gram bans and the
-    self-loop ban applied (shared by greedy/sampling and beam search)."""
-    logits = raw
-    if penalised is not None:
-        logits = torch.where(penalised, torch.where(logits < 0, logits * repetition_penalty,
-                                                    logits / repetition_penalty), logits)
-    if history is not None:
-        banned = _banned_ngram_tokens(history, no_repeat_ngram_size)
-        ban_rows = [r for r, b in enumerate(banned) for _ in b]
-        if ban_rows:
-            ban_tokens = [t for b in banned for t in b]
-            index = (torch.tensor(ban_rows, device=raw.device), torch.tensor(ban_tokens, device=raw.device))
-            logits = logits.index_put(index, torch.tensor(float("-inf"), device=raw.device))
-    if exclude_self_loops:
-        logits = logits.scatter(1, current.unsqueeze(1), float("-inf"))
-    return logits
-
-
-class _StopStrings:
-    """Stop strings read the way `generate()`'s StopStringCriteria reads them: a row ends at the token that completes
-    one of them (that token may run past the string's end, the string may span tokens and start in the prompt); a
-    string that was already complete before the last token does not count again."""
-
-    def __init__(self, tokenizer, stop_strings):
-        self.tokenizer = tokenizer
-        self.strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
-        if not self.strings or not all(isinstance(t, str) and t for t in self.strings):
+def _settings(model, options: dict, tokenizer) -> GenerationConfig:
+    """The call's options as a `GenerationConfig` checked by transformers (eos / pad ids default to the model's).
+    Only what transformers does not check, or what this loop cannot do, is refused here."""
+    num_beams, sample = options["num_beams"], options["do_sample"]
+    if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
+        raise ValueError(f"num_beams must be a positive integer (1 = no beam search), got {num_beams!r}.")
+    if num_beams > 1 and sample:
+        raise ValueError("beam search (num_beams > 1) is deterministic here: pass do_sample=False, or num_beams=1 "
+                         "to sample.")
+    if num_beams == 1 and options["num_return_sequences"] != 1:
+        raise ValueError(f"num_return_sequences={options['num_return_sequences']!r} needs beam search (num_beams > 1);"
+                         " to draw several samples per prompt, repeat the prompt rows.")
+    stop_strings = options["stop_strings"]
+    if stop_strings is not None:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the model's tokenizer to read the generated text: pass "
+                             "tokenizer=... as well (as generate() does).")
+        strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+        if not strings or not all(isinstance(s, str) and s for s in strings):
             raise ValueError(f"stop_strings must be a non-empty string or a list of them, got {stop_strings!r}.")
-        # enough tokens to hold the longest string even when byte-level tokens carry a fraction of a character
-        self.window = 4 * max(len(t) for t in self.strings) + 2
+    for name in ("eos_token_id", "pad_token_id"):  # the call's, else the generation config's, else the config's
+        for source in (getattr(model, "generation_config", None), model.config):
+            if options[name] is None:
+                options[name] = getattr(source, name, None)
+    eos = options["eos_token_id"]  # as a list of ids: [] never ends a row early
+    eos = eos.reshape(-1).tolist() if isinstance(eos, torch.Tensor) else [] if eos is None else eos
+    eos = options["eos_token_id"] = [int(t) for t in (eos if isinstance(eos, (list, tuple, set)) else [eos])]
+    if options["pad_token_id"] is None:
+        options["pad_token_id"] = eos[0] if eos else 0
+    unused = () if sample else ("temperature", "top_k", "top_p")  # left out: transformers would warn about them
+    unused += () if num_beams > 1 else ("num_return_sequences", "length_penalty", "early_stopping")
+    options["max_new_tokens"] = options["max_new_tokens"] or None  # 0 new tokens is fine here, not in transformers
+    return GenerationConfig(**{name: value for name, value in options.items() if name not in unused})  # validates
 
-    def _decode(self, ids):
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def hit(self, ids: list[int]) -> bool:
-        tail = ids[-self.window:]
-        before, text = self._decode(tail[:-1]), self._decode(tail)
-        start = len(before) if text.startswith(before) else len(_common_prefix(before, text))
-        # an occurrence ending after `start` ends inside the last token's text
-        return any(text.find(t, max(0, start - len(t) + 1)) != -1 for t in self.strings)
+def _processors(config: GenerationConfig, exclude_self_loops: bool) -> LogitsProcessorList:
+    """The logits processors of `generate()` for these settings, in `generate()`'s order, for the loop of ours."""
+    processors = LogitsProcessorList()
+    if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+    if config.no_repeat_ngram_size:
+        processors.append(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
+    if exclude_self_loops:
+        processors.append(SelfLoopBan())
+    if config.do_sample:
+        if config.temperature is not None and config.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(config.temperature))
+        if config.top_k:
+            processors.append(TopKLogitsWarper(config.top_k))
+        if config.top_p is not None and config.top_p != 1.0:
+            processors.append(TopPLogitsWarper(config.top_p))
+    return processors
 
 
-def _common_prefix(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
+def _criteria(config: GenerationConfig, tokenizer, max_length: int) -> StoppingCriteriaList:
+    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length)])
+    if config.eos_token_id:
+        criteria.append(EosTokenCriteria(config.eos_token_id))
+    if config.stop_strings is not None:
+        criteria.append(StopStringCriteria(tokenizer, config.stop_strings))
+    return criteria
+
+
+def _path(raw, probabilities, sources, tokens, k: int) -> dict:
+    """The energy-path fields of `tokens` chosen among the `raw` energies (..., V): energy, rank, probability and
+    the k strongest other nodes. Works on any leading dimensions (one step of a batch, or whole beams)."""
+    picked = tokens.clamp(0, raw.shape[-1] - 1).unsqueeze(-1)  # a finished row's pad id may lie outside [0, V)
+    energy = raw.gather(-1, picked)
+    alternatives = torch.topk(raw.scatter(-1, picked, float("-inf")), k, dim=-1)
+    return {"sources": sources, "tokens": tokens, "energies": energy.squeeze(-1),
+            "probabilities": probabilities.gather(-1, picked).squeeze(-1), "ranks": 1 + (raw > energy).sum(-1),
+            "alternative_tokens": alternatives.indices, "alternative_energies": alternatives.values}
+
+
+def _decode(model, input_ids, mask, start, config, processors, criteria, generator, streamer, k):
+    """Greedy decoding or sampling on the model's recurrent state. Finished rows are fed the pad token, as
+    `generate()` does: a full batch keeps the model on its one-token decoding path. Returns the energy-path fields
+    (batch, steps[, k]) and the step mask; steps run after every row had finished are dropped."""
+    B, T = input_ids.shape
+    pad = torch.tensor(config.pad_token_id, device=input_ids.device)
+    sequences = torch.cat([input_ids, pad.expand(B, config.max_new_tokens)], 1)
+    host_reads = config.no_repeat_ngram_size or streamer is not None  # they wait for the device every step anyway
+    check_every = 1 if host_reads else _finish_check_every(input_ids.device)
+    active, steps = torch.ones(B, dtype=torch.bool, device=input_ids.device), []
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
+                logits_to_keep=1, **start)
+    for s in range(config.max_new_tokens):
+        raw = out.logits[:, -1, :].float()  # every node's energy as the successor of the current node
+        scores = processors(sequences[:, :T + s], raw)
+        probabilities = scores.softmax(-1)
+        if config.do_sample:
+            chosen = torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+        else:
+            chosen = scores.argmax(-1)
+        chosen = torch.where(active, chosen, pad)
+        sequences[:, T + s] = chosen
+        steps.append((_path(raw, probabilities, sequences[:, T + s - 1], chosen, k), active))
+        active = active & ~criteria(sequences[:, :T + s + 1], None)
+        if streamer is not None:
+            streamer.put(chosen.cpu())
+        if s + 1 == config.max_new_tokens or ((s + 1) % check_every == 0 and not bool(active.any())):
+            break
+        out = model(chosen.unsqueeze(1), past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1,
+                    generation_step=True)
+    if streamer is not None:
+        streamer.end()
+    step_mask = torch.stack([a for _, a in steps], 1)
+    ran = int(step_mask.any(0).sum())  # the active steps are a prefix
+    fields = {name: torch.stack([f[name] for f, _ in steps[:ran]], 1) for name in steps[0][0]}
+    return fields, step_mask[:, :ran]
+
+
+def _beam_search(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, streamer, k):
+    """`generate()`'s own beam search, asked for its raw logits (the energies), scores and beam indices: each
+    returned sequence's energy path is read from the rows of the beams it went through. Returns the path fields,
+    the step mask and the sequences' scores."""
+    processors = LogitsProcessorList([SelfLoopBan()] if exclude_self_loops else [])
+    penalised = bool(processors) or config.no_repeat_ngram_size or config.repetition_penalty not in (None, 1.0)
+    # renormalised when processors act, so that a beam's score is the sum of its recorded log-probabilities
+    config.update(output_logits=True, output_scores=True, return_dict_in_generate=True,
+                  renormalize_logits=bool(penalised))
+    if not config.eos_token_id and not config.pad_token_id:  # generate() would read pad 0 as unset and fall back
+        config.pad_token_id = 1  # on eos[0]; the value only fills ended beams, which are masked out below
+    extra = {} if streamer is None else {"streamer": streamer}  # generate() says it cannot stream beams
+    out = model.generate(input_ids, attention_mask=mask.long(), generation_config=config, logits_processor=processors,
+                         tokenizer=tokenizer, **extra, **start)
+    T, steps = input_ids.shape[1], out.beam_indices.shape[1]
+    rows, at = out.beam_indices.clamp(min=0).long(), torch.arange(steps, device=out.beam_indices.device)
+    raw = torch.stack(out.logits[:steps], 1)[rows, at]  # (sequences, steps, V): the energies each step saw
+    log_probs = torch.stack(out.scores[:steps], 1)[rows, at]
+    fields = _path(raw, log_probs.exp(), out.sequences[:, T - 1:T + steps - 1], out.sequences[:, T:T + steps], k)
+    return fields, out.beam_indices >= 0, out.sequences_scores
+
+
+def _output(fields, step_mask, prompt, mask, pad_token_id, tokenizer, sequences_scores=None):
+    """`EnergyGenerateOutput` with the steps after a row finished masked: pad tokens, NaN energies, rank 0."""
+    blank = ~step_mask
+    for name, fill in (("tokens", pad_token_id), ("sources", pad_token_id), ("energies", float("nan")),
+                       ("probabilities", float("nan")), ("ranks", 0)):
+        fields[name] = fields[name].masked_fill(blank, fill)
+    fields["alternative_tokens"] = fields["alternative_tokens"].masked_fill(blank.unsqueeze(2), -1)
+    fields["alternative_energies"] = fields["alternative_energies"].masked_fill(blank.unsqueeze(2), float("nan"))
+    steps = torch.arange(step_mask.shape[1], device=step_mask.device)
+    return EnergyGenerateOutput(
+        sequences=torch.cat([prompt, fields["tokens"]], 1), prompt_length=prompt.shape[1], step_mask=step_mask,
+        positions=mask.sum(1, keepdim=True) + steps, attention_mask=torch.cat([mask.long(), step_mask.long()], 1),
+        tokenizer=tokenizer, sequences_scores=sequences_scores, **fields)
+
+
+def _no_steps(prompt, mask, copies: int, beams: bool, pad_token_id, tokenizer, k: int) -> EnergyGenerateOutput:
+    """The output of `max_new_tokens=0`: every prompt row (`copies` times) and an empty energy path."""
+    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
+    B, device = len(rows), prompt.device
+    long, real = torch.zeros(B, 0, dtype=torch.long, device=device), torch.zeros(B, 0, device=device)
+    fields = {"sources": long, "tokens": long, "ranks": long, "energies": real, "probabilities": real,
+              "alternative_tokens": torch.empty(B, 0, k, dtype=torch.long, device=device),
+              "alternative_energies": torch.empty(B, 0, k, device=device)}
+    return _output(fields, torch.zeros(B, 0, dtype=torch.bool, device=device), prompt[rows], mask[rows], pad_token_id,
+                   tokenizer, torch.zeros(B, device=device) if beams else None)
 
 
 @torch.no_grad()
@@ -258,451 +404,68 @@ def energy_generate(
 ) -> EnergyGenerateOutput:
     """Decode with BriLLM's rule: at every step, every node v receives energy E_v = ‖GeLU(x·W[u→v] + b + PE)‖
     from the node u the signal sits on; the next node is the most energetic one (greedy) or is drawn from
-    softmax(E / temperature) (sampling).
+    softmax(E / temperature) (sampling). The options mean what they mean for `generate()`, which checks them.
 
     Args:
-        model: a `BriLLMForCausalLM` (anything with its forward signature and `config`).
-        input_ids: `(batch, length)` token ids (a 1-D tensor or a list of ids is taken as one row). Must hold at
-            least one real token per row; start from the BOS token for an unconditional sample.
+        model: a `BriLLMForCausalLM`.
+        input_ids: `(batch, length)` token ids (a 1-D tensor or a list of ids is taken as one row). Every row needs
+            at least one real token; start from the BOS token for an unconditional sample.
         attention_mask: 1 for real tokens, 0 for padding; padding may be on either side (right-padded rows are
             moved to left padding, so `sequences` always continues each row at its last column).
         max_new_tokens: new tokens per row. A row's real length plus `max_new_tokens` may not exceed
             `config.max_position_embeddings` (`ValueError`, before generating, naming the largest value that fits)
             unless `config.position_overflow="extend"`, which has no limit.
-        do_sample: draw from the distribution instead of taking the most energetic node.
-        temperature: divides the energies (logits) before the softmax; only used when sampling. Must be > 0.
-        top_k, top_p: keep the `top_k` most energetic nodes / the smallest set with probability mass `top_p`
-            (sampling only, as in `generate()`).
-        repetition_penalty: energies of nodes already in the row are divided by it (multiplied when negative),
-            the CTRL penalty `generate()` uses; padding is ignored.
-        no_repeat_ngram_size: forbid any n-gram of this size from occurring twice in a row (0 = off).
+        do_sample, temperature, top_k, top_p: sampling with transformers' warpers (ignored when greedy).
+        repetition_penalty, no_repeat_ngram_size: transformers' CTRL penalty and n-gram ban (prompt padding is part
+            of the row for them, as in `generate()`).
         exclude_self_loops: never move from a node to itself (the release does this). With False, greedy decoding
             equals `model.generate(do_sample=False)` token for token.
-        eos_token_id: id or ids that end a row; None reads `model.generation_config` / `model.config`. Pass []
-            to never stop early.
+        eos_token_id: id or ids that end a row; None reads `model.generation_config` / `model.config`; [] never
+            stops early.
         num_alternatives: how many runner-up nodes (strongest other nodes by raw energy) to record per step.
         generator: a `torch.Generator` for reproducible sampling.
         pad_token_id: fills finished rows; defaults to the generation config's, then the first eos id.
         streamer: a transformers streamer (`TextStreamer`, ...); gets the prompt, then each new token (batch 1).
         tokenizer: kept on the output so `path()` / `to_records()` include token texts; needed by `stop_strings`.
-        stop_strings: a string or list of strings ending a row (as in `generate()`): the row ends with the token
-            that completes one (kept in the output, like an eos token), wherever the string's characters started;
-            rows end independently. Needs `tokenizer`.
-        num_beams: > 1 runs beam search (greedy only: `do_sample` must be False; no streamer). Every beam is scored
-            by the sum of log-softmax(decoding logits) of its tokens, the decoding logits being the energies after
-            the repetition penalty, n-gram and self-loop bans. The rules are `generate()`'s: at every step the
-            2·num_beams (more with several eos ids) best continuations are kept; those ending at an eos token or a
-            stop string (and only among the num_beams best) become finished hypotheses scored
-            sum_logprobs / new_tokens ** length_penalty (new_tokens counts the ending token); the rest continue. At
-            `max_new_tokens` the running beams are finished too. The best finished hypotheses are returned.
-        num_return_sequences: how many of the best hypotheses to return per row (at most num_beams); the rows of
-            `sequences` are then grouped by prompt: row r·n + i is prompt r's i-th best.
-        length_penalty: exponent of the length normalisation (beam search): > 0 favours longer sequences, < 0
-            shorter ones, 0 ranks by the plain sum of log-probabilities.
-        early_stopping: beam search stopping, as in `generate()`: True stops a prompt as soon as num_beams
-            hypotheses are finished; False (default) stops when the best running beam, normalised at the current
-            length, can no longer beat the worst finished one; "never" uses the best length the running beams could
-            still reach (the exact bound when length_penalty > 0).
+        stop_strings: a string or list of strings ending a row with the token that completes one (transformers'
+            `StopStringCriteria`); needs `tokenizer`.
+        num_beams, num_return_sequences, length_penalty, early_stopping: beam search (greedy only) is `generate()`'s
+            own, rules included; the rows of `sequences` are grouped by prompt: row r·n + i is prompt r's i-th best.
+            As in `generate()`, the repetition penalty and the n-gram and self-loop bans act on the log-softmax of
+            the energies, renormalised when any applies; a beam's score is the sum of these log-probabilities. To
+            read the paths back, `generate()` keeps every step's (num_beams·batch, V) logits until the end.
         signal_ids: `(batch,)` learned start signal of each row (models with `start_signal="learned"`).
 
     Returns:
         `EnergyGenerateOutput` with `sequences` and the energy path (`tokens`, `energies`, `ranks`,
         `probabilities`, `alternative_tokens`, `alternative_energies`, `step_mask`, ...). With beams, the path of
-        each returned sequence is that of its own beam (`probabilities` are exp of the scoring log-softmax) and
-        `sequences_scores` holds the beam scores.
+        each returned sequence is that of its own beam (`probabilities` are exp of the scoring log-probabilities)
+        and `sequences_scores` holds the beam scores.
     """
-    config = model.config
-    V = int(config.vocab_size)
-    max_positions = int(config.max_position_embeddings)
-
-    # ---------------------------------------------------------------------------------------- validation
-    if isinstance(input_ids, (list, tuple)):
-        if len(input_ids) == 0 or (isinstance(input_ids[0], (list, tuple)) and all(len(r) == 0 for r in input_ids)):
-            raise ValueError(_empty_prompt_message(config))
-        input_ids = torch.as_tensor(input_ids, dtype=torch.long)
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a tensor or a list of token ids, got {type(input_ids).__name__}.")
-    if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}.")
-    if input_ids.dim() == 1:
-        input_ids = input_ids.unsqueeze(0)
-        if attention_mask is not None and attention_mask.dim() == 1:
-            attention_mask = attention_mask.unsqueeze(0)
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape (batch, length), got {tuple(input_ids.shape)}.")
-    if input_ids.numel() == 0:
-        raise ValueError(_empty_prompt_message(config))
-    device = getattr(model, "device", input_ids.device)
-    input_ids = input_ids.to(device=device, dtype=torch.long)
-    B, T = input_ids.shape
-    if attention_mask is None:
-        mask = torch.ones(B, T, dtype=torch.bool, device=device)
-    else:
-        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (B, T):
-            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-            raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got {shape}.")
-        mask = attention_mask.to(device) != 0
-    lengths = mask.sum(1)
-    if bool((lengths == 0).any()):
-        raise ValueError(_empty_prompt_message(config) + " (a row of attention_mask is all zeros)")
-    real = input_ids[mask]
-    low, high = int(real.min()), int(real.max())
-    if low < 0 or high >= V:
-        raise ValueError(
-            f"token id {low if low < 0 else high} is outside the vocabulary [0, {V}) of this model; use the tokenizer "
-            "the model was trained with."
-        )
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
-    longest = int(lengths.max())
-    extends = getattr(config, "position_overflow", "error") == "extend"  # reads any length: no limit to check
-    if not extends and longest > max_positions:
-        raise ValueError(
-            f"the prompt holds {longest} tokens, more than max_position_embeddings={max_positions} of this model; "
-            f"shorten it to at most {max_positions - 1} tokens to leave room for new ones."
-        )
-    if not extends and longest + max_new_tokens > max_positions:
-        raise ValueError(
-            f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds max_position_embeddings="
-            f"{max_positions} of this model: at most {max_positions - longest} new tokens fit (BriLLM has one learned "
-            "position weight per position, so it cannot read past the last one; config.position_overflow=\"extend\" "
-            "lifts the limit)."
-        )
-    if do_sample:
-        if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a positive number when sampling, got {temperature!r}; "
-                             "use do_sample=False for greedy decoding.")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 0):
-            raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}.")
-        if top_p is not None and not (0.0 < float(top_p) <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
-    if not (isinstance(repetition_penalty, (int, float)) and repetition_penalty > 0):
-        raise ValueError(f"repetition_penalty must be a positive number, got {repetition_penalty!r}.")
-    if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
-        raise ValueError(f"num_beams must be a positive integer (1 = no beam search), got {num_beams!r}.")
-    if not isinstance(num_return_sequences, int) or isinstance(num_return_sequences, bool) or not (
-            1 <= num_return_sequences <= num_beams):
-        raise ValueError(f"num_return_sequences must be an integer between 1 and num_beams={num_beams}, got "
-                         f"{num_return_sequences!r} (several sequences per prompt come from beam search; to draw "
-                         "several samples, repeat the prompt rows).")
+    options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                   top_p=top_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                   eos_token_id=eos_token_id, pad_token_id=pad_token_id, stop_strings=stop_strings,
+                   num_beams=num_beams, num_return_sequences=num_return_sequences, length_penalty=length_penalty,
+                   early_stopping=early_stopping)
+    input_ids, mask = _prompt(model, input_ids, attention_mask)
+    if mask is None:  # not a (batch, length) tensor: the model's own input check explains what is wrong
+        model(input_ids)
+    _check_length(model.config, mask, max_new_tokens)
+    config = _settings(model, options, tokenizer)
+    k = max(0, min(int(num_alternatives), int(model.config.vocab_size) - 1))
+    start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the prompt's call starts the signal
+    if max_new_tokens == 0:
+        model(input_ids, attention_mask=mask.long(), logits_to_keep=1, **start)  # the model checks the prompt
+        return _no_steps(input_ids, mask, num_return_sequences, num_beams > 1, config.pad_token_id, tokenizer, k)
     if num_beams > 1:
-        if do_sample:
-            raise ValueError("beam search (num_beams > 1) is deterministic here: pass do_sample=False, or "
-                             "num_beams=1 to sample.")
-        if streamer is not None:
-            raise ValueError("a streamer cannot follow beam search (num_beams > 1): the best beam is only known at "
-                             "the end; use num_beams=1 to stream.")
-        if early_stopping not in (True, False, "never"):
-            raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}.")
-        if not (isinstance(length_penalty, (int, float)) and math.isfinite(length_penalty)):
-            raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}.")
-    stop = None
-    if stop_strings is not None:
-        if tokenizer is None:
-            raise ValueError("stop_strings needs the model's tokenizer to read the generated text: pass "
-                             "tokenizer=... as well (as generate() does).")
-        stop = _StopStrings(tokenizer, stop_strings)
-    num_alternatives = max(0, min(int(num_alternatives), V - 1))
-
-    generation_config = getattr(model, "generation_config", None)
-    if eos_token_id is None:
-        eos_token_id = getattr(generation_config, "eos_token_id", None)
-        if eos_token_id is None:
-            eos_token_id = getattr(config, "eos_token_id", None)
-    eos_ids = _as_id_list(eos_token_id)
-    if pad_token_id is None:
-        pad_token_id = getattr(generation_config, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = getattr(config, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = eos_ids[0] if eos_ids else 0
-    eos_tensor = torch.tensor(eos_ids, dtype=torch.long, device=device)
-
-    input_ids, mask = _left_align(input_ids, mask)
-    rows = torch.arange(B, device=device)
-    penalised = None
-    if repetition_penalty != 1.0:
-        penalised = torch.zeros(B, V, dtype=torch.bool, device=device)
-        penalised[rows.unsqueeze(1).expand(B, T)[mask], input_ids[mask]] = True
-    history = [input_ids[r][mask[r]].tolist() for r in range(B)] if no_repeat_ngram_size > 0 else None
-    texts = [input_ids[r][mask[r]].tolist() for r in range(B)] if stop is not None else None  # ids read by `stop`
-
-    start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the first call starts the signal
-    if num_beams > 1:
-        return _beam_search(
-            model, input_ids, mask, lengths, steps=max_new_tokens, num_beams=num_beams,
-            num_return_sequences=num_return_sequences, length_penalty=float(length_penalty),
-            early_stopping=early_stopping, constrain=lambda raw, current, pen, hist: _constrain(
-                raw, current, pen, hist, repetition_penalty, no_repeat_ngram_size, exclude_self_loops),
-            penalised=penalised, history=history, texts=texts, stop=stop, eos_tensor=eos_tensor,
-            pad_token_id=int(pad_token_id), num_alternatives=num_alternatives, tokenizer=tokenizer, start=start)
-
-    # ------------------------------------------------------------------------------------------- decoding
-    # Per-step results are collected in lists and masked once at the end: the loop does the least work per token.
-    # Without stop strings, n-gram bans or a streamer (which read tokens on the host) a step never waits for the
-    # device: finished rows are tracked on it, and whether all rows have finished is read every `check_every` steps;
-    # the steps run past the last active one are dropped at the end, so the result is the same as stopping at once.
-    steps = max_new_tokens
-    pad = torch.tensor(int(pad_token_id), dtype=torch.long, device=device)
-    rec_tokens, rec_sources, rec_energies, rec_probs, rec_ranks, rec_alt_t, rec_alt_e, rec_active = ([] for _ in range(8))
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-    active = torch.ones(B, dtype=torch.bool, device=device)
-    can_end = eos_tensor.numel() > 0 or stop is not None
-    host_reads = stop is not None or history is not None or streamer is not None
-    check_every = 1 if host_reads else _finish_check_every(device)
-    current = input_ids[:, -1]  # left-aligned: the last column is every row's last real token
-    if steps:
-        out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
-                    logits_to_keep=1, **start)
-    for s in range(steps):
-        raw = out.logits[:, -1, :].float()  # energies of every node as the successor of `current`
-        logits = _constrain(raw, current, penalised, history, repetition_penalty, no_repeat_ngram_size,
-                            exclude_self_loops)
-        if do_sample:
-            if temperature != 1.0:
-                logits = logits / temperature
-            if top_k:
-                logits = _top_k_filter(logits, top_k)
-            if top_p is not None and top_p < 1.0:
-                logits = _top_p_filter(logits, float(top_p))
-        probs = torch.softmax(logits, dim=-1)
-        if do_sample:
-            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        else:
-            chosen = logits.argmax(dim=-1)
-        if can_end:
-            chosen = torch.where(active, chosen, pad)
-        picked = chosen.unsqueeze(1)
-        chosen_energy = raw.gather(1, picked)
-        rec_tokens.append(chosen)
-        rec_sources.append(current)
-        rec_energies.append(chosen_energy.squeeze(1))
-        rec_probs.append(probs.gather(1, picked).squeeze(1))
-        rec_ranks.append(1 + (raw > chosen_energy).sum(1))
-        rec_active.append(active)
-        if num_alternatives:
-            top = torch.topk(raw.scatter(1, picked, float("-inf")), num_alternatives, dim=1)
-            rec_alt_t.append(top.indices)
-            rec_alt_e.append(top.values)
-        if penalised is not None:  # mark the chosen node of every active row (no boolean indexing: no host read)
-            picked_rows = penalised.gather(1, picked) | active.unsqueeze(1)
-            penalised.scatter_(1, picked, picked_rows)
-        if history is not None:
-            for r in active.nonzero().flatten().tolist():
-                history[r].append(int(chosen[r]))
-        if streamer is not None:
-            streamer.put(chosen.cpu())
-
-        ended = torch.isin(chosen, eos_tensor) if eos_tensor.numel() else None
-        if stop is not None:
-            hits = torch.zeros(B, dtype=torch.bool, device=device)
-            for r in active.nonzero().flatten().tolist():
-                texts[r].append(int(chosen[r]))
-                hits[r] = stop.hit(texts[r])
-            ended = hits if ended is None else ended | hits
-        if ended is not None:
-            active = active & ~ended
-            if (s + 1) % check_every == 0 and not bool(active.any()):
-                break
-        if s + 1 == steps:
-            break
-        # Finished rows are fed their pad token like generate() does: their state is no longer used, and a full
-        # batch keeps the model on its one-token decoding path. (Their length stays within max positions: at most
-        # max_new_tokens - 1 steps are fed after a prompt that left room for max_new_tokens.)
-        out = model(picked, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1,
-                    generation_step=True)
-        current = chosen
-    if streamer is not None:
-        streamer.end()
-
-    if can_end and rec_active and check_every > 1:  # drop the steps run after every row had finished
-        ran = int(torch.stack(rec_active).any(1).sum())
-        for records in (rec_tokens, rec_sources, rec_energies, rec_probs, rec_ranks, rec_alt_t, rec_alt_e, rec_active):
-            del records[ran:]
-    done = len(rec_tokens)
-    if done:
-        step_mask = torch.stack(rec_active, 1)
-        new_tokens = torch.stack(rec_tokens, 1)
-        sources = torch.stack(rec_sources, 1).masked_fill(~step_mask, int(pad_token_id))
-        energies = torch.stack(rec_energies, 1).masked_fill(~step_mask, float("nan"))
-        probabilities = torch.stack(rec_probs, 1).masked_fill(~step_mask, float("nan"))
-        ranks = torch.stack(rec_ranks, 1).masked_fill(~step_mask, 0)
-        if num_alternatives:
-            alt_tokens = torch.stack(rec_alt_t, 1).masked_fill(~step_mask.unsqueeze(2), -1)
-            alt_energies = torch.stack(rec_alt_e, 1).masked_fill(~step_mask.unsqueeze(2), float("nan"))
-        else:
-            alt_tokens = torch.empty(B, done, 0, dtype=torch.long, device=device)
-            alt_energies = torch.empty(B, done, 0, device=device)
-    else:
-        step_mask = torch.zeros(B, 0, dtype=torch.bool, device=device)
-        new_tokens = sources = ranks = torch.zeros(B, 0, dtype=torch.long, device=device)
-        energies = probabilities = torch.zeros(B, 0, device=device)
-        alt_tokens = torch.empty(B, 0, num_alternatives, dtype=torch.long, device=device)
-        alt_energies = torch.empty(B, 0, num_alternatives, device=device)
-    return EnergyGenerateOutput(
-        sequences=torch.cat([input_ids, new_tokens], 1),
-        prompt_length=T,
-        sources=sources,
-        tokens=new_tokens,
-        energies=energies,
-        ranks=ranks,
-        probabilities=probabilities,
-        alternative_tokens=alt_tokens,
-        alternative_energies=alt_energies,
-        step_mask=step_mask,
-        positions=lengths.unsqueeze(1) + torch.arange(done, device=device),
-        attention_mask=torch.cat([mask.long(), step_mask.long()], 1),
-        tokenizer=tokenizer,
-    )
-
-
-_NO_SCORE = float("-inf")  # score of an empty slot among the finished hypotheses
-
-
-def _gather_beams(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """tensor (B, N, ...) → (B, K, ...) taking along dim 1 the entries `index` (B, K)."""
-    shape = index.shape + tensor.shape[2:]
-    return tensor.gather(1, index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand(shape))
-
-
-def _beam_search(model, input_ids, mask, lengths, *, steps, num_beams, num_return_sequences, length_penalty,
-                 early_stopping, constrain, penalised, history, texts, stop, eos_tensor, pad_token_id,
-                 num_alternatives, tokenizer, start=None) -> EnergyGenerateOutput:
-    """Beam search over BriLLM's recurrent state with `generate()`'s rules (see `energy_generate`), carrying each
-    beam's energy path along: every running beam and every finished hypothesis owns its recorded steps."""
-    device = input_ids.device
-    B, T = input_ids.shape
-    V = int(model.config.vocab_size)
-    nb = num_beams
-    keep = min(max(2, 1 + eos_tensor.numel()) * nb, nb * V)  # continuations kept per step, as generate()
-    first_nb = torch.arange(keep, device=device) < nb  # only these may become finished hypotheses
-    S = steps
-    k = num_alternatives
-
-    def blank(n):  # empty energy-path records for (B, n) beams: the values masked steps show
-        return {
-            "tokens": torch.full((B, n, S), pad_token_id, dtype=torch.long, device=device),
-            "sources": torch.full((B, n, S), pad_token_id, dtype=torch.long, device=device),
-            "energies": torch.full((B, n, S), float("nan"), device=device),
-            "probabilities": torch.full((B, n, S), float("nan"), device=device),
-            "ranks": torch.zeros(B, n, S, dtype=torch.long, device=device),
-            "alternative_tokens": torch.full((B, n, S, k), -1, dtype=torch.long, device=device),
-            "alternative_energies": torch.full((B, n, S, k), float("nan"), device=device),
-        }
-
-    run = blank(nb)
-    run_scores = torch.zeros(B, nb, device=device)
-    run_scores[:, 1:] = -1e9  # all beams start equal: only the first one's continuations count at step 0
-    fin = blank(nb)
-    fin_scores = torch.full((B, nb), _NO_SCORE, device=device)
-    fin_length = torch.zeros(B, nb, dtype=torch.long, device=device)
-    improvable = torch.ones(B, 1, dtype=torch.bool, device=device)  # generate()'s early-stop heuristic
-    batch_offset = torch.arange(B, device=device).unsqueeze(1) * nb
-
-    if S:  # the prompt is read once per row, then its state is copied to the row's beams
-        out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
-                    logits_to_keep=1, **(start or {}))
-        expand = torch.arange(B, device=device).repeat_interleave(nb)
-        state = out.past_key_values.reorder_cache(expand)
-        raw = out.logits[:, -1, :].float().index_select(0, expand)  # (B·nb, V)
-        current = input_ids[:, -1].index_select(0, expand)
-        if penalised is not None:
-            penalised = penalised.index_select(0, expand)
-        history = [list(history[r]) for r in expand.tolist()] if history is not None else None
-        texts = [list(texts[r]) for r in expand.tolist()] if texts is not None else None
-    for s in range(S):
-        logprobs = torch.log_softmax(constrain(raw, current, penalised, history), dim=-1)  # (B·nb, V)
-        total = (logprobs.view(B, nb, V) + run_scores.unsqueeze(2)).view(B, nb * V)
-        top_scores, top_index = torch.topk(total, keep, dim=1)  # (B, keep)
-        parent, token = top_index // V, top_index % V
-        parent_row = parent + batch_offset  # row of the parent beam in the (B·nb) state
-
-        # the candidates' energy paths: the parent's steps plus this one
-        cand = {name: _gather_beams(value, parent) for name, value in run.items()}
-        energies = raw[parent_row]  # (B, keep, V)
-        energy = energies.gather(2, token.unsqueeze(2))
-        cand["tokens"][:, :, s] = token
-        cand["sources"][:, :, s] = current[parent_row]
-        cand["energies"][:, :, s] = energy.squeeze(2)
-        cand["probabilities"][:, :, s] = logprobs[parent_row, token].exp()
-        cand["ranks"][:, :, s] = 1 + (energies > energy).sum(2)
-        if k:
-            alternatives = torch.topk(energies.scatter(2, token.unsqueeze(2), float("-inf")), k, dim=2)
-            cand["alternative_tokens"][:, :, s] = alternatives.indices
-            cand["alternative_energies"][:, :, s] = alternatives.values
-
-        ends = torch.isin(token, eos_tensor) if eos_tensor.numel() else torch.zeros_like(token, dtype=torch.bool)
-        if stop is not None:
-            rows, tokens = parent_row.view(-1).tolist(), token.view(-1).tolist()
-            ends |= torch.tensor([stop.hit(texts[r] + [t]) for r, t in zip(rows, tokens)],
-                                 device=device).view(B, keep)
-        if s + 1 == S:
-            ends = torch.ones_like(ends)  # the last step finishes every beam
-
-        # the num_beams best continuations that did not end go on
-        go_on = torch.topk(top_scores.masked_fill(ends, -1e9), nb, dim=1).indices
-        run = {name: _gather_beams(value, go_on) for name, value in cand.items()}
-        run_scores = top_scores.masked_fill(ends, -1e9).gather(1, go_on)
-        # the ended ones among the num_beams best enter the finished hypotheses, if they may still improve them
-        scores = top_scores / float(s + 1) ** length_penalty
-        may_add = improvable & ~(torch.isfinite(fin_scores).all(1, keepdim=True) & (early_stopping is True))
-        scores = scores.masked_fill(~(ends & first_nb & may_add), _NO_SCORE)
-        merged_scores = torch.cat([fin_scores, scores], 1)
-        best = torch.topk(merged_scores, nb, dim=1).indices
-        fin = {name: _gather_beams(torch.cat([fin[name], cand[name]], 1), best) for name in fin}
-        fin_scores = merged_scores.gather(1, best)
-        fin_length = torch.cat([fin_length, torch.full_like(token, s + 1)], 1).gather(1, best)
-
-        full = torch.isfinite(fin_scores).all(1, keepdim=True)
-        reach = S if (early_stopping == "never" and length_penalty > 0) else s + 1
-        best_running = run_scores[:, :1] / float(reach) ** length_penalty
-        improvable = improvable & (~full | (best_running > fin_scores.min(1, keepdim=True).values))
-        if s + 1 == S or bool(ends.all()) or not bool(improvable.any()) or (early_stopping is True and bool(full.all())):
-            break
-
-        # move the state (and per-beam bookkeeping) to the surviving beams, then feed their new tokens
-        order = parent_row.gather(1, go_on).view(-1)
-        chosen = run["tokens"][:, :, s].reshape(-1)
-        state = state.reorder_cache(order)
-        if penalised is not None:
-            penalised = penalised.index_select(0, order)
-            penalised[torch.arange(B * nb, device=device), chosen] = True
-        new_ids = chosen.tolist()
-        if history is not None:
-            history = [history[r] + [t] for r, t in zip(order.tolist(), new_ids)]
-        if texts is not None:
-            texts = [texts[r] + [t] for r, t in zip(order.tolist(), new_ids)]
-        out = model(chosen.unsqueeze(1), past_key_values=state, use_cache=True, logits_to_keep=1,
-                    generation_step=True)
-        state = out.past_key_values
-        raw = out.logits[:, -1, :].float()
-        current = chosen
-
-    # the best num_return_sequences finished hypotheses of every row, grouped by row
-    n = num_return_sequences
-    length = fin_length[:, :n].reshape(-1)
-    G = int(length.max()) if S else 0
-    records = {name: value[:, :n, :G].reshape(B * n, G, *value.shape[3:]) for name, value in fin.items()}
-    step_mask = torch.arange(G, device=device) < length.unsqueeze(1)
-    prompt_rows = torch.arange(B, device=device).repeat_interleave(n)
-    return EnergyGenerateOutput(
-        sequences=torch.cat([input_ids[prompt_rows], records["tokens"]], 1),
-        prompt_length=T,
-        step_mask=step_mask,
-        positions=lengths[prompt_rows].unsqueeze(1) + torch.arange(G, device=device),
-        attention_mask=torch.cat([mask[prompt_rows].long(), step_mask.long()], 1),
-        tokenizer=tokenizer,
-        sequences_scores=fin_scores[:, :n].reshape(-1) if S else torch.zeros(B * n, device=device),
-        **records,
-    )
-
-
-def _empty_prompt_message(config) -> str:
-    bos = getattr(config, "bos_token_id", None)
-    hint = f" (this model's BOS id is {bos}: input_ids=[[{bos}]])" if bos is not None else ""
-    return ("empty prompt: BriLLM needs at least one token per row to start the signal from; start an "
-            f"unconditional sample from the BOS token{hint}.")
+        fields, step_mask, scores = _beam_search(model, input_ids, mask, start, config, exclude_self_loops,
+                                                 tokenizer, streamer, k)
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device).repeat_interleave(num_return_sequences)
+        return _output(fields, step_mask, input_ids[rows], mask[rows], config.pad_token_id, tokenizer, scores)
+    criteria = _criteria(config, tokenizer, input_ids.shape[1] + max_new_tokens)
+    fields, step_mask = _decode(model, input_ids, mask, start, config, _processors(config, exclude_self_loops),
+                                criteria, generator, streamer, k)
+    return _output(fields, step_mask, input_ids, mask, config.pad_token_id, tokenizer)
 
 
 # ------------------------------------------------------------------------------------ custom_generate
@@ -732,7 +495,9 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
         max_length = kwargs.get("max_length") or getattr(config, "max_length", None) or 20
         options["max_new_tokens"] = max(0, int(max_length) - input_ids.shape[-1])
     out = energy_generate(model, input_ids, attention_mask=attention_mask, streamer=streamer, **options)
-    if return_dict_in_generate if return_dict_in_generate is not None else getattr(config, "return_dict_in_generate", False):
+    if return_dict_in_generate is None:
+        return_dict_in_generate = getattr(config, "return_dict_in_generate", False)
+    if return_dict_in_generate:
         return out
     return out.sequences
 '''
@@ -757,7 +522,7 @@ def save_custom_generate(output_dir) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(source + _CUSTOM_GENERATE_WRAPPER)
     with open(os.path.join(folder, "requirements.txt"), "w", encoding="utf-8") as f:
-        f.write("torch\n")
+        f.write("torch\ntransformers\n")
     readme = os.path.join(os.fspath(output_dir), "README.md")
     if not os.path.exists(readme):
         with open(readme, "w", encoding="utf-8") as f:
