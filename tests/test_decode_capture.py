@@ -1,4 +1,4 @@
-"""The sync-free decode step (`BriLLMForCausalLM._decode_core`, `decode_mode`) and its CUDA-graph capture.
+"""The sync-free decode step (`BriLLMModel.decode_step`, `decode_mode`) and its CUDA-graph capture.
 
 On CPU: the eager sync-free step gives the logits and tokens of the general path (generate, energy_generate, beam
 search, sampling, left padding, dense and sparse graphs), runs on `device="meta"` (so it holds no host read and no
@@ -139,19 +139,16 @@ def test_the_step_runs_on_meta_tensors(models, tok, dense):
     model = models[dense]
     B = 4
     max_degree = model.base_model.decode_max_degree()
-    model.edge_rows(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))  # builds the key table
-    keys = model._edge_key_cache
-    meta = make_model(tok, dense=dense, node_size=6, seed=3).to("meta")
-    if not dense:  # the key table comes from the device once per graph; carry it over to the meta copy
-        idx = meta.base_model.graph_indices
-        meta._edge_key_cache = ((idx.data_ptr(), idx._version, meta.base_model.graph_indptr._version, idx.device),
-                                keys[1].to("meta"))
+    keys = model.base_model.edge_keys()  # built once per graph from the device
+    meta = make_model(tok, dense=dense, node_size=6, seed=3).to("meta").base_model
+    if not dense:  # carry the key table over to the meta copy
+        meta.edge_keys = lambda: keys.to("meta")
     d = model.config.node_size
     state = [torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), torch.empty(B, device="meta"),
              torch.empty(B, device="meta"), torch.empty(B, dtype=torch.long, device="meta"),
              torch.empty(B, dtype=torch.long, device="meta")]
     with torch.no_grad():
-        logits, new_state = meta._decode_core(torch.empty(B, dtype=torch.long, device="meta"), *state, max_degree)
+        logits, new_state = meta.decode_step(torch.empty(B, dtype=torch.long, device="meta"), state, max_degree)
     assert logits.shape == (B, model.config.vocab_size) and logits.device.type == "meta"
     assert [t.shape for t in new_state] == [t.shape for t in state]
 
@@ -221,7 +218,7 @@ def test_large_padded_gathers_take_the_general_path(models, tok, monkeypatch):
     def padded_step(*args):
         raise AssertionError("the padded step ran")
 
-    monkeypatch.setattr(type(model), "_decode_core", padded_step)
+    monkeypatch.setattr(type(model.base_model), "decode_step", padded_step)
     monkeypatch.setattr(model, "padded_decode_bytes", 1024)
     out = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
@@ -235,7 +232,7 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
 
     base = make_model(tok, node_size=6, seed=3)
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
-    model.load_state_dict(base.state_dict(), strict=False)
+    model.base_model.load_state_dict(base.base_model.state_dict(), strict=False)
     with torch.no_grad():
         model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(4)) * 2)
     enc = _enc(tok)
@@ -247,12 +244,12 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
 
     off = _run(model, "off", decode)
     calls = []
-    original = type(model)._decode_core
-    type(model)._decode_core = lambda self, *a: calls.append(1) or original(self, *a)
+    original = type(model.base_model).decode_step
+    type(model.base_model).decode_step = lambda self, *a: calls.append(1) or original(self, *a)
     try:
         eager = _run(model, "eager", decode)
     finally:
-        type(model)._decode_core = original
+        type(model.base_model).decode_step = original
     assert calls, "the sync-free step did not run"
     assert torch.equal(eager[0].sequences, off[0].sequences)
     torch.testing.assert_close(torch.stack(eager[0].logits), torch.stack(off[0].logits), rtol=1e-5, atol=1e-5)

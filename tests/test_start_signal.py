@@ -24,7 +24,7 @@ def as_learned(model, num_start_signals=1):
                                      "num_start_signals": num_start_signals})
     learned = BriLLMForCausalLM(config)
     missing, unexpected = learned.load_state_dict(model.state_dict(), strict=False)
-    assert missing == ["start_signals"] and not unexpected
+    assert missing == ["brillm.start_signals"] and not unexpected
     return learned.to(model.device).eval()
 
 
@@ -49,7 +49,7 @@ def test_parameter_count_includes_learned_signals():
     model = BriLLMForCausalLM(config)
     assert model.base_model.start_signals.shape == (3, 4)
     assert model.num_parameters() == config.num_parameters_formula()
-    assert BriLLMForCausalLM(BriLLMConfig(vocab_size=6, node_size=4, graph="dense")).start_signals is None
+    assert BriLLMForCausalLM(BriLLMConfig(vocab_size=6, node_size=4, graph="dense")).base_model.start_signals is None
 
 
 def test_fresh_learned_start_equals_uniform_exactly(tok, uniform):
