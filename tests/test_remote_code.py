@@ -92,3 +92,20 @@ def test_folders_cross_between_transformers_versions(tmp_path):
     ours, _ = run_fresh(tmp_path, "theirs", "ours")
     assert theirs["version"] != ours["version"] == transformers.__version__, (theirs["version"], ours["version"])
     assert theirs["generated"] == ours["generated"] == expected
+
+
+def test_folders_saved_before_the_model_held_its_base_still_load(tmp_path):
+    """Until BriLLMForCausalLM held a BriLLMModel (`brillm.*` weights), it was one and saved its weights without the
+    prefix: such folders load here and through remote code, giving the same logits and generations."""
+    from safetensors.torch import load_file, save_file
+
+    model, expected = saved_tiny(tmp_path)
+    weights = tmp_path / "saved" / "model.safetensors"
+    tensors = load_file(weights)
+    assert all(name.startswith("brillm.") for name in tensors)
+    save_file({name[len("brillm."):]: t for name, t in tensors.items()}, weights, metadata={"format": "pt"})
+    loaded = BriLLMForCausalLM.from_pretrained(tmp_path / "saved")
+    ids = torch.load(tmp_path / "ids.pt")
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    result, _ = run_fresh(tmp_path, "saved", "resaved")
+    assert result["generated"] == expected
