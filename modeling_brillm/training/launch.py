@@ -49,6 +49,23 @@ def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
     return False
 
 
+def fsdp_not_formed(accelerator, environ=os.environ) -> str | None:
+    """The error when the launch asked for FSDP (`distributed_type: FSDP`) but accelerate formed another kind of
+    run. accelerate turns FSDP on only for multi-process runs on GPU-type devices: on the CPU
+    (configuration/accelerate/cpu_2_fsdp.yaml) it forms MULTI_CPU, DDP over gloo with every process holding the
+    whole model, and ignores `fsdp_config`. Training on silently as DDP would hide that the FSDP path (its
+    sharded state dict, its memory) never ran."""
+    if not _truthy(environ.get("ACCELERATE_USE_FSDP")) or accelerator.distributed_type.value == "FSDP":
+        return None
+    import accelerate
+
+    return (f"this launch asks for FSDP (distributed_type: FSDP) but accelerate {accelerate.__version__} formed a "
+            f"{accelerator.distributed_type.value} run on {accelerator.device.type}: accelerate shards with FSDP "
+            "only on GPUs (and other accelerators), not on the CPU, where it would train as plain DDP. Launch FSDP "
+            "on GPUs (configuration/accelerate/gpu8_fsdp.yaml), or train data parallel on the CPU with "
+            "configuration/accelerate/cpu_2.yaml.")
+
+
 def make_accelerator(args, project_name: str | None = None):
     """An Accelerator for a training script (`args`: gradient_accumulation_steps, seed, output_dir, with_tracking,
     report_to, torch_threads, no_malloc_tuning), with the launch checked, logging quieted on non-main
@@ -82,6 +99,9 @@ def make_accelerator(args, project_name: str | None = None):
             "processes only through mpirun. Use `accelerate launch --config_file configuration/accelerate/cpu_2.yaml "
             "...` (torchrun + gloo), or `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`."
         )
+    fsdp_error = fsdp_not_formed(accelerator)
+    if fsdp_error:
+        raise UsageError(fsdp_error)
     if accelerator.is_main_process:
         datasets.utils.logging.set_verbosity_warning()
         transformers.utils.logging.set_verbosity_warning()
