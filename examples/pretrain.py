@@ -215,7 +215,8 @@ def check_args(args, model_fields: dict):
         try:
             args.checkpointing_steps = int(args.checkpointing_steps)
         except ValueError:
-            raise UsageError(f"--checkpointing_steps must be a number or 'epoch', got {args.checkpointing_steps!r}.") from None
+            raise UsageError(f"--checkpointing_steps must be a number or 'epoch', got "
+                             f"{args.checkpointing_steps!r}.") from None
         positive("checkpointing_steps")
     if not 0 <= args.validation_split_percentage < 100:
         raise UsageError("--validation_split_percentage must be in [0, 100).")

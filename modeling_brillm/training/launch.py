@@ -40,9 +40,10 @@ def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
     if local > gpus:
         seen = "no GPU is visible" if gpus == 0 else f"only {gpus} GPU{'s are' if gpus > 1 else ' is'} visible"
         fix = f"launch at most {gpus} process{'es' if gpus > 1 else ''} (--num_processes {gpus}), or " if gpus else ""
+        hidden = environ.get("CUDA_VISIBLE_DEVICES")
         raise UsageError(
             f"this launch asks for GPUs, one per process, and starts {local} processes on this machine, but {seen}"
-            f"{' (CUDA_VISIBLE_DEVICES=' + environ['CUDA_VISIBLE_DEVICES'] + ')' if 'CUDA_VISIBLE_DEVICES' in environ else ''}"
+            f"{f' (CUDA_VISIBLE_DEVICES={hidden})' if hidden is not None else ''}"
             f": {fix}train on the CPU with `accelerate launch --config_file configuration/accelerate/cpu_2.yaml` "
             "(or ACCELERATE_USE_CPU=1)."
         )
