@@ -45,7 +45,8 @@ def test_new_nodes_leave_old_logits_exactly(trained, device):
     assert tokenizer.add_tokens(NEW_CHARS) == len(NEW_CHARS)
     assert model.resize_token_embeddings(len(tokenizer)) is None
     assert model.config.vocab_size == len(tokenizer) == V + len(NEW_CHARS)
-    assert model.graph_indptr.numel() == len(tokenizer) + 1 and model.node_bias.shape[0] == len(tokenizer)
+    base = model.base_model
+    assert base.graph_indptr.numel() == len(tokenizer) + 1 and base.node_bias.shape[0] == len(tokenizer)
     with torch.no_grad():
         after = model(ids, attention_mask=mask).logits
     assert torch.equal(after[..., :V], before)
@@ -72,9 +73,9 @@ def test_new_edges_start_as_the_shared_edge_and_change_nothing(trained, device):
     with torch.no_grad():
         old_before, new_before = model(ids, attention_mask=mask).logits, model(batch, attention_mask=new_mask).logits
     rows = model.add_edges_from_sequences(new_seqs, ignore_ids=[PAD])
-    assert rows.numel() > 10 and model.config.num_edges == E + rows.numel() == model.weights.shape[0] - 1
-    assert torch.equal(model.weights[rows], model.weights[:1].expand(rows.numel(), -1, -1))
-    assert torch.equal(model.biases[rows], model.biases[:1].expand(rows.numel(), -1, -1))
+    assert rows.numel() > 10 and model.config.num_edges == E + rows.numel() == model.base_model.weights.shape[0] - 1
+    assert torch.equal(model.base_model.weights[rows], model.base_model.weights[:1].expand(rows.numel(), -1, -1))
+    assert torch.equal(model.base_model.biases[rows], model.base_model.biases[:1].expand(rows.numel(), -1, -1))
     model.check_graph()
     for before, (x, m) in ((old_before, (ids, mask)), (new_before, (batch, new_mask))):
         with torch.no_grad():
@@ -94,7 +95,7 @@ def test_new_edges_start_as_the_shared_edge_and_change_nothing(trained, device):
     pairs = torch.tensor([[len(tokenizer) - 1, 5], [5, len(tokenizer) - 1]])
     fresh = model.add_edges(pairs, counts=[7, 9])
     assert torch.equal(model.edge_rows(pairs[:, 0], pairs[:, 1]), fresh)
-    assert model.graph_counts[fresh - 1].tolist() == [7, 9]
+    assert model.base_model.graph_counts[fresh - 1].tolist() == [7, 9]
 
 
 def test_bad_growth_input_has_clear_errors(trained, device):
@@ -106,8 +107,8 @@ def test_bad_growth_input_has_clear_errors(trained, device):
     outside = f"pair \\(3, {V}\\) names a node outside \\[0, {V}\\).*resize_token_embeddings"
     with pytest.raises(ValueError, match=outside):
         model.add_edges([(3, V)])
-    real = model.graph_indices[0].item()
-    first = int(torch.nonzero(model.graph_indptr.diff())[0])
+    real = model.base_model.graph_indices[0].item()
+    first = int(torch.nonzero(model.base_model.graph_indptr.diff())[0])
     with pytest.raises(ValueError, match=f"already are real edges: \\({first}, {real}\\)"):
         model.add_edges([(first, real)])
     with pytest.raises(ValueError, match="listed more than once"):
@@ -116,7 +117,7 @@ def test_bad_growth_input_has_clear_errors(trained, device):
         model.add_edges(torch.zeros(3, 3, dtype=torch.long))
     with pytest.raises(TypeError, match="integer node ids"):
         model.add_edges(torch.zeros(1, 2))
-    assert model.config.num_edges == model.weights.shape[0] - 1  # nothing changed on refusal
+    assert model.config.num_edges == model.base_model.weights.shape[0] - 1  # nothing changed on refusal
     model.resize_token_embeddings(V + 1, pad_to_multiple_of=8)
     assert model.config.vocab_size == -(-(V + 1) // 8) * 8
     dense = make_model(make_tokenizer(), dense=True, node_size=4)
@@ -132,7 +133,7 @@ def test_dense_graph_grows_keeping_old_edges(trained, device):
     with torch.no_grad():
         before = dense(ids, attention_mask=mask).logits
     dense.resize_token_embeddings(V + 3)
-    assert dense.config.num_edges == (V + 3) ** 2 == dense.weights.shape[0] - 1
+    assert dense.config.num_edges == (V + 3) ** 2 == dense.base_model.weights.shape[0] - 1
     with torch.no_grad():
         assert torch.equal(dense(ids, attention_mask=mask).logits[..., :V], before)
 
