@@ -14,10 +14,15 @@ ones choose the tokenizer, the graph and the loss. What one run does, in order:
 4. the graph: the sparse bigram graph of the training blocks (`--min_bigram_count`) or the dense one; the
    parameter count and the training memory are estimated first, and a model that cannot fit is refused;
 5. AdamW (betas 0.9/0.999, eps 1e-8, the paper's; `--optimizer auto`: SparseAdamW on sparse row gradients in
-   one process, fused AdamW on dense gradients under DDP), warmup schedule, gradient accumulation and clipping,
-   periodic validation perplexity, atomic checkpoints that resume exactly;
-6. at the end: a Hugging Face folder (`save_pretrained`, safetensors, with the model's code, and a model card
-   README.md with the final validation perplexity), a few greedy and sampled continuations, and `--push_to_hub`.
+   one process, fused AdamW on dense gradients under DDP and FSDP), warmup schedule, gradient accumulation and
+   clipping, periodic validation perplexity, atomic checkpoints that resume exactly;
+6. at the end: the best model by validation loss (`--keep_best_model`, on by default: a later step that has begun
+   to memorise the training text does not replace it) as a Hugging Face folder (`save_pretrained`, safetensors,
+   with the model's code, and a model card README.md with its validation perplexity), a few greedy and sampled
+   continuations, and `--push_to_hub`.
+
+`run()` below is the whole job as a sequence of named steps; the pieces other scripts share live in
+`modeling_brillm/training/` (the epoch loop in `epochs.py`, the kept best model in `best.py`).
 
 Examples:
 
@@ -514,6 +519,25 @@ def publish(args, job: Job, unwrapped, data, plan, summary: dict, out_dir):
     accelerator.wait_for_everyone()
 
 
+def resume_or_start(args, job: Job, checkpoint) -> Position:
+    """Where training starts: the checkpoint's position (its states restored), or the beginning."""
+    if checkpoint is None:
+        job.best.discard()  # an earlier run's best model is not this run's
+        return Position()
+    load_shards = None
+    if args.sharding:
+        def load_shards():
+            load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
+    return resume(job, checkpoint, load_shards)
+
+
+def start_summary(args, config, data, accelerator) -> dict:
+    """The run's facts for pretrain_summary.json and the model card; the results are added as they come."""
+    return {"data": data.description, "vocab_size": config.vocab_size, "num_edges": config.num_edges,
+            "num_parameters": config.num_parameters_formula(), "node_size": config.node_size, "graph": config.graph,
+            "processes": accelerator.num_processes, "global_batch": global_batch(args, accelerator)}
+
+
 # ---------------------------------------------------------------------------------------------- the run
 def run(args) -> int:
     model_fields, tok_settings = settle_flags(args)
@@ -526,18 +550,9 @@ def run(args) -> int:
     job = make_job(args, parts, plan, data, config, accelerator, out_dir)
     init_tracking(args, model_fields, accelerator)
 
-    position = Position()
-    if checkpoint is not None:
-        load_shards = (lambda: load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
-                       ) if args.sharding else None
-        position = resume(job, checkpoint, load_shards)
-    else:
-        job.best.discard()  # an earlier run's best model is not this run's
+    position = resume_or_start(args, job, checkpoint)
     accelerator.print(describe_training(args, job, config))
-    summary = {"data": data.description, "vocab_size": config.vocab_size, "num_edges": config.num_edges,
-               "num_parameters": config.num_parameters_formula(), "node_size": config.node_size,
-               "graph": config.graph, "processes": accelerator.num_processes, "global_batch": global_batch(args,
-                                                                                                         accelerator)}
+    summary = start_summary(args, config, data, accelerator)
     if job.eval_loader is not None and checkpoint is None:
         evaluate_before(job, summary)
 

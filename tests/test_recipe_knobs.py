@@ -1,4 +1,4 @@
-"""The recipe knobs of issue 16: SparseAdamW's lazy weight decay and shared-edge learning rate, the signal dropout and
+"""The recipe knobs: SparseAdamW's lazy weight decay and shared-edge learning rate, the signal dropout and
 the non-edge node bias of the model (exact paths unchanged when off, saved with the config), and their flags."""
 
 from __future__ import annotations
@@ -168,14 +168,15 @@ def test_first_row_lr_scale_scales_row_zero_only():
 def test_parameter_groups_with_recipe_options():
     model = BriLLMForCausalLM.from_token_sequences([torch.tensor([1, 2, 3, 1, 3])], 6, node_size=4,
                                                    non_edge_bias=True)
+    m = model.base_model
     plain = parameter_groups(model, 0.1)
-    assert len(plain) == 2 and plain[0]["params"] == [model.weights]
+    assert len(plain) == 2 and plain[0]["params"] == [m.weights]
     groups = parameter_groups(model, 0.1, 0.05, lazy_weight_decay=True, shared_edge_lr_scale=0.5, node_lr_scale=2.0)
     by_param = {id(p): g for g in groups for p in g["params"]}
-    assert by_param[id(model.weights)]["lazy_weight_decay"] and by_param[id(model.weights)]["weight_decay"] == 0.1
-    assert by_param[id(model.weights)]["first_row_lr_scale"] == 0.5 == by_param[id(model.biases)]["first_row_lr_scale"]
-    assert by_param[id(model.node_bias)]["lr"] == pytest.approx(0.1) == by_param[id(model.non_edge_bias)]["lr"]
-    assert by_param[id(model.positions)]["lr"] == 0.05 and by_param[id(model.positions)]["weight_decay"] == 0.0
+    assert by_param[id(m.weights)]["lazy_weight_decay"] and by_param[id(m.weights)]["weight_decay"] == 0.1
+    assert by_param[id(m.weights)]["first_row_lr_scale"] == 0.5 == by_param[id(m.biases)]["first_row_lr_scale"]
+    assert by_param[id(m.node_bias)]["lr"] == pytest.approx(0.1) == by_param[id(m.non_edge_bias)]["lr"]
+    assert by_param[id(m.positions)]["lr"] == 0.05 and by_param[id(m.positions)]["weight_decay"] == 0.0
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     SparseAdamW(groups, lr=0.05)  # accepted as they are
 
@@ -203,7 +204,7 @@ def test_signal_dropout_is_training_only_and_zero_is_exact():
     # gradients flow through the dropped signals
     dropped.train()
     dropped(ids, attention_mask=mask, labels=ids).loss.backward()
-    assert dropped.weights.grad.abs().sum() > 0
+    assert dropped.base_model.weights.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="signal_dropout"):
         BriLLMConfig(graph="dense", vocab_size=4, signal_dropout=1.0)
 
@@ -220,7 +221,7 @@ def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
         out = model(ids, attention_mask=mask, labels=ids)
     assert torch.equal(out.logits, out_base.logits) and torch.equal(out.loss, out_base.loss)
     with torch.no_grad():
-        model.non_edge_bias.copy_(torch.randn(model.config.vocab_size))
+        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size))
         out = model(ids, attention_mask=mask, labels=ids)
     targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
     full = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]), targets.reshape(-1),
@@ -231,7 +232,8 @@ def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
                            torch.arange(model.config.vocab_size)) > 0
     row = out.logits[0, 0]
     assert torch.equal(row[real], out_base.logits[0, 0][real])
-    assert torch.allclose(row[~real] - model.non_edge_bias[~real], row[~real][0] - model.non_edge_bias[~real][0])
+    bias = model.base_model.non_edge_bias
+    assert torch.allclose(row[~real] - bias[~real], row[~real][0] - bias[~real][0])
     # one-token decoding gives the teacher-forced logits
     with torch.no_grad():
         state = model(ids[:1, :5]).past_key_values
@@ -240,15 +242,15 @@ def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
     # trains, saves and loads with its config
     model.train()
     model(ids, attention_mask=mask, labels=ids).loss.backward()
-    assert model.non_edge_bias.grad.abs().sum() > 0
+    assert model.base_model.non_edge_bias.grad.abs().sum() > 0
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["non_edge_bias"] is True
     loaded = BriLLMForCausalLM.from_pretrained(tmp_path)
-    assert torch.equal(loaded.non_edge_bias, model.non_edge_bias)
+    assert torch.equal(loaded.base_model.non_edge_bias, model.base_model.non_edge_bias)
     # an older checkpoint loaded with the knob on starts from zeros (the release's energies)
     base.save_pretrained(tmp_path / "base")
     grown = BriLLMForCausalLM.from_pretrained(tmp_path / "base", non_edge_bias=True)
-    assert torch.equal(grown.non_edge_bias, torch.zeros(model.config.vocab_size))
+    assert torch.equal(grown.base_model.non_edge_bias, torch.zeros(model.config.vocab_size))
     with pytest.raises(ValueError, match="non_edge_bias needs loss_type='exact'"):
         BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True, "loss_type": "sampled", "num_negatives": 3})
 
@@ -282,11 +284,12 @@ def test_non_edge_bias_through_remote_code(tmp_path):
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True, "signal_dropout": 0.1}))
     model.load_state_dict(base.state_dict(), strict=False)
     with torch.no_grad():
-        model.non_edge_bias.copy_(torch.linspace(-1, 1, model.config.vocab_size))
+        model.base_model.non_edge_bias.copy_(torch.linspace(-1, 1, model.config.vocab_size))
     model.eval()
     model.save_pretrained(tmp_path / "saved")
     with torch.no_grad():
-        torch.save({"ids": ids, "mask": mask, "logits": model(ids, attention_mask=mask).logits}, tmp_path / "expected.pt")
+        torch.save({"ids": ids, "mask": mask, "logits": model(ids, attention_mask=mask).logits},
+                   tmp_path / "expected.pt")
     out = run_isolated("""
         import torch
         from transformers import AutoModelForCausalLM
