@@ -66,7 +66,8 @@ def run(args, launcher=None, timeout=120, check=True, **env_extra):
     result = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
                             cwd=ROOT, env=env(**env_extra))
     if check and result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-6000:]}")
+        raise AssertionError(f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\n"
+                             f"STDERR:\n{result.stderr[-6000:]}")
     return result
 
 
@@ -526,7 +527,8 @@ def test_gpu_config_with_more_processes_than_gpus_is_refused_before_any_work(tmp
 
     processes = max(2, torch.cuda.device_count() + 1)
     config = tmp_path / "gpus.yaml"
-    config.write_text(CPU2.read_text().replace('gpu_ids: "-1,-1"', "gpu_ids: all").replace("use_cpu: true", "use_cpu: false")
+    config.write_text(CPU2.read_text().replace('gpu_ids: "-1,-1"', "gpu_ids: all")
+                      .replace("use_cpu: true", "use_cpu: false")
                       .replace("num_processes: 2", f"num_processes: {processes}"))
     assert "gpu_ids: all" in config.read_text()
     result = run(["--output_dir", tmp_path / "out"], launcher=config, check=False, timeout=180)
@@ -582,7 +584,8 @@ def test_presets_load_and_flags_override():
     for name in presets.known_presets():
         preset = presets.load_preset(name)
         assert set(preset) == {"model", "tokenizer", "training"}
-    args = pretrain.parse_args(["--config", "brillm-zh", "--node_size", "8", "--learning_rate", "0.01", "--dense_graph"])
+    args = pretrain.parse_args(["--config", "brillm-zh", "--node_size", "8", "--learning_rate", "0.01",
+                                "--dense_graph"])
     model, tok = presets.resolve_settings(args)
     assert tok == {"kind": "char", "vocab_size": 4000, "min_frequency": 1}
     assert model["node_size"] == 8 and model["graph"] == "dense"
@@ -644,7 +647,8 @@ def test_validation_split_is_deterministic_and_spread():
 def test_embedded_corpus_exists_offline():
     texts = data.embedded_corpus()
     assert len(texts) > 1000 and sum(map(len, texts)) > 300_000
-    assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3 for t in texts for line in t.splitlines())
+    assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3
+                   for t in texts for line in t.splitlines())
 
 
 def test_doc_cleaning_drops_every_kind_of_markup_line_and_keeps_the_text():
