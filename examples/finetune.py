@@ -37,6 +37,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from modeling_brillm.training.errors import UsageError
 
@@ -131,7 +132,7 @@ def load_model_and_tokenizer(args, signal_ids: set[int]):
             # the release's uniform start as learned signals initialised to 1/d: the same model, now trainable
             overrides = {"start_signal": "learned", "num_start_signals": needed}
     model = BriLLMForCausalLM.from_pretrained(path, **overrides)
-    if model.start_signals is not None and model.config.num_start_signals < needed:
+    if model.base_model.start_signals is not None and model.config.num_start_signals < needed:
         grow_start_signals(model, needed)
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or path)
@@ -148,10 +149,10 @@ def grow_start_signals(model, count: int):
     """Add learned start signals (initialised to 1/d, the uniform start) up to `count`."""
     import torch
 
-    old = model.start_signals.data
+    old = model.base_model.start_signals.data
     new = torch.full((count, old.shape[1]), 1.0 / model.config.node_size, dtype=old.dtype, device=old.device)
     new[: old.shape[0]] = old
-    model.start_signals = torch.nn.Parameter(new)
+    model.base_model.start_signals = torch.nn.Parameter(new)
     model.config.num_start_signals = count
 
 
@@ -181,23 +182,23 @@ def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=
     if train_only == "all":
         return sum(p.numel() for p in model.parameters()), "every parameter"
     if train_only == "node_bias":
-        model.node_bias.requires_grad_(True)
-        return model.node_bias.numel(), f"the node biases ({model.config.vocab_size:,} x {d})"
+        model.base_model.node_bias.requires_grad_(True)
+        return model.base_model.node_bias.numel(), f"the node biases ({model.config.vocab_size:,} x {d})"
     if train_only == "start_signal":
-        model.start_signals.requires_grad_(True)
+        model.base_model.start_signals.requires_grad_(True)
         n = model.config.num_start_signals
-        return model.start_signals.numel(), f"the learned start signal{'s' if n > 1 else ''} ({n} x {d})"
+        return model.base_model.start_signals.numel(), f"the learned start signal{'s' if n > 1 else ''} ({n} x {d})"
     touched = touched_edge_rows(model, train_rows)
-    allowed = torch.zeros(model.weights.shape[0], dtype=torch.bool, device=model.weights.device)
+    allowed = torch.zeros(model.base_model.weights.shape[0], dtype=torch.bool, device=model.base_model.weights.device)
     allowed[touched.to(allowed.device)] = True
     mask = _row_mask_hook(allowed)
-    for param in (model.weights, model.biases):
+    for param in (model.base_model.weights, model.base_model.biases):
         param.requires_grad_(True)
         param.register_post_accumulate_grad_hook(mask)
     if optimizer is not None:
         def before_step(*_):
-            mask(model.weights)
-            mask(model.biases)
+            mask(model.base_model.weights)
+            mask(model.base_model.biases)
 
         optimizer.register_step_pre_hook(before_step)
     count = int(touched.numel()) * (d * d + d)
@@ -265,7 +266,7 @@ def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
     for record in records:
         enc = tokenizer(record.get("prompt", ""), return_tensors="pt").to(device)
         room = model.config.max_position_embeddings - enc["input_ids"].shape[1]
-        extra = {} if model.start_signals is None else {
+        extra = {} if model.base_model.start_signals is None else {
             "signal_ids": torch.tensor([record.get("signal_id", signal_id)], device=device)}
         with torch.no_grad():
             ids = model.generate(**enc, max_new_tokens=max(0, min(max_new_tokens, room)), do_sample=False,
@@ -325,18 +326,9 @@ def save_folder(accelerator, model, tokenizer, out_dir: Path, results: dict, dat
 
 
 # -------------------------------------------------------------------------------------------------- run
-def run(args) -> int:
-    check_args(args)
-    from transformers import get_scheduler
-
-    from modeling_brillm.training.launch import make_accelerator
-    from modeling_brillm.training.loop import TrainStep
-    from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
+def load_everything(args, accelerator):
+    """Records, model and tokenizer (on the training device), and the tokenized training / validation rows."""
     from modeling_brillm.training.sft_data import tokenize_records
-
-    accelerator, setup_line = make_accelerator(args)
-    say = accelerator.print
-    say(f"fine-tuning: {setup_line}")
 
     train_records, val_records, data_line = load_data(args)
     signal_ids = {r.get("signal_id", args.signal_id) for r in train_records + val_records}
@@ -344,30 +336,39 @@ def run(args) -> int:
     # On the training device from here on, so every tensor made from the model (the samples before training, the
     # touched-edge mask, the optimizer state) is made where the model trains; prepare() then moves nothing.
     model.to(accelerator.device)
-    learned = model.start_signals is not None
     max_length = min(args.max_length or model.config.max_position_embeddings, model.config.max_position_embeddings)
     train_rows, dropped = tokenize_records(train_records, tokenizer, max_length, args.signal_id)
     val_rows, val_dropped = tokenize_records(val_records, tokenizer, max_length, args.signal_id)
     if not train_rows:
         raise UsageError(f"no training record keeps a completion token within --max_length {max_length}; raise it.")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    say(f"data: {data_line}: {len(train_rows)} training, {len(val_rows)} validation sequences"
-        + (f" ({dropped + val_dropped} dropped: no completion token within {max_length} tokens)"
-           if dropped + val_dropped else ""))
+    accelerator.print(f"data: {data_line}: {len(train_rows)} training, {len(val_rows)} validation sequences"
+                      + (f" ({dropped + val_dropped} dropped: no completion token within {max_length} tokens)"
+                         if dropped + val_dropped else ""))
+    return SimpleNamespace(model=model, tokenizer=tokenizer, train_rows=train_rows, val_rows=val_rows,
+                           val_records=val_records, line=data_line, max_length=max_length,
+                           learned=model.base_model.start_signals is not None,
+                           pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
 
-    sample_records = [r for r in val_records if "prompt" in r][: args.num_samples]
-    samples_before = complete(model, tokenizer, sample_records, args.signal_id, args.max_new_tokens) \
-        if accelerator.is_main_process else []
+
+def prepare_training(args, data, accelerator):
+    """Optimizer (over what --train_only leaves trainable), loaders and schedule, prepared by accelerate."""
+    from transformers import get_scheduler
+
+    from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
+
+    model = data.model
     lr = args.learning_rate or DEFAULT_LR[args.train_only]
-    plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm)
+    plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm,
+                            fsdp=accelerator.distributed_type.value == "FSDP")
     optimizer = build_optimizer(model, plan, lr, args.weight_decay, accelerator)
-    trainable, what = restrict_training(model, args.train_only, train_rows, optimizer)
+    trainable, what = restrict_training(model, args.train_only, data.train_rows, optimizer)
     total = sum(p.numel() for p in model.parameters())
-    say(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} numbers "
-        f"({trainable / total:.4%})")
-    train_loader = make_loader(train_rows, args.per_device_train_batch_size, pad_id, True, learned, args.seed)
-    val_loader = make_loader(val_rows, args.per_device_eval_batch_size, pad_id, False, learned, args.seed) \
-        if val_rows else None
+    accelerator.print(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} "
+                      f"numbers ({trainable / total:.4%})")
+    train_loader = make_loader(data.train_rows, args.per_device_train_batch_size, data.pad_id, True, data.learned,
+                               args.seed)
+    val_loader = make_loader(data.val_rows, args.per_device_eval_batch_size, data.pad_id, False, data.learned,
+                             args.seed) if data.val_rows else None
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps,
@@ -375,49 +376,82 @@ def run(args) -> int:
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
     if val_loader is not None:
         val_loader = accelerator.prepare(val_loader)
+    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, train_loader=train_loader,
+                           val_loader=val_loader, plan=plan, lr=lr, max_steps=max_steps,
+                           steps_per_epoch=steps_per_epoch, trainable=trainable, total=total)
 
-    before = evaluate_completions(model, val_loader, accelerator)
-    say(f"before: completion perplexity {before['perplexity']:,.2f} (loss {before['loss']:.4f}, "
-        f"{before['tokens']:,} completion tokens)")
-    step = TrainStep(accelerator, model, optimizer, scheduler, per_device_batch_size=args.per_device_train_batch_size,
-                     block_size=max_length, max_grad_norm=args.max_grad_norm, clip=plan.clip, learning_rate=lr)
-    say(f"training: {max_steps} steps ({steps_per_epoch} per epoch), lr {lr:g} ({args.lr_scheduler_type}), "
-        f"optimizer {plan.name}")
-    model.train()
+
+def train(args, data, job, accelerator) -> tuple[int, list[float], float]:
+    """Optimizer steps to --max_train_steps (or the epochs); returns (steps, losses, seconds)."""
+    from modeling_brillm.training.loop import TrainStep
+
+    step = TrainStep(accelerator, job.model, job.optimizer, job.scheduler,
+                     per_device_batch_size=args.per_device_train_batch_size, block_size=data.max_length,
+                     max_grad_norm=args.max_grad_norm, clip=job.plan.clip, learning_rate=job.lr)
+    accelerator.print(f"training: {job.max_steps} steps ({job.steps_per_epoch} per epoch), lr {job.lr:g} "
+                      f"({args.lr_scheduler_type}), optimizer {job.plan.name}")
+    job.model.train()
     completed, started, losses = 0, time.perf_counter(), []
-    while completed < max_steps:
-        for batch in train_loader:
+    while completed < job.max_steps:
+        for batch in job.train_loader:
             result = step(batch)
             if result is None:
                 continue
             completed += 1
             losses.append(result.loss)
-            if completed % args.logging_steps == 0 or completed == max_steps:
-                say(f"step {completed}: loss {result.loss:.4f}, lr {result.lr:.3g}")
-            if completed >= max_steps:
+            if completed % args.logging_steps == 0 or completed == job.max_steps:
+                accelerator.print(f"step {completed}: loss {result.loss:.4f}, lr {result.lr:.3g}")
+            if completed >= job.max_steps:
                 break
-    seconds = time.perf_counter() - started
-    after = evaluate_completions(model, val_loader, accelerator)
+    return completed, losses, time.perf_counter() - started
+
+
+def compare_samples(args, data, job, sample_records, samples_before, accelerator) -> list[dict]:
+    """Greedy completions of validation prompts after training, beside those before and the references."""
+    samples = []
+    if accelerator.is_main_process and sample_records:
+        after_texts = complete(accelerator.unwrap_model(job.model), data.tokenizer, sample_records, args.signal_id,
+                               args.max_new_tokens)
+        accelerator.print("greedy completions of validation prompts (before | after | reference):")
+        for record, old, new in zip(sample_records, samples_before, after_texts):
+            accelerator.print(f"  {record['prompt']!r}\n    before: {old!r}\n    after : {new!r}\n"
+                              f"    ref   : {record['completion']!r}")
+            samples.append({"prompt": record["prompt"], "before": old, "after": new,
+                            "reference": record["completion"]})
+    return samples
+
+
+def run(args) -> int:
+    check_args(args)
+    from modeling_brillm.training.launch import make_accelerator
+
+    accelerator, setup_line = make_accelerator(args)
+    say = accelerator.print
+    say(f"fine-tuning: {setup_line}")
+    data = load_everything(args, accelerator)
+    sample_records = [r for r in data.val_records if "prompt" in r][: args.num_samples]
+    samples_before = complete(data.model, data.tokenizer, sample_records, args.signal_id, args.max_new_tokens) \
+        if accelerator.is_main_process else []
+    job = prepare_training(args, data, accelerator)
+
+    before = evaluate_completions(job.model, job.val_loader, accelerator)
+    say(f"before: completion perplexity {before['perplexity']:,.2f} (loss {before['loss']:.4f}, "
+        f"{before['tokens']:,} completion tokens)")
+    completed, losses, seconds = train(args, data, job, accelerator)
+    after = evaluate_completions(job.model, job.val_loader, accelerator)
     say(f"after: completion perplexity {after['perplexity']:,.2f} (loss {after['loss']:.4f}); before "
         f"{before['perplexity']:,.2f}; {completed} steps in {seconds:.1f}s")
 
-    samples = []
-    if accelerator.is_main_process and sample_records:
-        after_texts = complete(accelerator.unwrap_model(model), tokenizer, sample_records, args.signal_id,
-                               args.max_new_tokens)
-        say("greedy completions of validation prompts (before | after | reference):")
-        for record, old, new in zip(sample_records, samples_before, after_texts):
-            say(f"  {record['prompt']!r}\n    before: {old!r}\n    after : {new!r}\n    ref   : {record['completion']!r}")
-            samples.append({"prompt": record["prompt"], "before": old, "after": new, "reference": record["completion"]})
+    samples = compare_samples(args, data, job, sample_records, samples_before, accelerator)
     out_dir = Path(args.output_dir)
     results = {
-        "base_model": args.model_name_or_path, "train_only": args.train_only, "trainable_parameters": trainable,
-        "total_parameters": total, "signal_id": args.signal_id if learned else None, "learning_rate": lr,
-        "steps": completed, "train_seconds": round(seconds, 2), "train_sequences": len(train_rows),
-        "validation_sequences": len(val_rows), "before": before, "after": after,
-        "final_train_loss": losses[-1] if losses else None, "samples": samples,
+        "base_model": args.model_name_or_path, "train_only": args.train_only, "trainable_parameters": job.trainable,
+        "total_parameters": job.total, "signal_id": args.signal_id if data.learned else None,
+        "learning_rate": job.lr, "steps": completed, "train_seconds": round(seconds, 2),
+        "train_sequences": len(data.train_rows), "validation_sequences": len(data.val_rows), "before": before,
+        "after": after, "final_train_loss": losses[-1] if losses else None, "samples": samples,
     }
-    save_folder(accelerator, model, tokenizer, out_dir, results, data_line)
+    save_folder(accelerator, job.model, data.tokenizer, out_dir, results, data.line)
     say(f"saved to {out_dir} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
     if args.with_tracking:
         accelerator.end_training()

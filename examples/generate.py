@@ -120,7 +120,7 @@ def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
     return result
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="saved model folder or Hub id")
     p.add_argument("--prompt", nargs="*", default=[""], help="one or more prompts (default: unconditional, from BOS)")
@@ -148,16 +148,104 @@ def main(argv=None) -> int:
     p.add_argument("--show_path", action="store_true", help="energy mode: print every step's energy and rank")
     p.add_argument("--json", default=None, help="energy mode: write texts and energy paths to this JSON file")
     p.add_argument("--benchmark", action="store_true", help="time energy_generate against generate()")
-    args = p.parse_args(argv)
+    return p
 
+
+def load_for_run(args):
+    """The model and tokenizer, with --extend and --seed applied."""
+    model, tokenizer = load(args.model)
+    if args.extend:
+        model.config.position_overflow = "extend"
+    if reads_past_range(model):  # the tokenizer's model_max_length (the trained range) would warn falsely
+        tokenizer.model_max_length = int(1e30)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    return model, tokenizer
+
+
+def make_streamer(args, tokenizer):
+    """A TextStreamer for --stream (one prompt), else None."""
+    if not args.stream:
+        return None
+    if len(args.prompt) != 1:
+        raise ValueError("--stream prints one sequence: give a single prompt.")
+    from transformers import TextStreamer
+    return TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
+
+
+def decoding_options(args) -> dict:
+    """The sampling and beam-search keywords shared by every mode."""
+    options = dict(do_sample=args.do_sample, num_beams=args.num_beams, num_return_sequences=args.num_return_sequences)
+    if args.do_sample:
+        options.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if args.num_beams > 1:
+        early_stopping = {"true": True, "false": False, "never": "never"}[args.early_stopping]
+        options.update(length_penalty=args.length_penalty, early_stopping=early_stopping)
+    return options
+
+
+def print_path(out, row: int):
+    """Every step of sequence `row`: the source, the chosen token, its energy, rank, probability, runner-ups."""
+    for step in out.path(row):
+        alts = ", ".join(f"{t!r}:{e:.2f}" for t, e in zip(step.alternative_texts, (a[1] for a in step.alternatives)))
+        print(f"  {step.source_text!r:>8} -> {step.token_text!r:<8} energy {step.energy:8.3f}  "
+              f"rank {step.rank:<4d} p {step.probability:.3f}  runner-ups: {alts}")
+
+
+def run_energy(args, model, tokenizer, enc, max_new, streamer, options):
+    """--mode energy: `energy_generate`, the texts, the energy paths (--show_path) and the --json record."""
+    generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    out = energy_generate_fn(model)(
+        model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new,
+        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+        exclude_self_loops=not args.allow_self_loops, generator=generator, streamer=streamer,
+        tokenizer=tokenizer, stop_strings=args.stop or None, **options)
+    texts = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
+    for row, text in enumerate(texts):
+        if not args.stream:
+            print(text)
+        if args.show_path and out.sequences_scores is not None:
+            print(f"  beam score {float(out.sequences_scores[row]):.4f}")
+        if args.show_path:
+            print_path(out, row)
+    if args.json:
+        record = {"prompts": args.prompt, "texts": texts, "paths": out.to_records()}
+        if out.sequences_scores is not None:  # beams: rows grouped by prompt, num_return_sequences each
+            record["sequences_scores"] = out.sequences_scores.tolist()
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+
+
+def run_generate(args, model, tokenizer, enc, max_new, streamer, options):
+    """--mode generate: transformers' `model.generate()`."""
+    kwargs = dict(max_new_tokens=max_new, repetition_penalty=args.repetition_penalty,
+                  no_repeat_ngram_size=args.no_repeat_ngram_size or None, streamer=streamer, **options)
+    if args.stop:
+        kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
+    out = model.generate(**enc, **kwargs)
+    if not args.stream:
+        for text in tokenizer.batch_decode(out, skip_special_tokens=True):
+            print(text)
+
+
+def run_pipeline(args, model, tokenizer, max_new, streamer, options):
+    """--mode pipeline: `pipeline("text-generation")`."""
+    from transformers import pipeline
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    kwargs = dict(max_new_tokens=max_new, streamer=streamer, **options)
+    if args.stop:
+        kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
+    results = pipe(args.prompt, batch_size=len(args.prompt), **kwargs)
+    if not args.stream:
+        for r in results:
+            for candidate in r:
+                print(candidate["generated_text"])
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        model, tokenizer = load(args.model)
-        if args.extend:
-            model.config.position_overflow = "extend"
-        if reads_past_range(model):  # the tokenizer's model_max_length (the trained range) would warn falsely
-            tokenizer.model_max_length = int(1e30)
-        if args.seed is not None:
-            torch.manual_seed(args.seed)
+        model, tokenizer = load_for_run(args)
         if args.benchmark:
             torch.set_num_threads(1)
             print(json.dumps(benchmark(model, tokenizer, args.prompt[0], args.max_new_tokens)))
@@ -165,66 +253,13 @@ def main(argv=None) -> int:
         enc, lengths = encode(tokenizer, args.prompt)
         max_new = fit_new_tokens(lengths, args.max_new_tokens, model.config.max_position_embeddings,
                                  reads_past_range(model))
-        streamer = None
-        if args.stream:
-            if len(args.prompt) != 1:
-                raise ValueError("--stream prints one sequence: give a single prompt.")
-            from transformers import TextStreamer
-            streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
-        sampling = dict(do_sample=args.do_sample)
-        if args.do_sample:
-            sampling.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        early_stopping = {"true": True, "false": False, "never": "never"}[args.early_stopping]
-        beams = dict(num_beams=args.num_beams, num_return_sequences=args.num_return_sequences)
-        if args.num_beams > 1:
-            beams.update(length_penalty=args.length_penalty, early_stopping=early_stopping)
-
+        streamer, options = make_streamer(args, tokenizer), decoding_options(args)
         if args.mode == "energy":
-            generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
-            out = energy_generate_fn(model)(
-                model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new,
-                repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-                exclude_self_loops=not args.allow_self_loops, generator=generator, streamer=streamer,
-                tokenizer=tokenizer, stop_strings=args.stop or None, **beams, **sampling)
-            texts = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
-            for row, text in enumerate(texts):
-                if not args.stream:
-                    print(text)
-                if args.show_path and out.sequences_scores is not None:
-                    print(f"  beam score {float(out.sequences_scores[row]):.4f}")
-                if args.show_path:
-                    for step in out.path(row):
-                        alts = ", ".join(f"{t!r}:{e:.2f}"
-                                         for t, e in zip(step.alternative_texts, (a[1] for a in step.alternatives)))
-                        print(f"  {step.source_text!r:>8} -> {step.token_text!r:<8} energy {step.energy:8.3f}  "
-                              f"rank {step.rank:<4d} p {step.probability:.3f}  runner-ups: {alts}")
-            if args.json:
-                record = {"prompts": args.prompt, "texts": texts, "paths": out.to_records()}
-                if out.sequences_scores is not None:  # beams: rows grouped by prompt, num_return_sequences each
-                    record["sequences_scores"] = out.sequences_scores.tolist()
-                with open(args.json, "w", encoding="utf-8") as f:
-                    json.dump(record, f, indent=1)
+            run_energy(args, model, tokenizer, enc, max_new, streamer, options)
         elif args.mode == "generate":
-            kwargs = dict(max_new_tokens=max_new, repetition_penalty=args.repetition_penalty,
-                          no_repeat_ngram_size=args.no_repeat_ngram_size or None, streamer=streamer,
-                          **beams, **sampling)
-            if args.stop:
-                kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
-            out = model.generate(**enc, **kwargs)
-            if not args.stream:
-                for text in tokenizer.batch_decode(out, skip_special_tokens=True):
-                    print(text)
+            run_generate(args, model, tokenizer, enc, max_new, streamer, options)
         else:
-            from transformers import pipeline
-            pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
-            kwargs = dict(max_new_tokens=max_new, streamer=streamer, **beams, **sampling)
-            if args.stop:
-                kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
-            results = pipe(args.prompt, batch_size=len(args.prompt), **kwargs)
-            if not args.stream:
-                for r in results:
-                    for candidate in r:
-                        print(candidate["generated_text"])
+            run_pipeline(args, model, tokenizer, max_new, streamer, options)
     except (ValueError, TypeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ import os
 import re
 import sys
 from collections import Counter
+from types import SimpleNamespace
 
 import torch
 
@@ -160,11 +161,12 @@ def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
 def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_all, replay=(), replay_size=0):
     """AdamW on the new text. With train_all False only the new edge rows and new node biases get gradients;
     weight decay 0 and Adam's zero moments then leave every old row exactly as it was."""
+    base = model.base_model
     model.train()
-    model.positions.requires_grad_(train_all)
-    params = [model.weights, model.biases, model.node_bias] + ([model.positions] if train_all else [])
+    base.base_model.positions.requires_grad_(train_all)
+    params = [base.base_model.weights, base.base_model.biases, base.base_model.node_bias] + ([base.base_model.positions] if train_all else [])
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    edge_mask = torch.zeros(model.weights.shape[0], dtype=torch.bool)
+    edge_mask = torch.zeros(base.base_model.weights.shape[0], dtype=torch.bool)
     edge_mask[trainable_rows] = True
     losses = []
     for _ in range(steps):
@@ -176,113 +178,153 @@ def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_a
         optimizer.zero_grad()
         loss.backward()
         if not train_all:
-            model.weights.grad[~edge_mask] = 0
-            model.biases.grad[~edge_mask] = 0
-            model.node_bias.grad[:old_vocab] = 0
+            base.base_model.weights.grad[~edge_mask] = 0
+            base.base_model.biases.grad[~edge_mask] = 0
+            base.base_model.node_bias.grad[:old_vocab] = 0
         optimizer.step()
         losses.append(float(loss.detach()))
     model.eval()
-    model.positions.requires_grad_(True)
+    base.base_model.positions.requires_grad_(True)
     return losses
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def logits_of(model, ids, mask):
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits
 
-    torch.manual_seed(args.seed)
-    model = BriLLMForCausalLM.from_pretrained(args.model).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+def load_texts(args, tokenizer, pad_id):
+    """The new text (training / held-out lines), the old held-out text and replay lines, tokenized before the
+    tokenizer grows, and a probe batch of old text."""
     new_texts = read_lines(args.new_text) if args.new_text else BUILTIN_NEW_TEXT.strip().splitlines()
     if args.old_text:
         old_texts = read_lines(args.old_text)
         old_train_texts = read_lines(args.old_train_text) if args.old_train_text else []
     else:
         old_texts, old_train_texts = builtin_old_text()
-    new_train = [t for i, t in enumerate(new_texts) if i % 4 != 3]
-    new_held = [t for i, t in enumerate(new_texts) if i % 4 == 3]
-    old_vocab, old_edges = model.config.vocab_size, model.config.num_edges
-
     old_seqs = encode(tokenizer, old_texts, args.max_length)  # tokenized before the tokenizer grows
-    replay = encode(tokenizer, old_train_texts, args.max_length) if args.replay else []
-    with torch.no_grad():
-        probe_ids, probe_mask = batch_of(old_seqs[:32], pad_id)
-        probe_before = model(probe_ids, attention_mask=probe_mask).logits
-    ppl_old_before = perplexity(model, old_seqs, pad_id)[0]
+    return SimpleNamespace(
+        new=new_texts, new_train=[t for i, t in enumerate(new_texts) if i % 4 != 3],
+        new_held=[t for i, t in enumerate(new_texts) if i % 4 == 3], old=old_texts, old_train=old_train_texts,
+        old_seqs=old_seqs, replay=encode(tokenizer, old_train_texts, args.max_length) if args.replay else [],
+        probe=batch_of(old_seqs[:32], pad_id))
 
-    # 1. nodes
-    new_tokens = args.add_tokens if args.add_tokens else pick_new_tokens(tokenizer, new_texts, args.num_new_tokens,
-                                                                       old_texts + old_train_texts)
+
+def add_nodes(args, model, tokenizer, texts, probe_before) -> dict:
+    """Step 1: new tokens become new nodes; the old nodes' logits must not move."""
+    old_vocab = model.config.vocab_size
+    new_tokens = args.add_tokens or pick_new_tokens(tokenizer, texts.new, args.num_new_tokens,
+                                                    texts.old + texts.old_train)
     added = tokenizer.add_tokens(new_tokens)
     model.resize_token_embeddings(len(tokenizer))
-    new_ids = set(range(old_vocab, len(tokenizer)))
-    with torch.no_grad():
-        probe_nodes = model(probe_ids, attention_mask=probe_mask).logits
-    nodes_exact = torch.equal(probe_nodes[..., :old_vocab], probe_before)
+    probe = logits_of(model, *texts.probe)
+    return {"new_tokens": new_tokens, "added": added, "new_ids": set(range(old_vocab, len(tokenizer))),
+            "probe": probe, "nodes_exact": torch.equal(probe[..., :old_vocab], probe_before)}
 
-    # 2. edges (from the new text's training lines)
-    train_seqs, held_seqs = encode(tokenizer, new_train, args.max_length), encode(tokenizer, new_held, args.max_length)
+
+def add_edges(args, model, tokenizer, texts, pad_id, probe_nodes) -> dict:
+    """Step 2: the new text's bigrams become real edges (copies of the shared edge): no logit may move."""
+    train_seqs = encode(tokenizer, texts.new_train, args.max_length)
+    held_seqs = encode(tokenizer, texts.new_held, args.max_length)
     rows = model.add_edges_from_sequences(train_seqs, ignore_ids=[pad_id])
-    with torch.no_grad():
-        probe_edges = model(probe_ids, attention_mask=probe_mask).logits
-    edges_exact = torch.equal(probe_edges, probe_nodes)
-    edges_diff = float((probe_edges - probe_nodes).abs().max())
-    same_argmax = bool(torch.equal(probe_edges.argmax(-1), probe_nodes.argmax(-1)))
-    ppl_new_before, ppl_focus_before = perplexity(model, held_seqs, pad_id, new_ids)
-    ppl_train_before = perplexity(model, train_seqs, pad_id)[0]
-    print(f"added {added} tokens ({', '.join(new_tokens)}): V {old_vocab} -> {model.config.vocab_size}; "
-          f"{len(rows)} edges: {old_edges:,} -> {model.config.num_edges:,} real edges")
-    print(f"old nodes' logits unchanged after adding nodes: {nodes_exact}; after adding edges: logits equal "
-          f"{edges_exact} (largest difference {edges_diff:.2e}), greedy predictions equal {same_argmax}")
+    probe = logits_of(model, *texts.probe)
+    return {"rows": rows, "train_seqs": train_seqs, "held_seqs": held_seqs,
+            "edges_exact": torch.equal(probe, probe_nodes), "edges_diff": float((probe - probe_nodes).abs().max()),
+            "same_argmax": bool(torch.equal(probe.argmax(-1), probe_nodes.argmax(-1)))}
 
-    # 3. fine-tune
-    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
-    losses = fine_tune(model, train_seqs, pad_id, args.steps, args.lr, rows, old_vocab, args.train == "all",
-                       replay, args.replay)
-    keep = torch.ones(model.weights.shape[0], dtype=torch.bool)
-    keep[rows] = False
-    old_rows_unchanged = bool(torch.equal(model.weights[keep], snapshot["weights"][keep])
-                              and torch.equal(model.node_bias[:old_vocab], snapshot["node_bias"][:old_vocab]))
 
-    # 4. measure
-    ppl_new_after, ppl_focus_after = perplexity(model, held_seqs, pad_id, new_ids)
-    ppl_train_after = perplexity(model, train_seqs, pad_id)[0]
-    ppl_old_after = perplexity(model, old_seqs, pad_id)[0]
-    old_change = ppl_old_after / ppl_old_before - 1
-    print(f"fine-tune ({args.train} parameters, {args.steps} steps of AdamW lr {args.lr} on {len(train_seqs)} new "
-          f"lines + {min(args.replay, len(replay))} old ones per step): loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
-          f"old rows unchanged: {old_rows_unchanged}")
-    print(f"new text, held out ({len(held_seqs)} lines): perplexity {ppl_new_before:.1f} -> {ppl_new_after:.1f}")
-    if ppl_focus_before is not None:
-        print(f"new tokens as targets, held out: perplexity {ppl_focus_before:.1f} -> {ppl_focus_after:.1f}")
-    print(f"new text, training lines: perplexity {ppl_train_before:.1f} -> {ppl_train_after:.1f}")
-    print(f"old text, held out ({len(old_seqs)} texts): perplexity {ppl_old_before:.3f} -> {ppl_old_after:.3f} "
-          f"({100 * old_change:+.2f}%)")
+def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
+    """Step 3: fine-tune, and check that (with --train new) no old edge row or old node bias moved."""
+    base = model.base_model
+    weights_before, node_bias_before = base.base_model.weights.detach().clone(), base.base_model.node_bias.detach().clone()
+    losses = fine_tune(model, grown["train_seqs"], pad_id, args.steps, args.lr, grown["rows"], old_vocab,
+                       args.train == "all", texts.replay, args.replay)
+    keep = torch.ones(base.base_model.weights.shape[0], dtype=torch.bool)
+    keep[grown["rows"]] = False
+    unchanged = bool(torch.equal(base.base_model.weights[keep], weights_before[keep])
+                     and torch.equal(base.base_model.node_bias[:old_vocab], node_bias_before[:old_vocab]))
+    return {"losses": losses, "old_rows_unchanged": unchanged}
 
-    # 5. save, reload (package class and remote code)
+
+def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
+    """Step 5: save; reload with the package class and as remote code; the logits must be the same."""
+    from transformers import AutoModelForCausalLM
+
     output_dir = args.output_dir or args.model.rstrip("/") + "-grown"
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    with torch.no_grad():
-        ids, mask = batch_of(held_seqs, pad_id)
-        expected = model(ids, attention_mask=mask).logits
-        reloaded = BriLLMForCausalLM.from_pretrained(output_dir).eval()
-        remote = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
-        reload_ok = torch.equal(reloaded(ids, attention_mask=mask).logits, expected)
-        remote_ok = torch.equal(remote(ids, attention_mask=mask).logits, expected)
+    ids, mask = batch_of(held_seqs, pad_id)
+    expected = logits_of(model, ids, mask)
+    reloaded = BriLLMForCausalLM.from_pretrained(output_dir).eval()
+    remote = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
+    reload_ok = torch.equal(logits_of(reloaded, ids, mask), expected)
+    remote_ok = torch.equal(logits_of(remote, ids, mask), expected)
     # in this process the installed package's registered class answers; tests load the folder's own code alone
     print(f"saved to {output_dir}; BriLLMForCausalLM.from_pretrained gives the same logits: {reload_ok}; "
           f"AutoModelForCausalLM.from_pretrained(trust_remote_code=True) too: {remote_ok}")
+    return {"reload_ok": reload_ok, "remote_ok": remote_ok, "output_dir": output_dir}
+
+
+def report(args, before: dict, after: dict, nodes: dict, grown: dict, tuned: dict, texts, model, old):
+    """The lines the run prints about steps 1-4."""
+    losses, old_change = tuned["losses"], after["old"] / before["old"] - 1
+    print(f"added {nodes['added']} tokens ({', '.join(nodes['new_tokens'])}): V {old['vocab']} -> "
+          f"{model.config.vocab_size}; {len(grown['rows'])} edges: {old['edges']:,} -> {model.config.num_edges:,} "
+          "real edges")
+    print(f"old nodes' logits unchanged after adding nodes: {nodes['nodes_exact']}; after adding edges: logits equal "
+          f"{grown['edges_exact']} (largest difference {grown['edges_diff']:.2e}), greedy predictions equal "
+          f"{grown['same_argmax']}")
+    print(f"fine-tune ({args.train} parameters, {args.steps} steps of AdamW lr {args.lr} on {len(grown['train_seqs'])}"
+          f" new lines + {min(args.replay, len(texts.replay))} old ones per step): loss {losses[0]:.3f} -> "
+          f"{losses[-1]:.3f}; old rows unchanged: {tuned['old_rows_unchanged']}")
+    print(f"new text, held out ({len(grown['held_seqs'])} lines): perplexity {before['new']:.1f} -> "
+          f"{after['new']:.1f}")
+    if before["focus"] is not None:
+        print(f"new tokens as targets, held out: perplexity {before['focus']:.1f} -> {after['focus']:.1f}")
+    print(f"new text, training lines: perplexity {before['train']:.1f} -> {after['train']:.1f}")
+    print(f"old text, held out ({len(texts.old_seqs)} texts): perplexity {before['old']:.3f} -> {after['old']:.3f} "
+          f"({100 * old_change:+.2f}%)")
+    return old_change
+
+
+def measure(model, grown, texts, pad_id, new_ids) -> dict:
+    """Perplexity of the held-out new text (all tokens, and the new tokens as targets), its training lines, and
+    the held-out old text."""
+    new, focus = perplexity(model, grown["held_seqs"], pad_id, new_ids)
+    return {"new": new, "focus": focus, "train": perplexity(model, grown["train_seqs"], pad_id)[0],
+            "old": perplexity(model, texts.old_seqs, pad_id)[0]}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(args.seed)
+    model = BriLLMForCausalLM.from_pretrained(args.model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    old = {"vocab": model.config.vocab_size, "edges": model.config.num_edges}
+    texts = load_texts(args, tokenizer, pad_id)
+    probe_before = logits_of(model, *texts.probe)
+    ppl_old_before = perplexity(model, texts.old_seqs, pad_id)[0]
+
+    nodes = add_nodes(args, model, tokenizer, texts, probe_before)  # 1. nodes
+    grown = add_edges(args, model, tokenizer, texts, pad_id, nodes["probe"])  # 2. edges
+    before = {**measure(model, grown, texts, pad_id, nodes["new_ids"]), "old": ppl_old_before}
+    tuned = fine_tune_new(args, model, texts, grown, pad_id, old["vocab"])  # 3. fine-tune
+    after = measure(model, grown, texts, pad_id, nodes["new_ids"])  # 4. measure
+    old_change = report(args, before, after, nodes, grown, tuned, texts, model, old)
+    saved = save_and_reload(args, model, tokenizer, grown["held_seqs"], pad_id)  # 5. save, reload
+
     result = {
-        "new_tokens": new_tokens, "vocab": [old_vocab, model.config.vocab_size],
-        "edges": [old_edges, model.config.num_edges], "nodes_exact": nodes_exact, "edges_exact": edges_exact,
-        "edges_max_diff": edges_diff, "edges_same_argmax": same_argmax,
-        "train": args.train, "steps": args.steps, "loss": [losses[0], losses[-1]],
-        "old_rows_unchanged": old_rows_unchanged,
-        "ppl_new_held": [ppl_new_before, ppl_new_after], "ppl_new_tokens_held": [ppl_focus_before, ppl_focus_after],
-        "ppl_new_train": [ppl_train_before, ppl_train_after], "ppl_old_held": [ppl_old_before, ppl_old_after],
-        "old_change": old_change, "reload_ok": reload_ok, "remote_ok": remote_ok, "output_dir": output_dir,
+        "new_tokens": nodes["new_tokens"], "vocab": [old["vocab"], model.config.vocab_size],
+        "edges": [old["edges"], model.config.num_edges], "nodes_exact": nodes["nodes_exact"],
+        "edges_exact": grown["edges_exact"], "edges_max_diff": grown["edges_diff"],
+        "edges_same_argmax": grown["same_argmax"], "train": args.train, "steps": args.steps,
+        "loss": [tuned["losses"][0], tuned["losses"][-1]], "old_rows_unchanged": tuned["old_rows_unchanged"],
+        "ppl_new_held": [before["new"], after["new"]], "ppl_new_tokens_held": [before["focus"], after["focus"]],
+        "ppl_new_train": [before["train"], after["train"]], "ppl_old_held": [before["old"], after["old"]],
+        "old_change": old_change, **saved,
     }
     if args.json:
         with open(args.json, "w") as f:

@@ -14,10 +14,15 @@ ones choose the tokenizer, the graph and the loss. What one run does, in order:
 4. the graph: the sparse bigram graph of the training blocks (`--min_bigram_count`) or the dense one; the
    parameter count and the training memory are estimated first, and a model that cannot fit is refused;
 5. AdamW (betas 0.9/0.999, eps 1e-8, the paper's; `--optimizer auto`: SparseAdamW on sparse row gradients in
-   one process, fused AdamW on dense gradients under DDP), warmup schedule, gradient accumulation and clipping,
-   periodic validation perplexity, atomic checkpoints that resume exactly;
-6. at the end: a Hugging Face folder (`save_pretrained`, safetensors, with the model's code, and a model card
-   README.md with the final validation perplexity), a few greedy and sampled continuations, and `--push_to_hub`.
+   one process, fused AdamW on dense gradients under DDP and FSDP), warmup schedule, gradient accumulation and
+   clipping, periodic validation perplexity, atomic checkpoints that resume exactly;
+6. at the end: the best model by validation loss (`--keep_best_model`, on by default: a later step that has begun
+   to memorise the training text does not replace it) as a Hugging Face folder (`save_pretrained`, safetensors,
+   with the model's code, and a model card README.md with its validation perplexity), a few greedy and sampled
+   continuations, and `--push_to_hub`.
+
+`run()` below is the whole job as a sequence of named steps; the pieces other scripts share live in
+`modeling_brillm/training/` (the epoch loop in `epochs.py`, the kept best model in `best.py`).
 
 Examples:
 
@@ -40,13 +45,14 @@ import math
 import os
 import sys
 import time
+from types import SimpleNamespace
 
-from modeling_brillm.training.checkpoints import (
-    TrainLog, load_checkpoint, prepare_output_dir, resolve_checkpoint, save_checkpoint,
-)
+from modeling_brillm.training.best import BestModel
+from modeling_brillm.training.checkpoints import TrainLog, prepare_output_dir, resolve_checkpoint
 from modeling_brillm.training.data import (
     collate, file_builder, load_raw_data, load_tokenizer, prepare_blocks, text_stats,
 )
+from modeling_brillm.training.epochs import Job, Position, resume, train_epochs
 from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.launch import make_accelerator
 from modeling_brillm.training.loop import TrainStep, choose_prompts, generate_samples
@@ -158,6 +164,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "products, which extra threads barely speed up and slow down a lot on a busy machine. "
                    "[torch's default]")
     g.add_argument("--eval_steps", type=int, default=None, help="Validate every N optimizer steps.")
+    g.add_argument("--keep_best_model", action=argparse.BooleanOptionalAction, default=True,
+                   help="With validation data: keep the weights of the evaluation with the lowest validation loss "
+                   "and save those at the end (as Trainer's load_best_model_at_end), not the last step's. The best "
+                   "so far is part of every checkpoint. --no_keep_best_model (or --no_keep_best) saves the last.")
+    g.add_argument("--no_keep_best", dest="keep_best_model", action="store_false", help=S)
     g.add_argument("--checkpointing_steps", default=None,
                    help="Save the training state every N steps, or 'epoch' at the end of every epoch.")
     g.add_argument("--checkpoints_total_limit", type=int, default=None, help="Keep only the last N checkpoints.")
@@ -209,7 +220,8 @@ def check_args(args, model_fields: dict):
         try:
             args.checkpointing_steps = int(args.checkpointing_steps)
         except ValueError:
-            raise UsageError(f"--checkpointing_steps must be a number or 'epoch', got {args.checkpointing_steps!r}.") from None
+            raise UsageError(f"--checkpointing_steps must be a number or 'epoch', got "
+                             f"{args.checkpointing_steps!r}.") from None
         positive("checkpointing_steps")
     if not 0 <= args.validation_split_percentage < 100:
         raise UsageError("--validation_split_percentage must be in [0, 100).")
@@ -232,31 +244,31 @@ def check_args(args, model_fields: dict):
         raise UsageError(f"--tokenizer_name {args.tokenizer_name}: not a folder with a saved tokenizer.")
 
 
-def run(args) -> int:
-    shared_rate_from_preset = args.shared_edge_lr_scale is None  # a preset's rate yields to dense AdamW, a flag's not
+# ---------------------------------------------------------------------------------------------- the steps
+def settle_flags(args):
+    """Preset < flags, the checks that need no data, the optimizer name the sharding allows."""
+    args.shared_rate_from_preset = args.shared_edge_lr_scale is None  # a preset's rate yields to dense AdamW
     model_fields, tok_settings = resolve_settings(args)
     check_args(args, model_fields)
     args.optimizer = resolve_optimizer(args.edge_sharding, args.optimizer)
-    sharding = args.edge_sharding == "source"
+    args.sharding = args.edge_sharding == "source"
+    return model_fields, tok_settings
 
-    import torch
-    from accelerate.utils import DistributedType
-    from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
 
-    from modeling_brillm import BriLLMForCausalLM
-
+def start_run(args):
+    """The accelerator, the checkpoint to resume from, and the output folder (cleared of an earlier run)."""
     accelerator, setup = make_accelerator(args)
-    say = accelerator.print
-    W, G = accelerator.num_processes, args.gradient_accumulation_steps
-    say(f"BriLLM pretraining: {setup}, preset {args.config or '(none: built-in defaults)'}")
+    accelerator.print(f"BriLLM pretraining: {setup}, preset {args.config or '(none: built-in defaults)'}")
     checkpoint = resolve_checkpoint(args)
-    if checkpoint is not None and checkpoint_kind_error(checkpoint, sharding):
-        raise checkpoint_kind_error(checkpoint, sharding)
+    if checkpoint is not None and checkpoint_kind_error(checkpoint, args.sharding):
+        raise checkpoint_kind_error(checkpoint, args.sharding)
     out_dir = prepare_output_dir(args.output_dir, checkpoint, bool(args.resume_from_checkpoint), accelerator)
+    return accelerator, checkpoint, out_dir
 
-    # ---------------------------------------------------------------- data and tokenizer
+
+def load_data(args, tok_settings, accelerator, out_dir, checkpoint):
+    """Raw texts, the tokenizer (loaded or trained), and the training / validation blocks."""
+    say = accelerator.print
     raw, description = load_raw_data(args)
     say(f"data: {description}")
     n_texts, n_nonblank = text_stats(raw["train"], args.text_column)
@@ -267,202 +279,195 @@ def run(args) -> int:
         say(line)
     train_blocks, eval_blocks, line = prepare_blocks(raw, tokenizer, args, accelerator)
     say(line)
+    return SimpleNamespace(raw=raw, description=description, tokenizer=tokenizer, train=train_blocks,
+                           eval=eval_blocks)
 
-    # ---------------------------------------------------------------- graph, memory check, model
-    config, graph = build_config_and_graph(model_fields, tokenizer, train_blocks, args.min_bigram_count)
+
+def plan_model(args, model_fields, data, accelerator):
+    """The config and graph of the training blocks, the optimizer (its moments count in the memory check), the
+    memory check; returns (config, graph, optimizer plan)."""
+    say = accelerator.print
+    config, graph = build_config_and_graph(model_fields, data.tokenizer, data.train, args.min_bigram_count)
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {args.min_bigram_count} times" if graph is not None else "")
         + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)")
-    # the optimizer is chosen before the memory check: its moments' dtype counts there
-    plan = choose_optimizer(args.optimizer, 1 if sharding else W, args.max_grad_norm)
-    if sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
+    fsdp = accelerator.distributed_type.value == "FSDP"
+    plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,
+                            fsdp=fsdp)
+    if args.sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
         plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
                                    "owns")
     args.moment_dtype = resolve_moment_dtype(args.moment_dtype, plan, accelerator.mixed_precision,
                                              accelerator.device.type)
     say(describe_optimizer(plan, args.max_grad_norm, args.moment_dtype))
-    if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and shared_rate_from_preset:
+    if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and args.shared_rate_from_preset:
         say(f"the preset's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
             f"{plan.name} the shared edge trains at the base rate")
         args.shared_edge_lr_scale = 1.0
     say(check_memory(config, accelerator, args))
-    if sharding and not whole_model_fits(config, accelerator, args):
-        say("the whole model does not fit one process: each process initialises only the blocks of its own "
-            "sources (ShardedBriLLM.from_config: seeded per source, not the one-process initialisation)")
-        model = None
-    else:
-        model = BriLLMForCausalLM.from_graph(graph, config=config)
+    return config, graph, plan
 
-    # ---------------------------------------------------------------- loaders, optimizer, schedule
-    train_loader = DataLoader(train_blocks, shuffle=True, collate_fn=collate, drop_last=True,
-                              batch_size=args.per_device_train_batch_size)
-    eval_loader = (DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size)
-                   if eval_blocks is not None else None)
-    if len(train_blocks) < args.per_device_train_batch_size * W:
+
+def build_model(args, config, graph, accelerator):
+    """The model on every process, or None when a sharded run must build each process's shard directly."""
+    from modeling_brillm import BriLLMForCausalLM
+
+    if args.sharding and not whole_model_fits(config, accelerator, args):
+        accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
+                          "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
+                          "initialisation)")
+        return None
+    return BriLLMForCausalLM.from_graph(graph, config=config)
+
+
+def make_loaders(args, data, accelerator):
+    """Training loader (shuffled, whole batches) and validation loader (None without validation blocks)."""
+    from torch.utils.data import DataLoader
+
+    W = accelerator.num_processes
+    if len(data.train) < args.per_device_train_batch_size * W:
         raise UsageError(
-            f"{len(train_blocks)} training blocks cannot fill one global batch of "
+            f"{len(data.train)} training blocks cannot fill one global batch of "
             f"{args.per_device_train_batch_size} x {W} process(es); lower --per_device_train_batch_size."
         )
-    if sharding:
-        # not prepared: no DDP wrapper; every process reads every validation batch and scores its share
+    train_loader = DataLoader(data.train, shuffle=True, collate_fn=collate, drop_last=True,
+                              batch_size=args.per_device_train_batch_size)
+    # a sharded run does not prepare the validation loader: every process reads every batch and scores its share
+    eval_batch = args.per_device_eval_batch_size * (W if args.sharding else 1)
+    eval_loader = (DataLoader(data.eval, collate_fn=collate, batch_size=eval_batch)
+                   if data.eval is not None else None)
+    return train_loader, eval_loader
+
+
+def prepare_model_and_optimizer(args, model, plan, loaders, config, graph, checkpoint, accelerator):
+    """The optimizer, and everything handed to accelerate (or sharded by source node)."""
+    import torch
+
+    train_loader, eval_loader = loaders
+    options = dict(lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
+                   shared_edge_lr_scale=args.shared_edge_lr_scale, moment_dtype=args.moment_dtype)
+    if args.sharding:  # not prepared: no DDP wrapper
         model = build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
-        optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay,
-                                            lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
-                                            shared_edge_lr_scale=args.shared_edge_lr_scale,
-                                            moment_dtype=args.moment_dtype)
+        optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay, **options)
         train_loader = accelerator.prepare(train_loader)
-        if eval_loader is not None:
-            eval_loader = DataLoader(eval_blocks, collate_fn=collate, batch_size=args.per_device_eval_batch_size * W)
-        rows = [int(r) for r in accelerator.gather(torch.tensor([model.model.weights.shape[0] - 1],
+        rows = [int(r) for r in accelerator.gather(torch.tensor([model.model.base_model.weights.shape[0] - 1],
                                                                 device=accelerator.device)).tolist()]
-        say(f"edge sharding by source: edge rows per process {rows} of {config.num_edge_rows - 1:,}")
-    else:
-        optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator,
-                                    lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
-                                    shared_edge_lr_scale=args.shared_edge_lr_scale, moment_dtype=args.moment_dtype)
-        if eval_loader is not None:
-            model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader,
-                                                                              eval_loader)
-        else:
-            model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
-    steps_per_epoch = math.ceil(len(train_loader) / G)
+        accelerator.print(f"edge sharding by source: edge rows per process {rows} of {config.num_edge_rows - 1:,}")
+        return model, optimizer, train_loader, eval_loader
+    optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator, **options)
+    if eval_loader is not None:
+        return accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+    return model, optimizer, train_loader, None
+
+
+def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
+    """The schedule, the step and evaluation functions, the log and the best-model keeper around the prepared
+    parts; fixes max_train_steps and num_train_epochs."""
+    from transformers import get_scheduler
+
+    model, optimizer, train_loader, eval_loader = parts
+    steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     if args.max_train_steps is None:
         args.max_train_steps = args.num_train_epochs * steps_per_epoch
     args.num_train_epochs = math.ceil(args.max_train_steps / steps_per_epoch)
-    lr_scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
-                                 num_warmup_steps=args.num_warmup_steps, num_training_steps=args.max_train_steps)
-    lr_scheduler = accelerator.prepare(lr_scheduler)
-    if sharding:
-        train_step = ShardedTrainStep(accelerator, model, optimizer, lr_scheduler, learning_rate=args.learning_rate,
-                                      per_device_batch_size=args.per_device_train_batch_size,
-                                      block_size=args.block_size,
-                                      max_grad_norm=args.max_grad_norm if plan.clip else None)
-        evaluate = evaluate_sharded  # noqa: F811  (the sharded model has no logits; same figures)
+    args.steps_per_epoch = steps_per_epoch
+    lr_scheduler = accelerator.prepare(get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
+                                                     num_warmup_steps=args.num_warmup_steps,
+                                                     num_training_steps=args.max_train_steps))
+    common = dict(learning_rate=args.learning_rate, per_device_batch_size=args.per_device_train_batch_size,
+                  block_size=args.block_size)
+    if args.sharding:  # the sharded model has no logits; evaluate_sharded gives the same figures
+        train_step = ShardedTrainStep(accelerator, model, optimizer, lr_scheduler,
+                                      max_grad_norm=args.max_grad_norm if plan.clip else None, **common)
+        evaluate = evaluate_sharded
     else:
+        train_step = TrainStep(accelerator, model, optimizer, lr_scheduler, max_grad_norm=args.max_grad_norm,
+                               clip=plan.clip, **common)
         evaluate = evaluate_dense
-        train_step = TrainStep(accelerator, model, optimizer, lr_scheduler, learning_rate=args.learning_rate,
-                               per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
-                               max_grad_norm=args.max_grad_norm, clip=plan.clip)
+    signature = {"global_batch": global_batch(args, accelerator), "block_size": args.block_size,
+                 "block_mode": args.block_mode, "seed": args.seed, "num_edges": config.num_edges,
+                 "vocab_size": config.vocab_size, "max_train_steps": args.max_train_steps}
+    keep = args.keep_best_model and eval_loader is not None and not args.sharding
+    return Job(accelerator, model, optimizer, lr_scheduler, train_loader, eval_loader, train_step, evaluate,
+               log=TrainLog(out_dir, accelerator, tracking=args.with_tracking),
+               best=BestModel(out_dir, accelerator, enabled=keep), tokenizer=data.tokenizer, signature=signature,
+               write_extra=(lambda tmp: model.save_shard(tmp, optimizer)) if args.sharding else None)
 
+
+def init_tracking(args, model_fields, accelerator):
+    """Experiment trackers (--with_tracking) with the run's flags and the model's fields as hyperparameters."""
     if args.with_tracking:
-        hparams = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
-        accelerator.init_trackers("brillm_pretrain", {**hparams, **{f"model_{k}": v for k, v in model_fields.items()
-                                                                   if isinstance(v, (int, float, str, bool))}})
-    log = TrainLog(out_dir, accelerator, tracking=args.with_tracking)
-    global_batch = args.per_device_train_batch_size * W * G
-    run_signature = {"global_batch": global_batch, "block_size": args.block_size, "block_mode": args.block_mode,
-                     "seed": args.seed, "num_edges": edges, "vocab_size": V, "max_train_steps": args.max_train_steps}
+        plain = (int, float, str, bool)
+        hparams = {k: v for k, v in vars(args).items() if isinstance(v, plain)}
+        model = {f"model_{k}": v for k, v in model_fields.items() if isinstance(v, plain)}
+        accelerator.init_trackers("brillm_pretrain", {**hparams, **model})
 
-    # ---------------------------------------------------------------- resume
-    completed_steps, start_epoch, skip_batches = 0, 0, 0
-    if checkpoint is not None:
-        state = load_checkpoint(accelerator, checkpoint)
-        if sharding:
-            load_sharded_checkpoint(model, optimizer, lr_scheduler, checkpoint)
-        completed_steps, start_epoch, skip_batches = state["completed_steps"], state["epoch"], state["batches_in_epoch"]
-        if skip_batches >= len(train_loader):
-            start_epoch, skip_batches = start_epoch + 1, 0
-        changed = {k: (state.get("signature", {}).get(k), v) for k, v in run_signature.items()
-                   if state.get("signature", {}).get(k) != v and k != "max_train_steps"}
-        if changed:
-            say(f"warning: this run differs from the checkpoint's in {changed}: not an exact continuation.")
-        say(f"resumed from {checkpoint}: step {completed_steps}, epoch {start_epoch}, "
-            f"skipping {skip_batches} batches of that epoch")
-        log.truncate(completed_steps)  # the log keeps what happened up to the checkpoint
 
-    say(f"training: {args.max_train_steps} steps ({steps_per_epoch} per epoch, {args.num_train_epochs} epoch(s)), "
-        f"global batch {global_batch} blocks = {args.per_device_train_batch_size} x {W} process(es) x {G} "
-        f"accumulation, lr {args.learning_rate} ({args.lr_scheduler_type}, {args.num_warmup_steps} warmup), "
-        f"loss {config.loss_type}")
+def global_batch(args, accelerator) -> int:
+    return args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
 
-    summary = {"data": description, "vocab_size": V, "num_edges": edges, "num_parameters": P,
-               "node_size": config.node_size, "graph": config.graph, "processes": W, "global_batch": global_batch}
-    if eval_loader is not None and checkpoint is None:
-        started = time.time()
-        loss0, ppl0, n0 = evaluate(model, eval_loader, accelerator)
-        say(f"step 0: validation loss {loss0:.4f}, perplexity {ppl0:,.1f} ({n0:,} tokens, {time.time() - started:.1f}s)")
-        log({"step": 0, "eval_loss": loss0, "perplexity": ppl0})
-        summary.update(perplexity_before=ppl0, eval_loss_before=loss0)
 
-    # ---------------------------------------------------------------- train
-    progress = tqdm(total=args.max_train_steps, initial=completed_steps, desc="train",
-                    disable=not accelerator.is_local_main_process, dynamic_ncols=True)
-    train_time, train_tokens, last_loss = 0.0, 0, float("nan")
-    model.train()
-    done = completed_steps >= args.max_train_steps
-    for epoch in range(start_epoch, args.num_train_epochs):
-        if done:
-            break
-        train_loader.set_epoch(epoch)
-        if epoch == start_epoch and skip_batches:
-            loader, batches_in_epoch = accelerator.skip_first_batches(train_loader, skip_batches), skip_batches
-        else:
-            loader, batches_in_epoch = train_loader, 0
-        step_started = time.time()
-        for batch in loader:
-            result = train_step(batch)
-            batches_in_epoch += 1
-            if result is None:  # a micro-batch of an accumulation: no optimizer step yet
-                continue
+def describe_training(args, job: Job, config) -> str:
+    keep = ("keeping the best model by validation loss" if job.best.enabled else
+            "keeping the last model" + (" (--edge_sharding source keeps no best model)"
+                                        if args.sharding and args.keep_best_model and job.eval_loader else ""))
+    return (f"training: {args.max_train_steps} steps ({args.steps_per_epoch} per epoch, {args.num_train_epochs} "
+            f"epoch(s)), global batch {job.signature['global_batch']} blocks = {args.per_device_train_batch_size} x "
+            f"{job.accelerator.num_processes} process(es) x {args.gradient_accumulation_steps} accumulation, lr "
+            f"{args.learning_rate} ({args.lr_scheduler_type}, {args.num_warmup_steps} warmup), loss "
+            f"{config.loss_type}; {keep}")
 
-            completed_steps += 1
-            last_loss = result.loss
-            elapsed = time.time() - step_started
-            train_time += elapsed
-            train_tokens += result.tokens
-            log({"step": completed_steps, "loss": last_loss, "lr": result.lr, "tokens": result.targets,
-                 "epoch": epoch, "seconds": round(elapsed, 4)})
-            progress.update(1)
-            progress.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{train_tokens / max(train_time, 1e-9):,.0f}",
-                                 refresh=False)
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
 
-            if args.eval_steps and eval_loader is not None and completed_steps % args.eval_steps == 0 \
-                    and completed_steps < args.max_train_steps:
-                apply_pending_weight_decay(optimizer)
-                loss_v, ppl_v, _ = evaluate(model, eval_loader, accelerator)
-                if accelerator.is_local_main_process:
-                    progress.write(f"step {completed_steps}: train loss {last_loss:.4f}, validation loss "
-                                   f"{loss_v:.4f}, perplexity {ppl_v:,.2f}")
-                log({"step": completed_steps, "eval_loss": loss_v, "perplexity": ppl_v})
-            epoch_end = batches_in_epoch >= len(train_loader)
-            if (isinstance(args.checkpointing_steps, int) and completed_steps % args.checkpointing_steps == 0) or \
-                    (args.checkpointing_steps == "epoch" and epoch_end):
-                state = {"completed_steps": completed_steps, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
-                         "signature": run_signature}
-                path = save_checkpoint(accelerator, args.output_dir, completed_steps, state, tokenizer,
-                                       args.checkpoints_total_limit,
-                                       write_extra=(lambda tmp: model.save_shard(tmp, optimizer)) if sharding else None)
-                if accelerator.is_local_main_process:
-                    progress.write(f"step {completed_steps}: checkpoint {path}")
-            step_started = time.time()
-            if completed_steps >= args.max_train_steps:
-                done = True
-                break
-    progress.close()
+def evaluate_before(job: Job, summary: dict):
+    """Validation of the untrained model (step 0 of the log and the card's 'before' figure)."""
+    started = time.time()
+    loss0, ppl0, n0 = job.evaluate(job.model, job.eval_loader, job.accelerator)
+    job.accelerator.print(f"step 0: validation loss {loss0:.4f}, perplexity {ppl0:,.1f} ({n0:,} tokens, "
+                          f"{time.time() - started:.1f}s)")
+    job.log({"step": 0, "eval_loss": loss0, "perplexity": ppl0})
+    summary.update(perplexity_before=ppl0, eval_loss_before=loss0)
 
-    # ---------------------------------------------------------------- evaluate, save, generate
-    if train_time > 0:
-        say(f"trained to step {completed_steps}: {train_tokens:,} real tokens in {train_time:.1f}s of training "
-            f"= {train_tokens / train_time:,.0f} tokens/s; last train loss {last_loss:.4f}")
-    summary.update(steps=completed_steps, train_seconds=round(train_time, 2), train_tokens=train_tokens,
-                   tokens_per_second=round(train_tokens / train_time, 1) if train_time else None, last_loss=last_loss)
-    apply_pending_weight_decay(optimizer)  # lazily decayed rows: the weights as dense AdamW's decay has them
-    if eval_loader is not None:
-        loss1, ppl1, n1 = evaluate(model, eval_loader, accelerator)
-        say(f"validation loss {loss1:.4f}, perplexity {ppl1:,.2f} ({n1:,} tokens)"
-            + (f"; before training: {summary['perplexity_before']:,.1f}" if "perplexity_before" in summary else ""))
-        log({"step": completed_steps, "eval_loss": loss1, "perplexity": ppl1})
-        summary.update(perplexity=ppl1, eval_loss=loss1)
 
+def evaluate_after(job: Job, stats, summary: dict):
+    """Throughput, the final validation, and the best model put back when an earlier step scored better."""
+    say, steps = job.accelerator.print, stats.completed_steps
+    if stats.train_time > 0:
+        say(f"trained to step {steps}: {stats.train_tokens:,} real tokens in {stats.train_time:.1f}s of training "
+            f"= {stats.train_tokens / stats.train_time:,.0f} tokens/s; last train loss {stats.last_loss:.4f}")
+    summary.update(steps=steps, train_seconds=round(stats.train_time, 2), train_tokens=stats.train_tokens,
+                   tokens_per_second=round(stats.train_tokens / stats.train_time, 1) if stats.train_time else None,
+                   last_loss=stats.last_loss)
+    apply_pending_weight_decay(job.optimizer)  # lazily decayed rows: the weights as dense AdamW's decay has them
+    if job.eval_loader is None:
+        return
+    loss1, ppl1, n1 = job.evaluate(job.model, job.eval_loader, job.accelerator)
+    say(f"validation loss {loss1:.4f}, perplexity {ppl1:,.2f} ({n1:,} tokens)"
+        + (f"; before training: {summary['perplexity_before']:,.1f}" if "perplexity_before" in summary else ""))
+    job.log({"step": steps, "eval_loss": loss1, "perplexity": ppl1})
+    summary.update(perplexity=ppl1, eval_loss=loss1)
+    best = job.best
+    if best.enabled and best.step is not None and not loss1 <= best.eval_loss:
+        fsdp = job.accelerator.distributed_type.value == "FSDP"
+        best.load_into(job.accelerator.unwrap_model(job.model), prepared=job.model if fsdp else None)
+        say(f"kept the best model: step {best.step} (validation loss {best.eval_loss:.4f}, perplexity "
+            f"{math.exp(min(best.eval_loss, 700.0)):,.2f}), not the last step {steps} ({loss1:.4f})")
+        summary.update(perplexity=math.exp(min(best.eval_loss, 700.0)), eval_loss=best.eval_loss,
+                       best_step=best.step, last_eval_loss=loss1)
+    elif best.enabled and best.step is not None:
+        say(f"kept the best model: the last step {steps} (validation loss {loss1:.4f})")
+        summary.update(best_step=steps)
+
+
+def save_final(args, job: Job, tokenizer, out_dir):
+    """The Hugging Face folder (a sharded run's table gathered on the main process); returns the plain model."""
+    accelerator, model = job.accelerator, job.model
     accelerator.wait_for_everyone()
-    if sharding:  # gathered on the main process (host RAM for the whole table), a plain BriLLM folder
+    if args.sharding:  # gathered on the main process (host RAM for the whole table), a plain BriLLM folder
         unwrapped = model.export_model()
         if accelerator.is_main_process:
             unwrapped.save_pretrained(out_dir, safe_serialization=True)
-        model = unwrapped
     else:
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.sparse_gradients = False
@@ -471,19 +476,35 @@ def run(args) -> int:
                                   save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(out_dir)
-    say(f"saved the model and tokenizer to {out_dir} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
+    job.best.discard()
+    accelerator.print(f"saved the model and tokenizer to {out_dir} "
+                      "(AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
+    return unwrapped
 
-    prompts = choose_prompts(args, raw["validation"] if "validation" in raw else None, not (args.train_file or args.dataset_name))
-    fsdp = accelerator.distributed_type == DistributedType.FSDP
+
+def show_generations(args, job: Job, unwrapped, data, summary: dict):
+    """A few greedy and sampled continuations (all processes take part under FSDP, whose weights are sharded)."""
+    accelerator = job.accelerator
+    prompts = choose_prompts(args, data.raw["validation"] if "validation" in data.raw else None,
+                             not (args.train_file or args.dataset_name))
+    fsdp = accelerator.distributed_type.value == "FSDP"
     if prompts and args.num_generations > 0 and (accelerator.is_main_process or fsdp):
-        samples = generate_samples(model if fsdp else unwrapped, tokenizer, prompts, args, accelerator.device)
-        say("generations (greedy | sampled, top-k 40, temperature 0.8):")
+        samples = generate_samples(job.model if fsdp else unwrapped, data.tokenizer, prompts, args,
+                                   accelerator.device)
+        accelerator.print("generations (greedy | sampled, top-k 40, temperature 0.8):")
         for s in samples:
-            say(f"  {s['prompt']!r}\n    greedy : {s['prompt']}{s['greedy']}\n    sampled: {s['prompt']}{s['sampled']}")
+            accelerator.print(f"  {s['prompt']!r}\n    greedy : {s['prompt']}{s['greedy']}\n"
+                              f"    sampled: {s['prompt']}{s['sampled']}")
         summary["generations"] = samples
+
+
+def publish(args, job: Job, unwrapped, data, plan, summary: dict, out_dir):
+    """pretrain_summary.json, the model card, and --push_to_hub."""
+    accelerator, say = job.accelerator, job.accelerator.print
+
     def write_card(repo_id=None):  # README.md with metadata, the final perplexity and usage, as Trainer writes
-        return write_training_card(out_dir, unwrapped, tokenizer, args, summary, description, repo_id=repo_id,
-                                   optimizer=plan.name)
+        return write_training_card(out_dir, unwrapped, data.tokenizer, args, summary, data.description,
+                                   repo_id=repo_id, optimizer=plan.name)
 
     if accelerator.is_main_process:
         with open(out_dir / SUMMARY_NAME, "w", encoding="utf-8") as handle:
@@ -491,12 +512,56 @@ def run(args) -> int:
         say(f"model card: {write_card(args.hub_model_id if args.push_to_hub else None)}")
     if args.with_tracking:
         accelerator.end_training()
-
     if args.push_to_hub and accelerator.is_main_process:
         repo_id = push_folder(out_dir, args.hub_model_id or out_dir.resolve().name, args.hub_token,
                               "BriLLM pretraining", before_upload=write_card)
         say(f"pushed to https://huggingface.co/{repo_id}")
     accelerator.wait_for_everyone()
+
+
+def resume_or_start(args, job: Job, checkpoint) -> Position:
+    """Where training starts: the checkpoint's position (its states restored), or the beginning."""
+    if checkpoint is None:
+        job.best.discard()  # an earlier run's best model is not this run's
+        return Position()
+    load_shards = None
+    if args.sharding:
+        def load_shards():
+            load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
+    return resume(job, checkpoint, load_shards)
+
+
+def start_summary(args, config, data, accelerator) -> dict:
+    """The run's facts for pretrain_summary.json and the model card; the results are added as they come."""
+    return {"data": data.description, "vocab_size": config.vocab_size, "num_edges": config.num_edges,
+            "num_parameters": config.num_parameters_formula(), "node_size": config.node_size, "graph": config.graph,
+            "processes": accelerator.num_processes, "global_batch": global_batch(args, accelerator)}
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def run(args) -> int:
+    model_fields, tok_settings = settle_flags(args)
+    accelerator, checkpoint, out_dir = start_run(args)
+    data = load_data(args, tok_settings, accelerator, out_dir, checkpoint)
+    config, graph, plan = plan_model(args, model_fields, data, accelerator)
+    model = build_model(args, config, graph, accelerator)
+    loaders = make_loaders(args, data, accelerator)
+    parts = prepare_model_and_optimizer(args, model, plan, loaders, config, graph, checkpoint, accelerator)
+    job = make_job(args, parts, plan, data, config, accelerator, out_dir)
+    init_tracking(args, model_fields, accelerator)
+
+    position = resume_or_start(args, job, checkpoint)
+    accelerator.print(describe_training(args, job, config))
+    summary = start_summary(args, config, data, accelerator)
+    if job.eval_loader is not None and checkpoint is None:
+        evaluate_before(job, summary)
+
+    stats = train_epochs(job, args, position)
+
+    evaluate_after(job, stats, summary)
+    unwrapped = save_final(args, job, data.tokenizer, out_dir)
+    show_generations(args, job, unwrapped, data, summary)
+    publish(args, job, unwrapped, data, plan, summary, out_dir)
     return 0
 
 

@@ -61,8 +61,8 @@ def main(argv=None) -> int:
                 tokenizer = AutoTokenizer.from_pretrained(folder)
             except (OSError, ValueError):
                 tokenizer = None
-            write_model_card(folder, model, tokenizer, datasets=args.dataset, metrics=parse_metrics(args.metric) or None,
-                             repo_id=args.repo_id)
+            write_model_card(folder, model, tokenizer, datasets=args.dataset,
+                             metrics=parse_metrics(args.metric) or None, repo_id=args.repo_id)
             print(f"wrote the model card {readme}")
         problems = check_hub_ready(folder)
         if problems:

@@ -48,12 +48,13 @@ def main(argv=None) -> int:
         trace = energy_trace(model, args.text, tokenizer, top_k=max(args.top_k, 5))
         plot_energy_path(trace, args.output, top_k=args.top_k, max_steps=args.max_steps)
         summary = trace.summary()
-        print(f"{summary['steps']} steps, perplexity {summary['perplexity']:.3f}, top-1 {summary['top1_accuracy']:.1%}, "
-              f"mean rank {summary['mean_rank']:.2f}; wrote {args.output}")
+        print(f"{summary['steps']} steps, perplexity {summary['perplexity']:.3f}, "
+              f"top-1 {summary['top1_accuracy']:.1%}, mean rank {summary['mean_rank']:.2f}; wrote {args.output}")
         for step in trace.steps():
-            marker = "" if step.rank == 1 else f"   (model prefers {step.predicted_text!r}: {step.predicted_energy:.2f})"
-            print(f"  {step.position:3d} {step.source_text!r:>10} -> {step.target_text!r:<10} energy {step.energy:8.3f} "
-                  f"rank {step.rank}{'' if step.real_edge else ' [shared edge]'}{marker}")
+            marker = ("" if step.rank == 1 else
+                      f"   (model prefers {step.predicted_text!r}: {step.predicted_energy:.2f})")
+            print(f"  {step.position:3d} {step.source_text!r:>10} -> {step.target_text!r:<10} "
+                  f"energy {step.energy:8.3f} rank {step.rank}{'' if step.real_edge else ' [shared edge]'}{marker}")
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump({"text": args.text, "summary": summary, "steps": trace.to_records()}, f, indent=1)

@@ -26,6 +26,7 @@ SCRIPT = ROOT / "examples" / "pretrain.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 CPU1 = ROOT / "configuration" / "accelerate" / "cpu_1.yaml"
 CPU2 = ROOT / "configuration" / "accelerate" / "cpu_2.yaml"
+CPU2_FSDP = ROOT / "configuration" / "accelerate" / "cpu_2_fsdp.yaml"
 
 TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
         "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5"]
@@ -59,13 +60,14 @@ def run(args, launcher=None, timeout=120, check=True, **env_extra):
         cmd = [sys.executable, str(SCRIPT)]
     else:
         cmd = [str(ACCELERATE), "launch", "--config_file", str(launcher)]
-        if launcher == CPU2:
+        if launcher in (CPU2, CPU2_FSDP):
             cmd += ["--main_process_port", str(random.randint(20000, 40000))]
         cmd += [str(SCRIPT)]
     result = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
                             cwd=ROOT, env=env(**env_extra))
     if check and result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\nSTDERR:\n{result.stderr[-6000:]}")
+        raise AssertionError(f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-4000:]}\n"
+                             f"STDERR:\n{result.stderr[-6000:]}")
     return result
 
 
@@ -194,6 +196,12 @@ def test_optimizer_choice():
     with pytest.raises(UsageError, match="single process only"):
         optimizers.choose_optimizer("sparse_adamw", 2, 1.0)
     assert pretrain.parse_args([]).optimizer == "auto"
+    # FSDP shards dense gradients only, with any process count
+    for processes in (1, 2):
+        fsdp = optimizers.choose_optimizer("auto", processes, 1.0, fsdp=True)
+        assert fsdp.name == "adamw" and not fsdp.sparse_gradients and "FSDP shards dense gradients" in fsdp.reason
+    with pytest.raises(UsageError, match="sparse row gradients, which FSDP cannot shard"):
+        optimizers.choose_optimizer("sparse_adamw", 1, 1.0, fsdp=True)
     # the moments' dtype: bfloat16 under bf16 mixed precision with SparseAdamW on a GPU, a flag wins, dense AdamW
     # refuses it
     assert optimizers.resolve_moment_dtype(None, one, "bf16", "cuda") == "bfloat16"
@@ -291,6 +299,72 @@ def test_killed_run_resumes_from_latest_complete_checkpoint(reference, corpus, t
     for step in range(1, 25):
         assert got[step] == pytest.approx(ref[step], abs=1e-6, rel=0), step
     assert not any(p.name.startswith(checkpoints.TMP_PREFIX) for p in out.iterdir())
+
+
+# ------------------------------------------------------------------------------------------ best model
+def overfit_files(folder) -> tuple[Path, Path]:
+    """40 training and 40 other validation sentences: a d=8 model at lr 0.3 memorises the training ones within
+    ~15 steps, after which the held-out loss climbs."""
+    paths = []
+    for seed, name in ((1, "train.txt"), (2, "validation.txt")):
+        rng = random.Random(seed)
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "." for _ in range(40)]
+        paths.append(folder / name)
+        paths[-1].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return paths[0], paths[1]
+
+
+OVERFIT_ARGS = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
+                "--per_device_train_batch_size", "8", "--max_train_steps", "30", "--eval_steps", "5",
+                "--learning_rate", "0.3", "--lr_scheduler_type", "constant", "--checkpointing_steps", "5"]
+
+
+def weights_of(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    import torch
+
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_best_model_is_kept_and_survives_resume(tmp_path):
+    """Held-out loss falls, then rises as the model memorises: the saved folder holds the best evaluation's
+    weights (those of its step's checkpoint), also after a resume from a later checkpoint; --no_keep_best saves
+    the last step's."""
+    from modeling_brillm.training.best import BEST_FILE
+
+    train, validation = overfit_files(tmp_path)
+    data = ["--train_file", train, "--validation_file", validation, *OVERFIT_ARGS]
+    out = tmp_path / "kept"
+    result = run([*data, "--output_dir", out])
+    evals = {r["step"]: r["eval_loss"] for r in checkpoints.read_log(out / checkpoints.LOG_NAME)
+             if "eval_loss" in r and r["step"] > 0}
+    best_step = min(evals, key=evals.get)
+    assert sorted(evals) == [5, 10, 15, 20, 25, 30] and best_step < 25 and evals[30] > evals[best_step] + 0.2, evals
+    assert f"kept the best model: step {best_step} (validation loss {evals[best_step]:.4f}" in result.stdout
+    summary = json.loads((out / pretrain.SUMMARY_NAME).read_text())
+    assert summary["best_step"] == best_step and summary["eval_loss"] == evals[best_step]
+    assert summary["last_eval_loss"] == evals[30]
+    saved = weights_of(out / "model.safetensors")
+    assert same_weights(saved, weights_of(out / f"step_{best_step}" / "model.safetensors"))
+    assert not (out / BEST_FILE).exists()  # the working copy is gone; checkpoints keep theirs
+    later = best_step + 5
+    assert json.loads((out / f"step_{later}" / checkpoints.STATE_NAME).read_text())["best"]["step"] == best_step
+
+    resumed = tmp_path / "resumed"
+    result = run([*data, "--output_dir", resumed, "--resume_from_checkpoint", out / f"step_{later}"])
+    assert f"best model so far: step {best_step}" in result.stdout
+    assert same_weights(weights_of(resumed / "model.safetensors"), saved)
+
+    last = tmp_path / "last"
+    result = run([*data, "--output_dir", last, "--no_keep_best"])
+    assert "keeping the last model" in result.stdout and "kept the best model" not in result.stdout
+    assert same_weights(weights_of(last / "model.safetensors"), weights_of(out / "step_30" / "model.safetensors"))
+    assert json.loads((last / pretrain.SUMMARY_NAME).read_text())["eval_loss"] == evals[30]
 
 
 # ---------------------------------------------------------------------------------------- 1 vs 2 processes
@@ -396,6 +470,26 @@ def test_cpu_launcher_with_several_processes_is_refused(corpus, tmp_path):
     assert "started ONE process" in result.stderr and "cpu_2.yaml" in result.stderr
 
 
+def test_fsdp_config_on_the_cpu_stops_with_the_limitation(corpus, tmp_path):
+    """cpu_2_fsdp.yaml is gpu8_fsdp.yaml with another device and process count. accelerate forms FSDP only on
+    GPU-type devices: on the CPU it forms MULTI_CPU (DDP over gloo) and ignores `fsdp_config`, so the script stops
+    with that limitation (configuration/README.md) instead of training as DDP under an FSDP config. Should a
+    later accelerate shard on the CPU, this test fails: it then becomes the FSDP run it stands in for (train,
+    checkpoint, exact resume, a folder that from_pretrained loads)."""
+    import yaml
+
+    cpu = yaml.safe_load(CPU2_FSDP.read_text())
+    gpu = yaml.safe_load((ROOT / "configuration" / "accelerate" / "gpu8_fsdp.yaml").read_text())
+    assert {k for k in set(cpu) | set(gpu) if cpu.get(k) != gpu.get(k)} == {"num_processes", "gpu_ids", "use_cpu"}
+    assert cpu["distributed_type"] == "FSDP" and cpu["fsdp_config"]["fsdp_version"] == 2
+    result = run(["--train_file", corpus, "--output_dir", tmp_path, *TINY, "--max_train_steps", "4"],
+                 launcher=CPU2_FSDP, check=False, timeout=180)
+    assert result.returncode != 0
+    assert "error: this launch asks for FSDP (distributed_type: FSDP) but accelerate" in result.stderr
+    assert "formed a MULTI_CPU run on cpu" in result.stderr and "cpu_2.yaml" in result.stderr
+    assert not (tmp_path / "model.safetensors").exists() and not checkpoints.list_checkpoints(tmp_path)
+
+
 def test_launch_device_follows_the_launch_config(monkeypatch):
     """cpu_2.yaml trains on the CPU wherever it runs (it hides the GPUs from its processes); a GPU launch with
     more processes than visible GPUs is refused up front (counts faked: this machine may have none)."""
@@ -433,7 +527,8 @@ def test_gpu_config_with_more_processes_than_gpus_is_refused_before_any_work(tmp
 
     processes = max(2, torch.cuda.device_count() + 1)
     config = tmp_path / "gpus.yaml"
-    config.write_text(CPU2.read_text().replace('gpu_ids: "-1,-1"', "gpu_ids: all").replace("use_cpu: true", "use_cpu: false")
+    config.write_text(CPU2.read_text().replace('gpu_ids: "-1,-1"', "gpu_ids: all")
+                      .replace("use_cpu: true", "use_cpu: false")
                       .replace("num_processes: 2", f"num_processes: {processes}"))
     assert "gpu_ids: all" in config.read_text()
     result = run(["--output_dir", tmp_path / "out"], launcher=config, check=False, timeout=180)
@@ -489,7 +584,8 @@ def test_presets_load_and_flags_override():
     for name in presets.known_presets():
         preset = presets.load_preset(name)
         assert set(preset) == {"model", "tokenizer", "training"}
-    args = pretrain.parse_args(["--config", "brillm-zh", "--node_size", "8", "--learning_rate", "0.01", "--dense_graph"])
+    args = pretrain.parse_args(["--config", "brillm-zh", "--node_size", "8", "--learning_rate", "0.01",
+                                "--dense_graph"])
     model, tok = presets.resolve_settings(args)
     assert tok == {"kind": "char", "vocab_size": 4000, "min_frequency": 1}
     assert model["node_size"] == 8 and model["graph"] == "dense"
@@ -551,7 +647,8 @@ def test_validation_split_is_deterministic_and_spread():
 def test_embedded_corpus_exists_offline():
     texts = data.embedded_corpus()
     assert len(texts) > 1000 and sum(map(len, texts)) > 300_000
-    assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3 for t in texts for line in t.splitlines())
+    assert not any(set(line.strip()) <= set("=*-~^#") and len(line.strip()) > 3
+                   for t in texts for line in t.splitlines())
 
 
 def test_doc_cleaning_drops_every_kind_of_markup_line_and_keeps_the_text():

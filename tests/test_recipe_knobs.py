@@ -1,4 +1,4 @@
-"""The recipe knobs of issue 16: SparseAdamW's lazy weight decay and shared-edge learning rate, the signal dropout and
+"""The recipe knobs: SparseAdamW's lazy weight decay and shared-edge learning rate, the signal dropout and
 the non-edge node bias of the model (exact paths unchanged when off, saved with the config), and their flags."""
 
 from __future__ import annotations
@@ -168,14 +168,15 @@ def test_first_row_lr_scale_scales_row_zero_only():
 def test_parameter_groups_with_recipe_options():
     model = BriLLMForCausalLM.from_token_sequences([torch.tensor([1, 2, 3, 1, 3])], 6, node_size=4,
                                                    non_edge_bias=True)
+    m = model.base_model
     plain = parameter_groups(model, 0.1)
-    assert len(plain) == 2 and plain[0]["params"] == [model.base_model.weights]
+    assert len(plain) == 2 and plain[0]["params"] == [m.base_model.weights]
     groups = parameter_groups(model, 0.1, 0.05, lazy_weight_decay=True, shared_edge_lr_scale=0.5, node_lr_scale=2.0)
     by_param = {id(p): g for g in groups for p in g["params"]}
-    assert by_param[id(model.base_model.weights)]["lazy_weight_decay"] and by_param[id(model.base_model.weights)]["weight_decay"] == 0.1
-    assert by_param[id(model.base_model.weights)]["first_row_lr_scale"] == 0.5 == by_param[id(model.base_model.biases)]["first_row_lr_scale"]
-    assert by_param[id(model.base_model.node_bias)]["lr"] == pytest.approx(0.1) == by_param[id(model.base_model.non_edge_bias)]["lr"]
-    assert by_param[id(model.base_model.positions)]["lr"] == 0.05 and by_param[id(model.base_model.positions)]["weight_decay"] == 0.0
+    assert by_param[id(m.base_model.weights)]["lazy_weight_decay"] and by_param[id(m.base_model.weights)]["weight_decay"] == 0.1
+    assert by_param[id(m.base_model.weights)]["first_row_lr_scale"] == 0.5 == by_param[id(m.base_model.biases)]["first_row_lr_scale"]
+    assert by_param[id(m.base_model.node_bias)]["lr"] == pytest.approx(0.1) == by_param[id(m.base_model.non_edge_bias)]["lr"]
+    assert by_param[id(m.base_model.positions)]["lr"] == 0.05 and by_param[id(m.base_model.positions)]["weight_decay"] == 0.0
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     SparseAdamW(groups, lr=0.05)  # accepted as they are
 
@@ -231,7 +232,8 @@ def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
                            torch.arange(model.config.vocab_size)) > 0
     row = out.logits[0, 0]
     assert torch.equal(row[real], out_base.logits[0, 0][real])
-    assert torch.allclose(row[~real] - model.base_model.non_edge_bias[~real], row[~real][0] - model.base_model.non_edge_bias[~real][0])
+    bias = model.base_model.non_edge_bias
+    assert torch.allclose(row[~real] - bias[~real], row[~real][0] - bias[~real][0])
     # one-token decoding gives the teacher-forced logits
     with torch.no_grad():
         state = model(ids[:1, :5]).past_key_values
@@ -286,7 +288,8 @@ def test_non_edge_bias_through_remote_code(tmp_path):
     model.eval()
     model.save_pretrained(tmp_path / "saved")
     with torch.no_grad():
-        torch.save({"ids": ids, "mask": mask, "logits": model(ids, attention_mask=mask).logits}, tmp_path / "expected.pt")
+        torch.save({"ids": ids, "mask": mask, "logits": model(ids, attention_mask=mask).logits},
+                   tmp_path / "expected.pt")
     out = run_isolated("""
         import torch
         from transformers import AutoModelForCausalLM

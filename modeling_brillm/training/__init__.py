@@ -11,5 +11,7 @@ Modules:
   launch       the Accelerator of a run and the checks on how it was launched.
   optimizers   which optimizer (and gradient layout) a run uses, and building it.
   loop         the training step (TrainStep), evaluation, prompts and sample generation.
+  epochs       the epoch loop of a pretraining run: steps, the log, periodic validation, checkpoints, resume.
+  best         the best model by validation loss, kept on disk and in every checkpoint.
   publishing   the model card of the final save, the upload to the Hub.
 """

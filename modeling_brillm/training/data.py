@@ -91,7 +91,8 @@ def load_raw_data(args):
             ) from None
         if "train" not in raw:
             raise UsageError(f"dataset {args.dataset_name!r} has no 'train' split (splits: {list(raw)}).")
-        description = f"Hub dataset {args.dataset_name}" + (f"/{args.dataset_config_name}" if args.dataset_config_name else "")
+        description = (f"Hub dataset {args.dataset_name}"
+                       + (f"/{args.dataset_config_name}" if args.dataset_config_name else ""))
     elif args.train_file:
         files = {"train": args.train_file}
         if args.validation_file:
@@ -106,7 +107,8 @@ def load_raw_data(args):
                 f"could not read {', '.join(files.values())} as {builder}: {type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}"
             ) from None
-        description = f"file {args.train_file}" + (f" (validation: {args.validation_file})" if args.validation_file else "")
+        description = (f"file {args.train_file}"
+                       + (f" (validation: {args.validation_file})" if args.validation_file else ""))
     else:
         texts = embedded_corpus()
         raw = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})})

@@ -40,13 +40,31 @@ def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
     if local > gpus:
         seen = "no GPU is visible" if gpus == 0 else f"only {gpus} GPU{'s are' if gpus > 1 else ' is'} visible"
         fix = f"launch at most {gpus} process{'es' if gpus > 1 else ''} (--num_processes {gpus}), or " if gpus else ""
+        hidden = environ.get("CUDA_VISIBLE_DEVICES")
         raise UsageError(
             f"this launch asks for GPUs, one per process, and starts {local} processes on this machine, but {seen}"
-            f"{' (CUDA_VISIBLE_DEVICES=' + environ['CUDA_VISIBLE_DEVICES'] + ')' if 'CUDA_VISIBLE_DEVICES' in environ else ''}"
+            f"{f' (CUDA_VISIBLE_DEVICES={hidden})' if hidden is not None else ''}"
             f": {fix}train on the CPU with `accelerate launch --config_file configuration/accelerate/cpu_2.yaml` "
             "(or ACCELERATE_USE_CPU=1)."
         )
     return False
+
+
+def fsdp_not_formed(accelerator, environ=os.environ) -> str | None:
+    """The error when the launch asked for FSDP (`distributed_type: FSDP`) but accelerate formed another kind of
+    run. accelerate turns FSDP on only for multi-process runs on GPU-type devices: on the CPU
+    (configuration/accelerate/cpu_2_fsdp.yaml) it forms MULTI_CPU, DDP over gloo with every process holding the
+    whole model, and ignores `fsdp_config`. Training on silently as DDP would hide that the FSDP path (its
+    sharded state dict, its memory) never ran."""
+    if not _truthy(environ.get("ACCELERATE_USE_FSDP")) or accelerator.distributed_type.value == "FSDP":
+        return None
+    import accelerate
+
+    return (f"this launch asks for FSDP (distributed_type: FSDP) but accelerate {accelerate.__version__} formed a "
+            f"{accelerator.distributed_type.value} run on {accelerator.device.type}: accelerate shards with FSDP "
+            "only on GPUs (and other accelerators), not on the CPU, where it would train as plain DDP. Launch FSDP "
+            "on GPUs (configuration/accelerate/gpu8_fsdp.yaml), or train data parallel on the CPU with "
+            "configuration/accelerate/cpu_2.yaml.")
 
 
 def make_accelerator(args, project_name: str | None = None):
@@ -82,6 +100,9 @@ def make_accelerator(args, project_name: str | None = None):
             "processes only through mpirun. Use `accelerate launch --config_file configuration/accelerate/cpu_2.yaml "
             "...` (torchrun + gloo), or `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`."
         )
+    fsdp_error = fsdp_not_formed(accelerator)
+    if fsdp_error:
+        raise UsageError(fsdp_error)
     if accelerator.is_main_process:
         datasets.utils.logging.set_verbosity_warning()
         transformers.utils.logging.set_verbosity_warning()

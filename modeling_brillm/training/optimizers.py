@@ -2,7 +2,7 @@
 
 Paths (`--optimizer`):
   auto          the default: sparse_adamw in one process, adamw with several (DDP/FSDP all-reduce dense
-                gradients; sparse ones would need their own exchange).
+                gradients; sparse ones would need their own exchange) and under FSDP with any process count.
   adamw         `torch.optim.AdamW` (torch's fused kernel where it has one) on dense gradients.
   sparse_adamw  `modeling_brillm.optimization.SparseAdamW` on sparse row gradients of the edge tables
                 (`model.sparse_gradients = True`): only the touched rows are read and updated. One process only.
@@ -33,9 +33,20 @@ class OptimizerPlan:
     reason: str  # why, for the start-up summary
 
 
-def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | None) -> OptimizerPlan:
-    """The optimizer for `--optimizer requested` with `num_processes` processes; UsageError if it cannot run."""
+def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | None,
+                     fsdp: bool = False) -> OptimizerPlan:
+    """The optimizer for `--optimizer requested` with `num_processes` processes; UsageError if it cannot run.
+    Under FSDP (`fsdp`, any process count) the gradients are dense: FSDP flattens and shards every parameter and
+    its gradient, which a sparse row gradient cannot be, so auto picks AdamW and sparse_adamw is refused."""
     clip = bool(max_grad_norm)
+    if fsdp:
+        if requested == "sparse_adamw":
+            raise UsageError("--optimizer sparse_adamw needs sparse row gradients, which FSDP cannot shard; use "
+                             "--optimizer adamw (or auto) under FSDP, or --edge_sharding source for a sharded "
+                             "sparse update.")
+        if requested in ("auto", "adamw"):
+            why = "auto: FSDP shards dense gradients" if requested == "auto" else "--optimizer adamw"
+            return OptimizerPlan("adamw", False, clip, f"{why} ({num_processes} process(es))")
     if requested == "auto":
         if num_processes > 1:
             return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients "

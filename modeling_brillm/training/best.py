@@ -1,0 +1,92 @@
+"""Keep the best model by held-out loss, as transformers' `Trainer(load_best_model_at_end=True)` does.
+
+At every evaluation during training the validation loss is compared with the best so far; a better one writes the
+model's weights to `<output_dir>/best_model.safetensors` (a temporary file, then one rename: the file is always a
+whole model). Every checkpoint carries a copy of that file (a hard link where the file system allows) and the
+best step and loss in its train state, so a resumed run knows the same best model as an uninterrupted one. At the
+end the best weights go back into the model before it is saved, so the final folder holds the model that scored
+best on held-out text, not a later one that memorised the training text. The untrained model (step 0) never
+counts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+BEST_FILE = "best_model.safetensors"
+
+
+class BestModel:
+    """The best evaluation so far (`step`, `eval_loss`) and its weights on disk. `enabled=False`: a no-op."""
+
+    def __init__(self, output_dir, accelerator, enabled: bool = True):
+        self.path = Path(output_dir) / BEST_FILE
+        self.accelerator, self.enabled = accelerator, enabled
+        self.step, self.eval_loss = None, math.inf
+
+    def state(self) -> dict | None:
+        """What a checkpoint's train state records (None before the first evaluation)."""
+        return None if self.step is None else {"step": self.step, "eval_loss": self.eval_loss}
+
+    def update(self, model, step: int, eval_loss: float) -> bool:
+        """Record an evaluation; write the weights when it is the best so far. Called on every process (gathering
+        a sharded model's weights is collective). True when this step became the best."""
+        if not self.enabled or not eval_loss < self.eval_loss:  # NaN never wins
+            return False
+        from safetensors.torch import save_file
+
+        state_dict = self.accelerator.get_state_dict(model)
+        if self.accelerator.is_main_process:
+            tmp = self.path.with_name(f".tmp-{BEST_FILE}")
+            tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+            save_file(tensors, str(tmp), metadata={"step": str(step), "eval_loss": repr(eval_loss)})
+            os.replace(tmp, self.path)
+        self.accelerator.wait_for_everyone()
+        self.step, self.eval_loss = step, eval_loss
+        return True
+
+    def write_into(self, folder):
+        """Put the best weights into a checkpoint folder (main process; a hard link, else a copy)."""
+        if not self.enabled or self.step is None or not self.accelerator.is_main_process:
+            return
+        target = Path(folder) / BEST_FILE
+        try:
+            os.link(self.path, target)
+        except OSError:
+            shutil.copyfile(self.path, target)
+
+    def restore(self, state: dict | None, checkpoint):
+        """Resume: the best step and loss from the checkpoint's train state, its weights file back in place."""
+        if not self.enabled or not state:
+            return
+        source = Path(checkpoint) / BEST_FILE
+        if self.accelerator.is_main_process and source.is_file():
+            tmp = self.path.with_name(f".tmp-{BEST_FILE}")
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, self.path)
+        self.accelerator.wait_for_everyone()
+        self.step, self.eval_loss = int(state["step"]), float(state["eval_loss"])
+
+    def load_into(self, unwrapped, prepared=None):
+        """Put the best weights back into the model (on every process). `prepared`: the FSDP-wrapped model, whose
+        shards take the full state dict that the main process read."""
+        from safetensors.torch import load_file
+
+        if prepared is not None:  # FSDP: the main process reads, torch broadcasts into every shard
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            full = load_file(str(self.path)) if self.accelerator.is_main_process else {}
+            set_model_state_dict(prepared, full, options=StateDictOptions(full_state_dict=True,
+                                                                          broadcast_from_rank0=True))
+        else:
+            device = next(unwrapped.parameters()).device
+            unwrapped.load_state_dict(load_file(str(self.path), device=str(device)))
+        self.accelerator.wait_for_everyone()
+
+    def discard(self):
+        """Remove the working file once the final folder holds the kept model."""
+        if self.accelerator.is_main_process and self.path.exists():
+            self.path.unlink()

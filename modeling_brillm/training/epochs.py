@@ -1,0 +1,156 @@
+"""The epoch loop of a pretraining run: optimizer steps, the train log, periodic validation (which also keeps the
+best model, `best.BestModel`), checkpoints, and the exact resume position.
+
+`Job` holds what the loop runs on (accelerate-prepared model, optimizer, scheduler and loaders, the step and
+evaluation functions); `Position` is where a run stands in its data (what a checkpoint stores); `train_epochs`
+runs from a position to `max_train_steps` and returns the throughput figures.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .checkpoints import load_checkpoint, save_checkpoint
+from .optimizers import apply_pending_weight_decay
+
+
+@dataclass
+class Job:
+    accelerator: object
+    model: object
+    optimizer: object
+    lr_scheduler: object
+    train_loader: object
+    eval_loader: object | None
+    train_step: Callable  # batch -> StepResult | None (loop.TrainStep, sharded.ShardedTrainStep)
+    evaluate: Callable  # (model, loader, accelerator) -> (loss, perplexity, tokens)
+    log: Callable  # checkpoints.TrainLog
+    best: object  # best.BestModel
+    tokenizer: object
+    signature: dict  # what must match for a resume to be an exact continuation
+    write_extra: Callable | None = None  # adds files to a checkpoint's temporary folder (the edge shards)
+
+
+@dataclass
+class Position:
+    completed_steps: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0  # batches of `epoch` already consumed
+
+
+@dataclass
+class TrainStats:
+    completed_steps: int
+    train_time: float = 0.0
+    train_tokens: int = 0
+    last_loss: float = float("nan")
+    evaluations: list = field(default_factory=list)
+
+
+def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position:
+    """Restore the states saved in `checkpoint` (and the best model so far); where the run continues."""
+    say = job.accelerator.print
+    state = load_checkpoint(job.accelerator, checkpoint)
+    if load_extra is not None:
+        load_extra()
+    position = Position(state["completed_steps"], state["epoch"], state["batches_in_epoch"])
+    if position.batches_in_epoch >= len(job.train_loader):
+        position = Position(position.completed_steps, position.epoch + 1, 0)
+    saved = state.get("signature", {})
+    changed = {k: (saved.get(k), v) for k, v in job.signature.items()
+               if saved.get(k) != v and k != "max_train_steps"}
+    if changed:
+        say(f"warning: this run differs from the checkpoint's in {changed}: not an exact continuation.")
+    job.best.restore(state.get("best"), checkpoint)
+    say(f"resumed from {checkpoint}: step {position.completed_steps}, epoch {position.epoch}, "
+        f"skipping {position.batches_in_epoch} batches of that epoch"
+        + (f"; best model so far: step {job.best.step}" if job.best.step is not None else ""))
+    job.log.truncate(position.completed_steps)  # the log keeps what happened up to the checkpoint
+    return position
+
+
+def evaluate_now(job: Job, step: int, train_loss: float | None = None, write=print) -> tuple[float, float]:
+    """Validate (lazily decayed rows brought up to date first), log it, and offer the model as the best."""
+    apply_pending_weight_decay(job.optimizer)
+    loss, ppl, _ = job.evaluate(job.model, job.eval_loader, job.accelerator)
+    if job.accelerator.is_local_main_process:
+        head = f"step {step}: " + (f"train loss {train_loss:.4f}, " if train_loss is not None else "")
+        write(f"{head}validation loss {loss:.4f}, perplexity {ppl:,.2f}")
+    job.log({"step": step, "eval_loss": loss, "perplexity": ppl})
+    job.best.update(job.model, step, loss)
+    return loss, ppl
+
+
+def checkpoint_now(job: Job, args, position: Position, write=print):
+    """Save the training state (with the best model so far) as `<output_dir>/step_N`."""
+    state = {"completed_steps": position.completed_steps, "epoch": position.epoch,
+             "batches_in_epoch": position.batches_in_epoch, "signature": job.signature, "best": job.best.state()}
+
+    def extra(tmp):
+        if job.write_extra is not None:
+            job.write_extra(tmp)
+        job.best.write_into(tmp)
+
+    path = save_checkpoint(job.accelerator, args.output_dir, position.completed_steps, state, job.tokenizer,
+                           args.checkpoints_total_limit, write_extra=extra)
+    if job.accelerator.is_local_main_process:
+        write(f"step {position.completed_steps}: checkpoint {path}")
+
+
+def _checkpoint_due(args, steps: int, epoch_end: bool) -> bool:
+    every = args.checkpointing_steps
+    return (isinstance(every, int) and steps % every == 0) or (every == "epoch" and epoch_end)
+
+
+def _epoch_batches(job: Job, epoch: int, start: Position):
+    """The loader of `epoch` (seeded per epoch) and the batches already consumed, skipping them on a resume."""
+    job.train_loader.set_epoch(epoch)
+    if epoch == start.epoch and start.batches_in_epoch:
+        skipped = job.accelerator.skip_first_batches(job.train_loader, start.batches_in_epoch)
+        return skipped, start.batches_in_epoch
+    return job.train_loader, 0
+
+
+def train_epochs(job: Job, args, start: Position) -> TrainStats:
+    """Train from `start` to `args.max_train_steps`: log every step, validate every `eval_steps` (not at the last
+    step: the caller evaluates the final model), checkpoint every `checkpointing_steps` (or 'epoch')."""
+    from tqdm.auto import tqdm
+
+    acc = job.accelerator
+    progress = tqdm(total=args.max_train_steps, initial=start.completed_steps, desc="train",
+                    disable=not acc.is_local_main_process, dynamic_ncols=True)
+    stats = TrainStats(start.completed_steps)
+    job.model.train()
+    for epoch in range(start.epoch, args.num_train_epochs):
+        if stats.completed_steps >= args.max_train_steps:
+            break
+        loader, batches = _epoch_batches(job, epoch, start)
+        step_started = time.time()
+        for batch in loader:
+            result = job.train_step(batch)
+            batches += 1
+            if result is None:  # a micro-batch of an accumulation: no optimizer step yet
+                continue
+            stats.completed_steps += 1
+            steps, elapsed = stats.completed_steps, time.time() - step_started
+            stats.last_loss, stats.train_time = result.loss, stats.train_time + elapsed
+            stats.train_tokens += result.tokens
+            job.log({"step": steps, "loss": result.loss, "lr": result.lr, "tokens": result.targets,
+                     "epoch": epoch, "seconds": round(elapsed, 4)})
+            progress.update(1)
+            progress.set_postfix(loss=f"{result.loss:.3f}", refresh=False,
+                                 tok_s=f"{stats.train_tokens / max(stats.train_time, 1e-9):,.0f}")
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            if args.eval_steps and job.eval_loader is not None and steps % args.eval_steps == 0 \
+                    and steps < args.max_train_steps:
+                evaluate_now(job, steps, result.loss, write=progress.write)
+            if _checkpoint_due(args, steps, batches >= len(job.train_loader)):
+                checkpoint_now(job, args, Position(steps, epoch, batches), write=progress.write)
+            step_started = time.time()
+            if steps >= args.max_train_steps:
+                break
+    progress.close()
+    return stats
