@@ -163,10 +163,10 @@ def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_a
     weight decay 0 and Adam's zero moments then leave every old row exactly as it was."""
     base = model.base_model
     model.train()
-    base.base_model.positions.requires_grad_(train_all)
-    params = [base.base_model.weights, base.base_model.biases, base.base_model.node_bias] + ([base.base_model.positions] if train_all else [])
+    base.positions.requires_grad_(train_all)
+    params = [base.weights, base.biases, base.node_bias] + ([base.positions] if train_all else [])
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    edge_mask = torch.zeros(base.base_model.weights.shape[0], dtype=torch.bool)
+    edge_mask = torch.zeros(base.weights.shape[0], dtype=torch.bool)
     edge_mask[trainable_rows] = True
     losses = []
     for _ in range(steps):
@@ -178,13 +178,13 @@ def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_a
         optimizer.zero_grad()
         loss.backward()
         if not train_all:
-            base.base_model.weights.grad[~edge_mask] = 0
-            base.base_model.biases.grad[~edge_mask] = 0
-            base.base_model.node_bias.grad[:old_vocab] = 0
+            base.weights.grad[~edge_mask] = 0
+            base.biases.grad[~edge_mask] = 0
+            base.node_bias.grad[:old_vocab] = 0
         optimizer.step()
         losses.append(float(loss.detach()))
     model.eval()
-    base.base_model.positions.requires_grad_(True)
+    base.positions.requires_grad_(True)
     return losses
 
 
@@ -236,13 +236,13 @@ def add_edges(args, model, tokenizer, texts, pad_id, probe_nodes) -> dict:
 def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
     """Step 3: fine-tune, and check that (with --train new) no old edge row or old node bias moved."""
     base = model.base_model
-    weights_before, node_bias_before = base.base_model.weights.detach().clone(), base.base_model.node_bias.detach().clone()
+    weights_before, node_bias_before = base.weights.detach().clone(), base.node_bias.detach().clone()
     losses = fine_tune(model, grown["train_seqs"], pad_id, args.steps, args.lr, grown["rows"], old_vocab,
                        args.train == "all", texts.replay, args.replay)
-    keep = torch.ones(base.base_model.weights.shape[0], dtype=torch.bool)
+    keep = torch.ones(base.weights.shape[0], dtype=torch.bool)
     keep[grown["rows"]] = False
-    unchanged = bool(torch.equal(base.base_model.weights[keep], weights_before[keep])
-                     and torch.equal(base.base_model.node_bias[:old_vocab], node_bias_before[:old_vocab]))
+    unchanged = bool(torch.equal(base.weights[keep], weights_before[keep])
+                     and torch.equal(base.node_bias[:old_vocab], node_bias_before[:old_vocab]))
     return {"losses": losses, "old_rows_unchanged": unchanged}
 
 
