@@ -145,4 +145,27 @@ def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> s
     return None
 
 
-__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr"]
+def edge_keys(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Sorted key source·V + target of every real edge of a CSR graph (key k's edge-table row is its index + 1):
+    the table `edge_rows_from_keys` searches."""
+    sources = torch.repeat_interleave(torch.arange(vocab_size, device=indices.device), indptr.diff())
+    return sources * vocab_size + indices
+
+
+def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, targets: torch.Tensor,
+                        vocab_size: int) -> torch.Tensor:
+    """Edge-table row of every pair source→target: its real edge's, or 0 (the shared edge).
+
+    `keys` is `edge_keys(...)` of a sparse graph, or None for a dense one (every pair real: row 1 + s·V + t). A pure
+    lookup with no host read, so the model, the decode step and its torch reference all map pairs the same way."""
+    if keys is None:
+        return 1 + sources * vocab_size + targets
+    if keys.numel() == 0:
+        return torch.zeros_like(sources)
+    query = sources * vocab_size + targets
+    pos = torch.searchsorted(keys, query).clamp_max(keys.numel() - 1)
+    return torch.where(keys[pos] == query, pos + 1, torch.zeros_like(pos))
+
+
+__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr",
+           "edge_keys", "edge_rows_from_keys"]

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import launch, triton_modules
-from .energy import edge_table_grads
+from .plans import edge_table_grads
 
 triton, tl = triton_modules()
 
