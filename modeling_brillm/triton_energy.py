@@ -29,11 +29,11 @@ norm per (position, successor), all in registers.
 The shared edge (row 0, one d×d product per position) stays in torch in training. A model's `non_edge_bias` (a
 non-successor v gets shared + bias[v]) changes no training kernel: log Z takes the non-successors' log mass per
 source from torch (`energy.non_edge_log_mass`), the logits are prefilled with shared + bias, and the bias's logits
-gradient is a column sum after the backward kernel; the decode state kernel adds bias[v] as it fills a row. Tables of float32, bfloat16 or
-float16 are read as they are and computed in float32; gradients come back in the table's dtype. `energy.py` (and
-`BriLLMForCausalLM._decode_core`) dispatch here when `backend.use_triton(...)` is true (CUDA tensors, or
-`kernel_backend("triton")` under Triton's interpreter). Tile sizes and the dot precision are the constants below;
-benchmarks/GPU_KERNELS.md says what each predicts.
+gradient is a column sum after the backward kernel; the decode state kernel adds bias[v] as it fills a row.
+Tables of float32, bfloat16 or float16 are read as they are and computed in float32; gradients come back in the
+table's dtype. `ops.py` calls these when `backend.use_triton(...)` is true (CUDA tensors, or
+`kernel_backend("triton")` under Triton's interpreter); the torch references are energy.py and recurrence.py. Tile
+sizes and the dot precision are the constants below; docs/gpu.md says what each predicts.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ triton, tl = triton_modules()
 
 # Positions per chunk (the dot's M; tl.dot's smallest is 16): a source's positions are cut into chunks of this
 # many and a chunk's empty rows are computed and dropped. Zipf batches at the paper shape have 1.1 (32 x 32) to 16
-# (1024 x 64) positions per present source, so the smallest chunk wastes the least (GPU_KERNELS.md).
+# (1024 x 64) positions per present source, so the smallest chunk wastes the least (docs/gpu.md).
 BLOCK_POSITIONS = 16
 BLOCK_SUCCESSORS = 4  # successors per sub-tile (the dot's N is BN·D)
 # tl.dot input precision: "ieee" is exact fp32 (CUDA-core FMAs, the 1e-5 target); "tf32x3" (three tensor-core
-# passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (GPU_KERNELS.md).
+# passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (docs/gpu.md).
 DOT_PRECISION = "ieee"
 PROGRAMS_PER_SM = 4  # persistent grid: this many programs per streaming multiprocessor
 INTERPRETER_PROGRAMS = 4  # grid size under Triton's CPU interpreter (it runs programs one after the other)
@@ -787,7 +787,7 @@ def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
                 pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int, non_edge_bias=None):
     """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
-    the successors): `BriLLMForCausalLM._decode_core`'s math. Returns the (B, V) float32 logits and the new state
+    the successors): `recurrence.decode_step`'s math. Returns the (B, V) float32 logits and the new state
     tensors."""
     B, d = signal.shape
     V = vocab_size

@@ -1,6 +1,6 @@
 """The signal recurrence as one Triton scan: one launch forward, one backward, whatever the sequence length.
 
-The math (the column loop of `BriLLMModel._run_signals`, which stays the reference): for each compacted column j
+The math (`recurrence.signal_scan`, the torch reference, computes the same): for each compacted column j
 of a batch row that crosses an edge (token j−1 → token j, edge-table row r_j),
 
     c_j = GeLU(x · W[r_j] + b[r_j] + PE_j)                      the edge output
@@ -33,7 +33,7 @@ itself for a dense gradient), so each parameter gets one gradient; else a dense 
 values over the distinct rows read (like `gather_edges`). The start signal, the position weights, PE and the
 incoming state are plain tensors here: their gradients go back through torch autograd upstream.
 
-Design for an H100 (predictions, not measurements; see benchmarks/GPU_KERNELS.md): a step of one row is a
+Design for an H100 (predictions, not measurements; see docs/gpu.md): a step of one row is a
 (1×d)·(d×d) product, 1,024 FMAs for d = 32: one warp per row holds the tile in registers (32 floats a thread).
 The columns form a chain of dependent loads, so the next column's row id, edge matrix, bias and PE are loaded one
 column ahead (software pipelining by hand) and only the ~0.3 µs of arithmetic and shuffles stays on the chain.
