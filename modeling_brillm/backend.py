@@ -30,8 +30,10 @@ _override: str | None = None
 
 
 def _check(name: str) -> str:
+    """The backend name, refused with the choices when it is not one of them."""
     if name not in BACKENDS:
-        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {name!r} (BRILLM_BACKEND or kernel_backend()).")
+        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {name!r} "
+                         "(BRILLM_BACKEND or kernel_backend()).")
     return name
 
 
@@ -109,6 +111,7 @@ def exact_precision(forward):
 
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
+        """`forward` with autocast switched off where it is on."""
         device_type = next(self.parameters()).device.type
         if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
             with torch.autocast(device_type, enabled=False):

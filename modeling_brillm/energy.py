@@ -32,7 +32,7 @@ backward adds its rows into them in place, returning no gradient of its own: one
 import torch
 import torch.nn.functional as F
 
-from .plans import (  # noqa: F401  (re-exported: the model and sharding import them from here until they use ops)
+from .plans import (  # re-exported: the model and sharding import them from here until they use ops
     CandidatePlan,
     EdgeGradLink,
     KernelPlan,
@@ -51,6 +51,7 @@ def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor
 
 
 def _energy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GeLU(h) and its L2 norm over the last dimension: an edge's output and energy."""
     y = F.gelu(h)
     return y, torch.linalg.vector_norm(y, dim=-1)
 
@@ -73,7 +74,7 @@ def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
     allocated, every page faults in on first write (glibc maps such blocks anew, or trims them back to the
     OS after use), which on a VM costs more than the arithmetic (~1-5 GB/s). A buffer is reused only when its
     storage has no other reference (the optimizer step and `zero_grad()` have released the sparse gradient
-    that lent it out; the backward has released the saved tensors); otherwise a new one is made and cached.
+    that borrowed it; the backward has released the saved tensors); otherwise a new one is made and cached.
     """
     numel = 1
     for s in shape:
@@ -103,6 +104,7 @@ def release_workspaces():
 class _GatherEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weights, biases, rows, sparse_grad: bool, link):
+        """The autograd forward (see the class and module docstrings)."""
         P = weights.shape[0]
         flat = rows.reshape(-1)
         w = weights.view(P, -1).index_select(0, flat).view(*rows.shape, *weights.shape[1:])
@@ -117,6 +119,7 @@ class _GatherEdges(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_w, grad_b):
+        """The autograd backward: gradients of the forward's inputs."""
         (flat,) = ctx.saved_tensors
         link, ctx.link = ctx.link, None
         P = ctx.w_shape[0]
@@ -172,6 +175,7 @@ class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
         # x, pe: (N, d) in sorted order. Returns packed real-successor energies (M,) and shared energies (N,).
+        """The autograd forward (see the class and module docstrings)."""
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
@@ -208,6 +212,7 @@ class _CandidateEnergies(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_energies, grad_shared):
+        """The autograd backward: gradients of the forward's inputs."""
         x, weights, v, h_shared, y_shared, shared = ctx.saved_tensors
         plan, groups, link = ctx.plan, ctx.groups, ctx.link
         ctx.link = None

@@ -20,10 +20,12 @@ class BigramGraph:
 
     @property
     def vocab_size(self) -> int:
+        """Number of nodes V."""
         return self.indptr.numel() - 1
 
     @property
     def num_edges(self) -> int:
+        """Number of real edges E."""
         return self.indices.numel()
 
 
@@ -41,6 +43,7 @@ def count_bigrams(
     pending, pending_tokens = [], 0
 
     def flush():
+        """Count the pending chunk and merge its bigrams into the running (keys, counts)."""
         nonlocal keys, counts, pending, pending_tokens
         if not pending:
             return

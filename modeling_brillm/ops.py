@@ -43,12 +43,14 @@ _disabled: dict = {}  # device -> {kernel name: why it is off}
 
 
 def _device_key(device: torch.device) -> str:
+    """A device's name with its index, so `cuda` and `cuda:0` share one check."""
     if device.type == "cuda" and device.index is None:
         return f"cuda:{torch.cuda.current_device()}"
     return str(device)
 
 
 def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being recorded on `device` (no check may run then)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
@@ -145,6 +147,7 @@ def target_energies(energies, shared, plan, targets, target_rows, block_first_ro
 
 
 def _successor_kernel(x, weights) -> bool:
+    """Whether the one-token logits kernel runs for these tensors."""
     return kernel_enabled("successor_logits", x) and triton_energy.unsupported_reason(weights, x) is None
 
 
@@ -235,6 +238,7 @@ class CheckResult:
 
 
 def _rel_error(pairs) -> float:
+    """Largest |a − b| / max |b| over the pairs (kernel, reference); inf when shapes or gradients differ."""
     worst = 0.0
     for a, b in pairs:
         if a is None or b is None:  # no gradient on either path is agreement; on one only, not
@@ -287,6 +291,7 @@ def _energies_outputs(kernel: bool, device):
 
 
 def _successor_outputs(kernel: bool, device):
+    """One-token logits of 5 positions with `non_edge_bias`, on either path."""
     g, indptr, indices, weights, biases = _problem(device, seed=1)
     V, d = indptr.numel() - 1, weights.shape[-1]
     sources = torch.randint(0, V, (5,), generator=g).to(device)
@@ -391,6 +396,7 @@ def check_kernel(name: str, device) -> CheckResult:
 
 
 def _warn(result: CheckResult, device):
+    """The one warning for a kernel switched off: what failed, what runs instead, how to report it."""
     why = result.failure or f"its results differ from the torch path by {result.error:.2e} (relative)"
     warnings.warn(
         f"BriLLM's Triton kernel {result.name} is switched off on {device}: {why}. The torch path runs in its place "

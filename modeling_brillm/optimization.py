@@ -130,6 +130,7 @@ class SparseAdamW(Optimizer):
                 raise ValueError("moment_dtype='bfloat16' needs float32 parameters (they stay the master copy).")
 
     def _state(self, p, group):
+        """The parameter's AdamW state, created (moments in the group's dtype) on its first gradient."""
         state = self.state[p]
         if len(state) == 0:  # as torch.optim.AdamW: the step on the CPU unless the fused dense kernel is used
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if group.get("fused") else "cpu")
@@ -139,6 +140,7 @@ class SparseAdamW(Optimizer):
         return state
 
     def _lazy(self, group) -> bool:
+        """Whether the group decays untouched rows lazily (see the module docstring)."""
         return bool(group.get("lazy_weight_decay")) and group["weight_decay"] != 0
 
     @staticmethod
@@ -169,6 +171,7 @@ class SparseAdamW(Optimizer):
     def load_state_dict(self, state_dict):
         # Optimizer.load_state_dict casts floating state to the parameter's dtype; the float64 decay bookkeeping
         # must survive a checkpoint bit for bit, so it is set aside and put back.
+        """Optimizer.load_state_dict, keeping the float64 lazy-decay bookkeeping exact."""
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         kept = {}
         state = dict(state_dict["state"])
@@ -191,6 +194,7 @@ class SparseAdamW(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One AdamW step: sparse gradients through their rows (ops.adamw_rows), dense ones as AdamW."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -246,6 +250,7 @@ class SparseAdamW(Optimizer):
     # --------------------------------------------------------------------------------------- sparse rows
     @staticmethod
     def _sparse_update(p, grad, state, lr, beta1, beta2, eps, wd, lazy=None, first_row_scale: float = 1.0):
+        """Lazy AdamW on the rows of one sparse COO gradient (pending decay first when lazy)."""
         sparse_dim = grad.sparse_dim()
         n_rows = 1
         for s in p.shape[:sparse_dim]:

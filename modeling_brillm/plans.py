@@ -30,12 +30,15 @@ class CandidatePlan:
 
     @property
     def num_entries(self) -> int:
+        """Number of packed (position, real successor) energies M."""
         return self.entry_target.numel()
 
     def grouped_positions(self) -> torch.Tensor:
+        """Sorted position of every entry in the grouped (successor-major) order."""
         return self.entry_position if self.grouped_position is None else self.grouped_position
 
     def grouped_rows(self) -> torch.Tensor:
+        """Edge row of every entry in the grouped order."""
         return self.entry_row if self.grouped_to_packed is None else self.entry_row[self.grouped_to_packed]
 
 

@@ -24,6 +24,7 @@ from .graph import graph_from_edges
 
 
 def _versions(device) -> list[str]:
+    """The lines a bug report needs: python, torch, triton, the GPU, the backend chosen."""
     lines = [f"python {platform.python_version()}, torch {torch.__version__}"]
     if HAVE_TRITON:
         lines.append(f"triton {importlib.metadata.version('triton')}" + (" (interpreter)" if interpreting() else ""))
@@ -80,6 +81,7 @@ def _timed(fn, device, repeats: int = 10) -> float:
 
 
 def _graph(V: int, degree: int, d: int, device, seed: int = 0):
+    """A random sparse graph with `degree` successors per node and its edge tables on `device`."""
     g = torch.Generator().manual_seed(seed)
     src = torch.arange(V).repeat_interleave(degree)
     tgt = torch.stack([torch.randperm(V, generator=g)[:degree] for _ in range(V)]).view(-1)
@@ -100,6 +102,7 @@ def _loss_step(V=2048, degree=32, d=32, N=2048, device="cuda"):
     ops.graph_max_degree(indptr)
 
     def step():
+        """One timed call."""
         plan = ops.make_plan(sources, indptr, indices, V)
         src, tgt = sources[plan.order], targets[plan.order]
         energies, shared = ops.candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, True)
@@ -123,6 +126,7 @@ def _scan_step(B=32, L=64, d=32, device="cuda"):
     zeros = torch.zeros(B, d, device=device)
 
     def step():
+        """One timed call."""
         out = ops.signal_scan(zeros + 1 / d, zeros, zeros[:, 0], zeros[:, 0] - float("inf"), mix_weight, weights,
                               biases, rows, has_edge, pe)
         out[0].square().sum().backward()
@@ -144,6 +148,7 @@ def _decode(B=32, V=2048, degree=32, d=32, device="cuda"):
     max_degree = ops.graph_max_degree(indptr)
 
     def step():
+        """One timed call."""
         with torch.no_grad():
             ops.decode_step(tokens, *state, length, tokens, weights, biases, positions, pe, pe, indptr, indices, keys,
                             V, max_degree)
@@ -160,6 +165,7 @@ def _adamw(rows=50_000, width=1024, device="cuda"):
     step = torch.tensor(3.0)
 
     def run():
+        """One timed call."""
         ops.adamw_rows(param, m, v, touched, values, step, (1e-3, 0.9, 0.999, 1e-8, 0.0))
 
     return run
@@ -189,6 +195,7 @@ def report_speed(device):
 
 
 def main(argv=None) -> int:
+    """Print the report; exit status 1 when a kernel failed its check."""
     parser = argparse.ArgumentParser(prog="python -m modeling_brillm.selfcheck", description=__doc__.split("\n")[0])
     parser.add_argument("--device", help="device to check (default: cuda when present)")
     parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
