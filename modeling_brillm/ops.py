@@ -13,6 +13,10 @@ kernels (triton_energy.py, triton_recurrence.py, triton_optim.py) never import e
     decode_step              recurrence.decode_step              triton_energy.decode_step
     adamw_rows               row_adamw.adamw_rows                triton_optim.sparse_adamw_rows
 
+Each entry is imported here by name (`ref_*` the references, `kernel_*` the kernels): `from .module import name`
+is the form transformers follows to ship a saved model's code files, and a test replaces `ops.kernel_*` to
+simulate a kernel that fails.
+
 Kernel self-check. The first time the Triton path meets a CUDA device in a process, every kernel runs once on a
 small random problem beside its torch reference (`run_self_check`, milliseconds). A kernel that fails to compile
 or launch, or disagrees beyond 1e-5 relative to the reference's largest value, is switched off on that device with
@@ -25,18 +29,35 @@ from dataclasses import dataclass
 
 import torch
 
-from . import energy, recurrence, row_adamw, triton_energy, triton_optim, triton_recurrence
 from .backend import use_triton
+from .energy import candidate_energies as ref_candidate_energies
+from .energy import exact_log_partition as ref_exact_log_partition
 from .energy import gather_edges, non_edge_log_mass, release_workspaces
+from .energy import scatter_logits as ref_scatter_logits
+from .energy import successor_logits as ref_successor_logits
+from .energy import successor_logits_static as ref_successor_logits_static
+from .energy import target_energies as ref_target_energies
 from .graph import edge_keys, edge_rows_from_keys, graph_from_edges
 from .plans import CandidatePlan, EdgeGradLink, KernelPlan, graph_max_degree, make_kernel_plan, make_torch_plan
+from .recurrence import decode_step as ref_decode_step
 from .recurrence import edge_update, mix_in
+from .recurrence import signal_scan as ref_signal_scan
+from .row_adamw import adamw_rows as ref_adamw_rows
+from .triton_energy import SUPPORTED_DTYPES, KernelEnergies
+from .triton_energy import decode_step as kernel_decode_step
+from .triton_energy import log_partition as kernel_log_partition
+from .triton_energy import scatter_logits as kernel_scatter_logits
+from .triton_energy import successor_logits as kernel_successor_logits
+from .triton_energy import target_energies as kernel_target_energies
+from .triton_energy import unsupported_reason as energy_kernel_unsupported
+from .triton_optim import sparse_adamw_rows as kernel_adamw_rows
+from .triton_recurrence import signal_scan as kernel_signal_scan
+from .triton_recurrence import unsupported_reason as scan_kernel_unsupported
 
 # ------------------------------------------------------------------------------------- which kernels run
 KERNELS = ("candidate_energies", "successor_logits", "signal_scan", "decode_step", "adamw_rows")
 CHECK_DEVICE_TYPES = {"cuda"}  # devices whose first kernel call runs the self-check (Triton's interpreter: opt-in)
 TOLERANCE = 1e-5  # largest error allowed, relative to the reference's largest value (the kernels' own tests')
-DECODE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _checked: set = set()  # devices whose self-check has run
 _disabled: dict = {}  # device -> {kernel name: why it is off}
@@ -95,7 +116,7 @@ def _runs_kernels(plan, weights=None, x=None) -> bool:
     """Whether `plan` runs the Triton kernels; a kernel plan meeting tensors they do not read falls back for good."""
     if not isinstance(plan, KernelPlan) or plan.fallback is not None:
         return False
-    if weights is not None and triton_energy.unsupported_reason(weights, x) is not None:
+    if weights is not None and energy_kernel_unsupported(weights, x) is not None:
         plan.fallback = make_torch_plan(plan.sources, plan.indptr, plan.indices, plan.vocab_size)
         return False
     return True
@@ -115,15 +136,15 @@ def candidate_energies(x, pe, weights, biases, plan, sparse_grad: bool = False, 
     `scatter_logits` (on the kernel path the logits' gradient reaches it through this call's backward).
     """
     if _runs_kernels(plan, weights, x):
-        return triton_energy.KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
-    return energy.candidate_energies(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)
+        return KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
+    return ref_candidate_energies(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)
 
 
 def scatter_logits(energies, shared, plan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
     """Full (N, V) logits in sorted order: the shared energy (+ `non_edge_bias[v]`), real successors' on top."""
     if _runs_kernels(plan):
-        return triton_energy.scatter_logits(energies, shared, plan, non_edge_bias)
-    return energy.scatter_logits(energies, shared, _torch_plan(plan), vocab_size, non_edge_bias)
+        return kernel_scatter_logits(energies, shared, plan, non_edge_bias)
+    return ref_scatter_logits(energies, shared, _torch_plan(plan), vocab_size, non_edge_bias)
 
 
 def exact_log_partition(energies, shared, plan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
@@ -132,8 +153,8 @@ def exact_log_partition(energies, shared, plan, vocab_size: int, non_edge_bias=N
         log_mass = None
         if non_edge_bias is not None and plan.has_shared:  # the non-successors' weight, log(V − degree) without it
             log_mass = non_edge_log_mass(non_edge_bias, plan).to(torch.float32)
-        return triton_energy.log_partition(energies, shared, plan, vocab_size, log_mass)
-    return energy.exact_log_partition(energies, shared, _torch_plan(plan), vocab_size, non_edge_bias)
+        return kernel_log_partition(energies, shared, plan, vocab_size, log_mass)
+    return ref_exact_log_partition(energies, shared, _torch_plan(plan), vocab_size, non_edge_bias)
 
 
 def target_energies(energies, shared, plan, targets, target_rows, block_first_row, non_edge_bias=None):
@@ -141,14 +162,14 @@ def target_energies(energies, shared, plan, targets, target_rows, block_first_ro
     if _runs_kernels(plan):
         if non_edge_bias is not None:  # a non-edge target's energy; autograd takes the bias's gradient from here
             shared = shared + non_edge_bias.to(shared.dtype)[targets]
-        return triton_energy.target_energies(energies, shared, plan, target_rows, block_first_row)
-    return energy.target_energies(energies, shared, _torch_plan(plan), targets, target_rows, block_first_row,
-                                  non_edge_bias)
+        return kernel_target_energies(energies, shared, plan, target_rows, block_first_row)
+    return ref_target_energies(energies, shared, _torch_plan(plan), targets, target_rows, block_first_row,
+                               non_edge_bias)
 
 
 def _successor_kernel(x, weights) -> bool:
     """Whether the one-token logits kernel runs for these tensors."""
-    return kernel_enabled("successor_logits", x) and triton_energy.unsupported_reason(weights, x) is None
+    return kernel_enabled("successor_logits", x) and energy_kernel_unsupported(weights, x) is None
 
 
 def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int, non_edge_bias=None, *,
@@ -159,9 +180,9 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
         max_degree = vocab_size if indices is None else graph_max_degree(indptr)
         b2 = biases.reshape(weights.shape[0], -1)
         with torch.no_grad():
-            return triton_energy.successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size,
-                                                  max_degree, non_edge_bias)
-    return energy.successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size, non_edge_bias)
+            return kernel_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size,
+                                           max_degree, non_edge_bias)
+    return ref_successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size, non_edge_bias)
 
 
 def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size: int, max_degree: int,
@@ -170,10 +191,10 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
     if _successor_kernel(x, weights):
         b2 = biases.reshape(weights.shape[0], -1)
         with torch.no_grad():
-            return triton_energy.successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size,
-                                                  max_degree, non_edge_bias)
-    return energy.successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size, max_degree,
-                                          non_edge_bias)
+            return kernel_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size,
+                                           max_degree, non_edge_bias)
+    return ref_successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size, max_degree,
+                                       non_edge_bias)
 
 
 # ------------------------------------------------------------------------------------- recurrence
@@ -190,12 +211,12 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (weights, biases, mix_weight, pe, signal, mix_sum, mix_norm, mix_max))
     if (not dropout and kernel_enabled("signal_scan", weights)
-            and triton_recurrence.unsupported_reason(weights, needs_grad) is None):
-        stacked, mix_sum, mix_norm, mix_max = triton_recurrence.signal_scan(
+            and scan_kernel_unsupported(weights, needs_grad) is None):
+        stacked, mix_sum, mix_norm, mix_max = kernel_signal_scan(
             signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link)
         return stacked, stacked[:, -1], mix_sum, mix_norm, mix_max
-    return recurrence.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                                  sparse_grad, link, dropout)
+    return ref_signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
+                           sparse_grad, link, dropout)
 
 
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
@@ -203,14 +224,14 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
     """One token per row with no host read (what a CUDA graph records): returns ((B, V) float32 logits, (signal,
     mix_sum, mix_norm, mix_max, length + 1, tokens)). Arguments as `recurrence.decode_step`; the kernel (two
     launches) finds the edge by a search in the source's block and does not read `edge_keys`."""
-    if kernel_enabled("decode_step", tokens) and weights.dtype in DECODE_DTYPES:
+    if kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
         P = weights.shape[0]
-        return triton_energy.decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights,
-                                         biases.reshape(P, -1), positions.reshape(-1), pe_now, pe_next, indptr,
-                                         indices, vocab_size, max_degree, non_edge_bias)
-    return recurrence.decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases,
-                                  positions, pe_now, pe_next, indptr, indices, edge_keys, vocab_size, max_degree,
-                                  non_edge_bias)
+        return kernel_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights,
+                                  biases.reshape(P, -1), positions.reshape(-1), pe_now, pe_next, indptr,
+                                  indices, vocab_size, max_degree, non_edge_bias)
+    return ref_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases,
+                           positions, pe_now, pe_next, indptr, indices, edge_keys, vocab_size, max_degree,
+                           non_edge_bias)
 
 
 # ------------------------------------------------------------------------------------- optimizer
@@ -219,11 +240,11 @@ def adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, *, unique:
     """SparseAdamW's lazy AdamW on the listed rows of `param` ((n_rows, W) views of it and its moments), in place:
     one fused pass (triton_optim.sparse_adamw_rows) or the torch reference (row_adamw.adamw_rows)."""
     if kernel_enabled("adamw_rows", param):
-        triton_optim.sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique,
-                                       first_row_scale=first_row_scale)
+        kernel_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique,
+                          first_row_scale=first_row_scale)
     else:
-        row_adamw.adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique,
-                             first_row_scale=first_row_scale)
+        ref_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique,
+                       first_row_scale=first_row_scale)
 
 
 # ------------------------------------------------------------------------------------- self-check
@@ -300,8 +321,8 @@ def _successor_outputs(kernel: bool, device):
     args = (x, pe, weights, biases, sources, indptr, indices, V, graph_max_degree(indptr), bias)
     with torch.no_grad():
         if kernel:
-            return [triton_energy.successor_logits(x, pe, weights, biases.reshape(weights.shape[0], -1), *args[4:])]
-        return [energy.successor_logits_static(*args)]
+            return [kernel_successor_logits(x, pe, weights, biases.reshape(weights.shape[0], -1), *args[4:])]
+        return [ref_successor_logits_static(*args)]
 
 
 def _scan_outputs(kernel: bool, device):
@@ -320,10 +341,10 @@ def _scan_outputs(kernel: bool, device):
     signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases = leaves
     args = (signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe)
     if kernel:
-        stacked, *rest = triton_recurrence.signal_scan(*args)
+        stacked, *rest = kernel_signal_scan(*args)
         outputs = [stacked, stacked[:, -1], *rest]
     else:
-        outputs = list(recurrence.signal_scan(*args))
+        outputs = list(ref_signal_scan(*args))
     loss = sum((o * torch.linspace(-1, 1, o.numel(), device=device).view(o.shape)).sum() for o in outputs)
     loss.backward()
     return outputs + [t.grad for t in leaves]
@@ -346,12 +367,12 @@ def _decode_outputs(kernel: bool, device):
     args = (tokens, signal, mix_sum, mix_norm, mix_max, length, last, weights, biases)
     with torch.no_grad():
         if kernel:
-            logits, new = triton_energy.decode_step(*args[:7], weights, biases.reshape(weights.shape[0], -1),
-                                                    positions.reshape(-1), pe_now, pe_next, indptr, indices, V,
-                                                    graph_max_degree(indptr), bias)
+            logits, new = kernel_decode_step(*args[:7], weights, biases.reshape(weights.shape[0], -1),
+                                             positions.reshape(-1), pe_now, pe_next, indptr, indices, V,
+                                             graph_max_degree(indptr), bias)
         else:
-            logits, new = recurrence.decode_step(*args, positions, pe_now, pe_next, indptr, indices,
-                                                 edge_keys(indptr, indices, V), V, graph_max_degree(indptr), bias)
+            logits, new = ref_decode_step(*args, positions, pe_now, pe_next, indptr, indices,
+                                          edge_keys(indptr, indices, V), V, graph_max_degree(indptr), bias)
     return [logits, *(t.float() for t in new)]
 
 
@@ -364,7 +385,7 @@ def _adamw_outputs(kernel: bool, device):
     rows = torch.tensor([5, 0, 3, 5, 11, 0, 2], device=device)
     values = torch.randn(7, 16, generator=g).to(device)
     step, hyper = torch.tensor(3.0), (1e-2, 0.9, 0.999, 1e-8, 0.1)
-    run = triton_optim.sparse_adamw_rows if kernel else row_adamw.adamw_rows
+    run = kernel_adamw_rows if kernel else ref_adamw_rows
     run(param, exp_avg, exp_avg_sq, rows, values, step, hyper, first_row_scale=0.5)
     return [param, exp_avg, exp_avg_sq]
 

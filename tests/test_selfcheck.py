@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from modeling_brillm import ops, selfcheck, triton_energy, triton_optim, triton_recurrence
+from modeling_brillm import ops, selfcheck
 from modeling_brillm.backend import kernel_backend
 from modeling_brillm.plans import CandidatePlan, KernelPlan
 
@@ -53,12 +53,11 @@ def _scan_inputs():
 
 @pytest.mark.parametrize("failure", ["raises", "wrong numbers"])
 def test_a_failing_scan_is_switched_off_alone(monkeypatch, failure):
-    kernel = triton_recurrence.signal_scan
+    kernel = ops.kernel_signal_scan
     if failure == "raises":
-        monkeypatch.setattr(triton_recurrence, "signal_scan", _raise)
+        monkeypatch.setattr(ops, "kernel_signal_scan", _raise)
     else:  # 1% off: beyond the tolerance
-        monkeypatch.setattr(triton_recurrence, "signal_scan",
-                            lambda *a, **k: tuple(t * 1.01 for t in kernel(*a, **k)))
+        monkeypatch.setattr(ops, "kernel_signal_scan", lambda *a, **k: tuple(t * 1.01 for t in kernel(*a, **k)))
     inputs = _scan_inputs()
     with kernel_backend("triton"):
         with pytest.warns(RuntimeWarning, match="signal_scan is switched off") as caught:
@@ -80,7 +79,7 @@ def test_a_failing_scan_is_switched_off_alone(monkeypatch, failure):
 
 
 def test_a_failing_energy_kernel_switches_the_plans_to_torch(monkeypatch):
-    monkeypatch.setattr(triton_energy, "log_partition", _raise)
+    monkeypatch.setattr(ops, "kernel_log_partition", _raise)
     sources, indptr, indices = (torch.tensor(v, device=DEVICE) for v in ([0, 1, 0], [0, 2, 3, 3], [1, 2, 0]))
     with kernel_backend("triton"), pytest.warns(RuntimeWarning, match="candidate_energies is switched off"):
         plan = ops.make_plan(sources, indptr, indices, 3)
@@ -89,13 +88,13 @@ def test_a_failing_energy_kernel_switches_the_plans_to_torch(monkeypatch):
 
 
 def test_a_failing_optimizer_kernel_leaves_the_torch_update(monkeypatch):
-    kernel = triton_optim.sparse_adamw_rows
+    kernel = ops.kernel_adamw_rows
 
     def wrong(param, *args, **kwargs):
         kernel(param, *args, **kwargs)
         param.add_(1e-3)
 
-    monkeypatch.setattr(triton_optim, "sparse_adamw_rows", wrong)
+    monkeypatch.setattr(ops, "kernel_adamw_rows", wrong)
     start = torch.randn(6, 4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     rows, values = torch.tensor([4, 1, 4], device=DEVICE), torch.randn(3, 4, device=DEVICE)
     results = []

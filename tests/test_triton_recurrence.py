@@ -14,7 +14,7 @@ import torch
 
 from modeling_brillm import BriLLMForCausalLM, BriLLMModel, graph_from_edges
 from modeling_brillm.backend import HAVE_TRITON, kernel_backend
-from modeling_brillm import ops, triton_recurrence
+from modeling_brillm import ops
 from modeling_brillm.energy import gather_edges
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (pip install .[gpu])")
@@ -225,8 +225,8 @@ def test_inference_and_fetched_rows():
 def _spy_scan(monkeypatch):
     """Count the calls that reach the Triton scan."""
     calls = []
-    kernel = triton_recurrence.signal_scan
-    monkeypatch.setattr(triton_recurrence, "signal_scan", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    kernel = ops.kernel_signal_scan
+    monkeypatch.setattr(ops, "kernel_signal_scan", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     return calls
 
 
