@@ -1,6 +1,6 @@
 """Which implementation runs BriLLM's hot paths: torch (the reference) or Triton kernels (GPUs).
 
-    torch    energy.py, the recurrence in modeling_brillm.py, optimization.py: every device, the math as written.
+    torch    energy.py, recurrence.py, row_adamw.py: every device, the math as written.
     triton   fused kernels over the same math (triton_*.py beside this file): one launch per pass, for CUDA tensors.
 
 `auto` (the default) runs Triton for CUDA tensors when `triton` is importable and torch everywhere else. Choose
@@ -30,8 +30,10 @@ _override: str | None = None
 
 
 def _check(name: str) -> str:
+    """The backend name, refused with the choices when it is not one of them."""
     if name not in BACKENDS:
-        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {name!r} (BRILLM_BACKEND or kernel_backend()).")
+        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {name!r} "
+                         "(BRILLM_BACKEND or kernel_backend()).")
     return name
 
 
@@ -104,11 +106,12 @@ def exact_precision(forward):
     on the torch path each gathered edge row is cast again at every use (more bytes read, not fewer: measured slower
     on an H100), and on the Triton path only the shared edge's product would be, putting a 16-bit energy beside
     float32 ones in every softmax. BriLLM's step is memory-bound and 70% of its bytes are the optimizer's state:
-    what 16 bits buy there is `SparseAdamW(moment_dtype="bfloat16")` (benchmarks/GPU_KERNELS.md, "Mixed
+    what 16 bits buy there is `SparseAdamW(moment_dtype="bfloat16")` (docs/gpu.md, "Mixed
     precision"); a model cast to bfloat16 reads half the bytes on both backends (the kernels compute in float32)."""
 
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
+        """`forward` with autocast switched off where it is on."""
         device_type = next(self.parameters()).device.type
         if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
             with torch.autocast(device_type, enabled=False):

@@ -1,4 +1,7 @@
-"""Energies of every candidate edge: the costly part of BriLLM, computed block by block.
+"""Energies of every candidate edge: the costly part of BriLLM, computed block by block (the torch reference).
+
+This is the math as written, for every device; `ops.py` decides when the Triton kernels (triton_energy.py) run
+the same functions instead, and is what the model calls.
 
 For a signal x at a position whose current node is u, every real successor v of u gets the energy
 E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, and every other node gets one shared energy from edge row 0 (plus its own
@@ -12,9 +15,9 @@ Inside the autograd function the entries of a group (the m positions of one sour
 computed successor-major, as one (n, m, d) chunk, so a group costs one in-place `baddbmm` forward and two
 products backward (outer products x⊗dE/dh into the gradient, and W·dE/dh for dE/dx) over its block of edge
 matrices read in place; everything elementwise (bias + PE, GeLU, norms, dE/dh, kept from the forward) runs
-once over all entries. Large per-step buffers are reused across steps (`_workspace`). A group's chunk covers the same entry range in both orders (the
-positions of a group are consecutive and share one degree), so the two orders differ by a transpose inside
-each chunk, and not at all when every source occurs once.
+once over all entries. Large per-step buffers are reused across steps (`_workspace`). A group's chunk covers the
+same entry range in both orders (the positions of a group are consecutive and share one degree), so the two
+orders differ by a transpose inside each chunk, and not at all when every source occurs once.
 
 Gradient hand-over with the recurrence (`EdgeGradLink`). The recurrence reads one edge row per token
 (`gather_edges`), a subset of the rows this function touches. Two sparse gradients for the same parameter
@@ -25,219 +28,30 @@ backward adds its rows into them in place, returning no gradient of its own: one
 (or one dense one) per parameter, bit-for-bit the same sums.
 """
 
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .backend import use_triton
-
-
-@dataclass
-class CandidatePlan:
-    """Which rows each position reads, in the order the energies come out (no autograd, built once per call)."""
-
-    order: torch.Tensor  # (N,) positions sorted by source node (stable)
-    group_sizes: list[int]  # positions per distinct source, in sorted order
-    block_starts: list[int]  # first edge row of each group's block
-    block_sizes: list[int]  # real successors of each group's source
-    degree: torch.Tensor  # (N,) real successors of each sorted position
-    entry_position: torch.Tensor  # (M,) sorted position of every packed energy
-    entry_target: torch.Tensor  # (M,) target node of every packed energy
-    entry_start: torch.Tensor  # (N,) offset of each sorted position's first packed energy
-    has_shared: bool  # sparse graph: non-successors get the shared energy
-    # successor-major layout of the computation (see the module docstring); None = same as packed
-    grouped_to_packed: torch.Tensor | None = None  # (M,) packed index of every grouped-order entry
-    packed_to_grouped: torch.Tensor | None = None  # (M,) grouped index of every packed entry
-    grouped_position: torch.Tensor | None = None  # (M,) sorted position of every grouped-order entry
-    entry_row: torch.Tensor | None = None  # (M,) edge row of every packed energy
-
-    @property
-    def num_entries(self) -> int:
-        return self.entry_target.numel()
-
-    def grouped_positions(self) -> torch.Tensor:
-        return self.entry_position if self.grouped_position is None else self.grouped_position
-
-    def grouped_rows(self) -> torch.Tensor:
-        return self.entry_row if self.grouped_to_packed is None else self.entry_row[self.grouped_to_packed]
-
-
-# ------------------------------------------------------------------------------------- kernel plan
-KERNEL_TILE_SUCCESSORS = 32  # successors per work tile of the Triton kernels (a multiple of their sub-tile, 4)
-
-
-@dataclass
-class KernelPlan:
-    """Work tiles of the Triton kernels, built on the device with static shapes (no host synchronisation).
-
-    A tile is (source u, block of `tile_successors` consecutive successors of u); a source present in the batch
-    owns ceil(degree(u) / tile_successors) tiles, an absent one none. Tile t belongs to `tile_source[t]` and is its
-    (t − tile_first[u])-th; `tile_total` (1,) is their number, read by the kernels on the device (the grid is fixed).
-    """
-
-    order: torch.Tensor  # (N,) positions sorted by source node (stable), as CandidatePlan.order
-    sources: torch.Tensor  # (N,) the unsorted sources (kept to build the torch plan on a fallback)
-    degree: torch.Tensor  # (N,) real successors of each sorted position
-    count: torch.Tensor  # (V,) int32 positions of each source
-    group_start: torch.Tensor  # (V,) int32 first sorted position of each source
-    tile_first: torch.Tensor  # (V,) int32 first tile of each source
-    tile_total: torch.Tensor  # (1,) int32 number of tiles
-    tile_source: torch.Tensor  # (U,) int32 source of every tile id below U (ids >= tile_total unused)
-    indptr: torch.Tensor  # (V+1,) CSR offsets of the real edges (edge row = offset + 1)
-    indices: torch.Tensor | None  # (E,) targets, None for a dense graph
-    vocab_size: int
-    has_shared: bool
-    num_tiles: int  # T = ceil(max_degree / tile_successors): tiles of the largest block (static per graph)
-    tile_successors: int = KERNEL_TILE_SUCCESSORS
-    fallback: CandidatePlan | None = None  # set when the tensors turned out unsupported: the torch plan
-
-    # the last candidate_energies call on this plan (triton_energy.KernelCall): its inputs, which the log Z, target
-    # and logits functions reuse, and the gradients they hand to its backward
-    call: object | None = None
-
-
-_MAX_DEGREE: dict = {}
-
-
-def graph_max_degree(indptr: torch.Tensor) -> int:
-    """Largest number of real successors of any node; one host read per graph (cached by tensor and version)."""
-    key = (indptr.data_ptr(), indptr._version, indptr.numel(), indptr.device)
-    if key not in _MAX_DEGREE:
-        if len(_MAX_DEGREE) > 16:
-            _MAX_DEGREE.clear()
-        _MAX_DEGREE[key] = int((indptr[1:] - indptr[:-1]).max()) if indptr.numel() > 1 else 0
-    return _MAX_DEGREE[key]
-
-
-def make_kernel_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int,
-                     max_degree: int | None = None, tile_successors: int | None = None) -> KernelPlan:
-    """`KernelPlan` for positions whose current nodes are `sources` (N,): argsort, counts, cumulative sums and a
-    searchsorted, all of sizes known from N and V (so it runs on `device="meta"` and inside a CUDA graph).
-    `max_degree` (static per graph) defaults to V for a dense graph and to `graph_max_degree(indptr)` otherwise."""
-    device = sources.device
-    V = vocab_size
-    N = sources.numel()
-    tile_successors = tile_successors or KERNEL_TILE_SUCCESSORS
-    if max_degree is None:
-        max_degree = V if indices is None else graph_max_degree(indptr)
-    order = torch.argsort(sources, stable=True)
-    count = torch.zeros(V, dtype=torch.int32, device=device)
-    count.index_add_(0, sources, torch.ones(N, dtype=torch.int32, device=device))
-    group_start = torch.cumsum(count, 0, dtype=torch.int32) - count
-    node_degree = indptr[1:] - indptr[:-1]
-    tiles = torch.where(count > 0, (node_degree + tile_successors - 1) // tile_successors, 0).to(torch.int32)
-    tile_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-    num_tiles = -(-max_degree // tile_successors)
-    upper = min(N, V) * num_tiles  # no more tiles than (distinct sources) x (tiles of the largest block)
-    tile_source = torch.searchsorted(tile_end, torch.arange(upper, dtype=torch.int32, device=device), right=True)
-    return KernelPlan(
-        order=order,
-        sources=sources,
-        degree=node_degree[sources[order]],
-        count=count,
-        group_start=group_start,
-        tile_first=tile_end - tiles,
-        tile_total=tile_end[-1:] if V else torch.zeros(1, dtype=torch.int32, device=device),
-        tile_source=tile_source.to(torch.int32),
-        indptr=indptr,
-        indices=indices,
-        vocab_size=V,
-        has_shared=indices is not None,
-        num_tiles=num_tiles,
-        tile_successors=tile_successors,
-    )
-
-
-def _kernels():
-    """The Triton kernel module, imported on first use (a relative `from .x import` so saved models carry it)."""
-    import sys
-
-    from .triton_energy import KernelEnergies
-
-    return sys.modules[KernelEnergies.__module__]
-
-
-def _runs_kernels(plan, weights=None, x=None) -> bool:
-    """Whether `plan` runs the Triton kernels; a kernel plan meeting tensors they do not read falls back for good."""
-    if not isinstance(plan, KernelPlan) or plan.fallback is not None:
-        return False
-    if weights is not None:
-        reason = _kernels().unsupported_reason(weights, x)
-        if reason is not None:
-            plan.fallback = make_torch_plan(plan.sources, plan.indptr, plan.indices, plan.vocab_size)
-            return False
-    return True
-
-
-def _torch_plan(plan):
-    """The plan the torch path runs: itself, or the fallback a kernel plan switched to."""
-    if isinstance(plan, KernelPlan):
-        return plan.fallback
-    return plan
+from .plans import (  # re-exported: the model and sharding import them from here until they use ops
+    CandidatePlan,
+    EdgeGradLink,
+    KernelPlan,
+    edge_table_grads,
+    graph_max_degree,
+    make_kernel_plan,
+    make_torch_plan,
+)
 
 
 def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
-              kernels: bool = True, max_degree: int | None = None) -> CandidatePlan | KernelPlan:
-    """Plan for positions whose current nodes are `sources` (N,). `indices=None` means a dense graph.
-
-    A `KernelPlan` when the Triton kernels run these tensors (`backend.use_triton`) and `kernels` is True (a caller
-    whose options the kernels do not cover passes False), else the torch path's `CandidatePlan`.
-    """
-    if kernels and use_triton(sources):
-        return make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
+              kernels: bool = True, max_degree: int | None = None) -> CandidatePlan:
+    """The torch path's plan under the signature of `ops.make_plan` (which also builds the kernels' plans): kept so
+    code that imports it from here runs the reference; `kernels` and `max_degree` are ignored."""
     return make_torch_plan(sources, indptr, indices, vocab_size)
 
 
-def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None,
-                    vocab_size: int) -> CandidatePlan:
-    """The torch path's plan (host-side group sizes: one synchronisation per call on a GPU)."""
-    device = sources.device
-    order = torch.argsort(sources, stable=True)
-    sorted_src = sources[order]
-    group_src, group_sizes_t = torch.unique_consecutive(sorted_src, return_counts=True)
-    starts, ends = indptr[group_src], indptr[group_src + 1]
-    block_sizes_t = ends - starts
-    first_row = indptr[sorted_src]
-    degree = indptr[sorted_src + 1] - first_row
-    entry_start = torch.cumsum(degree, 0) - degree
-    total = int(entry_start[-1] + degree[-1]) if degree.numel() else 0
-    positions = torch.arange(sources.numel(), device=device)
-    entry_position = torch.repeat_interleave(positions, degree, output_size=total)
-    within = torch.arange(total, device=device) - entry_start[entry_position]
-    edge = first_row[entry_position] + within  # CSR index of every packed energy's edge (its row − 1)
-    entry_target = within if indices is None else indices[edge]
-    entry_row = edge + 1
-    plan = CandidatePlan(
-        order=order,
-        group_sizes=group_sizes_t.tolist(),
-        block_starts=(starts + 1).tolist(),
-        block_sizes=block_sizes_t.tolist(),
-        degree=degree,
-        entry_position=entry_position,
-        entry_target=entry_target,
-        entry_start=entry_start,
-        has_shared=indices is not None,
-        entry_row=entry_row,
-    )
-    if total and int(group_sizes_t.max()) > 1:
-        # grouped order: inside a group's chunk, entry (successor s, i-th position) sits at s·m + i
-        group_first = torch.cumsum(group_sizes_t, 0) - group_sizes_t  # first sorted position of each group
-        group_of = torch.repeat_interleave(torch.arange(group_src.numel(), device=device), group_sizes_t,
-                                           output_size=sources.numel())
-        m = group_sizes_t[group_of][entry_position]
-        i = (entry_position - group_first[group_of][entry_position])
-        chunk_start = entry_start[group_first[group_of]][entry_position]
-        packed_to_grouped = chunk_start + within * m + i
-        grouped_to_packed = torch.empty_like(packed_to_grouped)
-        grouped_to_packed[packed_to_grouped] = torch.arange(total, device=device)
-        plan.packed_to_grouped = packed_to_grouped
-        plan.grouped_to_packed = grouped_to_packed
-        plan.grouped_position = entry_position[grouped_to_packed]
-    return plan
-
-
 def _energy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GeLU(h) and its L2 norm over the last dimension: an edge's output and energy."""
     y = F.gelu(h)
     return y, torch.linalg.vector_norm(y, dim=-1)
 
@@ -260,7 +74,7 @@ def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
     allocated, every page faults in on first write (glibc maps such blocks anew, or trims them back to the
     OS after use), which on a VM costs more than the arithmetic (~1-5 GB/s). A buffer is reused only when its
     storage has no other reference (the optimizer step and `zero_grad()` have released the sparse gradient
-    that lent it out; the backward has released the saved tensors); otherwise a new one is made and cached.
+    that borrowed it; the backward has released the saved tensors); otherwise a new one is made and cached.
     """
     numel = 1
     for s in shape:
@@ -287,22 +101,10 @@ def release_workspaces():
     _WORKSPACES.clear()
 
 
-# ------------------------------------------------------------------------------------- gradient link
-class EdgeGradLink:
-    """Hands the candidate backward's gradient buffers to the recurrence's `gather_edges` backward.
-
-    Made per forward call; `gather_edges` records which rows it read, `candidate_energies` makes room for
-    them in its gradient and publishes its buffers here; the gather's backward adds into them and clears.
-    """
-
-    def __init__(self):
-        self.rows = None  # sorted unique rows the recurrence read
-        self.grad = None  # (row index or None for dense, weight grad values, bias grad values) of this pass
-
-
 class _GatherEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weights, biases, rows, sparse_grad: bool, link):
+        """The autograd forward (see the class and module docstrings)."""
         P = weights.shape[0]
         flat = rows.reshape(-1)
         w = weights.view(P, -1).index_select(0, flat).view(*rows.shape, *weights.shape[1:])
@@ -317,6 +119,7 @@ class _GatherEdges(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_w, grad_b):
+        """The autograd backward: gradients of the forward's inputs."""
         (flat,) = ctx.saved_tensors
         link, ctx.link = ctx.link, None
         P = ctx.w_shape[0]
@@ -368,28 +171,11 @@ def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGra
 
 
 # ------------------------------------------------------------------------------------- candidate energies
-def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool, link):
-    """The edge tables' gradients from the values of the touched rows `index` (sorted, unique): handed to `link`
-    (see `gather_edges`), then returned as sparse COO tensors (`ctx.sparse_grad`) or as the dense values. Shared by
-    the torch and the Triton backward."""
-    if link is not None:
-        link.grad = (index, w_values, b_values)
-    if not ctx.sparse_grad:
-        return w_values, None if b_values is None else b_values.view(ctx.bias_shape)
-    idx = index.unsqueeze(0)
-    grad_w = grad_b = None
-    if need_w:
-        grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True, check_invariants=False)
-    if need_b:
-        grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
-                                         is_coalesced=True, check_invariants=False)
-    return grad_w, grad_b
-
-
 class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
         # x, pe: (N, d) in sorted order. Returns packed real-successor energies (M,) and shared energies (N,).
+        """The autograd forward (see the class and module docstrings)."""
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
@@ -426,6 +212,7 @@ class _CandidateEnergies(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_energies, grad_shared):
+        """The autograd backward: gradients of the forward's inputs."""
         x, weights, v, h_shared, y_shared, shared = ctx.saved_tensors
         plan, groups, link = ctx.plan, ctx.groups, ctx.link
         ctx.link = None
@@ -444,80 +231,18 @@ class _CandidateEnergies(torch.autograd.Function):
         if plan.has_shared and grad_shared is not None and N:
             gh_shared = _energy_backward(h_shared, y_shared, shared, grad_shared.to(dtype))
 
-        ms = [m for _, m, _, _ in groups]
-        ns = [n for _, _, _, n in groups]
-        r0s = [r0 for _, _, r0, _ in groups]
-        # where each block's rows go in the gradient: `first_slots[g]` (row of the values buffer, or of the
-        # full gradient when dense); `index` the sorted edge rows of the sparse values buffer
         index = w_values = b_values = None
-        first_slots, shared_slot = r0s, 0
+        first_slots, shared_slot = [r0 for _, _, r0, _ in groups], 0
         if need_params and ctx.sparse_grad:
-            off = 1 if plan.has_shared else 0
-            first_slots = []
-            for n in ns:
-                first_slots.append(off)
-                off += n
-            cand_rows = [torch.zeros(1, dtype=torch.long)] if plan.has_shared else []
-            if groups:
-                r0_t, n_t = torch.tensor(r0s), torch.tensor(ns)
-                slots_t = torch.tensor(first_slots)
-                cand_rows.append(torch.repeat_interleave(r0_t - slots_t, n_t, output_size=off - (1 if plan.has_shared else 0))
-                                 + torch.arange(1 if plan.has_shared else 0, off))
-            index = (torch.cat(cand_rows) if cand_rows else torch.zeros(0, dtype=torch.long)).to(device)
-            covered_by_blocks = True
-            extra = link.rows if link is not None else None
-            if extra is not None and extra.numel():
-                merged = torch.unique(torch.cat([index, extra.to(device)]))
-                if merged.numel() != index.numel():  # the recurrence read rows outside the candidate blocks
-                    index = merged
-                    first_slots = torch.searchsorted(index, torch.tensor(r0s, dtype=torch.long, device=device)).tolist()
-                    shared_slot = 0
-                    covered_by_blocks = False
-            R = index.numel()
-            if need_w:
-                w_values = _workspace("grad_w", (R, *ctx.weight_shape[1:]), dtype, device)
-                if not covered_by_blocks:
-                    covered = torch.zeros(R, dtype=torch.bool, device=device)
-                    for s, n in zip(first_slots, ns):
-                        covered[s:s + n] = True
-                    w_values[~covered] = 0
-                elif plan.has_shared and gh_shared is None:
-                    w_values[0].zero_()
-                if gh is None:
-                    for s, n in zip(first_slots, ns):
-                        w_values[s:s + n].zero_()
-            if need_b:
-                b_values = _workspace("grad_b", (R, d), dtype, device).zero_()
+            index, w_values, b_values, first_slots, shared_slot = _sparse_layout(
+                ctx, plan, groups, link, need_w, need_b, gh is None, gh_shared, dtype, device)
         elif need_params:
             w_values = weights.new_zeros(ctx.weight_shape) if need_w else None
             b_values = weights.new_zeros(P, d) if need_b else None
 
         grad_x = torch.zeros_like(x) if need_x else None
         if gh is not None and (need_x or need_w or need_b):
-            sizes = [m * n for m, n in zip(ms, ns)]
-            ghs = gh.split(sizes)
-            if need_w:
-                xs = x.split(plan.group_sizes)
-                for (i, m, r0, n), ghg, slot in zip(groups, ghs, first_slots):
-                    if m == 1:  # outer products x ⊗ gh_r: a broadcast multiply beats a K=1 bmm
-                        torch.mul(xs[i].view(1, d, 1), ghg.view(n, 1, d), out=w_values[slot:slot + n])
-                    else:
-                        torch.bmm(xs[i].t().expand(n, d, m), ghg.view(n, m, d), out=w_values[slot:slot + n])
-            if need_x:  # dE/dx = W·(dE/dh), summed over the successors of each position
-                gx = _workspace("gx", (M, d), dtype, device)
-                for (i, m, r0, n), ghg, gxg in zip(groups, ghs, gx.split(sizes)):
-                    torch.bmm(ghg.view(n, m, d), weights[r0:r0 + n].transpose(1, 2), out=gxg.view(n, m, d))
-                grad_x.index_add_(0, plan.grouped_positions(), gx)
-            if need_b:
-                # every entry adds into its edge row: slot = first slot of its block + its successor index
-                n_t = torch.tensor(ns, dtype=torch.long)
-                block_first_entry = torch.cumsum(n_t, 0) - n_t
-                row_slot = (torch.repeat_interleave(torch.tensor(first_slots, dtype=torch.long) - block_first_entry, n_t,
-                                                    output_size=int(n_t.sum())) + torch.arange(int(n_t.sum())))
-                if plan.grouped_position is not None:
-                    row_slot = torch.repeat_interleave(row_slot, torch.repeat_interleave(torch.tensor(ms), n_t), output_size=M)
-                b_values.index_add_(0, row_slot.to(device), gh)
-
+            _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, grad_x, need_w, need_b)
         if gh_shared is not None:
             if need_w:
                 torch.mm(x.t(), gh_shared, out=w_values[shared_slot])
@@ -532,28 +257,106 @@ class _CandidateEnergies(torch.autograd.Function):
         return grad_x, None, grad_w, grad_b, None, None, None
 
 
+def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block_grad: bool, gh_shared, dtype,
+                   device):
+    """Where each block's rows go in a sparse gradient: (index, w_values, b_values, first_slots, shared_slot).
+
+    `index` holds the sorted edge rows of the values buffers (the candidate blocks, the shared row, and the rows
+    the recurrence read when a `link` says so); `first_slots[g]` is the buffer row of group g's first edge. The
+    buffers come from the workspace, zeroed where nothing will write them."""
+    ns = [n for _, _, _, n in groups]
+    r0s = [r0 for _, _, r0, _ in groups]
+    shared_slot = 0
+    base = 1 if plan.has_shared else 0
+    off = base
+    first_slots = []
+    for n in ns:
+        first_slots.append(off)
+        off += n
+    cand_rows = [torch.zeros(1, dtype=torch.long)] if plan.has_shared else []
+    if groups:
+        r0_t, n_t = torch.tensor(r0s), torch.tensor(ns)
+        slots_t = torch.tensor(first_slots)
+        cand_rows.append(torch.repeat_interleave(r0_t - slots_t, n_t, output_size=off - base)
+                         + torch.arange(base, off))
+    index = (torch.cat(cand_rows) if cand_rows else torch.zeros(0, dtype=torch.long)).to(device)
+    covered_by_blocks = True
+    extra = link.rows if link is not None else None
+    if extra is not None and extra.numel():
+        merged = torch.unique(torch.cat([index, extra.to(device)]))
+        if merged.numel() != index.numel():  # the recurrence read rows outside the candidate blocks
+            index = merged
+            first_slots = torch.searchsorted(index, torch.tensor(r0s, dtype=torch.long, device=device)).tolist()
+            shared_slot = 0
+            covered_by_blocks = False
+    R = index.numel()
+    w_values = b_values = None
+    if need_w:
+        w_values = _workspace("grad_w", (R, *ctx.weight_shape[1:]), dtype, device)
+        if not covered_by_blocks:
+            covered = torch.zeros(R, dtype=torch.bool, device=device)
+            for s, n in zip(first_slots, ns):
+                covered[s:s + n] = True
+            w_values[~covered] = 0
+        elif plan.has_shared and gh_shared is None:
+            w_values[0].zero_()
+        if no_block_grad:
+            for s, n in zip(first_slots, ns):
+                w_values[s:s + n].zero_()
+    if need_b:
+        b_values = _workspace("grad_b", (R, ctx.weight_shape[-1]), dtype, device).zero_()
+    return index, w_values, b_values, first_slots, shared_slot
+
+
+def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, grad_x, need_w: bool, need_b: bool):
+    """The candidate blocks' share of the backward: x ⊗ dE/dh into the weight rows, W·dE/dh into dE/dx, dE/dh into
+    the bias rows (grouped order, one product per group over its block read in place)."""
+    d = x.shape[1]
+    M = gh.shape[0]
+    ms = [m for _, m, _, _ in groups]
+    ns = [n for _, _, _, n in groups]
+    sizes = [m * n for m, n in zip(ms, ns)]
+    ghs = gh.split(sizes)
+    if need_w:
+        xs = x.split(plan.group_sizes)
+        for (i, m, r0, n), ghg, slot in zip(groups, ghs, first_slots):
+            if m == 1:  # outer products x ⊗ gh_r: a broadcast multiply beats a K=1 bmm
+                torch.mul(xs[i].view(1, d, 1), ghg.view(n, 1, d), out=w_values[slot:slot + n])
+            else:
+                torch.bmm(xs[i].t().expand(n, d, m), ghg.view(n, m, d), out=w_values[slot:slot + n])
+    if grad_x is not None:  # dE/dx = W·(dE/dh), summed over the successors of each position
+        gx = _workspace("gx", (M, d), x.dtype, x.device)
+        for (i, m, r0, n), ghg, gxg in zip(groups, ghs, gx.split(sizes)):
+            torch.bmm(ghg.view(n, m, d), weights[r0:r0 + n].transpose(1, 2), out=gxg.view(n, m, d))
+        grad_x.index_add_(0, plan.grouped_positions(), gx)
+    if need_b:
+        # every entry adds into its edge row: slot = first slot of its block + its successor index
+        n_t = torch.tensor(ns, dtype=torch.long)
+        block_first_entry = torch.cumsum(n_t, 0) - n_t
+        total = int(n_t.sum())
+        row_slot = (torch.repeat_interleave(torch.tensor(first_slots, dtype=torch.long) - block_first_entry, n_t,
+                                            output_size=total) + torch.arange(total))
+        if plan.grouped_position is not None:
+            row_slot = torch.repeat_interleave(row_slot, torch.repeat_interleave(torch.tensor(ms), n_t),
+                                               output_size=M)
+        b_values.index_add_(0, row_slot.to(x.device), gh)
+
+
 def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False,
                        link: EdgeGradLink | None = None, non_edge_bias=None):
     """Energies of every real successor (packed, see `CandidatePlan`) and the shared energy of every position.
 
     `x` and `pe` are (N, d) in the plan's sorted order; `biases` is (P, d) or (P, 1, d). With `sparse_grad`, the
     gradients of `weights` and `biases` are sparse COO tensors over the touched rows (coalesced), as
-    `nn.Embedding(sparse=True)` gives. `link`: see `gather_edges`. With a `KernelPlan` the first result is the (N, T)
-    tile log-sum-exps instead (see the module docstring); pass it on to the functions below unchanged.
-    `non_edge_bias`: the model's (V,) offsets when it has them, the same tensor later given to `scatter_logits`: on
-    the kernel path the logits' gradient reaches it through this call's backward (the torch path ignores it here).
+    `nn.Embedding(sparse=True)` gives. `link`: see `gather_edges`. `non_edge_bias` is accepted for the signature
+    `ops.candidate_energies` shares with the kernels (whose backward returns its logits gradient); unused here.
     """
-    if _runs_kernels(plan, weights, x):
-        return _kernels().KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
-    return _CandidateEnergies.apply(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)
+    return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
 
 
 def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
     """Full (N, V) logits in sorted order: the shared energy everywhere (plus `non_edge_bias[v]` (V,) when the
     model has one), real successors' energies on top."""
-    if _runs_kernels(plan):
-        return _kernels().scatter_logits(energies, shared, plan, non_edge_bias)
-    plan = _torch_plan(plan)
     n = shared.shape[0]
     if non_edge_bias is None:
         logits = shared.unsqueeze(1).expand(n, vocab_size).contiguous()
@@ -563,22 +366,18 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_e
 
 
 def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
-                     non_edge_bias=None, *, kernels: bool = True) -> torch.Tensor:
+                     non_edge_bias=None) -> torch.Tensor:
     """(N, V) energies of every node as the successor of each position, in the given order; inference only.
 
     The decoding hot path: no plan or autograd for a single position (one `baddbmm` over its source's block,
     written into a row of shared energies); several positions go through the grouped path. `x`, `pe` (N, d);
     `sources` (N,) current nodes; `indices=None` means a dense graph. Equals `scatter_logits` of
-    `candidate_energies` (un-sorted). With the Triton backend: one kernel launch (`kernels=False` keeps torch).
+    `candidate_energies` (un-sorted).
     """
     with torch.no_grad():
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
-        if kernels and use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
-            max_degree = vocab_size if indices is None else graph_max_degree(indptr)
-            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree,
-                                               non_edge_bias)
         if N == 1:
             u = int(sources[0])
             a, b = int(indptr[u]), int(indptr[u + 1])
@@ -599,7 +398,7 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
                 else:
                     logits[0].index_copy_(0, indices[a:b], energies)
             return logits
-        plan = make_plan(sources, indptr, indices, vocab_size, kernels=kernels)
+        plan = make_torch_plan(sources, indptr, indices, vocab_size)
         energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan)
         logits = torch.empty(N, vocab_size, dtype=energies.dtype, device=x.device)
         logits[plan.order] = scatter_logits(energies, shared, plan, vocab_size, non_edge_bias)
@@ -613,17 +412,14 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
     number of real successors (`graph_max_degree`, V for a dense graph); `non_edge_bias` (V,) is added to the
     non-successors' shared energy when given.
 
-    Triton: one kernel launch over a static (N, tiles) grid. Torch: every position gathers `max_degree` edge rows
-    from the start of its block (rows past its degree are computed and dropped into a spare column), so it reads
-    N · max_degree · d² weights: meant for small batches, the meta check and GPUs without Triton.
+    Every position gathers `max_degree` edge rows from the start of its block (rows past its degree are computed
+    and dropped into a spare column), so it reads N · max_degree · d² weights: meant for small batches, the meta
+    check and GPUs without Triton (the kernel path, `ops.successor_logits`, is one launch over a static grid).
     """
     with torch.no_grad():
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
-        if use_triton(x) and _kernels().unsupported_reason(weights, x) is None:
-            return _kernels().successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree,
-                                               non_edge_bias)
         if indices is None:
             logits = x.new_zeros(N, vocab_size + 1)  # every column is a real successor
         else:
@@ -677,12 +473,6 @@ def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, 
 
     Cost follows the real successors (M packed energies), not N·V.
     """
-    if _runs_kernels(plan):
-        log_mass = None
-        if non_edge_bias is not None and plan.has_shared:  # the non-successors' weight, log(V − degree) without it
-            log_mass = non_edge_log_mass(non_edge_bias, plan).to(torch.float32)
-        return _kernels().log_partition(energies, shared, plan, vocab_size, log_mass)
-    plan = _torch_plan(plan)
     if non_edge_bias is not None and plan.has_shared:
         has_shared = plan.degree < vocab_size
         shared_term = shared + non_edge_log_mass(non_edge_bias, plan).to(shared.dtype)
@@ -714,11 +504,6 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
     `target_rows` (N,) are the edge rows of source→target (0 = shared); `block_first_row` (N,) the first row of
     each position's block.
     """
-    if _runs_kernels(plan):
-        if non_edge_bias is not None:  # a non-edge target's energy; autograd takes the bias's gradient from here
-            shared = shared + non_edge_bias.to(shared.dtype)[targets]
-        return _kernels().target_energies(energies, shared, plan, target_rows, block_first_row)
-    plan = _torch_plan(plan)
     real = target_rows > 0
     entry = plan.entry_start + (target_rows - block_first_row).clamp_min(0)
     picked = energies[entry.clamp_max(max(plan.num_entries - 1, 0))] if plan.num_entries else shared

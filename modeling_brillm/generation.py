@@ -19,7 +19,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.utils import ModelOutput, logging
 
-from .ops import fused_decode_step
+from .ops import kernel_enabled
 from .decode_capture import DecodeGraphs
 from .state import BriLLMState
 from .validation import check_inputs, too_long
@@ -44,7 +44,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         if mode == "off":
             return False
         base = self.base_model
-        if not fused_decode_step(input_ids, base.weights):
+        if not kernel_enabled("decode_step", input_ids):
             # the torch version gathers every row's padded block: keep its temporary within bounds
             d = self.config.node_size
             gathered = input_ids.shape[0] * base.decode_max_degree() * d * d * base.weights.element_size()

@@ -20,10 +20,12 @@ class BigramGraph:
 
     @property
     def vocab_size(self) -> int:
+        """Number of nodes V."""
         return self.indptr.numel() - 1
 
     @property
     def num_edges(self) -> int:
+        """Number of real edges E."""
         return self.indices.numel()
 
 
@@ -41,6 +43,7 @@ def count_bigrams(
     pending, pending_tokens = [], 0
 
     def flush():
+        """Count the pending chunk and merge its bigrams into the running (keys, counts)."""
         nonlocal keys, counts, pending, pending_tokens
         if not pending:
             return
@@ -145,18 +148,27 @@ def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> s
     return None
 
 
-def edge_rows_from_keys(edge_keys, sources: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Edge-table row of every pair source→target: its real edge's row, or 0 (the shared edge).
+def edge_keys(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Sorted key source·V + target of every real edge of a CSR graph (key k's edge-table row is its index + 1):
+    the table `edge_rows_from_keys` searches."""
+    sources = torch.repeat_interleave(torch.arange(vocab_size, device=indices.device), indptr.diff())
+    return sources * vocab_size + indices
 
-    `edge_keys` are the sorted keys source·V + target of a sparse graph's real edges (row of key i = i + 1);
-    None means a dense graph, where the row of u→v is 1 + u·V + v."""
-    if edge_keys is None:
+
+def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, targets: torch.Tensor,
+                        vocab_size: int) -> torch.Tensor:
+    """Edge-table row of every pair source→target: its real edge's, or 0 (the shared edge).
+
+    `keys` is `edge_keys(...)` of a sparse graph, or None for a dense one (every pair real: row 1 + s·V + t). A pure
+    lookup with no host read, so the model, the decode step and its torch reference all map pairs the same way."""
+    if keys is None:
         return 1 + sources * vocab_size + targets
-    if edge_keys.numel() == 0:
+    if keys.numel() == 0:
         return torch.zeros_like(sources)
     query = sources * vocab_size + targets
-    pos = torch.searchsorted(edge_keys, query).clamp_max(edge_keys.numel() - 1)
-    return torch.where(edge_keys[pos] == query, pos + 1, torch.zeros_like(pos))
+    pos = torch.searchsorted(keys, query).clamp_max(keys.numel() - 1)
+    return torch.where(keys[pos] == query, pos + 1, torch.zeros_like(pos))
 
 
-__all__ = ["BigramGraph", "edge_rows_from_keys", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr"]
+__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr",
+           "edge_keys", "edge_rows_from_keys"]

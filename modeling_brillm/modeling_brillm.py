@@ -29,9 +29,11 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from .graph import edge_keys
 from .ops import (
     EdgeGradLink,
     candidate_energies,
+    edge_update,
     graph_max_degree,
     make_plan,
     scatter_logits,
@@ -262,11 +264,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
         """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
         if self.config.graph == "dense":
             return None
-        indices, indptr, V = self.graph_indices, self.graph_indptr, self.config.vocab_size
+        indices, indptr = self.graph_indices, self.graph_indptr
         key = (indices.data_ptr(), indices._version, indptr._version, indices.device)
         if self._edge_key_cache is None or self._edge_key_cache[0] != key:
-            src = torch.repeat_interleave(torch.arange(V, device=indices.device), indptr.diff())
-            self._edge_key_cache = (key, src * V + indices)
+            self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
         return self._edge_key_cache[1]
 
     def position_table(self, device) -> torch.Tensor:
@@ -386,18 +387,19 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return signal_scan(*args)
 
     def _one_token(self, tokens: torch.Tensor, state: BriLLMState) -> Signals:
-        """One new token per row on top of `state` (the general decoding path): the scan of one column."""
+        """One new token per row on top of `state` (the general decoding path): one edge step, no plan."""
         M = self.config.max_position_embeddings
         if not self.extends_positions and int(state.length.max()) >= M:
             raise too_long(int(state.length.max()) + 1, M)
-        index = state.length.unsqueeze(1)
-        rows = self.edge_rows(state.last_token, tokens).unsqueeze(1)
-        ones = torch.ones_like(rows, dtype=torch.bool)
-        signals, *carried = signal_scan(state.signal, *state.tensors()[1:4], self.mix_weights(index),
-                                            self.weights, self.biases, rows, ones,
-                                            self.position_encoding(index).to(self.weights.dtype))
-        new_state = BriLLMState(*carried, state.length + 1, tokens, state.seen + 1)
-        return Signals(tokens.unsqueeze(1), ones, torch.zeros_like(rows), index, signals, new_state)
+        length, wdtype = state.length, self.weights.dtype
+        rows = self.edge_rows(state.last_token, tokens)
+        mix = edge_update(state.signal, self.weights[rows], self.biases[rows, 0],
+                          self.position_encoding(length).to(wdtype), self.mix_weights(length), *state.tensors()[1:4])
+        signal = mix[0] / mix[1].unsqueeze(1)
+        new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
+        ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)
+        return Signals(tokens.unsqueeze(1), ones, torch.zeros_like(tokens).unsqueeze(1), length.unsqueeze(1),
+                       signal.unsqueeze(1), new_state)
 
     def decode_step(self, tokens, state_tensors, max_degree: int):
         """The sync-free step (`ops.decode_step`): logits (B, V) of every node after `tokens` (B,) and the state

@@ -48,15 +48,15 @@ State per parameter, as in AdamW: `step` (float32 scalar tensor), `exp_avg`, `ex
 on the parameter's first gradient), so `state_dict()` / `load_state_dict()` (checkpoint resume, accelerate) work
 unchanged and a dense-trained checkpoint resumes with sparse gradients and back.
 
-Speed: rows are updated with torch's fused AdamW kernel over views of contiguous row ranges of the parameter,
-its moments and the gradient values (one read of g, p, m, v and one write of p, m, v per element, no copies);
-scattered rows are gathered, updated and written back in bounded chunks. Duplicate rows of an uncoalesced
-gradient are found by one sort of the row indices and only the duplicated entries are summed; torch's
-`coalesce()` (which sorts and copies every value row) is never called. Where the kernel backend picks Triton
-(`backend.use_triton`: CUDA tensors by default), a sparse gradient's rows are updated by one fused kernel instead
-(`triton_optim.py`: one pass over p, m, v and the values, duplicates summed and row 0's `first_row_lr_scale` applied
-inside it, no host synchronisation). Lazy weight decay keeps its torch pre-pass before that kernel (its float64
-`decayed_at` table lives on the CPU by design, so the pending decay reads the touched rows back to the host).
+Speed: the row update is `ops.adamw_rows`, which runs one fused Triton pass where the kernel backend picks Triton
+(`backend.use_triton`: CUDA tensors by default; triton_optim.py: one pass over p, m, v and the values, duplicates
+summed and row 0's `first_row_lr_scale` applied inside it, no host synchronisation) and the torch reference
+elsewhere (row_adamw.py): torch's fused AdamW over views of contiguous row ranges of the parameter, its moments and
+the gradient values (no copies), scattered rows gathered, updated and written back in bounded chunks, duplicate
+rows found by one sort of the row indices with only the duplicated entries summed (torch's `coalesce()`, which
+sorts and copies every value row, is never called). Lazy weight decay keeps its torch pre-pass before either (its
+float64 `decayed_at` table lives on the CPU by design, so the pending decay reads the touched rows back to the
+host).
 """
 
 import math
@@ -64,7 +64,8 @@ import math
 import torch
 from torch.optim import Optimizer
 
-from .backend import use_triton
+from .ops import adamw_rows
+from .row_adamw import coalesce_rows, rounding_bits, stochastic_round_bf16  # noqa: F401  (public here too)
 
 try:  # the same functional update torch.optim.AdamW runs
     from torch.optim.adam import adam as _adam_functional
@@ -73,67 +74,12 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["SparseAdamW"]
 
-_MIN_RUN = 8  # contiguous rows below this are updated through the gather path
-_GATHER_CHUNK_ELEMS = 1 << 22  # elements per chunk of the gather path (16 MB of float32 per tensor)
-
-
-def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
-    """In-place AdamW on lists of same-shaped-pairwise tensors (row ranges) with one shared step tensor."""
-    if not params:
-        return
-    if step.device != params[0].device:  # the fused kernel wants the step where the parameters are
-        step = step.to(params[0].device)
-    steps = [step] * len(params)
-    try:
-        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
-                            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
-        return
-    except (RuntimeError, AttributeError, NotImplementedError, TypeError):
-        pass
-    # portable fallback: torch's single-tensor AdamW arithmetic
-    t = float(step)
-    bc1, bc2_sqrt = 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5
-    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-        p.mul_(1 - lr * weight_decay)
-        m.lerp_(g, 1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v.sqrt() / bc2_sqrt).add_(eps)
-        p.addcdiv_(m, denom, value=-lr / bc1)
-
-
 MOMENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def group_moment_dtype(group) -> torch.dtype:
     """The dtype of the AdamW moments of a SparseAdamW parameter group."""
     return MOMENT_DTYPES[group.get("moment_dtype", "float32")]
-
-
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's 32-bit finaliser on int64 tensors holding uint32 values (products wrap: only the low 32 bits
-    are kept, exactly as uint32 arithmetic in the Triton kernel)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
-    x = x ^ (x >> 13)
-    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
-    return x ^ (x >> 16)
-
-
-def rounding_bits(rows: torch.Tensor, columns: torch.Tensor, step: int, moment: int) -> torch.Tensor:
-    """(len(rows), len(columns)) random 16-bit values (int32 in [0, 65536)) for the elements (row, column) of a
-    parameter viewed as (rows, width), at `step`, for moment 0 (exp_avg) or 1 (exp_avg_sq): a hash of the row xor a
-    hash of the column, each drawn anew every step (one pass per element, not a hash per element: the torch path's
-    cost), the same function as `triton_optim._round_bf16`."""
-    key = int(_fmix32(torch.tensor((step * 0x9E3779B1) ^ (moment * 0x7F4A7C15)) & 0xFFFFFFFF))
-    row_bits = _fmix32((rows & 0xFFFFFFFF) ^ _fmix32(((rows >> 32) + key) & 0xFFFFFFFF))
-    column_bits = _fmix32((columns.to(torch.int64) + (key ^ 0x5BD1E995)) & 0xFFFFFFFF)
-    return ((row_bits >> 16).to(torch.int32).unsqueeze(1) ^ (column_bits >> 16).to(torch.int32).unsqueeze(0))
-
-
-def stochastic_round_bf16(values: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """float32 → bfloat16 rounding up with probability (the dropped 16 bits)/2^16: unbiased. `bits` in [0, 65536)."""
-    raw = values.contiguous().view(torch.int32)
-    return ((raw + bits.to(torch.int32)) & -65536).view(torch.float32).to(torch.bfloat16)
 
 
 class SparseAdamW(Optimizer):
@@ -184,6 +130,7 @@ class SparseAdamW(Optimizer):
                 raise ValueError("moment_dtype='bfloat16' needs float32 parameters (they stay the master copy).")
 
     def _state(self, p, group):
+        """The parameter's AdamW state, created (moments in the group's dtype) on its first gradient."""
         state = self.state[p]
         if len(state) == 0:  # as torch.optim.AdamW: the step on the CPU unless the fused dense kernel is used
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if group.get("fused") else "cpu")
@@ -193,6 +140,7 @@ class SparseAdamW(Optimizer):
         return state
 
     def _lazy(self, group) -> bool:
+        """Whether the group decays untouched rows lazily (see the module docstring)."""
         return bool(group.get("lazy_weight_decay")) and group["weight_decay"] != 0
 
     @staticmethod
@@ -223,6 +171,7 @@ class SparseAdamW(Optimizer):
     def load_state_dict(self, state_dict):
         # Optimizer.load_state_dict casts floating state to the parameter's dtype; the float64 decay bookkeeping
         # must survive a checkpoint bit for bit, so it is set aside and put back.
+        """Optimizer.load_state_dict, keeping the float64 lazy-decay bookkeeping exact."""
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         kept = {}
         state = dict(state_dict["state"])
@@ -245,6 +194,7 @@ class SparseAdamW(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One AdamW step: sparse gradients through their rows (ops.adamw_rows), dense ones as AdamW."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -282,14 +232,7 @@ class SparseAdamW(Optimizer):
                         n_rows = p.shape[0] if p.dim() else 1
                         P2, M2, V2 = (t.view(n_rows, -1) for t in (p, state["exp_avg"], state["exp_avg_sq"]))
                         rows, hyper = torch.arange(n_rows, device=p.device), (lr, beta1, beta2, eps, wd)
-                        if use_triton(P2):
-                            from .triton_optim import sparse_adamw_rows
-
-                            sparse_adamw_rows(P2, M2, V2, rows, p.grad.reshape(n_rows, -1), state["step"], hyper,
-                                              unique=True)
-                        else:
-                            SparseAdamW._update_entries(P2, M2, V2, rows, p.grad.reshape(n_rows, -1), None,
-                                                        state["step"], hyper)
+                        adamw_rows(P2, M2, V2, rows, p.grad.reshape(n_rows, -1), state["step"], hyper, unique=True)
                         continue
                     for lst, item in zip(dense, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
                         lst.append(item)
@@ -307,6 +250,7 @@ class SparseAdamW(Optimizer):
     # --------------------------------------------------------------------------------------- sparse rows
     @staticmethod
     def _sparse_update(p, grad, state, lr, beta1, beta2, eps, wd, lazy=None, first_row_scale: float = 1.0):
+        """Lazy AdamW on the rows of one sparse COO gradient (pending decay first when lazy)."""
         sparse_dim = grad.sparse_dim()
         n_rows = 1
         for s in p.shape[:sparse_dim]:
@@ -333,127 +277,12 @@ class SparseAdamW(Optimizer):
         V2 = state["exp_avg_sq"].view(n_rows, -1)
         step = state["step"]
         hyper = (lr, beta1, beta2, eps, wd)
-        if lazy is None and use_triton(P2):
-            # one fused pass: duplicate rows summed and row 0's learning rate scaled inside it, no host synchronisation
-            from .triton_optim import sparse_adamw_rows
-
-            sparse_adamw_rows(P2, M2, V2, rows, values, step, hyper, first_row_scale=first_row_scale)
-            return
-        if lazy is not None or first_row_scale != 1.0:
-            # these need unique rows: coalesce the indices (only when duplicated; sorted rows stay as they are)
-            if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
-                uniq, inverse = torch.unique(rows, return_inverse=True)
-                values = values.new_zeros(uniq.numel(), values.shape[1]).index_add_(0, inverse, values)
-                rows = uniq
-            if lazy is not None:
-                SparseAdamW._decay_rows(p, lazy, rows.to(p.device))
-                lazy["decayed_at"][rows.cpu()] = lazy["decay_log"] + math.log1p(-lr * wd)
-                if use_triton(P2):  # the pending decay is applied: the rest is the fused pass on unique rows
-                    from .triton_optim import sparse_adamw_rows
-
-                    sparse_adamw_rows(P2, M2, V2, rows, values, step, hyper, unique=True,
-                                      first_row_scale=first_row_scale)
-                    return
-            if first_row_scale != 1.0 and bool((rows == 0).any()):
-                rest = (rows != 0).nonzero().squeeze(1)
-                first = (rows == 0).nonzero().squeeze(1)
-                scaled = (lr * first_row_scale, beta1, beta2, eps, wd / first_row_scale)
-                SparseAdamW._update_entries(P2, M2, V2, rows, values, first, step, scaled)
-                SparseAdamW._update_entries(P2, M2, V2, rows, values, rest, step, hyper)
-                return
-
-        nnz = rows.numel()
-        if nnz > 1 and not bool((rows[1:] > rows[:-1]).all()):
-            # unsorted or duplicated rows: one sort of the indices, sum only the duplicated entries
-            uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
-            dup_entry = counts[inverse] > 1
-            if bool(dup_entry.any()):
-                dup_rows = uniq[counts > 1]
-                dup_pos = dup_entry.nonzero().squeeze(1)
-                slot = torch.searchsorted(dup_rows, rows[dup_pos])
-                merged = values.new_zeros(dup_rows.numel(), values.shape[1]).index_add_(0, slot, values[dup_pos])
-                single_pos = (~dup_entry).nonzero().squeeze(1)
-                SparseAdamW._update_entries(P2, M2, V2, rows, values, single_pos, step, hyper)
-                # merged duplicates: their own contiguous buffer, rows sorted
-                SparseAdamW._update_entries(P2, M2, V2, dup_rows, merged, None, step, hyper)
-                return
-        SparseAdamW._update_entries(P2, M2, V2, rows, values, None, step, hyper)
-
-    @staticmethod
-    def _update_entries(P2, M2, V2, rows, values, positions, step, hyper):
-        """Update rows[e] with values[e] for the entries e in `positions` (ascending; None = all), rows unique."""
-        if positions is not None:
-            if positions.numel() == 0:
-                return
-            r = rows[positions]
-        else:
-            r = rows
-        n = r.numel()
-        if n == 0:
-            return
-        if M2.dtype != P2.dtype:  # bfloat16 moments
-            SparseAdamW._update_rows_rounded(P2, M2, V2, r, values if positions is None else values[positions], step,
-                                             hyper)
-            return
-        e = positions if positions is not None else None
-        # runs: consecutive entries that are also consecutive rows → views of p, m, v and of the values
-        if n > 1:
-            brk = r[1:] != r[:-1] + 1
-            if e is not None:
-                brk |= e[1:] != e[:-1] + 1
-            run_starts = torch.cat([r.new_zeros(1), brk.nonzero().squeeze(1) + 1])
-        else:
-            run_starts = r.new_zeros(1)
-        run_lengths = torch.diff(run_starts, append=r.new_tensor([n]))
-        long_runs = run_lengths >= _MIN_RUN
-        lr, beta1, beta2, eps, wd = hyper
-        if bool(long_runs.any()):
-            starts = run_starts[long_runs]
-            lengths = run_lengths[long_runs]
-            row0 = r[starts].tolist()
-            ent0 = (starts if e is None else e[starts]).tolist()
-            lens = lengths.tolist()
-            ps, gs, ms, vs = [], [], [], []
-            for a, b, k in zip(row0, ent0, lens):
-                ps.append(P2[a:a + k])
-                ms.append(M2[a:a + k])
-                vs.append(V2[a:a + k])
-                gs.append(values[b:b + k])
-            _rows_adamw(ps, gs, ms, vs, step, lr, beta1, beta2, eps, wd)
-        if not bool(long_runs.all()):
-            # short runs: gather, update, scatter back, in bounded chunks
-            short = torch.repeat_interleave(~long_runs, run_lengths, output_size=n)
-            sel = short.nonzero().squeeze(1)
-            rows_s = r[sel]
-            ent_s = sel if e is None else e[sel]
-            width = P2.shape[1]
-            chunk = max(1, _GATHER_CHUNK_ELEMS // max(width, 1))
-            for c in range(0, rows_s.numel(), chunk):
-                rr, ee = rows_s[c:c + chunk], ent_s[c:c + chunk]
-                p_g, m_g, v_g = P2.index_select(0, rr), M2.index_select(0, rr), V2.index_select(0, rr)
-                g_g = values.index_select(0, ee)
-                _rows_adamw([p_g], [g_g], [m_g], [v_g], step, lr, beta1, beta2, eps, wd)
-                P2.index_copy_(0, rr, p_g)
-                M2.index_copy_(0, rr, m_g)
-                V2.index_copy_(0, rr, v_g)
-
-    @staticmethod
-    def _update_rows_rounded(P2, M2, V2, rows, grads, step, hyper):
-        """AdamW on `rows` (unique) with gradient rows `grads`, from bfloat16 moments computed in float32 and stored
-        back stochastically rounded: `triton_optim._sparse_adamw_kernel`'s arithmetic, in bounded chunks."""
-        lr, beta1, beta2, eps, wd = hyper
-        t = float(step)
-        step_size, bc2_sqrt = lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5
-        width = P2.shape[1]
-        columns = torch.arange(width, device=P2.device)
-        chunk = max(1, (1 << 18) // max(width, 1))  # 1 MB a temporary: the dozen passes stay in cache
-        for c in range(0, rows.numel(), chunk):
-            rr = rows[c:c + chunk]
-            g = grads[c:c + chunk].float()
-            p = P2.index_select(0, rr) * (1 - lr * wd)
-            m = M2.index_select(0, rr).float() * beta1 + g * (1 - beta1)
-            v = V2.index_select(0, rr).float() * beta2 + g * g * (1 - beta2)
-            p = p - step_size * m / (v.sqrt() / bc2_sqrt + eps)
-            P2.index_copy_(0, rr, p.to(P2.dtype))
-            M2.index_copy_(0, rr, stochastic_round_bf16(m, rounding_bits(rr, columns, int(t), 0)))
-            V2.index_copy_(0, rr, stochastic_round_bf16(v, rounding_bits(rr, columns, int(t), 1)))
+        unique = False
+        if lazy is not None:  # the pending decay needs unique rows (sorted rows stay as they are)
+            rows, values = coalesce_rows(rows, values)
+            SparseAdamW._decay_rows(p, lazy, rows.to(p.device))
+            lazy["decayed_at"][rows.cpu()] = lazy["decay_log"] + math.log1p(-lr * wd)
+            unique = True
+        # one fused pass where the backend picks the kernel (duplicates summed and row 0's learning rate scaled
+        # inside it, no host synchronisation), else the torch reference (row_adamw.py)
+        adamw_rows(P2, M2, V2, rows, values, step, hyper, unique=unique, first_row_scale=first_row_scale)

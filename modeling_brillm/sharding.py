@@ -259,7 +259,7 @@ class ShardedBriLLM(nn.Module):
         with torch.no_grad():
             weights = model.base_model.weights.detach().index_select(0, keep) if model.base_model.weights.device.type != "meta" else None
             biases = model.base_model.biases.detach().index_select(0, keep) if model.base_model.biases.device.type != "meta" else None
-        # the model now holds the local table (its own full one is freed); `_run_signals` reads only its dtype
+        # the model now holds the local table (its own full one is freed); `run_signals` reads only its dtype
         d = cfg.node_size
         if weights is None:  # built on the meta device (from_config): filled there
             weights = torch.empty(len(keep), d, d, device=device)

@@ -29,11 +29,11 @@ norm per (position, successor), all in registers.
 The shared edge (row 0, one d×d product per position) stays in torch in training. A model's `non_edge_bias` (a
 non-successor v gets shared + bias[v]) changes no training kernel: log Z takes the non-successors' log mass per
 source from torch (`energy.non_edge_log_mass`), the logits are prefilled with shared + bias, and the bias's logits
-gradient is a column sum after the backward kernel; the decode state kernel adds bias[v] as it fills a row. Tables of float32, bfloat16 or
-float16 are read as they are and computed in float32; gradients come back in the table's dtype. `energy.py` (and
-`BriLLMForCausalLM._decode_core`) dispatch here when `backend.use_triton(...)` is true (CUDA tensors, or
-`kernel_backend("triton")` under Triton's interpreter). Tile sizes and the dot precision are the constants below;
-benchmarks/GPU_KERNELS.md says what each predicts.
+gradient is a column sum after the backward kernel; the decode state kernel adds bias[v] as it fills a row.
+Tables of float32, bfloat16 or float16 are read as they are and computed in float32; gradients come back in the
+table's dtype. `ops.py` calls these when `backend.use_triton(...)` is true (CUDA tensors, or
+`kernel_backend("triton")` under Triton's interpreter); the torch references are energy.py and recurrence.py. Tile
+sizes and the dot precision are the constants below; docs/gpu.md says what each predicts.
 """
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ import torch
 import torch.nn.functional as F
 
 from .backend import launch, triton_modules
-from .energy import edge_table_grads
+from .plans import edge_table_grads
 
 triton, tl = triton_modules()
 
 # Positions per chunk (the dot's M; tl.dot's smallest is 16): a source's positions are cut into chunks of this
 # many and a chunk's empty rows are computed and dropped. Zipf batches at the paper shape have 1.1 (32 x 32) to 16
-# (1024 x 64) positions per present source, so the smallest chunk wastes the least (GPU_KERNELS.md).
+# (1024 x 64) positions per present source, so the smallest chunk wastes the least (docs/gpu.md).
 BLOCK_POSITIONS = 16
 BLOCK_SUCCESSORS = 4  # successors per sub-tile (the dot's N is BN·D)
 # tl.dot input precision: "ieee" is exact fp32 (CUDA-core FMAs, the 1e-5 target); "tf32x3" (three tensor-core
-# passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (GPU_KERNELS.md).
+# passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (docs/gpu.md).
 DOT_PRECISION = "ieee"
 PROGRAMS_PER_SM = 4  # persistent grid: this many programs per streaming multiprocessor
 INTERPRETER_PROGRAMS = 4  # grid size under Triton's CPU interpreter (it runs programs one after the other)
@@ -81,6 +81,7 @@ def unsupported_reason(weights: torch.Tensor, x: torch.Tensor) -> str | None:
 
 
 def _grid(device: torch.device) -> int:
+    """Programs of the persistent grid: a few per streaming multiprocessor (fixed under the interpreter)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
     return INTERPRETER_PROGRAMS
@@ -122,6 +123,7 @@ if triton is not None:
         LSE: tl.constexpr, LOGITS: tl.constexpr, HAS_INDICES: tl.constexpr, OUT_ROWS: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
+        """Energies of every (position, successor) tile: their partials (LSE) and/or logits (LOGITS)."""
         pid = tl.program_id(0)
         total = tl.load(tile_total_ptr)
         k = tl.arange(0, D)
@@ -198,6 +200,7 @@ if triton is not None:
         HAS_INDICES: tl.constexpr, CLEAR_SUCCESSORS: tl.constexpr, SLOTS: tl.constexpr,
         NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr, PRECISION: tl.constexpr,
     ):
+        """Recompute a tile's energies and add their gradients into x, the edge rows and biases."""
         pid = tl.program_id(0)
         total = tl.load(tile_total_ptr)
         k = tl.arange(0, D)
@@ -400,11 +403,13 @@ if triton is not None:
 
 # ------------------------------------------------------------------------------------------------ launches
 def _common_args(plan):
+    """The plan's tensors every energy kernel takes, in their argument order."""
     indices = plan.indices if plan.indices is not None else plan.indptr  # any valid pointer when dense
     return (plan.tile_source, plan.tile_first, plan.tile_total, plan.count, plan.group_start, plan.indptr, indices)
 
 
 def _meta(plan, d):
+    """Compile-time sizes of the energy kernels for node size `d` on this plan's device."""
     return dict(D=padded_width(d), BM=BLOCK_POSITIONS,
                 BN=BLOCK_SUCCESSORS, NSUB=plan.tile_successors // BLOCK_SUCCESSORS, GRID=_grid(plan.count.device),
                 HAS_INDICES=plan.indices is not None, PRECISION=DOT_PRECISION)
@@ -440,12 +445,14 @@ def write_logits(x, pe, weights, b2, plan, out: torch.Tensor, out_rows: torch.Te
 
 
 def _shared_energy(x, pe, w0, b0):
+    """The shared edge's (row 0) pre-activation, output and energy of every position, in torch."""
     h = torch.addmm(b0 + pe, x, w0)
     y = F.gelu(h)
     return h, y, torch.linalg.vector_norm(y, dim=-1)
 
 
 def _shared_backward(h, y, e, grad_e):
+    """dE/dh of the shared edge for the energies' gradient `grad_e`."""
     grad_y = (grad_e / e.clamp_min(torch.finfo(e.dtype).tiny)).unsqueeze(-1) * y
     return torch.ops.aten.gelu_backward(grad_y, h)
 
@@ -477,6 +484,7 @@ def _gradient_rows(plan, P: int, link, device):
 
 
 def _nonzero(mask, size: int):
+    """Indices of `mask`'s set entries, of a size known in advance (no host read where torch allows)."""
     if hasattr(torch, "nonzero_static"):
         return torch.nonzero_static(mask, size=size).view(-1)
     return mask.nonzero().view(-1)  # pragma: no cover - older torch
@@ -513,6 +521,7 @@ class KernelEnergies(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link, non_edge_bias=None):
+        """The autograd forward (see the class and module docstrings)."""
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
@@ -538,6 +547,7 @@ class KernelEnergies(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _grad_part, grad_shared):
+        """The autograd backward: gradients of the forward's inputs."""
         x, pe, weights, b2, h_shared, y_shared, shared = ctx.saved_tensors
         plan, call, link = ctx.plan, ctx.call, ctx.link
         ctx.link = ctx.call = None
@@ -637,6 +647,7 @@ class KernelLogPartition(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, part, shared, plan, vocab_size: int, log_mass=None):
+        """The autograd forward (see the class and module docstrings)."""
         has_shared = plan.degree < vocab_size
         shared32 = shared.float()
         if log_mass is None:
@@ -655,6 +666,7 @@ class KernelLogPartition(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        """The autograd backward: gradients of the forward's inputs."""
         peak, total, weight, term, has_shared = ctx.saved_tensors
         scale = grad.float() / total
         call = ctx.call
@@ -687,6 +699,7 @@ class KernelTarget(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shared, target_rows, within, plan):
+        """The autograd forward (see the class and module docstrings)."""
         x, pe, weights, b2 = plan.call.inputs
         rows = target_rows.clamp_min(0)
         h = torch.bmm(x.float().unsqueeze(1), weights[rows].float()).squeeze(1) + b2[rows].float() + pe.float()
@@ -696,6 +709,7 @@ class KernelTarget(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        """The autograd backward: gradients of the forward's inputs."""
         (within,) = ctx.saved_tensors
         call = ctx.call
         grad = grad.float().contiguous()
@@ -710,6 +724,7 @@ class KernelTarget(torch.autograd.Function):
 
 
 def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.Tensor:
+    """Energy each sorted position gives its target: the real edge's (from the kernel plan) or `shared`."""
     real = target_rows > 0
     within = torch.where(real, target_rows - block_first_row, torch.full_like(target_rows, -1)).to(torch.int32)
     picked = KernelTarget.apply(shared, target_rows, within.contiguous(), plan)
@@ -722,6 +737,7 @@ class KernelLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shared, plan, non_edge_bias=None):
+        """The autograd forward (see the class and module docstrings)."""
         call = plan.call
         x, pe, weights, b2 = call.inputs
         N = shared.shape[0]
@@ -735,11 +751,13 @@ class KernelLogits(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        """The autograd backward: gradients of the forward's inputs."""
         ctx.call.add("logits", grad.float().contiguous())
         return None, None, None
 
 
 def scatter_logits(part, shared, plan, non_edge_bias=None) -> torch.Tensor:
+    """(N, V) logits on a kernel plan; `non_edge_bias` must be the tensor the energies call got."""
     if (non_edge_bias is not None and torch.is_grad_enabled() and non_edge_bias.requires_grad
             and plan.call.non_edge_bias is not non_edge_bias):
         raise ValueError("scatter_logits got a non_edge_bias that the candidate_energies call did not: pass the same "
@@ -787,7 +805,7 @@ def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
                 pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int, non_edge_bias=None):
     """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
-    the successors): `BriLLMForCausalLM._decode_core`'s math. Returns the (B, V) float32 logits and the new state
+    the successors): `recurrence.decode_step`'s math. Returns the (B, V) float32 logits and the new state
     tensors."""
     B, d = signal.shape
     V = vocab_size

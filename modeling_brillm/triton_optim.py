@@ -1,4 +1,4 @@
-"""SparseAdamW's update of the touched rows as one fused Triton pass (dispatched from optimization.py).
+"""SparseAdamW's update of the touched rows as one fused Triton pass (chosen by ops.adamw_rows).
 
 Semantics: exactly `SparseAdamW`'s lazy AdamW for a sparse row gradient (see optimization.py): for every listed
 row r, with the gradient g[r] summed over duplicate entries,
@@ -7,10 +7,10 @@ row r, with the gradient g[r] summed over duplicate entries,
     p[r] ← p[r] − lr/(1−β1^t) · m[r] / (√v[r] / √(1−β2^t) + ε)
 
 with t the parameter's step count; row 0 (BriLLM's shared edge) takes its Adam step with lr·first_row_scale and its
-decay with lr·wd (SparseAdamW's `first_row_lr_scale`: a per-row factor inside the kernel, no host read). One program updates a tile of rows × columns: it reads p, m, v and the gradient
-values once and writes p, m, v once (7 passes over a touched row, the minimum without changing the state's
-layout; the bytes of 5 with bfloat16 moments); gradient values are read in place through an entry index, never
-gathered or coalesced into a copy.
+decay with lr·wd (SparseAdamW's `first_row_lr_scale`: a per-row factor inside the kernel, no host read). One
+program updates a tile of rows × columns: it reads p, m, v and the gradient values once and writes p, m, v once
+(7 passes over a touched row, the minimum without changing the state's layout; the bytes of 5 with bfloat16
+moments); gradient values are read in place through an entry index, never gathered or coalesced into a copy.
 
 No host synchronisation: the rows are sorted on the device (an index sort, O(nnz) keys; skipped when the caller
 knows them unique), the first entry of each run of equal rows sums the run's values inside the kernel (a while
@@ -51,7 +51,7 @@ if triton is not None:
 
     @triton.jit
     def _round_bf16(values, row, column, t, MOMENT: tl.constexpr):
-        """float32 → bfloat16, stochastically: optimization.rounding_bits and stochastic_round_bf16, the same
+        """float32 → bfloat16, stochastically: row_adamw.rounding_bits and stochastic_round_bf16, the same
         function (a hash of the row, (BLOCK_R, 1) int64, xor a hash of the column, (1, BLOCK_W))."""
         key = _fmix32(t * 0x9E3779B1 ^ (MOMENT * 0x7F4A7C15))
         row_bits = _fmix32((row & 0xFFFFFFFF).to(tl.uint32) ^ _fmix32((row >> 32).to(tl.uint32) + key))
@@ -71,6 +71,7 @@ if triton is not None:
         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
     ):
         # per-row quantities are (BLOCK_R, 1) columns, per-column ones (1, BLOCK_W) rows: one layout for the tile
+        """AdamW on a tile of (rows × columns): duplicates summed, p, m, v read and written once."""
         k = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
         in_k = k < nnz

@@ -1,6 +1,6 @@
 """The signal recurrence as one Triton scan: one launch forward, one backward, whatever the sequence length.
 
-The math (the column loop of `BriLLMModel._run_signals`, which stays the reference): for each compacted column j
+The math (`recurrence.signal_scan`, the torch reference, computes the same): for each compacted column j
 of a batch row that crosses an edge (token j−1 → token j, edge-table row r_j),
 
     c_j = GeLU(x · W[r_j] + b[r_j] + PE_j)                      the edge output
@@ -33,7 +33,7 @@ itself for a dense gradient), so each parameter gets one gradient; else a dense 
 values over the distinct rows read (like `gather_edges`). The start signal, the position weights, PE and the
 incoming state are plain tensors here: their gradients go back through torch autograd upstream.
 
-Design for an H100 (predictions, not measurements; see benchmarks/GPU_KERNELS.md): a step of one row is a
+Design for an H100 (predictions, not measurements; see docs/gpu.md): a step of one row is a
 (1×d)·(d×d) product, 1,024 FMAs for d = 32: one warp per row holds the tile in registers (32 floats a thread).
 The columns form a chain of dependent loads, so the next column's row id, edge matrix, bias and PE are loaded one
 column ahead (software pipelining by hand) and only the ~0.3 µs of arithmetic and shuffles stays on the chain.
@@ -69,6 +69,7 @@ def unsupported_reason(weights: torch.Tensor, needs_grad: bool) -> str | None:
 
 
 def _meta(d: int) -> dict:
+    """Compile-time width and warps of the scan for node size `d`."""
     D = max(16, triton.next_power_of_2(d))
     return dict(D=D, num_warps=1 if D <= 32 else 4 if D <= 64 else 8)
 
@@ -77,11 +78,13 @@ if triton is not None:
 
     @triton.jit
     def _gelu(h):
+        """Exact (erf) GeLU, as torch's default."""
         return 0.5 * h * (1.0 + tl.erf(h * 0.7071067811865476))
 
     @triton.jit
     def _gelu_grad(h):
         # d/dh of h·Φ(h) = Φ(h) + h·φ(h)
+        """Derivative of the exact GeLU."""
         return 0.5 * (1.0 + tl.erf(h * 0.7071067811865476)) + h * 0.3989422804014327 * tl.exp(-0.5 * h * h)
 
     @triton.jit
@@ -114,6 +117,7 @@ if triton is not None:
         L, d: tl.constexpr,
         D: tl.constexpr, SAVE: tl.constexpr,
     ):
+        """One batch row's columns in order: edge output, softmax mix, signal (see the module docstring)."""
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, D)  # input index of W (its rows)
         k = tl.arange(0, D)  # output index of W (its columns)
@@ -159,6 +163,7 @@ if triton is not None:
         L, d: tl.constexpr,
         D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
     ):
+        """One batch row's columns in reverse: the exact reverse mode of the forward's update."""
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, D)
         k = tl.arange(0, D)
@@ -264,6 +269,7 @@ def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
 class _SignalScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x0, s0, n0, m0, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad: bool, link):
+        """The autograd forward (see the class and module docstrings)."""
         B, L = rows.shape
         P, d = weights.shape[0], weights.shape[-1]
         device = x0.device
@@ -301,6 +307,7 @@ class _SignalScan(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_signals, g_sum, g_norm, g_max):
+        """The autograd backward: gradients of the forward's inputs."""
         x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save = ctx.saved_tensors
         B, L = rows.shape
         d = w.shape[-1]
@@ -308,6 +315,7 @@ class _SignalScan(torch.autograd.Function):
         need_w, need_b = ctx.needs_input_grad[5], ctx.needs_input_grad[6]
 
         def given(g, *shape):
+            """The incoming gradient as float32, or zeros where autograd passed none."""
             return torch.zeros(*shape, dtype=torch.float32, device=device) if g is None else g.float().contiguous()
 
         g_signals, g_sum = given(g_signals, B, L, d), given(g_sum, B, d)

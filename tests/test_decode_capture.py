@@ -232,7 +232,7 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
 
     base = make_model(tok, node_size=6, seed=3)
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
-    model.base_model.load_state_dict(base.state_dict(), strict=False)
+    model.base_model.load_state_dict(base.base_model.state_dict(), strict=False)
     with torch.no_grad():
         model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(4)) * 2)
     enc = _enc(tok)

@@ -292,3 +292,21 @@ def test_gradient_accumulation_and_two_graphs_in_flight(sparse_grad, cache_every
         (reference(xx, pp, ref_w, ref_b, ss, indptr, indices, V) * wt).sum().backward()
     torch.testing.assert_close(dense_grad(w), ref_w.grad, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(dense_grad(b), ref_b.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_edge_rows_from_keys_is_the_row_of_every_pair():
+    """graph.edge_rows_from_keys: the j-th real edge (CSR order) has row j + 1, every other pair row 0; dense: every
+    pair real, row 1 + s·V + t; an edgeless graph maps everything to the shared row."""
+    from modeling_brillm.graph import edge_keys, edge_rows_from_keys
+
+    V = 5
+    graph = graph_from_edges(torch.tensor([3, 0, 0, 2]), torch.tensor([1, 4, 2, 2]), V)
+    keys = edge_keys(graph.indptr, graph.indices, V)
+    src, tgt = torch.arange(V).repeat_interleave(V), torch.arange(V).repeat(V)
+    rows = edge_rows_from_keys(keys, src, tgt, V).view(V, V)
+    expected = torch.zeros(V, V, dtype=torch.long)
+    for j, (s, t) in enumerate([(0, 2), (0, 4), (2, 2), (3, 1)]):
+        expected[s, t] = j + 1
+    assert torch.equal(rows, expected)
+    assert torch.equal(edge_rows_from_keys(None, src, tgt, V), 1 + src * V + tgt)
+    assert torch.equal(edge_rows_from_keys(keys[:0], src, tgt, V), torch.zeros_like(src))

@@ -275,7 +275,7 @@ def test_dense_fused_option_equals_adamw_fused():
 
 # ----------------------------------------------------------------------------------------- bfloat16 moments
 def test_stochastic_rounding_is_unbiased_and_keeps_representable_values():
-    from modeling_brillm.optimization import rounding_bits, stochastic_round_bf16
+    from modeling_brillm.row_adamw import rounding_bits, stochastic_round_bf16
 
     rows, columns = torch.arange(400), torch.arange(250)
     for value in (1.0 + 2**-10, -3.3e-5, 7.1e3):

@@ -1,8 +1,8 @@
 """The Triton candidate-energy and decode kernels against the torch path (fp32).
 
 On a machine with a GPU the tensors live on it and the kernels are compiled; without one they stay on the CPU and
-`kernel_backend("triton")` runs the kernels in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1). Shapes are tiny (the interpreter runs every program in Python), d is not
-a power of two (the kernels pad it to 16 with masks), the graphs have sources without real successors, sources
+`kernel_backend("triton")` runs the kernels in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
+Shapes are tiny (the interpreter runs every program in Python), d is not a power of two (the kernels pad it to 16 with masks), the graphs have sources without real successors, sources
 repeated over more than one position chunk, and both graph kinds.
 """
 
@@ -10,20 +10,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modeling_brillm import energy
+from modeling_brillm import ops, plans, triton_energy
 from modeling_brillm.backend import kernel_backend
-from modeling_brillm.energy import (
+from modeling_brillm.ops import (
     EdgeGradLink,
     KernelPlan,
     candidate_energies,
     exact_log_partition,
     gather_edges,
-    make_kernel_plan,
     make_plan,
     scatter_logits,
     successor_logits,
     target_energies,
 )
+from modeling_brillm.plans import make_kernel_plan
 from modeling_brillm.graph import graph_from_edges
 
 pytest.importorskip("triton")
@@ -37,7 +37,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 def small_tiles(monkeypatch):
     """Tiles of 8 successors (two sub-tiles of 4): blocks of up to 9 successors span two tiles, the second with an
     empty sub-tile; 40 extra positions on one node span three chunks of 16."""
-    monkeypatch.setattr(energy, "KERNEL_TILE_SUCCESSORS", 8)
+    monkeypatch.setattr(plans, "KERNEL_TILE_SUCCESSORS", 8)
 
 
 def graph(V, seed, dense):
@@ -86,7 +86,7 @@ def close(a, b, name):
 
 
 def exact_loss(backend, tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows=None):
-    """Mean exact loss and every gradient, through energy.py's functions as the model calls them."""
+    """Mean exact loss and every gradient, through ops' functions as the model calls them."""
     weights, biases, x, pe = [t.clone().requires_grad_() for t in tensors]
     with kernel_backend(backend):
         link = None
@@ -298,7 +298,7 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
-            out[backend] = model._decode_core(tokens, *tensors, model.base_model.decode_max_degree())
+            out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
     close(out["triton"][0], out["torch"][0], "logits")
     for a, b, name in zip(out["triton"][1], out["torch"][1], state.tensors()):
         close(a.float(), b.float(), name)
@@ -348,7 +348,7 @@ def test_launches_do_not_grow_with_the_number_of_sources():
         weights, biases, indptr, indices, sources, x, pe, V = setup(V=V, N=N, seed=1)
         targets = torch.randint(0, V, sources.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE)
         rows = rows_of(sources, targets, indptr, indices, V)
-        energy.graph_max_degree(indptr)  # read once per graph, before the step
+        ops.graph_max_degree(indptr)  # read once per graph, before the step
         w, b, xx = (t.clone().requires_grad_() for t in (weights, biases, x))
         with kernel_backend("triton"):
             Count.ops = 0
@@ -388,7 +388,7 @@ def test_one_plan_two_calls_in_flight():
 
 # ------------------------------------------------------------------------------------------- non_edge_bias
 def biased_loss(backend, tensors, bias, sources, targets, indptr, indices, V, sparse_grad, probe):
-    """The exact loss plus a probe of the logits, with a per-node `non_edge_bias`, through energy.py's functions as
+    """The exact loss plus a probe of the logits, with a per-node `non_edge_bias`, through ops' functions as
     the model calls them; returns the values and every gradient (the bias's included)."""
     weights, biases, x, pe, nb = [t.clone().requires_grad_() for t in (*tensors, bias)]
     with kernel_backend(backend):
@@ -404,8 +404,8 @@ def biased_loss(backend, tensors, bias, sources, targets, indptr, indices, V, sp
         ((log_z - true).mean() + (logits * probe).sum()).backward()
         inv = torch.argsort(plan.order)
         direct = successor_logits(x, pe, weights, biases, sources, indptr, indices, V, nb.detach())
-        static = energy.successor_logits_static(x, pe, weights, biases, sources, indptr, indices, V,
-                                                V if indices is None else energy.graph_max_degree(indptr), nb.detach())
+        static = ops.successor_logits_static(x, pe, weights, biases, sources, indptr, indices, V,
+                                                V if indices is None else ops.graph_max_degree(indptr), nb.detach())
     grad_nb = nb.grad if nb.grad is not None else torch.zeros_like(nb)  # dense: no non-successor anywhere
     return (log_z.detach(), true.detach(), logits.detach()[inv], direct, static, weights.grad, biases.grad, x.grad,
             grad_nb)
@@ -460,7 +460,7 @@ def test_non_edge_bias_model_matches_torch(tiny, biased, sparse_gradients, side,
     try:
         loss_t, logits_t, grads_t = _model_step(model, ids, mask, "torch", True)
         calls = []
-        kernel_energies = energy._kernels().KernelEnergies
+        kernel_energies = triton_energy.KernelEnergies
         original = kernel_energies.apply
         with monkeypatch.context() as patch:
             patch.setattr(kernel_energies, "apply", lambda *a: calls.append(1) or original(*a))
@@ -493,7 +493,7 @@ def test_non_edge_bias_decoding_equals_torch(tiny, biased):
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
-            out[backend] = model._decode_core(tokens, *tensors, model.base_model.decode_max_degree())
+            out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
     close(out["triton"][0], out["torch"][0], "logits")
     for a, b, name in zip(out["triton"][1], out["torch"][1], state.tensors()):
         close(a.float(), b.float(), name)
@@ -511,3 +511,35 @@ def test_non_edge_bias_decoding_equals_torch(tiny, biased):
         finally:
             model.decode_mode = "auto"
         assert torch.equal(got, ref), mode
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("biased", [False, True])
+def test_ops_decode_step_kernel_equals_the_reference(dense, biased):
+    """ops.decode_step through the two decode kernels and through recurrence.decode_step: logits and state within
+    1e-5, along a real edge, a non-edge, from a node without successors, a sequence start and past the position
+    weights."""
+    weights, biases, indptr, indices, _, _, _, V = setup(seed=13, dense=dense)
+    g = torch.Generator().manual_seed(14)
+    B = 4
+    last = torch.tensor([0, V - 1, 3, 5], device=DEVICE)
+    tokens = torch.randint(0, V, (B,), generator=g).to(DEVICE)
+    keys = None if indices is None else ops.edge_keys(indptr, indices, V)
+    if not dense:  # row 0 along the last real edge of node 0's block
+        tokens[0] = indices[int(indptr[1]) - 1]
+    signal, norm = torch.randn(B, D, generator=g), torch.rand(B, generator=g) + 1
+    state = [signal, signal * norm.unsqueeze(1), norm, torch.randn(B, generator=g)]
+    state = [t.to(DEVICE) for t in state]
+    length = torch.tensor([0, 3, 7, 12], device=DEVICE)  # 0: a first token; 12: past the 10 position weights
+    positions = torch.randn(1, 10, 1, generator=g).to(DEVICE)
+    pe_now, pe_next = (torch.randn(B, D, generator=g).to(DEVICE) for _ in range(2))
+    bias = torch.randn(V, generator=g).to(DEVICE) if biased else None
+    max_degree = V if dense else ops.graph_max_degree(indptr)
+    out = {}
+    for backend in ("torch", "triton"):
+        with torch.no_grad(), kernel_backend(backend):
+            out[backend] = ops.decode_step(tokens, *state, length, last, weights, biases, positions, pe_now, pe_next,
+                                           indptr, indices, keys, V, max_degree, bias)
+    close(out["triton"][0], out["torch"][0], "logits")
+    for a, b, name in zip(out["triton"][1], out["torch"][1], ("signal", "sum", "norm", "max", "length", "tokens")):
+        close(a.float(), b.float(), name)

@@ -85,7 +85,7 @@ def test_embedding_gradient_and_a_dense_parameter_in_one_group():
 
 
 def test_entries_and_the_step_read_inside_the_kernel():
-    """The call `_update_entries` makes (rows picked by an entry index) and the step count read by the kernel
+    """The call `row_adamw.update_entries` makes (rows picked by an entry index) and the step count read by the kernel
     (where it lives on the device, as with fused=True)."""
     from modeling_brillm.triton_optim import sparse_adamw_rows
 

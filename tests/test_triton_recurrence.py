@@ -1,4 +1,5 @@
-"""The recurrence as one Triton scan (triton_recurrence.py) against the torch column loop (the reference).
+"""The recurrence as one Triton scan (triton_recurrence.py) against the torch column loop (recurrence.py, the
+reference), through ops.signal_scan and through the model.
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (conftest.py sets TRITON_INTERPRET=1); with
 one, everything runs on it (TF32 is off by default for fp32 matmuls). `kernel_backend("triton")` forces the
@@ -13,6 +14,7 @@ import torch
 
 from modeling_brillm import BriLLMForCausalLM, BriLLMModel, graph_from_edges
 from modeling_brillm.backend import HAVE_TRITON, kernel_backend
+from modeling_brillm import ops
 from modeling_brillm.energy import gather_edges
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (pip install .[gpu])")
@@ -220,20 +222,85 @@ def test_inference_and_fetched_rows():
     assert_rel(p1, p0, "positions")
 
 
-def test_scan_is_chosen_only_where_it_applies():
+def _spy_scan(monkeypatch):
+    """Count the calls that reach the Triton scan."""
+    calls = []
+    kernel = ops.kernel_signal_scan
+    monkeypatch.setattr(ops, "kernel_signal_scan", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    return calls
+
+
+def test_scan_is_chosen_only_where_it_applies(monkeypatch):
+    calls = _spy_scan(monkeypatch)
     model = random_model(seed=11)
+    ids = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def picks_kernel(m, **kwargs):
+        before = len(calls)
+        m(ids[:, :4] % m.config.vocab_size, **kwargs)
+        return len(calls) > before
+
     with kernel_backend("torch"):
-        assert model._scan_kernel(False) is None
+        assert not picks_kernel(model)
     with kernel_backend("triton"):
-        assert model._scan_kernel(False) is not None
+        assert picks_kernel(model)
         model.config.signal_dropout = 0.1  # a recipe knob the kernel does not implement: the loop runs it
         model.train()
-        assert model._scan_kernel(False) is None
+        assert not picks_kernel(model)
         model.eval()
-        assert model._scan_kernel(False) is not None
+        assert picks_kernel(model)
         big = BriLLMModel.from_graph(None, vocab_size=2, node_size=136).to(DEVICE)
-        assert big._scan_kernel(False) is None  # d > 128: the tile would not fit in registers
+        assert not picks_kernel(big)  # d > 128: the tile would not fit in registers
         half = BriLLMModel.from_graph(None, vocab_size=3, node_size=8).to(DEVICE, torch.bfloat16)
-        assert half._scan_kernel(False) is None  # training bf16 weights: the loop
+        assert not picks_kernel(half)  # training bf16 weights: the loop
         with torch.no_grad():
-            assert half._scan_kernel(False) is not None  # bf16 inference: the scan (float32 arithmetic)
+            assert picks_kernel(half)  # bf16 inference: the scan (float32 arithmetic)
+
+
+def scan_inputs(seed, B=3, L=6, P=11, fetched=False):
+    """A consistent random state (signal = sum / norm), rows, a padded column and a sequence start."""
+    g = torch.Generator().manual_seed(seed)
+    if fetched:  # the sharded path: one fetched row per column, the table indexed by b·L + j
+        P = B * L
+    weights, biases = torch.randn(P, D, D, generator=g) * 0.5, torch.randn(P, 1, D, generator=g) * 0.5
+    rows = torch.arange(B * L).view(B, L) if fetched else torch.randint(0, P, (B, L), generator=g)
+    has_edge = torch.rand(B, L, generator=g) < 0.8
+    has_edge[0, 0] = False
+    signal, norm = torch.randn(B, D, generator=g), torch.rand(B, generator=g) + 1
+    state = [signal, signal * norm.unsqueeze(1), norm, torch.randn(B, generator=g)]
+    state[2][0], state[3][0], state[1][0] = 0.0, float("-inf"), 0.0  # row 0 starts a sequence
+    mix_weight, pe = torch.randn(B, L, generator=g), torch.randn(B, L, D, generator=g)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (*state[:3], mix_weight, weights, biases)]
+    return leaves, state[3].to(DEVICE), rows.to(DEVICE), has_edge.to(DEVICE), pe.to(DEVICE)
+
+
+@pytest.mark.parametrize("sparse,fetched", [(False, False), (True, False), (False, True)])
+def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched):
+    """ops.signal_scan through the kernel and through the torch column loop: signals, final state and every
+    gradient within 1e-5 (sparse gradients: the same rows); the sharded path's fetched table too."""
+    results = []
+    for backend in ("torch", "triton"):
+        leaves, mix_max, rows, has_edge, pe = scan_inputs(3, fetched=fetched)
+        signal, mix_sum, mix_norm, mix_weight, weights, biases = leaves
+        with kernel_backend(backend):
+            out = ops.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
+                                  sparse)
+        loss = sum((o * torch.linspace(-1, 1, o.numel(), device=DEVICE).view(o.shape)).sum()
+                   for o in out if o.requires_grad)
+        loss.backward()
+        results.append((out, [t.grad for t in (signal, mix_sum, mix_norm, mix_weight, weights, biases)]))
+    (out0, grads0), (out1, grads1) = results
+    for a, b, name in zip(out1, out0, ("signals", "signal", "mix_sum", "mix_norm", "mix_max")):
+        assert_rel(a.detach(), b.detach(), name)
+    for a, b, name in zip(grads1, grads0, ("signal", "mix_sum", "mix_norm", "mix_weight", "weights", "biases")):
+        assert a.is_sparse == b.is_sparse, name
+        assert_rel(a, b, name)
+
+
+def test_ops_signal_scan_torch_reference_is_the_model_loop_bit_for_bit():
+    """The reference is the column loop as the model ran it: dropout off, the final signal the last column's."""
+    (signal, mix_sum, mix_norm, mix_weight, weights, biases), mix_max, rows, has_edge, pe = scan_inputs(4)
+    with kernel_backend("torch"), torch.no_grad():
+        signals, last, *_ = ops.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows,
+                                            has_edge, pe)
+    assert torch.equal(signals[:, -1], last)

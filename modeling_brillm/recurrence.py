@@ -1,0 +1,88 @@
+"""The signal recurrence in torch: the reference that the Triton scan (triton_recurrence.py) and the fused decode
+step (triton_energy.decode_step) compute too, and the path every device without them runs.
+
+One edge step: the signal x leaving token u crosses the edge u→v (edge-table row r) and gives the edge output
+c = GeLU(x·W[r] + b[r] + PE); the signal leaving v is the softmax mix of every edge output so far, weighted by the
+position weight logits p, kept as a running (sum S, norm N, max M) so it costs O(d) a token:
+
+    M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'
+
+(docs/model.md has the model's math). `ops.py` picks this module or the kernels; the model calls ops.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .energy import gather_edges, successor_logits_static
+from .graph import edge_rows_from_keys
+
+
+def mix_in(out, weight_logit, mix_sum, mix_norm, mix_max):
+    """Add edge output `out` (B, d) with position weight logit (B,) to the running softmax mix."""
+    new_max = torch.maximum(mix_max, weight_logit)
+    decay, weight = torch.exp(mix_max - new_max), torch.exp(weight_logit - new_max)
+    return mix_sum * decay.unsqueeze(1) + weight.unsqueeze(1) * out, mix_norm * decay + weight, new_max
+
+
+def edge_update(signal, w, b, pe, weight_logit, mix_sum, mix_norm, mix_max):
+    """One edge step of every row: the edge output GeLU(x·W + b + PE) in the edge table's dtype (`w` (B, d, d),
+    `b` and `pe` (B, d)), mixed (float32) into the running softmax mix; returns the new (sum, norm, max).
+    The one place the step is written: the column loop, the decode step and its reference all call it."""
+    out = F.gelu(torch.bmm(signal.to(w.dtype).unsqueeze(1), w).squeeze(1) + b + pe)
+    return mix_in(out.float(), weight_logit, mix_sum, mix_norm, mix_max)
+
+
+def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
+                sparse_grad: bool = False, link=None, dropout: float = 0.0):
+    """The recurrence over all columns, one column at a time; returns (signals, signal, mix_sum, mix_norm, mix_max).
+
+    `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
+    `mix_weight` (B, L): each column's position weight logit; `weights` (P, d, d), `biases` (P, 1, d): the edge
+    table; `rows` (B, L): each column's edge row (any valid row where `has_edge` (B, L) is False); `pe` (B, L, d):
+    each column's PE row in the table's dtype. `sparse_grad` / `link`: as `energy.gather_edges`. `dropout`
+    (training only; 0 otherwise): the signal leaving each token is dropped out where it is used (its edge and its
+    candidate energies, i.e. `signals`); the state and the returned `signal` keep the undropped one.
+    """
+    L = rows.shape[1]
+    w_steps, b_steps = gather_edges(weights, biases, rows, sparse_grad, link)
+    w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
+    pe, mix_weight = pe.unbind(1), mix_weight.unbind(1)
+    feed = F.dropout(signal, dropout, training=True) if dropout else signal
+    signals = []
+    edge_cols = has_edge.any(0).tolist()
+    for j in range(L):
+        if edge_cols[j]:
+            new_sum, new_norm, new_max = edge_update(feed, w_steps[j], b_steps[j], pe[j], mix_weight[j], mix_sum,
+                                                     mix_norm, mix_max)
+            step = has_edge[:, j]
+            mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
+            mix_norm = torch.where(step, new_norm, mix_norm)
+            mix_max = torch.where(step, new_max, mix_max)
+            signal = torch.where(step.unsqueeze(1), mix_sum / mix_norm.clamp_min(1e-30).unsqueeze(1), signal)
+            feed = F.dropout(signal, dropout, training=True) if dropout else signal
+        signals.append(feed)
+    stacked = torch.stack(signals, 1) if signals else signal.new_zeros(signal.shape[0], 0, signal.shape[1])
+    return stacked, signal, mix_sum, mix_norm, mix_max
+
+
+@torch.no_grad()
+def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
+                pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None):
+    """One token per row with no host read and shapes fixed by (B, max_degree): the edge last_token→tokens, the mix,
+    then every node's energy as the successor of `tokens`. Returns ((B, V) float32 logits, (signal, mix_sum,
+    mix_norm, mix_max, length + 1, tokens)). `positions` is the model's (1, M, 1) weight logits (a position past
+    them uses the last), `pe_now` / `pe_next` the PE rows of `length` / `length + 1`, `edge_keys` as
+    `graph.edge_rows_from_keys` (None: dense)."""
+    wdtype = weights.dtype
+    M = positions.numel()
+    rows = edge_rows_from_keys(edge_keys, last_token, tokens, vocab_size)
+    weight = positions.view(-1).float()[(length - 1).clamp(0, M - 1)]
+    mix_sum, mix_norm, mix_max = edge_update(signal, weights[rows], biases.reshape(weights.shape[0], -1)[rows],
+                                             pe_now.to(wdtype), weight, mix_sum, mix_norm, mix_max)
+    signal = mix_sum / mix_norm.unsqueeze(1)
+    logits = successor_logits_static(signal.to(wdtype), pe_next.to(wdtype), weights, biases, tokens, indptr, indices,
+                                     vocab_size, max_degree, non_edge_bias)
+    return logits.float(), (signal, mix_sum, mix_norm, mix_max, length + 1, tokens)
+
+
+__all__ = ["decode_step", "edge_update", "mix_in", "signal_scan"]
