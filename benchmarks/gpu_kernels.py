@@ -1,4 +1,4 @@
-"""GPU kernels of issue 14, measured side by side with the torch path: candidate energies and the decode step.
+"""The GPU kernels, measured side by side with the torch path: candidate energies and the decode step.
 
     python benchmarks/gpu_kernels.py                       # on a CUDA machine: both parts, paper shape
     python benchmarks/gpu_kernels.py --part energies --batches 32x32 1024x64
@@ -13,7 +13,7 @@ difference of loss and gradients between the two (fp32, TF32 off), and the fract
 rows touched x 4.2 KB read forward, read backward, written backward, at the copy bandwidth measured here).
 
 Decode: greedy `energy_generate` tokens/s at each batch size with `decode_mode` "off" (the general path: what ran
-before issue 14), "eager" (the sync-free step: Triton kernels, launched one by one) and "auto" (the same step replayed
+before the kernels), "eager" (the sync-free step: Triton kernels, launched one by one) and "auto" (the same step replayed
 from a CUDA graph); then per-token time over a `--long` generation at batch 1 (position_overflow="extend"), in
 windows of 1,000 tokens, to show whether it stays flat.
 """

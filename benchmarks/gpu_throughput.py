@@ -1,6 +1,6 @@
-"""GPU throughput (issue 14): the torch path and the Triton kernels side by side in one run.
+"""GPU throughput: the torch path and the Triton kernels side by side in one run.
 
-    python benchmarks/gpu_throughput.py                                  # on a GPU: the issue's whole table
+    python benchmarks/gpu_throughput.py                                  # on a GPU: the whole table
     python benchmarks/gpu_throughput.py --shape paper --batches 1024x64 --objective exact --optimizer sparse_adamw
     python benchmarks/gpu_throughput.py --device cpu --shape tiny        # smoke test without a GPU
 

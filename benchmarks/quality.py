@@ -614,7 +614,7 @@ def plot(results: dict, path: Path):
 
 
 def markdown_table(results: dict) -> str:
-    """The results as the table of benchmarks/README.md."""
+    """The results as a Markdown table (docs/benchmarks.md shows them)."""
     budgets = results["settings"]["budgets"]
     head = ("| model | parameters | " + " | ".join(f"ppl @ {b:g} s" for b in budgets)
             + " | steps | tokens/s | train tokens | other load |")

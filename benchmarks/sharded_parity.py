@@ -4,7 +4,7 @@
     python benchmarks/sharded_parity.py --steps 20 -- --max_grad_norm 0 --lr_scheduler_type constant
     BRILLM_ROOT=/path/to/other/checkout python benchmarks/sharded_parity.py   # measure another copy of the code
 
-Runs `pretrain.py --config demo` (the embedded corpus; the preset carries the issue-16 recipe: non_edge_bias,
+Runs `pretrain.py --config demo` (the embedded corpus; the preset carries the demo recipe: non_edge_bias,
 --node_lr_scale 2, --shared_edge_lr_scale 0.5; add `-- --lazy_weight_decay` for the optional knob) twice on the
 same global batch: one process (`--optimizer auto`, i.e. SparseAdamW) with the whole batch, and two processes with
 `--edge_sharding source` and half the batch each (`configuration/accelerate/cpu_2.yaml`). Prints both loss curves

@@ -180,7 +180,7 @@ def test_a_failed_capture_falls_back_to_the_eager_step(tok, monkeypatch, caplog)
     torch.testing.assert_close(eager, general, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (checked on the device machine)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("dense", [False, True])
 def test_captured_step_replays_the_eager_step(models, tok, dense):
     model = models[dense].cuda()

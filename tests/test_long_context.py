@@ -138,7 +138,7 @@ def test_pipeline_reads_past_the_range(extended, tokenizer, tmp_path):
     assert len(text) >= 50  # character tokens: 60 new ones (a few may decode to nothing)
 
 
-# ----------------------------------------------------------------------------------- issue 9: the limit
+# ------------------------------------------------------------------------------------------- the limit
 class CountingForward:
     def __init__(self, model):
         self.model, self.calls = model, 0

@@ -1,5 +1,5 @@
 """Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
-SparseAdamW and gradient clipping on the same global batch (learned start signals too; the issue-16 recipe:
+SparseAdamW and gradient clipping on the same global batch (learned start signals too; the demo recipe:
 non_edge_bias, node and shared-edge learning-rate scales, lazy weight decay), checkpoints that resume on another
 process count, clear errors.
 
@@ -23,7 +23,7 @@ V, D, GLOBAL_BATCH, LENGTH, STEPS = 300, 8, 12, 16, 20
 LR, WD = 1e-2, 0.01
 MAX_NORM = 0.3  # the global gradient norm is 0.21-0.36 here: about half the steps clip
 LEARNED = {"start_signal": "learned", "num_start_signals": 2}
-# the issue-16 recipe (configuration/models/demo.json) plus lazy weight decay, strong enough that rows untouched for
+# the demo recipe (configuration/models/demo.json) plus lazy weight decay, strong enough that rows untouched for
 # a few steps visibly decay
 RECIPE = {"non_edge_bias": True}
 RECIPE_GROUPS = {"node_lr_scale": 2.0, "shared_edge_lr_scale": 0.5, "lazy_weight_decay": True}

@@ -120,5 +120,5 @@ def make_accelerator(args, project_name: str | None = None):
             f"mixed precision {accelerator.mixed_precision}")
     # autocast does not reach BriLLM's math (exact_precision); FSDP's policy casts the gathered parameters instead
     if accelerator.mixed_precision in ("bf16", "fp16") and accelerator.distributed_type != DistributedType.FSDP:
-        line += " (autocast does not reach BriLLM's float32 math: see benchmarks/GPU_KERNELS.md, 'Mixed precision')"
+        line += " (autocast does not reach BriLLM's float32 math: see docs/gpu.md, 'Mixed precision')"
     return accelerator, line

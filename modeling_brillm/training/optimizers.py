@@ -82,7 +82,7 @@ MOMENT_DTYPES = ("float32", "bfloat16")
 def resolve_moment_dtype(requested: str | None, plan: OptimizerPlan, mixed_precision: str,
                          device_type: str = "cuda") -> str:
     """The dtype of the AdamW moments: `--moment_dtype` if given, else bfloat16 under `--mixed_precision bf16` with
-    SparseAdamW on a GPU (the 16-bit scheme that pays for BriLLM there: benchmarks/GPU_KERNELS.md, "Mixed
+    SparseAdamW on a GPU (the 16-bit scheme that pays for BriLLM there: docs/gpu.md, "Mixed
     precision"), else float32 (on a CPU the torch path's rounding costs more time than the bytes it saves)."""
     if requested is None:
         wanted = mixed_precision == "bf16" and plan.name == "sparse_adamw" and device_type == "cuda"
