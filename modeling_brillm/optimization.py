@@ -72,7 +72,7 @@ try:  # the same functional update torch.optim.AdamW runs
 except ImportError:  # pragma: no cover
     _adam_functional = None
 
-__all__ = ["SparseAdamW"]
+__all__ = ["SparseAdamW", "parameter_groups"]
 
 MOMENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -286,3 +286,34 @@ class SparseAdamW(Optimizer):
         # one fused pass where the backend picks the kernel (duplicates summed and row 0's learning rate scaled
         # inside it, no host synchronisation), else the torch reference (row_adamw.py)
         adamw_rows(P2, M2, V2, rows, values, step, hyper, unique=unique, first_row_scale=first_row_scale)
+
+
+def parameter_groups(model, weight_decay: float, learning_rate: float | None = None, *,
+                     lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0,
+                     node_lr_scale: float = 1.0) -> list[dict]:
+    """Weight decay on the edge matrices (`...weights`) only; biases and position weights are not decayed.
+
+    Recipe options (SparseAdamW's group options, see modeling_brillm.optimization): `lazy_weight_decay` decays every
+    edge row as dense AdamW would, applied when the row is next touched; `shared_edge_lr_scale` multiplies the
+    learning rate of row 0 of the edge tables (the shared edge that every non-successor uses); `node_lr_scale` that
+    of the per-node parameters (`node_bias`, `non_edge_bias`). With the defaults the groups are the plain two.
+    """
+    named = list(model.named_parameters())
+    edge = [p for n, p in named if n.endswith("weights")]
+    if not lazy_weight_decay and shared_edge_lr_scale == 1.0 and node_lr_scale == 1.0:
+        rest = [p for n, p in named if not n.endswith("weights")]
+        return [{"params": edge, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    lr = {} if learning_rate is None else {"lr": learning_rate}
+    node_names = ("node_bias", "non_edge_bias")
+    edge_bias = [p for n, p in named if n.endswith("biases")]
+    nodes = [p for n, p in named if n.endswith(node_names)]
+    rest = [p for n, p in named if not n.endswith(("weights", "biases", *node_names))]
+    groups = [
+        {"params": edge, "weight_decay": weight_decay, "lazy_weight_decay": lazy_weight_decay,
+         "first_row_lr_scale": shared_edge_lr_scale, **lr},
+        {"params": edge_bias, "weight_decay": 0.0, "first_row_lr_scale": shared_edge_lr_scale, **lr},
+        {"params": nodes, "weight_decay": 0.0,
+         **({} if learning_rate is None else {"lr": learning_rate * node_lr_scale})},
+        {"params": rest, "weight_decay": 0.0, **lr},
+    ]
+    return [g for g in groups if g["params"]]

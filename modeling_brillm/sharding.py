@@ -59,7 +59,7 @@ from .backend import exact_precision
 from .losses import position_losses, shift_labels
 from .modeling_brillm import BriLLMForCausalLM
 from .ops import EdgeGradLink, candidate_energies, gather_edges, make_plan
-from .optimization import group_moment_dtype
+from .optimization import group_moment_dtype, parameter_groups
 
 SHARED_FILE = "edge_shared.safetensors"
 SHARD_PATTERN = "edge_shard_{rank:05d}_of_{world:05d}.safetensors"
@@ -336,11 +336,9 @@ class ShardedBriLLM(nn.Module):
                          lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0,
                          node_lr_scale: float = 1.0) -> list[dict]:
         """SparseAdamW groups as examples/pretrain.py makes them for one process
-        (`training.optimizers.parameter_groups`): weight decay on the edge matrices only; the recipe options
+        (`optimization.parameter_groups`): weight decay on the edge matrices only; the recipe options
         `lazy_weight_decay`, `shared_edge_lr_scale` (row 0 of the local tables, the shared edge) and `node_lr_scale`
         (`node_bias`, `non_edge_bias`; needs `learning_rate`, the optimizer's base rate)."""
-        from .training.optimizers import parameter_groups
-
         if node_lr_scale != 1.0 and learning_rate is None:
             raise ValueError("parameter_groups: node_lr_scale scales learning_rate; pass learning_rate (the "
                              "optimizer's lr) too.")

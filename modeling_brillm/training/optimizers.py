@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from modeling_brillm.optimization import SparseAdamW, parameter_groups
+
 from .errors import UsageError
 
 OPTIMIZERS = ("auto", "adamw", "sparse_adamw")
@@ -104,37 +108,6 @@ def describe_optimizer(plan: OptimizerPlan, max_grad_norm: float | None, moment_
     return f"optimizer: {plan.name} ({kind}; {plan.reason}); {clip}{moments}"
 
 
-def parameter_groups(model, weight_decay: float, learning_rate: float | None = None, *,
-                     lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0,
-                     node_lr_scale: float = 1.0) -> list[dict]:
-    """Weight decay on the edge matrices (`...weights`) only; biases and position weights are not decayed.
-
-    Recipe options (SparseAdamW's group options, see modeling_brillm.optimization): `lazy_weight_decay` decays every
-    edge row as dense AdamW would, applied when the row is next touched; `shared_edge_lr_scale` multiplies the
-    learning rate of row 0 of the edge tables (the shared edge that every non-successor uses); `node_lr_scale` that
-    of the per-node parameters (`node_bias`, `non_edge_bias`). With the defaults the groups are the plain two.
-    """
-    named = list(model.named_parameters())
-    edge = [p for n, p in named if n.endswith("weights")]
-    if not lazy_weight_decay and shared_edge_lr_scale == 1.0 and node_lr_scale == 1.0:
-        rest = [p for n, p in named if not n.endswith("weights")]
-        return [{"params": edge, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    lr = {} if learning_rate is None else {"lr": learning_rate}
-    node_names = ("node_bias", "non_edge_bias")
-    edge_bias = [p for n, p in named if n.endswith("biases")]
-    nodes = [p for n, p in named if n.endswith(node_names)]
-    rest = [p for n, p in named if not n.endswith(("weights", "biases", *node_names))]
-    groups = [
-        {"params": edge, "weight_decay": weight_decay, "lazy_weight_decay": lazy_weight_decay,
-         "first_row_lr_scale": shared_edge_lr_scale, **lr},
-        {"params": edge_bias, "weight_decay": 0.0, "first_row_lr_scale": shared_edge_lr_scale, **lr},
-        {"params": nodes, "weight_decay": 0.0,
-         **({} if learning_rate is None else {"lr": learning_rate * node_lr_scale})},
-        {"params": rest, "weight_decay": 0.0, **lr},
-    ]
-    return [g for g in groups if g["params"]]
-
-
 def apply_pending_weight_decay(optimizer):
     """Bring lazily decayed rows up to date (SparseAdamW's lazy_weight_decay) before the weights are read: evaluation,
     saving. A no-op for any other optimizer; accepts accelerate's wrapper."""
@@ -148,7 +121,6 @@ def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_dec
                     lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
                     moment_dtype: str = "float32"):
     """The optimizer of `plan` over `model` (before accelerator.prepare); sets model.sparse_gradients to match."""
-    import torch
 
     model.sparse_gradients = plan.sparse_gradients
     if plan.name != "sparse_adamw" and shared_edge_lr_scale != 1.0:
@@ -158,8 +130,6 @@ def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_dec
                               lazy_weight_decay=lazy_weight_decay and plan.name == "sparse_adamw",
                               shared_edge_lr_scale=shared_edge_lr_scale)
     if plan.name == "sparse_adamw":
-        from modeling_brillm.optimization import SparseAdamW
-
         return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
     # torch's fused kernel: one pass over parameter, gradient and moments (7x faster than the default on CPU)
     fused = accelerator.device.type in ("cpu", "cuda") and accelerator.distributed_type.value != "DEEPSPEED"
