@@ -487,7 +487,8 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
                                  f"got {tuple(labels.shape)}.")
             targets = shift_labels(labels, attention_mask, run.column, self.config.vocab_size)
         keep_from = T - logits_to_keep if logits_to_keep and logits_to_keep < T else 0
-        loss, logits = self._energies(run, targets, keep_from if return_logits else None, T)
+        loss, logits = self._energies(run, targets, keep_from if return_logits else None, T,
+                                      kwargs.get("num_items_in_batch"))
         hidden = (run.scatter(T),) if output_hidden_states else None
         return BriLLMCausalLMOutput(loss=loss, logits=logits, past_key_values=run.state if use_cache else None,
                                     hidden_states=hidden)
@@ -501,11 +502,13 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
                                       indptr, indices, self.config.vocab_size, base.non_edge_bias)
         return logits.float()
 
-    def _energies(self, run: Signals, targets, keep_from: int | None, width: int):
+    def _energies(self, run: Signals, targets, keep_from: int | None, width: int, num_items=None):
         """Candidate energies of the positions that need them: (loss or None, logits (B, T − keep_from, V) or None).
 
         Every real position with a target is scored; logits are built for the columns from `keep_from` on (None:
-        no logits). Positions are grouped by their current node so each node's block of edges is read once."""
+        no logits). Positions are grouped by their current node so each node's block of edges is read once. The loss
+        is the mean over the scored positions, or their sum over `num_items` (transformers' Trainer passes the
+        scored tokens of all its accumulated micro-batches as `num_items_in_batch`)."""
         base, cfg = self.brillm, self.config
         V, wdtype = cfg.vocab_size, base.weights.dtype
         wanted = run.valid & (run.column >= keep_from) if keep_from is not None else torch.zeros_like(run.valid)
@@ -534,7 +537,9 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
                 if sampled and cfg.negative_sampling == "frequency" else None
             per_position = position_losses(energies, shared, plan, sources, target, self.edge_rows(sources, target),
                                            indptr[sources] + 1, cfg, base.non_edge_bias, logits, by_count)
-            loss = torch.where(scored, per_position, torch.zeros_like(per_position)).sum() / scored.sum().clamp_min(1)
+            total = torch.where(scored, per_position, torch.zeros_like(per_position)).sum()
+            count = scored.sum().clamp_min(1) if num_items is None else torch.as_tensor(num_items).to(total.device)
+            loss = total / count
         if keep_from is None:
             return loss, None
         out = torch.zeros(run.tokens.shape[0], width - keep_from, V, dtype=torch.float32, device=x.device)

@@ -527,3 +527,13 @@ def test_malformed_edge_list_is_refused(tmp_path):
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="edge list does not fit"):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_num_items_in_batch_gives_the_summed_loss_over_that_count(device):
+    """transformers' Trainer passes the scored tokens of all accumulated micro-batches as `num_items_in_batch`
+    (the forward takes **kwargs): the loss is then the sum over this batch divided by that count."""
+    model, seqs = tiny_model(device=device)
+    ids = torch.stack(seqs[:2])
+    mean = model(ids, labels=ids).loss
+    count = (ids.shape[1] - 1) * ids.shape[0]
+    torch.testing.assert_close(model(ids, labels=ids, num_items_in_batch=torch.tensor(3 * count)).loss, mean / 3)
