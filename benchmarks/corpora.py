@@ -164,7 +164,8 @@ def pod_to_text(source: str) -> str:
         if not block.strip():
             continue
         if block.startswith("="):
-            command, _, rest = block.partition(" ") if " " in block.split("\n", 1)[0] else (block.split("\n", 1)[0], "", "")
+            command, _, rest = (block.partition(" ") if " " in block.split("\n", 1)[0]
+                                else (block.split("\n", 1)[0], "", ""))
             command = command.strip()
             if command == "=cut":
                 in_pod = False

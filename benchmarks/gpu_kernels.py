@@ -13,14 +13,15 @@ difference of loss and gradients between the two (fp32, TF32 off), and the fract
 rows touched x 4.2 KB read forward, read backward, written backward, at the copy bandwidth measured here).
 
 Decode: greedy `energy_generate` tokens/s at each batch size with `decode_mode` "off" (the general path: what ran
-before the kernels), "eager" (the sync-free step: Triton kernels, launched one by one) and "auto" (the same step replayed
-from a CUDA graph); then per-token time over a `--long` generation at batch 1 (position_overflow="extend"), in
+before the kernels), "eager" (the sync-free step: Triton kernels, launched one by one) and "auto" (the same step
+replayed from a CUDA graph); then per-token time over a `--long` generation at batch 1 (position_overflow="extend"), in
 windows of 1,000 tokens, to show whether it stays flat.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -147,11 +148,10 @@ def run_energies(args, device, bandwidth):
         results = {}
         for backend in ("torch", "triton"):
             try:
-                energies_pass(model, tokens, x, pe, backend)  # warm-up (compiles the kernels)
-                sec = timed(lambda: energies_pass(model, tokens, x, pe, backend), device, args.repeats)
-                launches = count_launches(lambda: energies_pass(model, tokens, x, pe, backend), device)
-                syncs = count_syncs(lambda: energies_pass(model, tokens, x, pe, backend), device)
-                results[backend] = (sec, launches, syncs, energies_pass(model, tokens, x, pe, backend))
+                run = functools.partial(energies_pass, model, tokens, x, pe, backend)
+                run()  # warm-up (compiles the kernels)
+                sec = timed(run, device, args.repeats)
+                results[backend] = (sec, count_launches(run, device), count_syncs(run, device), run())
             except Exception as error:  # keep measuring the rest
                 print(f"{spec:>9} {backend:>8} failed: {type(error).__name__}: {error}")
         for backend, (sec, launches, syncs, (loss, grads)) in results.items():
@@ -180,8 +180,8 @@ def run_decode(args, device):
         for mode in ("off", "eager", "auto"):
             model.decode_mode = mode
             try:
-                run = lambda: model.energy_generate(prompt, max_new_tokens=args.steps, eos_token_id=[],  # noqa: E731
-                                                    num_alternatives=0, exclude_self_loops=False)
+                run = functools.partial(model.energy_generate, prompt, max_new_tokens=args.steps, eos_token_id=[],
+                                        num_alternatives=0, exclude_self_loops=False)
                 out = run()  # warm-up: compiles, captures
                 sec = timed(run, device, args.repeats)
                 same = "" if ref is None else str(torch.equal(out.sequences, ref))

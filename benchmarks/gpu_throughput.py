@@ -76,7 +76,7 @@ def parse_batches(text: str) -> list[tuple[int, int]]:
     try:
         return [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",") if item]
     except ValueError:
-        raise SystemExit(f"--batches takes BxL items separated by commas, e.g. 32x32,1024x64; got {text!r}")
+        raise SystemExit(f"--batches takes BxL items separated by commas, e.g. 32x32,1024x64; got {text!r}") from None
 
 
 def sync(device):
@@ -190,7 +190,7 @@ def train_row(args, model, batches, device, B, L, objective, optimizer_name, bac
                tokens_per_s=B * L / step_s, step_ms=step_s * 1e3, launches=launches,
                busy=kernel_s / step_s, peak_gb=peak, floor_ms=floor_s * 1e3, of_floor=floor_s / step_s,
                loss=float(loss.detach()), interpreted=backend == "triton" and device.type != "cuda")
-    del optimizer
+    optimizer = None  # free the moments before the next row
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -237,7 +237,8 @@ def brillm_setup(data, args, preset: str) -> dict:
 
     pargs, model_fields, _ = pretrain_args(Namespace(**{**vars(args), "config": preset}))
     pargs.block_size = int(data["train"][0].shape[1])
-    config, graph = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], pargs.min_bigram_count)
+    config, graph = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"],
+                                           pargs.min_bigram_count)
     return {**data, "config": config, "graph": graph, "pargs": pargs}
 
 
@@ -462,7 +463,6 @@ class BudgetRun:
 
     def __init__(self, label, model, step, data, points, args, device, say=print, clock=None, optimizer=None):
         import torch
-
         from common import CpuMonitor
 
         self.label, self.model, self.step, self.data, self.args, self.device, self.say = (
@@ -632,8 +632,8 @@ def run(args) -> dict:
     check_args(args)
     sizes = gpt2_sizes(args.gpt2, args.gpt2_lr)
     import torch
-
     from common import machine, wait_for_quiet
+
     from modeling_brillm.training.memory import keep_freed_memory
 
     if args.device not in (None, "cpu", "cuda"):

@@ -210,7 +210,8 @@ def plot(results, path: Path):
         losses = [(p["train_seconds"], math.exp(p["train_loss"])) for p in curve if p.get("train_loss") is not None]
         if losses:
             axes[1].plot(*zip(*losses), color=line.get_color(), **style)
-    for ax, title in zip(axes, ("held-out perplexity", "training perplexity (exp of the mean loss since the last point)")):
+    for ax, title in zip(axes, ("held-out perplexity",
+                                "training perplexity (exp of the mean loss since the last point)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("training seconds (evaluation excluded)")
@@ -229,8 +230,8 @@ def plot(results, path: Path):
 
 def run(args) -> dict:
     import torch
-
     from common import machine, wait_for_quiet
+
     from modeling_brillm.training.memory import keep_freed_memory
 
     variants = [parse_variant(v) for v in args.variant]

@@ -10,7 +10,8 @@ Modes (each in its own process group of fresh processes, so peak memory is its o
   ddp             2 processes (gloo), 1 thread each, DDP + dense torch AdamW: examples/pretrain.py's default path
   sharded         2 processes (gloo), 1 thread each, ShardedBriLLM + SparseAdamW (--edge_sharding source)
 The global batch is the same in every mode (each of 2 processes takes half the rows). CPU s/step: each process's
-own CPU time per step (time.process_time), which depends far less than wall time on other processes' load. tokens/s = global batch x
+own CPU time per step (time.process_time), which depends far less than wall time on other processes' load. tokens/s =
+global batch x
 length over the median step time (forward + backward + gradient exchange + optimizer step). Bytes sent per step
 and process: counted by ShardedBriLLM's transport (rows, signals, ids, counts, both directions, and the
 all-reduce of the replicated parameters); for DDP the ring all-reduce of the dense gradient, 2 (W-1)/W x 4 B x
@@ -96,9 +97,11 @@ def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir)
             cpu.append(time.process_time() - c0)
             sent.append(sharded.bytes_sent - before if sharded is not None
                         else (2 * (world - 1) / world * 4 * P if world > 1 else 0))
-    result = {"rank": rank, "median_s": statistics.median(times), "cpu_s": statistics.median(cpu), "bytes_per_step": statistics.median(sent),
+    result = {"rank": rank, "median_s": statistics.median(times), "cpu_s": statistics.median(cpu),
+              "bytes_per_step": statistics.median(sent),
               "peak_gb": peak_rss_gb(), "params": P,
-              "local_rows": int(sharded.model.base_model.weights.shape[0]) if sharded is not None else int(model.base_model.weights.shape[0])}
+              "local_rows": int(sharded.model.base_model.weights.shape[0]) if sharded is not None
+                            else int(model.base_model.weights.shape[0])}
     with open(os.path.join(out_dir, f"{mode}-{rank}.json"), "w") as f:
         json.dump(result, f)
     if world > 1:
@@ -170,7 +173,8 @@ def main():
                 continue
             results.append(r)
             print(f"{mode:<16} {r['processes']:>5} {r['tokens_per_s']:>10,.0f} {r['step_s']:>8.3f} "
-                  f"{str(r['cpu_s']):>20} {r['bytes_per_step'] / 1e6:>18,.1f} {str(r['peak_gb']):>22} {str(r['local_rows']):>24} "
+                  f"{str(r['cpu_s']):>20} {r['bytes_per_step'] / 1e6:>18,.1f} {str(r['peak_gb']):>22} "
+                  f"{str(r['local_rows']):>24} "
                   f"{load:>10.2f}", flush=True)
         by = {r["mode"]: r for r in results}
         if "sharded" in by:

@@ -86,9 +86,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     try:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
         import modeling_brillm  # noqa: F401  (registers brillm with AutoModelForCausalLM, for the metric too)
         from modeling_brillm.evaluation import perplexity
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model).eval()

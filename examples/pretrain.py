@@ -50,7 +50,12 @@ from types import SimpleNamespace
 from modeling_brillm.training.best import BestModel
 from modeling_brillm.training.checkpoints import TrainLog, prepare_output_dir, resolve_checkpoint
 from modeling_brillm.training.data import (
-    collate, file_builder, load_raw_data, load_tokenizer, prepare_blocks, text_stats,
+    collate,
+    file_builder,
+    load_raw_data,
+    load_tokenizer,
+    prepare_blocks,
+    text_stats,
 )
 from modeling_brillm.training.epochs import Job, Position, resume, train_epochs
 from modeling_brillm.training.errors import UsageError
@@ -59,14 +64,26 @@ from modeling_brillm.training.loop import TrainStep, choose_prompts, generate_sa
 from modeling_brillm.training.loop import evaluate as evaluate_dense
 from modeling_brillm.training.memory import check_memory, human_bytes
 from modeling_brillm.training.optimizers import (
-    MOMENT_DTYPES, OPTIMIZERS, apply_pending_weight_decay, build_optimizer, choose_optimizer, describe_optimizer,
+    MOMENT_DTYPES,
+    OPTIMIZERS,
+    apply_pending_weight_decay,
+    build_optimizer,
+    choose_optimizer,
+    describe_optimizer,
     resolve_moment_dtype,
 )
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
 from modeling_brillm.training.publishing import push_folder, write_training_card
 from modeling_brillm.training.sharded import (
-    EDGE_SHARDINGS, ShardedTrainStep, build_sharded, build_sharded_optimizer, checkpoint_kind_error,
-    evaluate_sharded, load_sharded_checkpoint, resolve_optimizer, whole_model_fits,
+    EDGE_SHARDINGS,
+    ShardedTrainStep,
+    build_sharded,
+    build_sharded_optimizer,
+    checkpoint_kind_error,
+    evaluate_sharded,
+    load_sharded_checkpoint,
+    resolve_optimizer,
+    whole_model_fits,
 )
 
 SUMMARY_NAME = "pretrain_summary.json"

@@ -319,14 +319,14 @@ def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, 
     ghs = gh.split(sizes)
     if need_w:
         xs = x.split(plan.group_sizes)
-        for (i, m, r0, n), ghg, slot in zip(groups, ghs, first_slots):
+        for (i, m, _, n), ghg, slot in zip(groups, ghs, first_slots):
             if m == 1:  # outer products x ⊗ gh_r: a broadcast multiply beats a K=1 bmm
                 torch.mul(xs[i].view(1, d, 1), ghg.view(n, 1, d), out=w_values[slot:slot + n])
             else:
                 torch.bmm(xs[i].t().expand(n, d, m), ghg.view(n, m, d), out=w_values[slot:slot + n])
     if grad_x is not None:  # dE/dx = W·(dE/dh), summed over the successors of each position
         gx = _workspace("gx", (M, d), x.dtype, x.device)
-        for (i, m, r0, n), ghg, gxg in zip(groups, ghs, gx.split(sizes)):
+        for (_, m, r0, n), ghg, gxg in zip(groups, ghs, gx.split(sizes)):
             torch.bmm(ghg.view(n, m, d), weights[r0:r0 + n].transpose(1, 2), out=gxg.view(n, m, d))
         grad_x.index_add_(0, plan.grouped_positions(), gx)
     if need_b:

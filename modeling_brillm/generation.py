@@ -19,8 +19,8 @@ import torch
 from transformers import GenerationMixin
 from transformers.utils import ModelOutput, logging
 
-from .ops import kernel_enabled
 from .decode_capture import DecodeGraphs
+from .ops import kernel_enabled
 from .state import BriLLMState
 from .validation import check_inputs, too_long
 

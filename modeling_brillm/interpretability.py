@@ -246,7 +246,8 @@ def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, title: str
     n = min(len(trace), max_steps)
     if n == 0:
         raise ValueError("the trace has no steps to draw (it needs at least two tokens).")
-    k = trace.alternative_tokens.shape[1] if top_k is None else max(0, min(int(top_k), trace.alternative_tokens.shape[1]))
+    k = (trace.alternative_tokens.shape[1] if top_k is None
+         else max(0, min(int(top_k), trace.alternative_tokens.shape[1])))
     energies = trace.energies[:n]
     alt_e = trace.alternative_energies[:n, :k]
     finite = torch.cat([energies, alt_e.flatten()])

@@ -45,7 +45,8 @@ def _model_facts(model, tokenizer=None) -> list[tuple[str, str]]:
         ("node size d", str(d)),
         ("graph", cfg.graph),
         ("real edges", f"{cfg.num_edges:,}" + (" (every ordered pair)" if cfg.graph == "dense" else
-                                               f" (avg. {cfg.num_edges / V:.1f} successors per node; the rest share one edge)")),
+                                               f" (avg. {cfg.num_edges / V:.1f} successors per node; "
+                                               "the rest share one edge)")),
         ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
         ("max sequence length", f"unbounded (position_overflow=\"extend\"; {cfg.max_position_embeddings} learned "
          "positions)" if getattr(cfg, "position_overflow", "error") == "extend" else str(cfg.max_position_embeddings)),

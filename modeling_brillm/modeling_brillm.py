@@ -29,7 +29,14 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from .backend import exact_precision
+from .configuration_brillm import BriLLMConfig
+from .decoding import energy_generate
+from .generation import BriLLMGenerationMixin
 from .graph import edge_keys
+from .graph_editing import GraphMethods
+from .interpretability import energy_trace
+from .losses import frequency_table, position_losses, shift_labels
 from .ops import (
     EdgeGradLink,
     candidate_energies,
@@ -41,14 +48,7 @@ from .ops import (
     successor_logits,
 )
 from .ops import decode_step as sync_free_step
-from .backend import exact_precision
-from .configuration_brillm import BriLLMConfig
-from .generation import BriLLMGenerationMixin
-from .graph_editing import GraphMethods
-from .losses import frequency_table, position_losses, shift_labels
 from .state import BriLLMState
-from .decoding import energy_generate
-from .interpretability import energy_trace
 from .validation import check_inputs, check_signal_ids, too_long
 
 

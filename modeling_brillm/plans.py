@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+
 @dataclass
 class CandidatePlan:
     """Which rows each position reads, in the order the energies come out (no autograd, built once per call)."""

@@ -257,14 +257,17 @@ class ShardedBriLLM(nn.Module):
             self.local_indices = None
         keep = torch.cat([torch.zeros(1, dtype=torch.long), self.local_rows]).to(device)
         with torch.no_grad():
-            weights = model.base_model.weights.detach().index_select(0, keep) if model.base_model.weights.device.type != "meta" else None
-            biases = model.base_model.biases.detach().index_select(0, keep) if model.base_model.biases.device.type != "meta" else None
+            weights = (model.base_model.weights.detach().index_select(0, keep)
+                       if model.base_model.weights.device.type != "meta" else None)
+            biases = (model.base_model.biases.detach().index_select(0, keep)
+                      if model.base_model.biases.device.type != "meta" else None)
         # the model now holds the local table (its own full one is freed); `run_signals` reads only its dtype
         d = cfg.node_size
         if weights is None:  # built on the meta device (from_config): filled there
             weights = torch.empty(len(keep), d, d, device=device)
         self.model.base_model.weights = nn.Parameter(weights)
-        self.model.base_model.biases = nn.Parameter(biases if biases is not None else torch.empty(len(keep), 1, d, device=device))
+        self.model.base_model.biases = nn.Parameter(biases if biases is not None
+                                                    else torch.empty(len(keep), 1, d, device=device))
         self.model.sparse_gradients = True  # node_bias's gradient: the rows of the sequences' first tokens
         self._link = None
         self._unreduced = False  # a backward ran since the last reduce_gradients (clip_grad_norm_ checks it)
@@ -284,9 +287,12 @@ class ShardedBriLLM(nn.Module):
         V, d = config.vocab_size, config.node_size
         model.base_model.node_bias = nn.Parameter(torch.empty(V, 1, d).uniform_(-r, r, generator=gen).to(device))
         model.base_model.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1, device=device))
-        if model.base_model.start_signals is not None:  # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
-            model.base_model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d, device=device))
-        if model.base_model.non_edge_bias is not None:  # zero: the release's energies, as BriLLMForCausalLM initialises it
+        # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
+        if model.base_model.start_signals is not None:
+            model.base_model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d,
+                                                                     device=device))
+        # zero: the release's energies, as BriLLMForCausalLM initialises it
+        if model.base_model.non_edge_bias is not None:
             model.base_model.non_edge_bias = nn.Parameter(torch.zeros(V, device=device))
         for name, buf in list(model.named_buffers(recurse=False)):
             model.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))

@@ -49,7 +49,7 @@ def resources(fn, types: dict, constants: dict, num_warps: int) -> str:
 
 
 def variants():
-    R, O = triton_recurrence, triton_optim
+    R, Opt = triton_recurrence, triton_optim
     forward = {a: "*fp32" for a in R._scan_forward_kernel.arg_names if a.endswith("_ptr")}
     forward.update(rows_ptr="*i64", edge_ptr="*u8", L="i32")
     backward = {a: "*fp32" for a in R._scan_backward_kernel.arg_names if a.endswith("_ptr")}
@@ -61,20 +61,20 @@ def variants():
                                                                               NEED_B=True), meta
     yield ("scan forward d=32 bf16 weights", R._scan_forward_kernel, dict(forward, w_ptr="*bf16", b_ptr="*bf16",
            pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False), R._meta(32))
-    optim = {a: "*fp32" for a in O._sparse_adamw_kernel.arg_names if a.endswith("_ptr")}
+    optim = {a: "*fp32" for a in Opt._sparse_adamw_kernel.arg_names if a.endswith("_ptr")}
     optim.update(rows_ptr="*i64", entries_ptr="*i64", nnz="i32")
     optim.update({a: "fp32" for a in ("lr", "beta1", "beta2", "eps", "decay", "step_size", "bc2_sqrt", "log_beta1",
                                       "log_beta2", "first_row_scale")})
     optim.update(step_host="i32")
     for width in (1024, 32):
-        block_w = min(triton.next_power_of_2(width), O._TILE)
+        block_w = min(triton.next_power_of_2(width), Opt._TILE)
         for unique in (True, False):
-            yield (f"sparse adamw width={width} unique={unique}", O._sparse_adamw_kernel, optim,
+            yield (f"sparse adamw width={width} unique={unique}", Opt._sparse_adamw_kernel, optim,
                    dict(W=width, HAS_ENTRIES=not unique, UNIQUE=unique, STEP_ON_DEVICE=not unique, ROUNDED=False,
-                        BLOCK_R=max(1, O._TILE // block_w), BLOCK_W=block_w), dict(num_warps=4))
+                        BLOCK_R=max(1, Opt._TILE // block_w), BLOCK_W=block_w), dict(num_warps=4))
     for on_device in (False, True):
         yield (f"sparse adamw width=1024 bf16 moments, step {'in kernel' if on_device else 'from host'}",
-               O._sparse_adamw_kernel, dict(optim, m_ptr="*bf16", v_ptr="*bf16"),
+               Opt._sparse_adamw_kernel, dict(optim, m_ptr="*bf16", v_ptr="*bf16"),
                dict(W=1024, HAS_ENTRIES=False, UNIQUE=True, STEP_ON_DEVICE=on_device, ROUNDED=True, BLOCK_R=2,
                     BLOCK_W=1024), dict(num_warps=4))
     from modeling_brillm import triton_energy as E

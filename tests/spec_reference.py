@@ -1,4 +1,5 @@
-"""A literal, slow implementation of the released model's math (docs/model.md), written independently of `modeling_brillm`.
+"""A literal, slow implementation of the released model's math (docs/model.md), written independently of
+`modeling_brillm`.
 
 It reads the four released tensors (`node_bias` (V,1,d), `weights` (P,d,d), `biases` (P,1,d), `positions`
 (1,512,1)) and an edge-row map the way the release indexes its checkpoint, and computes the training forward

@@ -14,8 +14,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, BriLLMModel, build_sparse_graph
-from modeling_brillm import configuration_brillm
+from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, BriLLMModel, build_sparse_graph, configuration_brillm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +136,8 @@ def test_older_transformers_get_a_clear_error(tmp_path, stub, version):
     (tmp_path / "transformers").mkdir()
     (tmp_path / "transformers" / "__init__.py").write_text(stub)
     code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('cfg', {str(ROOT / 'modeling_brillm' / 'configuration_brillm.py')!r})\n"
+            "spec = importlib.util.spec_from_file_location('cfg', "
+            f"{str(ROOT / 'modeling_brillm' / 'configuration_brillm.py')!r})\n"
             "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -8,8 +8,8 @@ capture itself needs a GPU: its test is skipped here and runs on a CUDA machine.
 
 import pytest
 import torch
-
 from _tiny import make_model, make_tokenizer
+
 from modeling_brillm import decoding
 from modeling_brillm.modeling_brillm import BriLLMState
 
@@ -234,7 +234,8 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
     model.base_model.load_state_dict(base.base_model.state_dict(), strict=False)
     with torch.no_grad():
-        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(4)) * 2)
+        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size,
+                                                         generator=torch.Generator().manual_seed(4)) * 2)
     enc = _enc(tok)
 
     def decode():

@@ -58,7 +58,7 @@ def reference(x, pe, weights, biases, sources, indptr, indices, V):
     """Plain autograd, position by position and candidate by candidate: (N, V) logits."""
     indices = None if indices is None else indices.cpu()  # the row map is built on the CPU
     rows_all = []
-    for p, u in enumerate(sources.tolist()):
+    for u in sources.tolist():
         row = torch.zeros(V, dtype=torch.long)
         a, b = int(indptr[u]), int(indptr[u + 1])
         targets = torch.arange(V) if indices is None else indices[a:b]

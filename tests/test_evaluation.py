@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _tiny import CORPUS, make_model, make_tokenizer, save_tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from _tiny import CORPUS, make_model, make_tokenizer, save_tiny
 from modeling_brillm import BriLLMForCausalLM
 from modeling_brillm.evaluation import load_texts, per_text_perplexity, perplexity
 from modeling_brillm.interpretability import EnergyTrace, energy_trace, plot_energy_path
@@ -231,7 +231,8 @@ def test_energy_trace_agrees_with_logits(model, tokenizer):
         assert math.isclose(step.energy, float(row[ids[t + 1]]), rel_tol=1e-6, abs_tol=1e-6)
         assert step.rank == 1 + int((row > row[ids[t + 1]]).sum()) and 1 <= step.rank <= V
         assert math.isclose(step.probability, float(torch.softmax(row, -1)[ids[t + 1]]), rel_tol=1e-5)
-        assert step.predicted == int(row.argmax()) and math.isclose(step.predicted_energy, float(row.max()), rel_tol=1e-6)
+        assert (step.predicted == int(row.argmax())
+                and math.isclose(step.predicted_energy, float(row.max()), rel_tol=1e-6))
         others = row.clone()
         others[ids[t + 1]] = float("-inf")
         assert [e for _, e in step.alternatives] == pytest.approx(others.topk(4).values.tolist(), rel=1e-6)

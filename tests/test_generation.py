@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from _tiny import BOS, EOS, PAD, make_model, make_tokenizer, save_tiny
 from transformers import TextStreamer, pipeline
 
-from _tiny import BOS, EOS, PAD, make_model, make_tokenizer, save_tiny
 from modeling_brillm.decoding import EnergyGenerateOutput, energy_generate, save_custom_generate
 
 PROMPTS = ["the cat", "a dog saw the", "my"]

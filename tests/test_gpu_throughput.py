@@ -24,7 +24,8 @@ def test_benchmark_smoke_runs_both_backends(capsys, tmp_path):
     bench = load_script()
     rows = bench.main(["--device", "cuda" if gpu else "cpu", "--shape", "tiny", "--batches", "2x6",
                        "--objective", "exact", "--optimizer", "sparse_adamw", "--steps", "1", "--warmup", "1",
-                       "--decode-batches", "2", "--decode-tokens", "3", "--long-tokens", "12", "--json", str(tmp_path / "rows.json")])
+                       "--decode-batches", "2", "--decode-tokens", "3", "--long-tokens", "12",
+                       "--json", str(tmp_path / "rows.json")])
     out = capsys.readouterr().out
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["backend"] for r in train] == ["torch", "triton"]

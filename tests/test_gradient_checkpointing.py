@@ -4,9 +4,9 @@ gradients."""
 
 import pytest
 import torch
+from _tiny import corpus_ids, make_model, make_tokenizer
 
 import modeling_brillm.modeling_brillm as modeling
-from _tiny import corpus_ids, make_model, make_tokenizer
 
 
 def _grads(model, ids, mask):

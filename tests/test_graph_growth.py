@@ -46,7 +46,8 @@ def test_new_nodes_leave_old_logits_exactly(trained, device):
     assert model.resize_token_embeddings(len(tokenizer)) is None
     assert model.config.vocab_size == len(tokenizer) == V + len(NEW_CHARS)
     base = model.base_model
-    assert base.base_model.graph_indptr.numel() == len(tokenizer) + 1 and base.base_model.node_bias.shape[0] == len(tokenizer)
+    assert (base.base_model.graph_indptr.numel() == len(tokenizer) + 1
+            and base.base_model.node_bias.shape[0] == len(tokenizer))
     with torch.no_grad():
         after = model(ids, attention_mask=mask).logits
     assert torch.equal(after[..., :V], before)

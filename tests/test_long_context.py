@@ -19,7 +19,8 @@ def tokenizer():
 def model(tokenizer, device):
     model = make_model(tokenizer, max_positions=M)
     with torch.no_grad():
-        model.base_model.positions.normal_()  # distinct mix weights, so reusing the last one past the range is really tested
+        # distinct mix weights, so reusing the last one past the range is really tested
+        model.base_model.positions.normal_()
     return model.to(device)
 
 
@@ -92,8 +93,10 @@ def test_reading_past_the_range_uses_the_last_weight_and_the_pe_formula(extended
         last_weight = model.base_model.positions.view(-1)[-1].double()
         for i in range(M, M + 5):
             row = model.edge_rows(ids[i - 1:i], ids[i:i + 1])[0]
-            pe = positional_encoding(torch.tensor([i], device=model.device), model.config.node_size, model.config.position_encoding)[0]
-            out = torch.nn.functional.gelu(signal @ model.base_model.weights[row].double() + model.base_model.biases[row, 0].double()
+            pe = positional_encoding(torch.tensor([i], device=model.device), model.config.node_size,
+                                     model.config.position_encoding)[0]
+            out = torch.nn.functional.gelu(signal @ model.base_model.weights[row].double()
+                                           + model.base_model.biases[row, 0].double()
                                            + pe.double())
             new_max = torch.maximum(mix_max, last_weight)
             mix_sum = mix_sum * torch.exp(mix_max - new_max) + torch.exp(last_weight - new_max) * out

@@ -5,10 +5,9 @@ by 2.8%) and the torch path cast every gathered edge row again at each product."
 
 import pytest
 import torch
+from _tiny import PAD, corpus_ids, make_model, make_tokenizer
 
 from modeling_brillm.backend import HAVE_TRITON, kernel_backend
-
-from _tiny import PAD, corpus_ids, make_model, make_tokenizer
 
 BACKENDS = ["torch"] + (["triton"] if HAVE_TRITON else [])
 

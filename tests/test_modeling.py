@@ -165,7 +165,8 @@ def test_exact_loss_equals_full_softmax_over_logits_and_costs_real_successors_on
     torch.testing.assert_close(out.loss, full)
     # a shared energy per position, plus one per real successor: never V per position
     plan = mb.energy.make_plan(ids[:, :-1].reshape(-1), *model.csr(), V)
-    assert plan.num_entries == int((model.base_model.graph_indptr.diff()[ids[:, :-1].reshape(-1)]).sum()) < ids[:, :-1].numel() * V
+    assert (plan.num_entries == int((model.base_model.graph_indptr.diff()[ids[:, :-1].reshape(-1)]).sum())
+            < ids[:, :-1].numel() * V)
 
 
 def test_labels_minus_100_and_padding_are_ignored(device):
@@ -185,7 +186,8 @@ def test_labels_minus_100_and_padding_are_ignored(device):
 def _frequency_negatives(model, tokens, K):
     """The K most frequent successors of each source (by stored bigram count, ties by id), target excluded; fill
     with non-successors."""
-    indptr, indices, counts = model.base_model.graph_indptr, model.base_model.graph_indices, model.base_model.graph_counts
+    indptr, indices, counts = (model.base_model.graph_indptr, model.base_model.graph_indices,
+                               model.base_model.graph_counts)
     negatives = []
     for u, target in zip(tokens[:-1], tokens[1:]):
         succ = indices[indptr[u]:indptr[u + 1]].tolist()
@@ -373,8 +375,10 @@ def test_edges_stored_in_csr_order_with_shared_row_zero():
     model = BriLLMForCausalLM.from_token_sequences([[3, 1, 2, 1, 0]], vocab_size=4, node_size=2)
     assert model.base_model.graph_indptr.tolist() == [0, 0, 2, 3, 4]
     assert model.base_model.graph_indices.tolist() == [0, 2, 1, 1]
-    assert model.edge_rows(torch.tensor([1, 1, 2, 3, 0, 3]), torch.tensor([0, 2, 1, 1, 1, 3])).tolist() == [1, 2, 3, 4, 0, 0]
-    assert model.base_model.weights.shape == (5, 2, 2) and model.base_model.biases.shape == (5, 1, 2) and model.base_model.node_bias.shape == (4, 1, 2)
+    assert model.edge_rows(torch.tensor([1, 1, 2, 3, 0, 3]),
+                           torch.tensor([0, 2, 1, 1, 1, 3])).tolist() == [1, 2, 3, 4, 0, 0]
+    assert (model.base_model.weights.shape == (5, 2, 2) and model.base_model.biases.shape == (5, 1, 2)
+            and model.base_model.node_bias.shape == (4, 1, 2))
     assert model.base_model.positions.shape == (1, 512, 1) and torch.all(model.base_model.positions == 1)
     assert model.base_model.weights.abs().max() <= 0.5
 
@@ -504,7 +508,8 @@ def test_broken_checkpoints_get_clear_errors(tmp_path):
     (missing / "model.safetensors").unlink()
     with pytest.raises(OSError, match="model.safetensors"):
         AutoModelForCausalLM.from_pretrained(missing)
-    for name, damage in (("garbage", lambda b: b"not a safetensors file" * 4), ("truncated", lambda b: b[: len(b) // 2])):
+    for name, damage in (("garbage", lambda b: b"not a safetensors file" * 4),
+                         ("truncated", lambda b: b[: len(b) // 2])):
         broken = copy(name)
         path = broken / "model.safetensors"
         path.write_bytes(damage(path.read_bytes()))
@@ -521,9 +526,11 @@ def test_broken_checkpoints_get_clear_errors(tmp_path):
 def test_malformed_edge_list_is_refused(tmp_path):
     model, _ = tiny_model()
     with torch.no_grad():
-        model.base_model.graph_indices[:2] = model.base_model.graph_indices[:2].flip(0) if model.base_model.graph_indices[0] != model.base_model.graph_indices[1] \
+        model.base_model.graph_indices[:2] = model.base_model.graph_indices[:2].flip(0) \
+            if model.base_model.graph_indices[0] != model.base_model.graph_indices[1] \
             else torch.tensor([V - 1, 0])
-        model.base_model.graph_indptr[3], model.base_model.graph_indptr[4] = model.base_model.graph_indptr[4], model.base_model.graph_indptr[3]
+        model.base_model.graph_indptr[3], model.base_model.graph_indptr[4] = (model.base_model.graph_indptr[4],
+                                                                              model.base_model.graph_indptr[3])
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="edge list does not fit"):
         AutoModelForCausalLM.from_pretrained(tmp_path)

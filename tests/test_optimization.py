@@ -20,7 +20,7 @@ def test_dense_gradients_equal_adamw_exactly():
     a = [torch.nn.Parameter(torch.randn(7, 3, 3)), torch.nn.Parameter(torch.randn(5))]
     b = [torch.nn.Parameter(t.detach().clone()) for t in a]
     opt_a, opt_b = SparseAdamW(a, **HYPER), torch.optim.AdamW(b, **HYPER)
-    for step in range(5):
+    for _ in range(5):
         grads = [torch.randn_like(t) for t in a]
         for p, q, g in zip(a, b, grads):
             p.grad, q.grad = g.clone(), g.clone()
@@ -209,7 +209,7 @@ def test_portable_fallback_matches_fused_kernel(monkeypatch):
     q = torch.nn.Parameter(p.detach().clone())
     opt_p, opt_q = SparseAdamW([p], **HYPER), SparseAdamW([q], **HYPER)
     rows = list(range(5, 30)) + [33, 41]
-    for k in range(3):
+    for _ in range(3):
         g = torch.randn(len(rows), 6)
         p.grad = sparse_rows(rows, g, shape)
         q.grad = sparse_rows(rows, g.clone(), shape)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _tiny import save_tiny
 from huggingface_hub import ModelCard
 
-from _tiny import save_tiny
 from modeling_brillm.model_card import check_hub_ready, write_model_card
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_loads_from_hub_cache_offline_without_the_package(repo, tmp_path):
     proc = subprocess.run([sys.executable, "-c", SUBPROCESS, REPO_ID, prompt], cwd=tmp_path, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    line = [text for text in proc.stdout.splitlines() if text.startswith("RESULT ")]
     assert line, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Do you wish to run the custom code" not in proc.stdout + proc.stderr
     result = json.loads(line[-1][len("RESULT "):])

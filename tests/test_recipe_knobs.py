@@ -173,10 +173,14 @@ def test_parameter_groups_with_recipe_options():
     assert len(plain) == 2 and plain[0]["params"] == [m.base_model.weights]
     groups = parameter_groups(model, 0.1, 0.05, lazy_weight_decay=True, shared_edge_lr_scale=0.5, node_lr_scale=2.0)
     by_param = {id(p): g for g in groups for p in g["params"]}
-    assert by_param[id(m.base_model.weights)]["lazy_weight_decay"] and by_param[id(m.base_model.weights)]["weight_decay"] == 0.1
-    assert by_param[id(m.base_model.weights)]["first_row_lr_scale"] == 0.5 == by_param[id(m.base_model.biases)]["first_row_lr_scale"]
-    assert by_param[id(m.base_model.node_bias)]["lr"] == pytest.approx(0.1) == by_param[id(m.base_model.non_edge_bias)]["lr"]
-    assert by_param[id(m.base_model.positions)]["lr"] == 0.05 and by_param[id(m.base_model.positions)]["weight_decay"] == 0.0
+    assert (by_param[id(m.base_model.weights)]["lazy_weight_decay"]
+            and by_param[id(m.base_model.weights)]["weight_decay"] == 0.1)
+    assert (by_param[id(m.base_model.weights)]["first_row_lr_scale"] == 0.5
+            == by_param[id(m.base_model.biases)]["first_row_lr_scale"])
+    assert (by_param[id(m.base_model.node_bias)]["lr"] == pytest.approx(0.1)
+            == by_param[id(m.base_model.non_edge_bias)]["lr"])
+    assert (by_param[id(m.base_model.positions)]["lr"] == 0.05
+            and by_param[id(m.base_model.positions)]["weight_decay"] == 0.0)
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     SparseAdamW(groups, lr=0.05)  # accepted as they are
 

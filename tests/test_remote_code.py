@@ -84,7 +84,8 @@ def test_saved_folder_loads_generates_and_saves_in_a_fresh_process(tmp_path):
     assert config["num_edges"] == model.config.num_edges
 
 
-@pytest.mark.skipif(not OTHER_PYTHON, reason="needs BRILLM_OTHER_PYTHON, a Python with another transformers (make test-floor sets it)")
+@pytest.mark.skipif(not OTHER_PYTHON,
+                    reason="needs BRILLM_OTHER_PYTHON, a Python with another transformers (make test-floor sets it)")
 def test_folders_cross_between_transformers_versions(tmp_path):
     _, expected = saved_tiny(tmp_path)
     # saved here, loaded, generated and saved again by the other version, and that folder loaded here

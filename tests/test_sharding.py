@@ -211,7 +211,8 @@ def test_export_loads_as_a_plain_model(tmp_path):
 def test_from_config_never_builds_the_full_table():
     config = BriLLMConfig(vocab_size=40, node_size=D, graph="dense", max_position_embeddings=LENGTH)
     sharded = ShardedBriLLM.from_config(config, seed=3)
-    assert sharded.model.base_model.weights.shape == (1 + 40 * 40, D, D) and sharded.model.base_model.weights.device.type == "cpu"
+    assert (sharded.model.base_model.weights.shape == (1 + 40 * 40, D, D)
+            and sharded.model.base_model.weights.device.type == "cpu")
     again = ShardedBriLLM.from_config(config, seed=3)  # the same initialisation (per-source generators)
     assert torch.equal(sharded.model.base_model.weights, again.model.base_model.weights)
     assert float(sharded.model.base_model.weights.detach().abs().max()) > 0
@@ -224,7 +225,8 @@ def test_from_config_never_builds_the_full_table():
     assert float(out.loss.detach()) == pytest.approx(float(plain), rel=1e-6)
     learned = ShardedBriLLM.from_config(BriLLMConfig(vocab_size=40, node_size=D, graph="dense",
                                                      max_position_embeddings=LENGTH, **LEARNED), seed=3)
-    assert torch.equal(learned.model.base_model.start_signals, torch.full((2, D), 1.0 / D))  # the release's uniform start
+    # the release's uniform start
+    assert torch.equal(learned.model.base_model.start_signals, torch.full((2, D), 1.0 / D))
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
@@ -319,9 +321,12 @@ def test_recipe_groups_and_errors(tmp_path):
     m = sharded.model
     groups = sharded.parameter_groups(WD, LR, **RECIPE_GROUPS)
     by_param = {id(p): g for g in groups for p in g["params"]}
-    assert by_param[id(m.base_model.node_bias)]["lr"] == by_param[id(m.base_model.non_edge_bias)]["lr"] == pytest.approx(2 * LR)
-    assert by_param[id(m.base_model.weights)]["first_row_lr_scale"] == by_param[id(m.base_model.biases)]["first_row_lr_scale"] == 0.5
-    assert by_param[id(m.base_model.weights)]["lazy_weight_decay"] and by_param[id(m.base_model.weights)]["weight_decay"] == WD
+    assert (by_param[id(m.base_model.node_bias)]["lr"] == by_param[id(m.base_model.non_edge_bias)]["lr"]
+            == pytest.approx(2 * LR))
+    assert (by_param[id(m.base_model.weights)]["first_row_lr_scale"]
+            == by_param[id(m.base_model.biases)]["first_row_lr_scale"] == 0.5)
+    assert (by_param[id(m.base_model.weights)]["lazy_weight_decay"]
+            and by_param[id(m.base_model.weights)]["weight_decay"] == WD)
     assert sum(len(g["params"]) for g in groups) == len(list(sharded.parameters()))
     with pytest.raises(ValueError, match="pass learning_rate"):
         sharded.parameter_groups(WD, node_lr_scale=2.0)
@@ -421,7 +426,7 @@ def _losses(out) -> dict[int, float]:
 def _final_params(out) -> dict:
     from safetensors.torch import load_file
 
-    return load_file(str(Path(out) / "model.safetensors"))
+    return {name.removeprefix("brillm."): t for name, t in load_file(str(Path(out) / "model.safetensors")).items()}
 
 
 def _same_run(out, ref_out, steps):

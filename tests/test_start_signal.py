@@ -69,7 +69,8 @@ def test_uniform_checkpoint_loads_as_learned(tmp_path, tok, uniform):
     learned = BriLLMForCausalLM.from_pretrained(tmp_path / "uniform", start_signal="learned", num_start_signals=3)
     learned.to(uniform.device)
     assert learned.config.start_signal == "learned"
-    assert torch.equal(learned.base_model.start_signals.cpu(), torch.full((3, 8), 1 / 8))  # missing key: initialised to 1/d
+    # missing key: initialised to 1/d
+    assert torch.equal(learned.base_model.start_signals.cpu(), torch.full((3, 8), 1 / 8))
     assert torch.equal(learned.base_model.weights, uniform.base_model.weights)  # loaded ones are not re-initialised
     ids, mask = batch(tok)
     with torch.no_grad():
@@ -79,7 +80,8 @@ def test_uniform_checkpoint_loads_as_learned(tmp_path, tok, uniform):
         learned.base_model.start_signals[2] = torch.linspace(-1, 1, 8)
     learned.save_pretrained(tmp_path / "learned")
     again = BriLLMForCausalLM.from_pretrained(tmp_path / "learned")
-    assert again.config.num_start_signals == 3 and torch.equal(again.base_model.start_signals, learned.base_model.start_signals.cpu())
+    assert (again.config.num_start_signals == 3
+            and torch.equal(again.base_model.start_signals, learned.base_model.start_signals.cpu()))
 
 
 def test_signal_ids_pick_each_rows_start(tok, uniform):
@@ -106,7 +108,8 @@ def test_start_signal_gets_gradients(tok, uniform):
     learned = as_learned(uniform, num_start_signals=2).train()
     ids, mask = batch(tok)
     learned(ids, attention_mask=mask, labels=ids, signal_ids=torch.tensor([1, 1]), return_logits=False).loss.backward()
-    assert learned.base_model.start_signals.grad[0].abs().sum() == 0 and learned.base_model.start_signals.grad[1].abs().sum() > 0
+    assert (learned.base_model.start_signals.grad[0].abs().sum() == 0
+            and learned.base_model.start_signals.grad[1].abs().sum() > 0)
 
 
 @pytest.mark.parametrize("value, message", [

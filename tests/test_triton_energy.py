@@ -2,7 +2,8 @@
 
 On a machine with a GPU the tensors live on it and the kernels are compiled; without one they stay on the CPU and
 `kernel_backend("triton")` runs the kernels in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
-Shapes are tiny (the interpreter runs every program in Python), d is not a power of two (the kernels pad it to 16 with masks), the graphs have sources without real successors, sources
+Shapes are tiny (the interpreter runs every program in Python), d is not a power of two (the kernels pad it to 16 with
+masks), the graphs have sources without real successors, sources
 repeated over more than one position chunk, and both graph kinds.
 """
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from modeling_brillm import ops, plans, triton_energy
 from modeling_brillm.backend import kernel_backend
+from modeling_brillm.graph import graph_from_edges
 from modeling_brillm.ops import (
     EdgeGradLink,
     KernelPlan,
@@ -24,7 +26,6 @@ from modeling_brillm.ops import (
     target_energies,
 )
 from modeling_brillm.plans import make_kernel_plan
-from modeling_brillm.graph import graph_from_edges
 
 pytest.importorskip("triton")
 
@@ -445,7 +446,8 @@ def biased(tiny):
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
     model.load_state_dict(base.state_dict(), strict=False)
     with torch.no_grad():
-        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size, generator=torch.Generator().manual_seed(15)))
+        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size,
+                                                         generator=torch.Generator().manual_seed(15)))
     return model.to(DEVICE)
 
 

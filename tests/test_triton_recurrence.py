@@ -12,9 +12,8 @@ candidate backward's gradient hand-over (EdgeGradLink). Shapes are tiny: the int
 import pytest
 import torch
 
-from modeling_brillm import BriLLMForCausalLM, BriLLMModel, graph_from_edges
+from modeling_brillm import BriLLMForCausalLM, BriLLMModel, graph_from_edges, ops
 from modeling_brillm.backend import HAVE_TRITON, kernel_backend
-from modeling_brillm import ops
 from modeling_brillm.energy import gather_edges
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (pip install .[gpu])")
@@ -212,7 +211,8 @@ def test_inference_and_fetched_rows():
 
     def fetched():
         model.zero_grad(set_to_none=True)
-        run = model.base_model.run_signals(ids, edge_fetch=lambda rows: gather_edges(model.base_model.weights, model.base_model.biases, rows))
+        run = model.base_model.run_signals(ids, edge_fetch=lambda rows: gather_edges(model.base_model.weights,
+                                                                                     model.base_model.biases, rows))
         run.signals.square().sum().backward()
         return run.signals.detach(), model.base_model.weights.grad.clone(), model.base_model.positions.grad.clone()
 
