@@ -26,6 +26,7 @@ from modeling_brillm.ops import (
     target_energies,
 )
 from modeling_brillm.plans import make_kernel_plan
+from modeling_brillm.state import TENSORS
 
 pytest.importorskip("triton")
 
@@ -228,7 +229,7 @@ def _model_step(model, ids, mask, backend, return_logits):
         out = model(ids, attention_mask=mask, labels=ids, return_logits=return_logits)
         out.loss.backward()
     grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
-             for n, p in model.named_parameters() if p.grad is not None}
+             for n, p in model.base_model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return out.loss.detach(), out.logits, grads
 
@@ -295,13 +296,13 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
         successors = set(indices[int(indptr[last[1]]):int(indptr[last[1] + 1])].tolist())
         tokens[1] = min(set(range(model.config.vocab_size)) - successors)
         assert model.edge_rows(state.last_token, tokens)[:2].tolist()[1] == 0
-    tensors = [getattr(state, n) for n in state.tensors()]
+    tensors = list(state.tensors())
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
             out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
     close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], state.tensors()):
+    for a, b, name in zip(out["triton"][1], out["torch"][1], TENSORS):
         close(a.float(), b.float(), name)
     model.decode_mode = "eager"
     try:
@@ -490,14 +491,14 @@ def test_non_edge_bias_decoding_equals_torch(tiny, biased):
     model = biased
     ids, mask = _batch(tok, "left")
     state = model(ids, attention_mask=mask, use_cache=True).past_key_values
-    tensors = [getattr(state, n) for n in state.tensors()]
+    tensors = list(state.tensors())
     tokens = torch.tensor([5, 9, 4], device=DEVICE)
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
             out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
     close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], state.tensors()):
+    for a, b, name in zip(out["triton"][1], out["torch"][1], TENSORS):
         close(a.float(), b.float(), name)
     with kernel_backend("torch"):
         model.decode_mode = "off"

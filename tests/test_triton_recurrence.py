@@ -64,12 +64,12 @@ def run_lm(model, ids, mask, sparse, labels=None, return_logits=True):
                 return_logits=return_logits)
     out.loss.backward()
     for name in ("weights", "biases"):
-        grad = getattr(model, name).grad
+        grad = getattr(model.base_model, name).grad
         if grad.is_sparse:  # one gradient per table: the recurrence's rows were added into the candidates' own
             rows = grad._indices()[0]
             assert bool((rows[1:] > rows[:-1]).all()), f"{name}: the sparse gradient has repeated rows"
     grads = {n: p.grad.to_dense() if p.grad.is_sparse else p.grad.clone()
-             for n, p in model.named_parameters() if p.grad is not None}
+             for n, p in model.base_model.named_parameters() if p.grad is not None}
     logits = out.logits.detach() if return_logits else None
     return out.loss.detach(), out.hidden_states[0].detach(), logits, grads
 
@@ -132,7 +132,8 @@ def test_released_positions_ties_and_learned_start_signal():
         model.zero_grad(set_to_none=True)
         out = model(input_ids=ids, labels=ids, signal_ids=torch.tensor([1, 0], device=DEVICE))
         out.loss.backward()
-        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.clone() for n, p in model.base_model.named_parameters() if p.grad is not None}
+        return out.loss.detach(), grads
 
     (l0, g0), (l1, g1) = both_backends(run)
     assert_rel(l1, l0, "loss")
@@ -164,7 +165,7 @@ def test_continuation_from_a_state_passes_gradients_to_the_state(positions):
             + (end.mix_sum * weights[:, 0]).sum() + end.mix_norm.sum() * 0.3 + end.mix_max.sum() * 0.7 \
             + end.signal.sum()
         loss.backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.clone() for n, p in model.base_model.named_parameters() if p.grad is not None}
         return loss.detach(), out2.last_hidden_state.detach(), end.mix_sum.detach(), grads
 
     (l0, h0, s0, g0), (l1, h1, s1, g1) = both_backends(run)
@@ -190,7 +191,7 @@ def test_own_edge_gradients_without_candidate_energies(sparse):
         model.zero_grad(set_to_none=True)
         hidden = model(ids, attention_mask=mask).last_hidden_state
         (hidden.sin() * 3).sum().backward()
-        return hidden.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return hidden.detach(), {n: p.grad for n, p in model.base_model.named_parameters() if p.grad is not None}
 
     (h0, g0), (h1, g1) = both_backends(run)
     assert_rel(h1, h0, "signals")
