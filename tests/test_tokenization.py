@@ -146,6 +146,31 @@ def test_long_texts_tokenize_quietly_and_the_model_keeps_its_limit(char_dir, eng
     assert model(ids[:, :64]).logits.shape == (1, 64, len(built))
 
 
+@pytest.mark.parametrize("overflow", ["error", "extend"])
+def test_a_tokenizer_saved_beside_a_model_records_its_position_limit(tmp_path, overflow):
+    """Beside a model, model_max_length is config.max_position_embeddings (reloaded through the remote config too):
+    truncation cuts there; an "error" model refuses more, an "extend" model reads past it (its trained range)."""
+    built = build_tokenizer(CORPUS, kind="char", vocab_size=64, min_frequency=1)
+    model = make_model(built, max_positions=40)
+    model.config.position_overflow = overflow
+    built.model_max_length = model.config.max_position_embeddings  # what every save beside a model does
+    model.save_pretrained(tmp_path)
+    built.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True)
+    assert tok.model_max_length == model.config.max_position_embeddings == 40
+    text = " ".join(CORPUS)
+    assert len(_ids(tok, text, truncation=True)) == 40
+    with _TransformersWarnings() as messages:
+        ids = torch.tensor([_ids(tok, text, verbose=False)[:60]])  # blocks and long reads: no warning
+    assert not [m for m in messages if TOO_LONG in m]
+    with torch.no_grad():
+        if overflow == "error":
+            with pytest.raises(ValueError, match="max_position_embeddings=40"):
+                model(ids)
+        else:
+            assert torch.isfinite(model(ids).logits).all()
+
+
 # --------------------------------------------------------------------------- #
 # BPE
 # --------------------------------------------------------------------------- #

@@ -305,9 +305,12 @@ def build_tokenizer(
         min_frequency: a BPE merge / a character must occur at least this often
             to enter the vocabulary.
         model_max_length: stored on the tokenizer. The default None means "no limit" (transformers' very large
-            integer, as for any tokenizer whose model length is unknown): texts of any length tokenize quietly,
-            since BriLLM callers split them into blocks, and the model itself refuses sequences longer than its
-            ``max_position_embeddings`` with a clear error. Pass a number to have the tokenizer warn/truncate.
+            integer, as for any tokenizer whose model length is unknown): right for a tokenizer on its own, whose
+            texts BriLLM callers split into blocks. A tokenizer saved beside a model records the model's position
+            limit, ``model_max_length=config.max_position_embeddings`` (or set ``tokenizer.model_max_length`` so
+            before ``save_pretrained``), as every Hugging Face model folder does: ``truncation=True`` and
+            pipelines then cut at it, and a longer text warns unless tokenized with ``verbose=False``. For a
+            ``position_overflow="extend"`` model it is the trained range; the model reads past it.
 
     Returns:
         The trained tokenizer: pad/unk/bos/eos = ``<pad> <unk> <s> </s>`` with
@@ -473,7 +476,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--text_column", default="text", help="Dataset column holding the text (default: text).")
     parser.add_argument("--min_frequency", type=int, default=2, help="Minimum count of a merge/character (default: 2).")
     parser.add_argument("--model_max_length", type=int, default=None,
-                        help="Stored max sequence length (default: none, so long texts tokenize without warnings).")
+                        help="Stored max sequence length: the model's max_position_embeddings when the tokenizer "
+                             "goes beside a model (default: none, so long texts tokenize without warnings).")
     args = parser.parse_args(argv)
 
     if args.train_file is None and args.dataset_name is None:
