@@ -106,7 +106,7 @@ def lm_eval(folder, work):
     from lm_eval.models.huggingface import HFLM
 
     model, tokenizer = load(folder)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=2, max_length=model.config.max_position_embeddings)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=2)
 
     def requests(kind, args):
         return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]
@@ -125,6 +125,12 @@ def lm_eval(folder, work):
                                                                        "do_sample": False})] * 2))
     assert all(math.isfinite(s) and s < 0 for s, _ in scores) and all(math.isfinite(r) and r < 0 for r in rolling)
     assert len(texts) == 2 and texts[0] == texts[1] and texts[0], texts
+    # what `lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True` builds: the same scores
+    by_path = HFLM(pretrained=folder, trust_remote_code=True, batch_size=2, device="cpu")
+    assert type(by_path.model).__module__.startswith("transformers_modules")
+    assert by_path.max_length == model.config.max_position_embeddings
+    again = by_path.loglikelihood(requests("loglikelihood", pairs))
+    assert all(abs(a[0] - b[0]) < 1e-4 and a[1] == b[1] for a, b in zip(scores, again)), (scores, again)
     return {"loglikelihood": scores, "rolling": rolling, "generated": texts}
 
 

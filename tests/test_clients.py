@@ -4,6 +4,7 @@ TRL through `BriLLMSFTTrainer`, and lm-evaluation-harness's `HFLM`. Offline: the
 downloaded. The loss and metrics of BriLLMSFTTrainer are checked by hand in this process."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -117,3 +118,40 @@ def test_sft_refuses_packing(tmp_path, tiny_folder):
     with pytest.raises(ValueError, match="packing"):
         BriLLMSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list([{"text": CORPUS[0]}]),
                          processing_class=tokenizer)
+
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if not add_generation_prompt %}</s>{% endif %}"
+
+
+@pytest.mark.parametrize("layout", ["prompt_completion", "messages"])
+def test_sft_on_conversational_records(tmp_path, tiny_folder, layout):
+    """Conversational records (a chat template set): prompt/completion messages train on the completion only."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from modeling_brillm.training import BriLLMSFTTrainer
+
+    model, tokenizer = load(tiny_folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    if layout == "messages":
+        records = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]}
+                   for p, c in PROMPTS]
+    else:
+        records = [{"prompt": [{"role": "user", "content": p}], "completion": [{"role": "assistant", "content": c}]}
+                   for p, c in PROMPTS]
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=3, report_to="none",
+                     use_cpu=True, bf16=False, gradient_checkpointing=False, logging_steps=1, save_strategy="no")
+    trainer = BriLLMSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(records),
+                               processing_class=tokenizer)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
+    n_prompt = len(tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0][0]}],
+                                                 add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    scored = batch["labels"][0] != -100
+    if layout == "prompt_completion":
+        assert not scored[:n_prompt].any() and scored[n_prompt:].any()
+    else:
+        assert scored.all() or scored[batch["attention_mask"][0] == 1].all()
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 2 and all(math.isfinite(e["loss"]) and math.isfinite(e["entropy"]) for e in logs)
