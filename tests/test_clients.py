@@ -155,3 +155,34 @@ def test_sft_on_conversational_records(tmp_path, tiny_folder, layout):
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logs) == 2 and all(math.isfinite(e["loss"]) and math.isfinite(e["entropy"]) for e in logs)
+
+
+def _collate(rows):
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        mask[i, :len(r["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.where(mask.bool(), ids, -100)}
+
+
+@pytest.mark.xfail(strict=False, reason="BriLLM's forward takes **kwargs, so Trainer passes num_items_in_batch and "
+                   "leaves the gradient-accumulation scaling to the model, which ignores it (loss x accumulation steps)")
+def test_trainer_gradient_accumulation_matches_one_batch(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    from _tiny import make_model, make_tokenizer
+
+    tokenizer = make_tokenizer()
+    rows = [{"input_ids": tokenizer(line + tokenizer.eos_token)["input_ids"]} for line in CORPUS[:4]]
+    logged = []
+    for accumulation, batch_size in ((1, 4), (2, 2)):
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=batch_size,
+                                 gradient_accumulation_steps=accumulation, learning_rate=0.0, report_to="none",
+                                 save_strategy="no", use_cpu=True, max_grad_norm=1e9, logging_steps=1)
+        trainer = Trainer(model=make_model(tokenizer), args=args, train_dataset=rows, data_collator=_collate)
+        trainer.train()
+        logged.append([(e["loss"], e["grad_norm"]) for e in trainer.state.log_history if "loss" in e][0])
+    # the same four rows in one batch or in two accumulated halves: the same loss and gradient (token-weighted)
+    assert logged[1] == pytest.approx(logged[0], rel=0.05)
