@@ -20,7 +20,11 @@ This module imports `trl`; `modeling_brillm.training` exports the class lazily, 
 from __future__ import annotations
 
 import torch
-from trl import SFTTrainer
+
+try:
+    from trl import SFTTrainer
+except ImportError as err:
+    raise ImportError("BriLLMSFTTrainer needs TRL: pip install 'trl>=1.16.0'") from err
 
 __all__ = ["BriLLMSFTTrainer", "scored_positions"]
 
