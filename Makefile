@@ -15,7 +15,8 @@ FLOOR_PY   := $(FLOOR_VENV)/bin/python
 # for sm_90) at the oldest triton claimed.
 FLOOR_TESTS := tests/test_config.py tests/test_remote_code.py tests/test_modeling.py tests/test_generation.py \
 	tests/test_evaluation.py tests/test_publishing.py tests/test_tokenization.py tests/test_finetune.py \
-	tests/test_pretrain.py::test_end_to_end_accelerate_launch tests/test_pretrain.py::test_resume_gives_identical_loss_curve \
+	tests/test_pretrain.py::test_end_to_end_accelerate_launch \
+	tests/test_pretrain.py::test_resume_gives_identical_loss_curve \
 	tests/test_recipe_knobs.py::test_non_edge_bias_through_remote_code \
 	tests/test_triton_energy.py tests/test_triton_recurrence.py tests/test_triton_optim.py tests/test_kernels_compile.py \
 	tests/test_clients.py
@@ -63,7 +64,8 @@ setup-latest: $(LATEST_VENV)/.installed
 
 # Main job: tokenizer + graph from the embedded corpus, pretrain a small BriLLM, evaluate, generate.
 demo: setup
-	$(VENV)/bin/accelerate launch -q --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py --config demo --output_dir outputs/demo
+	$(VENV)/bin/accelerate launch -q --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py \
+		--config demo --output_dir outputs/demo
 
 # The whole suite on the latest releases.
 test: setup $(VENV)/.clients
@@ -77,5 +79,5 @@ test-floor: setup-floor
 
 # The model package, generation and remote code at the newest torch setup.cfg claims.
 test-latest: setup-latest
-	$(LATEST_PY) -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(LATEST_PY) -c "import torch, transformers; print('torch', torch.__version__, transformers.__version__)"
 	$(LATEST_PY) -m pytest -q $(LATEST_TESTS)

@@ -21,7 +21,7 @@ class _Block:
 BLOCK = _Block()
 sys.meta_path.insert(0, BLOCK)
 
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the block above, on purpose)
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 LINES = ["the cat sat on the mat", "the dog sat on the log", "a cat saw a dog", "the dog saw the cat on the mat",

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from _tiny import CORPUS, save_tiny
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,8 +144,9 @@ def test_sft_on_conversational_records(tmp_path, tiny_folder, layout):
     trainer = BriLLMSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(records),
                                processing_class=tokenizer)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
-    n_prompt = len(tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0][0]}],
-                                                 add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0][0]}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)
+    n_prompt = len(prompt["input_ids"])
     scored = batch["labels"][0] != -100
     if layout == "prompt_completion":
         assert not scored[:n_prompt].any() and scored[n_prompt:].any()
@@ -168,11 +168,10 @@ def _collate(rows):
 
 
 @pytest.mark.xfail(strict=False, reason="BriLLM's forward takes **kwargs, so Trainer passes num_items_in_batch and "
-                   "leaves the gradient-accumulation scaling to the model, which ignores it (loss x accumulation steps)")
+                   "leaves the gradient-accumulation scaling to the model, which ignores it (loss x steps)")
 def test_trainer_gradient_accumulation_matches_one_batch(tmp_path):
-    from transformers import Trainer, TrainingArguments
-
     from _tiny import make_model, make_tokenizer
+    from transformers import Trainer, TrainingArguments
 
     tokenizer = make_tokenizer()
     rows = [{"input_ids": tokenizer(line + tokenizer.eos_token)["input_ids"]} for line in CORPUS[:4]]

@@ -37,7 +37,8 @@ N_CHAR_KEPT = CHAR_VOCAB - len(SPECIALS)
 
 # 60 "Chinese-like" symbols (space included) with strictly decreasing counts, so
 # the set of the 46 most frequent ones is unambiguous (no ties at the cut-off).
-CHAR_POOL = [" "] + list("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可里后天多么心还看起发当没")
+CHAR_POOL = [" "] + list("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时"
+                            "年得就那要下以生会自着去之过家学对可里后天多么心还看起发当没")
 assert len(set(CHAR_POOL)) == 60
 CHAR_COUNTS = {ch: 300 - 4 * i for i, ch in enumerate(CHAR_POOL)}
 CHAR_TOP = {ch for ch, _ in sorted(CHAR_COUNTS.items(), key=lambda kv: -kv[1])[:N_CHAR_KEPT]}
@@ -475,7 +476,8 @@ def test_cli_train_file_writes_loadable_folder(tmp_path, english_texts):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(english_texts) + "\n", encoding="utf-8")
     out = tmp_path / "tok"
-    result = _run_cli("--kind", "bpe", "--vocab_size", str(BPE_VOCAB), "--output_dir", str(out), "--train_file", str(corpus))
+    result = _run_cli("--kind", "bpe", "--vocab_size", str(BPE_VOCAB), "--output_dir", str(out),
+                      "--train_file", str(corpus))
     assert result.returncode == 0, result.stderr
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.convert_tokens_to_ids(SPECIALS) == [0, 1, 2, 3]

@@ -336,7 +336,8 @@ def build_tokenizer(
         FileNotFoundError: a training file does not exist.
     """
     if kind not in KINDS:
-        raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, 'char' for Chinese).")
+        raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, "
+                         "'char' for Chinese).")
     _check_vocab_size(kind, vocab_size)
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
@@ -465,8 +466,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
             "<s> is prepended to every encoded sequence."
         ),
     )
-    parser.add_argument("--kind", choices=KINDS, default="bpe", help="bpe (byte-level BPE) or char (one token per character).")
-    parser.add_argument("--vocab_size", type=int, default=4000, help="Total vocab size incl. the 4 special tokens (bpe: >= 260).")
+    parser.add_argument("--kind", choices=KINDS, default="bpe",
+                        help="bpe (byte-level BPE) or char (one token per character).")
+    parser.add_argument("--vocab_size", type=int, default=4000,
+                        help="Total vocab size incl. the 4 special tokens (bpe: >= 260).")
     parser.add_argument("--output_dir", required=True, help="Folder to write the tokenizer to (created if needed).")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--train_file", nargs="+", help="One or more UTF-8 text files, one document per line.")
