@@ -1,11 +1,12 @@
-# The commands of the README. Each creates a virtual environment and installs what it needs (the CPU torch wheel
-# first, so pip never pulls the multi-GB CUDA build on a CPU machine).
+# The commands of the README. Each creates a virtual environment and installs what it needs (`make demo` and
+# `make test`: the CPU torch wheel first, so pip never pulls the multi-GB CUDA build on a CPU machine).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-# The floor environment: every dependency at setup.cfg's lower bound (.ci/floor_constraints.py reads them there).
+# The floor environment: every dependency at setup.cfg's lower bound (.ci/floor_constraints.py reads them there),
+# torch included: the oldest torch claimed, whatever build the registry serves (a CUDA build runs on the CPU too).
 FLOOR_VENV := .venv-floor
 FLOOR_PY   := $(FLOOR_VENV)/bin/python
 # The Hugging Face-facing tests: config, remote code, modeling, generate/pipeline, evaluate, publishing,
@@ -14,11 +15,19 @@ FLOOR_PY   := $(FLOOR_VENV)/bin/python
 # for sm_90) at the oldest triton claimed.
 FLOOR_TESTS := tests/test_config.py tests/test_remote_code.py tests/test_modeling.py tests/test_generation.py \
 	tests/test_evaluation.py tests/test_publishing.py tests/test_tokenization.py tests/test_finetune.py \
-	tests/test_pretrain.py::test_end_to_end_accelerate_launch tests/test_pretrain.py::test_resume_gives_identical_loss_curve \
+	tests/test_pretrain.py::test_end_to_end_accelerate_launch \
+	tests/test_pretrain.py::test_resume_gives_identical_loss_curve \
 	tests/test_recipe_knobs.py::test_non_edge_bias_through_remote_code \
-	tests/test_triton_energy.py tests/test_triton_recurrence.py tests/test_triton_optim.py tests/test_kernels_compile.py
+	tests/test_triton_energy.py tests/test_triton_recurrence.py tests/test_triton_optim.py tests/test_kernels_compile.py \
+	tests/test_clients.py
 
-.PHONY: demo test test-floor setup setup-floor
+# The newest torch setup.cfg claims (pip picks the newest release inside the range, with the latest of everything
+# else): a smoke test of the model package, generation and remote code.
+LATEST_VENV  := .venv-latest
+LATEST_PY    := $(LATEST_VENV)/bin/python
+LATEST_TESTS := tests/test_config.py tests/test_modeling.py tests/test_generation.py tests/test_remote_code.py
+
+.PHONY: demo test test-floor test-latest setup setup-floor setup-latest
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,23 +38,37 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The clients the tests drive (TRL, lm-evaluation-harness): for `make test` only, not the demo.
+$(VENV)/.clients: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[test,viz,gpu,clients]"
+	touch $@
+
 $(FLOOR_VENV)/.installed: setup.cfg pyproject.toml .ci/floor_constraints.py
 	rm -rf $(FLOOR_VENV)
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install --quiet --upgrade pip
-	$(FLOOR_PY) -m pip install --quiet "$(TORCH)"
 	$(PYTHON) .ci/floor_constraints.py setup.cfg > $(FLOOR_VENV)/constraints.txt
 	$(FLOOR_PY) -m pip install --quiet -c $(FLOOR_VENV)/constraints.txt -e ".[test,viz,gpu]"
 	touch $@
 
 setup-floor: $(FLOOR_VENV)/.installed
 
+$(LATEST_VENV)/.installed: setup.cfg pyproject.toml
+	rm -rf $(LATEST_VENV)
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_PY) -m pip install --quiet --upgrade pip
+	$(LATEST_PY) -m pip install --quiet -e ".[test,gpu]"
+	touch $@
+
+setup-latest: $(LATEST_VENV)/.installed
+
 # Main job: tokenizer + graph from the embedded corpus, pretrain a small BriLLM, evaluate, generate.
 demo: setup
-	$(VENV)/bin/accelerate launch -q --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py --config demo --output_dir outputs/demo
+	$(VENV)/bin/accelerate launch -q --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py \
+		--config demo --output_dir outputs/demo
 
 # The whole suite on the latest releases.
-test: setup
+test: setup $(VENV)/.clients
 	$(PY) -m pytest -q
 
 # The Hugging Face-facing tests on the oldest versions setup.cfg claims. When the latest environment exists too,
@@ -53,3 +76,8 @@ test: setup
 test-floor: setup-floor
 	$(FLOOR_PY) .ci/floor_constraints.py --verify setup.cfg
 	$(if $(wildcard $(PY)),BRILLM_OTHER_PYTHON=$(abspath $(PY))) $(FLOOR_PY) -m pytest -q $(FLOOR_TESTS)
+
+# The model package, generation and remote code at the newest torch setup.cfg claims.
+test-latest: setup-latest
+	$(LATEST_PY) -c "import torch, transformers; print('torch', torch.__version__, transformers.__version__)"
+	$(LATEST_PY) -m pytest -q $(LATEST_TESTS)

@@ -37,7 +37,8 @@ N_CHAR_KEPT = CHAR_VOCAB - len(SPECIALS)
 
 # 60 "Chinese-like" symbols (space included) with strictly decreasing counts, so
 # the set of the 46 most frequent ones is unambiguous (no ties at the cut-off).
-CHAR_POOL = [" "] + list("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可里后天多么心还看起发当没")
+CHAR_POOL = [" "] + list("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时"
+                            "年得就那要下以生会自着去之过家学对可里后天多么心还看起发当没")
 assert len(set(CHAR_POOL)) == 60
 CHAR_COUNTS = {ch: 300 - 4 * i for i, ch in enumerate(CHAR_POOL)}
 CHAR_TOP = {ch for ch, _ in sorted(CHAR_COUNTS.items(), key=lambda kv: -kv[1])[:N_CHAR_KEPT]}
@@ -144,6 +145,31 @@ def test_long_texts_tokenize_quietly_and_the_model_keeps_its_limit(char_dir, eng
     with pytest.raises(ValueError, match="max_position_embeddings=64"):
         model(ids)
     assert model(ids[:, :64]).logits.shape == (1, 64, len(built))
+
+
+@pytest.mark.parametrize("overflow", ["error", "extend"])
+def test_a_tokenizer_saved_beside_a_model_records_its_position_limit(tmp_path, overflow):
+    """Beside a model, model_max_length is config.max_position_embeddings (reloaded through the remote config too):
+    truncation cuts there; an "error" model refuses more, an "extend" model reads past it (its trained range)."""
+    built = build_tokenizer(CORPUS, kind="char", vocab_size=64, min_frequency=1)
+    model = make_model(built, max_positions=40)
+    model.config.position_overflow = overflow
+    built.model_max_length = model.config.max_position_embeddings  # what every save beside a model does
+    model.save_pretrained(tmp_path)
+    built.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True)
+    assert tok.model_max_length == model.config.max_position_embeddings == 40
+    text = " ".join(CORPUS)
+    assert len(_ids(tok, text, truncation=True)) == 40
+    with _TransformersWarnings() as messages:
+        ids = torch.tensor([_ids(tok, text, verbose=False)[:60]])  # blocks and long reads: no warning
+    assert not [m for m in messages if TOO_LONG in m]
+    with torch.no_grad():
+        if overflow == "error":
+            with pytest.raises(ValueError, match="max_position_embeddings=40"):
+                model(ids)
+        else:
+            assert torch.isfinite(model(ids).logits).all()
 
 
 # --------------------------------------------------------------------------- #
@@ -450,7 +476,8 @@ def test_cli_train_file_writes_loadable_folder(tmp_path, english_texts):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(english_texts) + "\n", encoding="utf-8")
     out = tmp_path / "tok"
-    result = _run_cli("--kind", "bpe", "--vocab_size", str(BPE_VOCAB), "--output_dir", str(out), "--train_file", str(corpus))
+    result = _run_cli("--kind", "bpe", "--vocab_size", str(BPE_VOCAB), "--output_dir", str(out),
+                      "--train_file", str(corpus))
     assert result.returncode == 0, result.stderr
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.convert_tokens_to_ids(SPECIALS) == [0, 1, 2, 3]

@@ -305,9 +305,12 @@ def build_tokenizer(
         min_frequency: a BPE merge / a character must occur at least this often
             to enter the vocabulary.
         model_max_length: stored on the tokenizer. The default None means "no limit" (transformers' very large
-            integer, as for any tokenizer whose model length is unknown): texts of any length tokenize quietly,
-            since BriLLM callers split them into blocks, and the model itself refuses sequences longer than its
-            ``max_position_embeddings`` with a clear error. Pass a number to have the tokenizer warn/truncate.
+            integer, as for any tokenizer whose model length is unknown): right for a tokenizer on its own, whose
+            texts BriLLM callers split into blocks. A tokenizer saved beside a model records the model's position
+            limit, ``model_max_length=config.max_position_embeddings`` (or set ``tokenizer.model_max_length`` so
+            before ``save_pretrained``), as every Hugging Face model folder does: ``truncation=True`` and
+            pipelines then cut at it, and a longer text warns unless tokenized with ``verbose=False``. For a
+            ``position_overflow="extend"`` model it is the trained range; the model reads past it.
 
     Returns:
         The trained tokenizer: pad/unk/bos/eos = ``<pad> <unk> <s> </s>`` with
@@ -333,7 +336,8 @@ def build_tokenizer(
         FileNotFoundError: a training file does not exist.
     """
     if kind not in KINDS:
-        raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, 'char' for Chinese).")
+        raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, "
+                         "'char' for Chinese).")
     _check_vocab_size(kind, vocab_size)
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
@@ -462,8 +466,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
             "<s> is prepended to every encoded sequence."
         ),
     )
-    parser.add_argument("--kind", choices=KINDS, default="bpe", help="bpe (byte-level BPE) or char (one token per character).")
-    parser.add_argument("--vocab_size", type=int, default=4000, help="Total vocab size incl. the 4 special tokens (bpe: >= 260).")
+    parser.add_argument("--kind", choices=KINDS, default="bpe",
+                        help="bpe (byte-level BPE) or char (one token per character).")
+    parser.add_argument("--vocab_size", type=int, default=4000,
+                        help="Total vocab size incl. the 4 special tokens (bpe: >= 260).")
     parser.add_argument("--output_dir", required=True, help="Folder to write the tokenizer to (created if needed).")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--train_file", nargs="+", help="One or more UTF-8 text files, one document per line.")
@@ -473,7 +479,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--text_column", default="text", help="Dataset column holding the text (default: text).")
     parser.add_argument("--min_frequency", type=int, default=2, help="Minimum count of a merge/character (default: 2).")
     parser.add_argument("--model_max_length", type=int, default=None,
-                        help="Stored max sequence length (default: none, so long texts tokenize without warnings).")
+                        help="Stored max sequence length: the model's max_position_embeddings when the tokenizer "
+                             "goes beside a model (default: none, so long texts tokenize without warnings).")
     args = parser.parse_args(argv)
 
     if args.train_file is None and args.dataset_name is None:

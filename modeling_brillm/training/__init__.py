@@ -15,3 +15,10 @@ Modules:
   best         the best model by validation loss, kept on disk and in every checkpoint.
   publishing   the model card of the final save, the upload to the Hub.
 """
+
+
+def __getattr__(name):  # BriLLMSFTTrainer (training/sft.py) imports trl, so only when asked for
+    if name == "BriLLMSFTTrainer":
+        from .sft import BriLLMSFTTrainer
+        return BriLLMSFTTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

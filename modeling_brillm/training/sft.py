@@ -1,0 +1,93 @@
+"""Supervised fine-tuning with TRL: `BriLLMSFTTrainer`, a `trl.SFTTrainer` whose loss and metrics come from BriLLM's
+own forward.
+
+TRL's `SFTTrainer` computes its loss through a fused LM head: the backbone's `last_hidden_state` times
+`get_output_embeddings().weight`. BriLLM has no linear head (its logits are the energies of the graph's edges), so
+this trainer leaves the model's forward as it is and computes
+
+* the loss: BriLLM's own loss on the labels TRL builds (-100 outside the completion, or outside the assistant turns
+  with `assistant_only_loss`), summed and divided by `num_items_in_batch` like TRL's, so gradient accumulation
+  weighs every token once;
+* the logged `entropy` and `mean_token_accuracy`: from BriLLM's logits at the same positions.
+
+Everything else (dataset formats: language modeling, prompt/completion, conversational with a chat template;
+tokenization, truncation to `max_length`, collation, logging, saving) is TRL's. Packing and padding-free batches are
+refused: BriLLM's signal runs through a whole row, so packed documents would feed each other.
+
+This module imports `trl`; `modeling_brillm.training` exports the class lazily, so the package imports without it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from trl import SFTTrainer
+except ImportError as err:
+    raise ImportError("BriLLMSFTTrainer needs TRL: pip install 'trl>=1.16.0'") from err
+
+__all__ = ["BriLLMSFTTrainer", "scored_positions"]
+
+
+def scored_positions(labels: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, T-1) bool: the positions t whose logits BriLLM scores against `labels[:, t + 1]` (the label is not -100,
+    and both tokens are real)."""
+    scored = labels[:, 1:] != -100
+    if attention_mask is not None:
+        real = attention_mask != 0
+        scored = scored & real[:, 1:] & real[:, :-1]
+    return scored
+
+
+class BriLLMSFTTrainer(SFTTrainer):
+    """`trl.SFTTrainer` for BriLLM models (also loaded as remote code): same arguments, same datasets, same logs.
+
+    TRL's default `gradient_checkpointing=True` needs a model that supports gradient checkpointing; pass
+    `SFTConfig(gradient_checkpointing=False)` where it does not.
+    """
+
+    def __init__(self, model, args=None, *pos, **kwargs):
+        if args is not None and (getattr(args, "packing", False) or getattr(args, "padding_free", False)):
+            raise ValueError("BriLLMSFTTrainer does not support packing or padding_free: BriLLM's signal runs "
+                             "through a whole row, so packed documents would feed each other. Set packing=False "
+                             "and padding_free=False.")
+        super().__init__(model, args, *pos, **kwargs)
+        # SFTTrainer patched the model's forward with its fused LM head (for linear heads); BriLLM keeps its own.
+        patched = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        if "forward" in vars(patched):
+            del patched.forward
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if model.training else "eval"
+        labels = inputs["labels"]
+        attention_mask = inputs.get("attention_mask")
+        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
+        outputs = model(**model_inputs, labels=labels, use_cache=False)
+        scored = scored_positions(labels, attention_mask).to(outputs.logits.device)
+        count = scored.sum()
+        if num_items_in_batch is None:
+            loss = outputs.loss
+        else:
+            # BriLLM's loss is the mean over this batch's scored positions; TRL's is a sum over num_items_in_batch
+            loss = outputs.loss * count / torch.as_tensor(num_items_in_batch, device=count.device).clamp(min=1)
+            if self.args.average_tokens_across_devices:
+                loss = loss * (self.accelerator.num_processes // self._tp_size)
+        self._log_token_metrics(mode, outputs.logits.detach(), labels, scored, inputs)
+        return (loss, outputs) if return_outputs else loss
+
+    def _log_token_metrics(self, mode, logits, labels, scored, inputs):
+        """TRL's entropy and mean_token_accuracy (over the scored tokens of every process) and num_tokens."""
+        logits = logits[:, :-1][scored].float()
+        targets = labels[:, 1:].to(scored.device)[scored]
+        log_probs = torch.log_softmax(logits, dim=-1)
+        entropy_sum = -(log_probs.exp() * log_probs).sum()
+        correct = (logits.argmax(dim=-1) == targets).sum()
+        gather = self.accelerator.gather_for_metrics
+        num_valid = gather(scored.sum()).sum()
+        entropy_sum, correct = gather(entropy_sum).sum(), gather(correct).sum()
+        self._metrics[mode]["entropy"].append((entropy_sum / num_valid).item() if num_valid > 0 else 0.0)
+        self._metrics[mode]["mean_token_accuracy"].append((correct / num_valid).item() if num_valid > 0 else 0.0)
+        if mode == "train" and "attention_mask" in inputs:
+            tokens = gather(inputs["attention_mask"].sum()).sum().item()
+            self._total_train_tokens += tokens // self._tp_size
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
