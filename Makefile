@@ -13,21 +13,21 @@ FLOOR_PY   := $(FLOOR_VENV)/bin/python
 # tokenizers, fine-tuning, pretraining end to end through accelerate (with checkpoint and exact resume), and a saved
 # model with the demo recipe's non-edge bias through remote code; and the Triton kernels (interpreted, and compiled
 # for sm_90) at the oldest triton claimed.
-FLOOR_TESTS := tests/test_config.py tests/test_remote_code.py tests/test_modeling.py tests/test_generation.py \
-	tests/test_evaluation.py tests/test_publishing.py tests/test_tokenization.py tests/test_finetune.py \
-	tests/test_pretrain.py::test_end_to_end_accelerate_launch \
-	tests/test_pretrain.py::test_resume_gives_identical_loss_curve \
-	tests/test_recipe_knobs.py::test_non_edge_bias_through_remote_code \
-	tests/test_triton_energy.py tests/test_triton_recurrence.py tests/test_triton_optim.py tests/test_kernels_compile.py \
-	tests/test_clients.py
+FLOOR_TESTS := tests/model/test_config.py tests/integration/test_remote_code.py tests/model/test_modeling.py tests/generation/test_generation.py \
+	tests/integration/test_evaluation.py tests/integration/test_publishing.py tests/integration/test_tokenization.py tests/training/test_finetune.py \
+	tests/training/test_pretrain.py::test_end_to_end_accelerate_launch \
+	tests/training/test_pretrain.py::test_resume_gives_identical_loss_curve \
+	tests/training/test_recipe_knobs.py::test_non_edge_bias_through_remote_code \
+	tests/ops/test_triton_energy.py tests/ops/test_triton_recurrence.py tests/ops/test_triton_optim.py tests/ops/test_kernels_compile.py \
+	tests/integration/test_clients.py
 
 # The newest torch setup.cfg claims (pip picks the newest release inside the range, with the latest of everything
 # else): a smoke test of the model package, generation and remote code.
 LATEST_VENV  := .venv-latest
 LATEST_PY    := $(LATEST_VENV)/bin/python
-LATEST_TESTS := tests/test_config.py tests/test_modeling.py tests/test_generation.py tests/test_remote_code.py
+LATEST_TESTS := tests/model/test_config.py tests/model/test_modeling.py tests/generation/test_generation.py tests/integration/test_remote_code.py
 
-.PHONY: demo test test-floor test-latest setup setup-floor setup-latest
+.PHONY: demo test lint test-floor test-latest setup setup-floor setup-latest
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,7 @@ setup: $(VENV)/.installed
 
 # The clients the tests drive (TRL, lm-evaluation-harness): for `make test` only, not the demo.
 $(VENV)/.clients: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[test,viz,gpu,clients]"
+	$(PY) -m pip install --quiet -e ".[test,viz,gpu,clients,lint]"
 	touch $@
 
 $(FLOOR_VENV)/.installed: setup.cfg pyproject.toml .ci/floor_constraints.py
@@ -71,8 +71,12 @@ demo: setup
 test: setup $(VENV)/.clients
 	$(PY) -m pytest -q
 
+# ruff's lint rules (pyproject.toml) over the whole repository.
+lint: setup $(VENV)/.clients
+	$(PY) -m ruff check .
+
 # The Hugging Face-facing tests on the oldest versions setup.cfg claims. When the latest environment exists too,
-# saved folders also cross between the two transformers versions (tests/test_remote_code.py).
+# saved folders also cross between the two transformers versions (tests/integration/test_remote_code.py).
 test-floor: setup-floor
 	$(FLOOR_PY) .ci/floor_constraints.py --verify setup.cfg
 	$(if $(wildcard $(PY)),BRILLM_OTHER_PYTHON=$(abspath $(PY))) $(FLOOR_PY) -m pytest -q $(FLOOR_TESTS)

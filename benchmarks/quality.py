@@ -63,7 +63,7 @@ GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?(?:@([0-9.eE+-]+))?$")  # layers
 
 
 def load_pretrain():
-    """examples/pretrain.py as a module (as tests/test_pretrain.py loads it): its flags and their checks."""
+    """examples/pretrain.py as a module (as tests/training/test_pretrain.py loads it): its flags and their checks."""
     spec = importlib.util.spec_from_file_location("brillm_pretrain_script", ROOT / "examples" / "pretrain.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -300,6 +300,7 @@ def save_folder(accelerator, model, tokenizer, out_dir: Path, results: dict, dat
     unwrapped.save_pretrained(tmp, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
                               state_dict=state_dict, safe_serialization=True)
     if accelerator.is_main_process:
+        tokenizer.model_max_length = unwrapped.config.max_position_embeddings
         tokenizer.save_pretrained(tmp)
         before, after = results["before"]["perplexity"], results["after"]["perplexity"]
         how = {"start_signal": "Only the learned start signal was trained (prompt tuning, d numbers per task)"

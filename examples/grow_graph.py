@@ -252,6 +252,7 @@ def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
 
     output_dir = args.output_dir or args.model.rstrip("/") + "-grown"
     model.save_pretrained(output_dir)
+    tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(output_dir)
     ids, mask = batch_of(held_seqs, pad_id)
     expected = logits_of(model, ids, mask)

@@ -492,6 +492,7 @@ def save_final(args, job: Job, tokenizer, out_dir):
         unwrapped.save_pretrained(out_dir, is_main_process=accelerator.is_main_process,
                                   save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
     if accelerator.is_main_process:
+        tokenizer.model_max_length = unwrapped.config.max_position_embeddings  # pipelines and harnesses read it
         tokenizer.save_pretrained(out_dir)
     job.best.discard()
     accelerator.print(f"saved the model and tokenizer to {out_dir} "

@@ -127,6 +127,7 @@ def convert(checkpoint, vocab_file, output_dir, word_frequency_file=None, tokeni
     model.check_graph()
     model.save_pretrained(output_dir)
     if tokenizer is not None:
+        tokenizer.model_max_length = config.max_position_embeddings  # what pipelines and harnesses truncate to
         tokenizer.save_pretrained(output_dir)
     return model
 

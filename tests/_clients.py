@@ -1,4 +1,4 @@
-"""The clients of tests/test_clients.py, each run in a fresh process on a saved tiny folder loaded as remote code:
+"""The clients of tests/integration/test_clients.py, each run in a fresh process on a saved tiny folder loaded as remote code:
 
     python tests/_clients.py {trainer,trainer_checkpointing,sft,lm_eval} FOLDER WORKDIR
 
@@ -83,10 +83,9 @@ def sft(folder, work):
     from modeling_brillm.training import BriLLMSFTTrainer
 
     data = Dataset.from_list([{"prompt": p, "completion": c} for p, c in PROMPTS])
-    # TODO(lead): drop gradient_checkpointing=False (TRL's default is True) once BriLLM supports gradient checkpointing
+    # TRL's defaults, gradient checkpointing (on) included
     args = SFTConfig(output_dir=f"{work}/sft", max_steps=6, per_device_train_batch_size=6, learning_rate=0.01,
-                     logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0,
-                     gradient_checkpointing=False)
+                     logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0)
     trainer = BriLLMSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
     assert "forward" not in vars(model)  # TRL's fused (linear) LM head is taken off again
     trainer.train()

@@ -22,7 +22,7 @@ from modeling_brillm.training.sft_data import (
 )
 from tests._tiny import BOS, EOS, PAD, save_tiny
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [  # continuations the tiny model was not trained on (its corpus says "the cat sat on the mat")
     {"prompt": "the cat", "completion": " is a bird"},
     {"prompt": "the dog", "completion": " is a cat"},

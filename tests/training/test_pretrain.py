@@ -21,7 +21,7 @@ import pytest
 from modeling_brillm.training import checkpoints, data, memory, optimizers, presets
 from modeling_brillm.training.errors import UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "pretrain.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 CPU1 = ROOT / "configuration" / "accelerate" / "cpu_1.yaml"

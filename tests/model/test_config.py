@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, BriLLMModel, build_sparse_graph, configuration_brillm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_config_builds_and_round_trips(tmp_path):

@@ -385,7 +385,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "pretrain.py"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 CPU2 = ROOT / "configuration" / "accelerate" / "cpu_2.yaml"

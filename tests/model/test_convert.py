@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from modeling_brillm.convert_brillm05 import ConversionError, convert
 
-RELEASE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "brillm05"
+RELEASE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "brillm05"
 needs_release = pytest.mark.skipif(not RELEASE.is_dir(), reason=f"released BriLLM0.5 files not found at {RELEASE}")
 
 

@@ -23,7 +23,7 @@ from transformers.utils import logging as hf_logging
 from tokenization import build_tokenizer, load_released_char_vocab, load_released_tokenizer
 from tokenization.build_tokenizer import main
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference" / "brillm05"  # shared/ sits beside the clone
 RELEASED_BPE_JSON = REFERENCE_DIR / "wiki_bpe_tokenizer_4000_bytelevel.json"
 RELEASED_CHAR_VOCAB = REFERENCE_DIR / "vocab_wiki_4k.json"

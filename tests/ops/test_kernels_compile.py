@@ -12,7 +12,7 @@ import pytest
 
 from modeling_brillm.backend import HAVE_TRITON
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tools_present() -> bool:

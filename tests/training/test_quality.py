@@ -15,7 +15,7 @@ import torch
 from modeling_brillm.evaluation import perplexity
 from tests._tiny import CORPUS, PAD, corpus_ids, make_model, make_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_module():

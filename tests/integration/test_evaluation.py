@@ -16,7 +16,7 @@ from modeling_brillm import BriLLMForCausalLM
 from modeling_brillm.evaluation import load_texts, per_text_perplexity, perplexity
 from modeling_brillm.interpretability import EnergyTrace, energy_trace, plot_energy_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = CORPUS[:6] + ["the bird likes the long tree walk", "a"]
 
 

@@ -8,7 +8,7 @@ import torch
 
 from modeling_brillm.backend import HAVE_TRITON
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_throughput.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_throughput.py"
 
 
 def load_script():

@@ -482,7 +482,7 @@ def test_generate_example_script(saved, capsys, tmp_path):
     from pathlib import Path
 
     directory, _, _ = saved
-    script = Path(__file__).resolve().parents[1] / "examples" / "generate.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "generate.py"
     module = runpy.run_path(str(script))
     main = module["main"]
     M = 64
@@ -513,7 +513,7 @@ def test_generate_example_extend_beams_and_stop_strings(saved, capsys, tmp_path)
     from pathlib import Path
 
     directory, model, tokenizer = saved
-    main = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "generate.py"))["main"]
+    main = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "generate.py"))["main"]
     long_prompt = "the cat sat on the mat " * 4  # 97 tokens with <s>, past the 64 positions
     assert main(["--model", str(directory), "--prompt", long_prompt, "--max_new_tokens", "5"]) == 2
     assert "--extend" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from huggingface_hub import ModelCard
 
 from modeling_brillm.model_card import check_hub_ready, write_model_card
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPO_ID = "tiny-org/tiny-brillm"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

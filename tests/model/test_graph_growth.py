@@ -172,7 +172,7 @@ def test_fine_tune_teaches_new_tokens_and_keeps_old_text(tmp_path):
     save_tiny(tmp_path / "tiny")
     (tmp_path / "new.txt").write_text("\n".join(NEW_TEXT) + "\n")
     (tmp_path / "old.txt").write_text("\n".join(CORPUS) + "\n")
-    script = Path(__file__).resolve().parents[1] / "examples" / "grow_graph.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "grow_graph.py"
     main = runpy.run_path(str(script))["main"]
     r = main(["--model", str(tmp_path / "tiny"), "--output_dir", str(tmp_path / "grown"), "--new_text",
               str(tmp_path / "new.txt"), "--old_text", str(tmp_path / "old.txt"), "--old_train_text",
