@@ -41,16 +41,15 @@ class BriLLMGenerationMixin(GenerationMixin):
         mode = self.decode_mode
         if mode not in ("auto", "eager", "off"):
             raise ValueError(f"decode_mode must be 'auto', 'eager' or 'off', got {mode!r}.")
-        if mode == "off":
+        if mode == "off" or not (mode == "eager" or input_ids.is_cuda):
             return False
         base = self.base_model
         if not kernel_enabled("decode_step", input_ids):
             # the torch version gathers every row's padded block: keep its temporary within bounds
             d = self.config.node_size
             gathered = input_ids.shape[0] * base.decode_max_degree() * d * d * base.weights.element_size()
-            if gathered > self.padded_decode_bytes:
-                return False
-        return mode == "eager" or input_ids.is_cuda
+            return gathered <= self.padded_decode_bytes
+        return True
 
     def generation_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool):
         """One token per row without reading the device: (logits (B, V), new state), or None to hand the call
