@@ -109,8 +109,8 @@ class _GatherEdges(torch.autograd.Function):
         flat = rows.reshape(-1)
         w = weights.view(P, -1).index_select(0, flat).view(*rows.shape, *weights.shape[1:])
         b = biases.reshape(P, -1).index_select(0, flat).view(*rows.shape, biases.shape[-1])
-        if link is not None:
-            link.rows = torch.unique(flat)
+        if link is not None and link.rows is None:  # (a recomputation under gradient checkpointing runs this
+            link.rows = torch.unique(flat)  # again after the candidate backward published: keep what it gave)
             link.grad = None
         ctx.save_for_backward(flat)
         ctx.sparse_grad, ctx.link = sparse_grad, link

@@ -163,6 +163,10 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
             if module.non_edge_bias is not None:  # zero: the release's energies (also for older checkpoints)
                 init.zeros_(module.non_edge_bias)
 
+    def enable_input_require_grads(self):
+        """A no-op: transformers hooks the input embeddings so checkpointed layers see inputs that need gradients;
+        BriLLM has none, and its checkpointed scan reads the parameters themselves, so gradients flow without it."""
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         try:
@@ -335,8 +339,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
         signal = self._start(tokens, index, valid, state, signal_ids, carried[0])
         # the link hands the scan's edge gradients to the candidate energies' backward (one gradient per table)
-        link = EdgeGradLink() if torch.is_grad_enabled() and edge_fetch is None and not self._checkpointing() \
-            else None
+        link = EdgeGradLink() if torch.is_grad_enabled() and edge_fetch is None else None
         signals, *carried = self._scan(signal, carried[1:], index, rows, has_edge, edge_fetch, link)
         last_real = tokens[torch.arange(B, device=tokens.device), (lengths - 1).clamp_min(0)]
         final_token = torch.where(lengths > 0, last_real, last)

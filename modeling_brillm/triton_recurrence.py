@@ -293,7 +293,7 @@ class _SignalScan(torch.autograd.Function):
                    m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, **_meta(d))
         else:
             s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
-        if link is not None:
+        if link is not None and link.rows is None:  # not again when gradient checkpointing recomputes the scan
             # the rows the recurrence reads, for the candidate backward to make room for (sorted, may repeat:
             # no host synchronisation; both candidate backwards merge them with their own rows)
             link.rows = torch.sort(rows.reshape(-1)).values

@@ -1,4 +1,5 @@
-"""The clients of tests/integration/test_clients.py, each run in a fresh process on a saved tiny folder loaded as remote code:
+"""The clients of tests/integration/test_clients.py, each run in a fresh process on a saved tiny folder loaded as
+remote code:
 
     python tests/_clients.py {trainer,trainer_checkpointing,sft,lm_eval} FOLDER WORKDIR
 
