@@ -260,7 +260,7 @@ def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
 
 
 def test_pretrain_flags_reach_the_config_and_optimizer(tmp_path):
-    from tests.test_pretrain import TINY, losses, run
+    from tests.training.test_pretrain import TINY, losses, run
 
     corpus = tmp_path / "corpus.txt"
     lines = [" ".join(("the cat sat on the mat and the dog ran over a log " * 3).split()[i % 7:][:9]).capitalize() + "."
@@ -281,7 +281,7 @@ def test_pretrain_flags_reach_the_config_and_optimizer(tmp_path):
 
 
 def test_non_edge_bias_through_remote_code(tmp_path):
-    from tests.test_modeling import run_isolated
+    from tests.model.test_modeling import run_isolated
 
     tok, ids, mask = batch()
     base = make_model(tok)
