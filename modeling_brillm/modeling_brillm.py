@@ -51,6 +51,18 @@ from .ops import decode_step as sync_free_step
 from .state import BriLLMState
 from .validation import check_inputs, check_signal_ids, too_long
 
+# isort: split
+# transformers 5.4 copies a local folder's remote code one import deep: naming the modules that ops.py and
+# generation.py import here makes every file of the model's code travel with it on every supported version.
+from .decode_capture import DecodeGraphs  # noqa: F401
+from .energy import gather_edges  # noqa: F401
+from .plans import KernelPlan  # noqa: F401
+from .recurrence import mix_in  # noqa: F401
+from .row_adamw import adamw_rows  # noqa: F401
+from .triton_energy import KernelEnergies  # noqa: F401
+from .triton_optim import sparse_adamw_rows  # noqa: F401
+from .triton_recurrence import unsupported_reason  # noqa: F401
+
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
     """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32.
