@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SHAPES, ZipfPaths, make_model  # noqa: E402
 
 from modeling_brillm.backend import kernel_backend  # noqa: E402
-from modeling_brillm.energy import (  # noqa: E402
+from modeling_brillm.ops import (  # noqa: E402  (the dispatcher: kernel_backend picks the path)
     candidate_energies,
     exact_log_partition,
     make_plan,

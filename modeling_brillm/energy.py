@@ -32,22 +32,7 @@ backward adds its rows into them in place, returning no gradient of its own: one
 import torch
 import torch.nn.functional as F
 
-from .plans import (  # re-exported: the model and sharding import them from here until they use ops
-    CandidatePlan,
-    EdgeGradLink,
-    KernelPlan,
-    edge_table_grads,
-    graph_max_degree,
-    make_kernel_plan,
-    make_torch_plan,
-)
-
-
-def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
-              kernels: bool = True, max_degree: int | None = None) -> CandidatePlan:
-    """The torch path's plan under the signature of `ops.make_plan` (which also builds the kernels' plans): kept so
-    code that imports it from here runs the reference; `kernels` and `max_degree` are ignored."""
-    return make_torch_plan(sources, indptr, indices, vocab_size)
+from .plans import CandidatePlan, EdgeGradLink, KernelPlan, edge_table_grads, make_torch_plan
 
 
 def _energy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -513,13 +498,6 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
 
 
 __all__ = [
-    "CandidatePlan",
-    "KernelPlan",
-    "make_kernel_plan",
-    "make_torch_plan",
-    "graph_max_degree",
-    "EdgeGradLink",
-    "make_plan",
     "candidate_energies",
     "gather_edges",
     "scatter_logits",

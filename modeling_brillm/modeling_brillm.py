@@ -49,7 +49,7 @@ from .ops import (
 )
 from .ops import decode_step as sync_free_step
 from .state import BriLLMState
-from .validation import check_inputs, check_signal_ids, too_long
+from .validation import check_inputs, check_labels, check_signal_ids, too_long
 
 # isort: split
 # transformers 5.4 copies a local folder's remote code one import deep: naming the modules that ops.py and
@@ -497,9 +497,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), past_key_values=run.state if use_cache else None)
         targets = None
         if labels is not None:
-            if labels.shape != input_ids.shape:
-                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
-                                 f"got {tuple(labels.shape)}.")
+            check_labels(labels, input_ids)
             targets = shift_labels(labels, attention_mask, run.column, self.config.vocab_size)
         keep_from = T - logits_to_keep if logits_to_keep and logits_to_keep < T else 0
         loss, logits = self._energies(run, targets, keep_from if return_logits else None, T,

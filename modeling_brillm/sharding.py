@@ -60,6 +60,7 @@ from .losses import position_losses, shift_labels
 from .modeling_brillm import BriLLMForCausalLM
 from .ops import EdgeGradLink, candidate_energies, gather_edges, make_plan
 from .optimization import group_moment_dtype, parameter_groups
+from .validation import check_labels
 
 SHARED_FILE = "edge_shared.safetensors"
 SHARD_PATTERN = "edge_shard_{rank:05d}_of_{world:05d}.safetensors"
@@ -419,9 +420,7 @@ class ShardedBriLLM(nn.Module):
         if loss_type == "sampled" and m.non_edge_bias is not None:  # BriLLMConfig.check's refusal, word for word
             raise ValueError("non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the "
                              "non-successors).")
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
-                             f"got {tuple(labels.shape)}.")
+        check_labels(labels, input_ids)
         self._link = EdgeGradLink() if torch.is_grad_enabled() else None
         self._unreduced = self._unreduced or torch.is_grad_enabled()
         self._anchors = []

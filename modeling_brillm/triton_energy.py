@@ -1,7 +1,7 @@
 """Triton kernels for the candidate energies and the decode step (energy.py's math, fused; one launch per pass).
 
 What they compute is `energy.py`'s: for a signal x at a position whose node is u, every real successor v of u gets
-E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The plan (`energy.KernelPlan`, built on the device without host
+E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The plan (`plans.KernelPlan`, built on the device without host
 synchronisation) cuts the work into tiles (source u, block of `tile_successors` successors); a persistent grid of
 a fixed number of programs walks them, so the launch count depends neither on V nor on the number of distinct
 sources. A tile loads its x rows in chunks of `BM` positions (all positions of u), its edge matrices `BN`

@@ -87,14 +87,12 @@ def check_signal_ids(signal_ids, config, batch: int, device) -> torch.Tensor | N
     return signal_ids.long()
 
 
-def check_labels(labels, input_ids, vocab_size: int):
-    """Labels must match the ids' shape and hold vocabulary ids or -100."""
+def check_labels(labels, input_ids):
+    """Labels must have the ids' shape (their values are checked where they are shifted: `losses.shift_labels`)."""
     if labels.shape != input_ids.shape:
         raise ValueError(
             f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}."
         )
-    if bool(((labels != -100) & ((labels < 0) | (labels >= vocab_size))).any()):
-        raise ValueError(f"labels hold ids outside the vocabulary [0, {vocab_size}) (use -100 to ignore a position).")
 
 
 __all__ = ["check_inputs", "check_labels", "check_signal_ids", "too_long"]

@@ -164,7 +164,7 @@ def test_exact_loss_equals_full_softmax_over_logits_and_costs_real_successors_on
     full = F.cross_entropy(out.logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, full)
     # a shared energy per position, plus one per real successor: never V per position
-    plan = mb.energy.make_plan(ids[:, :-1].reshape(-1), *model.csr(), V)
+    plan = mb.plans.make_torch_plan(ids[:, :-1].reshape(-1), *model.csr(), V)
     assert (plan.num_entries == int((model.base_model.graph_indptr.diff()[ids[:, :-1].reshape(-1)]).sum())
             < ids[:, :-1].numel() * V)
 

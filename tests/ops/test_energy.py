@@ -14,11 +14,11 @@ from modeling_brillm.energy import (
     candidate_energies,
     exact_log_partition,
     gather_edges,
-    make_plan,
     scatter_logits,
     target_energies,
 )
 from modeling_brillm.graph import graph_from_edges
+from modeling_brillm.plans import make_torch_plan as make_plan
 
 D = 5
 
