@@ -1,19 +1,33 @@
-"""Offline text corpora for the quality benchmarks: Debian's documentation packages turned into plain text.
+"""Offline text corpora for the quality benchmarks: Debian packages turned into plain text of three kinds.
 
-    python benchmarks/corpora.py --output_dir outputs/corpora            # both corpora (needs apt-get, dpkg-deb)
+    python benchmarks/corpora.py --output_dir outputs/corpora            # every corpus (needs apt-get, dpkg-deb)
     python benchmarks/corpora.py --corpus small --output_dir outputs/corpora
 
 Why these: the embedded pydoc corpus is too small to rank recipes (every model overfits it within a minute), and
-the only reachable sources here are package registries. Debian ships many manuals as HTML or POD in `doc` packages
-(GPL / BSD / PostgreSQL / Artistic licences, all redistributable); `apt-get download` fetches the `.deb` without
-installing it and `dpkg-deb -x` unpacks it. Nothing is committed: this script rebuilds the same files.
+the only reachable sources here are package registries. `apt-get download` fetches a `.deb` without installing it
+and `dpkg-deb -x` unpacks it; every package used is in Debian main (public domain, GPL, BSD, PSF, PostgreSQL or
+Artistic licences: all redistributable). Nothing is committed: this script rebuilds the same files. Three kinds,
+so that a recipe is ranked on more than one register of English:
 
-Corpora (documents = one HTML page or one POD file; every 20th document by a hash of its path is held out, so
-train and validation never share a page):
+    documentation (one HTML page or one POD file a document)
+    small        git's manual pages and user manual (git-doc): ~3 MB of training text
+    large        small + PostgreSQL 15 manual, Perl's pod documentation, SQLite's documentation, the Debian
+                 reference, policy and developers' reference, bash and gnuplot manuals: >= 20 MB of training text
 
-    small   git's manual pages and user manual (git-doc): ~3 MB of training text
-    large   small + PostgreSQL 15 manual, Perl's pod documentation, SQLite's documentation, the Debian reference,
-            policy and developers' reference, bash and gnuplot manuals: >= 20 MB of training text
+    literature (one Bible chapter, or 20 consecutive quotes of one fortune file, a document)
+    literature   the King James Bible (bible-kjv-text; the translation is public domain) and quotations from the
+                 fortune cookie files (fortunes-min; fortunes' people, wisdom, humorists and love files): ~4.3 MB
+                 of training text, 92% of it the Bible
+
+    code (the docstrings and whole-line `#` comments of one Python module a document, without the code; legal
+          paragraphs, commented-out code and text repeated within a package left out)
+    code         CPython 3.11's standard library as Debian ships it (libpython3.11-minimal, -stdlib,
+                 python3-distutils, -lib2to3, -tk, idle-python3.11): ~2.6 MB of training text
+    code-large   code + SymPy, NumPy, SciPy, pandas, matplotlib, Django, scikit-learn and NetworkX: ~25 MB of
+                 training text
+
+Every 20th document by a hash of its id (its path; `#chapter` or `#group` added where one file holds many
+documents) is held out, so train and validation never share a page, a chapter, a group of quotes or a module.
 
 Each corpus is written as `<name>/train.jsonl` and `<name>/validation.jsonl`, one `{"text": ..., "source": ...}`
 record per document; paragraphs are separated by a blank line and code blocks (HTML `pre`, POD verbatim
@@ -25,20 +39,27 @@ document counts and the sizes. Use with `--train_file <dir>/train.jsonl --valida
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import hashlib
 import html
+import io
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
+import textwrap
+import tokenize
 import urllib.parse
+import warnings
 from html.parser import HTMLParser
 from pathlib import Path
 
 # package -> which of its files are documents (glob under the unpacked tree)
-PACKAGES = {
+DOC_PACKAGES = {
     "git-doc": ["usr/share/doc/git-doc/**/*.html"],
     "postgresql-doc-15": ["usr/share/doc/postgresql-doc-15/html/*.html"],
     "perl-doc": ["usr/share/perl/*/pod/*.pod"],
@@ -49,12 +70,43 @@ PACKAGES = {
     "bash-doc": ["usr/share/doc/bash/**/*.html"],
     "gnuplot-doc": ["usr/share/doc/gnuplot/htmldocs/*.html"],
 }
+FORTUNES = "usr/share/games/fortunes/"
+LITERATURE_PACKAGES = {
+    "bible-kjv-text": ["usr/lib/bible.data"],
+    "fortunes-min": [FORTUNES + name for name in ("fortunes", "literature", "riddles")],
+    # quotations of named people; not the jokes, ASCII art, song lyrics or Unix lore of the other files, and not
+    # the fortunes-off package
+    "fortunes": [FORTUNES + name for name in ("people", "wisdom", "humorists", "love")],
+}
+STDLIB = "usr/lib/python3.11/**/*.py"
+SITE = "usr/lib/python3/dist-packages/"
+# Debian splits CPython 3.11's standard library over these six packages (its tests, left out, over more)
+STDLIB_PACKAGES = ["libpython3.11-minimal", "libpython3.11-stdlib", "python3-distutils", "python3-lib2to3",
+                   "python3-tk", "idle-python3.11"]
+CODE_PACKAGES = {
+    **{package: [STDLIB] for package in STDLIB_PACKAGES},
+    "python3-sympy": [SITE + "sympy/**/*.py"],
+    "python3-numpy": [SITE + "numpy/**/*.py"],
+    "python3-scipy": [SITE + "scipy/**/*.py"],
+    "python3-pandas": [SITE + "pandas/**/*.py"],
+    "python3-matplotlib": [SITE + "matplotlib/**/*.py", SITE + "mpl_toolkits/**/*.py"],
+    "python3-django": [SITE + "django/**/*.py"],
+    "python3-sklearn": [SITE + "sklearn/**/*.py"],
+    "python3-networkx": [SITE + "networkx/**/*.py"],
+}
+PACKAGES = {**DOC_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES}
 CORPORA = {
     "small": ["git-doc"],
-    "large": list(PACKAGES),
+    "large": list(DOC_PACKAGES),
+    "literature": list(LITERATURE_PACKAGES),
+    "code": STDLIB_PACKAGES,
+    "code-large": list(CODE_PACKAGES),
 }
 HOLD_OUT_EVERY = 20
 MIN_DOCUMENT_CHARS = 200  # index pages, redirects and empty stubs carry no language
+# one fortune file is one topic, too few documents for the 1-in-20 hold-out; groups of 20 quotes (~3 kB) are
+# enough documents that several of each file are held out, and long enough to be more than a line
+QUOTES_PER_DOCUMENT = 20
 
 BLOCK_TAGS = {"p", "div", "section", "article", "h1", "h2", "h3", "h4", "h5", "h6", "li", "dt", "dd", "tr", "table",
               "ul", "ol", "dl", "blockquote", "br", "hr", "caption", "figure", "td", "th", "title"}
@@ -191,6 +243,151 @@ def pod_to_text(source: str) -> str:
     return "\n\n".join(p for p in paragraphs if p.strip())
 
 
+LZW_MAGIC = b"\x1f\x9d\x90"  # Unix `compress` header: block mode, codes of up to 16 bits
+
+
+def _uncompress(data: bytes) -> bytes:
+    """Data in Unix `compress` (.Z, LZW) format: Python's standard library has no LZW, gzip reads it."""
+    return subprocess.run(["gzip", "-dc"], input=data, capture_output=True, check=True).stdout
+
+
+def bible_chapters(doc_id: str, data: bytes):
+    """(id, text) of every chapter of bible-kjv-text's `bible.data` (the `bible` program's own format): "EC02", a
+    description, then big-endian uint32s (the number of segments at 0x58, one more offsets from 0x5c) and the
+    segments, each Unix `compress` data without its 3-byte header and 64 KiB of text once uncompressed. The text
+    has a title line then one verse a line, `Ge1:1 In the beginning ...`; a chapter's verses become one paragraph
+    (the references dropped: they are not language, and a verse is often half a sentence)."""
+    if not data.startswith(b"EC02"):
+        raise SystemExit(f"error: {doc_id} is not the EC02 format this script reads")
+    count = struct.unpack_from(">I", data, 0x58)[0]
+    offsets = struct.unpack_from(f">{count + 1}I", data, 0x5C)
+    text = b"".join(_uncompress(LZW_MAGIC + data[a:b]) for a, b in zip(offsets, offsets[1:])).decode("ascii")
+    chapters: dict[str, list[str]] = {}
+    for line in text.splitlines()[1:]:
+        reference, verse = re.fullmatch(r"(\d?[A-Za-z]+\d+):\d+ (.*)", line).groups()
+        chapters.setdefault(reference, []).append(verse)
+    for reference, verses in chapters.items():
+        yield f"{doc_id}#{reference}", " ".join(verses)
+
+
+def _unstrike(text: str) -> str:
+    r"""Text without the terminal overstrikes of old fortune files: `____\b\b\b\bword` (underlined) and `I\bI` (bold)
+    keep what was struck over, `'\be` (an accent) the letter."""
+    while True:
+        new = re.sub(r"[^\x08\n]\x08", "", text)
+        if new == text:
+            return new.replace("\x08", "")
+        text = new
+
+
+def fortune_groups(doc_id: str, source: str):
+    """(id, text) of every QUOTES_PER_DOCUMENT consecutive quotes of a fortune file (strfile source: quotes
+    separated by a line holding `%`). A quote is a paragraph, its blank lines kept as paragraph breaks; lines are
+    unindented and their tabs made spaces, since the sentence splitter reads an all-indented paragraph (a
+    tab-indented quote) as code, one line at a time."""
+    quotes = []
+    for quote in re.split(r"^%[ \t]*$", _unstrike(source), flags=re.M):
+        text = re.sub(r"\n{3,}", "\n\n", "\n".join(" ".join(line.split()) for line in quote.splitlines())).strip()
+        if text:
+            quotes.append(text)
+    for start in range(0, len(quotes), QUOTES_PER_DOCUMENT):
+        yield f"{doc_id}#{start // QUOTES_PER_DOCUMENT}", "\n\n".join(quotes[start:start + QUOTES_PER_DOCUMENT])
+
+
+# comments for tools, not readers: shebang, coding line, linters' and formatters' directives, editor settings
+_DIRECTIVE = re.compile(r"(!|-\*-|coding[:=]|noqa|type:|pragma|fmt:|pylint:|isort:|mypy:|pyright:|flake8|vim?:)",
+                        re.I)
+_LICENCE = re.compile(r"copyright|licen[cs]e", re.I)
+# legal text inside docstrings and later comment blocks (a vendored module's BSD or MIT terms, `License: BSD`)
+_LEGAL = re.compile(r"copyright|licen[cs]e|all rights reserved|warrant(y|ies)|redistribut|permission is hereby granted"
+                    r"|provided \W?as is", re.I)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # `\f`, `\r` of LaTeX in docstrings that are not raw strings
+
+
+def _parse(source: str | bytes) -> ast.Module:
+    with warnings.catch_warnings():  # invalid escape sequences or literals in old modules, in comments: not ours
+        warnings.simplefilter("ignore")
+        return ast.parse(source)
+
+
+def _comment_text(token: str) -> str | None:
+    """Text of a `#` comment line, or None for a directive or a rule (`# ------`) that carries no words."""
+    text = token.lstrip("#").lstrip(":").strip()  # `#:` marks an attribute's doc comment for Sphinx
+    if _DIRECTIVE.match(text) or not re.search(r"[A-Za-z]{2}", text):
+        return None
+    return text
+
+
+def _is_code(lines: list[str]) -> bool:
+    """Whether a comment block is commented-out code: it parses as Python (wrapped prose almost never does) and is
+    more than one bare word (`# Fallback` parses as a name but is prose)."""
+    try:
+        tree = _parse(textwrap.dedent("\n".join(lines)))
+    except (SyntaxError, ValueError):
+        return False
+    body = tree.body
+    one_word = len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, (ast.Name, ast.Constant))
+    return not one_word
+
+
+def _comment_blocks(tokens, first_code_line: int):
+    """(first line, text) of each block of consecutive whole-line `#` comments (trailing comments are left out:
+    they are fragments about one line of code), lines joined by newlines. Dropped: a directive or rule line (which
+    also ends its block), commented-out code, and a licence header (a block mentioning copyright or licence above
+    the first statement after the module docstring)."""
+    blocks, current = [], []  # current: (line number, raw text after `#`, text) of the open block
+
+    def close():
+        if current and not _is_code([raw for _, raw, _ in current]):
+            text = "\n".join(text for _, _, text in current)
+            if not (current[0][0] < first_code_line and _LICENCE.search(text)):
+                blocks.append((current[0][0], text))
+        current.clear()
+
+    for token in tokens:
+        if token.type != tokenize.COMMENT or token.line[:token.start[1]].strip():
+            continue
+        text = _comment_text(token.string)
+        if current and (text is None or token.start[0] != current[-1][0] + 1):
+            close()
+        if text is not None:
+            current.append((token.start[0], token.string.lstrip("#"), text))
+    close()
+    return blocks
+
+
+def _docstrings(tree: ast.Module):
+    """(line, text) of the module's, every class's and every function's docstring (cleaned: indentation removed)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=True)
+            if text:
+                yield node.body[0].lineno, text
+
+
+def python_text(source: bytes, seen: set[str]) -> str:
+    """The docstrings and comment blocks of a Python module in source order, a blank line between them; "" if it
+    does not parse. Paragraphs of legal text are dropped; a docstring or comment block already in `seen` (the
+    package's earlier modules: generated files, copied docstrings, per-locale boilerplate) is left out, so
+    repeated text is kept once."""
+    try:
+        tree = _parse(source)
+        tokens = list(tokenize.tokenize(io.BytesIO(source).readline))
+    except (SyntaxError, ValueError, UnicodeDecodeError, tokenize.TokenError, RecursionError, MemoryError):
+        return ""
+    docstring_line = tree.body[0].lineno if ast.get_docstring(tree) else None
+    first_code_line = next((node.lineno for node in tree.body if node.lineno != docstring_line), 1 << 30)
+    units = sorted([*_docstrings(tree), *_comment_blocks(tokens, first_code_line)])
+    kept = []
+    for _, text in units:
+        paragraphs = re.split(r"\n[ \t]*\n", _CONTROL.sub(" ", text))
+        text = "\n\n".join(paragraph for paragraph in paragraphs if not _LEGAL.search(paragraph))
+        if text not in seen and re.search(r"[A-Za-z]{2}", text):
+            seen.add(text)
+            kept.append(text)
+    return "\n\n".join(kept)
+
+
 def held_out(document_id: str) -> bool:
     """Every HOLD_OUT_EVERY-th document, chosen by a hash of its path (stable across rebuilds and orderings)."""
     return int(hashlib.sha1(document_id.encode()).hexdigest(), 16) % HOLD_OUT_EVERY == 0
@@ -215,34 +412,54 @@ def fetch_package(package: str, workdir: Path) -> tuple[Path, str]:
     return tree, version
 
 
+def file_documents(doc_id: str, path: Path, seen: set[str]):
+    """(document id, text) of the documents in one file, read by its kind: a Python module, the Bible's data file,
+    a fortune file (no suffix), a POD file or an HTML page."""
+    if path.suffix == ".py":
+        yield doc_id, python_text(path.read_bytes(), seen)
+    elif path.name == "bible.data":
+        yield from bible_chapters(doc_id, path.read_bytes())
+    else:
+        raw = path.read_bytes().decode("utf-8", errors="replace")
+        if not path.suffix:
+            yield from fortune_groups(doc_id, raw)
+        else:
+            yield doc_id, pod_to_text(raw) if path.suffix == ".pod" else html_to_text(raw)
+
+
 def documents(package: str, tree: Path):
     """(document id, text) of every document of an unpacked package, sorted by path."""
     paths = sorted({p for pattern in PACKAGES[package] for p in tree.glob(pattern) if p.is_file()})
+    seen: set[str] = set()  # the package's docstrings and comment blocks so far
     for path in paths:
-        raw = path.read_bytes().decode("utf-8", errors="replace")
-        text = pod_to_text(raw) if path.suffix == ".pod" else html_to_text(raw)
-        if len(text) >= MIN_DOCUMENT_CHARS:
-            yield f"{package}/{path.relative_to(tree)}", text
+        for doc_id, text in file_documents(f"{package}/{path.relative_to(tree)}", path, seen):
+            if len(text) >= MIN_DOCUMENT_CHARS:
+                yield doc_id, text
+
+
+@functools.lru_cache(maxsize=None)
+def package_documents(package: str, workdir: Path) -> tuple[str, list[tuple[str, str]]]:
+    """(version, documents) of a package, read once per run: `all` builds corpora that share packages."""
+    tree, version = fetch_package(package, workdir)
+    return version, list(documents(package, tree))
 
 
 def build(name: str, output_dir: Path, workdir: Path) -> dict:
     folder = output_dir / name
     folder.mkdir(parents=True, exist_ok=True)
-    stats = dict(corpus=name, packages={}, hold_out=f"every {HOLD_OUT_EVERY}th document by sha1 of its path",
+    stats = dict(corpus=name, packages={}, hold_out=f"every {HOLD_OUT_EVERY}th document by sha1 of its id",
                  train_documents=0, validation_documents=0, train_chars=0, validation_chars=0)
     tmp = {split: folder / f".tmp-{split}.jsonl" for split in ("train", "validation")}
     handles = {split: open(path, "w", encoding="utf-8") for split, path in tmp.items()}
     try:
         for package in CORPORA[name]:
-            tree, version = fetch_package(package, workdir)
-            count = 0
-            for doc_id, text in documents(package, tree):
+            version, docs = package_documents(package, workdir)
+            for doc_id, text in docs:
                 split = "validation" if held_out(doc_id) else "train"
                 handles[split].write(json.dumps({"text": text, "source": doc_id}, ensure_ascii=False) + "\n")
                 stats[f"{split}_documents"] += 1
                 stats[f"{split}_chars"] += len(text)
-                count += 1
-            stats["packages"][package] = dict(version=version, documents=count)
+            stats["packages"][package] = dict(version=version, documents=len(docs))
     finally:
         for handle in handles.values():
             handle.close()

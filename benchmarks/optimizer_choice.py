@@ -50,7 +50,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, _ = load_tokenizer(args, tok_settings, raw, tmp, None, acc)
     train_blocks, _, _ = prepare_blocks(raw, tokenizer, args, acc)
-    config, graph = build_config_and_graph(model_fields, tokenizer, train_blocks, args.min_bigram_count)
+    config, graph, _ = build_config_and_graph(model_fields, tokenizer, train_blocks, args.min_bigram_count)
     torch.manual_seed(0)
     base = BriLLMForCausalLM.from_graph(graph, config=config)
     runs = {}

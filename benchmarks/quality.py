@@ -9,7 +9,7 @@
 
 What is the same for every model (the fairness rules):
 - data, tokenizer and blocks come from the package's pretraining code (modeling_brillm.training, with
-  examples/pretrain.py's flags and checks) with the --config preset (default `demo`): the embedded corpus (or
+  examples/pretrain.py's flags and checks) with its built-in defaults or a --config preset: the embedded corpus (or
   --train_file / --validation_file), the byte-level BPE it trains on the training text, one sentence per block
   of --block_size tokens (padding masked), the held-out validation blocks;
 - the training step: the pretraining code's TrainStep (token-weighted loss, gradient clipping, optimizer and
@@ -86,7 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="GPT-2 sizes: layers x width [x heads] [@learning rate] (heads default width/32, learning "
                    "rate --gpt2_lr); none to skip GPT-2.")
     p.add_argument("--no_brillm", action="store_true", help="Train only the GPT-2 models.")
-    p.add_argument("--config", default="demo", help="Pretraining preset of BriLLM, data and tokenizer settings.")
+    p.add_argument("--config", default=None, help="Pretraining preset of BriLLM, data and tokenizer settings (default: "
+                   "none, examples/pretrain.py's built-in defaults, so the BriLLM here is the one it trains).")
     p.add_argument("--more_brillm", nargs="*", default=[], metavar="PRESET",
                    help="More BriLLM recipes (preset names or JSON paths) trained beside the first on the same data: "
                    "their model and training sections, their own graph; the data flags stay --config's.")
@@ -175,7 +176,8 @@ def curve_points(budgets, extra: int) -> list[float]:
 # ---------------------------------------------------------------------------------------------------- data
 def pretrain_args(args):
     """The pretraining script's own arguments for this data and preset (checked by its own rules)."""
-    argv = ["--config", args.config, "--seed", str(args.seed), "--text_column", args.text_column]
+    argv = ["--seed", str(args.seed), "--text_column", args.text_column]
+    argv += ["--config", args.config] if args.config else []
     for flag in ("train_file", "validation_file", "vocab_size", "block_size"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag}", str(getattr(args, flag))]
@@ -222,9 +224,9 @@ def prepare_data(args, output_dir: Path, accelerator) -> dict:
     if len(train[0]) < args.batch_size:
         raise UsageError(f"{len(train[0])} training blocks cannot fill one batch of {args.batch_size}; lower "
                          "--batch_size or give more text.")
-    config, graph = build_config_and_graph(model_fields, tokenizer, train_blocks, pargs.min_bigram_count)
+    config, graph, min_count = build_config_and_graph(model_fields, tokenizer, train_blocks, pargs.min_bigram_count)
     return dict(tokenizer=tokenizer, train=train, held=held, graph=graph, config=config, pargs=pargs,
-                description=description, train_blocks=train_blocks)
+                min_count=min_count, description=description, train_blocks=train_blocks)
 
 
 def brillm_setup(data, args, preset: str) -> dict:
@@ -237,9 +239,9 @@ def brillm_setup(data, args, preset: str) -> dict:
 
     pargs, model_fields, _ = pretrain_args(Namespace(**{**vars(args), "config": preset}))
     pargs.block_size = int(data["train"][0].shape[1])
-    config, graph = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"],
-                                           pargs.min_bigram_count)
-    return {**data, "config": config, "graph": graph, "pargs": pargs}
+    config, graph, min_count = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"],
+                                                      pargs.min_bigram_count)
+    return {**data, "config": config, "graph": graph, "pargs": pargs, "min_count": min_count}
 
 
 def labels_of(ids, mask):
@@ -338,6 +340,11 @@ def schedule_text(args) -> str:
     return f"cosine over {max(args.budgets):g} training seconds to {args.min_lr_ratio:g} x the peak, after warmup"
 
 
+def chosen_count(min_count):
+    """The count `build_config_and_graph` used: an int, or "auto (N)" when the data chose N."""
+    return f"auto ({min_count.min_count})" if hasattr(min_count, "min_count") else min_count
+
+
 def brillm_trainer(model, data, args, accelerator):
     """BriLLM as examples/pretrain.py trains it in one process (its --optimizer default: SparseAdamW on sparse
     edge gradients, the preset's learning rate, weight decay and its lazy mode, shared-edge and node rates, warmup
@@ -357,7 +364,7 @@ def brillm_trainer(model, data, args, accelerator):
     info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
                 lr=pargs.learning_rate, weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps,
                 lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
-                node_lr_scale=pargs.node_lr_scale, min_bigram_count=pargs.min_bigram_count,
+                node_lr_scale=pargs.node_lr_scale, min_bigram_count=chosen_count(data["min_count"]),
                 signal_dropout=model.config.signal_dropout, non_edge_bias=model.config.non_edge_bias,
                 node_size=model.config.node_size, schedule=schedule_text(args),
                 grad_clip=pargs.max_grad_norm if plan.clip else None)
@@ -654,6 +661,8 @@ def run(args) -> dict:
     held_targets = int(target_mask(data["held"][1]).sum())
     points = curve_points(args.budgets, args.curve_points)
     print(f"data: {data['description']}")
+    if hasattr(data["min_count"], "describe"):
+        print(f"BriLLM's graph: {data['min_count'].describe()}")
     print(f"tokenizer: {len(tok)} tokens; {len(data['train'][0]):,} training blocks, {len(data['held'][0]):,} "
           f"held-out blocks ({held_targets:,} targets) of {data['train'][0].shape[1]} tokens; prepared in "
           f"{time.time() - started:.1f}s")
@@ -667,7 +676,7 @@ def run(args) -> dict:
         if kind == "brillm":
             setup = data if size == args.config else brillm_setup(data, args, size)
             model = make_brillm(setup, args.seed)
-            label = f"BriLLM d={model.config.node_size}" + (f" ({Path(size).stem})" if args.more_brillm else "")
+            label = f"BriLLM d={model.config.node_size}" + (f" ({Path(size).stem if size else 'defaults'})" if args.more_brillm else "")
             step, info, clock, optimizer = brillm_trainer(model.to(device), setup, args, accelerator)
             info["preset"] = size
             touched = touched_edge_share(setup, args)

@@ -73,6 +73,7 @@ from modeling_brillm.training.optimizers import (
     resolve_moment_dtype,
 )
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
+from modeling_brillm.training.pruning import PruningChoice
 from modeling_brillm.training.publishing import push_folder, write_training_card
 from modeling_brillm.training.sharded import (
     EDGE_SHARDINGS,
@@ -90,6 +91,16 @@ SUMMARY_NAME = "pretrain_summary.json"
 
 
 # ---------------------------------------------------------------------------------------------- arguments
+def count_or_auto(value: str):
+    """--min_bigram_count: a positive count, or "auto" (pruning.choose_min_count)."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Pretrain BriLLM (a graph language model) with accelerate. Values not given on the command "
@@ -128,8 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--config", help=f"A preset name ({', '.join(known_presets())}) or a JSON path.")
     g.add_argument("--node_size", type=int, default=None, help="Neurons per node, d (the paper: 32).")
     graph = g.add_mutually_exclusive_group()
-    graph.add_argument("--min_bigram_count", type=int, default=None,
-                       help="Sparse graph: real edges for the bigrams seen at least this often. [1]")
+    graph.add_argument("--min_bigram_count", type=count_or_auto, default=None,
+                       help="Sparse graph: real edges for the bigrams seen at least this often; auto: the smallest "
+                       "count whose bigrams recur in held-back training text (printed at start-up). [auto]")
     graph.add_argument("--dense_graph", action="store_true", default=None,
                        help="Every ordered pair of nodes is a real edge (V^2 edges: 16.9B parameters at V=4000).")
     g.add_argument("--loss", choices=["exact", "sampled"], default=None,
@@ -220,8 +232,10 @@ def check_args(args, model_fields: dict):
             raise UsageError(f"--{name} must be a positive integer, got {value}.")
 
     for name in ("block_size", "per_device_train_batch_size", "per_device_eval_batch_size",
-                 "gradient_accumulation_steps", "num_train_epochs", "min_bigram_count"):
+                 "gradient_accumulation_steps", "num_train_epochs"):
         positive(name)
+    if args.min_bigram_count != "auto":
+        positive("min_bigram_count")
     for name in ("max_train_steps", "eval_steps", "checkpoints_total_limit", "max_eval_samples"):
         if getattr(args, name) is not None:
             positive(name)
@@ -304,10 +318,14 @@ def plan_model(args, model_fields, data, accelerator):
     """The config and graph of the training blocks, the optimizer (its moments count in the memory check), the
     memory check; returns (config, graph, optimizer plan)."""
     say = accelerator.print
-    config, graph = build_config_and_graph(model_fields, data.tokenizer, data.train, args.min_bigram_count)
+    config, graph, min_count = build_config_and_graph(model_fields, data.tokenizer, data.train,
+                                                      args.min_bigram_count)
+    if isinstance(min_count, PruningChoice):
+        say(min_count.describe())
+        min_count = min_count.min_count
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
-        + (f", bigrams seen >= {args.min_bigram_count} times" if graph is not None else "")
+        + (f", bigrams seen >= {min_count} times" if graph is not None else "")
         + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)")
     fsdp = accelerator.distributed_type.value == "FSDP"
     plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,

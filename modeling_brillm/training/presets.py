@@ -20,7 +20,10 @@ MODEL_FIELDS = {
     "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
     "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias",
 }
-MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact"}
+# The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
+# back-off, separate rates for the per-node parameters and the shared edge, and a graph pruned by the data.
+MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
+                  "non_edge_bias": True}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
 TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
 # Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
@@ -30,18 +33,18 @@ TRAINING_DEFAULTS = {
     "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 32,
     "learning_rate": 5e-2,
-    "weight_decay": 0.0,
+    "weight_decay": 0.1,
     "num_train_epochs": 1,
     "max_train_steps": None,
     "gradient_accumulation_steps": 1,
     "lr_scheduler_type": "linear",
-    "num_warmup_steps": 0,
+    "num_warmup_steps": 10,
     "max_grad_norm": 1.0,
     "lazy_weight_decay": False,
-    "shared_edge_lr_scale": 1.0,
-    "node_lr_scale": 1.0,
+    "shared_edge_lr_scale": 0.5,
+    "node_lr_scale": 2.0,
     "moment_dtype": None,  # None: bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32
-    "min_bigram_count": 1,
+    "min_bigram_count": "auto",  # training.pruning.choose_min_count
     "validation_split_percentage": 5,
     "max_eval_samples": None,
     "eval_steps": None,
@@ -121,6 +124,8 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
             sections[section][field] = value
     if args.dense_graph:
         model["graph"] = "dense"
+    if model["loss_type"] == "sampled" and "non_edge_bias" not in preset["model"] and args.non_edge_bias is None:
+        model["non_edge_bias"] = False  # the default back-off needs the exact loss (its negatives miss non-edges)
     for name, default in TRAINING_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, preset["training"].get(name, default))
@@ -128,12 +133,15 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
 
 
 
-def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int):
-    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary
-    and special ids come from the tokenizer, the edges from the bigrams seen at least `min_bigram_count` times."""
+def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int | str):
+    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph, the count used):
+    the vocabulary and special ids come from the tokenizer, the edges from the bigrams seen at least
+    `min_bigram_count` times. `"auto"` takes the count `pruning.choose_min_count` picks (then the count used is its
+    `PruningChoice`, which can describe itself)."""
     from modeling_brillm import BriLLMConfig, build_sparse_graph
 
     from .data import block_sequences
+    from .pruning import choose_min_count
 
     V = len(tokenizer)
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -141,14 +149,19 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
     fields = {k: v for k, v in model_fields.items() if k != "graph"}
     try:
         if model_fields["graph"] == "dense":
-            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None
+            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None, None
+        used = min_bigram_count
+        if min_bigram_count == "auto":
+            used = choose_min_count(block_sequences(train_blocks, tokenizer.pad_token_id), V)
+            min_bigram_count = used.min_count
         try:
             graph = build_sparse_graph(block_sequences(train_blocks, tokenizer.pad_token_id), V,
                                        min_count=min_bigram_count,
                                        ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,))
         except ValueError as err:
             raise UsageError(f"cannot build the graph: {err}") from None
-        return BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **special), graph
+        config = BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **special)
+        return config, graph, used
     except (ValueError, TypeError) as err:
         if isinstance(err, UsageError):
             raise
