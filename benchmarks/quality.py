@@ -676,7 +676,8 @@ def run(args) -> dict:
         if kind == "brillm":
             setup = data if size == args.config else brillm_setup(data, args, size)
             model = make_brillm(setup, args.seed)
-            label = f"BriLLM d={model.config.node_size}" + (f" ({Path(size).stem if size else 'defaults'})" if args.more_brillm else "")
+            name = Path(size).stem if size else "defaults"
+            label = f"BriLLM d={model.config.node_size}" + (f" ({name})" if args.more_brillm else "")
             step, info, clock, optimizer = brillm_trainer(model.to(device), setup, args, accelerator)
             info["preset"] = size
             touched = touched_edge_share(setup, args)

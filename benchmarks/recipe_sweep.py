@@ -7,7 +7,8 @@
 Every variant is one BriLLM training run; the runs (and any --gpt2 references) take turns of --interleave training
 seconds, so a shared machine's load falls on all alike, on the same data, tokenizer, blocks, batch order and held-out
 targets as benchmarks/quality.py (whose data preparation, training step and clock this script reuses). A variant is
-NAME=key:value,key:value over the preset's recipe (demo: lr 5e-2, weight decay 0.1, 10 warmup steps, clip 1.0):
+NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr 5e-2, weight decay 0.1, 10
+warmup steps, clip 1.0, non-edge bias, node rate 2x, shared-edge rate 0.5x, min_count auto):
 
     lr        peak learning rate                       wd        weight decay on edge matrices
     lazy_wd   1: SparseAdamW's lazy decay of every row  warmup    linear warmup steps
@@ -16,7 +17,7 @@ NAME=key:value,key:value over the preset's recipe (demo: lr 5e-2, weight decay 0
     shared_lr learning-rate multiplier of the shared edge (row 0)
     node_lr   learning-rate multiplier of node_bias / non_edge_bias
     clip      gradient-norm clip (0: off)               d         node_size
-    min_count graph pruning: real edges for bigrams seen at least this often
+    min_count graph pruning: real edges for bigrams seen at least this often (auto: chosen from the data)
     dropout   config.signal_dropout                     non_edge  1: config.non_edge_bias
 
 At every curve point the held-out NLL is also split by target: bigrams u->v that are real edges of the variant's
@@ -40,8 +41,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import quality  # noqa: E402  (benchmarks/quality.py: data, step, clock, GPT-2 references)
 
 UsageError = quality.UsageError
+def count_or_auto(value: str):
+    return value if value == "auto" else int(value)
+
+
 KEYS = {"lr": float, "wd": float, "lazy_wd": int, "warmup": int, "schedule": str, "min_lr": float, "shared_lr": float,
-        "node_lr": float, "clip": float, "d": int, "min_count": int, "dropout": float, "non_edge": int}
+        "node_lr": float, "clip": float, "d": int, "min_count": count_or_auto, "dropout": float, "non_edge": int}
 
 
 def parse_args(argv=None):
@@ -58,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--gpt2_schedule", choices=["constant", "cosine"], default="constant",
                    help="GPT-2's schedule after warmup (cosine over --budget seconds, to --min_lr_ratio).")
     p.add_argument("--min_lr_ratio", type=float, default=0.1, help="End of GPT-2's cosine.")
-    p.add_argument("--config", default="demo")
+    p.add_argument("--config", default=None, help="A preset (default: pretrain.py's built-in defaults).")
     p.add_argument("--train_file")
     p.add_argument("--validation_file")
     p.add_argument("--text_column", default="text")
@@ -95,38 +100,41 @@ def parse_variant(spec: str) -> tuple[str, dict]:
 def make_variant(name, settings, data, args, accelerator, device):
     import torch
 
-    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, build_sparse_graph
+    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
     from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
+    from modeling_brillm.training.presets import build_config_and_graph
 
     pargs = data["pargs"]
     base = data["config"].to_dict()
     fields = {k: base[k] for k in ("vocab_size", "max_position_embeddings", "position_encoding", "initializer_range",
                                    "loss_type", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
     fields.update(node_size=settings.get("d", base["node_size"]), signal_dropout=settings.get("dropout", 0.0),
-                  non_edge_bias=bool(settings.get("non_edge", 0)))
+                  non_edge_bias=bool(settings.get("non_edge", base["non_edge_bias"])))
     min_count = settings.get("min_count", pargs.min_bigram_count)
-    ids, mask = data["train"]
-    pad = data["tokenizer"].pad_token_id
-    graph = build_sparse_graph((row[m.bool()] for row, m in zip(ids, mask)), len(data["tokenizer"]),
-                               min_count=min_count, ignore_ids=() if pad is None else (pad,))
+    _, graph, used = build_config_and_graph(dict(graph="sparse", node_size=fields["node_size"]), data["tokenizer"],
+                                            data["train_blocks"], min_count)
+    min_count = f"auto ({used.min_count})" if min_count == "auto" else min_count
     config = BriLLMConfig(graph="sparse", num_edges=graph.num_edges, **fields)
     torch.manual_seed(args.seed)
     model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)
     lr, wd = settings.get("lr", pargs.learning_rate), settings.get("wd", pargs.weight_decay)
     clip = settings.get("clip", pargs.max_grad_norm)
     plan = choose_optimizer("sparse_adamw", 1, clip)
-    optimizer = build_optimizer(model, plan, lr, wd, accelerator, lazy_weight_decay=bool(settings.get("lazy_wd", 0)),
-                                shared_edge_lr_scale=settings.get("shared_lr", 1.0),
-                                node_lr_scale=settings.get("node_lr", 1.0))
+    lazy = bool(settings.get("lazy_wd", pargs.lazy_weight_decay))
+    optimizer = build_optimizer(model, plan, lr, wd, accelerator, lazy_weight_decay=lazy,
+                                shared_edge_lr_scale=settings.get("shared_lr", pargs.shared_edge_lr_scale),
+                                node_lr_scale=settings.get("node_lr", pargs.node_lr_scale))
     clock = quality.TrainingClock()
     warmup = settings.get("warmup", pargs.num_warmup_steps)
     scheduler = quality.clock_schedule(optimizer, warmup, settings.get("schedule", "constant"),
                                        args.horizon or args.budget, settings.get("min_lr", 0.1), clock)
     step = quality.package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size, clip or None)
-    recipe = dict(lr=lr, weight_decay=wd, lazy_weight_decay=bool(settings.get("lazy_wd", 0)), warmup=warmup,
+    recipe = dict(lr=lr, weight_decay=wd, lazy_weight_decay=bool(settings.get("lazy_wd", pargs.lazy_weight_decay)),
+                  warmup=warmup,
                   schedule=settings.get("schedule", "constant"), clip=clip, min_bigram_count=min_count,
                   node_size=config.node_size, signal_dropout=config.signal_dropout, non_edge_bias=config.non_edge_bias,
-                  shared_edge_lr_scale=settings.get("shared_lr", 1.0), node_lr_scale=settings.get("node_lr", 1.0))
+                  shared_edge_lr_scale=settings.get("shared_lr", pargs.shared_edge_lr_scale),
+                  node_lr_scale=settings.get("node_lr", pargs.node_lr_scale))
     if recipe["schedule"] == "cosine":
         recipe.update(min_lr=settings.get("min_lr", 0.1), horizon_seconds=args.horizon or args.budget)
     return model, optimizer, step, clock, recipe

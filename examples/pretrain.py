@@ -104,7 +104,8 @@ def count_or_auto(value: str):
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Pretrain BriLLM (a graph language model) with accelerate. Values not given on the command "
-        "line come from --config (a preset), then from built-in defaults (the paper's setup).",
+        "line come from --config (a preset), then from built-in defaults (the paper's model with a recipe sized by "
+        "the data: docs/training.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     S = argparse.SUPPRESS
@@ -278,7 +279,7 @@ def check_args(args, model_fields: dict):
 # ---------------------------------------------------------------------------------------------- the steps
 def settle_flags(args):
     """Preset < flags, the checks that need no data, the optimizer name the sharding allows."""
-    args.shared_rate_from_preset = args.shared_edge_lr_scale is None  # a preset's rate yields to dense AdamW
+    args.shared_rate_from_preset = args.shared_edge_lr_scale is None  # a preset or default rate yields to dense AdamW
     model_fields, tok_settings = resolve_settings(args)
     check_args(args, model_fields)
     args.optimizer = resolve_optimizer(args.edge_sharding, args.optimizer)
@@ -337,7 +338,7 @@ def plan_model(args, model_fields, data, accelerator):
                                              accelerator.device.type)
     say(describe_optimizer(plan, args.max_grad_norm, args.moment_dtype))
     if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and args.shared_rate_from_preset:
-        say(f"the preset's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
+        say(f"the recipe's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
             f"{plan.name} the shared edge trains at the base rate")
         args.shared_edge_lr_scale = 1.0
     say(check_memory(config, accelerator, args))

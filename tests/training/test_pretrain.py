@@ -121,6 +121,8 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert "greedy" in text and "sampled" in text
     assert "optimizer: sparse_adamw (SparseAdamW on sparse row gradients; auto: one process" in text
     assert "gradient norm clipped to 1" in text
+    assert "--min_bigram_count auto chose" in text  # the built-in recipe sizes the graph to the data, and says so
+    assert json.loads((out / "config.json").read_text())["non_edge_bias"] is True
     log = losses(out)
     assert sorted(log) == list(range(1, 31)) and all(math.isfinite(v) for v in log.values())
     summary = json.loads((out / pretrain.SUMMARY_NAME).read_text())
@@ -388,7 +390,7 @@ def test_two_processes_match_one(corpus, tmp_path):
                   "--checkpointing_steps", "3"], launcher=CPU2, timeout=180)
     assert "2 process(es)" in result.stdout and "global batch 16 blocks = 4 x 2 process(es) x 2" in result.stdout
     assert "optimizer: adamw (AdamW on dense gradients; auto: 2 processes" in result.stdout
-    assert "the preset's shared-edge rate (0.5x) needs sparse edge gradients" in result.stdout
+    assert "the recipe's shared-edge rate (0.5x) needs sparse edge gradients" in result.stdout
     flag = run(["--train_file", corpus, "--output_dir", tmp_path / "flag", *args, "--optimizer", "adamw",
                 "--shared_edge_lr_scale", "0.5"], check=False)
     assert "--shared_edge_lr_scale needs sparse edge gradients" in error_of(flag)
@@ -447,6 +449,8 @@ def test_clear_error_for_block_size_and_preset(corpus, tmp_path):
     message = error_of(run(["--train_file", corpus, "--output_dir", tmp_path, *TINY, "--block_size", "600"],
                            check=False))
     assert "--block_size 600" in message and "max_position_embeddings=512" in message
+    bad = run(["--train_file", corpus, "--output_dir", tmp_path, "--min_bigram_count", "often"], check=False)
+    assert bad.returncode == 2 and "expected a positive integer or 'auto', got 'often'" in bad.stderr
     message = error_of(run(["--config", "no-such-preset", "--output_dir", tmp_path], check=False))
     assert "unknown preset 'no-such-preset'" in message
     for name in ("brillm-en", "brillm-zh", "demo"):

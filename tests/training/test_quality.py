@@ -154,6 +154,9 @@ def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     results = json.loads((out / "recipe_sweep.json").read_text())
     assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w"]
     knobs, pruned = results["models"][1], results["models"][2]
+    base = results["models"][0]["recipe"]  # pretrain.py's built-in recipe
+    assert base["min_bigram_count"].startswith("auto (") and base["non_edge_bias"]
+    assert (base["node_lr_scale"], base["shared_edge_lr_scale"]) == (2.0, 0.5)
     assert knobs["recipe"]["lazy_weight_decay"] and knobs["recipe"]["non_edge_bias"]
     assert knobs["recipe"]["schedule"] == "cosine" and knobs["recipe"]["signal_dropout"] == 0.1
     assert pruned["recipe"]["node_size"] == 4 and pruned["edges"] < results["models"][0]["edges"]
