@@ -22,6 +22,11 @@ class _Block:
         if name == "modeling_brillm" or name.startswith("modeling_brillm."):
             raise ImportError("modeling_brillm is hidden in this test")
 sys.meta_path.insert(0, _Block())
+try:
+    import modeling_brillm
+    raise SystemExit("modeling_brillm should not be importable here")
+except ImportError:
+    pass
 """
 
 FRESH_PROCESS = """

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import modeling_brillm as mb
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, BriLLMModel, build_sparse_graph, positional_encoding
+from tests.integration.test_remote_code import BLOCK_PACKAGE  # a fresh process that cannot import the package
 
 V, D = 12, 6
 
@@ -407,21 +408,6 @@ def test_save_pretrained_writes_safetensors_auto_map_and_code(tmp_path):
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
-
-
-BLOCK_PACKAGE = """
-import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "modeling_brillm" or name.startswith("modeling_brillm."):
-            raise ImportError("modeling_brillm is hidden in this test")
-sys.meta_path.insert(0, _Block())
-try:
-    import modeling_brillm
-    raise SystemExit("modeling_brillm should not be importable here")
-except ImportError:
-    pass
-"""
 
 
 def run_isolated(code, tmp_path, **env):

@@ -281,6 +281,17 @@ def test_generate_tokens_equal_torch(tiny):
     assert torch.equal(outs["triton"][1], outs["torch"][1])
 
 
+def decode_step_matches_torch(model, tokens, tensors):
+    """One sync-free decode step through the kernels equals the torch reference: logits and every state tensor."""
+    out = {}
+    for backend in ("torch", "triton"):
+        with torch.no_grad(), kernel_backend(backend):
+            out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
+    close(out["triton"][0], out["torch"][0], "logits")
+    for a, b, name in zip(out["triton"][1], out["torch"][1], TENSORS):
+        close(a.float(), b.float(), name)
+
+
 @pytest.mark.parametrize("dense", [False, True])
 def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
     """The sync-free decode step (decode_mode="eager") as two kernels: logits, state and greedy tokens as torch's."""
@@ -297,13 +308,7 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
         tokens[1] = min(set(range(model.config.vocab_size)) - successors)
         assert model.edge_rows(state.last_token, tokens)[:2].tolist()[1] == 0
     tensors = list(state.tensors())
-    out = {}
-    for backend in ("torch", "triton"):
-        with torch.no_grad(), kernel_backend(backend):
-            out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
-    close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], TENSORS):
-        close(a.float(), b.float(), name)
+    decode_step_matches_torch(model, tokens, tensors)
     model.decode_mode = "eager"
     try:
         seqs = {}
@@ -493,13 +498,7 @@ def test_non_edge_bias_decoding_equals_torch(tiny, biased):
     state = model(ids, attention_mask=mask, use_cache=True).past_key_values
     tensors = list(state.tensors())
     tokens = torch.tensor([5, 9, 4], device=DEVICE)
-    out = {}
-    for backend in ("torch", "triton"):
-        with torch.no_grad(), kernel_backend(backend):
-            out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
-    close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], TENSORS):
-        close(a.float(), b.float(), name)
+    decode_step_matches_torch(model, tokens, tensors)
     with kernel_backend("torch"):
         model.decode_mode = "off"
         try:
