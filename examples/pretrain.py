@@ -235,6 +235,9 @@ def check_args(args, model_fields: dict):
     for name in ("block_size", "per_device_train_batch_size", "per_device_eval_batch_size",
                  "gradient_accumulation_steps", "num_train_epochs"):
         positive(name)
+    if args.min_bigram_count != "auto" and not isinstance(args.min_bigram_count, int):
+        raise UsageError(f"--min_bigram_count must be a positive integer or 'auto', got {args.min_bigram_count!r} "
+                         "(check the preset's training section).")
     if args.min_bigram_count != "auto":
         positive("min_bigram_count")
     for name in ("max_train_steps", "eval_steps", "checkpoints_total_limit", "max_eval_samples"):

@@ -41,7 +41,7 @@ class PruningChoice:
                 f"their expected rate ({shown}); the smallest c at >= {RECURRENCE:.0%} keeps its edges")
 
 
-def _bigram_counts(sequences, V: int) -> torch.Tensor:
+def _bigram_keys(sequences, V: int) -> torch.Tensor:
     keys = [seq[:-1] * V + seq[1:] for seq in sequences if len(seq) > 1]
     if not keys:
         return torch.zeros(0, dtype=torch.long)
@@ -55,7 +55,7 @@ def choose_min_count(sequences, vocab_size: int) -> PruningChoice:
     run = max(1, -(-n // RUNS))
     fit = [s for i, s in enumerate(sequences) if (i // run) % PROBE_EVERY != PROBE_EVERY - 1]
     probe = [s for i, s in enumerate(sequences) if (i // run) % PROBE_EVERY == PROBE_EVERY - 1]
-    fit_keys, probe_keys = _bigram_counts(fit, vocab_size), _bigram_counts(probe, vocab_size)
+    fit_keys, probe_keys = _bigram_keys(fit, vocab_size), _bigram_keys(probe, vocab_size)
     if fit_keys.numel() == 0 or probe_keys.numel() == 0:
         return PruningChoice(1, {}, int(probe_keys.numel()))  # too little text to estimate: keep every bigram
     keys, counts = fit_keys.unique(return_counts=True)

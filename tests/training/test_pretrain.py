@@ -451,6 +451,10 @@ def test_clear_error_for_block_size_and_preset(corpus, tmp_path):
     assert "--block_size 600" in message and "max_position_embeddings=512" in message
     bad = run(["--train_file", corpus, "--output_dir", tmp_path, "--min_bigram_count", "often"], check=False)
     assert bad.returncode == 2 and "expected a positive integer or 'auto', got 'often'" in bad.stderr
+    preset = tmp_path / "often.json"
+    preset.write_text(json.dumps({"training": {"min_bigram_count": "often"}}))
+    message = error_of(run(["--config", preset, "--train_file", corpus, "--output_dir", tmp_path], check=False))
+    assert "--min_bigram_count must be a positive integer or 'auto', got 'often'" in message
     message = error_of(run(["--config", "no-such-preset", "--output_dir", tmp_path], check=False))
     assert "unknown preset 'no-such-preset'" in message
     for name in ("brillm-en", "brillm-zh", "demo"):
