@@ -58,7 +58,7 @@ class BriLLMConfig(PreTrainedConfig):
             `"sinusoidal"`: the textbook `pos / 10000^(2j/d)`.
         initializer_range (`float`, defaults to 0.5):
             Edge matrices, edge biases and node biases start uniform in `[-initializer_range,
-            initializer_range]`, as in the release. Position weights start at one.
+            initializer_range]`, as in the release. Position weights start at one (see `position_recency`).
         loss_type (`str`, defaults to `"exact"`):
             `"exact"`: cross-entropy over all V nodes (non-real successors share one energy, so the
             cost follows the real successors). `"sampled"`: the release's objective, cross-entropy
@@ -87,6 +87,17 @@ class BriLLMConfig(PreTrainedConfig):
             (the release: every non-successor of u gets the one shared energy). Real edges are unchanged; a fresh
             model computes exactly the release's energies. The exact loss only (the sampled loss's negatives do not
             cover the non-successors).
+        node_readout (`bool`, defaults to False):
+            Give every node v a learned d-vector `node_readout[v]` (initialised to 0) through which it reads the
+            signal x arriving at the current node directly: v's logit is the energy its incoming edge delivers plus
+            ⟨x, node_readout[v]⟩. An edge learns context only from its own bigram's occurrences; a node's readout
+            learns from every occurrence of the node, after any source, real edge or not. A fresh model computes
+            exactly the release's energies. The exact loss only (it scores all V nodes).
+        position_recency (`float`, defaults to 0.0):
+            Where the position weights start: p_k = 1 + position_recency·k for the k-th edge, so the signal's
+            softmax mix starts weighted toward the latest edges (the weight of an edge k steps back falls by
+            e^(−position_recency·k)) instead of a plain average of all of them. 0 = the release's all ones. Only the
+            start: the weights are learned either way.
         bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*):
             Special token ids of the tokenizer the graph was built for.
     """
@@ -108,6 +119,8 @@ class BriLLMConfig(PreTrainedConfig):
     num_start_signals: int = 1
     signal_dropout: float = 0.0
     non_edge_bias: bool = False
+    node_readout: bool = False
+    position_recency: float = 0.0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -141,6 +154,7 @@ class BriLLMConfig(PreTrainedConfig):
         d = self.node_size
         learned = self.num_start_signals * d if self.start_signal == "learned" else 0
         learned += self.vocab_size if self.non_edge_bias else 0
+        learned += self.vocab_size * d if self.node_readout else 0
         return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
@@ -178,6 +192,13 @@ class BriLLMConfig(PreTrainedConfig):
         need(isinstance(self.non_edge_bias, bool), f"non_edge_bias must be True or False, got {self.non_edge_bias!r}.")
         need(not (self.non_edge_bias and self.loss_type == "sampled"),
              "non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the non-successors).")
+        need(isinstance(self.node_readout, bool), f"node_readout must be True or False, got {self.node_readout!r}.")
+        need(not (self.node_readout and self.loss_type == "sampled"),
+             "node_readout needs loss_type='exact' (a readout changes every node's logit, and the sampled loss "
+             "scores only its negatives).")
+        need(isinstance(self.position_recency, (int, float)) and not isinstance(self.position_recency, bool)
+             and 0 <= self.position_recency <= 1,
+             f"position_recency must be a number in [0, 1], got {self.position_recency!r}.")
         if self.loss_type == "sampled":
             need(self.num_negatives < self.vocab_size,
                  f"num_negatives={self.num_negatives} must be smaller than vocab_size={self.vocab_size}.")

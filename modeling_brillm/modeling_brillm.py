@@ -10,7 +10,8 @@ along the path of the input tokens u_0, u_1, ...:
 
 (x_0 = e_0.) The energies are the logits: the next token is the node whose incoming edge delivers the most energy.
 A sparse graph keeps real edges only for the bigrams seen in training; every other pair u→v shares edge row 0 (plus
-a learned per-node offset with `config.non_edge_bias`). docs/model.md tells the whole story, with the checkpoint
+a learned per-node offset with `config.non_edge_bias`). With `config.node_readout` every node also reads the signal
+directly: logit(v) = E_i(v) + ⟨x_i, r_v⟩. docs/model.md tells the whole story, with the checkpoint
 format and the original release's numbers.
 
     BriLLMModel          the parameters, the graph, and the recurrence (returns the signals x_i)
@@ -169,11 +170,14 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
             r = self.config.initializer_range
             for tensor in (module.node_bias, module.weights, module.biases):
                 init.uniform_(tensor, -r, r)
-            init.ones_(module.positions)
+            steps = torch.arange(module.positions.numel(), device=module.positions.device)  # p_k = 1 + recency·k
+            init.copy_(module.positions, (1.0 + self.config.position_recency * steps).view_as(module.positions))
             if module.start_signals is not None:  # also fills it when a uniform checkpoint is loaded as learned
                 init.constant_(module.start_signals, 1.0 / self.config.node_size)
             if module.non_edge_bias is not None:  # zero: the release's energies (also for older checkpoints)
                 init.zeros_(module.non_edge_bias)
+            if module.node_readout is not None:  # zero: the release's energies
+                init.zeros_(module.node_readout)
 
     def enable_input_require_grads(self):
         """A no-op: transformers hooks the input embeddings so checkpointed layers see inputs that need gradients;
@@ -262,6 +266,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         self.non_edge_bias = None
         if config.non_edge_bias and config.graph == "sparse":
             self.non_edge_bias = nn.Parameter(torch.zeros(V))
+        # node_readout=True: node v's logit also reads the signal directly, + <x, node_readout[v]> (0 = release)
+        self.node_readout = nn.Parameter(torch.zeros(V, d)) if config.node_readout else None
         if config.graph == "sparse":
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
             self.register_buffer("graph_indices", torch.zeros(config.num_edges, dtype=torch.long))
@@ -421,9 +427,17 @@ class BriLLMModel(BriLLMPreTrainedModel):
         tensors after them, with fixed shapes and no reads of the device (what a CUDA graph records)."""
         length = state_tensors[4]
         indptr, indices = self.csr()
-        return sync_free_step(tokens, *state_tensors, self.weights, self.biases, self.positions,
-                              self.position_encoding(length), self.position_encoding(length + 1), indptr, indices,
-                              self.edge_keys(), self.config.vocab_size, max_degree, self.non_edge_bias)
+        logits, state = sync_free_step(tokens, *state_tensors, self.weights, self.biases, self.positions,
+                                       self.position_encoding(length), self.position_encoding(length + 1), indptr,
+                                       indices, self.edge_keys(), self.config.vocab_size, max_degree,
+                                       self.non_edge_bias)
+        return self.read_out(logits, state[0]), state
+
+    def read_out(self, logits: torch.Tensor, signal: torch.Tensor) -> torch.Tensor:
+        """`logits` (N, V) plus what every node reads of the signal (N, d) directly (config.node_readout)."""
+        if self.node_readout is None:
+            return logits
+        return logits + (signal.to(self.node_readout.dtype) @ self.node_readout.t()).to(logits.dtype)
 
     @exact_precision
     def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
@@ -511,9 +525,10 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         base, wdtype = self.brillm, self.brillm.weights.dtype
         indptr, indices = self.csr()
         pe = base.position_encoding(run.index[:, 0] + 1).to(wdtype)
-        logits = successor_logits(run.signals[:, 0].to(wdtype), pe, base.weights, base.biases, run.tokens[:, 0],
+        x = run.signals[:, 0]
+        logits = successor_logits(x.to(wdtype), pe, base.weights, base.biases, run.tokens[:, 0],
                                       indptr, indices, self.config.vocab_size, base.non_edge_bias)
-        return logits.float()
+        return base.read_out(logits.float(), x)
 
     def _energies(self, run: Signals, targets, keep_from: int | None, width: int, num_items=None):
         """Candidate energies of the positions that need them: (loss or None, logits (B, T − keep_from, V) or None).
@@ -539,8 +554,11 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         energies, shared = energies.float(), shared.float()
         sampled = targets is not None and cfg.loss_type == "sampled"
         logits = None
-        if keep_from is not None or sampled:
+        readout = base.node_readout
+        if keep_from is not None or sampled or readout is not None:
             logits = scatter_logits(energies, shared, plan, V, base.non_edge_bias)  # (N, V) in plan order
+            if readout is not None:  # every node reads the signal: the logits differ off the edges too
+                logits = logits + (x.to(readout.dtype) @ readout.t()).float()
         loss = None
         if targets is not None:
             target = targets[b_idx, j_idx]
@@ -548,8 +566,12 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             target = torch.where(scored, target, torch.zeros_like(target))
             by_count = base.frequency_table(cfg.num_negatives + 1) \
                 if sampled and cfg.negative_sampling == "frequency" else None
-            per_position = position_losses(energies, shared, plan, sources, target, self.edge_rows(sources, target),
-                                           indptr[sources] + 1, cfg, base.non_edge_bias, logits, by_count)
+            if readout is not None:
+                per_position = F.cross_entropy(logits, target, reduction="none")
+            else:
+                per_position = position_losses(energies, shared, plan, sources, target,
+                                               self.edge_rows(sources, target), indptr[sources] + 1, cfg,
+                                               base.non_edge_bias, logits, by_count)
             total = torch.where(scored, per_position, torch.zeros_like(per_position)).sum()
             count = scored.sum().clamp_min(1) if num_items is None else torch.as_tensor(num_items).to(total.device)
             loss = total / count

@@ -232,6 +232,10 @@ class ShardedBriLLM(nn.Module):
         self.transport = _Transport(group)
         W, rank = self.transport.world, self.transport.rank
         cfg = model.config
+        if getattr(cfg, "node_readout", False):
+            raise ValueError("ShardedBriLLM does not train node_readout (every node's logit would need the full "
+                             "signal on every process): build the model with node_readout=False, or train it in "
+                             "one process or with DDP.")
         V = cfg.vocab_size
         indptr, indices = _csr(model)
         degree = indptr.diff()
@@ -287,7 +291,8 @@ class ShardedBriLLM(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         V, d = config.vocab_size, config.node_size
         model.base_model.node_bias = nn.Parameter(torch.empty(V, 1, d).uniform_(-r, r, generator=gen).to(device))
-        model.base_model.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1, device=device))
+        steps = torch.arange(config.max_position_embeddings, device=device).view(1, -1, 1)
+        model.base_model.positions = nn.Parameter(1.0 + getattr(config, "position_recency", 0.0) * steps)
         # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
         if model.base_model.start_signals is not None:
             model.base_model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d,

@@ -457,12 +457,26 @@ def biased(tiny):
     return model.to(DEVICE)
 
 
-@pytest.mark.parametrize("sparse_gradients,side", [(True, "right"), (False, "left")])
-def test_non_edge_bias_model_matches_torch(tiny, biased, sparse_gradients, side, monkeypatch):
-    """The model with `non_edge_bias` runs the kernels (no torch fallback) and gives the torch path's loss and
-    logits within 1e-5 and every gradient as close to a float64 run as the torch path's own."""
+@pytest.fixture(scope="module")
+def read_out(biased):
+    """`biased` plus a random `node_readout` (every node's logit also reads the signal)."""
+    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+
+    model = BriLLMForCausalLM(BriLLMConfig(**{**biased.config.to_dict(), "node_readout": True}))
+    model.load_state_dict(biased.state_dict(), strict=False)
+    with torch.no_grad():
+        model.base_model.node_readout.copy_(torch.randn(model.base_model.node_readout.shape,
+                                                        generator=torch.Generator().manual_seed(16)))
+    return model.to(DEVICE)
+
+
+@pytest.mark.parametrize("sparse_gradients,side,variant", [(True, "right", "biased"), (False, "left", "biased"),
+                                                           (True, "left", "read_out")])
+def test_non_edge_bias_model_matches_torch(tiny, sparse_gradients, side, variant, monkeypatch, request):
+    """The model with `non_edge_bias` (and `node_readout`) runs the kernels (no torch fallback) and gives the torch
+    path's loss and logits within 1e-5 and every gradient as close to a float64 run as the torch path's own."""
     tok, _ = tiny
-    model = biased
+    model = request.getfixturevalue(variant)
     model.sparse_gradients = sparse_gradients
     ids, mask = _batch(tok, side)
     try:
@@ -482,6 +496,7 @@ def test_non_edge_bias_model_matches_torch(tiny, biased, sparse_gradients, side,
     close(loss_k, loss_t, "loss")
     close(logits_k, logits_t, "logits")
     assert "non_edge_bias" in grads_k and grads_k.keys() == grads_t.keys() == grads_64.keys()
+    assert ("node_readout" in grads_k) == (variant == "read_out")
     for name, exact in grads_64.items():
         scale = exact.abs().max()
         err_k = float((grads_k[name].double() - exact).abs().max() / scale)

@@ -227,6 +227,15 @@ def test_from_config_never_builds_the_full_table():
                                                      max_position_embeddings=LENGTH, **LEARNED), seed=3)
     # the release's uniform start
     assert torch.equal(learned.model.base_model.start_signals, torch.full((2, D), 1.0 / D))
+    # position weights start where BriLLMForCausalLM starts them
+    recent = BriLLMConfig(vocab_size=40, node_size=D, graph="dense", max_position_embeddings=LENGTH,
+                          position_recency=0.3)
+    assert torch.equal(ShardedBriLLM.from_config(recent, seed=3).model.base_model.positions,
+                       BriLLMForCausalLM(recent).base_model.positions)
+    # the nodes' readout needs every node's logit at every position: refused, with what to do instead
+    with pytest.raises(ValueError, match="does not train node_readout.*node_readout=False"):
+        ShardedBriLLM.from_config(BriLLMConfig(vocab_size=40, node_size=D, graph="dense",
+                                               max_position_embeddings=LENGTH, node_readout=True), seed=3)
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
@@ -452,8 +461,8 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     import shutil
 
     one, two = tmp_path / "one", tmp_path / "two"
-    _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw",
-               "--checkpointing_steps", "5"])
+    _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw", "--no-node_readout",
+               "--checkpointing_steps", "5"])  # the model sharding trains (it gives up the readout)
     result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
                         "--checkpointing_steps", "5"], processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout
@@ -486,6 +495,9 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
                      "--optimizer", "adamw"], check=False)
     assert bad.returncode == 2 and "use --optimizer sparse_adamw" in bad.stderr and "Traceback" not in bad.stderr
     bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
+                     "--node_readout"], check=False)
+    assert bad.returncode == 2 and "add --no-node_readout" in bad.stderr and "Traceback" not in bad.stderr
+    bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
                      "--resume_from_checkpoint", one / "step_5"], check=False)
     assert bad.returncode == 2 and "saved without --edge_sharding source" in bad.stderr
     bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--resume_from_checkpoint",
@@ -502,7 +514,8 @@ def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(cor
     in one sharded process to the same end."""
     import shutil
 
-    recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2"]
+    recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2",
+              "--no-node_readout"]  # the model sharding trains (it gives up the readout)
     one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, *recipe])
     _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source", *recipe], processes=2)
