@@ -154,28 +154,34 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Dropout on the signal leaving every token, training only (config.signal_dropout). [0]")
     g.add_argument("--non_edge_bias", action=argparse.BooleanOptionalAction, default=None,
                    help="A learned energy offset per node for non-successors, so unseen continuations differ "
-                   "(config.non_edge_bias; exact loss, sparse graph). [off]")
+                   "(config.non_edge_bias; exact loss, sparse graph). [on; off with --loss sampled]")
+    g.add_argument("--node_readout", action=argparse.BooleanOptionalAction, default=None,
+                   help="Every node also reads the signal directly: its logit adds <x, r_v>, a learned d-vector per "
+                   "node (config.node_readout; exact loss). [on; off with --loss sampled or --edge_sharding source]")
+    g.add_argument("--position_recency", type=float, default=None,
+                   help="Position weights start at 1 + this x k, so the signal's mix starts weighted to the latest "
+                   "edges (config.position_recency; 0 = the paper's all ones). [0.2]")
 
     g = p.add_argument_group("training")
     g.add_argument("--per_device_train_batch_size", type=int, default=None, help="Blocks per process. [32]")
     g.add_argument("--per_device_eval_batch_size", type=int, default=None, help="[32]")
     g.add_argument("--learning_rate", type=float, default=None, help="Peak learning rate (the paper: 5e-2).")
-    g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0]")
+    g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0.1]")
     g.add_argument("--num_train_epochs", type=int, default=None, help="[1]")
     g.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides epochs.")
     g.add_argument("--gradient_accumulation_steps", type=int, default=None, help="[1]")
     g.add_argument("--lr_scheduler_type", default=None,
                    choices=["linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
                             "constant_with_warmup", "inverse_sqrt", "warmup_stable_decay"], help="[linear]")
-    g.add_argument("--num_warmup_steps", type=int, default=None, help="Linear warmup steps. [0]")
+    g.add_argument("--num_warmup_steps", type=int, default=None, help="Linear warmup steps. [10]")
     g.add_argument("--max_grad_norm", type=float, default=None, help="Clip the gradient norm (0: off). [1.0]")
     g.add_argument("--lazy_weight_decay", action=argparse.BooleanOptionalAction, default=None,
                    help="SparseAdamW: decay every edge row as dense AdamW would, applied when the row is next touched "
                    "(off: only touched rows decay, once per step they are touched). [off]")
     g.add_argument("--shared_edge_lr_scale", type=float, default=None,
-                   help="Learning-rate multiplier of the shared edge (row 0 of the edge tables; SparseAdamW). [1]")
+                   help="Learning-rate multiplier of the shared edge (row 0 of the edge tables; SparseAdamW). [0.5]")
     g.add_argument("--node_lr_scale", type=float, default=None,
-                   help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [1]")
+                   help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [2]")
     g.add_argument("--moment_dtype", choices=MOMENT_DTYPES, default=None,
                    help="SparseAdamW's moments: bfloat16 stores them with stochastic rounding (half their memory and "
                    "bytes). [bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32]")
@@ -251,6 +257,9 @@ def check_args(args, model_fields: dict):
         )
     if args.block_size < 2:
         raise UsageError("--block_size must be at least 2 (a block needs one bigram).")
+    if args.edge_sharding == "source" and model_fields.get("node_readout"):
+        raise UsageError("--edge_sharding source does not train the node readout (every node's logit at every "
+                         "position): add --no-node_readout, or train without --edge_sharding.")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
         try:
             args.checkpointing_steps = int(args.checkpointing_steps)

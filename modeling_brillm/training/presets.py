@@ -18,12 +18,13 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
 # from the graph, the special ids from the tokenizer).
 MODEL_FIELDS = {
     "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
-    "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias",
+    "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias", "node_readout", "position_recency",
 }
 # The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
-# back-off, separate rates for the per-node parameters and the shared edge, and a graph pruned by the data.
+# back-off, the nodes' readout of the signal, a mix that starts weighted to recent edges, separate rates for the
+# per-node parameters and the shared edge, and a graph pruned by the data.
 MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
-                  "non_edge_bias": True}
+                  "non_edge_bias": True, "node_readout": True, "position_recency": 0.2}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
 TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
 # Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
@@ -63,6 +64,8 @@ FLAG_TO_FIELD = {
     "negatives": ("model", "negative_sampling"),
     "signal_dropout": ("model", "signal_dropout"),
     "non_edge_bias": ("model", "non_edge_bias"),
+    "node_readout": ("model", "node_readout"),
+    "position_recency": ("model", "position_recency"),
     "vocab_size": ("tokenizer", "vocab_size"),
     "tokenizer_kind": ("tokenizer", "kind"),
     "tokenizer_min_frequency": ("tokenizer", "min_frequency"),
@@ -124,8 +127,13 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
             sections[section][field] = value
     if args.dense_graph:
         model["graph"] = "dense"
-    if model["loss_type"] == "sampled" and "non_edge_bias" not in preset["model"] and args.non_edge_bias is None:
-        model["non_edge_bias"] = False  # the default back-off needs the exact loss (its negatives miss non-edges)
+    # A built-in default this setup cannot train gives way; a preset's or a flag's value stays (and is refused).
+    off = {"non_edge_bias", "node_readout"} if model["loss_type"] == "sampled" else set()  # scores few negatives
+    if getattr(args, "edge_sharding", "none") == "source":
+        off.add("node_readout")  # the sharded loss does not train it
+    for field in off:
+        if field not in preset["model"] and getattr(args, field) is None:
+            model[field] = False
     for name, default in TRAINING_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, preset["training"].get(name, default))

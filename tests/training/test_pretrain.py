@@ -599,8 +599,21 @@ def test_presets_load_and_flags_override():
     assert model["node_size"] == 8 and model["graph"] == "dense"
     assert args.learning_rate == 0.01 and args.block_size == 32 and args.max_train_steps == 1500
     args = pretrain.parse_args([])
-    presets.resolve_settings(args)
+    model, _ = presets.resolve_settings(args)
     assert args.learning_rate == 5e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
+    assert model["non_edge_bias"] and model["node_readout"] and model["position_recency"] == 0.2
+    assert not any(presets.resolve_settings(pretrain.parse_args(["--config", "brillm-en"]))[0][k]
+                   for k in ("non_edge_bias", "node_readout", "position_recency"))  # the paper's model
+
+
+@pytest.mark.parametrize("flags,off", [
+    (["--loss", "sampled"], {"non_edge_bias", "node_readout"}),  # its negatives do not score every node
+    (["--edge_sharding", "source"], {"node_readout"}),  # the sharded loss does not train the readout
+    (["--loss", "sampled", "--non_edge_bias"], {"node_readout"}),  # a flag stays (and the config refuses it)
+])
+def test_defaults_that_a_setup_cannot_train_give_way(flags, off):
+    model, _ = presets.resolve_settings(pretrain.parse_args(flags))
+    assert {k for k in ("non_edge_bias", "node_readout") if not model[k]} == off
 
 
 def test_sentence_splitting_and_blocks():
