@@ -554,11 +554,9 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         energies, shared = energies.float(), shared.float()
         sampled = targets is not None and cfg.loss_type == "sampled"
         logits = None
-        readout = base.node_readout
-        if keep_from is not None or sampled or readout is not None:
-            logits = scatter_logits(energies, shared, plan, V, base.non_edge_bias)  # (N, V) in plan order
-            if readout is not None:  # every node reads the signal: the logits differ off the edges too
-                logits = logits + (x.to(readout.dtype) @ readout.t()).float()
+        read_out = base.node_readout is not None  # every node reads the signal: non-successors differ too
+        if keep_from is not None or sampled or read_out:
+            logits = base.read_out(scatter_logits(energies, shared, plan, V, base.non_edge_bias), x)  # (N, V)
         loss = None
         if targets is not None:
             target = targets[b_idx, j_idx]
@@ -566,7 +564,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             target = torch.where(scored, target, torch.zeros_like(target))
             by_count = base.frequency_table(cfg.num_negatives + 1) \
                 if sampled and cfg.negative_sampling == "frequency" else None
-            if readout is not None:
+            if read_out:
                 per_position = F.cross_entropy(logits, target, reduction="none")
             else:
                 per_position = position_losses(energies, shared, plan, sources, target,
