@@ -281,14 +281,19 @@ def test_pretrain_flags_reach_the_config_and_optimizer(tmp_path):
 
 
 def test_non_edge_bias_through_remote_code(tmp_path):
+    """A folder with the default recipe's model options (non-edge bias, readout, recency) loads as remote code and
+    gives the same logits."""
     from tests.model.test_modeling import run_isolated
 
     tok, ids, mask = batch()
     base = make_model(tok)
-    model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True, "signal_dropout": 0.1}))
+    model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True, "signal_dropout": 0.1,
+                                              "node_readout": True, "position_recency": 0.2}))
     model.load_state_dict(base.state_dict(), strict=False)
     with torch.no_grad():
         model.base_model.non_edge_bias.copy_(torch.linspace(-1, 1, model.config.vocab_size))
+        model.base_model.node_readout.copy_(torch.linspace(-1, 1, model.base_model.node_readout.numel()).view(
+            model.base_model.node_readout.shape))
     model.eval()
     model.save_pretrained(tmp_path / "saved")
     with torch.no_grad():
@@ -299,6 +304,7 @@ def test_non_edge_bias_through_remote_code(tmp_path):
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained("saved", trust_remote_code=True).eval()
         assert "transformers_modules" in type(model).__module__ and model.config.non_edge_bias
+        assert model.config.node_readout and model.config.position_recency == 0.2
         expected = torch.load("expected.pt")
         with torch.no_grad():
             logits = model(expected["ids"], attention_mask=expected["mask"]).logits
