@@ -156,6 +156,12 @@ def _compact(input_ids: torch.Tensor, mask: torch.Tensor):
     return input_ids.gather(1, column), valid, column, lengths
 
 
+def initial_positions(config: BriLLMConfig, device=None) -> torch.Tensor:
+    """Where the position weights start: p_k = 1 + position_recency·k, (1, max_positions, 1) (all ones: the release)."""
+    steps = torch.arange(config.max_position_embeddings, dtype=torch.float32, device=device).view(1, -1, 1)
+    return 1.0 + config.position_recency * steps
+
+
 class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
     """Weights initialisation, loading, inputs' placement; the graph's methods come from `GraphMethods`."""
 
@@ -170,8 +176,7 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
             r = self.config.initializer_range
             for tensor in (module.node_bias, module.weights, module.biases):
                 init.uniform_(tensor, -r, r)
-            steps = torch.arange(module.positions.numel(), device=module.positions.device)  # p_k = 1 + recency·k
-            init.copy_(module.positions, (1.0 + self.config.position_recency * steps).view_as(module.positions))
+            init.copy_(module.positions, initial_positions(self.config, module.positions.device))
             if module.start_signals is not None:  # also fills it when a uniform checkpoint is loaded as learned
                 init.constant_(module.start_signals, 1.0 / self.config.node_size)
             if module.non_edge_bias is not None:  # zero: the release's energies (also for older checkpoints)

@@ -57,7 +57,7 @@ from torch import nn
 
 from .backend import exact_precision
 from .losses import position_losses, shift_labels
-from .modeling_brillm import BriLLMForCausalLM
+from .modeling_brillm import BriLLMForCausalLM, initial_positions
 from .ops import EdgeGradLink, candidate_energies, gather_edges, make_plan
 from .optimization import group_moment_dtype, parameter_groups
 from .validation import check_labels
@@ -291,8 +291,7 @@ class ShardedBriLLM(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         V, d = config.vocab_size, config.node_size
         model.base_model.node_bias = nn.Parameter(torch.empty(V, 1, d).uniform_(-r, r, generator=gen).to(device))
-        steps = torch.arange(config.max_position_embeddings, device=device).view(1, -1, 1)
-        model.base_model.positions = nn.Parameter(1.0 + getattr(config, "position_recency", 0.0) * steps)
+        model.base_model.positions = nn.Parameter(initial_positions(config, device))
         # 1/d, the release's uniform start, as BriLLMForCausalLM initialises it
         if model.base_model.start_signals is not None:
             model.base_model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d,
