@@ -29,25 +29,40 @@ class StepResult:
     lr: float  # the learning rate the optimizer step used
 
 
+def _coalesced(grad):
+    """A sparse row gradient with its duplicate rows summed. Autograd marks a gradient it added up as uncoalesced
+    even when its rows are already unique and increasing (the usual case here); then the flag is set without
+    touching the values, where `coalesce()` would sort and copy every row of a gradient that may cover most of a
+    large edge table."""
+    import torch
+
+    if grad.is_coalesced():
+        return grad
+    rows = grad._indices()[0]
+    if grad.sparse_dim() == 1 and (rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all())):
+        return torch.sparse_coo_tensor(grad._indices(), grad._values(), grad.shape, is_coalesced=True,
+                                       check_invariants=False)
+    return grad.coalesce()
+
+
 def clip_grad_norm_(params, max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` (L2, in place, returns the norm before clipping) that also takes sparse COO
     gradients. An uncoalesced sparse gradient (accumulated micro-batches, embedding rows) is coalesced first: its
     duplicate rows sum, so the norm is the norm of the dense gradient it stands for."""
     import torch
 
-    squares = []
+    norms = []
     for p in params:
         grad = p.grad
         if grad is None:
             continue
         if grad.is_sparse:
-            if not grad.is_coalesced():
-                p.grad = grad = grad.coalesce()
+            p.grad = grad = _coalesced(grad)
             grad = grad._values()
-        squares.append(grad.detach().float().pow(2).sum())
-    if not squares:
+        norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))  # no squared copy of the gradient
+    if not norms:
         return 0.0
-    total = float(torch.stack(squares).sum().sqrt())
+    total = float(torch.linalg.vector_norm(torch.stack(norms)))
     coef = min(max_norm / (total + 1e-6), 1.0)  # as torch: clamped, applied to every gradient
     if coef < 1.0:
         for p in params:

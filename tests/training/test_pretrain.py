@@ -250,6 +250,24 @@ def test_clip_grad_norm_of_sparse_gradients_matches_dense(micro_batches):
         torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-7)
 
 
+def test_clipping_marks_unique_sparse_rows_coalesced_without_copying_them():
+    """A gradient autograd added up is flagged uncoalesced even when its rows are unique and increasing: the clip
+    then sets the flag and keeps the values where they are; duplicated rows are still summed."""
+    import torch
+
+    from modeling_brillm.training.loop import _coalesced
+
+    values = torch.arange(12.0).view(3, 2, 2)
+    unique = torch.sparse_coo_tensor(torch.tensor([[0, 2, 5]]), values, (6, 2, 2))
+    assert not unique.is_coalesced()
+    flagged = _coalesced(unique)
+    assert flagged.is_coalesced() and flagged._values().data_ptr() == values.data_ptr()
+    duplicated = torch.sparse_coo_tensor(torch.tensor([[5, 0, 5]]), values, (6, 2, 2))
+    summed = _coalesced(duplicated)
+    assert summed.is_coalesced() and summed._indices().tolist() == [[0, 5]]
+    torch.testing.assert_close(summed.to_dense(), duplicated.to_dense())
+
+
 # ------------------------------------------------------------------------------------------------- resume
 def test_resume_gives_identical_loss_curve(reference, corpus, tmp_path):
     ref = losses(reference)
