@@ -30,10 +30,12 @@ What is the same for every model (the fairness rules):
 Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on sparse
 edge gradients) with the preset's recipe (learning rate, weight decay and its lazy mode, shared-edge and node rates,
 warmup, clipping, graph pruning, signal dropout, non-edge bias; --more_brillm adds other presets' recipes on the
-same data); GPT-2 (transformers' GPT2LMHeadModel, dropout 0, tied embeddings) AdamW (--gpt2_lr, default 3e-3, weight
-decay 0.01, --gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 /
-6e-3 / 1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with
-1e-3 (its default: 4x256@1e-3).
+same data). `--min_bigram_count auto` is told the run's length as pretrain.py tells it its epochs: here the epochs
+the largest budget buys, timed on a few throwaway steps before the runs (budget_graph). GPT-2 (transformers'
+GPT2LMHeadModel, dropout 0, tied embeddings) trains with AdamW (--gpt2_lr, default 3e-3, weight decay 0.01,
+--gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
+1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3 (its
+default: 4x256@1e-3).
 
 Writes <output_dir>/quality.json (settings, data, every model's parameters and curve, the table per budget)
 and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
@@ -202,7 +204,6 @@ def prepare_data(args, output_dir: Path, accelerator) -> dict:
     """Tokenizer, training and held-out blocks (as tensors), BriLLM's config and graph: all made by the
     pretraining modules (modeling_brillm.training) exactly as examples/pretrain.py makes them."""
     from modeling_brillm.training.data import load_raw_data, load_tokenizer, prepare_blocks
-    from modeling_brillm.training.presets import build_config_and_graph
 
     pargs, model_fields, tok_settings = pretrain_args(args)
     pargs.output_dir = str(output_dir)
@@ -224,24 +225,59 @@ def prepare_data(args, output_dir: Path, accelerator) -> dict:
     if len(train[0]) < args.batch_size:
         raise UsageError(f"{len(train[0])} training blocks cannot fill one batch of {args.batch_size}; lower "
                          "--batch_size or give more text.")
-    config, graph, min_count = build_config_and_graph(model_fields, tokenizer, train_blocks, pargs.min_bigram_count)
-    return dict(tokenizer=tokenizer, train=train, held=held, graph=graph, config=config, pargs=pargs,
-                min_count=min_count, description=description, train_blocks=train_blocks)
+    data = dict(tokenizer=tokenizer, train=train, held=held, pargs=pargs, description=description,
+                train_blocks=train_blocks)
+    return {**data, **budget_graph(model_fields, data, args, accelerator)}
 
 
-def brillm_setup(data, args, preset: str) -> dict:
+def budget_graph(model_fields, data, args, accelerator) -> dict:
+    """BriLLM's config, graph and the count used, as pretrain.py builds them. `--min_bigram_count auto` is told the
+    run's length: here a time budget, so the epochs come from timing a few steps on the data's graph, and a sparser
+    graph is taken to train proportionally more of them (pruning.choose_min_count)."""
+    from modeling_brillm.training.presets import build_config_and_graph
+
+    count = data["pargs"].min_bigram_count
+    config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], count)
+    if count == "auto" and graph is not None:
+        probe = {**data, "config": config, "graph": graph, "min_count": used}
+        epochs = epochs_in_budget(probe, args, accelerator, max(args.budgets))
+        config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], "auto",
+                                                     planned_epochs=epochs, epochs_grow_with_pruning=True)
+    return dict(config=config, graph=graph, min_count=used)
+
+
+def epochs_in_budget(data, args, accelerator, seconds: float, steps: int = 3) -> float:
+    """Epochs of the training blocks BriLLM trains in `seconds` on data's graph, from `steps` timed training steps of
+    a throwaway model (after one untimed step, which allocates the optimizer's moments)."""
+    import torch
+
+    device = accelerator.device
+    model = make_brillm(data, args.seed).to(device)
+    step = brillm_trainer(model, data, args, accelerator)[0]
+    ids_all, mask_all = data["train"]
+    order = iter(BatchOrder(len(ids_all), args.batch_size, args.seed))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for i in range(steps + 1):
+        if i == 1:
+            sync()
+            started = time.perf_counter()
+        index = next(order)
+        step(ids_all[index].to(device), mask_all[index].to(device))
+    sync()
+    per_step = (time.perf_counter() - started) / steps
+    return seconds / per_step * args.batch_size / len(ids_all)
+
+
+def brillm_setup(data, args, preset: str, accelerator) -> dict:
     """Another BriLLM recipe on the same data (--more_brillm): `preset`'s model and training settings, its own graph
     (its --min_bigram_count) over the same training blocks and tokenizer. Data flags (vocabulary, blocks) stay the
     first preset's."""
     from argparse import Namespace
 
-    from modeling_brillm.training.presets import build_config_and_graph
-
     pargs, model_fields, _ = pretrain_args(Namespace(**{**vars(args), "config": preset}))
     pargs.block_size = int(data["train"][0].shape[1])
-    config, graph, min_count = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"],
-                                                      pargs.min_bigram_count)
-    return {**data, "config": config, "graph": graph, "pargs": pargs, "min_count": min_count}
+    setup = {**data, "pargs": pargs}
+    return {**setup, **budget_graph(model_fields, setup, args, accelerator)}
 
 
 def labels_of(ids, mask):
@@ -675,7 +711,7 @@ def run(args) -> dict:
     runs, models = [], []
     for kind, size in specs:
         if kind == "brillm":
-            setup = data if size == args.config else brillm_setup(data, args, size)
+            setup = data if size == args.config else brillm_setup(data, args, size, accelerator)
             model = make_brillm(setup, args.seed)
             name = Path(size).stem if size else "defaults"
             label = f"BriLLM d={model.config.node_size}" + (f" ({name})" if args.more_brillm else "")

@@ -18,7 +18,8 @@ min_count auto):
     shared_lr learning-rate multiplier of the shared edge (row 0)
     node_lr   learning-rate multiplier of node_bias / non_edge_bias
     clip      gradient-norm clip (0: off)               d         node_size
-    min_count graph pruning: real edges for bigrams seen at least this often (auto: chosen from the data)
+    min_count graph pruning: real edges for bigrams seen at least this often (auto: the count chosen from the data
+              and the budget for the base recipe, as quality.py chooses it)
     dropout   config.signal_dropout                     non_edge  1: config.non_edge_bias
     readout   1: config.node_readout                    recency   config.position_recency
 
@@ -116,9 +117,10 @@ def make_variant(name, settings, data, args, accelerator, device):
                   node_readout=bool(settings.get("readout", base["node_readout"])),
                   position_recency=settings.get("recency", base["position_recency"]))
     min_count = settings.get("min_count", pargs.min_bigram_count)
-    _, graph, used = build_config_and_graph(dict(graph="sparse", node_size=fields["node_size"]), data["tokenizer"],
-                                            data["train_blocks"], min_count)
-    min_count = f"auto ({used.min_count})" if min_count == "auto" else min_count
+    count = getattr(data["min_count"], "min_count", "auto") if min_count == "auto" else min_count  # the base's
+    _, graph, _ = build_config_and_graph(dict(graph="sparse", node_size=fields["node_size"]), data["tokenizer"],
+                                         data["train_blocks"], count)
+    min_count = f"auto ({count})" if min_count == "auto" else min_count
     config = BriLLMConfig(graph="sparse", num_edges=graph.num_edges, **fields)
     torch.manual_seed(args.seed)
     model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)

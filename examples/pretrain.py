@@ -332,7 +332,7 @@ def plan_model(args, model_fields, data, accelerator):
     memory check; returns (config, graph, optimizer plan)."""
     say = accelerator.print
     config, graph, min_count = build_config_and_graph(model_fields, data.tokenizer, data.train,
-                                                      args.min_bigram_count)
+                                                      args.min_bigram_count, planned_epochs(args, data, accelerator))
     if isinstance(min_count, PruningChoice):
         say(min_count.describe())
         min_count = min_count.min_count
@@ -355,6 +355,13 @@ def plan_model(args, model_fields, data, accelerator):
         args.shared_edge_lr_scale = 1.0
     say(check_memory(config, accelerator, args))
     return config, graph, plan
+
+
+def planned_epochs(args, data, accelerator) -> float:
+    """The run's length in epochs of the training blocks, before the loaders exist (make_job fixes the steps)."""
+    if args.max_train_steps is None:
+        return float(args.num_train_epochs)
+    return args.max_train_steps * global_batch(args, accelerator) / max(len(data.train), 1)
 
 
 def build_model(args, config, graph, accelerator):

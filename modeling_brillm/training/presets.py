@@ -141,11 +141,12 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
 
 
 
-def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int | str):
+def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int | str,
+                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False):
     """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph, the count used):
     the vocabulary and special ids come from the tokenizer, the edges from the bigrams seen at least
-    `min_bigram_count` times. `"auto"` takes the count `pruning.choose_min_count` picks (then the count used is its
-    `PruningChoice`, which can describe itself)."""
+    `min_bigram_count` times. `"auto"` takes the count `pruning.choose_min_count` picks for the run's
+    `planned_epochs` (then the count used is its `PruningChoice`, which can describe itself)."""
     from modeling_brillm import BriLLMConfig, build_sparse_graph
 
     from .data import block_sequences
@@ -160,7 +161,8 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
             return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None, None
         used = min_bigram_count
         if min_bigram_count == "auto":
-            used = choose_min_count(block_sequences(train_blocks, tokenizer.pad_token_id), V)
+            used = choose_min_count(block_sequences(train_blocks, tokenizer.pad_token_id), V, planned_epochs,
+                                    epochs_grow_with_pruning)
             min_bigram_count = used.min_count
         try:
             graph = build_sparse_graph(block_sequences(train_blocks, tokenizer.pad_token_id), V,

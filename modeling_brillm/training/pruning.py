@@ -15,10 +15,19 @@ from (a held-out estimate, as Church and Gale's for bigram frequencies):
 
 On text whose held-out part is more of the same (lines of one manual) even single bigrams come back and every bigram
 keeps its edge; between documents of different subjects the rare ones do not and are pruned.
+
+The count also has to fit the run (`planned_epochs`). An edge seen c times is a training target c times per epoch,
+and an edge trained a couple of times is noise where the shared edge would have backed off well; every edge also
+costs time, because the exact loss scores every successor of a token. So the count is raised, if need be, until an
+edge is a target at least `MIN_VISITS` times in the planned run: c · epochs >= MIN_VISITS. With a fixed number of
+steps the epochs do not depend on c. With a time budget (`epochs_grow_with_pruning`) they do: the time per token
+is taken as proportional to the successors a token's loss scores, so pruning buys epochs, and the count is the
+smallest c whose own epochs reach the bar.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +35,7 @@ import torch
 RECURRENCE = 0.8  # the share of its expected held-out occurrences a count class must show to keep its edges
 RUNS, PROBE_EVERY = 100, 10
 MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few classes left to go on)
+MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run (docs/benchmarks.md)
 
 
 @dataclass
@@ -33,12 +43,20 @@ class PruningChoice:
     min_count: int
     recurrence: dict  # c -> held-out occurrences / expected, for the classes [c, 2c) looked at
     probe_tokens: int
+    data_count: int = 0  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
+    epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
 
     def describe(self) -> str:
         shown = ", ".join(f"{c}: {r:.2f}" for c, r in list(self.recurrence.items())[:6]) or "none to compare"
-        return (f"--min_bigram_count auto chose {self.min_count}: bigrams seen c..2c-1 times in nine tenths of the "
+        text = (f"--min_bigram_count auto chose {self.min_count}: bigrams seen c..2c-1 times in nine tenths of the "
                 f"training blocks come back in the other tenth ({self.probe_tokens:,} tokens) at these shares of "
-                f"their expected rate ({shown}); the smallest c at >= {RECURRENCE:.0%} keeps its edges")
+                f"their expected rate ({shown}); the smallest c at >= {RECURRENCE:.0%} is {self.data_count}")
+        if self.epochs is None:
+            return text
+        if self.min_count > self.data_count:
+            return (f"{text}, raised to {self.min_count} so that every edge is a training target at least "
+                    f"{MIN_VISITS} times in the planned {self.epochs:.3g} epoch(s)")
+        return f"{text}; the planned {self.epochs:.3g} epoch(s) train its edges at least {MIN_VISITS} times"
 
 
 def _bigram_keys(sequences, V: int) -> torch.Tensor:
@@ -48,16 +66,52 @@ def _bigram_keys(sequences, V: int) -> torch.Tensor:
     return torch.cat(keys)
 
 
-def choose_min_count(sequences, vocab_size: int) -> PruningChoice:
-    """The `min_bigram_count` for these training sequences (int64 token tensors in data order); see the module."""
+def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = None,
+                     epochs_grow_with_pruning: bool = False) -> PruningChoice:
+    """The `min_bigram_count` for these training sequences (int64 token tensors in data order); see the module.
+    `planned_epochs`: the run's length in epochs (None: not known, the held-out estimate alone decides); with
+    `epochs_grow_with_pruning` it is the length at the held-out estimate's count of a run with a time budget."""
     sequences = list(sequences)
+    choice = _held_out_choice(sequences, vocab_size)
+    if planned_epochs is None:
+        return choice
+    if planned_epochs <= 0:
+        raise ValueError(f"planned_epochs must be positive, got {planned_epochs}")
+    keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
+    if keys.numel() == 0:
+        return choice
+    cost = _scored_successors(keys, counts, vocab_size)  # c -> successors scored per token, relative to c = 1
+
+    def epochs(c: int) -> float:
+        return planned_epochs * (cost(choice.data_count) / cost(c) if epochs_grow_with_pruning else 1.0)
+
+    c = choice.data_count
+    most = int(counts.max())  # a larger count would leave no edge
+    while c < most and c * epochs(c) < MIN_VISITS:
+        c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
+    c = min(c, most)
+    return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c))
+
+
+def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int):
+    """c -> the mean number of successors the exact loss scores per training token when bigrams seen at least c
+    times are edges (a token u scores every successor of u)."""
+    sources = keys // vocab_size
+    occurrences = torch.zeros(vocab_size, dtype=torch.float64).index_add_(0, sources, counts.double())
+    per_edge = occurrences[sources]  # every occurrence of an edge's source scores it
+    total = float(occurrences.sum())
+    return lambda c: max(float(per_edge[counts >= c].sum()) / total, 1.0)
+
+
+def _held_out_choice(sequences: list, vocab_size: int) -> PruningChoice:
+    """The held-out estimate of the module docstring (steps 1 to 3)."""
     n = len(sequences)
     run = max(1, -(-n // RUNS))
     fit = [s for i, s in enumerate(sequences) if (i // run) % PROBE_EVERY != PROBE_EVERY - 1]
     probe = [s for i, s in enumerate(sequences) if (i // run) % PROBE_EVERY == PROBE_EVERY - 1]
     fit_keys, probe_keys = _bigram_keys(fit, vocab_size), _bigram_keys(probe, vocab_size)
     if fit_keys.numel() == 0 or probe_keys.numel() == 0:
-        return PruningChoice(1, {}, int(probe_keys.numel()))  # too little text to estimate: keep every bigram
+        return PruningChoice(1, {}, int(probe_keys.numel()), 1)  # too little text to estimate: keep every bigram
     keys, counts = fit_keys.unique(return_counts=True)
     probe_unique, probe_counts = probe_keys.unique(return_counts=True)
     position = torch.searchsorted(probe_unique, keys).clamp_max(len(probe_unique) - 1)
@@ -73,4 +127,4 @@ def choose_min_count(sequences, vocab_size: int) -> PruningChoice:
         if recurrence[c] >= RECURRENCE:
             break
         keep_from = c + 1
-    return PruningChoice(keep_from, recurrence, int(probe_keys.numel()))
+    return PruningChoice(keep_from, recurrence, int(probe_keys.numel()), keep_from)

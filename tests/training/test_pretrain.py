@@ -258,11 +258,11 @@ def test_clipping_marks_unique_sparse_rows_coalesced_without_copying_them():
     from modeling_brillm.training.loop import _coalesced
 
     values = torch.arange(12.0).view(3, 2, 2)
-    unique = torch.sparse_coo_tensor(torch.tensor([[0, 2, 5]]), values, (6, 2, 2))
+    unique = torch.sparse_coo_tensor(torch.tensor([[0, 2, 5]]), values, (6, 2, 2), check_invariants=True)
     assert not unique.is_coalesced()
     flagged = _coalesced(unique)
     assert flagged.is_coalesced() and flagged._values().data_ptr() == values.data_ptr()
-    duplicated = torch.sparse_coo_tensor(torch.tensor([[5, 0, 5]]), values, (6, 2, 2))
+    duplicated = torch.sparse_coo_tensor(torch.tensor([[5, 0, 5]]), values, (6, 2, 2), check_invariants=True)
     summed = _coalesced(duplicated)
     assert summed.is_coalesced() and summed._indices().tolist() == [[0, 5]]
     torch.testing.assert_close(summed.to_dense(), duplicated.to_dense())

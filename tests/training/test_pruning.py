@@ -1,8 +1,9 @@
 """`--min_bigram_count auto`: the count comes from how often bigrams of each count recur in held-back text."""
 
+import pytest
 import torch
 
-from modeling_brillm.training.pruning import RECURRENCE, choose_min_count
+from modeling_brillm.training.pruning import MIN_VISITS, RECURRENCE, choose_min_count
 
 V = 50
 
@@ -46,3 +47,48 @@ def test_bigrams_private_to_documents_are_pruned():
 def test_too_little_text_keeps_every_bigram():
     choice = choose_min_count([torch.tensor([1, 2, 3])], V)
     assert choice.min_count == 1 and choice.recurrence == {}
+
+
+# ------------------------------------------------------------------------------------------- the run's length
+def test_a_short_run_raises_the_count_until_every_edge_is_trained_enough():
+    """One planned epoch: an edge seen c times is a target c times, so the count rises to MIN_VISITS."""
+    text = repeated_text()
+    assert choose_min_count(text, V).min_count == 1
+    short = choose_min_count(text, V, planned_epochs=1.0)
+    assert (short.data_count, short.min_count, short.epochs) == (1, MIN_VISITS, 1.0)
+    assert f"raised to {MIN_VISITS}" in short.describe()
+    half = choose_min_count(text, V, planned_epochs=0.5)
+    assert half.min_count == 2 * MIN_VISITS
+
+
+def test_a_long_run_keeps_the_data_count():
+    long = choose_min_count(documents_with_private_bigrams(), V, planned_epochs=float(MIN_VISITS))
+    assert long.min_count == long.data_count == choose_min_count(documents_with_private_bigrams(), V).min_count
+    assert "raised" not in long.describe() and f"at least {MIN_VISITS} times" in long.describe()
+
+
+def zipf_text(blocks: int = 400, length: int = 30) -> list[torch.Tensor]:
+    """Tokens drawn by Zipf's law: frequent tokens have many rare successors, as in text."""
+    g = torch.Generator().manual_seed(2)
+    weights = 1.0 / torch.arange(1, V + 1, dtype=torch.float64)
+    return [torch.multinomial(weights, length, replacement=True, generator=g) for _ in range(blocks)]
+
+
+def test_a_time_budget_counts_the_epochs_pruning_buys():
+    """With a time budget a sparser graph scores fewer successors per token and so trains more epochs: the count is
+    the smallest whose own epochs reach the bar, below the count a fixed number of epochs needs."""
+    text = zipf_text()
+    fixed = choose_min_count(text, V, planned_epochs=0.2)
+    timed = choose_min_count(text, V, planned_epochs=0.2, epochs_grow_with_pruning=True)
+    assert fixed.min_count == MIN_VISITS * 5 and fixed.epochs == 0.2
+    assert timed.data_count < timed.min_count < fixed.min_count
+    assert timed.epochs > 0.2 and timed.min_count * timed.epochs >= MIN_VISITS
+
+
+def test_a_tiny_run_still_keeps_the_most_frequent_edge():
+    text = repeated_text()
+    most = int((torch.cat(text)[:-1] * V + torch.cat(text)[1:]).unique(return_counts=True)[1].max())
+    choice = choose_min_count(text, V, planned_epochs=1e-6)
+    assert choice.min_count <= most + 1  # a graph can still be built (the most frequent bigram keeps its edge)
+    with pytest.raises(ValueError, match="planned_epochs must be positive"):
+        choose_min_count(text, V, planned_epochs=0)
