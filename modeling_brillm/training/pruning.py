@@ -17,12 +17,12 @@ On text whose held-out part is more of the same (lines of one manual) even singl
 keeps its edge; between documents of different subjects the rare ones do not and are pruned.
 
 The count also has to fit the run (`planned_epochs`). An edge seen c times is a training target c times per epoch,
-and an edge trained a couple of times is noise where the shared edge would have backed off well; every edge also
-costs time, because the exact loss scores every successor of a token. So the count is raised, if need be, until an
-edge is a target at least `MIN_VISITS` times in the planned run: c · epochs >= MIN_VISITS. With a fixed number of
-steps the epochs do not depend on c. With a time budget (`epochs_grow_with_pruning`) they do: the time per token
-is taken as proportional to the successors a token's loss scores, so pruning buys epochs, and the count is the
-smallest c whose own epochs reach the bar.
+and an edge that was a target once is little more than its random start, where the back-off would have done well;
+every edge also costs time, because the exact loss scores every successor of a token. So the count is raised, if
+need be, until an edge is a target at least `MIN_VISITS` times in the planned run: c · epochs >= MIN_VISITS. With a
+fixed number of steps the epochs do not depend on c. With a time budget (`epochs_grow_with_pruning`) they do: the
+time per token is taken as proportional to the successors a token's loss scores, so pruning buys epochs, and the
+count is the smallest c whose own epochs reach the bar.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class PruningChoice:
     min_count: int
     recurrence: dict  # c -> held-out occurrences / expected, for the classes [c, 2c) looked at
     probe_tokens: int
-    data_count: int = 0  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
+    data_count: int  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
     epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
 
     def describe(self) -> str:

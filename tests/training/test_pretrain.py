@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -122,6 +123,7 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert "optimizer: sparse_adamw (SparseAdamW on sparse row gradients; auto: one process" in text
     assert "gradient norm clipped to 1" in text
     assert "--min_bigram_count auto chose" in text  # the built-in recipe sizes the graph to the data, and says so
+    assert re.search(r"the planned [0-9.]+ epoch\(s\)", text)  # ... and to the run's length
     assert json.loads((out / "config.json").read_text())["non_edge_bias"] is True
     log = losses(out)
     assert sorted(log) == list(range(1, 31)) and all(math.isfinite(v) for v in log.values())
@@ -248,6 +250,16 @@ def test_clip_grad_norm_of_sparse_gradients_matches_dense(micro_batches):
     assert norms[True] == pytest.approx(norms[False], rel=1e-5) and norms[False] > 0.1
     for dense, sparse in zip(grads[False], grads[True]):
         torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-7)
+
+
+def test_the_planned_epochs_come_from_the_steps_or_the_epochs():
+    """What `--min_bigram_count auto` is told of the run's length, before the loaders exist."""
+    args = SimpleNamespace(max_train_steps=None, num_train_epochs=3, per_device_train_batch_size=8,
+                           gradient_accumulation_steps=2)
+    accelerator, data = SimpleNamespace(num_processes=2), SimpleNamespace(train=[None] * 320)
+    assert pretrain.planned_epochs(args, data, accelerator) == 3.0
+    args.max_train_steps = 10  # 10 steps of 8 x 2 processes x 2 accumulated blocks: 320 blocks, one epoch
+    assert pretrain.planned_epochs(args, data, accelerator) == 1.0
 
 
 def test_clipping_marks_unique_sparse_rows_coalesced_without_copying_them():
