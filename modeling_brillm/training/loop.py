@@ -45,13 +45,22 @@ def _coalesced(grad):
     return grad.coalesce()
 
 
+def _square_sum(tensor, chunk: int = 1 << 22):
+    """The sum of squares of a tensor, in slices of `chunk` elements: squaring a gradient that covers most of a large
+    edge table at once would allocate a copy as large as the table."""
+    flat = tensor.reshape(-1)
+    if flat.numel() <= chunk:
+        return flat.float().pow(2).sum()
+    return sum(part.float().pow(2).sum() for part in flat.split(chunk))
+
+
 def clip_grad_norm_(params, max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` (L2, in place, returns the norm before clipping) that also takes sparse COO
     gradients. An uncoalesced sparse gradient (accumulated micro-batches, embedding rows) is coalesced first: its
     duplicate rows sum, so the norm is the norm of the dense gradient it stands for."""
     import torch
 
-    norms = []
+    squares = []
     for p in params:
         grad = p.grad
         if grad is None:
@@ -59,10 +68,10 @@ def clip_grad_norm_(params, max_norm: float) -> float:
         if grad.is_sparse:
             p.grad = grad = _coalesced(grad)
             grad = grad._values()
-        norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))  # no squared copy of the gradient
-    if not norms:
+        squares.append(_square_sum(grad.detach()))
+    if not squares:
         return 0.0
-    total = float(torch.linalg.vector_norm(torch.stack(norms)))
+    total = float(torch.stack(squares).sum().sqrt())
     coef = min(max_norm / (total + 1e-6), 1.0)  # as torch: clamped, applied to every gradient
     if coef < 1.0:
         for p in params:
