@@ -45,10 +45,11 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 from modeling_brillm.training.best import BestModel
-from modeling_brillm.training.checkpoints import TrainLog, prepare_output_dir, resolve_checkpoint
+from modeling_brillm.training.checkpoints import STATE_NAME, TrainLog, prepare_output_dir, resolve_checkpoint
 from modeling_brillm.training.data import (
     collate,
     file_builder,
@@ -328,12 +329,13 @@ def load_data(args, tok_settings, accelerator, out_dir, checkpoint):
                            eval=eval_blocks)
 
 
-def plan_model(args, model_fields, data, accelerator):
+def plan_model(args, model_fields, data, accelerator, checkpoint=None):
     """The config and graph of the training blocks, the optimizer (its moments count in the memory check), the
     memory check; returns (config, graph, optimizer plan)."""
     say = accelerator.print
     config, graph, min_count = build_config_and_graph(model_fields, data.tokenizer, data.train,
-                                                      args.min_bigram_count, planned_epochs(args, data, accelerator))
+                                                      args.min_bigram_count,
+                                                      planned_epochs(args, data, accelerator, checkpoint))
     if isinstance(min_count, PruningChoice):
         say(min_count.describe())
         min_count = min_count.min_count
@@ -358,8 +360,15 @@ def plan_model(args, model_fields, data, accelerator):
     return config, graph, plan
 
 
-def planned_epochs(args, data, accelerator) -> float:
-    """The run's length in epochs of the training blocks, before the loaders exist (make_job fixes the steps)."""
+def planned_epochs(args, data, accelerator, checkpoint=None) -> float:
+    """The run's length in epochs of the training blocks, before the loaders exist (make_job fixes the steps). A
+    resumed run takes the length its checkpoint was planned with, so `--min_bigram_count auto` rebuilds the graph
+    the checkpoint was trained on even when the run is extended."""
+    saved = {}
+    if checkpoint is not None and (Path(checkpoint) / STATE_NAME).is_file():
+        saved = json.loads((Path(checkpoint) / STATE_NAME).read_text()).get("signature", {})
+    if saved.get("max_train_steps") and saved.get("global_batch"):
+        return saved["max_train_steps"] * saved["global_batch"] / max(len(data.train), 1)
     if args.max_train_steps is None:
         return float(args.num_train_epochs)
     return args.max_train_steps * global_batch(args, accelerator) / max(len(data.train), 1)
@@ -600,7 +609,7 @@ def run(args) -> int:
     model_fields, tok_settings = settle_flags(args)
     accelerator, checkpoint, out_dir = start_run(args)
     data = load_data(args, tok_settings, accelerator, out_dir, checkpoint)
-    config, graph, plan = plan_model(args, model_fields, data, accelerator)
+    config, graph, plan = plan_model(args, model_fields, data, accelerator, checkpoint)
     model = build_model(args, config, graph, accelerator)
     loaders = make_loaders(args, data, accelerator)
     parts = prepare_model_and_optimizer(args, model, plan, loaders, config, graph, checkpoint, accelerator)

@@ -301,6 +301,17 @@ def test_resume_gives_identical_loss_curve(reference, corpus, tmp_path):
     assert final_got == pytest.approx(final_ref, abs=1e-6)
 
 
+def test_an_extended_run_resumes_on_the_graph_it_was_trained_on(reference, corpus, tmp_path):
+    """`--min_bigram_count auto` depends on the planned epochs; a resumed run that trains longer than planned must
+    still rebuild the checkpoint's graph (its planned length is read from the checkpoint)."""
+    out = tmp_path / "extended"
+    result = run(["--train_file", corpus, "--output_dir", out, *REF_ARGS, "--max_train_steps", "60",
+                  "--resume_from_checkpoint", reference / "step_12"])
+    text = result.stdout + result.stderr
+    assert "resumed from" in text and re.search(r"the planned 1\.[0-9]+ epoch\(s\)", text)  # 24 steps, not 60
+    assert sorted(losses(out)) == list(range(13, 61))
+
+
 def test_killed_run_resumes_from_latest_complete_checkpoint(reference, corpus, tmp_path):
     out = tmp_path / "killed"
     args = [sys.executable, str(SCRIPT), "--train_file", str(corpus), "--output_dir", str(out), *REF_ARGS,
