@@ -45,11 +45,10 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 from modeling_brillm.training.best import BestModel
-from modeling_brillm.training.checkpoints import STATE_NAME, TrainLog, prepare_output_dir, resolve_checkpoint
+from modeling_brillm.training.checkpoints import TrainLog, prepare_output_dir, read_train_state, resolve_checkpoint
 from modeling_brillm.training.data import (
     collate,
     file_builder,
@@ -364,9 +363,7 @@ def planned_epochs(args, data, accelerator, checkpoint=None) -> float:
     """The run's length in epochs of the training blocks, before the loaders exist (make_job fixes the steps). A
     resumed run takes the length its checkpoint was planned with, so `--min_bigram_count auto` rebuilds the graph
     the checkpoint was trained on even when the run is extended."""
-    saved = {}
-    if checkpoint is not None and (Path(checkpoint) / STATE_NAME).is_file():
-        saved = json.loads((Path(checkpoint) / STATE_NAME).read_text()).get("signature", {})
+    saved = {} if checkpoint is None else read_train_state(checkpoint).get("signature", {})
     if saved.get("max_train_steps") and saved.get("global_batch"):
         return saved["max_train_steps"] * saved["global_batch"] / max(len(data.train), 1)
     if args.max_train_steps is None:

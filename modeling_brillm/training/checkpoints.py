@@ -119,7 +119,12 @@ def load_checkpoint(accelerator, checkpoint: Path) -> dict:
             f"could not restore {checkpoint}: {type(err).__name__}: {str(err).splitlines()[0]}. Was it saved "
             "by a run with the same data, tokenizer and graph?"
         ) from None
-    with open(checkpoint / STATE_NAME, encoding="utf-8") as handle:
+    return read_train_state(checkpoint)
+
+
+def read_train_state(checkpoint) -> dict:
+    """A checkpoint's train state ({"completed_steps", "epoch", "batches_in_epoch", "signature"})."""
+    with open(Path(checkpoint) / STATE_NAME, encoding="utf-8") as handle:
         return json.load(handle)
 
 
