@@ -93,6 +93,13 @@ class BriLLMConfig(PreTrainedConfig):
             ⟨x, node_readout[v]⟩. An edge learns context only from its own bigram's occurrences; a node's readout
             learns from every occurrence of the node, after any source, real edge or not. A fresh model computes
             exactly the release's energies. The exact loss only (it scores all V nodes).
+        edge_backoff (`bool`, defaults to False):
+            Give the edges a shared part: edge u→v computes x·(edge_base + W[u→v]) + b[u→v] + PE, with `edge_base` a
+            learned d×d matrix (initialised to 0) that every edge (the shared edge too) adds to its own. An edge's own
+            matrix learns from its bigram's occurrences only; `edge_base` learns from every edge the signal crosses
+            and every candidate it scores, so a rare edge inherits how context moves energies, and the weight decay on
+            the edge matrices pulls each edge toward the shared matrix rather than toward zero. A fresh model
+            computes exactly the release's energies.
         position_recency (`float`, defaults to 0.0):
             Where the position weights start: p_k = 1 + position_recency·k for the k-th edge, so the signal's
             softmax mix starts weighted toward the latest edges (the weight of an edge k steps back falls by
@@ -120,6 +127,7 @@ class BriLLMConfig(PreTrainedConfig):
     signal_dropout: float = 0.0
     non_edge_bias: bool = False
     node_readout: bool = False
+    edge_backoff: bool = False
     position_recency: float = 0.0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -155,6 +163,7 @@ class BriLLMConfig(PreTrainedConfig):
         learned = self.num_start_signals * d if self.start_signal == "learned" else 0
         learned += self.vocab_size if self.non_edge_bias else 0
         learned += self.vocab_size * d if self.node_readout else 0
+        learned += d * d if self.edge_backoff else 0
         return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
@@ -196,6 +205,7 @@ class BriLLMConfig(PreTrainedConfig):
         need(not (self.node_readout and self.loss_type == "sampled"),
              "node_readout needs loss_type='exact' (a readout changes every node's logit, and the sampled loss "
              "scores only its negatives).")
+        need(isinstance(self.edge_backoff, bool), f"edge_backoff must be True or False, got {self.edge_backoff!r}.")
         need(isinstance(self.position_recency, (int, float)) and not isinstance(self.position_recency, bool)
              and 0 <= self.position_recency <= 1,
              f"position_recency must be a number in [0, 1], got {self.position_recency!r}.")

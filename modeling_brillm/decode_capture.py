@@ -33,6 +33,8 @@ def _signature(model, device) -> tuple:
         tensors += [model.graph_indptr, model.graph_indices, model.edge_keys()]
     if model.non_edge_bias is not None:  # the step adds it to the non-successors' logits
         tensors.append(model.non_edge_bias)
+    if model.edge_base is not None:  # the step adds x·edge_base to every edge's input
+        tensors.append(model.edge_base)
     return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
             cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
             model.decode_max_degree())

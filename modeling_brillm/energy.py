@@ -236,10 +236,27 @@ class _CandidateEnergies(torch.autograd.Function):
             if need_x:
                 grad_x.addmm_(gh_shared, weights[0].t())
 
+        grad_pe = None
+        if ctx.needs_input_grad[1]:  # PE enters every pre-activation of its position (a caller may fold x·W into it)
+            grad_pe = _position_sums(plan, groups, gh, x)
+            if gh_shared is not None:
+                grad_pe += gh_shared
         grad_w = grad_b = None
         if need_params:
             grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link)
-        return grad_x, None, grad_w, grad_b, None, None, None
+        return grad_x, grad_pe, grad_w, grad_b, None, None, None
+
+
+def _position_sums(plan, groups, gh, x) -> torch.Tensor:
+    """(N, d): every sorted position's sum of dE/dh over its candidates (grouped order: a group's chunk is (n, m, d),
+    so the sum over its n successors is one reduction per group, no scatter)."""
+    out = torch.zeros_like(x)
+    if gh is None:
+        return out
+    per_group = out.split(plan.group_sizes)
+    for (i, m, _, n), ghg in zip(groups, gh.split([m * n for _, m, _, n in groups])):
+        torch.sum(ghg.view(n, m, -1), 0, out=per_group[i])
+    return out
 
 
 def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block_grad: bool, gh_shared, dtype,

@@ -11,8 +11,9 @@ along the path of the input tokens u_0, u_1, ...:
 (x_0 = e_0.) The energies are the logits: the next token is the node whose incoming edge delivers the most energy.
 A sparse graph keeps real edges only for the bigrams seen in training; every other pair u→v shares edge row 0 (plus
 a learned per-node offset with `config.non_edge_bias`). With `config.node_readout` every node also reads the signal
-directly: logit(v) = E_i(v) + ⟨x_i, r_v⟩. docs/model.md tells the whole story, with the checkpoint
-format and the original release's numbers.
+directly: logit(v) = E_i(v) + ⟨x_i, r_v⟩. With `config.edge_backoff` every edge adds one shared learned matrix to its
+own, W[u→v] → edge_base + W[u→v] (`recurrence.plus_edge_base`). docs/model.md tells the whole story, with the
+checkpoint format and the original release's numbers.
 
     BriLLMModel          the parameters, the graph, and the recurrence (returns the signals x_i)
     BriLLMForCausalLM    holds a BriLLMModel; the energies as logits, the loss, and `generate()`
@@ -49,6 +50,7 @@ from .ops import (
     successor_logits,
 )
 from .ops import decode_step as sync_free_step
+from .recurrence import plus_edge_base
 from .state import BriLLMState
 from .validation import check_inputs, check_labels, check_signal_ids, too_long
 
@@ -58,7 +60,6 @@ from .validation import check_inputs, check_labels, check_signal_ids, too_long
 from .decode_capture import DecodeGraphs  # noqa: F401
 from .energy import gather_edges  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
-from .recurrence import mix_in  # noqa: F401
 from .row_adamw import adamw_rows  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
 from .triton_optim import sparse_adamw_rows  # noqa: F401
@@ -183,6 +184,8 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
                 init.zeros_(module.non_edge_bias)
             if module.node_readout is not None:  # zero: the release's energies
                 init.zeros_(module.node_readout)
+            if module.edge_base is not None:  # zero: the release's energies
+                init.zeros_(module.edge_base)
 
     def enable_input_require_grads(self):
         """A no-op: transformers hooks the input embeddings so checkpointed layers see inputs that need gradients;
@@ -273,6 +276,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
             self.non_edge_bias = nn.Parameter(torch.zeros(V))
         # node_readout=True: node v's logit also reads the signal directly, + <x, node_readout[v]> (0 = release)
         self.node_readout = nn.Parameter(torch.zeros(V, d)) if config.node_readout else None
+        # edge_backoff=True: every edge's matrix is edge_base + its own table row (0 = release)
+        self.edge_base = nn.Parameter(torch.zeros(d, d)) if config.edge_backoff else None
         if config.graph == "sparse":
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
             self.register_buffer("graph_indices", torch.zeros(config.num_edges, dtype=torch.long))
@@ -407,7 +412,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
             w, b = edge_fetch(rows)
             weights, biases, sparse = w.reshape(B * L, *w.shape[2:]), b.reshape(B * L, 1, -1), False
             rows = torch.arange(B * L, device=rows.device).view(B, L)
-        args = (signal, *mix, self.mix_weights(index), weights, biases, rows, has_edge, pe, sparse, link, dropout)
+        args = (signal, *mix, self.mix_weights(index), weights, biases, rows, has_edge, pe, sparse, link, dropout,
+                self.edge_base)
         if self._checkpointing():  # keep no signals for the backward: recompute the scan there
             return self._gradient_checkpointing_func(signal_scan, *args)
         return signal_scan(*args)
@@ -419,8 +425,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
             raise too_long(int(state.length.max()) + 1, M)
         length, wdtype = state.length, self.weights.dtype
         rows = self.edge_rows(state.last_token, tokens)
-        mix = edge_update(state.signal, self.weights[rows], self.biases[rows, 0],
-                          self.position_encoding(length).to(wdtype), self.mix_weights(length), *state.tensors()[1:4])
+        pe = plus_edge_base(self.position_encoding(length).to(wdtype), state.signal, self.edge_base)
+        mix = edge_update(state.signal, self.weights[rows], self.biases[rows, 0], pe, self.mix_weights(length),
+                          *state.tensors()[1:4])
         signal = mix[0] / mix[1].unsqueeze(1)
         new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
         ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)
@@ -435,7 +442,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         logits, state = sync_free_step(tokens, *state_tensors, self.weights, self.biases, self.positions,
                                        self.position_encoding(length), self.position_encoding(length + 1), indptr,
                                        indices, self.edge_keys(), self.config.vocab_size, max_degree,
-                                       self.non_edge_bias)
+                                       self.non_edge_bias, self.edge_base)
         return self.read_out(logits, state[0]), state
 
     def read_out(self, logits: torch.Tensor, signal: torch.Tensor) -> torch.Tensor:
@@ -529,8 +536,8 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         """(B, V) energies of every node as the successor of each row's one new token."""
         base, wdtype = self.brillm, self.brillm.weights.dtype
         indptr, indices = self.csr()
-        pe = base.position_encoding(run.index[:, 0] + 1).to(wdtype)
         x = run.signals[:, 0]
+        pe = plus_edge_base(base.position_encoding(run.index[:, 0] + 1).to(wdtype), x, base.edge_base)
         logits = successor_logits(x.to(wdtype), pe, base.weights, base.biases, run.tokens[:, 0],
                                       indptr, indices, self.config.vocab_size, base.non_edge_bias)
         return base.read_out(logits.float(), x)
@@ -550,10 +557,12 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         b_idx, j_idx = wanted.nonzero(as_tuple=True)
         indptr, indices = self.csr()
         sources = run.tokens[b_idx, j_idx]
-        plan = make_plan(sources, indptr, indices, V)
+        # the kernels return no gradient for PE, where x·edge_base goes: the shared matrix takes the torch path
+        plan = make_plan(sources, indptr, indices, V, kernels=base.edge_base is None)
         b_idx, j_idx, sources = b_idx[plan.order], j_idx[plan.order], sources[plan.order]
         x = run.signals[b_idx, j_idx].to(wdtype)
-        pe = base.position_encoding(run.index[b_idx, j_idx] + 1).to(wdtype)
+        pe = plus_edge_base(base.position_encoding(run.index[b_idx, j_idx] + 1).to(wdtype), x,
+                            base.edge_base)
         energies, shared = candidate_energies(x, pe, base.weights, base.biases, plan, base._sparse_gradients,
                                                   link=run.link, non_edge_bias=base.non_edge_bias)
         energies, shared = energies.float(), shared.float()

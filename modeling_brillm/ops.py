@@ -199,7 +199,7 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
 
 # ------------------------------------------------------------------------------------- recurrence
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link: EdgeGradLink | None = None, dropout: float = 0.0):
+                sparse_grad: bool = False, link: EdgeGradLink | None = None, dropout: float = 0.0, edge_base=None):
     """The recurrence over all columns: returns (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
 
     Arguments as `recurrence.signal_scan` (the torch reference, one column at a time); `signals[:, j]` is what
@@ -210,28 +210,29 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     """
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (weights, biases, mix_weight, pe, signal, mix_sum, mix_norm, mix_max))
-    if (not dropout and kernel_enabled("signal_scan", weights)
+    if (not dropout and edge_base is None and kernel_enabled("signal_scan", weights)
             and scan_kernel_unsupported(weights, needs_grad) is None):
         stacked, mix_sum, mix_norm, mix_max = kernel_signal_scan(
             signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link)
         return stacked, stacked[:, -1], mix_sum, mix_norm, mix_max
     return ref_signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                           sparse_grad, link, dropout)
+                           sparse_grad, link, dropout, edge_base)
 
 
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
-                pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None):
+                pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None,
+                edge_base=None):
     """One token per row with no host read (what a CUDA graph records): returns ((B, V) float32 logits, (signal,
     mix_sum, mix_norm, mix_max, length + 1, tokens)). Arguments as `recurrence.decode_step`; the kernel (two
     launches) finds the edge by a search in the source's block and does not read `edge_keys`."""
-    if kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
+    if edge_base is None and kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
         P = weights.shape[0]
         return kernel_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights,
                                   biases.reshape(P, -1), positions.reshape(-1), pe_now, pe_next, indptr,
                                   indices, vocab_size, max_degree, non_edge_bias)
     return ref_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases,
                            positions, pe_now, pe_next, indptr, indices, edge_keys, vocab_size, max_degree,
-                           non_edge_bias)
+                           non_edge_bias, edge_base)
 
 
 # ------------------------------------------------------------------------------------- optimizer
@@ -297,8 +298,8 @@ def _energies_outputs(kernel: bool, device):
     targets = torch.randint(0, V, (12,), generator=g).to(device)
     x, pe = (torch.randn(12, d, generator=g).to(device) for _ in range(2))
     bias = torch.randn(V, generator=g).to(device)
-    leaves = [t.clone().requires_grad_() for t in (x, pe, weights, biases, bias)]
-    x, pe, weights, biases, bias = leaves
+    leaves = [t.clone().requires_grad_() for t in (x, weights, biases, bias)]  # PE is a constant on the kernel path
+    x, weights, biases, bias = leaves
     plan = (make_kernel_plan if kernel else make_torch_plan)(sources, indptr, indices, V)
     src, tgt = sources[plan.order], targets[plan.order]
     energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, True, None, bias)

@@ -24,6 +24,11 @@ def mix_in(out, weight_logit, mix_sum, mix_norm, mix_max):
     return mix_sum * decay.unsqueeze(1) + weight.unsqueeze(1) * out, mix_norm * decay + weight, new_max
 
 
+def plus_edge_base(pe, x, edge_base):
+    """PE plus x·edge_base, the shared matrix's part of an edge's input (config.edge_backoff), or PE alone."""
+    return pe if edge_base is None else pe + x.to(edge_base.dtype) @ edge_base
+
+
 def edge_update(signal, w, b, pe, weight_logit, mix_sum, mix_norm, mix_max):
     """One edge step of every row: the edge output GeLU(x·W + b + PE) in the edge table's dtype (`w` (B, d, d),
     `b` and `pe` (B, d)), mixed (float32) into the running softmax mix; returns the new (sum, norm, max).
@@ -33,7 +38,7 @@ def edge_update(signal, w, b, pe, weight_logit, mix_sum, mix_norm, mix_max):
 
 
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None, dropout: float = 0.0):
+                sparse_grad: bool = False, link=None, dropout: float = 0.0, edge_base=None):
     """The recurrence over all columns, one column at a time; returns (signals, signal, mix_sum, mix_norm, mix_max).
 
     `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
@@ -52,7 +57,8 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     edge_cols = has_edge.any(0).tolist()
     for j in range(L):
         if edge_cols[j]:
-            new_sum, new_norm, new_max = edge_update(feed, w_steps[j], b_steps[j], pe[j], mix_weight[j], mix_sum,
+            edge_input = plus_edge_base(pe[j], feed, edge_base)
+            new_sum, new_norm, new_max = edge_update(feed, w_steps[j], b_steps[j], edge_input, mix_weight[j], mix_sum,
                                                      mix_norm, mix_max)
             step = has_edge[:, j]
             mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
@@ -67,7 +73,8 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
 
 @torch.no_grad()
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
-                pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None):
+                pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None,
+                edge_base=None):
     """One token per row with no host read and shapes fixed by (B, max_degree): the edge last_token→tokens, the mix,
     then every node's energy as the successor of `tokens`. Returns ((B, V) float32 logits, (signal, mix_sum,
     mix_norm, mix_max, length + 1, tokens)). `positions` is the model's (1, M, 1) weight logits (a position past
@@ -78,11 +85,13 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
     rows = edge_rows_from_keys(edge_keys, last_token, tokens, vocab_size)
     weight = positions.view(-1).float()[(length - 1).clamp(0, M - 1)]
     mix_sum, mix_norm, mix_max = edge_update(signal, weights[rows], biases.reshape(weights.shape[0], -1)[rows],
-                                             pe_now.to(wdtype), weight, mix_sum, mix_norm, mix_max)
+                                             plus_edge_base(pe_now.to(wdtype), signal, edge_base), weight, mix_sum,
+                                             mix_norm, mix_max)
     signal = mix_sum / mix_norm.unsqueeze(1)
-    logits = successor_logits_static(signal.to(wdtype), pe_next.to(wdtype), weights, biases, tokens, indptr, indices,
-                                     vocab_size, max_degree, non_edge_bias)
+    pe_next = plus_edge_base(pe_next.to(wdtype), signal, edge_base)
+    logits = successor_logits_static(signal.to(wdtype), pe_next, weights, biases, tokens, indptr, indices, vocab_size,
+                                     max_degree, non_edge_bias)
     return logits.float(), (signal, mix_sum, mix_norm, mix_max, length + 1, tokens)
 
 
-__all__ = ["decode_step", "edge_update", "mix_in", "signal_scan"]
+__all__ = ["decode_step", "edge_update", "mix_in", "plus_edge_base", "signal_scan"]
