@@ -402,7 +402,8 @@ def brillm_trainer(model, data, args, accelerator):
                 lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
                 node_lr_scale=pargs.node_lr_scale, min_bigram_count=chosen_count(data["min_count"]),
                 signal_dropout=model.config.signal_dropout, non_edge_bias=model.config.non_edge_bias,
-                node_readout=model.config.node_readout, position_recency=model.config.position_recency,
+                node_readout=model.config.node_readout, edge_backoff=model.config.edge_backoff,
+                position_recency=model.config.position_recency,
                 node_size=model.config.node_size, schedule=schedule_text(args),
                 grad_clip=pargs.max_grad_norm if plan.clip else None)
     return step, info, clock, optimizer

@@ -9,7 +9,7 @@ seconds, so a shared machine's load falls on all alike, on the same data, tokeni
 targets as benchmarks/quality.py (whose data preparation, training step and clock this script reuses). A variant is
 NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr 5e-2, weight decay 0.1, 10
 warmup steps, clip 1.0, non-edge bias, node readout, position recency 0.2, node rate 2x, shared-edge rate 0.5x,
-min_count auto):
+min_count auto, a matrix every edge shares):
 
     lr        peak learning rate                       wd        weight decay on edge matrices
     lazy_wd   1: SparseAdamW's lazy decay of every row  warmup    linear warmup steps
@@ -22,6 +22,7 @@ min_count auto):
               and the budget for the base recipe, as quality.py chooses it)
     dropout   config.signal_dropout                     non_edge  1: config.non_edge_bias
     readout   1: config.node_readout                    recency   config.position_recency
+    backoff   1: config.edge_backoff (0: every edge its own matrix only)
 
 At every curve point the held-out NLL is also split by target: bigrams u->v that are real edges of the variant's
 graph ("seen") and those that are not ("unseen": every non-successor of u gets the shared energy). Writes
@@ -50,7 +51,7 @@ def count_or_auto(value: str):
 
 KEYS = {"lr": float, "wd": float, "lazy_wd": int, "warmup": int, "schedule": str, "min_lr": float, "shared_lr": float,
         "node_lr": float, "clip": float, "d": int, "min_count": count_or_auto, "dropout": float, "non_edge": int,
-        "readout": int, "recency": float}
+        "readout": int, "recency": float, "backoff": int}
 
 
 def parse_args(argv=None):
@@ -115,7 +116,8 @@ def make_variant(name, settings, data, args, accelerator, device):
     fields.update(node_size=settings.get("d", base["node_size"]), signal_dropout=settings.get("dropout", 0.0),
                   non_edge_bias=bool(settings.get("non_edge", base["non_edge_bias"])),
                   node_readout=bool(settings.get("readout", base["node_readout"])),
-                  position_recency=settings.get("recency", base["position_recency"]))
+                  position_recency=settings.get("recency", base["position_recency"]),
+                  edge_backoff=bool(settings.get("backoff", base["edge_backoff"])))
     min_count = settings.get("min_count", pargs.min_bigram_count)
     count = getattr(data["min_count"], "min_count", "auto") if min_count == "auto" else min_count  # the base's
     _, graph, _ = build_config_and_graph(dict(graph="sparse", node_size=fields["node_size"]), data["tokenizer"],
@@ -140,7 +142,8 @@ def make_variant(name, settings, data, args, accelerator, device):
                   warmup=warmup,
                   schedule=settings.get("schedule", "constant"), clip=clip, min_bigram_count=min_count,
                   node_size=config.node_size, signal_dropout=config.signal_dropout, non_edge_bias=config.non_edge_bias,
-                  node_readout=config.node_readout, position_recency=config.position_recency,
+                  node_readout=config.node_readout, edge_backoff=config.edge_backoff,
+                  position_recency=config.position_recency,
                   shared_edge_lr_scale=settings.get("shared_lr", pargs.shared_edge_lr_scale),
                   node_lr_scale=settings.get("node_lr", pargs.node_lr_scale))
     if recipe["schedule"] == "cosine":

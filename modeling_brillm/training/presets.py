@@ -19,12 +19,13 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
 MODEL_FIELDS = {
     "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
     "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias", "node_readout", "position_recency",
+    "edge_backoff",
 }
 # The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
 # back-off, the nodes' readout of the signal, a mix that starts weighted to recent edges, separate rates for the
 # per-node parameters and the shared edge, and a graph pruned by the data.
 MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
-                  "non_edge_bias": True, "node_readout": True, "position_recency": 0.2}
+                  "non_edge_bias": True, "node_readout": True, "position_recency": 0.2, "edge_backoff": True}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
 TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
 # Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
@@ -66,6 +67,7 @@ FLAG_TO_FIELD = {
     "non_edge_bias": ("model", "non_edge_bias"),
     "node_readout": ("model", "node_readout"),
     "position_recency": ("model", "position_recency"),
+    "edge_backoff": ("model", "edge_backoff"),
     "vocab_size": ("tokenizer", "vocab_size"),
     "tokenizer_kind": ("tokenizer", "kind"),
     "tokenizer_min_frequency": ("tokenizer", "min_frequency"),
@@ -130,7 +132,7 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
     # A built-in default this setup cannot train gives way; a preset's or a flag's value stays (and is refused).
     off = {"non_edge_bias", "node_readout"} if model["loss_type"] == "sampled" else set()  # scores few negatives
     if getattr(args, "edge_sharding", "none") == "source":
-        off.add("node_readout")  # the sharded loss does not train it
+        off.update({"node_readout", "edge_backoff"})  # the sharded loss does not train them
     for field in off:
         if field not in preset["model"] and getattr(args, field) is None:
             model[field] = False

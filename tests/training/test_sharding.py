@@ -462,7 +462,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
 
     one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw", "--no-node_readout",
-               "--checkpointing_steps", "5"])  # the model sharding trains (it gives up the readout)
+               "--no-edge_backoff", "--checkpointing_steps", "5"])  # the model sharding trains (no readout or base)
     result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
                         "--checkpointing_steps", "5"], processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout
@@ -498,6 +498,9 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
                      "--node_readout"], check=False)
     assert bad.returncode == 2 and "add --no-node_readout" in bad.stderr and "Traceback" not in bad.stderr
     bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
+                     "--edge_backoff"], check=False)
+    assert bad.returncode == 2 and "add --no-edge_backoff" in bad.stderr and "Traceback" not in bad.stderr
+    bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
                      "--resume_from_checkpoint", one / "step_5"], check=False)
     assert bad.returncode == 2 and "saved without --edge_sharding source" in bad.stderr
     bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--resume_from_checkpoint",
@@ -515,7 +518,7 @@ def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(cor
     import shutil
 
     recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2",
-              "--no-node_readout"]  # the model sharding trains (it gives up the readout)
+              "--no-node_readout", "--no-edge_backoff"]  # the model sharding trains (no readout or shared matrix)
     one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, *recipe])
     _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source", *recipe], processes=2)
