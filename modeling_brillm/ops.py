@@ -204,8 +204,8 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
 
     Arguments as `recurrence.signal_scan` (the torch reference, one column at a time); `signals[:, j]` is what
     token j's candidates see (dropped out when `dropout`, training only), `signal` the final undropped signal. The
-    Triton scan (one launch each way) runs when the backend picks it, without dropout, for d ≤ 128 and, when
-    gradients are needed, float32 tables. A sharded caller passes its fetched rows as the table: weights
+    Triton scan (one launch each way) runs when the backend picks it, without dropout or `edge_base`, for d ≤ 128
+    and, when gradients are needed, float32 tables. A sharded caller passes its fetched rows as the table: weights
     (B·L, d, d), biases (B·L, 1, d), rows = arange(B·L).view(B, L).
     """
     needs_grad = torch.is_grad_enabled() and any(

@@ -46,7 +46,8 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     table; `rows` (B, L): each column's edge row (any valid row where `has_edge` (B, L) is False); `pe` (B, L, d):
     each column's PE row in the table's dtype. `sparse_grad` / `link`: as `energy.gather_edges`. `dropout`
     (training only; 0 otherwise): the signal leaving each token is dropped out where it is used (its edge and its
-    candidate energies, i.e. `signals`); the state and the returned `signal` keep the undropped one.
+    candidate energies, i.e. `signals`); the state and the returned `signal` keep the undropped one. `edge_base`
+    (d, d), optional: the matrix every edge adds to its own (config.edge_backoff).
     """
     L = rows.shape[1]
     w_steps, b_steps = gather_edges(weights, biases, rows, sparse_grad, link)
@@ -79,7 +80,7 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
     then every node's energy as the successor of `tokens`. Returns ((B, V) float32 logits, (signal, mix_sum,
     mix_norm, mix_max, length + 1, tokens)). `positions` is the model's (1, M, 1) weight logits (a position past
     them uses the last), `pe_now` / `pe_next` the PE rows of `length` / `length + 1`, `edge_keys` as
-    `graph.edge_rows_from_keys` (None: dense)."""
+    `graph.edge_rows_from_keys` (None: dense), `edge_base` the matrix every edge adds to its own (or None)."""
     wdtype = weights.dtype
     M = positions.numel()
     rows = edge_rows_from_keys(edge_keys, last_token, tokens, vocab_size)
