@@ -84,3 +84,20 @@ def save_tiny(directory, dense: bool = False, **kwargs):
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer
+
+
+def assert_decodes_like_forward(model, row: torch.Tensor, prefix: int = 3):
+    """Decoding `row` (1, T) one token at a time after a `prefix`-token prefill gives the teacher-forced logits, on
+    the general one-token path and on the sync-free step."""
+    full = model(row).logits
+    with torch.no_grad():
+        for mode in ("off", "eager"):
+            model.decode_mode = mode
+            try:
+                state = model(row[:, :prefix], use_cache=True).past_key_values
+                for t in range(prefix, row.shape[1]):
+                    out = model(row[:, t:t + 1], past_key_values=state, use_cache=True)
+                    torch.testing.assert_close(out.logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+                    state = out.past_key_values
+            finally:
+                model.decode_mode = "auto"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-from tests._tiny import PAD, corpus_ids, make_model, make_tokenizer
+from tests._tiny import PAD, assert_decodes_like_forward, corpus_ids, make_model, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -76,19 +76,7 @@ def test_backoff_decodes_like_the_teacher_forced_forward(tok):
     base = make_model(tok, node_size=6, seed=4)
     model, folded = backoff_pair(base, node_readout=True, non_edge_bias=True)
     ids, mask = padded(tok)
-    row = ids[:1, : int(mask[0].sum())]
-    full = model(row).logits
-    with torch.no_grad():
-        for mode in ("off", "eager"):
-            model.decode_mode = mode
-            try:
-                state = model(row[:, :3], use_cache=True).past_key_values
-                for t in range(3, row.shape[1]):
-                    out = model(row[:, t:t + 1], past_key_values=state, use_cache=True)
-                    torch.testing.assert_close(out.logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
-                    state = out.past_key_values
-            finally:
-                model.decode_mode = "auto"
+    assert_decodes_like_forward(model, ids[:1, : int(mask[0].sum())])
     prompt = ids[:2, :4]
     assert torch.equal(model.generate(prompt, max_new_tokens=6, do_sample=False),
                        folded.generate(prompt, max_new_tokens=6, do_sample=False))

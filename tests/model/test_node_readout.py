@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-from tests._tiny import PAD, corpus_ids, make_model, make_tokenizer
+from tests._tiny import PAD, assert_decodes_like_forward, corpus_ids, make_model, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -71,19 +71,7 @@ def test_readout_trains_and_decodes_like_the_teacher_forced_forward(tok):
     assert grad is not None and float(grad.abs().sum()) > 0
     model.eval()
 
-    row = ids[:1, : int(mask[0].sum())]
-    full = model(row).logits
-    with torch.no_grad():
-        for mode in ("off", "eager"):  # the general one-token path, then the sync-free step
-            model.decode_mode = mode
-            try:
-                state = model(row[:, :3], use_cache=True).past_key_values
-                for t in range(3, row.shape[1]):
-                    out = model(row[:, t:t + 1], past_key_values=state, use_cache=True)
-                    torch.testing.assert_close(out.logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
-                    state = out.past_key_values
-            finally:
-                model.decode_mode = "auto"
+    assert_decodes_like_forward(model, ids[:1, : int(mask[0].sum())])
 
 
 def test_readout_and_recency_are_saved_and_loaded(tok, tmp_path):
