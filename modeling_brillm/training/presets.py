@@ -22,8 +22,8 @@ MODEL_FIELDS = {
     "edge_backoff",
 }
 # The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
-# back-off, the nodes' readout of the signal, a mix that starts weighted to recent edges, separate rates for the
-# per-node parameters and the shared edge, and a graph pruned by the data.
+# back-off, the nodes' readout of the signal, a matrix every edge shares, a mix that starts weighted to recent edges,
+# separate rates for the per-node parameters and the shared edge, and a graph pruned by the data.
 MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
                   "non_edge_bias": True, "node_readout": True, "position_recency": 0.2, "edge_backoff": True}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
