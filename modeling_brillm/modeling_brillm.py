@@ -557,12 +557,11 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         b_idx, j_idx = wanted.nonzero(as_tuple=True)
         indptr, indices = self.csr()
         sources = run.tokens[b_idx, j_idx]
-        # the kernels return no gradient for PE, where x·edge_base goes: the shared matrix takes the torch path
-        plan = make_plan(sources, indptr, indices, V, kernels=base.edge_base is None)
+        plan = make_plan(sources, indptr, indices, V)
         b_idx, j_idx, sources = b_idx[plan.order], j_idx[plan.order], sources[plan.order]
         x = run.signals[b_idx, j_idx].to(wdtype)
-        pe = plus_edge_base(base.position_encoding(run.index[b_idx, j_idx] + 1).to(wdtype), x,
-                            base.edge_base)
+        # x·edge_base is one product per position: it rides in PE, whose gradient the candidate backward returns
+        pe = plus_edge_base(base.position_encoding(run.index[b_idx, j_idx] + 1).to(wdtype), x, base.edge_base)
         energies, shared = candidate_energies(x, pe, base.weights, base.biases, plan, base._sparse_gradients,
                                                   link=run.link, non_edge_bias=base.non_edge_bias)
         energies, shared = energies.float(), shared.float()

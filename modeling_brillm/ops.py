@@ -101,13 +101,13 @@ def reset_self_check():
 
 # ------------------------------------------------------------------------------------- candidate energies
 def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
-              kernels: bool = True, max_degree: int | None = None) -> CandidatePlan | KernelPlan:
+              max_degree: int | None = None) -> CandidatePlan | KernelPlan:
     """Plan for positions whose current nodes are `sources` (N,); `indices=None` means a dense graph.
 
-    A `KernelPlan` (built on the device, no host read) when the kernels run these tensors and `kernels` is True (a
-    caller whose options the kernels do not cover passes False), else the torch path's `CandidatePlan`.
+    A `KernelPlan` (built on the device, no host read) when the kernels run these tensors, else the torch path's
+    `CandidatePlan`.
     """
-    if kernels and kernel_enabled("candidate_energies", sources):
+    if kernel_enabled("candidate_energies", sources):
         return make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
     return make_torch_plan(sources, indptr, indices, vocab_size)
 
@@ -204,16 +204,18 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
 
     Arguments as `recurrence.signal_scan` (the torch reference, one column at a time); `signals[:, j]` is what
     token j's candidates see (dropped out when `dropout`, training only), `signal` the final undropped signal. The
-    Triton scan (one launch each way) runs when the backend picks it, without dropout or `edge_base`, for d ≤ 128
-    and, when gradients are needed, float32 tables. A sharded caller passes its fetched rows as the table: weights
+    Triton scan (one launch each way) runs when the backend picks it, without dropout, for d ≤ 128 and, when
+    gradients are needed, float32 tables. A sharded caller passes its fetched rows as the table: weights
     (B·L, d, d), biases (B·L, 1, d), rows = arange(B·L).view(B, L).
     """
     needs_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (weights, biases, mix_weight, pe, signal, mix_sum, mix_norm, mix_max))
-    if (not dropout and edge_base is None and kernel_enabled("signal_scan", weights)
+        t is not None and t.requires_grad
+        for t in (weights, biases, mix_weight, pe, signal, mix_sum, mix_norm, mix_max, edge_base))
+    if (not dropout and kernel_enabled("signal_scan", weights)
             and scan_kernel_unsupported(weights, needs_grad) is None):
         stacked, mix_sum, mix_norm, mix_max = kernel_signal_scan(
-            signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link)
+            signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link,
+            edge_base)
         return stacked, stacked[:, -1], mix_sum, mix_norm, mix_max
     return ref_signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
                            sparse_grad, link, dropout, edge_base)
@@ -225,11 +227,11 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
     """One token per row with no host read (what a CUDA graph records): returns ((B, V) float32 logits, (signal,
     mix_sum, mix_norm, mix_max, length + 1, tokens)). Arguments as `recurrence.decode_step`; the kernel (two
     launches) finds the edge by a search in the source's block and does not read `edge_keys`."""
-    if edge_base is None and kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
+    if kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
         P = weights.shape[0]
         return kernel_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights,
                                   biases.reshape(P, -1), positions.reshape(-1), pe_now, pe_next, indptr,
-                                  indices, vocab_size, max_degree, non_edge_bias)
+                                  indices, vocab_size, max_degree, non_edge_bias, edge_base)
     return ref_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases,
                            positions, pe_now, pe_next, indptr, indices, edge_keys, vocab_size, max_degree,
                            non_edge_bias, edge_base)
@@ -298,8 +300,8 @@ def _energies_outputs(kernel: bool, device):
     targets = torch.randint(0, V, (12,), generator=g).to(device)
     x, pe = (torch.randn(12, d, generator=g).to(device) for _ in range(2))
     bias = torch.randn(V, generator=g).to(device)
-    leaves = [t.clone().requires_grad_() for t in (x, weights, biases, bias)]  # PE is a constant on the kernel path
-    x, weights, biases, bias = leaves
+    leaves = [t.clone().requires_grad_() for t in (x, pe, weights, biases, bias)]  # PE: where x·edge_base goes
+    x, pe, weights, biases, bias = leaves
     plan = (make_kernel_plan if kernel else make_torch_plan)(sources, indptr, indices, V)
     src, tgt = sources[plan.order], targets[plan.order]
     energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, True, None, bias)
@@ -327,6 +329,11 @@ def _successor_outputs(kernel: bool, device):
 
 
 def _scan_outputs(kernel: bool, device):
+    """A scan without and with the matrix every edge shares (config.edge_backoff)."""
+    return _one_scan(kernel, device, False) + _one_scan(kernel, device, True)
+
+
+def _one_scan(kernel: bool, device, shared_matrix: bool):
     """Signals, final state and every gradient of a (3, 6) scan with a padded column and a first token."""
     g, indptr, indices, weights, biases = _problem(device, seed=2)
     P, d = weights.shape[0], weights.shape[-1]
@@ -339,19 +346,28 @@ def _scan_outputs(kernel: bool, device):
     pe = pe.to(device)  # fixed sinusoids in the model: no gradient (the kernel returns none)
     leaves = [t.to(device).requires_grad_() for t in (*state, mix_weight)] + [
         weights.clone().requires_grad_(), biases.clone().requires_grad_()]
-    signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases = leaves
+    edge_base = None
+    if shared_matrix:
+        edge_base = (torch.randn(d, d, generator=g) * 0.5).to(device).requires_grad_()
+        leaves.append(edge_base)
+    signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases = leaves[:7]
     args = (signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe)
     if kernel:
-        stacked, *rest = kernel_signal_scan(*args)
+        stacked, *rest = kernel_signal_scan(*args, edge_base=edge_base)
         outputs = [stacked, stacked[:, -1], *rest]
     else:
-        outputs = list(ref_signal_scan(*args))
+        outputs = list(ref_signal_scan(*args, edge_base=edge_base))
     loss = sum((o * torch.linspace(-1, 1, o.numel(), device=device).view(o.shape)).sum() for o in outputs)
     loss.backward()
     return outputs + [t.grad for t in leaves]
 
 
 def _decode_outputs(kernel: bool, device):
+    """A decode step without and with the matrix every edge shares (config.edge_backoff)."""
+    return _one_decode(kernel, device, False) + _one_decode(kernel, device, True)
+
+
+def _one_decode(kernel: bool, device, shared_matrix: bool):
     """Logits and state of one decode step of 4 rows: a real edge, a non-edge, a node without successors."""
     g, indptr, indices, weights, biases = _problem(device, seed=3)
     V, d = indptr.numel() - 1, weights.shape[-1]
@@ -365,15 +381,17 @@ def _decode_outputs(kernel: bool, device):
     positions = torch.randn(1, 10, 1, generator=g).to(device)
     pe_now, pe_next = (torch.randn(B, d, generator=g).to(device) for _ in range(2))
     bias = torch.randn(V, generator=g).to(device)
+    edge_base = (torch.randn(d, d, generator=g) * 0.5).to(device) if shared_matrix else None
     args = (tokens, signal, mix_sum, mix_norm, mix_max, length, last, weights, biases)
     with torch.no_grad():
         if kernel:
             logits, new = kernel_decode_step(*args[:7], weights, biases.reshape(weights.shape[0], -1),
                                              positions.reshape(-1), pe_now, pe_next, indptr, indices, V,
-                                             graph_max_degree(indptr), bias)
+                                             graph_max_degree(indptr), bias, edge_base)
         else:
             logits, new = ref_decode_step(*args, positions, pe_now, pe_next, indptr, indices,
-                                          edge_keys(indptr, indices, V), V, graph_max_degree(indptr), bias)
+                                          edge_keys(indptr, indices, V), V, graph_max_degree(indptr), bias,
+                                          edge_base)
     return [logits, *(t.float() for t in new)]
 
 

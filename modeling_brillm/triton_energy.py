@@ -20,7 +20,8 @@ norm per (position, successor), all in registers.
                           logits' gradient; dL/dh; the sub-tile's weight and bias gradient accumulated over all
                           positions of u in registers and written once (row-major into the dense gradient, or into
                           the row's slot of the sparse gradient's values); dL/dx = Σ_v dL/dh_v · W_vᵀ added
-                          atomically (several tiles share a position).
+                          atomically (several tiles share a position), and dL/dPE = Σ_v dL/dh_v likewise when PE
+                          carries x·edge_base (config.edge_backoff).
     decode                two launches a step: `_decode_state_kernel` (one program per row: the edge found by
                           binary search in the source's sorted block, the recurrence update, the shared energy
                           written over the row of logits) and `_decode_successors_kernel` (a static (rows, tiles)
@@ -193,14 +194,15 @@ if triton is not None:
         x_ptr, pe_ptr, w_ptr, b_ptr,
         tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
         peak_ptr, lse_scale_ptr, grad_target_ptr, target_within_ptr, grad_logits_ptr, logit_row_ptr,
-        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr,
+        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr, grad_pe_ptr,
         d, T, V,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, TARGET: tl.constexpr, LOGITS: tl.constexpr, LOGIT_ROWS: tl.constexpr,
         HAS_INDICES: tl.constexpr, CLEAR_SUCCESSORS: tl.constexpr, SLOTS: tl.constexpr,
-        NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr, PRECISION: tl.constexpr,
+        NEED_W: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr, NEED_PE: tl.constexpr,
+        PRECISION: tl.constexpr,
     ):
-        """Recompute a tile's energies and add their gradients into x, the edge rows and biases."""
+        """Recompute a tile's energies and add their gradients into x, PE, the edge rows and biases."""
         pid = tl.program_id(0)
         total = tl.load(tile_total_ptr)
         k = tl.arange(0, D)
@@ -278,6 +280,10 @@ if triton is not None:
                             gx = tl.dot(gh, tl.trans(w), input_precision=PRECISION)
                             tl.atomic_add(grad_x_ptr + p64[:, None] * d + k[None, :], gx,
                                           mask=pmask[:, None] & (k[None, :] < d))
+                        if NEED_PE:  # PE enters every successor's pre-activation: dL/dPE = Σ_v dL/dh_v
+                            gpe = tl.sum(tl.reshape(gh, (BM, BN, D)), axis=1)
+                            tl.atomic_add(grad_pe_ptr + p64[:, None] * d + k[None, :], gpe,
+                                          mask=pmask[:, None] & (k[None, :] < d))
                         c += BM
                     if SLOTS:
                         slot = tl.load(slot_ptr + row, mask=col_ok, other=0).to(tl.int64)
@@ -294,16 +300,17 @@ if triton is not None:
     @triton.jit
     def _decode_state_kernel(
         tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr, length_ptr,
-        w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr, non_edge_ptr,
-        new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr,
+        w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr, non_edge_ptr, base_ptr,
+        new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr, new_pe_ptr,
         d, V, M,
         D: tl.constexpr, SEARCH_STEPS: tl.constexpr, HAS_INDICES: tl.constexpr, HAS_SHARED: tl.constexpr,
-        HAS_BIAS: tl.constexpr, FILL: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_BASE: tl.constexpr, FILL: tl.constexpr,
     ):
         """One row of the decode step: the edge last→token (binary search in last's sorted block), its output
         GeLU(x·W + b + PE[length]), the running softmax mix, the new signal; then the shared energy of the next
         step's candidates (plus non_edge_bias[v] with HAS_BIAS) written over the row of logits (the successors'
-        kernel writes the real ones after)."""
+        kernel writes the real ones after). With HAS_BASE every edge's matrix is E + W (config.edge_backoff): the
+        next step's candidates see PE[length + 1] + signal·E, written to `new_pe_ptr` for the successors' kernel."""
         r = tl.program_id(0).to(tl.int64)
         k = tl.arange(0, D)
         kmask = k < d
@@ -327,6 +334,10 @@ if triton is not None:
         x = tl.load(signal_ptr + r * d + k, mask=kmask, other=0.0)
         w = tl.load(w_ptr + row * d * d + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
                     other=0.0).to(tl.float32)
+        if HAS_BASE:
+            E = tl.load(base_ptr + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
+                        other=0.0).to(tl.float32)
+            w += E
         h = tl.sum(x[:, None] * w, axis=0) + tl.load(b_ptr + row * d + k, mask=kmask, other=0.0).to(tl.float32)
         h += tl.load(pe_in_ptr + r * d + k, mask=kmask, other=0.0)
         out = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
@@ -344,11 +355,17 @@ if triton is not None:
         tl.store(new_norm_ptr + r, mix_norm)
         tl.store(new_max_ptr + r, new_max)
         tl.store(new_length_ptr + r, length + 1)
+        if HAS_BASE:
+            pe_next = tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0) + tl.sum(signal[:, None] * E, axis=0)
+            tl.store(new_pe_ptr + r * d + k, pe_next, mask=kmask)
         if HAS_SHARED:  # every non-successor of `token` gets the shared edge's energy
             w0 = tl.load(w_ptr + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
                          other=0.0).to(tl.float32)
             h0 = tl.sum(signal[:, None] * w0, axis=0) + tl.load(b_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            h0 += tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0)
+            if HAS_BASE:
+                h0 += pe_next
+            else:
+                h0 += tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0)
             y0 = h0 * 0.5 * (1.0 + tl.math.erf(h0 * 0.7071067811865476))
             shared = tl.sqrt(tl.sum(y0 * y0, axis=0))
             cols = tl.arange(0, FILL)
@@ -556,13 +573,16 @@ class KernelEnergies(torch.autograd.Function):
         N, d = x.shape
         P = weights.shape[0]
         device = x.device
-        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        need_x, need_pe = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_w, need_b = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         need_bias = len(ctx.needs_input_grad) > 7 and ctx.needs_input_grad[7]
         lse = pending.get("lse")  # (peak, dL/dlog Z / total) per position
         target = pending.get("target")  # (dL/dE_target, index of the target within the block or −1)
         grad_logits = pending.get("logits")  # (N, V)
         grad_shared = grad_shared.float() if grad_shared is not None else None
         grad_x = torch.zeros(N, d, dtype=torch.float32, device=device) if need_x else None
+        # a caller may fold a per-position term into PE (x·edge_base, config.edge_backoff): it needs PE's gradient
+        grad_pe = torch.zeros(N, d, dtype=torch.float32, device=device) if need_pe else None
 
         index = slot = None
         w_values = b_values = None
@@ -584,7 +604,7 @@ class KernelEnergies(torch.autograd.Function):
         if clear:  # the kernel reads the successors' columns and zeroes them: the rest sums to the shared gradient
             grad_logits = grad_logits.clone()
         live = lse is not None or target is not None or grad_logits is not None
-        run_kernel = bool(N and plan.num_tiles and live and (need_x or need_w or need_b or clear))
+        run_kernel = bool(N and plan.num_tiles and live and (need_x or need_pe or need_w or need_b or clear))
         if not run_kernel:  # nothing reaches the candidate energies: their rows' gradients are zero
             for values in (w_values, b_values):
                 if values is not None:
@@ -601,11 +621,11 @@ class KernelEnergies(torch.autograd.Function):
                 peak, lse_scale, gt, within,
                 grad_logits if grad_logits is not None else f32, dummy, slot if slot is not None else dummy,
                 w_values if w_values is not None else f32, b_values if b_values is not None else f32,
-                grad_x if grad_x is not None else f32,
+                grad_x if grad_x is not None else f32, grad_pe if grad_pe is not None else f32,
                 d, plan.num_tiles, plan.vocab_size,
                 LSE=lse is not None, TARGET=target is not None, LOGITS=grad_logits is not None, LOGIT_ROWS=False,
                 CLEAR_SUCCESSORS=clear, SLOTS=slot is not None,
-                NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, **meta, num_warps=8)
+                NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, NEED_PE=need_pe, **meta, num_warps=8)
 
         # the shared edge (row 0): torch, one (N × d) · (d × d) product
         grad_bias = None
@@ -628,13 +648,17 @@ class KernelEnergies(torch.autograd.Function):
                     b_values[0] = gh.sum(0).to(b_values.dtype)
                 if need_x:
                     grad_x.addmm_(gh, weights[0].t().float())
+                if need_pe:
+                    grad_pe += gh
 
         grad_w = grad_b = None
         if need_w or need_b:
             grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link)
         if grad_x is not None:
             grad_x = grad_x.to(x.dtype)
-        return grad_x, None, grad_w, grad_b, None, None, None, grad_bias
+        if grad_pe is not None:
+            grad_pe = grad_pe.to(pe.dtype)
+        return grad_x, grad_pe, grad_w, grad_b, None, None, None, grad_bias
 
 
 class KernelLogPartition(torch.autograd.Function):
@@ -803,27 +827,32 @@ def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_
 
 @torch.no_grad()
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
-                pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int, non_edge_bias=None):
+                pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int, non_edge_bias=None,
+                edge_base=None):
     """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
-    the successors): `recurrence.decode_step`'s math. Returns the (B, V) float32 logits and the new state
-    tensors."""
+    the successors): `recurrence.decode_step`'s math, `edge_base` (d, d) or None the matrix every edge adds to its
+    own. Returns the (B, V) float32 logits and the new state tensors."""
     B, d = signal.shape
     V = vocab_size
     logits = torch.empty(B, V, dtype=torch.float32, device=signal.device)
     new_signal, new_sum = torch.empty_like(signal), torch.empty_like(mix_sum)
     new_norm, new_max, new_length = torch.empty_like(mix_norm), torch.empty_like(mix_max), torch.empty_like(length)
     has_bias = non_edge_bias is not None and indices is not None  # the bias offsets non-successors only
+    # with the shared matrix the successors read PE + new signal·edge_base, which the state kernel writes
+    pe_next = torch.empty(B, d, dtype=torch.float32, device=signal.device) if edge_base is not None else pe_out
     if B:
         launch(_decode_state_kernel, (B,),
             tokens, last_token, signal.contiguous(), mix_sum.contiguous(), mix_norm, mix_max, length,
             weights, b2, position_logits, pe_in.contiguous(), pe_out.contiguous(), indptr,
             indices if indices is not None else indptr,
             non_edge_bias.contiguous() if has_bias else mix_norm,
-            new_signal, new_sum, new_norm, new_max, new_length, logits,
+            edge_base.contiguous() if edge_base is not None else mix_norm,
+            new_signal, new_sum, new_norm, new_max, new_length, logits, pe_next,
             d, V, position_logits.numel(),
             D=padded_width(d), SEARCH_STEPS=max(1, max_degree.bit_length()), HAS_INDICES=indices is not None,
-            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, FILL=1024, num_warps=4)
-        decode_successor_logits(new_signal, pe_out, weights, b2, tokens, indptr, indices, V, max_degree, logits)
+            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, HAS_BASE=edge_base is not None, FILL=1024,
+            num_warps=4)
+        decode_successor_logits(new_signal, pe_next, weights, b2, tokens, indptr, indices, V, max_degree, logits)
     return logits, (new_signal, new_sum, new_norm, new_max, new_length, tokens)
 
 

@@ -27,6 +27,10 @@ reverse running sums of the brief, kept here in the max-scaled form (the ḡM' r
 only the signals are used, and makes gradients of a returned state's raw (S, N, M) exact too). The forward saves
 x, N and M per column (S = x·N is recomputed); the backward recomputes h from x_in and W, which it reads anyway.
 
+With the matrix every edge shares (config.edge_backoff), every W[r] above reads as E + W[r]: E is loaded once per
+program and added to each prefetched tile, and ḡE = Σ_j x_in ⊗ ḡh over every edge crossed (one (d, d) tile per
+batch row, summed in torch: no atomics for all rows to contend on).
+
 Edge-row gradients are added with atomics into, in this order of preference: the buffers the candidate backward
 published through the `EdgeGradLink` (`(index, w_values, b_values)`, slot = searchsorted(index, row), or the row
 itself for a dense gradient), so each parameter gets one gradient; else a dense zero gradient; else sparse COO
@@ -94,8 +98,20 @@ if triton is not None:
         return (v * 0 + cond.to(tl.int32)) != 0
 
     @triton.jit
-    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j, L, d: tl.constexpr, i, k, mi, mk):
-        """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal."""
+    def _load_base(base_ptr, d: tl.constexpr, i, k, mi, mk, D: tl.constexpr, HAS_BASE: tl.constexpr):
+        """The matrix every edge adds to its own (config.edge_backoff); without it zeros nothing reads (the
+        compiler drops them)."""
+        E = tl.zeros([D, D], dtype=tl.float32)
+        if HAS_BASE:
+            E += tl.load(base_ptr + i[:, None] * d + k[None, :], mask=mi[:, None] & mk[None, :],
+                         other=0.0).to(tl.float32)
+        return E
+
+    @triton.jit
+    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j, L, d: tl.constexpr, i, k, mi, mk,
+                   E, HAS_BASE: tl.constexpr):
+        """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal; with
+        HAS_BASE the edge's matrix comes back as E + W[r] (the sum is off the signal's chain of dependencies)."""
         inside = j < L
         at = base + j
         r = tl.load(rows_ptr + at, mask=inside, other=0)
@@ -106,16 +122,19 @@ if triton is not None:
         bias = tl.load(b_ptr + r * d + k, mask=mk_in, other=0.0).to(tl.float32)
         pe = tl.load(pe_ptr + at * d + k, mask=mk_in, other=0.0).to(tl.float32)
         p = tl.load(mixw_ptr + at, mask=inside, other=0.0)
+        if HAS_BASE:
+            W += E
         return W, bias + pe, p, e
 
     @triton.jit
     def _scan_forward_kernel(
         x0_ptr, s0_ptr, n0_ptr, m0_ptr,  # incoming signal (B, d), mix sum (B, d), norm (B,), max (B,)
         w_ptr, b_ptr, rows_ptr, edge_ptr, pe_ptr, mixw_ptr,  # (P, d, d), (P, d), (B, L) ×2, (B, L, d), (B, L)
+        base_ptr,  # (d, d): the matrix every edge adds to its own (read with HAS_BASE)
         sig_ptr, nsave_ptr, msave_ptr,  # out: signals (B, L, d); norm and max after every column (B, L)
         sfin_ptr, nfin_ptr, mfin_ptr,  # out: final mix sum (B, d), norm (B,), max (B,)
         L, d: tl.constexpr,
-        D: tl.constexpr, SAVE: tl.constexpr,
+        D: tl.constexpr, SAVE: tl.constexpr, HAS_BASE: tl.constexpr,
     ):
         """One batch row's columns in order: edge output, softmax mix, signal (see the module docstring)."""
         row = tl.program_id(0).to(tl.int64)
@@ -127,12 +146,14 @@ if triton is not None:
         S = tl.load(s0_ptr + row * d + k, mask=mk, other=0.0)
         N = tl.load(n0_ptr + row)
         M = tl.load(m0_ptr + row)
-        W, add, p, e = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, 0, L, d, i, k, mi, mk)
+        E = _load_base(base_ptr, d, i, k, mi, mk, D, HAS_BASE)
+        W, add, p, e = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, 0, L, d, i, k, mi, mk, E,
+                                  HAS_BASE)
         j = 0
         while j < L:  # (a while loop: Triton's interpreter cannot index range() by a runtime bound)
             # the next column's loads go out before this column's arithmetic (they do not depend on it)
             Wn, addn, pn, en = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j + 1, L, d,
-                                          i, k, mi, mk)
+                                          i, k, mi, mk, E, HAS_BASE)
             out = _gelu(tl.sum(x[:, None] * W, axis=0) + add)
             M_new = tl.maximum(M, p)
             decay = tl.exp(M - M_new)
@@ -155,13 +176,15 @@ if triton is not None:
     @triton.jit
     def _scan_backward_kernel(
         x0_ptr, s0_ptr, n0_ptr, m0_ptr,
-        w_ptr, b_ptr, rows_ptr, slot_ptr, edge_ptr, pe_ptr, mixw_ptr,
+        w_ptr, b_ptr, rows_ptr, slot_ptr, edge_ptr, pe_ptr, mixw_ptr, base_ptr,
         sig_ptr, nsave_ptr, msave_ptr,  # saved by the forward
         gsig_ptr, gsfin_ptr, gnfin_ptr, gmfin_ptr,  # incoming gradients (zeros where none)
         gx0_ptr, gs0_ptr, gn0_ptr, gm0_ptr, gmixw_ptr,  # out: gradients of the inputs
         gw_ptr, gb_ptr,  # edge-row gradients (R, d, d), (R, d), added at slot_ptr's slots
+        gbase_ptr,  # out with NEED_BASE: this batch row's share of the shared matrix's gradient (B, d, d)
         L, d: tl.constexpr,
-        D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
+        D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, HAS_BASE: tl.constexpr,
+        NEED_BASE: tl.constexpr,
     ):
         """One batch row's columns in reverse: the exact reverse mode of the forward's update."""
         row = tl.program_id(0).to(tl.int64)
@@ -173,6 +196,8 @@ if triton is not None:
         gS = tl.load(gsfin_ptr + row * d + k, mask=mk, other=0.0)
         gN = tl.load(gnfin_ptr + row)
         gM = tl.load(gmfin_ptr + row)
+        E = _load_base(base_ptr, d, i, k, mi, mk, D, HAS_BASE)
+        gE = tl.zeros([D, D], dtype=tl.float32)
         j = L - 1
         while j >= 0:
             at = base + j
@@ -182,6 +207,8 @@ if triton is not None:
             mk_e = mk & _bvec(k, e)
             W = tl.load(w_ptr + r * d * d + i[:, None] * d + k[None, :], mask=mi[:, None] & mk_e[None, :],
                         other=0.0).to(tl.float32)
+            if HAS_BASE:
+                W += E
             add = tl.load(b_ptr + r * d + k, mask=mk_e, other=0.0).to(tl.float32)
             add += tl.load(pe_ptr + at * d + k, mask=mk_e, other=0.0).to(tl.float32)
             p = tl.load(mixw_ptr + at)
@@ -223,6 +250,8 @@ if triton is not None:
                               mask=mi[:, None] & mk_e[None, :], sem="relaxed")
             if NEED_B:
                 tl.atomic_add(gb_ptr + s * d + k, gh, mask=mk_e, sem="relaxed")
+            if NEED_BASE:  # every edge's matrix holds E: its gradient is the sum of the edges' own
+                gE += x_in[:, None] * tl.where(mk_e, gh, 0.0)[None, :]
             tl.store(gmixw_ptr + at, tl.where(e, gp, 0.0))
             gx = tl.where(mk_e, gx_in, gx)
             gS = tl.where(e, gS1 * decay, gS)
@@ -233,6 +262,8 @@ if triton is not None:
         tl.store(gs0_ptr + row * d + k, gS, mask=mk)
         tl.store(gn0_ptr + row, gN)
         tl.store(gm0_ptr + row, gM)
+        if NEED_BASE:  # one tile a batch row, summed in torch: no atomics all rows would contend for
+            tl.store(gbase_ptr + row * d * d + i[:, None] * d + k[None, :], gE, mask=mi[:, None] & mk[None, :])
 
 
 def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
@@ -268,7 +299,8 @@ def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
 
 class _SignalScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x0, s0, n0, m0, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad: bool, link):
+    def forward(ctx, x0, s0, n0, m0, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad: bool, link,
+                edge_base=None):
         """The autograd forward (see the class and module docstrings)."""
         B, L = rows.shape
         P, d = weights.shape[0], weights.shape[-1]
@@ -281,7 +313,9 @@ class _SignalScan(torch.autograd.Function):
         pe = pe.contiguous()
         w = weights.contiguous()
         b2 = biases.reshape(P, d).contiguous()
-        training = any(ctx.needs_input_grad[:7])
+        has_base = edge_base is not None
+        base = edge_base.contiguous() if has_base else b2  # (any tensor: not read without HAS_BASE)
+        training = any(ctx.needs_input_grad[:7]) or ctx.needs_input_grad[12]
         signals = torch.empty(B, L, d, dtype=torch.float32, device=device)
         n_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
         m_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
@@ -289,8 +323,8 @@ class _SignalScan(torch.autograd.Function):
         n_fin = torch.empty(B, dtype=torch.float32, device=device)
         m_fin = torch.empty(B, dtype=torch.float32, device=device)
         if B and L:
-            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, signals, n_save,
-                   m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, **_meta(d))
+            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, base, signals,
+                   n_save, m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, HAS_BASE=has_base, **_meta(d))
         else:
             s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
         if link is not None and link.rows is None:  # not again when gradient checkpointing recomputes the scan
@@ -299,8 +333,8 @@ class _SignalScan(torch.autograd.Function):
             link.rows = torch.sort(rows.reshape(-1)).values
             link.grad = None
         if training:
-            ctx.save_for_backward(x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save)
-        ctx.sparse_grad, ctx.link = sparse_grad, link
+            ctx.save_for_backward(x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base)
+        ctx.sparse_grad, ctx.link, ctx.has_base = sparse_grad, link, has_base
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
         ctx.weight_dtype = weights.dtype
         return signals, s_fin, n_fin, m_fin
@@ -308,11 +342,11 @@ class _SignalScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_signals, g_sum, g_norm, g_max):
         """The autograd backward: gradients of the forward's inputs."""
-        x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save = ctx.saved_tensors
+        x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base = ctx.saved_tensors
         B, L = rows.shape
         d = w.shape[-1]
         device = x0.device
-        need_w, need_b = ctx.needs_input_grad[5], ctx.needs_input_grad[6]
+        need_w, need_b, need_base = ctx.needs_input_grad[5], ctx.needs_input_grad[6], ctx.needs_input_grad[12]
 
         def given(g, *shape):
             """The incoming gradient as float32, or zeros where autograd passed none."""
@@ -328,13 +362,14 @@ class _SignalScan(torch.autograd.Function):
         g_n0 = torch.empty(B, dtype=torch.float32, device=device)
         g_m0 = torch.empty(B, dtype=torch.float32, device=device)
         g_mix = torch.empty(B, L, dtype=torch.float32, device=device)
+        g_base = torch.zeros(B, d, d, dtype=torch.float32, device=device) if need_base else None
         if B and L:
             dummy = g_x0
             launch(_scan_backward_kernel, (B,),
-                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, signals, n_save, m_save,
+                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, base, signals, n_save, m_save,
                 g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
-                w_buf if need_w else dummy, b_buf if need_b else dummy, L, d,
-                NEED_W=need_w, NEED_B=need_b, **_meta(d))
+                w_buf if need_w else dummy, b_buf if need_b else dummy, g_base if need_base else dummy, L, d,
+                NEED_W=need_w, NEED_B=need_b, HAS_BASE=ctx.has_base, NEED_BASE=need_base, **_meta(d))
         else:
             g_x0.zero_(), g_mix.zero_()
             g_s0.copy_(g_sum), g_n0.copy_(g_norm), g_m0.copy_(g_max)
@@ -352,20 +387,23 @@ class _SignalScan(torch.autograd.Function):
             else:
                 grad_w = w_own.to(ctx.weight_dtype) if need_w else None
                 grad_b = b_own.view(ctx.bias_shape).to(ctx.weight_dtype) if need_b else None
-        return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None
+        if g_base is not None:
+            g_base = g_base.sum(0).to(base.dtype)
+        return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None, g_base
 
 
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None):
+                sparse_grad: bool = False, link=None, edge_base=None):
     """Run the recurrence over all columns; returns (signals (B, L, d), mix_sum, mix_norm, mix_max) after the last.
 
     `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
     `mix_weight` (B, L): the position weight logit of each column's edge; `weights` (P, d, d), `biases` (P, 1, d)
     or (P, d): the edge table; `rows` (B, L) int64: each column's edge row (any valid row where `has_edge` (B, L)
     is False); `pe` (B, L, d): each column's PE row. `sparse_grad` / `link`: as `energy.gather_edges`.
+    `edge_base` (d, d), optional: the matrix every edge adds to its own (config.edge_backoff).
     """
     return _SignalScan.apply(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                             sparse_grad, link)
+                             sparse_grad, link, edge_base)
 
 
 __all__ = ["MAX_NODE_SIZE", "signal_scan", "unsupported_reason"]

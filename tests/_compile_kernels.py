@@ -7,11 +7,12 @@
 Triton's interpreter (how CI checks the kernels' arithmetic) accepts programs its compiler rejects, and says
 nothing about register pressure; the triton wheel ships ptxas, so the real compilation runs on any machine. Must
 run without TRITON_INTERPRET (the kernels are then ordinary JIT functions); exits 1 if a variant fails to compile.
-Variants: the recurrence at the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128; the
-optimizer's two row widths (an edge matrix, 1,024 floats; a bias, 32) with and without duplicate rows, and with
-bfloat16 moments; the decode step's state kernel (sparse graph, d = 32) with and without `non_edge_bias`, and its
-successors kernel; the candidate energies' forward (log Z, logits, bf16 rows) and backward (sparse and dense
-gradients, the logits' gradient) at d = 32.
+Variants: the recurrence at the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128, and at
+d = 32 with the edges' shared matrix (config.edge_backoff); the optimizer's two row widths (an edge matrix, 1,024
+floats; a bias, 32) with and without duplicate rows, and with bfloat16 moments; the decode step's state kernel
+(sparse graph, d = 32) with and without `non_edge_bias` and the shared matrix, and its successors kernel; the
+candidate energies' forward (log Z, logits, bf16 rows) and backward (sparse and dense gradients, PE's gradient, the
+logits' gradient) at d = 32.
 """
 
 import os
@@ -56,11 +57,16 @@ def variants():
     backward.update(rows_ptr="*i64", slot_ptr="*i64", edge_ptr="*u8", L="i32")
     for d in (32, 8, 64, 128):
         meta = R._meta(d)
-        yield f"scan forward d={d}", R._scan_forward_kernel, forward, dict(d=d, D=meta["D"], SAVE=True), meta
-        yield f"scan backward d={d}", R._scan_backward_kernel, backward, dict(d=d, D=meta["D"], NEED_W=True,
-                                                                              NEED_B=True), meta
+        yield (f"scan forward d={d}", R._scan_forward_kernel, forward, dict(d=d, D=meta["D"], SAVE=True,
+               HAS_BASE=False), meta)
+        yield (f"scan backward d={d}", R._scan_backward_kernel, backward, dict(d=d, D=meta["D"], NEED_W=True,
+               NEED_B=True, HAS_BASE=False, NEED_BASE=False), meta)
+    yield ("scan forward d=32 shared matrix", R._scan_forward_kernel, forward,
+           dict(d=32, D=32, SAVE=True, HAS_BASE=True), R._meta(32))
+    yield ("scan backward d=32 shared matrix", R._scan_backward_kernel, backward,
+           dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True), R._meta(32))
     yield ("scan forward d=32 bf16 weights", R._scan_forward_kernel, dict(forward, w_ptr="*bf16", b_ptr="*bf16",
-           pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False), R._meta(32))
+           pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False, HAS_BASE=False), R._meta(32))
     optim = {a: "*fp32" for a in Opt._sparse_adamw_kernel.arg_names if a.endswith("_ptr")}
     optim.update(rows_ptr="*i64", entries_ptr="*i64", nnz="i32")
     optim.update({a: "fp32" for a in ("lr", "beta1", "beta2", "eps", "decay", "step_size", "bc2_sqrt", "log_beta1",
@@ -82,10 +88,10 @@ def variants():
     state = {a: "*fp32" for a in E._decode_state_kernel.arg_names if a.endswith("_ptr")}
     state.update(tokens_ptr="*i64", last_ptr="*i64", length_ptr="*i64", new_length_ptr="*i64", indptr_ptr="*i64",
                  indices_ptr="*i64", d="i32", V="i32", M="i32")
-    for bias in (False, True):
-        yield (f"decode state d=32 non_edge_bias={bias}", E._decode_state_kernel, state,
-               dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True, HAS_BIAS=bias, FILL=1024),
-               dict(num_warps=4))
+    for bias, base in ((False, False), (True, False), (True, True)):
+        yield (f"decode state d=32 non_edge_bias={bias} shared matrix={base}", E._decode_state_kernel, state,
+               dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True, HAS_BIAS=bias, HAS_BASE=base,
+                    FILL=1024), dict(num_warps=4))
     successors = {a: "*fp32" for a in E._decode_successors_kernel.arg_names if a.endswith("_ptr")}
     successors.update(sources_ptr="*i64", indptr_ptr="*i64", indices_ptr="*i64", d="i32", V="i32")
     yield ("decode successors d=32", E._decode_successors_kernel, successors,
@@ -107,9 +113,10 @@ def variants():
     backward = {a: "*fp32" for a in E._energy_backward_kernel.arg_names if a.endswith("_ptr")}
     backward.update(plan, target_within_ptr="*i64", logit_row_ptr="*i64", slot_ptr="*i64")
     training = dict(LSE=True, TARGET=True, LOGITS=False, LOGIT_ROWS=False, CLEAR_SUCCESSORS=False, NEED_W=True,
-                    NEED_B=True, NEED_X=True)
+                    NEED_B=True, NEED_X=True, NEED_PE=False)
     for label, flags in (("exact loss, sparse gradient", dict(training, SLOTS=True)),
                          ("exact loss, dense gradient", dict(training, SLOTS=False)),
+                         ("exact loss, PE's gradient (shared matrix)", dict(training, SLOTS=True, NEED_PE=True)),
                          ("logits' gradient", dict(training, LSE=False, TARGET=False, LOGITS=True,
                                                    CLEAR_SUCCESSORS=True, SLOTS=False))):
         yield (f"energy backward d=32 {label}", E._energy_backward_kernel, backward, dict(tiles, **flags),

@@ -87,6 +87,9 @@ def close(a, b, name):
     assert err <= RTOL, f"{name}: max error {err:.2e} of the largest value"
 
 
+LOSS_RESULTS = ("loss", "log Z", "target energy", "grad weights", "grad biases", "grad x", "grad pe")
+
+
 def exact_loss(backend, tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows=None):
     """Mean exact loss and every gradient, through ops' functions as the model calls them."""
     weights, biases, x, pe = [t.clone().requires_grad_() for t in tensors]
@@ -106,7 +109,7 @@ def exact_loss(backend, tensors, sources, targets, indptr, indices, V, sparse_gr
         log_z = exact_log_partition(energies, shared, plan, V)
         loss = (log_z - true).mean() + extra
         loss.backward()
-    return loss.detach(), log_z.detach(), true.detach(), weights.grad, biases.grad, x.grad
+    return loss.detach(), log_z.detach(), true.detach(), weights.grad, biases.grad, x.grad, pe.grad
 
 
 @pytest.mark.parametrize("dense", [False, True])
@@ -118,7 +121,7 @@ def test_exact_loss_and_gradients_match_torch(dense, sparse_grad):
     tensors = (weights, biases, x, pe)
     ref = exact_loss("torch", tensors, sources, targets, indptr, indices, V, sparse_grad)
     got = exact_loss("triton", tensors, sources, targets, indptr, indices, V, sparse_grad)
-    for a, b, name in zip(got, ref, ("loss", "log Z", "target energy", "grad weights", "grad biases", "grad x")):
+    for a, b, name in zip(got, ref, LOSS_RESULTS, strict=True):
         if sparse_grad and name.startswith("grad w"):
             assert a.is_sparse and b.is_sparse
             assert torch.equal(a.coalesce().indices(), b.coalesce().indices()), "touched rows differ"
@@ -137,7 +140,7 @@ def test_link_hands_recurrence_rows_into_the_kernel_gradient(sparse_grad):
     tensors = (weights, biases, x, pe)
     ref = exact_loss("torch", tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows)
     got = exact_loss("triton", tensors, sources, targets, indptr, indices, V, sparse_grad, link_rows)
-    for a, b, name in zip(got, ref, ("loss", "log Z", "target energy", "grad weights", "grad biases", "grad x")):
+    for a, b, name in zip(got, ref, LOSS_RESULTS, strict=True):
         close(a, b, name)
     if sparse_grad:  # one coalesced gradient: the recurrence added into the kernel's buffers
         idx = got[3]._indices()[0]
@@ -415,7 +418,7 @@ def biased_loss(backend, tensors, bias, sources, targets, indptr, indices, V, sp
                                                 V if indices is None else ops.graph_max_degree(indptr), nb.detach())
     grad_nb = nb.grad if nb.grad is not None else torch.zeros_like(nb)  # dense: no non-successor anywhere
     return (log_z.detach(), true.detach(), logits.detach()[inv], direct, static, weights.grad, biases.grad, x.grad,
-            grad_nb)
+            pe.grad, grad_nb)
 
 
 @pytest.mark.parametrize("dense,sparse_grad", [(False, False), (False, True), (True, True)])
@@ -432,8 +435,8 @@ def test_non_edge_bias_loss_logits_and_gradients_match_torch(dense, sparse_grad)
     ref = biased_loss("torch", tensors, bias, sources, targets, indptr, indices, V, sparse_grad, probe)
     got = biased_loss("triton", tensors, bias, sources, targets, indptr, indices, V, sparse_grad, probe)
     names = ("log Z", "target energy", "logits", "successor logits", "static successor logits", "grad weights",
-             "grad biases", "grad x", "grad non_edge_bias")
-    for a, b, name in zip(got, ref, names):
+             "grad biases", "grad x", "grad pe", "grad non_edge_bias")
+    for a, b, name in zip(got, ref, names, strict=True):
         close(a, b, name)
     close(got[0], torch.logsumexp(ref[2], 1)[torch.argsort(sources, stable=True)], "log Z vs logits")
     if not dense:
@@ -470,11 +473,26 @@ def read_out(biased):
     return model.to(DEVICE)
 
 
+@pytest.fixture(scope="module")
+def shared_matrix(read_out):
+    """`read_out` plus a random matrix every edge adds to its own (config.edge_backoff): the default recipe."""
+    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+
+    model = BriLLMForCausalLM(BriLLMConfig(**{**read_out.config.to_dict(), "edge_backoff": True}))
+    model.load_state_dict(read_out.state_dict(), strict=False)
+    with torch.no_grad():
+        model.base_model.edge_base.copy_(torch.randn(model.base_model.edge_base.shape,
+                                                     generator=torch.Generator().manual_seed(17)) * 0.3)
+    return model.to(DEVICE)
+
+
 @pytest.mark.parametrize("sparse_gradients,side,variant", [(True, "right", "biased"), (False, "left", "biased"),
-                                                           (True, "left", "read_out")])
+                                                           (True, "left", "read_out"), (True, "right", "shared_matrix"),
+                                                           (False, "left", "shared_matrix")])
 def test_non_edge_bias_model_matches_torch(tiny, sparse_gradients, side, variant, monkeypatch, request):
-    """The model with `non_edge_bias` (and `node_readout`) runs the kernels (no torch fallback) and gives the torch
-    path's loss and logits within 1e-5 and every gradient as close to a float64 run as the torch path's own."""
+    """The model with `non_edge_bias` (and `node_readout`, and the edges' shared matrix) runs the kernels (no torch
+    fallback) and gives the torch path's loss and logits within 1e-5 and every gradient as close to a float64 run as
+    the torch path's own."""
     tok, _ = tiny
     model = request.getfixturevalue(variant)
     model.sparse_gradients = sparse_gradients
@@ -496,7 +514,8 @@ def test_non_edge_bias_model_matches_torch(tiny, sparse_gradients, side, variant
     close(loss_k, loss_t, "loss")
     close(logits_k, logits_t, "logits")
     assert "non_edge_bias" in grads_k and grads_k.keys() == grads_t.keys() == grads_64.keys()
-    assert ("node_readout" in grads_k) == (variant == "read_out")
+    assert ("node_readout" in grads_k) == (variant != "biased")
+    assert ("edge_base" in grads_k) == (variant == "shared_matrix")
     for name, exact in grads_64.items():
         scale = exact.abs().max()
         err_k = float((grads_k[name].double() - exact).abs().max() / scale)
@@ -504,11 +523,13 @@ def test_non_edge_bias_model_matches_torch(tiny, sparse_gradients, side, variant
         assert err_k <= max(RTOL, 2 * err_t), f"grad {name}: kernels {err_k:.1e}, torch fp32 {err_t:.1e}"
 
 
-def test_non_edge_bias_decoding_equals_torch(tiny, biased):
-    """The sync-free step's two kernels write shared + non_edge_bias[v] for non-successors: logits and state as the
-    torch step's, and greedy tokens (kernels, eager step) as the general torch path's."""
+@pytest.mark.parametrize("variant", ["biased", "shared_matrix"])
+def test_non_edge_bias_decoding_equals_torch(tiny, variant, request):
+    """The sync-free step's two kernels write shared + non_edge_bias[v] for non-successors (and add the edges'
+    shared matrix): logits and state as the torch step's, and greedy tokens (kernels, eager step) as the general
+    torch path's."""
     tok, _ = tiny
-    model = biased
+    model = request.getfixturevalue(variant)
     ids, mask = _batch(tok, "left")
     state = model(ids, attention_mask=mask, use_cache=True).past_key_values
     tensors = list(state.tensors())
@@ -530,12 +551,14 @@ def test_non_edge_bias_decoding_equals_torch(tiny, biased):
         assert torch.equal(got, ref), mode
 
 
-@pytest.mark.parametrize("dense", [False, True])
-@pytest.mark.parametrize("biased", [False, True])
-def test_ops_decode_step_kernel_equals_the_reference(dense, biased):
+@pytest.mark.parametrize("dense,biased,shared_matrix", [
+    (False, False, False), (False, True, False), (True, False, False), (True, True, False), (False, True, True),
+    (True, False, True),
+])
+def test_ops_decode_step_kernel_equals_the_reference(dense, biased, shared_matrix):
     """ops.decode_step through the two decode kernels and through recurrence.decode_step: logits and state within
     1e-5, along a real edge, a non-edge, from a node without successors, a sequence start and past the position
-    weights."""
+    weights; also with the matrix every edge adds to its own (config.edge_backoff)."""
     weights, biases, indptr, indices, _, _, _, V = setup(seed=13, dense=dense)
     g = torch.Generator().manual_seed(14)
     B = 4
@@ -551,12 +574,13 @@ def test_ops_decode_step_kernel_equals_the_reference(dense, biased):
     positions = torch.randn(1, 10, 1, generator=g).to(DEVICE)
     pe_now, pe_next = (torch.randn(B, D, generator=g).to(DEVICE) for _ in range(2))
     bias = torch.randn(V, generator=g).to(DEVICE) if biased else None
+    edge_base = (torch.randn(D, D, generator=g) * 0.5).to(DEVICE) if shared_matrix else None
     max_degree = V if dense else ops.graph_max_degree(indptr)
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
             out[backend] = ops.decode_step(tokens, *state, length, last, weights, biases, positions, pe_now, pe_next,
-                                           indptr, indices, keys, V, max_degree, bias)
+                                           indptr, indices, keys, V, max_degree, bias, edge_base)
     close(out["triton"][0], out["torch"][0], "logits")
     for a, b, name in zip(out["triton"][1], out["torch"][1], ("signal", "sum", "norm", "max", "length", "tokens")):
         close(a.float(), b.float(), name)

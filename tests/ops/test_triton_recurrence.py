@@ -275,25 +275,34 @@ def scan_inputs(seed, B=3, L=6, P=11, fetched=False):
     return leaves, state[3].to(DEVICE), rows.to(DEVICE), has_edge.to(DEVICE), pe.to(DEVICE)
 
 
-@pytest.mark.parametrize("sparse,fetched", [(False, False), (True, False), (False, True)])
-def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched):
+@pytest.mark.parametrize("sparse,fetched,shared_matrix", [
+    (False, False, False), (True, False, False), (False, True, False), (True, False, True), (False, True, True),
+])
+def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_matrix):
     """ops.signal_scan through the kernel and through the torch column loop: signals, final state and every
-    gradient within 1e-5 (sparse gradients: the same rows); the sharded path's fetched table too."""
+    gradient within 1e-5 (sparse gradients: the same rows); the sharded path's fetched table too, and the matrix
+    every edge adds to its own (config.edge_backoff) with its gradient."""
     results = []
+    names = ["signal", "mix_sum", "mix_norm", "mix_weight", "weights", "biases"]
     for backend in ("torch", "triton"):
         leaves, mix_max, rows, has_edge, pe = scan_inputs(3, fetched=fetched)
         signal, mix_sum, mix_norm, mix_weight, weights, biases = leaves
+        edge_base = None
+        if shared_matrix:
+            edge_base = (torch.randn(D, D, generator=torch.Generator().manual_seed(5)) * 0.5).to(DEVICE)
+            leaves.append(edge_base.requires_grad_())
         with kernel_backend(backend):
             out = ops.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                                  sparse)
+                                  sparse, edge_base=edge_base)
         loss = sum((o * torch.linspace(-1, 1, o.numel(), device=DEVICE).view(o.shape)).sum()
                    for o in out if o.requires_grad)
         loss.backward()
-        results.append((out, [t.grad for t in (signal, mix_sum, mix_norm, mix_weight, weights, biases)]))
+        results.append((out, [t.grad for t in leaves]))
     (out0, grads0), (out1, grads1) = results
     for a, b, name in zip(out1, out0, ("signals", "signal", "mix_sum", "mix_norm", "mix_max")):
         assert_rel(a.detach(), b.detach(), name)
-    for a, b, name in zip(grads1, grads0, ("signal", "mix_sum", "mix_norm", "mix_weight", "weights", "biases")):
+    assert len(grads1) == len(grads0) == len(names) + shared_matrix
+    for a, b, name in zip(grads1, grads0, names + ["edge_base"]):
         assert a.is_sparse == b.is_sparse, name
         assert_rel(a, b, name)
 
