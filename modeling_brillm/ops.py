@@ -172,11 +172,11 @@ def _successor_kernel(x, weights) -> bool:
     return kernel_enabled("successor_logits", x) and energy_kernel_unsupported(weights, x) is None
 
 
-def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int, non_edge_bias=None, *,
-                     kernels: bool = True) -> torch.Tensor:
+def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
+                     non_edge_bias=None) -> torch.Tensor:
     """(N, V) energies of every node as the successor of each position, in the given order; inference only
-    (`energy.successor_logits`; the kernel: one launch). `kernels=False` keeps the torch path."""
-    if kernels and _successor_kernel(x, weights):
+    (`energy.successor_logits`; the kernel: one launch)."""
+    if _successor_kernel(x, weights):
         max_degree = vocab_size if indices is None else graph_max_degree(indptr)
         b2 = biases.reshape(weights.shape[0], -1)
         with torch.no_grad():

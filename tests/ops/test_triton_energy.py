@@ -445,45 +445,34 @@ def test_non_edge_bias_loss_logits_and_gradients_match_torch(dense, sparse_grad)
         assert float(got[-1].abs().max()) > 0
 
 
+def with_option(model, field: str, parameter: str, seed: int, scale: float = 1.0):
+    """`model` with config option `field` on and its new parameter set to random values (the others copied)."""
+    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+
+    out = BriLLMForCausalLM(BriLLMConfig(**{**model.config.to_dict(), field: True}))
+    out.load_state_dict(model.state_dict(), strict=False)
+    tensor = getattr(out.base_model, parameter)
+    with torch.no_grad():
+        tensor.copy_(torch.randn(tensor.shape, generator=torch.Generator().manual_seed(seed)) * scale)
+    return out.to(DEVICE)
+
+
 @pytest.fixture(scope="module")
 def biased(tiny):
     """The sparse tiny model with `non_edge_bias` set to random offsets."""
-    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-
-    tok, models = tiny
-    base = models[False]
-    model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
-    model.load_state_dict(base.state_dict(), strict=False)
-    with torch.no_grad():
-        model.base_model.non_edge_bias.copy_(torch.randn(model.config.vocab_size,
-                                                         generator=torch.Generator().manual_seed(15)))
-    return model.to(DEVICE)
+    return with_option(tiny[1][False], "non_edge_bias", "non_edge_bias", seed=15)
 
 
 @pytest.fixture(scope="module")
 def read_out(biased):
     """`biased` plus a random `node_readout` (every node's logit also reads the signal)."""
-    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-
-    model = BriLLMForCausalLM(BriLLMConfig(**{**biased.config.to_dict(), "node_readout": True}))
-    model.load_state_dict(biased.state_dict(), strict=False)
-    with torch.no_grad():
-        model.base_model.node_readout.copy_(torch.randn(model.base_model.node_readout.shape,
-                                                        generator=torch.Generator().manual_seed(16)))
-    return model.to(DEVICE)
+    return with_option(biased, "node_readout", "node_readout", seed=16)
 
 
 @pytest.fixture(scope="module")
 def shared_matrix(read_out):
     """`read_out` plus a random matrix every edge adds to its own (config.edge_backoff): the default recipe."""
-    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-
-    model = BriLLMForCausalLM(BriLLMConfig(**{**read_out.config.to_dict(), "edge_backoff": True}))
-    model.load_state_dict(read_out.state_dict(), strict=False)
-    with torch.no_grad():
-        model.base_model.edge_base.copy_(torch.randn(model.base_model.edge_base.shape,
-                                                     generator=torch.Generator().manual_seed(17)) * 0.3)
-    return model.to(DEVICE)
+    return with_option(read_out, "edge_backoff", "edge_base", seed=17, scale=0.3)
 
 
 @pytest.mark.parametrize("sparse_gradients,side,variant", [(True, "right", "biased"), (False, "left", "biased"),
