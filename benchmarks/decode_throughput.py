@@ -6,7 +6,7 @@
 For every context length c (16 ... 512) a prompt of c − G tokens (a Zipf path along real edges) is read once
 and G = min(64, c/2) tokens are then decoded greedily, so the decoded tokens sit at positions up to c:
 
-* fast path: a tight loop calling `model(next_token[:, None], past_key_values=state, logits_to_keep=1,
+* fast path: a tight loop calling `model(next_token[:, None], cache=state, logits_to_keep=1,
   use_cache=True)` and `argmax` (what an application would write; BriLLM's state is O(d) per sequence);
 * generate(): `model.generate(prompt, max_new_tokens=G, do_sample=False)`, its time minus the same prompt's
   forward, i.e. per decoded token;
@@ -32,11 +32,11 @@ from common import SHAPES, CpuMonitor, ZipfPaths, machine, make_model, wait_for_
 
 def fast_decode(model, prompt, steps):
     out = model(prompt, use_cache=True, logits_to_keep=1)
-    state, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+    state, token = out.state, out.logits[:, -1].argmax(-1)
     t0 = time.perf_counter()
     for _ in range(steps):
-        out = model(token[:, None], past_key_values=state, logits_to_keep=1, use_cache=True)
-        state, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+        out = model(token[:, None], cache=state, logits_to_keep=1, use_cache=True)
+        state, token = out.state, out.logits[:, -1].argmax(-1)
     return time.perf_counter() - t0
 
 

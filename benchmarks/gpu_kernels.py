@@ -193,16 +193,16 @@ def run_decode(args, device):
     if args.long:
         prompt = paths.batch(1, 16).to(device)
         model.decode_mode = "auto"
-        state = model(prompt, use_cache=True, logits_to_keep=1)
-        token, past = state.logits[:, -1].argmax(-1), state.past_key_values
+        out = model(prompt, use_cache=True, logits_to_keep=1)
+        token, past = out.logits[:, -1].argmax(-1), out.state
         window, marks = 1000, []
         with torch.inference_mode():
             sync(device)
             t0 = time.perf_counter()
             for i in range(args.long):
-                out = model(token[:, None], past_key_values=past, use_cache=True, logits_to_keep=1,
+                out = model(token[:, None], cache=past, use_cache=True, logits_to_keep=1,
                             generation_step=True)
-                past, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+                past, token = out.state, out.logits[:, -1].argmax(-1)
                 if (i + 1) % window == 0:
                     sync(device)
                     marks.append(time.perf_counter())

@@ -15,7 +15,7 @@ records a timestamp and the process memory after every token, then prints:
 
 Ways: `generate` (`model.generate(..., max_new_tokens=N)`: transformers' loop, which appends to its `input_ids`
 each step), `energy` (`model.energy_generate`, BriLLM's own loop, recording the energy path), `loop` (a bare loop
-of `model(token, past_key_values=state, logits_to_keep=1)`). The synthetic graph has random weights (the text is
+of `model(token, cache=state, logits_to_keep=1)`). The synthetic graph has random weights (the text is
 meaningless, the cost is not) and `--successors` real successors per node (the paper's graph has ~227; 32 keeps
 the edge tables at 0.5 GB on a shared machine: the cost per token grows with the successors, not with length).
 """
@@ -62,11 +62,11 @@ class Clock:
 def run_loop(model, prompt, steps, clock):
     clock.put(prompt)
     out = model(prompt, use_cache=True, logits_to_keep=1)
-    state, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+    state, token = out.state, out.logits[:, -1].argmax(-1)
     for _ in range(steps):
         clock.put(token)
-        out = model(token[:, None], past_key_values=state, logits_to_keep=1, use_cache=True)
-        state, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+        out = model(token[:, None], cache=state, logits_to_keep=1, use_cache=True)
+        state, token = out.state, out.logits[:, -1].argmax(-1)
 
 
 def measure(model, way: str, steps: int, window: int) -> dict:

@@ -14,7 +14,7 @@ What comes from transformers and what is ours:
   * beam search is `model.generate()`'s own: it is asked for its raw logits (the energies), its scores and its beam
     indices, from which the energy path of every returned sequence is read back;
   * greedy decoding and sampling run in a short loop of ours over the model's O(d) recurrent state (one forward per
-    token with `past_key_values` and `logits_to_keep=1`). It records the path as it goes, draws from a
+    token with its state as the cache and `logits_to_keep=1`). It records the path as it goes, draws from a
     `torch.Generator` when given one (`generate()` takes none), and on a GPU reads "has every row finished?" from the
     device only every few steps.
 
@@ -317,8 +317,7 @@ def _decode(model, input_ids, mask, start, config, processors, criteria, generat
             streamer.put(chosen.cpu())
         if s + 1 == config.max_new_tokens or ((s + 1) % check_every == 0 and not bool(active.any())):
             break
-        out = model(chosen.unsqueeze(1), past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1,
-                    generation_step=True)
+        out = model(chosen.unsqueeze(1), cache=out.state, use_cache=True, logits_to_keep=1, generation_step=True)
     if streamer is not None:
         streamer.end()
     step_mask = torch.stack([a for _, a in steps], 1)

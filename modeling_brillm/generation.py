@@ -21,7 +21,7 @@ from transformers.utils import ModelOutput, logging
 
 from .decode_capture import DecodeGraphs
 from .ops import kernel_enabled
-from .state import BriLLMState
+from .state import CACHE, BriLLMState, given_state
 from .validation import check_inputs, too_long
 
 logger = logging.get_logger(__name__)
@@ -55,7 +55,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         """One token per row without reading the device: (logits (B, V), new state), or None to hand the call
         back to the general path (a padded new column). `trusted`: the ids are the decoding loop's own picks."""
         if not isinstance(state, BriLLMState):
-            raise TypeError("past_key_values must be the BriLLMState a previous call returned, got "
+            raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
         tokens = self._step_tokens(input_ids, attention_mask, state, trusted)
         if tokens is None:
@@ -82,7 +82,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         B = input_ids.shape[0]
         if trusted:
             if state.batch_size != B:
-                raise ValueError(f"past_key_values holds {state.batch_size} sequences but input_ids has {B} rows.")
+                raise ValueError(f"the cache holds {state.batch_size} sequences but input_ids has {B} rows.")
             # Only a finished row can be fed an id the model did not pick (the pad token, which may lie outside the
             # vocabulary); its state and logits are never used again, so clamping keeps every index in range.
             return input_ids[:, 0].clamp(0, self.config.vocab_size - 1)
@@ -111,21 +111,22 @@ class BriLLMGenerationMixin(GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # BriLLM carries its own O(d) state (`BriLLMState`), not attention key/value caches
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=None,
-                                      logits_to_keep=None, **kwargs):
-        if past_key_values is not None:
+    def prepare_inputs_for_generation(self, input_ids, cache=None, attention_mask=None, use_cache=None,
+                                      logits_to_keep=None, past_key_values=None, **kwargs):
+        state = given_state(cache, past_key_values)
+        if state is not None:
             # the state has consumed `seen` columns: feed only the new ones
-            input_ids = input_ids[:, past_key_values.seen:]
+            input_ids = input_ids[:, state.seen:]
         inputs = {
             "input_ids": input_ids.contiguous(),
             "attention_mask": attention_mask,
-            "past_key_values": past_key_values,
+            CACHE: state,
             "use_cache": True if use_cache is None else use_cache,
             "logits_to_keep": 1 if logits_to_keep is None else logits_to_keep,
             # generate() appends a column of ones to the mask and feeds its own picks: the step may skip its checks
-            "generation_step": past_key_values is not None,
+            "generation_step": state is not None,
         }
-        if past_key_values is None and kwargs.get("signal_ids") is not None:
+        if state is None and kwargs.get("signal_ids") is not None:
             inputs["signal_ids"] = kwargs["signal_ids"]  # the first call starts the signal; later ones carry state
         return inputs
 
@@ -141,9 +142,9 @@ class BriLLMGenerationMixin(GenerationMixin):
             out = super().generate(*args, **kwargs)
         finally:
             self._prompt_mask = None
-        state = out.get("past_key_values") if isinstance(out, ModelOutput) else None
+        state = out.get(CACHE) if isinstance(out, ModelOutput) else None
         if getattr(state, "graph_owned", False):  # a captured step's buffers: the next generate() overwrites them
-            out["past_key_values"] = state.clone()
+            out[CACHE] = state.clone()
         return out
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
@@ -189,8 +190,8 @@ class BriLLMGenerationMixin(GenerationMixin):
                 "config.position_overflow=\"extend\" to generate past the trained range."
             )
 
-    def _reorder_cache(self, past_key_values: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
-        return past_key_values.reorder_cache(beam_idx)
+    def _reorder_cache(self, cache: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
+        return cache.reorder_cache(beam_idx)
 
 
 __all__ = ["BriLLMGenerationMixin"]

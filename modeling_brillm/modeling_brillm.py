@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.utils import ModelOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .backend import exact_precision
 from .configuration_brillm import BriLLMConfig
@@ -51,7 +51,7 @@ from .ops import (
 )
 from .ops import decode_step as sync_free_step
 from .recurrence import plus_edge_base
-from .state import BriLLMState
+from .state import CACHE, BriLLMState, given_state
 from .validation import check_inputs, check_labels, check_signal_ids, too_long
 
 # isort: split
@@ -108,21 +108,23 @@ class _RowView(torch.autograd.Function):
 
 
 @dataclass
-class BriLLMModelOutput(ModelOutput):
+class BriLLMModelOutput(BaseModelOutputWithPast):
     """Signals x_t entering the edge that leaves token t (last_hidden_state, (B, T, d)) and the state."""
 
-    last_hidden_state: torch.FloatTensor | None = None
-    past_key_values: BriLLMState | None = None
+    @property
+    def state(self) -> BriLLMState | None:
+        """The `BriLLMState`, whichever name the installed transformers gives the cache (`state.CACHE`)."""
+        return getattr(self, CACHE)
 
 
 @dataclass
-class BriLLMCausalLMOutput(ModelOutput):
+class BriLLMCausalLMOutput(CausalLMOutputWithPast):
     """`logits[:, t]` are the energies of every node as the successor of token t (they predict token t+1)."""
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: BriLLMState | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    @property
+    def state(self) -> BriLLMState | None:
+        """The `BriLLMState`, whichever name the installed transformers gives the cache (`state.CACHE`)."""
+        return getattr(self, CACHE)
 
 
 @dataclass
@@ -452,13 +454,13 @@ class BriLLMModel(BriLLMPreTrainedModel):
         return logits + (signal.to(self.node_readout.dtype) @ self.node_readout.t()).to(logits.dtype)
 
     @exact_precision
-    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None,
-                signal_ids=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, cache=None, use_cache=None, return_dict=None,
+                signal_ids=None, past_key_values=None, **kwargs):
         input_ids, attention_mask, signal_ids = self.to_input_device(input_ids, attention_mask, signal_ids)
-        run = self.run_signals(input_ids, attention_mask, past_key_values, signal_ids)
+        run = self.run_signals(input_ids, attention_mask, given_state(cache, past_key_values), signal_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         return BriLLMModelOutput(last_hidden_state=run.scatter(input_ids.shape[1]),
-                                 past_key_values=run.state if use_cache else None)
+                                 **{CACHE: run.state if use_cache else None})
 
 
 class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
@@ -475,7 +477,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        past_key_values: BriLLMState | None = None,
+        cache: BriLLMState | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
         return_logits: bool = True,
@@ -483,6 +485,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         return_dict: bool | None = None,
         signal_ids: torch.LongTensor | None = None,
         generation_step: bool = False,
+        past_key_values: BriLLMState | None = None,
         **kwargs,
     ) -> BriLLMCausalLMOutput:
         r"""
@@ -491,36 +494,37 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             gives exactly the logits of the row alone at its real positions; padded positions get zero logits.
         labels (`torch.LongTensor`, *optional*): like `input_ids`; `logits[:, t]` is scored against
             `labels[:, t + 1]` (shifted inside, as in every HF causal LM). -100 and padding are ignored.
-        past_key_values (`BriLLMState`, *optional*): the state returned by a previous call; `input_ids` then holds
-            only the new tokens.
+        cache (`BriLLMState`, *optional*): the state a previous call returned (`output.state`); `input_ids` then
+            holds only the new tokens. `past_key_values` is the same argument under its name before transformers 5.24.
         logits_to_keep (`int`): compute logits for the last this many columns only (0 = all).
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
         signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
-            from (`start_signal="learned"`; default 0). Ignored with `past_key_values` (the start is consumed).
+            from (`start_signal="learned"`; default 0). Ignored with a `cache` (the start is consumed).
         generation_step (`bool`): set by the decoding loops (generate(), energy_generate) for their one-token steps:
             the new column of `attention_mask` is all ones and the ids are the model's own picks (or a finished row's
             pad token), so the step skips the checks that read the device and may be replayed from a CUDA graph.
 
         Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
         """
-        if labels is not None and past_key_values is not None:
-            raise ValueError("labels with past_key_values is not supported: score whole sequences.")
+        state = given_state(cache, past_key_values)
+        if labels is not None and state is not None:
+            raise ValueError("labels with a cache (a previous call's state) are not supported: score whole sequences.")
         input_ids, attention_mask, labels, signal_ids = self.to_input_device(input_ids, attention_mask, labels,
                                                                              signal_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        one_token = (past_key_values is not None and labels is None and return_logits and not output_hidden_states
+        one_token = (state is not None and labels is None and return_logits and not output_hidden_states
                      and not torch.is_grad_enabled() and isinstance(input_ids, torch.Tensor)
                      and input_ids.dim() == 2 and input_ids.shape[1] == 1)
         if one_token and self.sync_free_decoding(input_ids):
-            stepped = self.generation_step(input_ids, attention_mask, past_key_values, generation_step)
+            stepped = self.generation_step(input_ids, attention_mask, state, generation_step)
             if stepped is not None:
-                logits, state = stepped
-                return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), past_key_values=state if use_cache else None)
-        run = self.brillm.run_signals(input_ids, attention_mask, past_key_values, signal_ids)
+                logits, new_state = stepped
+                return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: new_state if use_cache else None})
+        run = self.brillm.run_signals(input_ids, attention_mask, state, signal_ids)
         T = input_ids.shape[1]
         if one_token and run.signals.shape[1] == 1 and bool(run.valid.all()):
             logits = self._successor_logits(run)  # decoding: every node's energy as the successor, no plan
-            return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), past_key_values=run.state if use_cache else None)
+            return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: run.state if use_cache else None})
         targets = None
         if labels is not None:
             check_labels(labels, input_ids)
@@ -529,8 +533,8 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         loss, logits = self._energies(run, targets, keep_from if return_logits else None, T,
                                       kwargs.get("num_items_in_batch"))
         hidden = (run.scatter(T),) if output_hidden_states else None
-        return BriLLMCausalLMOutput(loss=loss, logits=logits, past_key_values=run.state if use_cache else None,
-                                    hidden_states=hidden)
+        return BriLLMCausalLMOutput(loss=loss, logits=logits, hidden_states=hidden,
+                                    **{CACHE: run.state if use_cache else None})
 
     def _successor_logits(self, run: Signals) -> torch.Tensor:
         """(B, V) energies of every node as the successor of each row's one new token."""

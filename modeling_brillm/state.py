@@ -2,12 +2,18 @@
 
 The signal entering the next edge is a softmax(position weights)-weighted mean of every earlier edge output, kept
 as running sums with a running maximum for stability: x = mix_sum / mix_norm, both scaled by exp(-mix_max).
-transformers' generation loop carries it as `past_key_values` (it plays the part of a key/value cache).
+transformers' generation loop carries it where a Transformer's key/value cache goes: under the name `CACHE`.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# transformers calls the generation cache `past_key_values` up to 5.23 and `cache` from 5.24 (in model outputs,
+# generate()'s model kwargs and forward arguments; the old name then still works, with a deprecation warning). The
+# model speaks the installed release's name; its forward() accepts either.
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 TENSORS = ("signal", "mix_sum", "mix_norm", "mix_max", "length", "last_token")
 
@@ -54,4 +60,12 @@ class BriLLMState:
         return self.length.shape[0]
 
 
-__all__ = ["BriLLMState", "TENSORS"]
+def given_state(cache, past_key_values) -> BriLLMState | None:
+    """The state a forward() call was given, under either of the cache's names."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("pass the state as `cache` or as `past_key_values` (its name before transformers 5.24), "
+                         "not both.")
+    return cache if cache is not None else past_key_values
+
+
+__all__ = ["BriLLMState", "CACHE", "TENSORS", "given_state"]

@@ -47,7 +47,7 @@ def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Ten
     _check_ids(input_ids, vocab_size)
     B, T = input_ids.shape
     if state is not None and state.batch_size != B:
-        raise ValueError(f"past_key_values holds {state.batch_size} sequences but input_ids has {B} rows.")
+        raise ValueError(f"the cache holds {state.batch_size} sequences but input_ids has {B} rows.")
     if attention_mask is None:
         return torch.ones_like(input_ids, dtype=torch.bool)
     wrong = (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2
@@ -58,7 +58,7 @@ def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Ten
             type(attention_mask).__name__
         raise ValueError(
             f"attention_mask must have the shape of input_ids {(B, T)} (or cover the past columns too when "
-            f"past_key_values is given), got {shape}."
+            f"a cache is given), got {shape}."
         )
     mask = attention_mask[:, -T:].to(input_ids.device) != 0
     if state is None and not bool(mask.any(1).all()):

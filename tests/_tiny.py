@@ -94,10 +94,10 @@ def assert_decodes_like_forward(model, row: torch.Tensor, prefix: int = 3):
         for mode in ("off", "eager"):
             model.decode_mode = mode
             try:
-                state = model(row[:, :prefix], use_cache=True).past_key_values
+                state = model(row[:, :prefix], use_cache=True).state
                 for t in range(prefix, row.shape[1]):
-                    out = model(row[:, t:t + 1], past_key_values=state, use_cache=True)
+                    out = model(row[:, t:t + 1], cache=state, use_cache=True)
                     torch.testing.assert_close(out.logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
-                    state = out.past_key_values
+                    state = out.state
             finally:
                 model.decode_mode = "auto"

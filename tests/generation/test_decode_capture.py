@@ -12,6 +12,7 @@ from _tiny import make_model, make_tokenizer
 
 from modeling_brillm import decoding
 from modeling_brillm.modeling_brillm import BriLLMState
+from modeling_brillm.state import CACHE
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_eager_sync_free_step_equals_the_general_path(models, tok, dense):
     assert torch.equal(eager[2], off[2])
     assert torch.equal(eager[3], off[3])
     # generate() returned the final state; the sync-free one tracks the longest row on the host
-    state = eager[0].past_key_values
+    state = eager[0][CACHE]
     assert isinstance(state, BriLLMState) and state.longest == int(state.length.max())
 
 
@@ -69,34 +70,34 @@ def test_direct_calls_check_their_inputs_and_positions(models, tok):
     model = models[False]
     enc = _enc(tok)
     out = model(**enc, use_cache=True)
-    state = out.past_key_values
+    state = out.state
     step = torch.tensor([[5], [6], [7]])
-    ref = _run(model, "off", lambda: model(step, past_key_values=state.clone(), use_cache=True))
-    got = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), use_cache=True))
+    ref = _run(model, "off", lambda: model(step, cache=state.clone(), use_cache=True))
+    got = _run(model, "eager", lambda: model(step, cache=state.clone(), use_cache=True))
     torch.testing.assert_close(got.logits, ref.logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.past_key_values.signal, ref.past_key_values.signal)
+    torch.testing.assert_close(got.state.signal, ref.state.signal)
     # a direct call (no generation_step) still validates its ids
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        _run(model, "eager", lambda: model(step + 1000, past_key_values=state.clone()))
+        _run(model, "eager", lambda: model(step + 1000, cache=state.clone()))
     # a padded new column goes to the general path, with the same result as there
     mask = torch.cat([enc["attention_mask"], torch.tensor([[1], [0], [1]])], 1)
-    ref = _run(model, "off", lambda: model(step, attention_mask=mask, past_key_values=state.clone()))
-    got = _run(model, "eager", lambda: model(step, attention_mask=mask, past_key_values=state.clone()))
+    ref = _run(model, "off", lambda: model(step, attention_mask=mask, cache=state.clone()))
+    got = _run(model, "eager", lambda: model(step, attention_mask=mask, cache=state.clone()))
     torch.testing.assert_close(got.logits, ref.logits)
     # the position limit comes from the host-side bound, with the general path's message
     model.config.max_position_embeddings = 6
     try:
         out = model(torch.tensor([[2, 5, 6, 7, 8]]), use_cache=True)
-        nxt = _run(model, "eager", lambda: model(torch.tensor([[9]]), past_key_values=out.past_key_values,
+        nxt = _run(model, "eager", lambda: model(torch.tensor([[9]]), cache=out.state,
                                                  generation_step=True))
-        assert nxt.past_key_values.longest == 6
+        assert nxt.state.longest == 6
         with pytest.raises(ValueError, match="exceeds max_position_embeddings=6"):
-            _run(model, "eager", lambda: model(torch.tensor([[9]]), past_key_values=nxt.past_key_values,
+            _run(model, "eager", lambda: model(torch.tensor([[9]]), cache=nxt.state,
                                                generation_step=True))
     finally:
         model.config.max_position_embeddings = 64
     with pytest.raises(ValueError, match="decode_mode"):
-        _run(model, "sometimes", lambda: model(step, past_key_values=state.clone()))
+        _run(model, "sometimes", lambda: model(step, cache=state.clone()))
 
 
 def test_generation_step_clamps_a_finished_rows_pad_token(models, tok):
@@ -104,12 +105,12 @@ def test_generation_step_clamps_a_finished_rows_pad_token(models, tok):
     the trusted step clamps them instead of reading the device to check, and the live rows are unaffected."""
     model = models[False]
     enc = _enc(tok)
-    state = model(**enc, use_cache=True).past_key_values
+    state = model(**enc, use_cache=True).state
     V = model.config.vocab_size
     good = torch.tensor([[5], [6], [7]])
     bad = torch.tensor([[5], [V + 3], [7]])
-    ref = _run(model, "eager", lambda: model(good, past_key_values=state.clone(), generation_step=True))
-    got = _run(model, "eager", lambda: model(bad, past_key_values=state.clone(), generation_step=True))
+    ref = _run(model, "eager", lambda: model(good, cache=state.clone(), generation_step=True))
+    got = _run(model, "eager", lambda: model(bad, cache=state.clone(), generation_step=True))
     torch.testing.assert_close(got.logits[[0, 2]], ref.logits[[0, 2]])
 
 
@@ -166,7 +167,7 @@ def test_a_failed_capture_falls_back_to_the_eager_step(tok, monkeypatch, caplog)
     monkeypatch.setattr(DecodeGraphs, "step", fail)
     enc = _enc(tok)
     with torch.no_grad():
-        state = model(**enc, use_cache=True).past_key_values
+        state = model(**enc, use_cache=True).state
         tokens = torch.tensor([5, 6, 7])
         with caplog.at_level("WARNING"):
             assert model._replay_decode_graph(tokens, state) is None
@@ -174,9 +175,9 @@ def test_a_failed_capture_falls_back_to_the_eager_step(tok, monkeypatch, caplog)
         assert "capturing the decode step into a CUDA graph failed (RuntimeError: CUDA error: operation not " \
                "permitted when stream is capturing)" in caplog.text and "more detail" not in caplog.text
         # the eager step it falls back to: the general path's logits
-        eager = model(input_ids=tokens[:, None], past_key_values=state, generation_step=True).logits
+        eager = model(input_ids=tokens[:, None], cache=state, generation_step=True).logits
         model.decode_mode = "off"
-        general = model(input_ids=tokens[:, None], past_key_values=state).logits
+        general = model(input_ids=tokens[:, None], cache=state).logits
     torch.testing.assert_close(eager, general, rtol=1e-5, atol=1e-5)
 
 
@@ -193,7 +194,7 @@ def test_captured_step_replays_the_eager_step(models, tok, dense):
         assert len(model._decode_graphs.graphs) == 1
         assert torch.equal(captured.sequences, eager.sequences)
         torch.testing.assert_close(torch.stack(captured.logits), torch.stack(eager.logits))
-        assert not captured.past_key_values.graph_owned  # generate() hands out a copy
+        assert not captured[CACHE].graph_owned  # generate() hands out a copy
         e1 = model.energy_generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=10)
         e2 = _run(model, "eager", lambda: model.energy_generate(enc["input_ids"], attention_mask=enc["attention_mask"],
                                                                 max_new_tokens=10))
@@ -211,16 +212,16 @@ def test_large_padded_gathers_take_the_general_path(models, tok, monkeypatch):
     step takes the general path (same logits), so a dense graph at a large batch does not allocate gigabytes."""
     model = models[True]
     enc = _enc(tok)
-    state = model(**enc, use_cache=True).past_key_values
+    state = model(**enc, use_cache=True).state
     step = torch.tensor([[5], [6], [7]])
-    ref = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
+    ref = _run(model, "eager", lambda: model(step, cache=state.clone(), generation_step=True))
 
     def padded_step(*args):
         raise AssertionError("the padded step ran")
 
     monkeypatch.setattr(type(model.base_model), "decode_step", padded_step)
     monkeypatch.setattr(model, "padded_decode_bytes", 1024)
-    out = _run(model, "eager", lambda: model(step, past_key_values=state.clone(), generation_step=True))
+    out = _run(model, "eager", lambda: model(step, cache=state.clone(), generation_step=True))
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
 
 

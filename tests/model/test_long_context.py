@@ -65,15 +65,15 @@ def test_teacher_forced_logits_of_2000_tokens_equal_incremental(extended):
     with torch.no_grad():
         full = model(ids)
         out = model(ids[:, :1], use_cache=True)
-        state, steps = out.past_key_values, [out.logits[:, -1]]
+        state, steps = out.state, [out.logits[:, -1]]
         for t in range(1, ids.shape[1]):
-            out = model(ids[:, t:t + 1], past_key_values=state, use_cache=True)
-            state = out.past_key_values
+            out = model(ids[:, t:t + 1], cache=state, use_cache=True)
+            state = out.state
             steps.append(out.logits[:, -1])
     incremental = torch.stack(steps, 1)
     # the recurrence (signals) is the same arithmetic on both paths; logits come from two energy kernels
-    assert torch.equal(full.past_key_values.signal, state.signal)
-    assert torch.equal(full.past_key_values.mix_sum, state.mix_sum)
+    assert torch.equal(full.state.signal, state.signal)
+    assert torch.equal(full.state.mix_sum, state.mix_sum)
     torch.testing.assert_close(full.logits, incremental, atol=1e-5, rtol=1e-5)
     assert torch.equal(full.logits.argmax(-1), incremental.argmax(-1))
     # positions past the range really are read: the last position weight is reused, PE continues
@@ -85,7 +85,7 @@ def test_reading_past_the_range_uses_the_last_weight_and_the_pe_formula(extended
     model = extended
     ids = random_ids(M + 5, rows=1)[0]
     with torch.no_grad():
-        state = model(ids[None, :M], use_cache=True).past_key_values
+        state = model(ids[None, :M], use_cache=True).state
         signal, mix_sum, mix_norm = state.signal[0].double(), state.mix_sum[0].double(), state.mix_norm[0].double()
         mix_max = state.mix_max[0].double()
         from modeling_brillm import positional_encoding
@@ -102,7 +102,7 @@ def test_reading_past_the_range_uses_the_last_weight_and_the_pe_formula(extended
             mix_sum = mix_sum * torch.exp(mix_max - new_max) + torch.exp(last_weight - new_max) * out
             mix_norm = mix_norm * torch.exp(mix_max - new_max) + torch.exp(last_weight - new_max)
             mix_max, signal = new_max, mix_sum / mix_norm
-        got = model(ids[None], use_cache=True).past_key_values.signal[0]
+        got = model(ids[None], use_cache=True).state.signal[0]
     torch.testing.assert_close(got.double(), signal, atol=1e-5, rtol=1e-5)
 
 

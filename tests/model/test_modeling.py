@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import modeling_brillm as mb
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, BriLLMModel, build_sparse_graph, positional_encoding
+from modeling_brillm.state import CACHE
 from tests.integration.test_remote_code import BLOCK_PACKAGE  # a fresh process that cannot import the package
 
 V, D = 12, 6
@@ -242,16 +243,33 @@ def test_incremental_decoding_equals_teacher_forcing_with_constant_state(device)
     ids = torch.stack(seqs[:2])
     full = model(ids).logits
     out = model(ids[:, :5])
-    pieces, state = [out.logits], out.past_key_values
+    pieces, state = [out.logits], out.state
     sizes = {sum(t.numel() for t in (state.signal, state.mix_sum, state.mix_norm, state.mix_max))}
     for t in range(5, 40):
-        out = model(ids[:, t:t + 1], past_key_values=state)
+        out = model(ids[:, t:t + 1], cache=state)
         pieces.append(out.logits)
-        state = out.past_key_values
+        state = out.state
         sizes.add(sum(t.numel() for t in (state.signal, state.mix_sum, state.mix_norm, state.mix_max)))
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=1e-5)
     assert sizes == {2 * (2 * D + 2)}  # O(d) per sequence, whatever the length
     assert state.seen == 40 and state.length.tolist() == [40, 40]
+
+
+def test_the_state_goes_by_either_name_of_the_cache(device):
+    """transformers renamed past_key_values to cache (5.24): outputs carry the state under the installed release's
+    name (and as `.state`), forward() takes it under either, and both at once is refused."""
+    model, seqs = tiny_model(length=12, device=device)
+    ids = seqs[0][None]
+    out = model(ids[:, :6])
+    assert out.state is getattr(out, CACHE) and out.state is out[CACHE]
+    by_new = model(ids[:, 6:7], cache=out.state.clone()).logits
+    by_old = model(ids[:, 6:7], past_key_values=out.state.clone()).logits
+    torch.testing.assert_close(by_new, by_old, atol=0, rtol=0)
+    torch.testing.assert_close(by_new[:, 0], model(ids[:, :7]).logits[:, -1], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="not both"):
+        model(ids[:, 6:7], cache=out.state, past_key_values=out.state)
+    generated = model.generate(ids[:, :6], max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    assert generated[CACHE].seen == 8  # the prompt and the two tokens fed back
 
 
 def test_running_mix_is_stable_with_extreme_position_weights(device):
@@ -308,9 +326,9 @@ def test_sequences_past_max_positions_are_refused(device):
     model(torch.zeros(1, 8, dtype=torch.long))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
-    state = model(torch.zeros(1, 8, dtype=torch.long)).past_key_values
+    state = model(torch.zeros(1, 8, dtype=torch.long)).state
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=8"):
-        model(torch.zeros(1, 1, dtype=torch.long), past_key_values=state)
+        model(torch.zeros(1, 1, dtype=torch.long), cache=state)
 
 
 # ------------------------------------------------------------------------------------------- generate

@@ -301,7 +301,7 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
     tok, models = tiny
     model = models[dense]
     ids, mask = _batch(tok, "left")
-    state = model(ids, attention_mask=mask, use_cache=True).past_key_values
+    state = model(ids, attention_mask=mask, use_cache=True).state
     tokens = torch.tensor([5, 9, 4], device=DEVICE)
     if not dense:  # row 0 steps along the last real edge of its block, row 1 along a non-edge (the shared row)
         indptr, indices = model.csr()
@@ -520,7 +520,7 @@ def test_non_edge_bias_decoding_equals_torch(tiny, variant, request):
     tok, _ = tiny
     model = request.getfixturevalue(variant)
     ids, mask = _batch(tok, "left")
-    state = model(ids, attention_mask=mask, use_cache=True).past_key_values
+    state = model(ids, attention_mask=mask, use_cache=True).state
     tensors = list(state.tensors())
     tokens = torch.tensor([5, 9, 4], device=DEVICE)
     decode_step_matches_torch(model, tokens, tensors)

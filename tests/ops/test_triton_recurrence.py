@@ -144,7 +144,7 @@ def test_released_positions_ties_and_learned_start_signal():
 
 @pytest.mark.parametrize("positions", ["random", "ones"])
 def test_continuation_from_a_state_passes_gradients_to_the_state(positions):
-    """Two calls chained through past_key_values, differentiated through both, with a loss that reads the raw
+    """Two calls chained through the cache, differentiated through both, with a loss that reads the raw
     running sums of the final state too (their gradient is not invariant to the max rescaling, so the route
     through the running max counts, ties included)."""
     model = random_model(seed=5, cls=BriLLMModel, positions=positions)
@@ -158,9 +158,9 @@ def test_continuation_from_a_state_passes_gradients_to_the_state(positions):
     def run():
         model.zero_grad(set_to_none=True)
         out1 = model(first, use_cache=True)
-        state = out1.past_key_values
-        out2 = model(second, attention_mask=mask2, past_key_values=state, use_cache=True)
-        end = out2.past_key_values
+        state = out1.state
+        out2 = model(second, attention_mask=mask2, cache=state, use_cache=True)
+        end = out2.state
         loss = (out2.last_hidden_state * weights).sum() + (out1.last_hidden_state ** 2).sum() \
             + (end.mix_sum * weights[:, 0]).sum() + end.mix_norm.sum() * 0.3 + end.mix_max.sum() * 0.7 \
             + end.signal.sum()

@@ -240,8 +240,8 @@ def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
     assert torch.allclose(row[~real] - bias[~real], row[~real][0] - bias[~real][0])
     # one-token decoding gives the teacher-forced logits
     with torch.no_grad():
-        state = model(ids[:1, :5]).past_key_values
-        step = model(ids[:1, 5:6], past_key_values=state).logits[0, -1]
+        state = model(ids[:1, :5]).state
+        step = model(ids[:1, 5:6], cache=state).logits[0, -1]
     torch.testing.assert_close(step, out.logits[0, 5], rtol=1e-5, atol=1e-5)
     # trains, saves and loads with its config
     model.train()
