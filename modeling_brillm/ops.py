@@ -28,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .backend import use_triton
 from .energy import candidate_energies as ref_candidate_energies
@@ -202,23 +203,27 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
                 sparse_grad: bool = False, link: EdgeGradLink | None = None, dropout: float = 0.0, edge_base=None):
     """The recurrence over all columns: returns (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
 
-    Arguments as `recurrence.signal_scan` (the torch reference, one column at a time); `signals[:, j]` is what
-    token j's candidates see (dropped out when `dropout`, training only), `signal` the final undropped signal. The
-    Triton scan (one launch each way) runs when the backend picks it, without dropout, for d ≤ 128 and, when
-    gradients are needed, float32 tables. A sharded caller passes its fetched rows as the table: weights
-    (B·L, d, d), biases (B·L, 1, d), rows = arange(B·L).view(B, L).
+    Arguments as `recurrence.signal_scan` (the torch reference, one column at a time), but `dropout` (training only)
+    is a probability: one mask is drawn here for both paths. `signals[:, j]` is what token j's candidates see
+    (dropped out with the mask), `signal` the final undropped signal. The Triton scan (one launch each way) runs
+    when the backend picks it, for d ≤ 128 and, when gradients are needed, float32 tables. A sharded caller passes
+    its fetched rows as the table: weights (B·L, d, d), biases (B·L, 1, d), rows = arange(B·L).view(B, L).
     """
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
         for t in (weights, biases, mix_weight, pe, signal, mix_sum, mix_norm, mix_max, edge_base))
-    if (not dropout and kernel_enabled("signal_scan", weights)
-            and scan_kernel_unsupported(weights, needs_grad) is None):
+    keep = None
+    if dropout:
+        B, L = rows.shape
+        keep = F.dropout(signal.new_ones(B, L + 1, signal.shape[-1], dtype=torch.float32), dropout, training=True)
+    if kernel_enabled("signal_scan", weights) and scan_kernel_unsupported(weights, needs_grad) is None:
         stacked, mix_sum, mix_norm, mix_max = kernel_signal_scan(
             signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link,
-            edge_base)
-        return stacked, stacked[:, -1], mix_sum, mix_norm, mix_max
+            edge_base, None if keep is None else keep[:, :-1])
+        final = stacked[:, -1] if stacked.shape[1] else signal.float()
+        return (stacked if keep is None else stacked * keep[:, 1:]), final, mix_sum, mix_norm, mix_max
     return ref_signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                           sparse_grad, link, dropout, edge_base)
+                           sparse_grad, link, keep, edge_base)
 
 
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
@@ -329,11 +334,11 @@ def _successor_outputs(kernel: bool, device):
 
 
 def _scan_outputs(kernel: bool, device):
-    """A scan without and with the matrix every edge shares (config.edge_backoff)."""
+    """A plain scan, and one with the matrix every edge shares (config.edge_backoff) and signal dropout."""
     return _one_scan(kernel, device, False) + _one_scan(kernel, device, True)
 
 
-def _one_scan(kernel: bool, device, shared_matrix: bool):
+def _one_scan(kernel: bool, device, options: bool):
     """Signals, final state and every gradient of a (3, 6) scan with a padded column and a first token."""
     g, indptr, indices, weights, biases = _problem(device, seed=2)
     P, d = weights.shape[0], weights.shape[-1]
@@ -346,17 +351,18 @@ def _one_scan(kernel: bool, device, shared_matrix: bool):
     pe = pe.to(device)  # fixed sinusoids in the model: no gradient (the kernel returns none)
     leaves = [t.to(device).requires_grad_() for t in (*state, mix_weight)] + [
         weights.clone().requires_grad_(), biases.clone().requires_grad_()]
-    edge_base = None
-    if shared_matrix:
+    edge_base = keep = None
+    if options:
         edge_base = (torch.randn(d, d, generator=g) * 0.5).to(device).requires_grad_()
         leaves.append(edge_base)
+        keep = ((torch.rand(B, L + 1, d, generator=g) > 0.25).float() / 0.75).to(device)  # dropout p = 0.25
     signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases = leaves[:7]
     args = (signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe)
     if kernel:
-        stacked, *rest = kernel_signal_scan(*args, edge_base=edge_base)
-        outputs = [stacked, stacked[:, -1], *rest]
+        stacked, *rest = kernel_signal_scan(*args, edge_base=edge_base, keep=None if keep is None else keep[:, :-1])
+        outputs = [stacked if keep is None else stacked * keep[:, 1:], stacked[:, -1], *rest]
     else:
-        outputs = list(ref_signal_scan(*args, edge_base=edge_base))
+        outputs = list(ref_signal_scan(*args, keep=keep, edge_base=edge_base))
     loss = sum((o * torch.linspace(-1, 1, o.numel(), device=device).view(o.shape)).sum() for o in outputs)
     loss.backward()
     return outputs + [t.grad for t in leaves]

@@ -38,26 +38,27 @@ def edge_update(signal, w, b, pe, weight_logit, mix_sum, mix_norm, mix_max):
 
 
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None, dropout: float = 0.0, edge_base=None):
+                sparse_grad: bool = False, link=None, keep=None, edge_base=None):
     """The recurrence over all columns, one column at a time; returns (signals, signal, mix_sum, mix_norm, mix_max).
 
     `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
     `mix_weight` (B, L): each column's position weight logit; `weights` (P, d, d), `biases` (P, 1, d): the edge
     table; `rows` (B, L): each column's edge row (any valid row where `has_edge` (B, L) is False); `pe` (B, L, d):
-    each column's PE row in the table's dtype. `sparse_grad` / `link`: as `energy.gather_edges`. `dropout`
-    (training only; 0 otherwise): the signal leaving each token is dropped out where it is used (its edge and its
-    candidate energies, i.e. `signals`); the state and the returned `signal` keep the undropped one. `edge_base`
-    (d, d), optional: the matrix every edge adds to its own (config.edge_backoff).
+    each column's PE row in the table's dtype. `sparse_grad` / `link`: as `energy.gather_edges`. `keep` (B, L + 1,
+    d), optional: a dropout mask (0, or 1/(1−p)) on the signal where it is used; entry j multiplies the signal
+    entering column j's edge, entry j + 1 the one leaving it, which is also what token j's candidates see
+    (`signals`); the state and the returned `signal` keep the undropped one. `edge_base` (d, d), optional: the
+    matrix every edge adds to its own (config.edge_backoff).
     """
     L = rows.shape[1]
     w_steps, b_steps = gather_edges(weights, biases, rows, sparse_grad, link)
     w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
     pe, mix_weight = pe.unbind(1), mix_weight.unbind(1)
-    feed = F.dropout(signal, dropout, training=True) if dropout else signal
     signals = []
     edge_cols = has_edge.any(0).tolist()
     for j in range(L):
         if edge_cols[j]:
+            feed = signal if keep is None else signal * keep[:, j]
             edge_input = plus_edge_base(pe[j], feed, edge_base)
             new_sum, new_norm, new_max = edge_update(feed, w_steps[j], b_steps[j], edge_input, mix_weight[j], mix_sum,
                                                      mix_norm, mix_max)
@@ -66,9 +67,10 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
             mix_norm = torch.where(step, new_norm, mix_norm)
             mix_max = torch.where(step, new_max, mix_max)
             signal = torch.where(step.unsqueeze(1), mix_sum / mix_norm.clamp_min(1e-30).unsqueeze(1), signal)
-            feed = F.dropout(signal, dropout, training=True) if dropout else signal
-        signals.append(feed)
+        signals.append(signal)
     stacked = torch.stack(signals, 1) if signals else signal.new_zeros(signal.shape[0], 0, signal.shape[1])
+    if keep is not None:
+        stacked = stacked * keep[:, 1:]
     return stacked, signal, mix_sum, mix_norm, mix_max
 
 

@@ -31,6 +31,11 @@ With the matrix every edge shares (config.edge_backoff), every W[r] above reads 
 program and added to each prefetched tile, and ḡE = Σ_j x_in ⊗ ḡh over every edge crossed (one (d, d) tile per
 batch row, summed in torch: no atomics for all rows to contend on).
 
+With signal dropout (config.signal_dropout, training only) the edge reads x ⊙ keep_j, a mask drawn in torch
+(`ops.signal_scan`): the scan multiplies the input of each edge, ḡW and ḡE take the dropped x_in, and ḡx_in is
+masked the same way. The signals it returns stay undropped (the mix is of the undropped edge outputs); torch
+multiplies them by the next mask for the candidates, and autograd takes that product's gradient.
+
 Edge-row gradients are added with atomics into, in this order of preference: the buffers the candidate backward
 published through the `EdgeGradLink` (`(index, w_values, b_values)`, slot = searchsorted(index, row), or the row
 itself for a dense gradient), so each parameter gets one gradient; else a dense zero gradient; else sparse COO
@@ -108,10 +113,19 @@ if triton is not None:
         return E
 
     @triton.jit
-    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j, L, d: tl.constexpr, i, k, mi, mk,
-                   E, HAS_BASE: tl.constexpr):
+    def _load_keep(keep_ptr, at, d: tl.constexpr, i, mi, D: tl.constexpr, HAS_DROP: tl.constexpr):
+        """Column `at`'s dropout mask on the signal entering its edge (0 or 1/(1−p)); ones without HAS_DROP (the
+        compiler drops the multiplication)."""
+        if HAS_DROP:
+            return tl.load(keep_ptr + at * d + i, mask=mi, other=0.0)
+        return tl.full([D], 1.0, dtype=tl.float32)
+
+    @triton.jit
+    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, base, j, L, d: tl.constexpr, i, k,
+                   mi, mk, E, D: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr):
         """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal; with
-        HAS_BASE the edge's matrix comes back as E + W[r] (the sum is off the signal's chain of dependencies)."""
+        HAS_BASE the edge's matrix comes back as E + W[r] (the sum is off the signal's chain of dependencies), with
+        HAS_DROP the dropout mask of the signal entering the edge."""
         inside = j < L
         at = base + j
         r = tl.load(rows_ptr + at, mask=inside, other=0)
@@ -124,17 +138,19 @@ if triton is not None:
         p = tl.load(mixw_ptr + at, mask=inside, other=0.0)
         if HAS_BASE:
             W += E
-        return W, bias + pe, p, e
+        keep = _load_keep(keep_ptr, at, d, i, mi & _bvec(i, inside), D, HAS_DROP)
+        return W, bias + pe, p, e, keep
 
     @triton.jit
     def _scan_forward_kernel(
         x0_ptr, s0_ptr, n0_ptr, m0_ptr,  # incoming signal (B, d), mix sum (B, d), norm (B,), max (B,)
         w_ptr, b_ptr, rows_ptr, edge_ptr, pe_ptr, mixw_ptr,  # (P, d, d), (P, d), (B, L) ×2, (B, L, d), (B, L)
         base_ptr,  # (d, d): the matrix every edge adds to its own (read with HAS_BASE)
+        keep_ptr,  # (B, L, d): the dropout mask of the signal entering each column's edge (read with HAS_DROP)
         sig_ptr, nsave_ptr, msave_ptr,  # out: signals (B, L, d); norm and max after every column (B, L)
         sfin_ptr, nfin_ptr, mfin_ptr,  # out: final mix sum (B, d), norm (B,), max (B,)
         L, d: tl.constexpr,
-        D: tl.constexpr, SAVE: tl.constexpr, HAS_BASE: tl.constexpr,
+        D: tl.constexpr, SAVE: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr,
     ):
         """One batch row's columns in order: edge output, softmax mix, signal (see the module docstring)."""
         row = tl.program_id(0).to(tl.int64)
@@ -147,14 +163,14 @@ if triton is not None:
         N = tl.load(n0_ptr + row)
         M = tl.load(m0_ptr + row)
         E = _load_base(base_ptr, d, i, k, mi, mk, D, HAS_BASE)
-        W, add, p, e = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, 0, L, d, i, k, mi, mk, E,
-                                  HAS_BASE)
+        W, add, p, e, keep = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, base, 0, L, d,
+                                        i, k, mi, mk, E, D, HAS_BASE, HAS_DROP)
         j = 0
         while j < L:  # (a while loop: Triton's interpreter cannot index range() by a runtime bound)
             # the next column's loads go out before this column's arithmetic (they do not depend on it)
-            Wn, addn, pn, en = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, base, j + 1, L, d,
-                                          i, k, mi, mk, E, HAS_BASE)
-            out = _gelu(tl.sum(x[:, None] * W, axis=0) + add)
+            Wn, addn, pn, en, keepn = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, base,
+                                                 j + 1, L, d, i, k, mi, mk, E, D, HAS_BASE, HAS_DROP)
+            out = _gelu(tl.sum((x * keep)[:, None] * W, axis=0) + add)
             M_new = tl.maximum(M, p)
             decay = tl.exp(M - M_new)
             weight = tl.exp(p - M_new)
@@ -167,7 +183,7 @@ if triton is not None:
             if SAVE:
                 tl.store(nsave_ptr + base + j, N)
                 tl.store(msave_ptr + base + j, M)
-            W, add, p, e = Wn, addn, pn, en
+            W, add, p, e, keep = Wn, addn, pn, en, keepn
             j += 1
         tl.store(sfin_ptr + row * d + k, S, mask=mk)
         tl.store(nfin_ptr + row, N)
@@ -176,7 +192,7 @@ if triton is not None:
     @triton.jit
     def _scan_backward_kernel(
         x0_ptr, s0_ptr, n0_ptr, m0_ptr,
-        w_ptr, b_ptr, rows_ptr, slot_ptr, edge_ptr, pe_ptr, mixw_ptr, base_ptr,
+        w_ptr, b_ptr, rows_ptr, slot_ptr, edge_ptr, pe_ptr, mixw_ptr, base_ptr, keep_ptr,
         sig_ptr, nsave_ptr, msave_ptr,  # saved by the forward
         gsig_ptr, gsfin_ptr, gnfin_ptr, gmfin_ptr,  # incoming gradients (zeros where none)
         gx0_ptr, gs0_ptr, gn0_ptr, gm0_ptr, gmixw_ptr,  # out: gradients of the inputs
@@ -184,7 +200,7 @@ if triton is not None:
         gbase_ptr,  # out with NEED_BASE: this batch row's share of the shared matrix's gradient (B, d, d)
         L, d: tl.constexpr,
         D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, HAS_BASE: tl.constexpr,
-        NEED_BASE: tl.constexpr,
+        NEED_BASE: tl.constexpr, HAS_DROP: tl.constexpr,
     ):
         """One batch row's columns in reverse: the exact reverse mode of the forward's update."""
         row = tl.program_id(0).to(tl.int64)
@@ -216,6 +232,8 @@ if triton is not None:
             first = j == 0
             x_in = tl.load(sig_ptr + (at - 1) * d + i, mask=mi & _bvec(i, j > 0), other=0.0) \
                 + tl.load(x0_ptr + row * d + i, mask=mi & _bvec(i, first), other=0.0)
+            keep = _load_keep(keep_ptr, at, d, i, mi, D, HAS_DROP)
+            x_in = x_in * keep  # what the edge read (the mix's state below is the undropped one's)
             N_in = tl.load(nsave_ptr + at - 1, mask=j > 0, other=0.0) + tl.load(n0_ptr + row, mask=first, other=0.0)
             M_in = tl.where(first, tl.load(m0_ptr + row), tl.load(msave_ptr + at - 1, mask=j > 0, other=0.0))
             S_in = tl.where(first, tl.load(s0_ptr + row * d + k, mask=mk, other=0.0),
@@ -243,7 +261,7 @@ if triton is not None:
             gM_in += tl.where(M_in > p, g_max, tl.where(p == M_in, 0.5 * g_max, 0.0))
             gh = weight * gS1 * _gelu_grad(h)
             gh = tl.where(mk, gh, 0.0)
-            gx_in = tl.sum(W * gh[None, :], axis=1)
+            gx_in = tl.sum(W * gh[None, :], axis=1) * keep
             s = tl.load(slot_ptr + at)
             if NEED_W:
                 tl.atomic_add(gw_ptr + s * d * d + i[:, None] * d + k[None, :], x_in[:, None] * gh[None, :],
@@ -300,7 +318,7 @@ def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
 class _SignalScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x0, s0, n0, m0, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad: bool, link,
-                edge_base=None):
+                edge_base=None, keep=None):
         """The autograd forward (see the class and module docstrings)."""
         B, L = rows.shape
         P, d = weights.shape[0], weights.shape[-1]
@@ -315,6 +333,8 @@ class _SignalScan(torch.autograd.Function):
         b2 = biases.reshape(P, d).contiguous()
         has_base = edge_base is not None
         base = edge_base.contiguous() if has_base else b2  # (any tensor: not read without HAS_BASE)
+        has_drop = keep is not None
+        keep = keep.float().contiguous() if has_drop else b2  # (likewise without HAS_DROP)
         training = any(ctx.needs_input_grad[:7]) or ctx.needs_input_grad[12]
         signals = torch.empty(B, L, d, dtype=torch.float32, device=device)
         n_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
@@ -323,8 +343,9 @@ class _SignalScan(torch.autograd.Function):
         n_fin = torch.empty(B, dtype=torch.float32, device=device)
         m_fin = torch.empty(B, dtype=torch.float32, device=device)
         if B and L:
-            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, base, signals,
-                   n_save, m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, HAS_BASE=has_base, **_meta(d))
+            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, base, keep, signals,
+                   n_save, m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, HAS_BASE=has_base, HAS_DROP=has_drop,
+                   **_meta(d))
         else:
             s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
         if link is not None and link.rows is None:  # not again when gradient checkpointing recomputes the scan
@@ -333,8 +354,9 @@ class _SignalScan(torch.autograd.Function):
             link.rows = torch.sort(rows.reshape(-1)).values
             link.grad = None
         if training:
-            ctx.save_for_backward(x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base)
-        ctx.sparse_grad, ctx.link, ctx.has_base = sparse_grad, link, has_base
+            ctx.save_for_backward(x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base,
+                                  keep)
+        ctx.sparse_grad, ctx.link, ctx.has_base, ctx.has_drop = sparse_grad, link, has_base, has_drop
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
         ctx.weight_dtype = weights.dtype
         return signals, s_fin, n_fin, m_fin
@@ -342,7 +364,7 @@ class _SignalScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_signals, g_sum, g_norm, g_max):
         """The autograd backward: gradients of the forward's inputs."""
-        x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base = ctx.saved_tensors
+        x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base, keep = ctx.saved_tensors
         B, L = rows.shape
         d = w.shape[-1]
         device = x0.device
@@ -366,10 +388,11 @@ class _SignalScan(torch.autograd.Function):
         if B and L:
             dummy = g_x0
             launch(_scan_backward_kernel, (B,),
-                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, base, signals, n_save, m_save,
-                g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
+                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, base, keep, signals, n_save,
+                m_save, g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
                 w_buf if need_w else dummy, b_buf if need_b else dummy, g_base if need_base else dummy, L, d,
-                NEED_W=need_w, NEED_B=need_b, HAS_BASE=ctx.has_base, NEED_BASE=need_base, **_meta(d))
+                NEED_W=need_w, NEED_B=need_b, HAS_BASE=ctx.has_base, NEED_BASE=need_base, HAS_DROP=ctx.has_drop,
+                **_meta(d))
         else:
             g_x0.zero_(), g_mix.zero_()
             g_s0.copy_(g_sum), g_n0.copy_(g_norm), g_m0.copy_(g_max)
@@ -389,21 +412,22 @@ class _SignalScan(torch.autograd.Function):
                 grad_b = b_own.view(ctx.bias_shape).to(ctx.weight_dtype) if need_b else None
         if g_base is not None:
             g_base = g_base.sum(0).to(base.dtype)
-        return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None, g_base
+        return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None, g_base, None
 
 
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None, edge_base=None):
+                sparse_grad: bool = False, link=None, edge_base=None, keep=None):
     """Run the recurrence over all columns; returns (signals (B, L, d), mix_sum, mix_norm, mix_max) after the last.
 
     `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
     `mix_weight` (B, L): the position weight logit of each column's edge; `weights` (P, d, d), `biases` (P, 1, d)
     or (P, d): the edge table; `rows` (B, L) int64: each column's edge row (any valid row where `has_edge` (B, L)
     is False); `pe` (B, L, d): each column's PE row. `sparse_grad` / `link`: as `energy.gather_edges`.
-    `edge_base` (d, d), optional: the matrix every edge adds to its own (config.edge_backoff).
+    `edge_base` (d, d), optional: the matrix every edge adds to its own (config.edge_backoff). `keep` (B, L, d),
+    optional: a dropout mask on the signal entering each column's edge (the returned signals are undropped).
     """
     return _SignalScan.apply(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                             sparse_grad, link, edge_base)
+                             sparse_grad, link, edge_base, keep)
 
 
 __all__ = ["MAX_NODE_SIZE", "signal_scan", "unsupported_reason"]

@@ -58,15 +58,19 @@ def variants():
     for d in (32, 8, 64, 128):
         meta = R._meta(d)
         yield (f"scan forward d={d}", R._scan_forward_kernel, forward, dict(d=d, D=meta["D"], SAVE=True,
-               HAS_BASE=False), meta)
+               HAS_BASE=False, HAS_DROP=False), meta)
         yield (f"scan backward d={d}", R._scan_backward_kernel, backward, dict(d=d, D=meta["D"], NEED_W=True,
-               NEED_B=True, HAS_BASE=False, NEED_BASE=False), meta)
+               NEED_B=True, HAS_BASE=False, NEED_BASE=False, HAS_DROP=False), meta)
     yield ("scan forward d=32 shared matrix", R._scan_forward_kernel, forward,
-           dict(d=32, D=32, SAVE=True, HAS_BASE=True), R._meta(32))
+           dict(d=32, D=32, SAVE=True, HAS_BASE=True, HAS_DROP=False), R._meta(32))
     yield ("scan backward d=32 shared matrix", R._scan_backward_kernel, backward,
-           dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True), R._meta(32))
+           dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True, HAS_DROP=False), R._meta(32))
+    yield ("scan forward d=32 shared matrix, dropout", R._scan_forward_kernel, forward,
+           dict(d=32, D=32, SAVE=True, HAS_BASE=True, HAS_DROP=True), R._meta(32))
+    yield ("scan backward d=32 shared matrix, dropout", R._scan_backward_kernel, backward,
+           dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True, HAS_DROP=True), R._meta(32))
     yield ("scan forward d=32 bf16 weights", R._scan_forward_kernel, dict(forward, w_ptr="*bf16", b_ptr="*bf16",
-           pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False, HAS_BASE=False), R._meta(32))
+           pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False, HAS_BASE=False, HAS_DROP=False), R._meta(32))
     optim = {a: "*fp32" for a in Opt._sparse_adamw_kernel.arg_names if a.endswith("_ptr")}
     optim.update(rows_ptr="*i64", entries_ptr="*i64", nnz="i32")
     optim.update({a: "fp32" for a in ("lr", "beta1", "beta2", "eps", "decay", "step_size", "bc2_sqrt", "log_beta1",

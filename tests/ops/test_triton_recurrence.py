@@ -245,10 +245,8 @@ def test_scan_is_chosen_only_where_it_applies(monkeypatch):
         assert not picks_kernel(model)
     with kernel_backend("triton"):
         assert picks_kernel(model)
-        model.config.signal_dropout = 0.1  # a recipe knob the kernel does not implement: the loop runs it
+        model.config.signal_dropout = 0.1  # the scan applies the dropout mask itself
         model.train()
-        assert not picks_kernel(model)
-        model.eval()
         assert picks_kernel(model)
         big = BriLLMModel.from_graph(None, vocab_size=2, node_size=136).to(DEVICE)
         assert not picks_kernel(big)  # d > 128: the tile would not fit in registers
@@ -275,13 +273,14 @@ def scan_inputs(seed, B=3, L=6, P=11, fetched=False):
     return leaves, state[3].to(DEVICE), rows.to(DEVICE), has_edge.to(DEVICE), pe.to(DEVICE)
 
 
-@pytest.mark.parametrize("sparse,fetched,shared_matrix", [
-    (False, False, False), (True, False, False), (False, True, False), (True, False, True), (False, True, True),
+@pytest.mark.parametrize("sparse,fetched,shared_matrix,dropout", [
+    (False, False, False, 0.0), (True, False, False, 0.0), (False, True, False, 0.0), (True, False, True, 0.0),
+    (False, True, True, 0.0), (False, False, False, 0.3), (True, False, True, 0.3),
 ])
-def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_matrix):
+def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_matrix, dropout):
     """ops.signal_scan through the kernel and through the torch column loop: signals, final state and every
-    gradient within 1e-5 (sparse gradients: the same rows); the sharded path's fetched table too, and the matrix
-    every edge adds to its own (config.edge_backoff) with its gradient."""
+    gradient within 1e-5 (sparse gradients: the same rows); the sharded path's fetched table too, the matrix
+    every edge adds to its own (config.edge_backoff) with its gradient, and signal dropout (one mask for both)."""
     results = []
     names = ["signal", "mix_sum", "mix_norm", "mix_weight", "weights", "biases"]
     for backend in ("torch", "triton"):
@@ -291,9 +290,10 @@ def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_mat
         if shared_matrix:
             edge_base = (torch.randn(D, D, generator=torch.Generator().manual_seed(5)) * 0.5).to(DEVICE)
             leaves.append(edge_base.requires_grad_())
+        torch.manual_seed(7)  # the same dropout mask on both paths
         with kernel_backend(backend):
             out = ops.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                                  sparse, edge_base=edge_base)
+                                  sparse, dropout=dropout, edge_base=edge_base)
         loss = sum((o * torch.linspace(-1, 1, o.numel(), device=DEVICE).view(o.shape)).sum()
                    for o in out if o.requires_grad)
         loss.backward()
@@ -301,6 +301,8 @@ def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_mat
     (out0, grads0), (out1, grads1) = results
     for a, b, name in zip(out1, out0, ("signals", "signal", "mix_sum", "mix_norm", "mix_max")):
         assert_rel(a.detach(), b.detach(), name)
+    if dropout:  # the candidates saw dropped signals: some entries zero, the final state undropped
+        assert (out0[0] == 0).float().mean() > 0.1 and not torch.equal(out0[0][:, -1], out0[1])
     assert len(grads1) == len(grads0) == len(names) + shared_matrix
     for a, b, name in zip(grads1, grads0, names + ["edge_base"]):
         assert a.is_sparse == b.is_sparse, name
