@@ -107,24 +107,23 @@ class _RowView(torch.autograd.Function):
         return grad.reshape(ctx.shape), None
 
 
+class _CarriesState:
+    """transformers' output classes with the cache read as `.state` on every version."""
+
+    @property
+    def state(self) -> BriLLMState | None:
+        """The `BriLLMState`, whichever name the installed transformers gives the cache (`state.CACHE`)."""
+        return getattr(self, CACHE)
+
+
 @dataclass
-class BriLLMModelOutput(BaseModelOutputWithPast):
+class BriLLMModelOutput(_CarriesState, BaseModelOutputWithPast):
     """Signals x_t entering the edge that leaves token t (last_hidden_state, (B, T, d)) and the state."""
 
-    @property
-    def state(self) -> BriLLMState | None:
-        """The `BriLLMState`, whichever name the installed transformers gives the cache (`state.CACHE`)."""
-        return getattr(self, CACHE)
-
 
 @dataclass
-class BriLLMCausalLMOutput(CausalLMOutputWithPast):
+class BriLLMCausalLMOutput(_CarriesState, CausalLMOutputWithPast):
     """`logits[:, t]` are the energies of every node as the successor of token t (they predict token t+1)."""
-
-    @property
-    def state(self) -> BriLLMState | None:
-        """The `BriLLMState`, whichever name the installed transformers gives the cache (`state.CACHE`)."""
-        return getattr(self, CACHE)
 
 
 @dataclass
