@@ -231,19 +231,24 @@ def prepare_data(args, output_dir: Path, accelerator) -> dict:
 
 
 def budget_graph(model_fields, data, args, accelerator) -> dict:
-    """BriLLM's config, graph and the count used, as pretrain.py builds them. `--min_bigram_count auto` is told the
-    run's length: here a time budget, so the epochs come from timing a few steps on the data's graph, and a sparser
-    graph is taken to train proportionally more of them (pruning.choose_min_count)."""
+    """BriLLM's config, graph and the count used, as pretrain.py builds them. `--min_bigram_count auto` and
+    `--signal_dropout auto` are told the run's length: here a time budget, so the epochs come from timing a few steps
+    on the data's graph, and a sparser graph is taken to train proportionally more of them
+    (pruning.choose_min_count)."""
     from modeling_brillm.training.presets import build_config_and_graph
 
     count = data["pargs"].min_bigram_count
-    config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], count)
-    if count == "auto" and graph is not None:
+    lines = []  # what the data chose, for the report
+    config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], count,
+                                                 say=lines.append)
+    if "auto" in (count, model_fields.get("signal_dropout")) and graph is not None:
         probe = {**data, "config": config, "graph": graph, "min_count": used}
         epochs = epochs_in_budget(probe, args, accelerator, max(args.budgets))
-        config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], "auto",
-                                                     planned_epochs=epochs, epochs_grow_with_pruning=True)
-    return dict(config=config, graph=graph, min_count=used)
+        lines.clear()
+        config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], count,
+                                                     planned_epochs=epochs, epochs_grow_with_pruning=count == "auto",
+                                                     say=lines.append)
+    return dict(config=config, graph=graph, min_count=used, choices=lines)
 
 
 def epochs_in_budget(data, args, accelerator, seconds: float, steps: int = 3) -> float:
@@ -699,8 +704,8 @@ def run(args) -> dict:
     held_targets = int(target_mask(data["held"][1]).sum())
     points = curve_points(args.budgets, args.curve_points)
     print(f"data: {data['description']}")
-    if hasattr(data["min_count"], "describe"):
-        print(f"BriLLM's graph: {data['min_count'].describe()}")
+    for line in data["choices"]:
+        print(f"BriLLM: {line}")
     print(f"tokenizer: {len(tok)} tokens; {len(data['train'][0]):,} training blocks, {len(data['held'][0]):,} "
           f"held-out blocks ({held_targets:,} targets) of {data['train'][0].shape[1]} tokens; prepared in "
           f"{time.time() - started:.1f}s")

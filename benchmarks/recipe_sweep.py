@@ -20,7 +20,9 @@ min_count auto, a matrix every edge shares):
     clip      gradient-norm clip (0: off)               d         node_size
     min_count graph pruning: real edges for bigrams seen at least this often (auto: the count chosen from the data
               and the budget for the base recipe, as quality.py chooses it)
-    dropout   config.signal_dropout                     non_edge  1: config.non_edge_bias
+    dropout   config.signal_dropout (default: the base recipe's, chosen from the data and the budget as quality.py
+              chooses it)
+    non_edge  1: config.non_edge_bias
     readout   1: config.node_readout                    recency   config.position_recency
     backoff   1: config.edge_backoff (0: every edge its own matrix only)
 
@@ -113,7 +115,8 @@ def make_variant(name, settings, data, args, accelerator, device):
     base = data["config"].to_dict()
     fields = {k: base[k] for k in ("vocab_size", "max_position_embeddings", "position_encoding", "initializer_range",
                                    "loss_type", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
-    fields.update(node_size=settings.get("d", base["node_size"]), signal_dropout=settings.get("dropout", 0.0),
+    fields.update(node_size=settings.get("d", base["node_size"]),
+                  signal_dropout=settings.get("dropout", base["signal_dropout"]),
                   non_edge_bias=bool(settings.get("non_edge", base["non_edge_bias"])),
                   node_readout=bool(settings.get("readout", base["node_readout"])),
                   position_recency=settings.get("recency", base["position_recency"]),
@@ -271,6 +274,8 @@ def run(args) -> dict:
     data = quality.prepare_data(args, out, accelerator)
     points = quality.curve_points([args.budget], args.curve_points)
     print(f"data: {data['description']}; {len(data['train'][0]):,} training blocks, {len(data['held'][0]):,} held out")
+    for line in data["choices"]:
+        print(f"base recipe: {line}")
     runs, models = [], []
     for name, settings in variants:
         model, optimizer, step, clock, recipe = make_variant(name, settings, data, args, accelerator, device)

@@ -73,7 +73,6 @@ from modeling_brillm.training.optimizers import (
     resolve_moment_dtype,
 )
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
-from modeling_brillm.training.pruning import PruningChoice
 from modeling_brillm.training.publishing import push_folder, write_training_card
 from modeling_brillm.training.sharded import (
     EDGE_SHARDINGS,
@@ -99,6 +98,19 @@ def count_or_auto(value: str):
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+
+
+def probability_or_auto(value: str):
+    """--signal_dropout: a probability in [0, 1), or "auto" (pruning.choose_signal_dropout)."""
+    if value == "auto":
+        return value
+    try:
+        p = float(value)
+    except ValueError:
+        p = -1.0
+    if not 0 <= p < 1:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1) or 'auto', got {value!r}")
+    return p
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -151,8 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--num_negatives", type=int, default=None, help="K negatives of the sampled loss. [400]")
     g.add_argument("--negatives", choices=["frequency", "uniform"], default=None,
                    help="Negatives of the sampled loss: most frequent successors, or uniform.")
-    g.add_argument("--signal_dropout", type=float, default=None,
-                   help="Dropout on the signal leaving every token, training only (config.signal_dropout). [0]")
+    g.add_argument("--signal_dropout", type=probability_or_auto, default=None,
+                   help="Dropout on the signal leaving every token, training only (config.signal_dropout); auto: "
+                   "0.1 where much held-out text has no edge and the run is long, else 0 (docs/training.md). [auto]")
     g.add_argument("--non_edge_bias", action=argparse.BooleanOptionalAction, default=None,
                    help="A learned energy offset per node for non-successors, so unseen continuations differ "
                    "(config.non_edge_bias; exact loss, sparse graph). [on; off with --loss sampled]")
@@ -340,10 +353,8 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
     say = accelerator.print
     config, graph, min_count = build_config_and_graph(model_fields, data.tokenizer, data.train,
                                                       args.min_bigram_count,
-                                                      planned_epochs(args, data, accelerator, checkpoint))
-    if isinstance(min_count, PruningChoice):
-        say(min_count.describe())
-        min_count = min_count.min_count
+                                                      planned_epochs(args, data, accelerator, checkpoint), say=say)
+    min_count = getattr(min_count, "min_count", min_count)
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {min_count} times" if graph is not None else "")

@@ -23,9 +23,11 @@ MODEL_FIELDS = {
 }
 # The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
 # back-off, the nodes' readout of the signal, a matrix every edge shares, a mix that starts weighted to recent edges,
-# separate rates for the per-node parameters and the shared edge, and a graph pruned by the data.
+# separate rates for the per-node parameters and the shared edge, a graph pruned by the data, and signal dropout
+# where the data and the run's length call for it.
 MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
-                  "non_edge_bias": True, "node_readout": True, "position_recency": 0.2, "edge_backoff": True}
+                  "non_edge_bias": True, "node_readout": True, "position_recency": 0.2, "edge_backoff": True,
+                  "signal_dropout": "auto"}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
 TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
 # Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
@@ -144,28 +146,39 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
 
 
 def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int | str,
-                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False):
+                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False,
+                           say=None):
     """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph, the count used):
     the vocabulary and special ids come from the tokenizer, the edges from the bigrams seen at least
     `min_bigram_count` times. `"auto"` takes the count `pruning.choose_min_count` picks for the run's
-    `planned_epochs` (then the count used is its `PruningChoice`, which can describe itself)."""
+    `planned_epochs` (then the count used is its `PruningChoice`, which can describe itself); a `signal_dropout`
+    of `"auto"` is chosen from the same probe (`pruning.choose_signal_dropout`). `say` gets what was chosen."""
     from modeling_brillm import BriLLMConfig, build_sparse_graph
 
     from .data import block_sequences
-    from .pruning import choose_min_count
+    from .pruning import choose_min_count, choose_signal_dropout
 
     V = len(tokenizer)
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id, unk_token_id=tokenizer.unk_token_id)
     fields = {k: v for k, v in model_fields.items() if k != "graph"}
+    say = say or (lambda line: None)
+    sparse = model_fields["graph"] != "dense"
     try:
-        if model_fields["graph"] == "dense":
-            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None, None
+        choice = None
+        if (sparse and min_bigram_count == "auto") or fields.get("signal_dropout") == "auto":
+            choice = choose_min_count(block_sequences(train_blocks, tokenizer.pad_token_id), V, planned_epochs,
+                                      epochs_grow_with_pruning)
         used = min_bigram_count
-        if min_bigram_count == "auto":
-            used = choose_min_count(block_sequences(train_blocks, tokenizer.pad_token_id), V, planned_epochs,
-                                    epochs_grow_with_pruning)
-            min_bigram_count = used.min_count
+        if sparse and min_bigram_count == "auto":
+            say(choice.describe())
+            used, min_bigram_count = choice, choice.min_count
+        if fields.get("signal_dropout") == "auto":
+            dropout = choose_signal_dropout(choice.novelty, choice.epochs if used is choice else planned_epochs)
+            say(dropout.describe())
+            fields["signal_dropout"] = dropout.p
+        if not sparse:
+            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None, None
         try:
             graph = build_sparse_graph(block_sequences(train_blocks, tokenizer.pad_token_id), V,
                                        min_count=min_bigram_count,

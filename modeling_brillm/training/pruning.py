@@ -1,4 +1,5 @@
-"""Which bigrams get their own edge: `--min_bigram_count auto` chooses the count from the data.
+"""Which bigrams get their own edge (`--min_bigram_count auto`) and whether the signal needs dropout
+(`--signal_dropout auto`): both chosen from held-out parts of the training text.
 
 A real edge is d²+d parameters trained only on the occurrences of its bigram. A bigram seen once or twice in the
 training text is often particular to the document it came from: its edge learns to predict it there, where it will
@@ -23,6 +24,15 @@ need be, until an edge is a target at least `MIN_VISITS` times in the planned ru
 fixed number of steps the epochs do not depend on c. With a time budget (`epochs_grow_with_pruning`) they do: the
 time per token is taken as proportional to the successors a token's loss scores, so pruning buys epochs, and the
 count is the smallest c whose own epochs reach the bar.
+
+The same probe says how far held-out text strays from the training text: the share of its bigram occurrences that
+get no edge at the data's count (`novelty`). Where it is large, the model predicts much of the held-out text through
+the back-off and the context, and a long run learns contexts particular to the training documents: its held-out
+loss turns up after a few epochs (Python's code comments: 21% novelty, best after 2.4 epochs, +3.2% by 9.6; git's
+manuals: 13%, no rise in 12.8 epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) when the novelty
+reaches `NOVELTY` and the run plans more than `DROPOUT_EPOCHS` epochs; below, dropout can cost more than it gains
+(4.6% on those manuals in 10 minutes). docs/benchmarks.md has the measurements, and the check on corpora the
+threshold was not set on.
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ RECURRENCE = 0.8  # the share of its expected held-out occurrences a count class
 RUNS, PROBE_EVERY = 100, 10
 MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few classes left to go on)
 MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run (docs/benchmarks.md)
+NOVELTY = 0.17  # held-out share of bigram occurrences without an edge from which the signal is dropped out
+DROPOUT, DROPOUT_EPOCHS = 0.1, 2.0  # the dropout then, and the planned epochs it needs (shorter runs do not rise)
 
 
 @dataclass
@@ -45,6 +57,7 @@ class PruningChoice:
     probe_tokens: int
     data_count: int  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
     epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
+    novelty: float = 0.0  # share of the probe's bigram occurrences without an edge at data_count
 
     def describe(self) -> str:
         shown = ", ".join(f"{c}: {r:.2f}" for c, r in list(self.recurrence.items())[:6]) or "none to compare"
@@ -90,7 +103,7 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
     while c < most and c * epochs(c) < MIN_VISITS:
         c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
-    return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c))
+    return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty)
 
 
 def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int):
@@ -127,4 +140,30 @@ def _held_out_choice(sequences: list, vocab_size: int) -> PruningChoice:
         if recurrence[c] >= RECURRENCE:
             break
         keep_from = c + 1
-    return PruningChoice(keep_from, recurrence, int(probe_keys.numel()), keep_from)
+    # the fit count of every probe bigram, for the share of the probe that gets no edge at keep_from
+    position = torch.searchsorted(keys, probe_unique).clamp_max(len(keys) - 1)
+    fit_count = torch.where(keys[position] == probe_unique, counts[position], 0)
+    novelty = float(probe_counts[fit_count < keep_from].sum()) / probe_keys.numel()
+    return PruningChoice(keep_from, recurrence, int(probe_keys.numel()), keep_from, novelty=novelty)
+
+
+@dataclass
+class DropoutChoice:
+    p: float
+    novelty: float
+    epochs: float | None
+
+    def describe(self) -> str:
+        head = (f"--signal_dropout auto chose {self.p:g}: {self.novelty:.1%} of the held-out tenth's bigrams have no "
+                f"edge ({'>=' if self.novelty >= NOVELTY else '<'} {NOVELTY:.0%})")
+        if self.epochs is None:
+            return head
+        bound = ">" if self.epochs > DROPOUT_EPOCHS else "<="
+        return f"{head} and the run plans {self.epochs:.3g} epoch(s) ({bound} {DROPOUT_EPOCHS:g})"
+
+
+def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
+    """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays far from the training text
+    (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough to learn its particulars."""
+    long_enough = epochs is None or epochs > DROPOUT_EPOCHS
+    return DropoutChoice(DROPOUT if novelty >= NOVELTY and long_enough else 0.0, novelty, epochs)

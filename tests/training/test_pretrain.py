@@ -124,6 +124,7 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert "gradient norm clipped to 1" in text
     assert "--min_bigram_count auto chose" in text  # the built-in recipe sizes the graph to the data, and says so
     assert re.search(r"the planned [0-9.]+ epoch\(s\)", text)  # ... and to the run's length
+    assert "--signal_dropout auto chose" in text  # dropout too is chosen from the data, and said
     assert json.loads((out / "config.json").read_text())["non_edge_bias"] is True
     log = losses(out)
     assert sorted(log) == list(range(1, 31)) and all(math.isfinite(v) for v in log.values())
@@ -643,8 +644,13 @@ def test_presets_load_and_flags_override():
     model, _ = presets.resolve_settings(args)
     assert args.learning_rate == 5e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
     assert model["non_edge_bias"] and model["node_readout"] and model["position_recency"] == 0.2
+    assert model["signal_dropout"] == "auto"  # chosen from the data and the run's length
     assert not any(presets.resolve_settings(pretrain.parse_args(["--config", "brillm-en"]))[0][k]
-                   for k in ("non_edge_bias", "node_readout", "position_recency"))  # the paper's model
+                   for k in ("non_edge_bias", "node_readout", "position_recency", "signal_dropout"))  # the paper's
+    assert presets.resolve_settings(pretrain.parse_args(["--signal_dropout", "0.2"]))[0]["signal_dropout"] == 0.2
+    for bad in ("1", "-0.1", "some"):
+        with pytest.raises(SystemExit):
+            pretrain.parse_args(["--signal_dropout", bad])
 
 
 @pytest.mark.parametrize("flags,off", [

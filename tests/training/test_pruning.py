@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from modeling_brillm.training.pruning import MIN_VISITS, RECURRENCE, choose_min_count
+from modeling_brillm.training.pruning import (
+    DROPOUT,
+    DROPOUT_EPOCHS,
+    MIN_VISITS,
+    NOVELTY,
+    RECURRENCE,
+    choose_min_count,
+    choose_signal_dropout,
+)
 
 V = 50
 
@@ -92,3 +100,36 @@ def test_a_tiny_run_still_keeps_the_most_frequent_edge():
     assert choice.min_count <= most + 1  # a graph can still be built (the most frequent bigram keeps its edge)
     with pytest.raises(ValueError, match="planned_epochs must be positive"):
         choose_min_count(text, V, planned_epochs=0)
+
+
+# ------------------------------------------------------------------------------------------- signal dropout
+WIDE = 1000  # a vocabulary with room for every document's own words
+
+
+def documents_of_their_own(blocks: int = 2000) -> list[torch.Tensor]:
+    """Every document (20 consecutive blocks) half in six words of its own: much of any held-out part has no edge."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for i in range(blocks):
+        own = 10 + 6 * (i // 20) + torch.randint(0, 6, (16,), generator=g)
+        common = torch.randint(0, 10, (16,), generator=g)
+        out.append(torch.where(torch.rand(16, generator=g) < 0.5, own, common))
+    return out
+
+
+def test_novelty_is_the_held_out_share_of_bigrams_without_an_edge():
+    assert choose_min_count(repeated_text(), V).novelty == 0.0  # every held-out bigram was seen in training
+    choice = choose_min_count(documents_of_their_own(), WIDE)
+    assert choice.novelty >= NOVELTY
+    assert choose_min_count(documents_of_their_own(), WIDE, planned_epochs=10.0).novelty == choice.novelty
+
+
+def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
+    strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=2 * DROPOUT_EPOCHS)
+    long = choose_signal_dropout(strays.novelty, strays.epochs)
+    assert long.p == DROPOUT and "auto chose 0.1" in long.describe() and f"> {DROPOUT_EPOCHS:g}" in long.describe()
+    short = choose_signal_dropout(strays.novelty, DROPOUT_EPOCHS)  # too short to learn the documents' particulars
+    assert short.p == 0.0 and f"<= {DROPOUT_EPOCHS:g}" in short.describe()
+    assert choose_signal_dropout(strays.novelty).p == DROPOUT  # length unknown: the data decides
+    familiar = choose_min_count(repeated_text(), V, planned_epochs=100.0)
+    assert choose_signal_dropout(familiar.novelty, familiar.epochs).p == 0.0

@@ -74,7 +74,10 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
             assert row[model["label"]] == pytest.approx(quality.at_budget(curve, float(budget))["perplexity"], rel=1e-3)
         assert model["parameters"] > 0
     assert 1 < results["bigram_add_0_1_perplexity"] < results["data"]["vocab_size"]
-    assert "held-out perplexity at each budget" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "held-out perplexity at each budget" in text
+    assert "BriLLM: --min_bigram_count auto chose" in text and "BriLLM: --signal_dropout auto chose" in text
+    assert results["models"][0]["signal_dropout"] in (0.0, 0.1)  # the data's choice, as pretrain.py makes it
 
 
 def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
