@@ -25,6 +25,9 @@ so that a recipe is ranked on more than one register of English:
                  python3-distutils, -lib2to3, -tk, idle-python3.11): ~2.6 MB of training text
     code-large   code + SymPy, NumPy, SciPy, pandas, matplotlib, Django, scikit-learn and NetworkX: ~25 MB of
                  training text
+    code-django  Django and NetworkX: ~2.7 MB of training text
+    code-plots   Matplotlib and NetworkX: ~3.5 MB of training text (the last two: corpora the default recipe was
+                 not tuned on, each a slice of code-large split as it splits them)
 
 Every 20th document by a hash of its id (its path; `#chapter` or `#group` added where one file holds many
 documents) is held out, so train and validation never share a page, a chapter, a group of quotes or a module.
@@ -101,6 +104,8 @@ CORPORA = {
     "literature": list(LITERATURE_PACKAGES),
     "code": STDLIB_PACKAGES,
     "code-large": list(CODE_PACKAGES),
+    "code-django": ["python3-django", "python3-networkx"],
+    "code-plots": ["python3-matplotlib", "python3-networkx"],
 }
 HOLD_OUT_EVERY = 20
 MIN_DOCUMENT_CHARS = 200  # index pages, redirects and empty stubs carry no language
