@@ -107,8 +107,8 @@ def probability_or_auto(value: str):
     try:
         p = float(value)
     except ValueError:
-        p = -1.0
-    if not 0 <= p < 1:
+        p = None
+    if p is None or not 0 <= p < 1:
         raise argparse.ArgumentTypeError(f"expected a probability in [0, 1) or 'auto', got {value!r}")
     return p
 

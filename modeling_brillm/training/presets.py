@@ -164,24 +164,25 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
     fields = {k: v for k, v in model_fields.items() if k != "graph"}
     say = say or (lambda line: None)
     sparse = model_fields["graph"] != "dense"
+    auto_count = sparse and min_bigram_count == "auto"
+    auto_dropout = fields.get("signal_dropout") == "auto"
     try:
-        choice = None
-        if (sparse and min_bigram_count == "auto") or fields.get("signal_dropout") == "auto":
-            choice = choose_min_count(block_sequences(train_blocks, tokenizer.pad_token_id), V, planned_epochs,
-                                      epochs_grow_with_pruning)
+        # the training blocks' tokens, read once for the probe and the graph
+        sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id)) if sparse or auto_dropout else None
         used = min_bigram_count
-        if sparse and min_bigram_count == "auto":
+        if auto_count or auto_dropout:
+            choice = choose_min_count(sequences, V, planned_epochs, epochs_grow_with_pruning)
+        if auto_count:
             say(choice.describe())
             used, min_bigram_count = choice, choice.min_count
-        if fields.get("signal_dropout") == "auto":
-            dropout = choose_signal_dropout(choice.novelty, choice.epochs if used is choice else planned_epochs)
+        if auto_dropout:
+            dropout = choose_signal_dropout(choice.novelty, choice.epochs if auto_count else planned_epochs)
             say(dropout.describe())
             fields["signal_dropout"] = dropout.p
         if not sparse:
             return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None, None
         try:
-            graph = build_sparse_graph(block_sequences(train_blocks, tokenizer.pad_token_id), V,
-                                       min_count=min_bigram_count,
+            graph = build_sparse_graph(sequences, V, min_count=min_bigram_count,
                                        ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,))
         except ValueError as err:
             raise UsageError(f"cannot build the graph: {err}") from None
