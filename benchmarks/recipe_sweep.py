@@ -7,7 +7,7 @@
 Every variant is one BriLLM training run; the runs (and any --gpt2 references) take turns of --interleave training
 seconds, so a shared machine's load falls on all alike, on the same data, tokenizer, blocks, batch order and held-out
 targets as benchmarks/quality.py (whose data preparation, training step and clock this script reuses). A variant is
-NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr 5e-2, weight decay 0.1, 10
+NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr 2e-2, weight decay 0.1, 10
 warmup steps, clip 1.0, non-edge bias, node readout, position recency 0.2, node rate 2x, shared-edge rate 0.5x,
 min_count auto, a matrix every edge shares):
 

@@ -642,7 +642,7 @@ def test_presets_load_and_flags_override():
     assert args.learning_rate == 0.01 and args.block_size == 32 and args.max_train_steps == 1500
     args = pretrain.parse_args([])
     model, _ = presets.resolve_settings(args)
-    assert args.learning_rate == 5e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
+    assert args.learning_rate == 2e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
     assert model["non_edge_bias"] and model["node_readout"] and model["position_recency"] == 0.2
     assert model["signal_dropout"] == "auto"  # chosen from the data and the run's length
     assert not any(presets.resolve_settings(pretrain.parse_args(["--config", "brillm-en"]))[0][k]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from modeling_brillm.evaluation import perplexity
+from modeling_brillm.training.presets import TRAINING_DEFAULTS
 from tests._tiny import CORPUS, PAD, corpus_ids, make_model, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +79,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     assert "held-out perplexity at each budget" in text
     assert "BriLLM: --min_bigram_count auto chose" in text and "BriLLM: --signal_dropout auto chose" in text
     assert results["models"][0]["signal_dropout"] in (0.0, 0.1)  # the data's choice, as pretrain.py makes it
+    assert results["models"][0]["lr"] == TRAINING_DEFAULTS["learning_rate"]  # pretrain.py's built-in rate
 
 
 def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
