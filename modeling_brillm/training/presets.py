@@ -167,10 +167,9 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
     auto_count = sparse and min_bigram_count == "auto"
     auto_dropout = fields.get("signal_dropout") == "auto"
     try:
-        # the training blocks' tokens, read once for the probe and the graph
-        sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id)) if sparse or auto_dropout else None
-        used = min_bigram_count
-        if auto_count or auto_dropout:
+        used, sequences = min_bigram_count, None
+        if auto_count or auto_dropout:  # the probe holds the blocks' tokens; the graph below reuses them
+            sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))
             choice = choose_min_count(sequences, V, planned_epochs, epochs_grow_with_pruning)
         if auto_count:
             say(choice.describe())
@@ -182,6 +181,8 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
         if not sparse:
             return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None, None
         try:
+            if sequences is None:  # a fixed count streams the blocks: a large corpus is never held in memory
+                sequences = block_sequences(train_blocks, tokenizer.pad_token_id)
             graph = build_sparse_graph(sequences, V, min_count=min_bigram_count,
                                        ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,))
         except ValueError as err:
