@@ -31,8 +31,9 @@ the back-off and the context, and a long run learns contexts particular to the t
 loss turns up after a few epochs (Python's code comments: 21% novelty, best after 2.4 epochs, +3.2% by 9.6; git's
 manuals: 13%, no rise in 12.8 epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) when the novelty
 reaches `NOVELTY` and the run plans more than `DROPOUT_EPOCHS` epochs; below, dropout can cost more than it gains
-(4.6% on those manuals in 10 minutes). docs/benchmarks.md has the measurements, and the check on corpora the
-threshold was not set on.
+(4.6% on those manuals in 10 minutes). Every further pass over the same documents is another chance to learn their
+particulars, so past `GROW_EPOCHS` planned epochs p grows in proportion to them, up to `MAX_DROPOUT`.
+docs/benchmarks.md has the measurements, and the check on corpora the threshold was not set on.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few c
 MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run (docs/benchmarks.md)
 NOVELTY = 0.17  # held-out share of bigram occurrences without an edge from which the signal is dropped out
 DROPOUT, DROPOUT_EPOCHS = 0.1, 2.0  # the dropout then, and the planned epochs it needs (shorter runs do not rise)
+# Past GROW_EPOCHS planned epochs the dropout grows in proportion to them, up to MAX_DROPOUT: at 0.1, code comments'
+# held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it fell through 10
+# (docs/benchmarks.md, 30 minutes on `code`).
+GROW_EPOCHS, MAX_DROPOUT = 4.0, 0.3
 
 
 @dataclass
@@ -159,11 +164,18 @@ class DropoutChoice:
         if self.epochs is None:
             return head
         bound = ">" if self.epochs > DROPOUT_EPOCHS else "<="
-        return f"{head} and the run plans {self.epochs:.3g} epoch(s) ({bound} {DROPOUT_EPOCHS:g})"
+        text = f"{head} and the run plans {self.epochs:.3g} epoch(s) ({bound} {DROPOUT_EPOCHS:g})"
+        if self.p > DROPOUT:
+            text += (f", grown past {GROW_EPOCHS:g} planned epochs to {DROPOUT:g} x epochs / {GROW_EPOCHS:g} "
+                     f"(at most {MAX_DROPOUT:g})")
+        return text
 
 
 def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
     """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays far from the training text
     (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough to learn its particulars."""
     long_enough = epochs is None or epochs > DROPOUT_EPOCHS
-    return DropoutChoice(DROPOUT if novelty >= NOVELTY and long_enough else 0.0, novelty, epochs)
+    if novelty < NOVELTY or not long_enough:
+        return DropoutChoice(0.0, novelty, epochs)
+    grown = DROPOUT * max(1.0, (epochs or 0.0) / GROW_EPOCHS)  # more passes over the same documents, more noise
+    return DropoutChoice(round(min(grown, MAX_DROPOUT), 2), novelty, epochs)

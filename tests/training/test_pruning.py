@@ -6,6 +6,8 @@ import torch
 from modeling_brillm.training.pruning import (
     DROPOUT,
     DROPOUT_EPOCHS,
+    GROW_EPOCHS,
+    MAX_DROPOUT,
     MIN_VISITS,
     NOVELTY,
     RECURRENCE,
@@ -133,3 +135,13 @@ def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
     assert choose_signal_dropout(strays.novelty).p == DROPOUT  # length unknown: the data decides
     familiar = choose_min_count(repeated_text(), V, planned_epochs=100.0)
     assert choose_signal_dropout(familiar.novelty, familiar.epochs).p == 0.0
+
+
+def test_signal_dropout_grows_with_the_planned_epochs_past_the_bar():
+    novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
+    assert choose_signal_dropout(novelty, GROW_EPOCHS).p == DROPOUT  # up to the bar: the base strength
+    longer = choose_signal_dropout(novelty, 2 * GROW_EPOCHS)
+    assert longer.p == pytest.approx(2 * DROPOUT) and f"grown past {GROW_EPOCHS:g} planned epochs" in longer.describe()
+    assert "grown" not in choose_signal_dropout(novelty, GROW_EPOCHS).describe()
+    assert choose_signal_dropout(novelty, 100 * GROW_EPOCHS).p == MAX_DROPOUT  # capped
+    assert choose_signal_dropout(0.0, 100 * GROW_EPOCHS).p == 0.0  # familiar text: no dropout however long
