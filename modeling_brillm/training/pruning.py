@@ -50,7 +50,7 @@ MIN_VISITS = 2  # a kept edge is a training target at least this often in the pl
 NOVELTY = 0.17  # held-out share of bigram occurrences without an edge from which the signal is dropped out
 DROPOUT, DROPOUT_EPOCHS = 0.1, 2.0  # the dropout then, and the planned epochs it needs (shorter runs do not rise)
 # Past GROW_EPOCHS planned epochs the dropout grows in proportion to them, up to MAX_DROPOUT: at 0.1, code comments'
-# held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it fell through 10
+# held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it fell through 10 epochs
 # (docs/benchmarks.md, 30 minutes on `code`).
 GROW_EPOCHS, MAX_DROPOUT = 4.0, 0.3
 
@@ -173,9 +173,12 @@ class DropoutChoice:
 
 def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
     """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays far from the training text
-    (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough to learn its particulars."""
+    (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough to learn its particulars,
+    grown in proportion to the epochs past `GROW_EPOCHS` up to `MAX_DROPOUT`; else 0."""
     long_enough = epochs is None or epochs > DROPOUT_EPOCHS
     if novelty < NOVELTY or not long_enough:
         return DropoutChoice(0.0, novelty, epochs)
-    grown = DROPOUT * max(1.0, (epochs or 0.0) / GROW_EPOCHS)  # more passes over the same documents, more noise
+    if epochs is None or epochs <= GROW_EPOCHS:
+        return DropoutChoice(DROPOUT, novelty, epochs)
+    grown = DROPOUT * epochs / GROW_EPOCHS  # more passes over the same documents, more chances to learn them
     return DropoutChoice(round(min(grown, MAX_DROPOUT), 2), novelty, epochs)
