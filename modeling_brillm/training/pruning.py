@@ -28,12 +28,14 @@ count is the smallest c whose own epochs reach the bar.
 The same probe says how far held-out text strays from the training text: the share of its bigram occurrences that
 get no edge at the data's count (`novelty`). Where it is large, the model predicts much of the held-out text through
 the back-off and the context, and a long run learns contexts particular to the training documents: its held-out
-loss turns up after a few epochs (Python's code comments: 21% novelty, best after 2.4 epochs, +3.2% by 9.6; git's
-manuals: 13%, no rise in 12.8 epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) when the novelty
-reaches `NOVELTY` and the run plans more than `DROPOUT_EPOCHS` epochs; below, dropout can cost more than it gains
-(4.6% on those manuals in 10 minutes). Every further pass over the same documents is another chance to learn their
-particulars, so past `GROW_EPOCHS` planned epochs p grows in proportion to them, up to `MAX_DROPOUT`.
-docs/benchmarks.md has the measurements, and the check on corpora the threshold was not set on.
+loss turns up after a few epochs (Python's code comments: 21% novelty, best after 2.4 epochs, +3.2% by 9.6; Django's
+code comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 6; git's manuals: 13%, no rise in
+12.8 epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
+`DROPOUT_BARS` allows at its novelty: 2 from 17%, 4 from 5%, none below (text whose held-out part is more of the
+same); shorter runs did not rise, and there dropout can cost more than it gains (4.6% on those manuals in 10
+minutes). Every further pass over the same documents is another chance to learn their particulars, so past
+`GROW_EPOCHS` planned epochs p grows in proportion to them, up to `MAX_DROPOUT`. docs/benchmarks.md has the
+measurements, and the checks on corpora the bars were not set on.
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ RECURRENCE = 0.8  # the share of its expected held-out occurrences a count class
 RUNS, PROBE_EVERY = 100, 10
 MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few classes left to go on)
 MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run (docs/benchmarks.md)
-NOVELTY = 0.17  # held-out share of bigram occurrences without an edge from which the signal is dropped out
-DROPOUT, DROPOUT_EPOCHS = 0.1, 2.0  # the dropout then, and the planned epochs it needs (shorter runs do not rise)
+# (novelty at least, planned epochs more than): the runs that drop the signal out. The more held-out text strays
+# (the share of its bigram occurrences without an edge), the sooner a run learns its training documents' particulars.
+DROPOUT_BARS = ((0.17, 2.0), (0.05, 4.0))
+DROPOUT = 0.1  # the dropout up to GROW_EPOCHS planned epochs
 # Past GROW_EPOCHS planned epochs the dropout grows in proportion to them, up to MAX_DROPOUT: at 0.1, code comments'
 # held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it fell through 10 epochs
 # (docs/benchmarks.md, 30 minutes on `code`).
@@ -159,24 +163,33 @@ class DropoutChoice:
     epochs: float | None
 
     def describe(self) -> str:
-        head = (f"--signal_dropout auto chose {self.p:g}: {self.novelty:.1%} of the held-out tenth's bigrams have no "
-                f"edge ({'>=' if self.novelty >= NOVELTY else '<'} {NOVELTY:.0%})")
+        head = (f"--signal_dropout auto chose {self.p:g}: {self.novelty:.1%} of the held-out tenth's bigrams have "
+                "no edge")
+        if dropout_bar(self.novelty) is None:
+            return f"{head} (< {DROPOUT_BARS[-1][0]:.0%})"
+        novelty, bar = dropout_bar(self.novelty)
+        head += f" (>= {novelty:.0%})"
         if self.epochs is None:
             return head
-        bound = ">" if self.epochs > DROPOUT_EPOCHS else "<="
-        text = f"{head} and the run plans {self.epochs:.3g} epoch(s) ({bound} {DROPOUT_EPOCHS:g})"
+        text = f"{head} and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g})"
         if self.p > DROPOUT:
             text += (f", grown past {GROW_EPOCHS:g} planned epochs to {DROPOUT:g} x epochs / {GROW_EPOCHS:g} "
                      f"(at most {MAX_DROPOUT:g})")
         return text
 
 
+def dropout_bar(novelty: float) -> tuple[float, float] | None:
+    """The first (novelty, planned epochs) of `DROPOUT_BARS` that `novelty` reaches, or None."""
+    return next(((n, e) for n, e in DROPOUT_BARS if novelty >= n), None)
+
+
 def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
-    """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays far from the training text
-    (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough to learn its particulars,
-    grown in proportion to the epochs past `GROW_EPOCHS` up to `MAX_DROPOUT`; else 0."""
-    long_enough = epochs is None or epochs > DROPOUT_EPOCHS
-    if novelty < NOVELTY or not long_enough:
+    """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays from the training text
+    (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough at that novelty to learn the
+    documents' particulars (`DROPOUT_BARS`), grown in proportion to the epochs past `GROW_EPOCHS` up to
+    `MAX_DROPOUT`; else 0."""
+    bar = dropout_bar(novelty)
+    if bar is None or (epochs is not None and epochs <= bar[1]):
         return DropoutChoice(0.0, novelty, epochs)
     if epochs is None or epochs <= GROW_EPOCHS:
         return DropoutChoice(DROPOUT, novelty, epochs)

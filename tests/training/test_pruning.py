@@ -5,11 +5,10 @@ import torch
 
 from modeling_brillm.training.pruning import (
     DROPOUT,
-    DROPOUT_EPOCHS,
+    DROPOUT_BARS,
     GROW_EPOCHS,
     MAX_DROPOUT,
     MIN_VISITS,
-    NOVELTY,
     RECURRENCE,
     choose_min_count,
     choose_signal_dropout,
@@ -122,16 +121,17 @@ def documents_of_their_own(blocks: int = 2000) -> list[torch.Tensor]:
 def test_novelty_is_the_held_out_share_of_bigrams_without_an_edge():
     assert choose_min_count(repeated_text(), V).novelty == 0.0  # every held-out bigram was seen in training
     choice = choose_min_count(documents_of_their_own(), WIDE)
-    assert choice.novelty >= NOVELTY
+    assert choice.novelty >= DROPOUT_BARS[0][0]
     assert choose_min_count(documents_of_their_own(), WIDE, planned_epochs=10.0).novelty == choice.novelty
 
 
 def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
-    strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=2 * DROPOUT_EPOCHS)
+    (_, bar), _ = DROPOUT_BARS
+    strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=1.5 * bar)
     long = choose_signal_dropout(strays.novelty, strays.epochs)
-    assert long.p == DROPOUT and "auto chose 0.1" in long.describe() and f"> {DROPOUT_EPOCHS:g}" in long.describe()
-    short = choose_signal_dropout(strays.novelty, DROPOUT_EPOCHS)  # too short to learn the documents' particulars
-    assert short.p == 0.0 and f"<= {DROPOUT_EPOCHS:g}" in short.describe()
+    assert long.p == DROPOUT and "auto chose 0.1" in long.describe() and f"> {bar:g}" in long.describe()
+    short = choose_signal_dropout(strays.novelty, bar)  # too short to learn the documents' particulars
+    assert short.p == 0.0 and f"<= {bar:g}" in short.describe()
     assert choose_signal_dropout(strays.novelty).p == DROPOUT  # length unknown: the data decides
     familiar = choose_min_count(repeated_text(), V, planned_epochs=100.0)
     assert choose_signal_dropout(familiar.novelty, familiar.epochs).p == 0.0
@@ -145,3 +145,14 @@ def test_signal_dropout_grows_with_the_planned_epochs_past_the_bar():
     assert "grown" not in choose_signal_dropout(novelty, GROW_EPOCHS).describe()
     assert choose_signal_dropout(novelty, 100 * GROW_EPOCHS).p == MAX_DROPOUT  # capped
     assert choose_signal_dropout(0.0, 100 * GROW_EPOCHS).p == 0.0  # familiar text: no dropout however long
+
+
+def test_text_that_strays_less_needs_a_longer_run_before_dropout():
+    (far, short_bar), (some, long_bar) = DROPOUT_BARS
+    between = (short_bar + long_bar) / 2
+    assert choose_signal_dropout(far, between).p == DROPOUT  # strays far: the short bar
+    middling = choose_signal_dropout(some, between)
+    assert middling.p == 0.0 and f"(>= {some:.0%})" in middling.describe() and f"<= {long_bar:g}" in middling.describe()
+    assert choose_signal_dropout(some, 2 * long_bar).p == pytest.approx(DROPOUT * 2 * long_bar / GROW_EPOCHS)
+    below = choose_signal_dropout(some - 0.01, 100 * long_bar)
+    assert below.p == 0.0 and f"(< {some:.0%})" in below.describe() and "epoch" not in below.describe()
