@@ -165,9 +165,10 @@ class DropoutChoice:
     def describe(self) -> str:
         head = (f"--signal_dropout auto chose {self.p:g}: {self.novelty:.1%} of the held-out tenth's bigrams have "
                 "no edge")
-        if dropout_bar(self.novelty) is None:
+        reached = dropout_bar(self.novelty)
+        if reached is None:
             return f"{head} (< {DROPOUT_BARS[-1][0]:.0%})"
-        novelty, bar = dropout_bar(self.novelty)
+        novelty, bar = reached
         head += f" (>= {novelty:.0%})"
         if self.epochs is None:
             return head
