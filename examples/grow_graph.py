@@ -7,8 +7,10 @@ Steps (the Hugging Face way, then BriLLM's own):
   1. `tokenizer.add_tokens([...])` and `model.resize_token_embeddings(len(tokenizer))`: the new nodes join the
      graph through the shared edge; the old nodes' logits do not change (checked here, exactly);
   2. `model.add_edges_from_sequences(new_text_ids)`: every bigram of the new text that is not a real edge yet
-     becomes one, initialised as a copy of the shared edge, so no energy changes (checked here);
-  3. a short fine-tune (AdamW) of the new edges and the new nodes' start biases only (`--train new`, the default:
+     becomes one, initialised as a copy of the shared edge, so no energy changes (checked here; with the recipe's
+     `non_edge_bias` a new pair's logit moves by exactly its node's non-successor offset, which the check expects);
+  3. a short fine-tune (AdamW) of the new edges and the new nodes' rows only (start bias, and with the recipe's
+     options the non-successor offset and readout; `--train new`, the default:
      every old parameter stays bit for bit as it was) or of everything (`--train all`), on the new text plus a
      replay of `--replay` old training texts per step: they teach the new edges to stay weak where old text goes
      on as before (without them a new edge from a frequent node, e.g. the space token, takes probability mass from
@@ -40,6 +42,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from modeling_brillm import BriLLMForCausalLM  # noqa: E402
+from modeling_brillm.graph_editing import NODE_ROWS  # noqa: E402
 
 BUILTIN_NEW_TEXT = """Photosynthesis turns light into chemical energy inside the chloroplast.
 The chloroplast holds chlorophyll, which absorbs red and blue light.
@@ -105,8 +108,7 @@ def read_lines(path):
 def builtin_old_text():
     """The demo's (validation, training) texts: every 20th paragraph of the built-in corpus and the rest, split
     into sentences as pretrain.py does."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pretrain import embedded_corpus, held_out_indices, split_sentences
+    from modeling_brillm.training.data import embedded_corpus, held_out_indices, split_sentences
 
     corpus = embedded_corpus()
     held = set(held_out_indices(len(corpus), 5))
@@ -159,15 +161,18 @@ def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
 
 
 def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_all, replay=(), replay_size=0):
-    """AdamW on the new text. With train_all False only the new edge rows and new node biases get gradients;
-    weight decay 0 and Adam's zero moments then leave every old row exactly as it was."""
+    """AdamW on the new text. With train_all False only the new edge rows and the new nodes' rows (start bias, and
+    with the recipe's options their non-successor offset and readout) get gradients; weight decay 0 and Adam's
+    zero moments then leave every old row, and every parameter shared by all nodes, exactly as it was."""
     base = model.base_model
     model.train()
-    base.positions.requires_grad_(train_all)
-    params = [base.weights, base.biases, base.node_bias] + ([base.positions] if train_all else [])
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    edge_mask = torch.zeros(base.weights.shape[0], dtype=torch.bool)
-    edge_mask[trainable_rows] = True
+    new_rows = {"weights": trainable_rows, "biases": trainable_rows, "node_bias": slice(old_vocab, None),
+                **{n: slice(old_vocab, None) for n in NODE_ROWS}}
+    params = dict(base.named_parameters())
+    if not train_all:
+        params = {name: p for name, p in params.items() if name in new_rows}
+    optimizer = torch.optim.AdamW(params.values(), lr=lr, weight_decay=0.0)
+    masks = {name: new_row_mask(p, new_rows[name]) for name, p in params.items() if not train_all}
     losses = []
     for _ in range(steps):
         batch = list(seqs)
@@ -177,15 +182,19 @@ def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_a
         loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
         optimizer.zero_grad()
         loss.backward()
-        if not train_all:
-            base.weights.grad[~edge_mask] = 0
-            base.biases.grad[~edge_mask] = 0
-            base.node_bias.grad[:old_vocab] = 0
+        for name, keep in masks.items():
+            params[name].grad[~keep] = 0
         optimizer.step()
         losses.append(float(loss.detach()))
     model.eval()
-    base.positions.requires_grad_(True)
     return losses
+
+
+def new_row_mask(param, rows) -> torch.Tensor:
+    """(rows of `param`,) True for the rows that `rows` (indices or a slice) names."""
+    keep = torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
+    keep[rows] = True
+    return keep
 
 
 def logits_of(model, ids, mask):
@@ -223,26 +232,44 @@ def add_nodes(args, model, tokenizer, texts, probe_before) -> dict:
 
 
 def add_edges(args, model, tokenizer, texts, pad_id, probe_nodes) -> dict:
-    """Step 2: the new text's bigrams become real edges (copies of the shared edge): no logit may move."""
+    """Step 2: the new text's bigrams become real edges (copies of the shared edge): no energy may move. With
+    `non_edge_bias` a new pair u→v no longer adds v's non-successor offset, so its logit moves by exactly that."""
     train_seqs = encode(tokenizer, texts.new_train, args.max_length)
     held_seqs = encode(tokenizer, texts.new_held, args.max_length)
     rows = model.add_edges_from_sequences(train_seqs, ignore_ids=[pad_id])
     probe = logits_of(model, *texts.probe)
+    expected = probe_nodes - lost_offsets(model, rows, texts.probe[0])
     return {"rows": rows, "train_seqs": train_seqs, "held_seqs": held_seqs,
-            "edges_exact": torch.equal(probe, probe_nodes), "edges_diff": float((probe - probe_nodes).abs().max()),
+            "edges_exact": bool(torch.allclose(probe, expected, rtol=0, atol=1e-5)),
+            "edges_diff": float((probe - expected).abs().max()),
             "same_argmax": bool(torch.equal(probe.argmax(-1), probe_nodes.argmax(-1)))}
 
 
+def lost_offsets(model, rows, ids) -> torch.Tensor | float:
+    """(B, T, V) the non-successor offset each new edge's pair had before it became an edge (0 elsewhere)."""
+    bias = model.base_model.non_edge_bias
+    if bias is None or len(rows) == 0:
+        return 0.0
+    graph = model.get_graph()
+    edges = rows - 1  # edge-table row r is edge r - 1 in the graph's CSR order
+    sources = torch.searchsorted(graph.indptr, edges, right=True) - 1
+    new = torch.zeros(model.config.vocab_size, model.config.vocab_size)
+    new[sources, graph.indices[edges]] = 1.0
+    return new[ids] * bias.detach()
+
+
 def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
-    """Step 3: fine-tune, and check that (with --train new) no old edge row or old node bias moved."""
+    """Step 3: fine-tune, and check that (with --train new) no old row of any parameter moved."""
     base = model.base_model
-    weights_before, node_bias_before = base.weights.detach().clone(), base.node_bias.detach().clone()
+    before = {name: p.detach().clone() for name, p in base.named_parameters()}
     losses = fine_tune(model, grown["train_seqs"], pad_id, args.steps, args.lr, grown["rows"], old_vocab,
                        args.train == "all", texts.replay, args.replay)
-    keep = torch.ones(base.weights.shape[0], dtype=torch.bool)
-    keep[grown["rows"]] = False
-    unchanged = bool(torch.equal(base.weights[keep], weights_before[keep])
-                     and torch.equal(base.node_bias[:old_vocab], node_bias_before[:old_vocab]))
+    new_rows = {"weights": grown["rows"], "biases": grown["rows"], "node_bias": slice(old_vocab, None),
+                **{n: slice(old_vocab, None) for n in NODE_ROWS}}
+    unchanged = True
+    for name, p in base.named_parameters():
+        old = ~new_row_mask(p, new_rows[name]) if name in new_rows else slice(None)
+        unchanged &= bool(torch.equal(p.detach()[old], before[name][old]))
     return {"losses": losses, "old_rows_unchanged": unchanged}
 
 

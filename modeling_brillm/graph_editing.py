@@ -1,7 +1,8 @@
 """The graph's methods, and growing a trained graph: new nodes for added tokens, new real edges for new bigrams.
 
-Both keep every existing prediction: a new node joins a sparse graph through the shared edge, and a new edge starts
-as a copy of the shared edge that served its pair so far. The edge tables are replaced by larger tensors, so an
+Both keep the existing energies: a new node joins a sparse graph through the shared edge, and a new edge starts
+as a copy of the shared edge that served its pair so far (with `non_edge_bias`, its pair loses its node's
+non-successor offset). The edge tables are replaced by larger tensors, so an
 optimizer must be created after growing. The functions act on a `BriLLMModel` (the models' methods call them).
 """
 
@@ -11,6 +12,9 @@ import torch
 from torch import nn
 
 from .graph import BigramGraph, build_sparse_graph, check_csr, count_bigrams, edge_rows_from_keys, merge_edges
+
+# the recipe's per-node rows beside node_bias: a non-successor's offset, the node's readout of the signal
+NODE_ROWS = ("non_edge_bias", "node_readout")
 
 
 def _replace_parameter(model, name: str, value: torch.Tensor):
@@ -70,6 +74,11 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
             indptr = model.graph_indptr
             model.graph_indptr = torch.cat([indptr, indptr[-1:].expand(new_V - V)])
         _replace_parameter(model, "node_bias", bias)
+        for name in NODE_ROWS:  # a new node's offset and readout: the old nodes' mean (or zero, a plain node)
+            rows = getattr(model, name)
+            if rows is not None:
+                fill = rows.mean(0, keepdim=True) if mean_resizing else rows.new_zeros(1, *rows.shape[1:])
+                _replace_parameter(model, name, torch.cat([rows, fill.expand(new_V - V, *rows.shape[1:])]))
     model.config.vocab_size = new_V
     model.reset_caches()
     return None
@@ -251,7 +260,8 @@ class GraphMethods:
         A new node joins a sparse graph through the shared edge (row 0): every pair involving it is a non-edge until
         `add_edges` makes it real, so the logits of the old nodes do not change. In a dense graph every new pair is a
         real edge, initialised like a fresh model's. The new nodes' start biases (`node_bias`, used when a sequence
-        begins at the node) are the mean of the old ones (`mean_resizing=True`) or drawn like a fresh model's.
+        begins at the node) are the mean of the old ones (`mean_resizing=True`) or drawn like a fresh model's; their
+        non-successor offsets (`non_edge_bias`) and readouts (`node_readout`) the mean of the old ones or zero.
         `pad_to_multiple_of` rounds the node count up, as in transformers. Shrinking is refused: nodes (and their
         edges) cannot be removed. Parameters are replaced by larger tensors: create the optimizer after resizing.
         Returns None (BriLLM has no embedding module to return).
@@ -261,8 +271,9 @@ class GraphMethods:
     def add_edges(self, pairs, counts=None) -> torch.Tensor:
         """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph.
 
-        Each new edge starts as a copy of the shared edge that served the pair so far, so no energy (hence no
-        prediction) changes until it is trained. `counts` (N,), optional, are their bigram counts (0 otherwise;
+        Each new edge starts as a copy of the shared edge that served the pair so far, so no energy changes until
+        it is trained; with `non_edge_bias` the pair u→v no longer adds v's non-successor offset, so its logit (and
+        only its) moves by −non_edge_bias[v]. `counts` (N,), optional, are their bigram counts (0 otherwise;
         the frequency negatives of the sampled loss read them). Every pair must name existing nodes (grow the graph
         first with `resize_token_embeddings`) and not be a real edge yet (`add_edges_from_sequences` skips those).
         The edge tables are replaced by larger ones: create the optimizer after growing.

@@ -51,14 +51,14 @@ def corpus_ids(tokenizer) -> list[torch.Tensor]:
 
 
 def make_model(tokenizer=None, dense: bool = False, node_size: int = 8, max_positions: int = 64, seed: int = 0,
-               vocab_size: int | None = None) -> BriLLMForCausalLM:
+               vocab_size: int | None = None, **config) -> BriLLMForCausalLM:
     tokenizer = tokenizer or make_tokenizer()
     torch.manual_seed(seed)
     V = vocab_size or len(tokenizer)
     model = BriLLMForCausalLM.from_token_sequences(
         corpus_ids(tokenizer), vocab_size=V, node_size=node_size, min_count=1, dense=dense,
         max_position_embeddings=max_positions, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-        unk_token_id=UNK,
+        unk_token_id=UNK, **config,
     )
     # a few steps of training so the energies prefer the corpus bigrams (deterministic, < 1 s)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
