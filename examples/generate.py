@@ -5,7 +5,7 @@
     python examples/generate.py --model outputs/demo --prompt "the cat" --show_path          # energy of every step
     python examples/generate.py --model outputs/demo --prompt "the cat" --num_beams 4 --num_return_sequences 2 \
         --stop_strings "." --show_path                                    # energy beam search, a path per sequence
-    python examples/generate.py --model outputs/demo --prompt "the" "a dog" --mode pipeline --stream --stop "."
+    python examples/generate.py --model outputs/demo --prompt "the" "a dog" --mode pipeline --stop "."
     python examples/generate.py --model outputs/demo --benchmark                             # tokens/s, both loops
 
 Modes:
@@ -47,7 +47,7 @@ def load(model_path: str):
         local = True
     except ImportError:
         local = False
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=not local)
     model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=not local)
     model.eval()
     return model, tokenizer

@@ -222,7 +222,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--keep_best_model", action=argparse.BooleanOptionalAction, default=True,
                    help="With validation data: keep the weights of the evaluation with the lowest validation loss "
                    "and save those at the end (as Trainer's load_best_model_at_end), not the last step's. The best "
-                   "so far is part of every checkpoint. --no_keep_best_model (or --no_keep_best) saves the last.")
+                   "so far is part of every checkpoint. --no-keep_best_model (or --no_keep_best) saves the last.")
     g.add_argument("--no_keep_best", dest="keep_best_model", action="store_false", help=S)
     g.add_argument("--checkpointing_steps", default=None,
                    help="Save the training state every N steps, or 'epoch' at the end of every epoch.")

@@ -46,6 +46,7 @@ def main(argv=None) -> int:
 
     try:
         from modeling_brillm.model_card import check_hub_ready, write_model_card
+        from modeling_brillm.training.publishing import HUB_IGNORE
 
         folder = args.model
         if not os.path.isdir(folder):
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
             url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
             api.upload_folder(folder_path=folder, repo_id=args.repo_id, repo_type="model",
                               commit_message=args.commit_message,
-                              ignore_patterns=["*.bin", "__pycache__/*", ".git/*", "*.pyc", "checkpoint-*/*"])
+                              ignore_patterns=HUB_IGNORE + ["*.bin", ".git/*"])
         except Exception as error:  # network, auth, permission: say what happened, upload nothing further
             print(f"error: upload to {args.repo_id} failed ({type(error).__name__}: {error}). Check the network and "
                   "your token (`hf auth login` or HF_TOKEN).", file=sys.stderr)

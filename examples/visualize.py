@@ -35,7 +35,7 @@ def main(argv=None) -> int:
             remote = False
         except ImportError:
             remote = True
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=remote)
         model = AutoModelForCausalLM.from_pretrained(args.model, trust_remote_code=remote).eval()
         if args.extend:
             model.config.position_overflow = "extend"

@@ -6,7 +6,8 @@
 The release's four tensors keep their names and shapes; their rows are already in this package's order
 (real edges sorted by (source, target), shared edge in row 0), so nothing is copied or reordered: the
 checkpoint is memory-mapped and written straight to safetensors. Without a frequency file the graph is dense;
-with one, a pair listed with count 0 is shared and every other pair is a real edge (docs/model.md, "Checkpoint format").
+with one, a pair listed with count 0 is shared and every other pair is a real edge (docs/model.md, "Checkpoint
+formats").
 """
 
 import argparse

@@ -304,7 +304,7 @@ def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, title: str
                            + (f" (first {n} steps shown)" if n < len(trace) else "")), fontsize=9)
     mappable = cm.ScalarMappable(norm=norm, cmap=cmap)
     mappable.set_array([])
-    fig.colorbar(mappable, ax=ax, fraction=0.025, pad=0.01).set_label("energy (L2 norm)", fontsize=8)
+    fig.colorbar(mappable, ax=ax, fraction=0.025, pad=0.01).set_label("logit (edge energy + node offsets)", fontsize=8)
     fig.tight_layout()
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

@@ -130,7 +130,7 @@ def variants():
 def main() -> int:
     global TARGET
     if "--arch" in sys.argv:
-        arch = sys.argv[sys.argv.index("--arch") + 1]
+        arch = sys.argv[sys.argv.index("--arch") + 1].removeprefix("sm_")  # 80 or sm_80
         TARGET = GPUTarget("hip", arch, 64) if arch.startswith("gfx") else GPUTarget("cuda", int(arch), 32)
     failed = 0
     for label, fn, types, constants, meta in variants():

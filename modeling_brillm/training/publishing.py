@@ -8,6 +8,9 @@ from .checkpoints import TMP_PREFIX
 from .data import HELD_OUT
 from .errors import UsageError
 
+# what an upload of a saved folder leaves out: training checkpoints, half-written files, bytecode
+HUB_IGNORE = ["step_*", "step_*/**", TMP_PREFIX + "*", "__pycache__/*", "*.pyc"]
+
 
 def data_facts(args, description: str) -> tuple[list[str], str | None, str]:
     """(dataset ids for the card's metadata, a sentence on data without an id, what validation ran on);
@@ -67,7 +70,7 @@ def push_folder(out_dir, repo_id: str, token: str | None, message: str, before_u
         if before_upload is not None:
             before_upload(repo_id)
         api.upload_folder(folder_path=str(out_dir), repo_id=repo_id, commit_message=message,
-                          ignore_patterns=["step_*", "step_*/**", TMP_PREFIX + "*"])
+                          ignore_patterns=HUB_IGNORE)
     except Exception as err:
         raise UsageError(f"push to the Hub ({repo_id}) failed: {type(err).__name__}: {err}. The model is "
                          f"saved in {out_dir}.") from None

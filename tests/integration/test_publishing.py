@@ -258,3 +258,34 @@ def test_push_to_hub_example_reports_network_failure(repo, tmp_path, capsys, mon
     assert push_main()(["--model", str(directory), "--repo_id", "someone/tiny"]) == 2
     err = capsys.readouterr().err
     assert "upload to someone/tiny failed" in err and "ConnectionError" in err
+
+
+def test_push_to_hub_example_leaves_training_checkpoints_out(repo, tmp_path, monkeypatch):
+    """pretrain.py's `step_N` checkpoints (optimizer state, RNG) stay out of the upload; the model files go."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    uploaded = {}
+
+    class Recorder:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, **kwargs):
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, folder_path, ignore_patterns, **kwargs):
+            files = [str(p.relative_to(folder_path)) for p in Path(folder_path).rglob("*") if p.is_file()]
+            uploaded["files"] = set(filter_repo_objects(files, ignore_patterns=ignore_patterns))
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Recorder)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    directory, _, _ = repo
+    folder = tmp_path / "trained"
+    shutil.copytree(directory, folder)
+    (folder / "step_150").mkdir()
+    (folder / "step_150" / "model.safetensors").write_bytes(b"checkpoint")
+    (folder / "step_150" / "random_states_0.pkl").write_bytes(b"rng")
+    assert push_main()(["--model", str(folder), "--repo_id", "someone/tiny"]) == 0
+    assert "model.safetensors" in uploaded["files"] and "config.json" in uploaded["files"]
+    assert not any(name.startswith("step_") for name in uploaded["files"])
