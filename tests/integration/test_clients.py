@@ -139,8 +139,9 @@ def test_sft_on_conversational_records(tmp_path, tiny_folder, layout):
     else:
         records = [{"prompt": [{"role": "user", "content": p}], "completion": [{"role": "assistant", "content": c}]}
                    for p, c in PROMPTS]
+    # the README's form (bf16=False, no use_cpu): it must run on a machine without a GPU
     args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=3, report_to="none",
-                     use_cpu=True, bf16=False, gradient_checkpointing=False, logging_steps=1, save_strategy="no")
+                     bf16=False, gradient_checkpointing=False, logging_steps=1, save_strategy="no")
     trainer = BriLLMSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(records),
                                processing_class=tokenizer)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
