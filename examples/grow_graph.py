@@ -166,8 +166,7 @@ def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_a
     zero moments then leave every old row, and every parameter shared by all nodes, exactly as it was."""
     base = model.base_model
     model.train()
-    new_rows = {"weights": trainable_rows, "biases": trainable_rows, "node_bias": slice(old_vocab, None),
-                **{n: slice(old_vocab, None) for n in NODE_ROWS}}
+    new_rows = rows_of_new(trainable_rows, old_vocab)
     params = dict(base.named_parameters())
     if not train_all:
         params = {name: p for name, p in params.items() if name in new_rows}
@@ -188,6 +187,12 @@ def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_a
         losses.append(float(loss.detach()))
     model.eval()
     return losses
+
+
+def rows_of_new(edge_rows, old_vocab: int) -> dict:
+    """Parameter name -> its rows that growing added: the new edges' table rows, the new nodes' rows."""
+    nodes = slice(old_vocab, None)
+    return {"weights": edge_rows, "biases": edge_rows, "node_bias": nodes, **{name: nodes for name in NODE_ROWS}}
 
 
 def new_row_mask(param, rows) -> torch.Tensor:
@@ -253,9 +258,10 @@ def lost_offsets(model, rows, ids) -> torch.Tensor | float:
     graph = model.get_graph()
     edges = rows - 1  # edge-table row r is edge r - 1 in the graph's CSR order
     sources = torch.searchsorted(graph.indptr, edges, right=True) - 1
-    new = torch.zeros(model.config.vocab_size, model.config.vocab_size)
-    new[sources, graph.indices[edges]] = 1.0
-    return new[ids] * bias.detach()
+    targets = graph.indices[edges]
+    hit = (ids.unsqueeze(-1) == sources).float()  # (B, T, new edges): the position's node is the edge's source
+    offsets = torch.zeros(*ids.shape, model.config.vocab_size)
+    return offsets.scatter_add_(-1, targets.expand_as(hit), hit * bias.detach()[targets])
 
 
 def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
@@ -264,8 +270,7 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
     before = {name: p.detach().clone() for name, p in base.named_parameters()}
     losses = fine_tune(model, grown["train_seqs"], pad_id, args.steps, args.lr, grown["rows"], old_vocab,
                        args.train == "all", texts.replay, args.replay)
-    new_rows = {"weights": grown["rows"], "biases": grown["rows"], "node_bias": slice(old_vocab, None),
-                **{n: slice(old_vocab, None) for n in NODE_ROWS}}
+    new_rows = rows_of_new(grown["rows"], old_vocab)
     unchanged = True
     for name, p in base.named_parameters():
         old = ~new_row_mask(p, new_rows[name]) if name in new_rows else slice(None)
