@@ -106,7 +106,8 @@ if triton is not None:
             bc2_sqrt = tl.sqrt(1.0 - tl.exp(t * log_beta2))
             t_int = t.to(tl.uint32)
         else:
-            t_int = step_host.to(tl.uint32)
+            # tl.cast, not .to: Triton's launcher passes an int argument equal to 1 (the first step) as a constant
+            t_int = tl.cast(step_host, tl.uint32)
         at = row.to(tl.int64) * W + c
         p = tl.load(p_ptr + at, mask=tile, other=0.0).to(tl.float32)
         m = tl.load(m_ptr + at, mask=tile, other=0.0).to(tl.float32)

@@ -7,6 +7,8 @@
 Triton's interpreter (how CI checks the kernels' arithmetic) accepts programs its compiler rejects, and says
 nothing about register pressure; the triton wheel ships ptxas, so the real compilation runs on any machine. Must
 run without TRITON_INTERPRET (the kernels are then ordinary JIT functions); exits 1 if a variant fails to compile.
+The first variant of each kernel and every optimizer variant compile a second time with their int arguments fixed
+at 1, as Triton's launcher passes such a value (a constant: the optimizer's first step once failed to compile so).
 Variants: the recurrence at the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128, and at
 d = 32 with the edges' shared matrix (config.edge_backoff); the optimizer's two row widths (an edge matrix, 1,024
 floats; a bias, 32) with and without duplicate rows, and with bfloat16 moments; the decode step's state kernel
@@ -133,12 +135,23 @@ def main() -> int:
         arch = sys.argv[sys.argv.index("--arch") + 1].removeprefix("sm_")  # 80 or sm_80
         TARGET = GPUTarget("hip", arch, 64) if arch.startswith("gfx") else GPUTarget("cuda", int(arch), 32)
     failed = 0
+    seen = set()
     for label, fn, types, constants, meta in variants():
-        try:
-            print(f"{label}: {resources(fn, types, constants, meta['num_warps'])}", flush=True)
-        except Exception as error:  # report every variant, then fail
-            failed += 1
-            print(f"{label}: FAILED {type(error).__name__}: {str(error)[-500:]}", flush=True)
+        # Triton's launcher passes an int argument equal to 1 as a constant (a one-token sequence, one tile, the
+        # first step), which has no tensor methods: the first variant of each kernel, and every optimizer variant
+        # (its step count differs by branch), compiles once more with every int argument at 1
+        ones = {a: 1 for a, t in types.items() if t in ("i32", "i64")}
+        runs = [("", types, constants)]
+        if ones and (fn not in seen or fn is triton_optim._sparse_adamw_kernel):
+            runs.append((" [int arguments = 1]", {a: t for a, t in types.items() if a not in ones},
+                         dict(constants, **ones)))
+        seen.add(fn)
+        for tag, kind, fixed in runs:
+            try:
+                print(f"{label}{tag}: {resources(fn, kind, fixed, meta['num_warps'])}", flush=True)
+            except Exception as error:  # report every variant, then fail
+                failed += 1
+                print(f"{label}{tag}: FAILED {type(error).__name__}: {str(error)[-500:]}", flush=True)
     return 1 if failed else 0
 
 
