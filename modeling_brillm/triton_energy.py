@@ -267,6 +267,9 @@ if triton is not None:
                             gl = tl.load(grad_logits_ptr + lrow[:, None] * V + target[None, :], mask=live, other=0.0)
                             grad_e += gl
                             if CLEAR_SUCCESSORS:  # what remains of the row is the shared energy's gradient
+                                # A (BM, BN) tile is held by several threads at once (each warp a copy), and one
+                                # copy's store may land before another copy's load: every warp reads first.
+                                tl.debug_barrier()
                                 tl.store(grad_logits_ptr + lrow[:, None] * V + target[None, :], tl.zeros_like(gl),
                                          mask=live)
                         grad_e = tl.where(live, grad_e, 0.0)
