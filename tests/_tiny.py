@@ -101,3 +101,14 @@ def assert_decodes_like_forward(model, row: torch.Tensor, prefix: int = 3):
                     state = out.state
             finally:
                 model.decode_mode = "auto"
+
+
+def assert_same(got: torch.Tensor, expected: torch.Tensor, what: str = ""):
+    """Bit for bit on the CPU, where both sides run the same arithmetic in the same order. On CUDA two sides may run
+    different kernels (a batch against one row, the scan against the decode step) and atomics add in any order, so
+    float32 rounding may differ: within 1e-5 there."""
+    if got.device.type == "cpu":
+        assert torch.equal(got, expected), what
+    else:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6 * max(1.0, float(expected.abs().max())),
+                                   msg=lambda m: f"{what}: {m}")

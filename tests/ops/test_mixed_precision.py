@@ -1,11 +1,12 @@
 """Autocast (`accelerate --mixed_precision bf16/fp16`) does not reach BriLLM's math: loss, logits, every gradient and
-generated tokens are those of float32, bit for bit, on the torch path and on the Triton kernels (`exact_precision`).
+generated tokens are those of float32, bit for bit on the CPU (float32 rounding apart on CUDA, whose atomics add in any
+order), on the torch path and on the Triton kernels (`exact_precision`).
 Without it, the Triton path's shared-edge product ran in bfloat16 beside float32 energies (the tiny model's loss moved
 by 2.8%) and the torch path cast every gathered edge row again at each product."""
 
 import pytest
 import torch
-from _tiny import PAD, corpus_ids, make_model, make_tokenizer
+from _tiny import PAD, assert_same, corpus_ids, make_model, make_tokenizer
 
 from modeling_brillm.backend import HAVE_TRITON, kernel_backend
 
@@ -37,11 +38,11 @@ def test_autocast_changes_nothing(device, backend, dtype):
         loss, logits, grads = _run(model, ids, mask, None)
         loss_ac, logits_ac, grads_ac = _run(model, ids, mask, dtype)
     assert loss_ac.dtype == torch.float32 and logits_ac.dtype == torch.float32
-    assert torch.equal(loss_ac, loss)
-    assert torch.equal(logits_ac, logits)
+    assert_same(loss_ac, loss)
+    assert_same(logits_ac, logits)
     assert grads.keys() == grads_ac.keys() and len(grads) >= 4
-    for name in grads:
-        assert torch.equal(grads_ac[name], grads[name]), name
+    for name in grads:  # on CUDA, atomics sum some gradients in any order
+        assert_same(grads_ac[name], grads[name], name)
 
 
 def test_generation_under_autocast_gives_float32_tokens(device):
