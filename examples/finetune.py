@@ -16,7 +16,8 @@ What is trained (`--train_only`):
                  Not the shared edge (row 0: every non-edge pair of the whole graph uses it) and not the other
                  candidate edges of the sources (the exact loss's softmax gives them gradients; they are dropped).
                  Every other row stays bit for bit what it was.
-  node_bias      only the node biases (V × d): how the signal starts from each first token.
+  node_bias      only the node biases (V × d): how the signal starts from each first token. A tokenizer that
+                 prepends <s> makes <s> every sequence's first token, so only its row (d numbers) learns.
   start_signal   only the start signal (d numbers): prompt tuning for BriLLM. A model with the release's uniform
                  start is loaded with a learned one initialised to 1/d (the same model), and `--signal_id k`
                  trains signal k (more are added as needed); generate with `signal_ids=torch.tensor([k])`.
