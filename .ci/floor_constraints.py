@@ -3,6 +3,9 @@ exactly what setup.cfg claims, with the bounds written once.
 
     python .ci/floor_constraints.py [setup.cfg]            print the constraints (one `name==version` a line)
     python .ci/floor_constraints.py --verify [setup.cfg]   exit 1 unless the running Python has exactly those
+    python .ci/floor_constraints.py --verify-newest torch [setup.cfg]
+                                                           exit 1 unless the running Python has the newest minor
+                                                           release setup.cfg allows of torch (`<2.16`: a 2.15)
 
 Standard library only: it runs before any virtual environment exists.
 """
@@ -52,7 +55,34 @@ def same_version(installed: str, floor: str) -> bool:
     return parts(installed) == parts(floor)
 
 
+def verify_newest(setup_cfg: str, name: str) -> int:
+    """Exit status 1 unless the installed `name` is of the minor release just below its `<X.Y` bound in setup.cfg
+    (a pip configuration's own constraints can cap a package below the range setup.cfg claims)."""
+    parser = configparser.ConfigParser()
+    if not parser.read(setup_cfg):
+        sys.exit(f"floor_constraints: cannot read {setup_cfg}")
+    for line in parser.get("options", "install_requires").splitlines():
+        match = REQUIREMENT.match(line.split("#", 1)[0].strip())
+        if match and match.group(1) == name:
+            upper = [s.strip()[1:] for s in match.group(2).split(",") if s.strip().startswith("<")]
+            break
+    else:
+        sys.exit(f"floor_constraints: {setup_cfg} does not require {name}")
+    if len(upper) != 1:
+        sys.exit(f"floor_constraints: {name} needs exactly one '<' upper bound in {setup_cfg}")
+    major, minor = (int(p) for p in upper[0].split(".")[:2])
+    installed = metadata.version(name)
+    newest = f"{major}.{minor - 1}"
+    ok = installed.split("+", 1)[0].split(".")[:2] == newest.split(".")
+    print(f"  {name:<16} newest claimed {newest}.x  installed {installed}{'' if ok else '   <-- not the newest'}")
+    return 0 if ok else 1
+
+
 def main(argv: list[str]) -> int:
+    if "--verify-newest" in argv:
+        at = argv.index("--verify-newest")
+        rest = argv[:at] + argv[at + 2:]
+        return verify_newest(rest[0] if rest else "setup.cfg", argv[at + 1])
     verify = "--verify" in argv
     args = [a for a in argv if a != "--verify"]
     wanted = floors(args[0] if args else "setup.cfg")
