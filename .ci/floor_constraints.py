@@ -21,23 +21,31 @@ REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
 FLOOR_EXTRAS = ("gpu",)  # extras whose requirements have floors too (the test and viz tools do not count)
 
 
-def floors(setup_cfg: str) -> dict[str, str]:
-    """{distribution name: its lower bound} for every install requirement and every requirement of the extras in
-    FLOOR_EXTRAS; each must have a `>=` bound."""
+def requirements(setup_cfg: str) -> dict[str, str]:
+    """{requirement line without comments: its `name` match} for every install requirement and every requirement of
+    the extras in FLOOR_EXTRAS."""
     parser = configparser.ConfigParser()
     if not parser.read(setup_cfg):
         sys.exit(f"floor_constraints: cannot read {setup_cfg}")
-    result = {}
     lines = parser.get("options", "install_requires").splitlines()
     for extra in FLOOR_EXTRAS:
         lines += parser.get("options.extras_require", extra).splitlines()
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        match = REQUIREMENT.match(line)
-        lower = [s.strip()[2:].strip() for s in match.group(2).split(",") if s.strip().startswith(">=")] if match \
-            else []
+    stripped = (line.split("#", 1)[0].strip() for line in lines)
+    return {line: REQUIREMENT.match(line) for line in stripped if line}
+
+
+def bounds(specifiers: str, operator: str) -> list[str]:
+    """The versions of `specifiers` (`>=2.10,<2.16`) that follow `operator` (`>=` or `<`)."""
+    return [s.strip()[len(operator):].strip() for s in specifiers.split(",")
+            if s.strip().startswith(operator) and not s.strip().startswith(operator + "=")]
+
+
+def floors(setup_cfg: str) -> dict[str, str]:
+    """{distribution name: its lower bound} for every requirement `requirements` lists; each must have a `>=`
+    bound."""
+    result = {}
+    for line, match in requirements(setup_cfg).items():
+        lower = bounds(match.group(2), ">=") if match else []
         if len(lower) != 1:
             sys.exit(f"floor_constraints: {setup_cfg}: install requirement {line!r} needs exactly one '>=' lower "
                      "bound (the oldest version CI tests).")
@@ -58,16 +66,10 @@ def same_version(installed: str, floor: str) -> bool:
 def verify_newest(setup_cfg: str, name: str) -> int:
     """Exit status 1 unless the installed `name` is of the minor release just below its `<X.Y` bound in setup.cfg
     (a pip configuration's own constraints can cap a package below the range setup.cfg claims)."""
-    parser = configparser.ConfigParser()
-    if not parser.read(setup_cfg):
-        sys.exit(f"floor_constraints: cannot read {setup_cfg}")
-    for line in parser.get("options", "install_requires").splitlines():
-        match = REQUIREMENT.match(line.split("#", 1)[0].strip())
-        if match and match.group(1) == name:
-            upper = [s.strip()[1:] for s in match.group(2).split(",") if s.strip().startswith("<")]
-            break
-    else:
+    found = [match for match in requirements(setup_cfg).values() if match and match.group(1) == name]
+    if not found:
         sys.exit(f"floor_constraints: {setup_cfg} does not require {name}")
+    upper = bounds(found[0].group(2), "<")
     if len(upper) != 1:
         sys.exit(f"floor_constraints: {name} needs exactly one '<' upper bound in {setup_cfg}")
     major, minor = (int(p) for p in upper[0].split(".")[:2])
