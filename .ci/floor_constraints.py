@@ -83,6 +83,8 @@ def verify_newest(setup_cfg: str, name: str) -> int:
 def main(argv: list[str]) -> int:
     if "--verify-newest" in argv:
         at = argv.index("--verify-newest")
+        if at + 1 >= len(argv):
+            sys.exit("floor_constraints: --verify-newest needs a distribution name, e.g. --verify-newest torch")
         rest = argv[:at] + argv[at + 2:]
         return verify_newest(rest[0] if rest else "setup.cfg", argv[at + 1])
     verify = "--verify" in argv
