@@ -251,9 +251,8 @@ def budget_graph(model_fields, data, args, accelerator) -> dict:
     return dict(config=config, graph=graph, min_count=used, choices=lines)
 
 
-def epochs_in_budget(data, args, accelerator, seconds: float, steps: int = 3) -> float:
-    """Epochs of the training blocks BriLLM trains in `seconds` on data's graph, from `steps` timed training steps of
-    a throwaway model (after one untimed step, which allocates the optimizer's moments)."""
+def epochs_in_budget(data, args, accelerator, seconds: float) -> float:
+    """Epochs of the training blocks BriLLM trains in `seconds` on data's graph, timed on a throwaway model."""
     import torch
 
     device = accelerator.device
@@ -262,15 +261,29 @@ def epochs_in_budget(data, args, accelerator, seconds: float, steps: int = 3) ->
     ids_all, mask_all = data["train"]
     order = iter(BatchOrder(len(ids_all), args.batch_size, args.seed))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for i in range(steps + 1):
-        if i == 1:
-            sync()
-            started = time.perf_counter()
+
+    def one_step():
         index = next(order)
         step(ids_all[index].to(device), mask_all[index].to(device))
-    sync()
-    per_step = (time.perf_counter() - started) / steps
-    return seconds / per_step * args.batch_size / len(ids_all)
+
+    return seconds / seconds_per_step(one_step, sync) * args.batch_size / len(ids_all)
+
+
+def seconds_per_step(step, sync, warmup: int = 2, timed: int = 5) -> float:
+    """The median time of `timed` calls of `step`, after `warmup` untimed ones. The first steps are not the run's:
+    the first allocates the optimizer's moments, and on a GPU the first two compile kernels (Triton compiles an
+    integer argument equal to 1, the optimizer's first step, apart from the others); the median keeps one more
+    slow step (a late compile, another process) from passing for the run's pace."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(timed):
+        sync()
+        started = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[timed // 2]
 
 
 def brillm_setup(data, args, preset: str, accelerator) -> dict:

@@ -194,3 +194,18 @@ def test_cosine_schedule_follows_the_training_clock():
     assert seen[1] == pytest.approx(1.0)  # warmup done, clock 0 when this lr was set
     assert seen[2] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.1)))
     assert seen[4] == pytest.approx(0.1)
+
+
+
+def test_step_timing_is_the_pace_not_the_first_compiles(monkeypatch):
+    """Planned epochs come from timed steps: slow first steps (the optimizer's moments, kernel compiles) and one slow
+    step later must not pass for the run's pace (on a GPU the compiles once made a run plan a few of its ~20 epochs,
+    and the signal-dropout rule chose none)."""
+    pace = iter([5.0, 5.0, 0.01, 0.01, 3.0, 0.01, 0.01])
+    clock = [0.0]
+    monkeypatch.setattr(quality.time, "perf_counter", lambda: clock[0])
+
+    def step():
+        clock[0] += next(pace)
+
+    assert quality.seconds_per_step(step, sync=lambda: None) == pytest.approx(0.01)
