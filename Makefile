@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
+# pytest-xdist: one worker per core, at most four (each holds torch and transformers in memory). Most of the
+# suite's time is subprocesses starting Python, torch and accelerate; two workers on two cores take 2/3 of it.
+PARALLEL := -n auto --maxprocesses 4
 
 # The floor environment: every dependency at setup.cfg's lower bound (.ci/floor_constraints.py reads them there),
 # torch included: the oldest torch claimed, whatever build the registry serves (a CUDA build runs on the CPU too).
@@ -71,7 +74,7 @@ demo: setup
 
 # The whole suite on the latest releases.
 test: setup $(VENV)/.clients
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
 
 # ruff's lint rules (pyproject.toml) over the whole repository.
 lint: setup $(VENV)/.clients
@@ -81,10 +84,10 @@ lint: setup $(VENV)/.clients
 # saved folders also cross between the two transformers versions (tests/integration/test_remote_code.py).
 test-floor: setup-floor
 	$(FLOOR_PY) .ci/floor_constraints.py --verify setup.cfg
-	$(if $(wildcard $(PY)),BRILLM_OTHER_PYTHON=$(abspath $(PY))) $(FLOOR_PY) -m pytest -q $(FLOOR_TESTS)
+	$(if $(wildcard $(PY)),BRILLM_OTHER_PYTHON=$(abspath $(PY))) $(FLOOR_PY) -m pytest -q $(PARALLEL) $(FLOOR_TESTS)
 
 # The model package, generation and remote code at the newest torch setup.cfg claims.
 test-latest: setup-latest
 	$(LATEST_PY) -c "import torch, transformers; print('torch', torch.__version__, transformers.__version__)"
 	$(LATEST_PY) .ci/floor_constraints.py --verify-newest torch setup.cfg
-	$(LATEST_PY) -m pytest -q $(LATEST_TESTS)
+	$(LATEST_PY) -m pytest -q $(PARALLEL) $(LATEST_TESTS)
