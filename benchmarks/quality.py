@@ -86,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Extra evaluation points, log-spaced from 1/64 of the largest budget up to it.")
     p.add_argument("--gpt2", nargs="*", default=DEFAULT_GPT2, metavar="LxE[xH][@LR]",
                    help="GPT-2 sizes: layers x width [x heads] [@learning rate] (heads default width/32, learning "
-                   "rate --gpt2_lr); none to skip GPT-2.")
+                   "rate --gpt2_lr); `--gpt2` alone or `--gpt2 none` trains no GPT-2.")
     p.add_argument("--no_brillm", action="store_true", help="Train only the GPT-2 models.")
     p.add_argument("--config", default=None, help="Pretraining preset of BriLLM, data and tokenizer settings (default: "
                    "none, examples/pretrain.py's built-in defaults, so the BriLLM here is the one it trains).")
@@ -122,7 +122,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def gpt2_sizes(specs, default_lr: float) -> list[tuple[int, int, int, float]]:
-    """(layers, width, heads, learning rate) of every --gpt2 spec."""
+    """(layers, width, heads, learning rate) of every --gpt2 spec; none for `--gpt2 none`."""
+    if [spec.lower() for spec in specs] == ["none"]:
+        return []
     sizes = []
     for spec in specs:
         match = GPT2_SIZE.match(spec)

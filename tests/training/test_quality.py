@@ -209,3 +209,10 @@ def test_step_timing_is_the_pace_not_the_first_compiles(monkeypatch):
         clock[0] += next(pace)
 
     assert quality.seconds_per_step(step, sync=lambda: None) == pytest.approx(0.01)
+
+
+def test_gpt2_sizes_and_none():
+    assert quality.gpt2_sizes(["4x128", "4x256x8@1e-3"], 3e-3) == [(4, 128, 4, 3e-3), (4, 256, 8, 1e-3)]
+    assert quality.gpt2_sizes(["none"], 3e-3) == quality.gpt2_sizes([], 3e-3) == []
+    with pytest.raises(quality.UsageError, match="layers x width"):
+        quality.gpt2_sizes(["4x128", "none"], 3e-3)
