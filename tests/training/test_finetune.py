@@ -3,9 +3,7 @@ in-process: every --train_only mode trains what it says and leaves the rest bit 
 a one-line error."""
 
 import copy
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +18,9 @@ from modeling_brillm.training.sft_data import (
     split_records,
     tokenize_records,
 )
+from tests._scripts import load_script
 from tests._tiny import BOS, EOS, PAD, save_tiny
 
-ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [  # continuations the tiny model was not trained on (its corpus says "the cat sat on the mat")
     {"prompt": "the cat", "completion": " is a bird"},
     {"prompt": "the dog", "completion": " is a cat"},
@@ -35,10 +33,7 @@ PAIRS = [  # continuations the tiny model was not trained on (its corpus says "t
 
 @pytest.fixture(scope="module")
 def finetune():
-    spec = importlib.util.spec_from_file_location("finetune_script", ROOT / "examples" / "finetune.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/finetune.py", "finetune_script")
 
 
 @pytest.fixture(scope="module")

@@ -1,27 +1,20 @@
 """benchmarks/gpu_throughput.py runs on a CPU (tiny shape, Triton column in the interpreter) and reports its rows."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from modeling_brillm.backend import HAVE_TRITON
+from tests._scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_throughput.py"
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_bench():
+    return load_script("benchmarks/gpu_throughput.py", "gpu_throughput")
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 def test_benchmark_smoke_runs_both_backends(capsys, tmp_path):
     gpu = torch.cuda.is_available()  # without one: the CPU, the Triton column interpreted (conftest.py)
-    bench = load_script()
+    bench = load_bench()
     rows = bench.main(["--device", "cuda" if gpu else "cpu", "--shape", "tiny", "--batches", "2x6",
                        "--objective", "exact", "--optimizer", "sparse_adamw", "--steps", "1", "--warmup", "1",
                        "--decode-batches", "2", "--decode-tokens", "3", "--long-tokens", "12",
@@ -42,7 +35,7 @@ def test_benchmark_smoke_runs_both_backends(capsys, tmp_path):
 
 
 def test_batch_list_is_parsed_and_bad_input_is_refused():
-    bench = load_script()
+    bench = load_bench()
     assert bench.parse_batches("32x32,1024x64") == [(32, 32), (1024, 64)]
     with pytest.raises(SystemExit, match="BxL"):
         bench.parse_batches("32by32")

@@ -4,30 +4,19 @@ one-line error."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from modeling_brillm.evaluation import perplexity
 from modeling_brillm.training.presets import TRAINING_DEFAULTS
+from tests._scripts import load_script
 from tests._tiny import CORPUS, PAD, corpus_ids, make_model, make_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_module():
-    spec = importlib.util.spec_from_file_location("brillm_quality_benchmark", ROOT / "benchmarks" / "quality.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-quality = load_module()
+quality = load_script("benchmarks/quality.py", "brillm_quality_benchmark")
 
 
 def padded(seqs):
@@ -134,10 +123,7 @@ def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
 
 
 def load_sweep():
-    spec = importlib.util.spec_from_file_location("brillm_recipe_sweep", ROOT / "benchmarks" / "recipe_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/recipe_sweep.py", "brillm_recipe_sweep")
 
 
 def tiny_files(tmp_path):
