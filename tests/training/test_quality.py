@@ -182,7 +182,6 @@ def test_cosine_schedule_follows_the_training_clock():
     assert seen[4] == pytest.approx(0.1)
 
 
-
 def test_step_timing_is_the_pace_not_the_first_compiles(monkeypatch):
     """Planned epochs come from timed steps: slow first steps (the optimizer's moments, kernel compiles) and one slow
     step later must not pass for the run's pace (on a GPU the compiles once made a run plan a few of its ~20 epochs,

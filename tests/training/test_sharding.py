@@ -527,10 +527,14 @@ def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(cor
     _same_run(tmp_path / "r1", one, range(6, 11))
 
 
+@pytest.fixture(scope="module")
+def pretrain():
+    return load_script("examples/pretrain.py", "brillm_pretrain_script")
+
+
 @pytest.mark.parametrize("flag, fix", [(["--optimizer", "adamw"], "use --optimizer sparse_adamw"),
                                        (["--node_readout"], "add --no-node_readout"),
                                        (["--edge_backoff"], "add --no-edge_backoff")])
-def test_pretrain_refuses_what_sharding_cannot_train(flag, fix, corpus, tmp_path, monkeypatch, capsys):
-    pretrain = load_script("examples/pretrain.py", "brillm_pretrain_script")
+def test_pretrain_refuses_what_sharding_cannot_train(flag, fix, pretrain, corpus, tmp_path, monkeypatch, capsys):
     argv = ["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source", *flag]
     assert fix in refused(pretrain, argv, monkeypatch, capsys)
