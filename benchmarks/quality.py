@@ -423,7 +423,7 @@ def brillm_trainer(model, data, args, accelerator):
                 node_lr_scale=pargs.node_lr_scale, min_bigram_count=chosen_count(data["min_count"]),
                 signal_dropout=model.config.signal_dropout, non_edge_bias=model.config.non_edge_bias,
                 node_readout=model.config.node_readout, edge_backoff=model.config.edge_backoff,
-                position_recency=model.config.position_recency,
+                node_embedding=model.config.node_embedding, position_recency=model.config.position_recency,
                 node_size=model.config.node_size, schedule=schedule_text(args),
                 grad_clip=pargs.max_grad_norm if plan.clip else None)
     return step, info, clock, optimizer

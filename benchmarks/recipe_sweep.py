@@ -25,6 +25,7 @@ min_count auto, a matrix every edge shares):
     non_edge  1: config.non_edge_bias
     readout   1: config.node_readout                    recency   config.position_recency
     backoff   1: config.edge_backoff (0: every edge its own matrix only)
+    embed     1: config.node_embedding (every node adds its own vector to the signal it passes on)
 
 At every curve point the held-out NLL is also split by target: bigrams u->v that are real edges of the variant's
 graph ("seen") and those that are not ("unseen": every non-successor of u gets the shared energy). Writes
@@ -53,7 +54,8 @@ def count_or_auto(value: str):
 
 KEYS = {"lr": float, "wd": float, "lazy_wd": int, "warmup": int, "schedule": str, "min_lr": float, "shared_lr": float,
         "node_lr": float, "clip": float, "d": int, "min_count": count_or_auto, "dropout": float, "non_edge": int,
-        "readout": int, "recency": float, "backoff": int}
+        "readout": int, "recency": float, "backoff": int,
+        "embed": int}
 
 
 def parse_args(argv=None):
@@ -120,7 +122,8 @@ def make_variant(name, settings, data, args, accelerator, device):
                   non_edge_bias=bool(settings.get("non_edge", base["non_edge_bias"])),
                   node_readout=bool(settings.get("readout", base["node_readout"])),
                   position_recency=settings.get("recency", base["position_recency"]),
-                  edge_backoff=bool(settings.get("backoff", base["edge_backoff"])))
+                  edge_backoff=bool(settings.get("backoff", base["edge_backoff"])),
+                  node_embedding=bool(settings.get("embed", base.get("node_embedding", False))))
     min_count = settings.get("min_count", pargs.min_bigram_count)
     count = getattr(data["min_count"], "min_count", "auto") if min_count == "auto" else min_count  # the base's
     _, graph, _ = build_config_and_graph(dict(graph="sparse", node_size=fields["node_size"]), data["tokenizer"],
@@ -146,7 +149,7 @@ def make_variant(name, settings, data, args, accelerator, device):
                   schedule=settings.get("schedule", "constant"), clip=clip, min_bigram_count=min_count,
                   node_size=config.node_size, signal_dropout=config.signal_dropout, non_edge_bias=config.non_edge_bias,
                   node_readout=config.node_readout, edge_backoff=config.edge_backoff,
-                  position_recency=config.position_recency,
+                  node_embedding=config.node_embedding, position_recency=config.position_recency,
                   shared_edge_lr_scale=settings.get("shared_lr", pargs.shared_edge_lr_scale),
                   node_lr_scale=settings.get("node_lr", pargs.node_lr_scale))
     if recipe["schedule"] == "cosine":

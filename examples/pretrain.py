@@ -177,6 +177,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--edge_backoff", action=argparse.BooleanOptionalAction, default=None,
                    help="Every edge adds a learned matrix all edges share to its own, so rare edges inherit what the "
                    "common ones learn (config.edge_backoff). [on; off with --edge_sharding source]")
+    g.add_argument("--node_embedding", action=argparse.BooleanOptionalAction, default=None,
+                   help="Every node adds a learned d-vector to the edge output it passes on, so the signal carries "
+                   "the recent tokens themselves (config.node_embedding; the recurrence then runs in torch on a GPU "
+                   "too). [off]")
     g.add_argument("--position_recency", type=float, default=None,
                    help="Position weights start at 1 + this x k, so the signal's mix starts weighted to the latest "
                    "edges (config.position_recency; 0 = the paper's all ones). [0.2]")
@@ -282,6 +286,9 @@ def check_args(args, model_fields: dict):
     if args.edge_sharding == "source" and model_fields.get("edge_backoff"):
         raise UsageError("--edge_sharding source does not train the matrix every edge shares: add --no-edge_backoff, "
                          "or train without --edge_sharding.")
+    if args.edge_sharding == "source" and model_fields.get("node_embedding"):
+        raise UsageError("--edge_sharding source does not train the nodes' vectors: add --no-node_embedding, or train "
+                         "without --edge_sharding.")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
         try:
             args.checkpointing_steps = int(args.checkpointing_steps)

@@ -100,6 +100,13 @@ class BriLLMConfig(PreTrainedConfig):
             and every candidate it scores, so a rare edge inherits how context moves energies, and the weight decay on
             the edge matrices pulls each edge toward the shared matrix rather than toward zero. A fresh model
             computes exactly the release's energies.
+        node_embedding (`bool`, defaults to False):
+            Give every node v a learned d-vector `node_embedding[v]` (initialised to 0) that it adds to the edge
+            output it passes on: the signal's mix then carries a recency-weighted bag of the recent tokens beside the
+            edges' outputs. An edge output is learned from its own bigram's occurrences; a node's vector from every
+            occurrence of the node, so the signal keeps what the last few tokens were even where their edges have
+            seen too little. A fresh model computes exactly the release's energies. The Triton scan and decode
+            kernels do not carry it yet: with it the recurrence runs in torch on every device.
         position_recency (`float`, defaults to 0.0):
             Where the position weights start: p_k = 1 + position_recency·k for the k-th edge, so the signal's
             softmax mix starts weighted toward the latest edges (the weight of an edge k steps back falls by
@@ -128,6 +135,7 @@ class BriLLMConfig(PreTrainedConfig):
     non_edge_bias: bool = False
     node_readout: bool = False
     edge_backoff: bool = False
+    node_embedding: bool = False
     position_recency: float = 0.0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -164,6 +172,7 @@ class BriLLMConfig(PreTrainedConfig):
         learned += self.vocab_size if self.non_edge_bias else 0
         learned += self.vocab_size * d if self.node_readout else 0
         learned += d * d if self.edge_backoff else 0
+        learned += self.vocab_size * d if self.node_embedding else 0
         return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
@@ -206,6 +215,8 @@ class BriLLMConfig(PreTrainedConfig):
              "node_readout needs loss_type='exact' (a readout changes every node's logit, and the sampled loss "
              "scores only its negatives).")
         need(isinstance(self.edge_backoff, bool), f"edge_backoff must be True or False, got {self.edge_backoff!r}.")
+        need(isinstance(self.node_embedding, bool),
+             f"node_embedding must be True or False, got {self.node_embedding!r}.")
         need(isinstance(self.position_recency, (int, float)) and not isinstance(self.position_recency, bool)
              and 0 <= self.position_recency <= 1,
              f"position_recency must be a number in [0, 1], got {self.position_recency!r}.")

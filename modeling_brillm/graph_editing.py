@@ -13,8 +13,9 @@ from torch import nn
 
 from .graph import BigramGraph, build_sparse_graph, check_csr, count_bigrams, edge_rows_from_keys, merge_edges
 
-# the recipe's per-node rows beside node_bias: a non-successor's offset, the node's readout of the signal
-NODE_ROWS = ("non_edge_bias", "node_readout")
+# the recipe's per-node rows beside node_bias: a non-successor's offset, the node's readout of the signal, the
+# vector it adds to the signal it passes on
+NODE_ROWS = ("non_edge_bias", "node_readout", "node_embedding")
 
 
 def _replace_parameter(model, name: str, value: torch.Tensor):

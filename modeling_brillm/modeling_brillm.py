@@ -12,8 +12,9 @@ along the path of the input tokens u_0, u_1, ...:
 A sparse graph keeps real edges only for the bigrams seen in training; every other pair u→v shares edge row 0 (plus
 a learned per-node offset with `config.non_edge_bias`). With `config.node_readout` every node also reads the signal
 directly: logit(v) = E_i(v) + ⟨x_i, r_v⟩. With `config.edge_backoff` every edge adds one shared learned matrix to its
-own, W[u→v] → edge_base + W[u→v] (`recurrence.plus_edge_base`). docs/model.md tells the whole story, with the
-checkpoint format and the original release's numbers.
+own, W[u→v] → edge_base + W[u→v] (`recurrence.plus_edge_base`). With `config.node_embedding` every node adds its own
+learned vector to the edge output it passes on, c_i → c_i + e[u_i], so the mix carries the recent tokens themselves.
+docs/model.md tells the whole story, with the checkpoint format and the original release's numbers.
 
     BriLLMModel          the parameters, the graph, and the recurrence (returns the signals x_i)
     BriLLMForCausalLM    holds a BriLLMModel; the energies as logits, the loss, and `generate()`
@@ -279,6 +280,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         self.node_readout = nn.Parameter(torch.zeros(V, d)) if config.node_readout else None
         # edge_backoff=True: every edge's matrix is edge_base + its own table row (0 = release)
         self.edge_base = nn.Parameter(torch.zeros(d, d)) if config.edge_backoff else None
+        # node_embedding=True: every node adds its own d-vector to the edge output it passes on (0 = release)
+        self.node_embedding = nn.Parameter(torch.zeros(V, d)) if config.node_embedding else None
         if config.graph == "sparse":
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
             self.register_buffer("graph_indices", torch.zeros(config.num_edges, dtype=torch.long))
@@ -369,7 +372,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         signal = self._start(tokens, index, valid, state, signal_ids, carried[0])
         # the link hands the scan's edge gradients to the candidate energies' backward (one gradient per table)
         link = EdgeGradLink() if torch.is_grad_enabled() and edge_fetch is None else None
-        signals, *carried = self._scan(signal, carried[1:], index, rows, has_edge, edge_fetch, link)
+        signals, *carried = self._scan(signal, carried[1:], index, rows, has_edge, edge_fetch, link, tokens)
         last_real = tokens[torch.arange(B, device=tokens.device), (lengths - 1).clamp_min(0)]
         final_token = torch.where(lengths > 0, last_real, last)
         new_state = BriLLMState(*carried, start + lengths, final_token, seen + input_ids.shape[1])
@@ -403,8 +406,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
     def _checkpointing(self) -> bool:
         return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
 
-    def _scan(self, signal, mix, index, rows, has_edge, edge_fetch, link):
-        """The edges along every path (`ops.signal_scan`): (signals (B, L, d), signal, mix_sum, mix_norm, mix_max)."""
+    def _scan(self, signal, mix, index, rows, has_edge, edge_fetch, link, tokens):
+        """The edges along every path (`ops.signal_scan`): (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
+        `tokens` (B, L): the node each column's edge enters."""
         pe = self.position_encoding(index).to(self.weights.dtype)  # PE[i+1] of edge i, (B, L, d)
         dropout = self.config.signal_dropout if self.training else 0.0
         weights, biases, sparse = self.weights, self.biases, self._sparse_gradients
@@ -413,8 +417,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
             w, b = edge_fetch(rows)
             weights, biases, sparse = w.reshape(B * L, *w.shape[2:]), b.reshape(B * L, 1, -1), False
             rows = torch.arange(B * L, device=rows.device).view(B, L)
+        node_add = None if self.node_embedding is None else self.node_embedding[tokens]
         args = (signal, *mix, self.mix_weights(index), weights, biases, rows, has_edge, pe, sparse, link, dropout,
-                self.edge_base)
+                self.edge_base, node_add)
         if self._checkpointing():  # keep no signals for the backward: recompute the scan there
             return self._gradient_checkpointing_func(signal_scan, *args)
         return signal_scan(*args)
@@ -427,8 +432,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
         length, wdtype = state.length, self.weights.dtype
         rows = self.edge_rows(state.last_token, tokens)
         pe = plus_edge_base(self.position_encoding(length).to(wdtype), state.signal, self.edge_base)
+        node_add = None if self.node_embedding is None else self.node_embedding[tokens]
         mix = edge_update(state.signal, self.weights[rows], self.biases[rows, 0], pe, self.mix_weights(length),
-                          *state.tensors()[1:4])
+                          *state.tensors()[1:4], node_add)
         signal = mix[0] / mix[1].unsqueeze(1)
         new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
         ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)
@@ -443,7 +449,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         logits, state = sync_free_step(tokens, *state_tensors, self.weights, self.biases, self.positions,
                                        self.position_encoding(length), self.position_encoding(length + 1), indptr,
                                        indices, self.edge_keys(), self.config.vocab_size, max_degree,
-                                       self.non_edge_bias, self.edge_base)
+                                       self.non_edge_bias, self.edge_base, self.node_embedding)
         return self.read_out(logits, state[0]), state
 
     def read_out(self, logits: torch.Tensor, signal: torch.Tensor) -> torch.Tensor:

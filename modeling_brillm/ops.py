@@ -200,7 +200,8 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
 
 # ------------------------------------------------------------------------------------- recurrence
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link: EdgeGradLink | None = None, dropout: float = 0.0, edge_base=None):
+                sparse_grad: bool = False, link: EdgeGradLink | None = None, dropout: float = 0.0, edge_base=None,
+                node_add=None):
     """The recurrence over all columns: returns (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
 
     Arguments as `recurrence.signal_scan` (the torch reference, one column at a time), but `dropout` (training only)
@@ -208,6 +209,7 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     (dropped out with the mask), `signal` the final undropped signal. The Triton scan (one launch each way) runs
     when the backend picks it, for d ≤ 128 and, when gradients are needed, float32 tables. A sharded caller passes
     its fetched rows as the table: weights (B·L, d, d), biases (B·L, 1, d), rows = arange(B·L).view(B, L).
+    `node_add` (B, L, d) (config.node_embedding) is not in the Triton scan yet: with it the torch scan runs.
     """
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
@@ -216,30 +218,32 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     if dropout:
         B, L = rows.shape
         keep = F.dropout(signal.new_ones(B, L + 1, signal.shape[-1], dtype=torch.float32), dropout, training=True)
-    if kernel_enabled("signal_scan", weights) and scan_kernel_unsupported(weights, needs_grad) is None:
+    if node_add is None and kernel_enabled("signal_scan", weights) and scan_kernel_unsupported(weights,
+                                                                                                 needs_grad) is None:
         stacked, mix_sum, mix_norm, mix_max = kernel_signal_scan(
             signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link,
             edge_base, None if keep is None else keep[:, :-1])
         final = stacked[:, -1] if stacked.shape[1] else signal.float()
         return (stacked if keep is None else stacked * keep[:, 1:]), final, mix_sum, mix_norm, mix_max
     return ref_signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                           sparse_grad, link, keep, edge_base)
+                           sparse_grad, link, keep, edge_base, node_add)
 
 
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
                 pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None,
-                edge_base=None):
+                edge_base=None, node_embedding=None):
     """One token per row with no host read (what a CUDA graph records): returns ((B, V) float32 logits, (signal,
     mix_sum, mix_norm, mix_max, length + 1, tokens)). Arguments as `recurrence.decode_step`; the kernel (two
-    launches) finds the edge by a search in the source's block and does not read `edge_keys`."""
-    if kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
+    launches) finds the edge by a search in the source's block and does not read `edge_keys`. It does not carry
+    `node_embedding` yet (config.node_embedding): with it the torch step runs."""
+    if node_embedding is None and kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
         P = weights.shape[0]
         return kernel_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights,
                                   biases.reshape(P, -1), positions.reshape(-1), pe_now, pe_next, indptr,
                                   indices, vocab_size, max_degree, non_edge_bias, edge_base)
     return ref_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases,
                            positions, pe_now, pe_next, indptr, indices, edge_keys, vocab_size, max_degree,
-                           non_edge_bias, edge_base)
+                           non_edge_bias, edge_base, node_embedding)
 
 
 # ------------------------------------------------------------------------------------- optimizer

@@ -2,8 +2,9 @@
 step (triton_energy.decode_step) compute too, and the path every device without them runs.
 
 One edge step: the signal x leaving token u crosses the edge u→v (edge-table row r) and gives the edge output
-c = GeLU(x·W[r] + b[r] + PE); the signal leaving v is the softmax mix of every edge output so far, weighted by the
-position weight logits p, kept as a running (sum S, norm N, max M) so it costs O(d) a token:
+c = GeLU(x·W[r] + b[r] + PE) (plus v's own vector e[v] with config.node_embedding); the signal leaving v is the
+softmax mix of every edge output so far, weighted by the position weight logits p, kept as a running (sum S,
+norm N, max M) so it costs O(d) a token:
 
     M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'
 
@@ -29,16 +30,19 @@ def plus_edge_base(pe, x, edge_base):
     return pe if edge_base is None else pe + x.to(edge_base.dtype) @ edge_base
 
 
-def edge_update(signal, w, b, pe, weight_logit, mix_sum, mix_norm, mix_max):
+def edge_update(signal, w, b, pe, weight_logit, mix_sum, mix_norm, mix_max, node_add=None):
     """One edge step of every row: the edge output GeLU(x·W + b + PE) in the edge table's dtype (`w` (B, d, d),
-    `b` and `pe` (B, d)), mixed (float32) into the running softmax mix; returns the new (sum, norm, max).
+    `b` and `pe` (B, d)), plus the entered node's vector `node_add` (B, d) where given (config.node_embedding),
+    mixed (float32) into the running softmax mix; returns the new (sum, norm, max).
     The one place the step is written: the column loop, the decode step and its reference all call it."""
-    out = F.gelu(torch.bmm(signal.to(w.dtype).unsqueeze(1), w).squeeze(1) + b + pe)
-    return mix_in(out.float(), weight_logit, mix_sum, mix_norm, mix_max)
+    out = F.gelu(torch.bmm(signal.to(w.dtype).unsqueeze(1), w).squeeze(1) + b + pe).float()
+    if node_add is not None:  # outside the GeLU: the mix carries the recent nodes' vectors as they are
+        out = out + node_add.float()
+    return mix_in(out, weight_logit, mix_sum, mix_norm, mix_max)
 
 
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None, keep=None, edge_base=None):
+                sparse_grad: bool = False, link=None, keep=None, edge_base=None, node_add=None):
     """The recurrence over all columns, one column at a time; returns (signals, signal, mix_sum, mix_norm, mix_max).
 
     `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
@@ -48,7 +52,8 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     d), optional: a dropout mask (0, or 1/(1−p)) on the signal where it is used; entry j multiplies the signal
     entering column j's edge, entry j + 1 the one leaving it, which is also what token j's candidates see
     (`signals`); the state and the returned `signal` keep the undropped one. `edge_base` (d, d), optional: the
-    matrix every edge adds to its own (config.edge_backoff).
+    matrix every edge adds to its own (config.edge_backoff). `node_add` (B, L, d), optional: the vector of the node
+    each column's edge enters, added to its output (config.node_embedding).
     """
     L = rows.shape[1]
     w_steps, b_steps = gather_edges(weights, biases, rows, sparse_grad, link)
@@ -61,7 +66,7 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
             feed = signal if keep is None else signal * keep[:, j]
             edge_input = plus_edge_base(pe[j], feed, edge_base)
             new_sum, new_norm, new_max = edge_update(feed, w_steps[j], b_steps[j], edge_input, mix_weight[j], mix_sum,
-                                                     mix_norm, mix_max)
+                                                     mix_norm, mix_max, None if node_add is None else node_add[:, j])
             step = has_edge[:, j]
             mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
             mix_norm = torch.where(step, new_norm, mix_norm)
@@ -77,19 +82,21 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
 @torch.no_grad()
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
                 pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None,
-                edge_base=None):
+                edge_base=None, node_embedding=None):
     """One token per row with no host read and shapes fixed by (B, max_degree): the edge last_token→tokens, the mix,
     then every node's energy as the successor of `tokens`. Returns ((B, V) float32 logits, (signal, mix_sum,
     mix_norm, mix_max, length + 1, tokens)). `positions` is the model's (1, M, 1) weight logits (a position past
     them uses the last), `pe_now` / `pe_next` the PE rows of `length` / `length + 1`, `edge_keys` as
-    `graph.edge_rows_from_keys` (None: dense), `edge_base` the matrix every edge adds to its own (or None)."""
+    `graph.edge_rows_from_keys` (None: dense), `edge_base` the matrix every edge adds to its own (or None),
+    `node_embedding` (V, d) the nodes' own vectors (or None)."""
     wdtype = weights.dtype
     M = positions.numel()
     rows = edge_rows_from_keys(edge_keys, last_token, tokens, vocab_size)
     weight = positions.view(-1).float()[(length - 1).clamp(0, M - 1)]
     mix_sum, mix_norm, mix_max = edge_update(signal, weights[rows], biases.reshape(weights.shape[0], -1)[rows],
                                              plus_edge_base(pe_now.to(wdtype), signal, edge_base), weight, mix_sum,
-                                             mix_norm, mix_max)
+                                             mix_norm, mix_max,
+                                             None if node_embedding is None else node_embedding[tokens])
     signal = mix_sum / mix_norm.unsqueeze(1)
     pe_next = plus_edge_base(pe_next.to(wdtype), signal, edge_base)
     logits = successor_logits_static(signal.to(wdtype), pe_next, weights, biases, tokens, indptr, indices, vocab_size,

@@ -240,6 +240,9 @@ class ShardedBriLLM(nn.Module):
             raise ValueError("ShardedBriLLM does not train edge_backoff (the matrix every edge shares would need the "
                              "gradient of every process's edges): build the model with edge_backoff=False, or train it "
                              "in one process or with DDP.")
+        if getattr(cfg, "node_embedding", False):
+            raise ValueError("ShardedBriLLM does not train node_embedding (not tried with source-sharded edges yet): "
+                             "build the model with node_embedding=False, or train it in one process or with DDP.")
         V = cfg.vocab_size
         indptr, indices = _csr(model)
         degree = indptr.diff()

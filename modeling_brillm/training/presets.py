@@ -19,7 +19,7 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
 MODEL_FIELDS = {
     "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
     "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias", "node_readout", "position_recency",
-    "edge_backoff",
+    "edge_backoff", "node_embedding",
 }
 # The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
 # back-off, the nodes' readout of the signal, a matrix every edge shares, a mix that starts weighted to recent edges,
@@ -70,6 +70,7 @@ FLAG_TO_FIELD = {
     "node_readout": ("model", "node_readout"),
     "position_recency": ("model", "position_recency"),
     "edge_backoff": ("model", "edge_backoff"),
+    "node_embedding": ("model", "node_embedding"),
     "vocab_size": ("tokenizer", "vocab_size"),
     "tokenizer_kind": ("tokenizer", "kind"),
     "tokenizer_min_frequency": ("tokenizer", "min_frequency"),
@@ -134,7 +135,7 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
     # A built-in default this setup cannot train gives way; a preset's or a flag's value stays (and is refused).
     off = {"non_edge_bias", "node_readout"} if model["loss_type"] == "sampled" else set()  # scores few negatives
     if getattr(args, "edge_sharding", "none") == "source":
-        off.update({"node_readout", "edge_backoff"})  # the sharded loss does not train them
+        off.update({"node_readout", "edge_backoff", "node_embedding"})  # the sharded loss does not train them
     for field in off:
         if field not in preset["model"] and getattr(args, field) is None:
             model[field] = False
