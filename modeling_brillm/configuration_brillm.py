@@ -105,8 +105,7 @@ class BriLLMConfig(PreTrainedConfig):
             output it passes on: the signal's mix then carries a recency-weighted bag of the recent tokens beside the
             edges' outputs. An edge output is learned from its own bigram's occurrences; a node's vector from every
             occurrence of the node, so the signal keeps what the last few tokens were even where their edges have
-            seen too little. A fresh model computes exactly the release's energies. The Triton scan and decode
-            kernels do not carry it yet: with it the recurrence runs in torch on every device.
+            seen too little. A fresh model computes exactly the release's energies.
         position_recency (`float`, defaults to 0.0):
             Where the position weights start: p_k = 1 + position_recency·k for the k-th edge, so the signal's
             softmax mix starts weighted toward the latest edges (the weight of an edge k steps back falls by

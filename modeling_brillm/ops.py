@@ -209,7 +209,7 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     (dropped out with the mask), `signal` the final undropped signal. The Triton scan (one launch each way) runs
     when the backend picks it, for d ≤ 128 and, when gradients are needed, float32 tables. A sharded caller passes
     its fetched rows as the table: weights (B·L, d, d), biases (B·L, 1, d), rows = arange(B·L).view(B, L).
-    `node_add` (B, L, d) (config.node_embedding) is not in the Triton scan yet: with it the torch scan runs.
+    `node_add` (B, L, d), optional: the vector of the node each column enters (config.node_embedding).
     """
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
@@ -218,11 +218,10 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     if dropout:
         B, L = rows.shape
         keep = F.dropout(signal.new_ones(B, L + 1, signal.shape[-1], dtype=torch.float32), dropout, training=True)
-    if node_add is None and kernel_enabled("signal_scan", weights) and scan_kernel_unsupported(weights,
-                                                                                                 needs_grad) is None:
+    if kernel_enabled("signal_scan", weights) and scan_kernel_unsupported(weights, needs_grad) is None:
         stacked, mix_sum, mix_norm, mix_max = kernel_signal_scan(
             signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link,
-            edge_base, None if keep is None else keep[:, :-1])
+            edge_base, None if keep is None else keep[:, :-1], node_add)
         final = stacked[:, -1] if stacked.shape[1] else signal.float()
         return (stacked if keep is None else stacked * keep[:, 1:]), final, mix_sum, mix_norm, mix_max
     return ref_signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
@@ -234,13 +233,13 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
                 edge_base=None, node_embedding=None):
     """One token per row with no host read (what a CUDA graph records): returns ((B, V) float32 logits, (signal,
     mix_sum, mix_norm, mix_max, length + 1, tokens)). Arguments as `recurrence.decode_step`; the kernel (two
-    launches) finds the edge by a search in the source's block and does not read `edge_keys`. It does not carry
-    `node_embedding` yet (config.node_embedding): with it the torch step runs."""
-    if node_embedding is None and kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
+    launches) finds the edge by a search in the source's block and does not read `edge_keys`."""
+    if kernel_enabled("decode_step", tokens) and weights.dtype in SUPPORTED_DTYPES:
         P = weights.shape[0]
         return kernel_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights,
                                   biases.reshape(P, -1), positions.reshape(-1), pe_now, pe_next, indptr,
-                                  indices, vocab_size, max_degree, non_edge_bias, edge_base)
+                                  indices, vocab_size, max_degree, non_edge_bias, edge_base,
+                                  None if node_embedding is None else node_embedding[tokens])
     return ref_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases,
                            positions, pe_now, pe_next, indptr, indices, edge_keys, vocab_size, max_degree,
                            non_edge_bias, edge_base, node_embedding)
@@ -338,7 +337,8 @@ def _successor_outputs(kernel: bool, device):
 
 
 def _scan_outputs(kernel: bool, device):
-    """A plain scan, and one with the matrix every edge shares (config.edge_backoff) and signal dropout."""
+    """A plain scan, and one with the matrix every edge shares (config.edge_backoff), signal dropout and the nodes'
+    own vectors (config.node_embedding)."""
     return _one_scan(kernel, device, False) + _one_scan(kernel, device, True)
 
 
@@ -355,25 +355,28 @@ def _one_scan(kernel: bool, device, options: bool):
     pe = pe.to(device)  # fixed sinusoids in the model: no gradient (the kernel returns none)
     leaves = [t.to(device).requires_grad_() for t in (*state, mix_weight)] + [
         weights.clone().requires_grad_(), biases.clone().requires_grad_()]
-    edge_base = keep = None
+    edge_base = keep = node_add = None
     if options:
         edge_base = (torch.randn(d, d, generator=g) * 0.5).to(device).requires_grad_()
-        leaves.append(edge_base)
+        node_add = (torch.randn(B, L, d, generator=g) * 0.5).to(device).requires_grad_()
+        leaves += [edge_base, node_add]
         keep = ((torch.rand(B, L + 1, d, generator=g) > 0.25).float() / 0.75).to(device)  # dropout p = 0.25
     signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases = leaves[:7]
     args = (signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe)
     if kernel:
-        stacked, *rest = kernel_signal_scan(*args, edge_base=edge_base, keep=None if keep is None else keep[:, :-1])
+        stacked, *rest = kernel_signal_scan(*args, edge_base=edge_base, keep=None if keep is None else keep[:, :-1],
+                                            node_add=node_add)
         outputs = [stacked if keep is None else stacked * keep[:, 1:], stacked[:, -1], *rest]
     else:
-        outputs = list(ref_signal_scan(*args, keep=keep, edge_base=edge_base))
+        outputs = list(ref_signal_scan(*args, keep=keep, edge_base=edge_base, node_add=node_add))
     loss = sum((o * torch.linspace(-1, 1, o.numel(), device=device).view(o.shape)).sum() for o in outputs)
     loss.backward()
     return outputs + [t.grad for t in leaves]
 
 
 def _decode_outputs(kernel: bool, device):
-    """A decode step without and with the matrix every edge shares (config.edge_backoff)."""
+    """A decode step without and with the matrix every edge shares (config.edge_backoff) and the nodes' own
+    vectors (config.node_embedding)."""
     return _one_decode(kernel, device, False) + _one_decode(kernel, device, True)
 
 
@@ -392,16 +395,18 @@ def _one_decode(kernel: bool, device, shared_matrix: bool):
     pe_now, pe_next = (torch.randn(B, d, generator=g).to(device) for _ in range(2))
     bias = torch.randn(V, generator=g).to(device)
     edge_base = (torch.randn(d, d, generator=g) * 0.5).to(device) if shared_matrix else None
+    node_embedding = (torch.randn(V, d, generator=g) * 0.5).to(device) if shared_matrix else None
     args = (tokens, signal, mix_sum, mix_norm, mix_max, length, last, weights, biases)
     with torch.no_grad():
         if kernel:
             logits, new = kernel_decode_step(*args[:7], weights, biases.reshape(weights.shape[0], -1),
                                              positions.reshape(-1), pe_now, pe_next, indptr, indices, V,
-                                             graph_max_degree(indptr), bias, edge_base)
+                                             graph_max_degree(indptr), bias, edge_base,
+                                             None if node_embedding is None else node_embedding[tokens])
         else:
             logits, new = ref_decode_step(*args, positions, pe_now, pe_next, indptr, indices,
                                           edge_keys(indptr, indices, V), V, graph_max_degree(indptr), bias,
-                                          edge_base)
+                                          edge_base, node_embedding)
     return [logits, *(t.float() for t in new)]
 
 

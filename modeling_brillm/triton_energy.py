@@ -304,16 +304,17 @@ if triton is not None:
     def _decode_state_kernel(
         tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr, length_ptr,
         w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr, non_edge_ptr, base_ptr,
-        new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr, new_pe_ptr,
+        node_ptr, new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr, new_pe_ptr,
         d, V, M,
         D: tl.constexpr, SEARCH_STEPS: tl.constexpr, HAS_INDICES: tl.constexpr, HAS_SHARED: tl.constexpr,
-        HAS_BIAS: tl.constexpr, HAS_BASE: tl.constexpr, FILL: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_BASE: tl.constexpr, HAS_NODE: tl.constexpr, FILL: tl.constexpr,
     ):
         """One row of the decode step: the edge last→token (binary search in last's sorted block), its output
         GeLU(x·W + b + PE[length]), the running softmax mix, the new signal; then the shared energy of the next
         step's candidates (plus non_edge_bias[v] with HAS_BIAS) written over the row of logits (the successors'
         kernel writes the real ones after). With HAS_BASE every edge's matrix is E + W (config.edge_backoff): the
-        next step's candidates see PE[length + 1] + signal·E, written to `new_pe_ptr` for the successors' kernel."""
+        next step's candidates see PE[length + 1] + signal·E, written to `new_pe_ptr` for the successors' kernel.
+        With HAS_NODE the entered node's vector (config.node_embedding, a (B, d) row each) joins the edge output."""
         r = tl.program_id(0).to(tl.int64)
         k = tl.arange(0, D)
         kmask = k < d
@@ -344,6 +345,8 @@ if triton is not None:
         h = tl.sum(x[:, None] * w, axis=0) + tl.load(b_ptr + row * d + k, mask=kmask, other=0.0).to(tl.float32)
         h += tl.load(pe_in_ptr + r * d + k, mask=kmask, other=0.0)
         out = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
+        if HAS_NODE:
+            out += tl.load(node_ptr + r * d + k, mask=kmask, other=0.0).to(tl.float32)
         length = tl.load(length_ptr + r)
         logit = tl.load(weight_logit_ptr + tl.minimum(tl.maximum(length - 1, 0), M - 1)).to(tl.float32)
         old_max = tl.load(mix_max_ptr + r)
@@ -831,10 +834,11 @@ def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_
 @torch.no_grad()
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
                 pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int, non_edge_bias=None,
-                edge_base=None):
+                edge_base=None, node_add=None):
     """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
     the successors): `recurrence.decode_step`'s math, `edge_base` (d, d) or None the matrix every edge adds to its
-    own. Returns the (B, V) float32 logits and the new state tensors."""
+    own, `node_add` (B, d) or None the entered nodes' vectors. Returns the (B, V) float32 logits and the new state
+    tensors."""
     B, d = signal.shape
     V = vocab_size
     logits = torch.empty(B, V, dtype=torch.float32, device=signal.device)
@@ -850,10 +854,12 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
             indices if indices is not None else indptr,
             non_edge_bias.contiguous() if has_bias else mix_norm,
             edge_base.contiguous() if edge_base is not None else mix_norm,
+            node_add.contiguous() if node_add is not None else mix_norm,
             new_signal, new_sum, new_norm, new_max, new_length, logits, pe_next,
             d, V, position_logits.numel(),
             D=padded_width(d), SEARCH_STEPS=max(1, max_degree.bit_length()), HAS_INDICES=indices is not None,
-            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, HAS_BASE=edge_base is not None, FILL=1024,
+            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, HAS_BASE=edge_base is not None,
+            HAS_NODE=node_add is not None, FILL=1024,
             num_warps=4)
         decode_successor_logits(new_signal, pe_next, weights, b2, tokens, indptr, indices, V, max_degree, logits)
     return logits, (new_signal, new_sum, new_norm, new_max, new_length, tokens)

@@ -31,6 +31,10 @@ With the matrix every edge shares (config.edge_backoff), every W[r] above reads 
 program and added to each prefetched tile, and ḡE = Σ_j x_in ⊗ ḡh over every edge crossed (one (d, d) tile per
 batch row, summed in torch: no atomics for all rows to contend on).
 
+With the nodes' own vectors (config.node_embedding) the edge output is c_j = GeLU(h_j) + a_j, a_j the vector of
+the node column j enters (a (B, L, d) input gathered in torch): the forward adds it before the mix, the backward
+uses it in ḡp and writes ḡa_j = ḡc (zero where a column has no edge).
+
 With signal dropout (config.signal_dropout, training only) the edge reads x ⊙ keep_j, a mask drawn in torch
 (`ops.signal_scan`): the scan multiplies the input of each edge, ḡW and ḡE take the dropped x_in, and ḡx_in is
 masked the same way. The signals it returns stay undropped (the mix is of the undropped edge outputs); torch
@@ -121,11 +125,13 @@ if triton is not None:
         return tl.full([D], 1.0, dtype=tl.float32)
 
     @triton.jit
-    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, base, j, L, d: tl.constexpr, i, k,
-                   mi, mk, E, D: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr):
+    def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, node_ptr, base, j, L,
+                   d: tl.constexpr, i, k, mi, mk, E, D: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr,
+                   HAS_NODE: tl.constexpr):
         """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal; with
         HAS_BASE the edge's matrix comes back as E + W[r] (the sum is off the signal's chain of dependencies), with
-        HAS_DROP the dropout mask of the signal entering the edge."""
+        HAS_DROP the dropout mask of the signal entering the edge, with HAS_NODE the entered node's vector (else
+        zeros the compiler drops)."""
         inside = j < L
         at = base + j
         r = tl.load(rows_ptr + at, mask=inside, other=0)
@@ -139,7 +145,10 @@ if triton is not None:
         if HAS_BASE:
             W += E
         keep = _load_keep(keep_ptr, at, d, i, mi & _bvec(i, inside), D, HAS_DROP)
-        return W, bias + pe, p, e, keep
+        node = tl.zeros([D], dtype=tl.float32)
+        if HAS_NODE:
+            node += tl.load(node_ptr + at * d + k, mask=mk_in, other=0.0).to(tl.float32)
+        return W, bias + pe, p, e, keep, node
 
     @triton.jit
     def _scan_forward_kernel(
@@ -147,10 +156,11 @@ if triton is not None:
         w_ptr, b_ptr, rows_ptr, edge_ptr, pe_ptr, mixw_ptr,  # (P, d, d), (P, d), (B, L) ×2, (B, L, d), (B, L)
         base_ptr,  # (d, d): the matrix every edge adds to its own (read with HAS_BASE)
         keep_ptr,  # (B, L, d): the dropout mask of the signal entering each column's edge (read with HAS_DROP)
+        node_ptr,  # (B, L, d): the vector of the node each column enters, added to the edge output (HAS_NODE)
         sig_ptr, nsave_ptr, msave_ptr,  # out: signals (B, L, d); norm and max after every column (B, L)
         sfin_ptr, nfin_ptr, mfin_ptr,  # out: final mix sum (B, d), norm (B,), max (B,)
         L, d: tl.constexpr,
-        D: tl.constexpr, SAVE: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr,
+        D: tl.constexpr, SAVE: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr, HAS_NODE: tl.constexpr,
     ):
         """One batch row's columns in order: edge output, softmax mix, signal (see the module docstring)."""
         row = tl.program_id(0).to(tl.int64)
@@ -163,14 +173,15 @@ if triton is not None:
         N = tl.load(n0_ptr + row)
         M = tl.load(m0_ptr + row)
         E = _load_base(base_ptr, d, i, k, mi, mk, D, HAS_BASE)
-        W, add, p, e, keep = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, base, 0, L, d,
-                                        i, k, mi, mk, E, D, HAS_BASE, HAS_DROP)
+        W, add, p, e, keep, node = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, node_ptr,
+                                              base, 0, L, d, i, k, mi, mk, E, D, HAS_BASE, HAS_DROP, HAS_NODE)
         j = 0
         while j < L:  # (a while loop: Triton's interpreter cannot index range() by a runtime bound)
             # the next column's loads go out before this column's arithmetic (they do not depend on it)
-            Wn, addn, pn, en, keepn = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, base,
-                                                 j + 1, L, d, i, k, mi, mk, E, D, HAS_BASE, HAS_DROP)
-            out = _gelu(tl.sum((x * keep)[:, None] * W, axis=0) + add)
+            Wn, addn, pn, en, keepn, noden = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr,
+                                                        node_ptr, base, j + 1, L, d, i, k, mi, mk, E, D, HAS_BASE,
+                                                        HAS_DROP, HAS_NODE)
+            out = _gelu(tl.sum((x * keep)[:, None] * W, axis=0) + add) + node
             M_new = tl.maximum(M, p)
             decay = tl.exp(M - M_new)
             weight = tl.exp(p - M_new)
@@ -183,7 +194,7 @@ if triton is not None:
             if SAVE:
                 tl.store(nsave_ptr + base + j, N)
                 tl.store(msave_ptr + base + j, M)
-            W, add, p, e, keep = Wn, addn, pn, en, keepn
+            W, add, p, e, keep, node = Wn, addn, pn, en, keepn, noden
             j += 1
         tl.store(sfin_ptr + row * d + k, S, mask=mk)
         tl.store(nfin_ptr + row, N)
@@ -192,15 +203,16 @@ if triton is not None:
     @triton.jit
     def _scan_backward_kernel(
         x0_ptr, s0_ptr, n0_ptr, m0_ptr,
-        w_ptr, b_ptr, rows_ptr, slot_ptr, edge_ptr, pe_ptr, mixw_ptr, base_ptr, keep_ptr,
+        w_ptr, b_ptr, rows_ptr, slot_ptr, edge_ptr, pe_ptr, mixw_ptr, base_ptr, keep_ptr, node_ptr,
         sig_ptr, nsave_ptr, msave_ptr,  # saved by the forward
         gsig_ptr, gsfin_ptr, gnfin_ptr, gmfin_ptr,  # incoming gradients (zeros where none)
         gx0_ptr, gs0_ptr, gn0_ptr, gm0_ptr, gmixw_ptr,  # out: gradients of the inputs
         gw_ptr, gb_ptr,  # edge-row gradients (R, d, d), (R, d), added at slot_ptr's slots
         gbase_ptr,  # out with NEED_BASE: this batch row's share of the shared matrix's gradient (B, d, d)
+        gnode_ptr,  # out with HAS_NODE: the gradient of every column's node vector (B, L, d)
         L, d: tl.constexpr,
         D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, HAS_BASE: tl.constexpr,
-        NEED_BASE: tl.constexpr, HAS_DROP: tl.constexpr,
+        NEED_BASE: tl.constexpr, HAS_DROP: tl.constexpr, HAS_NODE: tl.constexpr,
     ):
         """One batch row's columns in reverse: the exact reverse mode of the forward's update."""
         row = tl.program_id(0).to(tl.int64)
@@ -245,6 +257,8 @@ if triton is not None:
 
             h = tl.sum(x_in[:, None] * W, axis=0) + add
             out = _gelu(h)
+            if HAS_NODE:
+                out += tl.load(node_ptr + at * d + k, mask=mk_e, other=0.0).to(tl.float32)
             # columns without an edge change nothing below; neutral values keep their arithmetic finite
             M_out = tl.where(e, M_out, 0.0)
             M_in = tl.where(e, M_in, 0.0)
@@ -259,6 +273,8 @@ if triton is not None:
             # torch.maximum's backward: all to the larger input, half to each on a tie
             gp += tl.where(p > M_in, g_max, tl.where(p == M_in, 0.5 * g_max, 0.0))
             gM_in += tl.where(M_in > p, g_max, tl.where(p == M_in, 0.5 * g_max, 0.0))
+            if HAS_NODE:  # the vector is added to the edge output: its gradient is the output's
+                tl.store(gnode_ptr + at * d + k, tl.where(mk_e, weight * gS1, 0.0), mask=mk)
             gh = weight * gS1 * _gelu_grad(h)
             gh = tl.where(mk, gh, 0.0)
             gx_in = tl.sum(W * gh[None, :], axis=1) * keep
@@ -318,7 +334,7 @@ def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
 class _SignalScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x0, s0, n0, m0, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad: bool, link,
-                edge_base=None, keep=None):
+                edge_base=None, keep=None, node_add=None):
         """The autograd forward (see the class and module docstrings)."""
         B, L = rows.shape
         P, d = weights.shape[0], weights.shape[-1]
@@ -335,7 +351,9 @@ class _SignalScan(torch.autograd.Function):
         base = edge_base.contiguous() if has_base else b2  # (any tensor: not read without HAS_BASE)
         has_drop = keep is not None
         keep = keep.float().contiguous() if has_drop else b2  # (likewise without HAS_DROP)
-        training = any(ctx.needs_input_grad[:7]) or ctx.needs_input_grad[12]
+        has_node = node_add is not None
+        node = node_add.contiguous() if has_node else b2  # (likewise without HAS_NODE)
+        training = any(ctx.needs_input_grad[:7]) or ctx.needs_input_grad[12] or ctx.needs_input_grad[14]
         signals = torch.empty(B, L, d, dtype=torch.float32, device=device)
         n_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
         m_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
@@ -343,9 +361,9 @@ class _SignalScan(torch.autograd.Function):
         n_fin = torch.empty(B, dtype=torch.float32, device=device)
         m_fin = torch.empty(B, dtype=torch.float32, device=device)
         if B and L:
-            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, base, keep, signals,
-                   n_save, m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, HAS_BASE=has_base, HAS_DROP=has_drop,
-                   **_meta(d))
+            launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, base, keep, node,
+                   signals, n_save, m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, HAS_BASE=has_base,
+                   HAS_DROP=has_drop, HAS_NODE=has_node, **_meta(d))
         else:
             s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
         if link is not None and link.rows is None:  # not again when gradient checkpointing recomputes the scan
@@ -355,8 +373,9 @@ class _SignalScan(torch.autograd.Function):
             link.grad = None
         if training:
             ctx.save_for_backward(x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base,
-                                  keep)
+                                  keep, node)
         ctx.sparse_grad, ctx.link, ctx.has_base, ctx.has_drop = sparse_grad, link, has_base, has_drop
+        ctx.has_node, ctx.node_dtype = has_node, node.dtype
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
         ctx.weight_dtype = weights.dtype
         return signals, s_fin, n_fin, m_fin
@@ -364,7 +383,7 @@ class _SignalScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_signals, g_sum, g_norm, g_max):
         """The autograd backward: gradients of the forward's inputs."""
-        x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base, keep = ctx.saved_tensors
+        x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base, keep, node = ctx.saved_tensors
         B, L = rows.shape
         d = w.shape[-1]
         device = x0.device
@@ -385,16 +404,20 @@ class _SignalScan(torch.autograd.Function):
         g_m0 = torch.empty(B, dtype=torch.float32, device=device)
         g_mix = torch.empty(B, L, dtype=torch.float32, device=device)
         g_base = torch.zeros(B, d, d, dtype=torch.float32, device=device) if need_base else None
+        g_node = torch.empty(B, L, d, dtype=torch.float32, device=device) if ctx.has_node else None
         if B and L:
             dummy = g_x0
             launch(_scan_backward_kernel, (B,),
-                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, base, keep, signals, n_save,
-                m_save, g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
-                w_buf if need_w else dummy, b_buf if need_b else dummy, g_base if need_base else dummy, L, d,
+                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, base, keep, node, signals,
+                n_save, m_save, g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
+                w_buf if need_w else dummy, b_buf if need_b else dummy, g_base if need_base else dummy,
+                g_node if ctx.has_node else dummy, L, d,
                 NEED_W=need_w, NEED_B=need_b, HAS_BASE=ctx.has_base, NEED_BASE=need_base, HAS_DROP=ctx.has_drop,
-                **_meta(d))
+                HAS_NODE=ctx.has_node, **_meta(d))
         else:
             g_x0.zero_(), g_mix.zero_()
+            if g_node is not None:
+                g_node.zero_()
             g_s0.copy_(g_sum), g_n0.copy_(g_norm), g_m0.copy_(g_max)
         grad_w = grad_b = None
         if own is not None:
@@ -412,11 +435,13 @@ class _SignalScan(torch.autograd.Function):
                 grad_b = b_own.view(ctx.bias_shape).to(ctx.weight_dtype) if need_b else None
         if g_base is not None:
             g_base = g_base.sum(0).to(base.dtype)
-        return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None, g_base, None
+        if g_node is not None:
+            g_node = g_node.to(ctx.node_dtype)
+        return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None, g_base, None, g_node
 
 
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None, edge_base=None, keep=None):
+                sparse_grad: bool = False, link=None, edge_base=None, keep=None, node_add=None):
     """Run the recurrence over all columns; returns (signals (B, L, d), mix_sum, mix_norm, mix_max) after the last.
 
     `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
@@ -425,9 +450,11 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
     is False); `pe` (B, L, d): each column's PE row. `sparse_grad` / `link`: as `energy.gather_edges`.
     `edge_base` (d, d), optional: the matrix every edge adds to its own (config.edge_backoff). `keep` (B, L, d),
     optional: a dropout mask on the signal entering each column's edge (the returned signals are undropped).
+    `node_add` (B, L, d), optional: the vector of the node each column enters, added to its edge output
+    (config.node_embedding).
     """
     return _SignalScan.apply(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                             sparse_grad, link, edge_base, keep)
+                             sparse_grad, link, edge_base, keep, node_add)
 
 
 __all__ = ["MAX_NODE_SIZE", "signal_scan", "unsupported_reason"]

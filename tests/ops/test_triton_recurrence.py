@@ -103,6 +103,42 @@ def test_training_forward_and_backward_equal_the_torch_loop(dense, sparse, paddi
 
 
 @pytest.mark.parametrize("sparse", [False, True])
+def test_node_vectors_through_the_model_equal_the_torch_loop(sparse):
+    """config.node_embedding with the recipe's other options: loss, signals, logits and every gradient (the nodes'
+    vectors' too) through the scan equal the column loop's, and a decoded continuation equals the forward."""
+    model = random_model(seed=12, node_embedding=True, edge_backoff=True, node_readout=True, non_edge_bias=True)
+    with torch.no_grad():
+        model.base_model.node_embedding.normal_(0, 0.5, generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    mask = masks("right", 3, 7).to(DEVICE)
+    (l0, h0, z0, g0), (l1, h1, z1, g1) = both_backends(lambda: run_lm(model, ids, mask, sparse))
+    assert_rel(l1, l0, "loss")
+    assert_rel(h1, h0, "signals")
+    assert_rel(z1, z0, "logits")
+    assert "node_embedding" in g0 and g0.keys() == g1.keys()
+    assert float(g0["node_embedding"].abs().sum()) > 0
+    for name in g0:
+        assert_rel(g1[name], g0[name], name)
+    with kernel_backend("triton"), torch.no_grad():
+        model.eval()
+        full = model(ids[:1]).logits
+        out = model(ids[:1, :4], use_cache=True)
+        step = model(ids[:1, 4:5], cache=out.state)
+    assert_rel(step.logits[:, 0], full[:, 4], "one decoded token")
+    runs = []
+    for backend, mode in (("torch", "off"), ("torch", "eager"), ("triton", "eager")):  # eager: the sync-free step
+        model.decode_mode = mode
+        with kernel_backend(backend):
+            runs.append(model.generate(ids[:2, :3], max_new_tokens=5, do_sample=False, output_scores=True,
+                                       return_dict_in_generate=True))
+    model.decode_mode = "auto"
+    for run in runs[1:]:
+        assert torch.equal(run.sequences, runs[0].sequences)
+        for a, b in zip(run.scores, runs[0].scores):
+            assert_rel(a, b, "decode step scores")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
 def test_edges_outside_the_scored_blocks(sparse):
     """Unscored positions (-100): the recurrence crosses edges whose source block the candidate backward does not
     touch; their gradients must still land in the one gradient it publishes (rows merged through the link)."""
@@ -273,27 +309,33 @@ def scan_inputs(seed, B=3, L=6, P=11, fetched=False):
     return leaves, state[3].to(DEVICE), rows.to(DEVICE), has_edge.to(DEVICE), pe.to(DEVICE)
 
 
-@pytest.mark.parametrize("sparse,fetched,shared_matrix,dropout", [
-    (False, False, False, 0.0), (True, False, False, 0.0), (False, True, False, 0.0), (True, False, True, 0.0),
-    (False, True, True, 0.0), (False, False, False, 0.3), (True, False, True, 0.3),
+@pytest.mark.parametrize("sparse,fetched,shared_matrix,dropout,node_vectors", [
+    (False, False, False, 0.0, False), (True, False, False, 0.0, False), (False, True, False, 0.0, False),
+    (True, False, True, 0.0, False), (False, True, True, 0.0, False), (False, False, False, 0.3, False),
+    (True, False, True, 0.3, False), (False, False, False, 0.0, True), (True, False, True, 0.3, True),
 ])
-def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_matrix, dropout):
+def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_matrix, dropout, node_vectors):
     """ops.signal_scan through the kernel and through the torch column loop: signals, final state and every
     gradient within 1e-5 (sparse gradients: the same rows); the sharded path's fetched table too, the matrix
-    every edge adds to its own (config.edge_backoff) with its gradient, and signal dropout (one mask for both)."""
+    every edge adds to its own (config.edge_backoff) with its gradient, signal dropout (one mask for both), and the
+    entered nodes' vectors added to the edge outputs (config.node_embedding) with their gradient."""
     results = []
     names = ["signal", "mix_sum", "mix_norm", "mix_weight", "weights", "biases"]
+    extra = (["edge_base"] if shared_matrix else []) + (["node_add"] if node_vectors else [])
     for backend in ("torch", "triton"):
         leaves, mix_max, rows, has_edge, pe = scan_inputs(3, fetched=fetched)
         signal, mix_sum, mix_norm, mix_weight, weights, biases = leaves
-        edge_base = None
+        edge_base = node_add = None
         if shared_matrix:
             edge_base = (torch.randn(D, D, generator=torch.Generator().manual_seed(5)) * 0.5).to(DEVICE)
             leaves.append(edge_base.requires_grad_())
+        if node_vectors:
+            node_add = torch.randn(*rows.shape, D, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+            leaves.append(node_add.requires_grad_())
         torch.manual_seed(7)  # the same dropout mask on both paths
         with kernel_backend(backend):
             out = ops.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                                  sparse, dropout=dropout, edge_base=edge_base)
+                                  sparse, dropout=dropout, edge_base=edge_base, node_add=node_add)
         loss = sum((o * torch.linspace(-1, 1, o.numel(), device=DEVICE).view(o.shape)).sum()
                    for o in out if o.requires_grad)
         loss.backward()
@@ -303,8 +345,8 @@ def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_mat
         assert_rel(a.detach(), b.detach(), name)
     if dropout:  # the candidates saw dropped signals: some entries zero, the final state undropped
         assert (out0[0] == 0).float().mean() > 0.1 and not torch.equal(out0[0][:, -1], out0[1])
-    assert len(grads1) == len(grads0) == len(names) + shared_matrix
-    for a, b, name in zip(grads1, grads0, names + ["edge_base"]):
+    assert len(grads1) == len(grads0) == len(names) + len(extra)
+    for a, b, name in zip(grads1, grads0, names + extra):
         assert a.is_sparse == b.is_sparse, name
         assert_rel(a, b, name)
 
