@@ -53,7 +53,7 @@ def main():
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONPATH=str(ROOT))
     common = ["--config", args.config, "--max_train_steps", str(args.steps), "--num_generations", "0",
-              "--no-node_readout", "--no-edge_backoff", *args.extra]
+              "--no-node_readout", "--no-edge_backoff", "--no-node_embedding", *args.extra]
     script = str(ROOT / "examples" / "pretrain.py")
     with tempfile.TemporaryDirectory() as tmp:
         one, two = Path(tmp) / "one", Path(tmp) / "sharded"

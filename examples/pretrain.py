@@ -179,7 +179,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "common ones learn (config.edge_backoff). [on; off with --edge_sharding source]")
     g.add_argument("--node_embedding", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node adds a learned d-vector to the edge output it passes on, so the signal carries "
-                   "the recent tokens themselves (config.node_embedding). [off]")
+                   "the recent tokens themselves (config.node_embedding). [on; off with --edge_sharding source]")
     g.add_argument("--position_recency", type=float, default=None,
                    help="Position weights start at 1 + this x k, so the signal's mix starts weighted to the latest "
                    "edges (config.position_recency; 0 = the paper's all ones). [0.2]")

@@ -60,19 +60,23 @@ def variants():
     for d in (32, 8, 64, 128):
         meta = R._meta(d)
         yield (f"scan forward d={d}", R._scan_forward_kernel, forward, dict(d=d, D=meta["D"], SAVE=True,
-               HAS_BASE=False, HAS_DROP=False), meta)
+               HAS_BASE=False, HAS_DROP=False, HAS_NODE=False), meta)
         yield (f"scan backward d={d}", R._scan_backward_kernel, backward, dict(d=d, D=meta["D"], NEED_W=True,
-               NEED_B=True, HAS_BASE=False, NEED_BASE=False, HAS_DROP=False), meta)
+               NEED_B=True, HAS_BASE=False, NEED_BASE=False, HAS_DROP=False, HAS_NODE=False), meta)
     yield ("scan forward d=32 shared matrix", R._scan_forward_kernel, forward,
-           dict(d=32, D=32, SAVE=True, HAS_BASE=True, HAS_DROP=False), R._meta(32))
+           dict(d=32, D=32, SAVE=True, HAS_BASE=True, HAS_DROP=False, HAS_NODE=False), R._meta(32))
     yield ("scan backward d=32 shared matrix", R._scan_backward_kernel, backward,
-           dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True, HAS_DROP=False), R._meta(32))
-    yield ("scan forward d=32 shared matrix, dropout", R._scan_forward_kernel, forward,
-           dict(d=32, D=32, SAVE=True, HAS_BASE=True, HAS_DROP=True), R._meta(32))
-    yield ("scan backward d=32 shared matrix, dropout", R._scan_backward_kernel, backward,
-           dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True, HAS_DROP=True), R._meta(32))
+           dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True, HAS_DROP=False, HAS_NODE=False),
+           R._meta(32))
+    for drop in (False, True):  # the default recipe: the shared matrix and the nodes' vectors, with or without dropout
+        yield (f"scan forward d=32 shared matrix, node vectors, dropout={drop}", R._scan_forward_kernel, forward,
+               dict(d=32, D=32, SAVE=True, HAS_BASE=True, HAS_DROP=drop, HAS_NODE=True), R._meta(32))
+        yield (f"scan backward d=32 shared matrix, node vectors, dropout={drop}", R._scan_backward_kernel, backward,
+               dict(d=32, D=32, NEED_W=True, NEED_B=True, HAS_BASE=True, NEED_BASE=True, HAS_DROP=drop,
+                    HAS_NODE=True), R._meta(32))
     yield ("scan forward d=32 bf16 weights", R._scan_forward_kernel, dict(forward, w_ptr="*bf16", b_ptr="*bf16",
-           pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False, HAS_BASE=False, HAS_DROP=False), R._meta(32))
+           pe_ptr="*bf16"), dict(d=32, D=32, SAVE=False, HAS_BASE=False, HAS_DROP=False, HAS_NODE=False),
+           R._meta(32))
     optim = {a: "*fp32" for a in Opt._sparse_adamw_kernel.arg_names if a.endswith("_ptr")}
     optim.update(rows_ptr="*i64", entries_ptr="*i64", nnz="i32")
     optim.update({a: "fp32" for a in ("lr", "beta1", "beta2", "eps", "decay", "step_size", "bc2_sqrt", "log_beta1",
@@ -94,10 +98,11 @@ def variants():
     state = {a: "*fp32" for a in E._decode_state_kernel.arg_names if a.endswith("_ptr")}
     state.update(tokens_ptr="*i64", last_ptr="*i64", length_ptr="*i64", new_length_ptr="*i64", indptr_ptr="*i64",
                  indices_ptr="*i64", d="i32", V="i32", M="i32")
-    for bias, base in ((False, False), (True, False), (True, True)):
-        yield (f"decode state d=32 non_edge_bias={bias} shared matrix={base}", E._decode_state_kernel, state,
-               dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True, HAS_BIAS=bias, HAS_BASE=base,
-                    FILL=1024), dict(num_warps=4))
+    for bias, base, node in ((False, False, False), (True, False, False), (True, True, False), (True, True, True)):
+        yield (f"decode state d=32 non_edge_bias={bias} shared matrix={base} node vectors={node}",
+               E._decode_state_kernel, state, dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True,
+                                                   HAS_BIAS=bias, HAS_BASE=base, HAS_NODE=node, FILL=1024),
+               dict(num_warps=4))
     successors = {a: "*fp32" for a in E._decode_successors_kernel.arg_names if a.endswith("_ptr")}
     successors.update(sources_ptr="*i64", indptr_ptr="*i64", indices_ptr="*i64", d="i32", V="i32")
     yield ("decode successors d=32", E._decode_successors_kernel, successors,

@@ -22,12 +22,12 @@ MODEL_FIELDS = {
     "edge_backoff", "node_embedding",
 }
 # The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
-# back-off, the nodes' readout of the signal, a matrix every edge shares, a mix that starts weighted to recent edges,
-# separate rates for the per-node parameters and the shared edge, a graph pruned by the data, and signal dropout
-# where the data and the run's length call for it.
+# back-off, the nodes' readout of the signal, a matrix every edge shares, the nodes' own vectors in the signal, a
+# mix that starts weighted to recent edges, separate rates for the per-node parameters and the shared edge, a graph
+# pruned by the data, and signal dropout where the data and the run's length call for it.
 MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
                   "non_edge_bias": True, "node_readout": True, "position_recency": 0.2, "edge_backoff": True,
-                  "signal_dropout": "auto"}
+                  "node_embedding": True, "signal_dropout": "auto"}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
 TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
 # Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.

@@ -464,7 +464,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
 
     one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw", "--no-node_readout",
-               "--no-edge_backoff", "--checkpointing_steps", "5"])  # the model sharding trains (no readout or base)
+               "--no-edge_backoff", "--no-node_embedding", "--checkpointing_steps", "5"])  # what sharding trains
     result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
                         "--checkpointing_steps", "5"], processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout
@@ -511,7 +511,7 @@ def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(cor
     import shutil
 
     recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2",
-              "--no-node_readout", "--no-edge_backoff"]  # the model sharding trains (no readout or shared matrix)
+              "--no-node_readout", "--no-edge_backoff", "--no-node_embedding"]  # the model sharding trains
     one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, *recipe])
     _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source", *recipe], processes=2)
@@ -534,7 +534,8 @@ def pretrain():
 
 @pytest.mark.parametrize("flag, fix", [(["--optimizer", "adamw"], "use --optimizer sparse_adamw"),
                                        (["--node_readout"], "add --no-node_readout"),
-                                       (["--edge_backoff"], "add --no-edge_backoff")])
+                                       (["--edge_backoff"], "add --no-edge_backoff"),
+                                       (["--node_embedding"], "add --no-node_embedding")])
 def test_pretrain_refuses_what_sharding_cannot_train(flag, fix, pretrain, corpus, tmp_path, monkeypatch, capsys):
     argv = ["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source", *flag]
     assert fix in refused(pretrain, argv, monkeypatch, capsys)
