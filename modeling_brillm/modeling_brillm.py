@@ -344,6 +344,10 @@ class BriLLMModel(BriLLMPreTrainedModel):
         """Position weight logits p of the edges entering positions `index` (past the range: the last one)."""
         return self.positions.view(-1).float()[(index - 1).clamp(0, self.config.max_position_embeddings - 1)]
 
+    def node_add(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The vectors the nodes `tokens` add to the edge outputs entering them (config.node_embedding), or None."""
+        return None if self.node_embedding is None else self.node_embedding[tokens]
+
     # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
                     edge_fetch=None) -> Signals:
@@ -417,9 +421,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
             w, b = edge_fetch(rows)
             weights, biases, sparse = w.reshape(B * L, *w.shape[2:]), b.reshape(B * L, 1, -1), False
             rows = torch.arange(B * L, device=rows.device).view(B, L)
-        node_add = None if self.node_embedding is None else self.node_embedding[tokens]
         args = (signal, *mix, self.mix_weights(index), weights, biases, rows, has_edge, pe, sparse, link, dropout,
-                self.edge_base, node_add)
+                self.edge_base, self.node_add(tokens))
         if self._checkpointing():  # keep no signals for the backward: recompute the scan there
             return self._gradient_checkpointing_func(signal_scan, *args)
         return signal_scan(*args)
@@ -432,9 +435,8 @@ class BriLLMModel(BriLLMPreTrainedModel):
         length, wdtype = state.length, self.weights.dtype
         rows = self.edge_rows(state.last_token, tokens)
         pe = plus_edge_base(self.position_encoding(length).to(wdtype), state.signal, self.edge_base)
-        node_add = None if self.node_embedding is None else self.node_embedding[tokens]
         mix = edge_update(state.signal, self.weights[rows], self.biases[rows, 0], pe, self.mix_weights(length),
-                          *state.tensors()[1:4], node_add)
+                          *state.tensors()[1:4], self.node_add(tokens))
         signal = mix[0] / mix[1].unsqueeze(1)
         new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
         ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)
@@ -449,7 +451,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         logits, state = sync_free_step(tokens, *state_tensors, self.weights, self.biases, self.positions,
                                        self.position_encoding(length), self.position_encoding(length + 1), indptr,
                                        indices, self.edge_keys(), self.config.vocab_size, max_degree,
-                                       self.non_edge_bias, self.edge_base, self.node_embedding)
+                                       self.non_edge_bias, self.edge_base, self.node_add(tokens))
         return self.read_out(logits, state[0]), state
 
     def read_out(self, logits: torch.Tensor, signal: torch.Tensor) -> torch.Tensor:

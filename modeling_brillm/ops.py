@@ -230,7 +230,7 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
 
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
                 pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None,
-                edge_base=None, node_embedding=None):
+                edge_base=None, node_add=None):
     """One token per row with no host read (what a CUDA graph records): returns ((B, V) float32 logits, (signal,
     mix_sum, mix_norm, mix_max, length + 1, tokens)). Arguments as `recurrence.decode_step`; the kernel (two
     launches) finds the edge by a search in the source's block and does not read `edge_keys`."""
@@ -238,11 +238,10 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
         P = weights.shape[0]
         return kernel_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights,
                                   biases.reshape(P, -1), positions.reshape(-1), pe_now, pe_next, indptr,
-                                  indices, vocab_size, max_degree, non_edge_bias, edge_base,
-                                  None if node_embedding is None else node_embedding[tokens])
+                                  indices, vocab_size, max_degree, non_edge_bias, edge_base, node_add)
     return ref_decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases,
                            positions, pe_now, pe_next, indptr, indices, edge_keys, vocab_size, max_degree,
-                           non_edge_bias, edge_base, node_embedding)
+                           non_edge_bias, edge_base, node_add)
 
 
 # ------------------------------------------------------------------------------------- optimizer
@@ -395,18 +394,17 @@ def _one_decode(kernel: bool, device, shared_matrix: bool):
     pe_now, pe_next = (torch.randn(B, d, generator=g).to(device) for _ in range(2))
     bias = torch.randn(V, generator=g).to(device)
     edge_base = (torch.randn(d, d, generator=g) * 0.5).to(device) if shared_matrix else None
-    node_embedding = (torch.randn(V, d, generator=g) * 0.5).to(device) if shared_matrix else None
+    node_add = (torch.randn(V, d, generator=g) * 0.5).to(device)[tokens] if shared_matrix else None
     args = (tokens, signal, mix_sum, mix_norm, mix_max, length, last, weights, biases)
     with torch.no_grad():
         if kernel:
             logits, new = kernel_decode_step(*args[:7], weights, biases.reshape(weights.shape[0], -1),
                                              positions.reshape(-1), pe_now, pe_next, indptr, indices, V,
-                                             graph_max_degree(indptr), bias, edge_base,
-                                             None if node_embedding is None else node_embedding[tokens])
+                                             graph_max_degree(indptr), bias, edge_base, node_add)
         else:
             logits, new = ref_decode_step(*args, positions, pe_now, pe_next, indptr, indices,
                                           edge_keys(indptr, indices, V), V, graph_max_degree(indptr), bias,
-                                          edge_base, node_embedding)
+                                          edge_base, node_add)
     return [logits, *(t.float() for t in new)]
 
 

@@ -82,21 +82,20 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
 @torch.no_grad()
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
                 pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None,
-                edge_base=None, node_embedding=None):
+                edge_base=None, node_add=None):
     """One token per row with no host read and shapes fixed by (B, max_degree): the edge last_token→tokens, the mix,
     then every node's energy as the successor of `tokens`. Returns ((B, V) float32 logits, (signal, mix_sum,
     mix_norm, mix_max, length + 1, tokens)). `positions` is the model's (1, M, 1) weight logits (a position past
     them uses the last), `pe_now` / `pe_next` the PE rows of `length` / `length + 1`, `edge_keys` as
     `graph.edge_rows_from_keys` (None: dense), `edge_base` the matrix every edge adds to its own (or None),
-    `node_embedding` (V, d) the nodes' own vectors (or None)."""
+    `node_add` (B, d) the vector of the node each row enters, `node_embedding[tokens]` (or None)."""
     wdtype = weights.dtype
     M = positions.numel()
     rows = edge_rows_from_keys(edge_keys, last_token, tokens, vocab_size)
     weight = positions.view(-1).float()[(length - 1).clamp(0, M - 1)]
     mix_sum, mix_norm, mix_max = edge_update(signal, weights[rows], biases.reshape(weights.shape[0], -1)[rows],
                                              plus_edge_base(pe_now.to(wdtype), signal, edge_base), weight, mix_sum,
-                                             mix_norm, mix_max,
-                                             None if node_embedding is None else node_embedding[tokens])
+                                             mix_norm, mix_max, node_add)
     signal = mix_sum / mix_norm.unsqueeze(1)
     pe_next = plus_edge_base(pe_next.to(wdtype), signal, edge_base)
     logits = successor_logits_static(signal.to(wdtype), pe_next, weights, biases, tokens, indptr, indices, vocab_size,
