@@ -390,6 +390,22 @@ def package_step(accelerator, model, optimizer, scheduler, args, block_size: int
     return step
 
 
+def warm_dropout(step, model, steps_per_epoch: int, warmup_epochs: float):
+    """`step`, with the model's signal dropout grown from 0 over its first `warmup_epochs` epochs of
+    `steps_per_epoch` steps (as pretrain.py's epoch loop grows it)."""
+    from modeling_brillm.training.epochs import warm_signal_dropout
+
+    done = 0
+
+    def warming_step(ids, mask):
+        nonlocal done
+        warm_signal_dropout(model, done / steps_per_epoch, warmup_epochs)
+        done += 1
+        return step(ids, mask)
+
+    return warming_step
+
+
 def schedule_text(args) -> str:
     if args.schedule == "constant":
         return "constant after warmup"
@@ -417,11 +433,14 @@ def brillm_trainer(model, data, args, accelerator):
                                clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size,
                         pargs.max_grad_norm if plan.clip else None)
+    step = warm_dropout(step, model, len(data["train"][0]) // args.batch_size, pargs.signal_dropout_warmup_epochs)
     info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
                 lr=pargs.learning_rate, weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps,
                 lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
                 node_lr_scale=pargs.node_lr_scale, min_bigram_count=chosen_count(data["min_count"]),
-                signal_dropout=model.config.signal_dropout, non_edge_bias=model.config.non_edge_bias,
+                signal_dropout=model.config.signal_dropout,
+                signal_dropout_warmup_epochs=pargs.signal_dropout_warmup_epochs,
+                non_edge_bias=model.config.non_edge_bias,
                 node_readout=model.config.node_readout, edge_backoff=model.config.edge_backoff,
                 node_embedding=model.config.node_embedding, position_recency=model.config.position_recency,
                 node_size=model.config.node_size, schedule=schedule_text(args),

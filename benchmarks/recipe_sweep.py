@@ -22,6 +22,8 @@ min_count auto, a matrix every edge shares, the nodes' own vectors in the signal
               and the budget for the base recipe, as quality.py chooses it)
     dropout   config.signal_dropout (default: the base recipe's, chosen from the data and the budget as quality.py
               chooses it)
+    dropout_warmup  epochs over which the dropout grows from 0 (0: all of it from the first step; default:
+              pretrain.py's, 1)
     non_edge  1: config.non_edge_bias
     readout   1: config.node_readout                    recency   config.position_recency
     backoff   1: config.edge_backoff (0: every edge its own matrix only)
@@ -53,7 +55,8 @@ def count_or_auto(value: str):
 
 
 KEYS = {"lr": float, "wd": float, "lazy_wd": int, "warmup": int, "schedule": str, "min_lr": float, "shared_lr": float,
-        "node_lr": float, "clip": float, "d": int, "min_count": count_or_auto, "dropout": float, "non_edge": int,
+        "node_lr": float, "clip": float, "d": int, "min_count": count_or_auto, "dropout": float,
+        "dropout_warmup": float, "non_edge": int,
         "readout": int, "recency": float, "backoff": int,
         "embed": int}
 
@@ -144,10 +147,13 @@ def make_variant(name, settings, data, args, accelerator, device):
     scheduler = quality.clock_schedule(optimizer, warmup, settings.get("schedule", "constant"),
                                        args.horizon or args.budget, settings.get("min_lr", 0.1), clock)
     step = quality.package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size, clip or None)
+    dropout_warmup = settings.get("dropout_warmup", pargs.signal_dropout_warmup_epochs)
+    step = quality.warm_dropout(step, model, len(data["train"][0]) // args.batch_size, dropout_warmup)
     recipe = dict(lr=lr, weight_decay=wd, lazy_weight_decay=bool(settings.get("lazy_wd", pargs.lazy_weight_decay)),
                   warmup=warmup,
                   schedule=settings.get("schedule", "constant"), clip=clip, min_bigram_count=min_count,
-                  node_size=config.node_size, signal_dropout=config.signal_dropout, non_edge_bias=config.non_edge_bias,
+                  node_size=config.node_size, signal_dropout=config.signal_dropout,
+                  signal_dropout_warmup_epochs=dropout_warmup, non_edge_bias=config.non_edge_bias,
                   node_readout=config.node_readout, edge_backoff=config.edge_backoff,
                   node_embedding=config.node_embedding, position_recency=config.position_recency,
                   shared_edge_lr_scale=settings.get("shared_lr", pargs.shared_edge_lr_scale),

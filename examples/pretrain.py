@@ -204,6 +204,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Learning-rate multiplier of the shared edge (row 0 of the edge tables; SparseAdamW). [0.5]")
     g.add_argument("--node_lr_scale", type=float, default=None,
                    help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [2]")
+    g.add_argument("--signal_dropout_warmup_epochs", type=float, default=None,
+                   help="The signal dropout grows linearly from 0 to --signal_dropout over this many epochs: in the "
+                   "first epoch no block has been seen before, so there is little to over-fit yet and the full "
+                   "dropout would mostly slow the start (0: the full dropout from the first step). [1]")
     g.add_argument("--moment_dtype", choices=MOMENT_DTYPES, default=None,
                    help="SparseAdamW's moments: bfloat16 stores them with stochastic rounding (half their memory and "
                    "bytes). [bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32]")
@@ -268,6 +272,10 @@ def check_args(args, model_fields: dict):
                          "(check the preset's training section).")
     if args.min_bigram_count != "auto":
         positive("min_bigram_count")
+    warmup = args.signal_dropout_warmup_epochs
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < float("inf"):
+        raise UsageError(f"--signal_dropout_warmup_epochs must be a number of epochs >= 0 (0: the full dropout from "
+                         f"the first step), got {warmup!r}.")
     for name in ("max_train_steps", "eval_steps", "checkpoints_total_limit", "max_eval_samples"):
         if getattr(args, name) is not None:
             positive(name)
@@ -475,7 +483,8 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
         evaluate = evaluate_dense
     signature = {"global_batch": global_batch(args, accelerator), "block_size": args.block_size,
                  "block_mode": args.block_mode, "seed": args.seed, "num_edges": config.num_edges,
-                 "vocab_size": config.vocab_size, "max_train_steps": args.max_train_steps}
+                 "vocab_size": config.vocab_size, "max_train_steps": args.max_train_steps,
+                 "signal_dropout_warmup_epochs": args.signal_dropout_warmup_epochs}
     keep = args.keep_best_model and eval_loader is not None and not args.sharding
     return Job(accelerator, model, optimizer, lr_scheduler, train_loader, eval_loader, train_step, evaluate,
                log=TrainLog(out_dir, accelerator, tracking=args.with_tracking),
@@ -504,7 +513,15 @@ def describe_training(args, job: Job, config) -> str:
             f"epoch(s)), global batch {job.signature['global_batch']} blocks = {args.per_device_train_batch_size} x "
             f"{job.accelerator.num_processes} process(es) x {args.gradient_accumulation_steps} accumulation, lr "
             f"{args.learning_rate} ({args.lr_scheduler_type}, {args.num_warmup_steps} warmup), loss "
-            f"{config.loss_type}; {keep}")
+            f"{config.loss_type}{describe_dropout(args, config)}; {keep}")
+
+
+def describe_dropout(args, config) -> str:
+    if not config.signal_dropout:
+        return ""
+    text = f", signal dropout {config.signal_dropout:g}"
+    warmup = args.signal_dropout_warmup_epochs
+    return f"{text} (growing from 0 over the first {warmup:g} epoch(s))" if warmup else text
 
 
 def evaluate_before(job: Job, summary: dict):

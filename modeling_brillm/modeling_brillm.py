@@ -288,6 +288,9 @@ class BriLLMModel(BriLLMPreTrainedModel):
             self.register_buffer("graph_counts", torch.zeros(config.num_edges, dtype=torch.long))
         self._sparse_gradients = False
         self.gradient_checkpointing = False  # transformers' switch: recompute the recurrence in the backward
+        # The share of config.signal_dropout that training applies now. Pretraining warms it up over the first
+        # epoch (training.epochs): no block has been seen before, so there is little to over-fit yet.
+        self.signal_dropout_scale = 1.0
         self.reset_caches()
         self.post_init()
 
@@ -414,7 +417,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         """The edges along every path (`ops.signal_scan`): (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
         `tokens` (B, L): the node each column's edge enters."""
         pe = self.position_encoding(index).to(self.weights.dtype)  # PE[i+1] of edge i, (B, L, d)
-        dropout = self.config.signal_dropout if self.training else 0.0
+        dropout = self.config.signal_dropout * self.signal_dropout_scale if self.training else 0.0
         weights, biases, sparse = self.weights, self.biases, self._sparse_gradients
         if edge_fetch is not None:  # the fetched rows are the table: row b·L + j is column j of row b
             B, L = rows.shape

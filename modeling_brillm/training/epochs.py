@@ -113,15 +113,24 @@ def _epoch_batches(job: Job, epoch: int, start: Position):
     return job.train_loader, 0
 
 
+def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
+    """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout (BriLLMModel)."""
+    base = getattr(model, "base_model", model)
+    if hasattr(base, "signal_dropout_scale"):
+        base.signal_dropout_scale = min(1.0, epochs_trained / warmup_epochs) if warmup_epochs > 0 else 1.0
+
+
 def train_epochs(job: Job, args, start: Position) -> TrainStats:
     """Train from `start` to `args.max_train_steps`: log every step, validate every `eval_steps` (not at the last
-    step: the caller evaluates the final model), checkpoint every `checkpointing_steps` (or 'epoch')."""
+    step: the caller evaluates the final model), checkpoint every `checkpointing_steps` (or 'epoch'). The signal
+    dropout warms up linearly over the first `signal_dropout_warmup_epochs`."""
     from tqdm.auto import tqdm
 
     acc = job.accelerator
     progress = tqdm(total=args.max_train_steps, initial=start.completed_steps, desc="train",
                     disable=not acc.is_local_main_process, dynamic_ncols=True)
     stats = TrainStats(start.completed_steps)
+    model = acc.unwrap_model(job.model)
     job.model.train()
     for epoch in range(start.epoch, args.num_train_epochs):
         if stats.completed_steps >= args.max_train_steps:
@@ -129,6 +138,7 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
         loader, batches = _epoch_batches(job, epoch, start)
         step_started = time.time()
         for batch in loader:
+            warm_signal_dropout(model, epoch + batches / len(job.train_loader), args.signal_dropout_warmup_epochs)
             result = job.train_step(batch)
             batches += 1
             if result is None:  # a micro-batch of an accumulation: no optimizer step yet
@@ -153,4 +163,5 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
             if steps >= args.max_train_steps:
                 break
     progress.close()
+    warm_signal_dropout(model, 1.0, 0.0)  # the model leaves the loop with its configured dropout
     return stats

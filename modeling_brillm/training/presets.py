@@ -47,6 +47,7 @@ TRAINING_DEFAULTS = {
     "lazy_weight_decay": False,
     "shared_edge_lr_scale": 0.5,
     "node_lr_scale": 2.0,
+    "signal_dropout_warmup_epochs": 1.0,
     "moment_dtype": None,  # None: bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32
     "min_bigram_count": "auto",  # training.pruning.choose_min_count
     "validation_split_percentage": 5,

@@ -34,8 +34,9 @@ code comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 
 `DROPOUT_BARS` allows at its novelty: 2 from 17%, 4 from 5%, none below (text whose held-out part is more of the
 same); shorter runs did not rise, and there dropout can cost more than it gains (4.6% on those manuals in 10
 minutes). Every further pass over the same documents is another chance to learn their particulars, so past
-`GROW_EPOCHS` planned epochs p grows in proportion to them, up to `MAX_DROPOUT`. docs/benchmarks.md has the
-measurements, and the checks on corpora the bars were not set on.
+`GROW_EPOCHS` planned epochs p grows in proportion to them, up to `MAX_DROPOUT`. Pretraining then grows the
+chosen p from 0 over the first epoch (`epochs.warm_signal_dropout`), where no block has been seen before.
+docs/benchmarks.md has the measurements, and the checks on corpora the bars were not set on.
 """
 
 from __future__ import annotations

@@ -213,6 +213,57 @@ def test_signal_dropout_is_training_only_and_zero_is_exact():
         BriLLMConfig(graph="dense", vocab_size=4, signal_dropout=1.0)
 
 
+def test_scaled_signal_dropout_is_the_dropout_of_its_share():
+    tok, ids, mask = batch()
+    off, half, scaled = make_model(tok), make_model(tok), make_model(tok)
+    half.config.signal_dropout = 0.15
+    scaled.config.signal_dropout = 0.3
+    scaled.train(), half.train(), off.train()
+    with torch.no_grad():
+        scaled.base_model.signal_dropout_scale = 0.0
+        assert torch.equal(scaled(ids, attention_mask=mask, labels=ids).loss,
+                           off(ids, attention_mask=mask, labels=ids).loss)
+        scaled.base_model.signal_dropout_scale = 0.5
+        torch.manual_seed(0)
+        a = scaled(ids, attention_mask=mask, labels=ids).loss
+        torch.manual_seed(0)
+        assert torch.equal(a, half(ids, attention_mask=mask, labels=ids).loss)
+
+
+def test_pretraining_warms_the_dropout_up_over_the_first_epochs():
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from modeling_brillm.training.epochs import Job, Position, train_epochs
+    from modeling_brillm.training.loop import StepResult
+
+    tok, _, _ = batch()
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(2)), batch_size=1))
+    model = make_model(tok)
+    scales = []
+
+    def step(_batch):
+        scales.append(model.base_model.signal_dropout_scale)
+        return StepResult(loss=1.0, targets=1, tokens=1, lr=0.1)
+
+    job = Job(accelerator, model, None, None, loader, None, step, None, log=lambda row: None,
+              best=None, tokenizer=tok, signature={})
+    for warmup, expected in ((1, [0, 0.5, 1, 1, 1, 1]), (2, [0, 0.25, 0.5, 0.75, 1, 1]), (0, [1] * 6)):
+        scales.clear()
+        args = SimpleNamespace(max_train_steps=6, num_train_epochs=3, step_sleep=0, eval_steps=None,
+                               checkpointing_steps=None, signal_dropout_warmup_epochs=warmup)
+        model.base_model.signal_dropout_scale = 0.123
+        train_epochs(job, args, Position())
+        assert scales == expected and model.base_model.signal_dropout_scale == 1.0  # all of it after the run
+    # a resume in the second epoch continues the warm-up where the uninterrupted run was
+    scales.clear()
+    args.signal_dropout_warmup_epochs = 2
+    train_epochs(job, args, Position(completed_steps=3, epoch=1, batches_in_epoch=1))
+    assert scales == [0.75, 1, 1]
+
+
 # --------------------------------------------------------------------------------------------- non-edge bias
 def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
     tok, ids, mask = batch()
