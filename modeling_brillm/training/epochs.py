@@ -114,10 +114,12 @@ def _epoch_batches(job: Job, epoch: int, start: Position):
 
 
 def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
-    """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout (BriLLMModel)."""
-    base = getattr(model, "base_model", model)
-    if hasattr(base, "signal_dropout_scale"):
-        base.signal_dropout_scale = min(1.0, epochs_trained / warmup_epochs) if warmup_epochs > 0 else 1.0
+    """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout: set on the
+    BriLLMModel inside `model` (a BriLLMForCausalLM, or the ShardedBriLLM that wraps one)."""
+    scale = min(1.0, epochs_trained / warmup_epochs) if warmup_epochs > 0 else 1.0
+    for module in model.modules():
+        if hasattr(module, "signal_dropout_scale"):
+            module.signal_dropout_scale = scale
 
 
 def train_epochs(job: Job, args, start: Position) -> TrainStats:

@@ -235,7 +235,7 @@ def test_pretraining_warms_the_dropout_up_over_the_first_epochs():
 
     from accelerate import Accelerator
 
-    from modeling_brillm.training.epochs import Job, Position, train_epochs
+    from modeling_brillm.training.epochs import Job, Position, train_epochs, warm_signal_dropout
     from modeling_brillm.training.loop import StepResult
 
     tok, _, _ = batch()
@@ -262,6 +262,9 @@ def test_pretraining_warms_the_dropout_up_over_the_first_epochs():
     args.signal_dropout_warmup_epochs = 2
     train_epochs(job, args, Position(completed_steps=3, epoch=1, batches_in_epoch=1))
     assert scales == [0.75, 1, 1]
+    # the model inside a wrapper (as ShardedBriLLM holds one) is reached too
+    warm_signal_dropout(torch.nn.ModuleDict({"model": model}), 0.5, 2.0)
+    assert model.base_model.signal_dropout_scale == 0.25
 
 
 # --------------------------------------------------------------------------------------------- non-edge bias
