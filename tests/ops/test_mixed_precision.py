@@ -13,9 +13,12 @@ from modeling_brillm.backend import HAVE_TRITON, kernel_backend
 BACKENDS = ["torch"] + (["triton"] if HAVE_TRITON else [])
 
 
-def _batch():
+def _batch(rows=6, length=20):
+    """The first rows of the tiny corpus, padded (the third row is shorter than `length`) and cut to `length`
+    columns: the interpreted Triton kernels cost time per row and column, and a few are enough to check."""
     tok = make_tokenizer()
-    ids = torch.nn.utils.rnn.pad_sequence(corpus_ids(tok), batch_first=True, padding_value=PAD)
+    ids = torch.nn.utils.rnn.pad_sequence(corpus_ids(tok)[:rows], batch_first=True, padding_value=PAD)[:, :length]
+    assert (ids == PAD).any(), "the batch should hold padding"
     return tok, ids, (ids != PAD).long()
 
 
