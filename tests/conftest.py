@@ -23,3 +23,21 @@ def device(request) -> torch.device:
     on a GPU machine exercises the CUDA paths (Triton kernels included) and a CPU-only run has no extra skips.
     Tests leave their small inputs on the CPU where they can: the model moves its inputs to its own device."""
     return torch.device(request.param)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `cuda` every test whose module runs on a GPU by itself (the kernels' own files set a module-level
+    `DEVICE` rather than take the `device` fixture), so `pytest -k cuda` on a GPU machine selects them too.
+
+    Then run the `slow` tests (whole training runs, several processes) first: pytest-xdist hands tests out in
+    this order, and the long ones last in the queue would leave one worker finishing them alone."""
+    for item in items:
+        if runs_on_cuda(item.module):
+            item.add_marker(pytest.mark.cuda)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep their order
+
+
+def runs_on_cuda(module) -> bool:
+    """A test module that picks its device itself, and picked CUDA."""
+    device = getattr(module, "DEVICE", None)
+    return isinstance(device, torch.device) and device.type == "cuda"

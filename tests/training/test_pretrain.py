@@ -105,6 +105,7 @@ def reference(corpus, tmp_path_factory) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_end_to_end_accelerate_launch(corpus, tmp_path):
     out = tmp_path / "run"
     result = run(["--train_file", corpus, "--output_dir", out, *TINY, "--per_device_train_batch_size", "16",
@@ -172,6 +173,7 @@ def test_contiguous_blocks_sampled_loss(corpus, tmp_path):
     assert config["loss_type"] == "sampled" and config["num_negatives"] == 20
 
 
+@pytest.mark.slow
 def test_sparse_adamw_clips_accumulated_gradients(corpus, tmp_path):
     """The sparse path with gradient accumulation: uncoalesced row gradients, clipped to --max_grad_norm."""
     out = tmp_path / "run"
@@ -275,6 +277,7 @@ def test_clipping_marks_unique_sparse_rows_coalesced_without_copying_them():
 
 
 # ------------------------------------------------------------------------------------------------- resume
+@pytest.mark.slow
 def test_resume_gives_identical_loss_curve(reference, corpus, tmp_path):
     ref = losses(reference)
     assert sorted(ref) == list(range(1, 25))
@@ -306,6 +309,7 @@ def test_an_extended_run_resumes_on_the_graph_it_was_trained_on(reference, corpu
     assert sorted(losses(out)) == list(range(13, 61))
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_latest_complete_checkpoint(reference, corpus, tmp_path):
     out = tmp_path / "killed"
     args = [sys.executable, str(SCRIPT), "--train_file", str(corpus), "--output_dir", str(out), *REF_ARGS,
@@ -368,6 +372,7 @@ def same_weights(a: dict, b: dict) -> bool:
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_best_model_is_kept_and_survives_resume(tmp_path):
     """Held-out loss falls, then rises as the model memorises: the saved folder holds the best evaluation's
     weights (those of its step's checkpoint), also after a resume from a later checkpoint; --no_keep_best saves
@@ -408,6 +413,7 @@ def test_best_model_is_kept_and_survives_resume(tmp_path):
 TWO_ARGS = TINY + ["--max_train_steps", "6", "--gradient_accumulation_steps", "2", "--eval_steps", "3"]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(corpus, tmp_path):
     """Same global batch (8 x 1 process x 2 accumulation = 4 x 2 processes x 2): same data order, same losses.
     With the demo preset's recipe (non-edge bias, node and shared-edge rates): DDP's dense AdamW cannot give the
@@ -519,6 +525,7 @@ def test_cpu_launcher_with_several_processes_is_refused(corpus, tmp_path):
     assert "started ONE process" in result.stderr and "cpu_2.yaml" in result.stderr
 
 
+@pytest.mark.slow
 def test_fsdp_config_on_the_cpu_stops_with_the_limitation(corpus, tmp_path):
     """cpu_2_fsdp.yaml is gpu8_fsdp.yaml with another device and process count. accelerate forms FSDP only on
     GPU-type devices: on the CPU it forms MULTI_CPU (DDP over gloo) and ignores `fsdp_config`, so the script stops
@@ -569,6 +576,7 @@ def test_launch_device_follows_the_launch_config(monkeypatch):
         launch_on_cpu({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, gpus=0)
 
 
+@pytest.mark.slow
 def test_gpu_config_with_more_processes_than_gpus_is_refused_before_any_work(tmp_path):
     """A GPU launch config (cpu_2.yaml without its GPU hiding) with one process more than this machine's GPUs:
     one clear error line from the processes, nothing written."""

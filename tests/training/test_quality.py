@@ -136,6 +136,7 @@ def tiny_files(tmp_path):
             "--batch_size", "8", "--threads", "1", "--interleave", "0.3"]
 
 
+@pytest.mark.slow
 def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     sweep = load_sweep()
     out = tmp_path / "sweep"

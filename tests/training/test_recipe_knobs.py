@@ -313,6 +313,7 @@ def test_non_edge_bias_starts_exact_and_is_a_full_softmax(tmp_path):
         BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True, "loss_type": "sampled", "num_negatives": 3})
 
 
+@pytest.mark.slow
 def test_pretrain_flags_reach_the_config_and_optimizer(tmp_path):
     from tests.training.test_pretrain import TINY, losses, run
 

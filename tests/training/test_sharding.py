@@ -164,6 +164,7 @@ def test_assignment_balances_work_and_rejects_empty_processes():
         check_assignment(torch.zeros(V, dtype=torch.long), model.base_model.graph_indptr.diff(), 2)
 
 
+@pytest.mark.slow
 def test_three_then_two_then_one_processes_match_one_process(tmp_path, reference):
     ref_losses, ref_norms, ref_state = reference
     clipped = sum(n > MAX_NORM for n in ref_norms)
@@ -250,6 +251,7 @@ def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
         other.load_shard(tmp_path)
 
 
+@pytest.mark.slow
 def test_learned_start_signals_train_sharded_resume_and_export(tmp_path):
     ref_losses, ref_norms, ref_state = _reference("exact", **LEARNED)
     assert 0 < sum(n > MAX_NORM for n in ref_norms) < STEPS, ref_norms
@@ -276,6 +278,7 @@ def test_learned_start_signals_train_sharded_resume_and_export(tmp_path):
         ShardedBriLLM(_model(**LEARNED)).load_shard(tmp_path / "uniform")
 
 
+@pytest.mark.slow
 def test_recipe_trains_sharded_like_one_process_and_resumes_on_one(tmp_path):
     """non_edge_bias + node_lr_scale + shared_edge_lr_scale + lazy weight decay, clipping active: two processes
     give one process's losses, norms and parameters; their checkpoint (pending decay included) resumes in one."""
@@ -459,6 +462,7 @@ def corpus(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(corpus, tmp_path):
     import shutil
 
@@ -504,6 +508,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     assert bad.returncode == 2 and "saved for another model" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(corpus, tmp_path):
     """The demo preset's recipe (non_edge_bias, --node_lr_scale 2, --shared_edge_lr_scale 0.5, weight decay 0.1) plus
     --lazy_weight_decay, at TINY's size: two sharded processes equal one process; their step-5 checkpoint resumes
