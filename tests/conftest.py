@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
     Then run the `slow` tests (whole training runs, several processes) first: pytest-xdist hands tests out in
     this order, and the long ones last in the queue would leave one worker finishing them alone."""
     for item in items:
-        if runs_on_cuda(item.module):
+        if runs_on_cuda(getattr(item, "module", None)):  # non-Python items (a plugin's) have none
             item.add_marker(pytest.mark.cuda)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep their order
 
