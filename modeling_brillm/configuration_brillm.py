@@ -106,6 +106,15 @@ class BriLLMConfig(PreTrainedConfig):
             edges' outputs. An edge output is learned from its own bigram's occurrences; a node's vector from every
             occurrence of the node, so the signal keeps what the last few tokens were even where their edges have
             seen too little. A fresh model computes exactly the release's energies.
+        count_prior (`bool`, defaults to False):
+            Add to every logit a fixed bigram model of the training text: logit(v | u, x) = energy + readout +
+            log p(v | u), with p the interpolated absolute-discount (Kneser–Ney-style) bigram model of every bigram
+            seen in training, stored as buffers (`count_prior.py`). The learned parts then model what the counts
+            miss, from the first step on, and a bigram the pruned graph sends to the shared edge keeps its counts.
+            The exact loss only (the prior changes every node's logit). False = the release.
+        count_prior_bigrams (`int`, *optional*):
+            Number of seen bigrams the count prior stores (set when the prior is built from the data, like
+            `num_edges`).
         position_recency (`float`, defaults to 0.0):
             Where the position weights start: p_k = 1 + position_recency·k for the k-th edge, so the signal's
             softmax mix starts weighted toward the latest edges (the weight of an edge k steps back falls by
@@ -135,6 +144,8 @@ class BriLLMConfig(PreTrainedConfig):
     node_readout: bool = False
     edge_backoff: bool = False
     node_embedding: bool = False
+    count_prior: bool = False
+    count_prior_bigrams: int | None = None
     position_recency: float = 0.0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -216,6 +227,15 @@ class BriLLMConfig(PreTrainedConfig):
         need(isinstance(self.edge_backoff, bool), f"edge_backoff must be True or False, got {self.edge_backoff!r}.")
         need(isinstance(self.node_embedding, bool),
              f"node_embedding must be True or False, got {self.node_embedding!r}.")
+        need(isinstance(self.count_prior, bool), f"count_prior must be True or False, got {self.count_prior!r}.")
+        need(not (self.count_prior and self.graph == "dense"),
+             "count_prior needs a sparse graph (the prior is built with the graph from the training bigrams).")
+        need(not (self.count_prior and self.loss_type == "sampled"),
+             "count_prior needs loss_type='exact' (the prior changes every node's logit, and the sampled loss scores "
+             "only its negatives).")
+        if self.count_prior_bigrams is not None:
+            need(_is_int(self.count_prior_bigrams) and self.count_prior_bigrams >= 0,
+                 f"count_prior_bigrams must be a non-negative integer, got {self.count_prior_bigrams!r}.")
         need(isinstance(self.position_recency, (int, float)) and not isinstance(self.position_recency, bool)
              and 0 <= self.position_recency <= 1,
              f"position_recency must be a number in [0, 1], got {self.position_recency!r}.")
@@ -245,6 +265,12 @@ class BriLLMConfig(PreTrainedConfig):
             _need(E <= V ** 2, f"num_edges={E} exceeds vocab_size**2={V ** 2}.")
         else:
             _need(E == V ** 2, f"a dense graph has vocab_size**2={V ** 2} edges, got num_edges={E}.")
+        if self.count_prior:
+            K = self.count_prior_bigrams
+            _need(K is not None, "count_prior needs count_prior_bigrams, the size of the prior built from the "
+                  "training bigrams (build the model with BriLLMForCausalLM.from_token_sequences, or pass "
+                  "count_prior=False).")
+            _need(K <= V ** 2, f"count_prior_bigrams={K} exceeds vocab_size**2={V ** 2}.")
 
 
 def _is_int(value) -> bool:

@@ -35,6 +35,10 @@ def _signature(model, device) -> tuple:
         tensors.append(model.non_edge_bias)
     if model.edge_base is not None:  # the step adds x·edge_base to every edge's input
         tensors.append(model.edge_base)
+    if cfg.count_prior:  # the step adds the prior's row of every token
+        tensors += [model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values]
+        if model.prior_table() is not None:  # built lazily: current before its address is read
+            tensors.append(model.prior_table())
     return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
             cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
             model.decode_max_degree())

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .count_prior import CountPrior, count_prior
+
 
 @dataclass
 class BigramGraph:
@@ -17,6 +19,7 @@ class BigramGraph:
     indptr: torch.Tensor  # (V + 1,) int64
     indices: torch.Tensor  # (E,) int64 target node of every real edge
     counts: torch.Tensor  # (E,) int64 bigram count of every real edge (0 when unknown)
+    prior: CountPrior | None = None  # the count prior of every bigram seen, edge or not (config.count_prior)
 
     @property
     def vocab_size(self) -> int:
@@ -75,12 +78,14 @@ def count_bigrams(
 
 
 def build_sparse_graph(
-    sequences: Iterable, vocab_size: int, min_count: int = 1, ignore_ids: Iterable[int] = ()
+    sequences: Iterable, vocab_size: int, min_count: int = 1, ignore_ids: Iterable[int] = (), with_prior: bool = False
 ) -> BigramGraph:
-    """The sparse graph of the bigrams seen at least `min_count` times in `sequences` (token-id lists)."""
+    """The sparse graph of the bigrams seen at least `min_count` times in `sequences` (token-id lists), with the
+    count prior of all of them when `with_prior` (`count_prior.py`)."""
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}.")
-    keys, counts = count_bigrams(sequences, vocab_size, ignore_ids)
+    all_keys, all_counts = count_bigrams(sequences, vocab_size, ignore_ids)
+    keys, counts = all_keys, all_counts
     keep = counts >= min_count
     keys, counts = keys[keep], counts[keep]
     if keys.numel() == 0:
@@ -89,7 +94,10 @@ def build_sparse_graph(
             + (f"{min_count} times or more" if min_count > 1 else "at all")
             + ": the training sequences need at least two tokens each (or lower min_count)."
         )
-    return graph_from_edges(keys // vocab_size, keys % vocab_size, vocab_size, counts)
+    graph = graph_from_edges(keys // vocab_size, keys % vocab_size, vocab_size, counts)
+    if with_prior:
+        graph.prior = count_prior(all_keys, all_counts, vocab_size)
+    return graph
 
 
 def graph_from_edges(sources, targets, vocab_size: int, counts=None) -> BigramGraph:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .count_prior import CountPrior
 from .graph import BigramGraph, build_sparse_graph, check_csr, count_bigrams, edge_rows_from_keys, merge_edges
 
 # the recipe's per-node rows beside node_bias: a non-successor's offset, the node's readout of the signal, the
@@ -75,6 +76,10 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
             indptr = model.graph_indptr
             model.graph_indptr = torch.cat([indptr, indptr[-1:].expand(new_V - V)])
         _replace_parameter(model, "node_bias", bias)
+        if model.config.count_prior:  # a new token was never seen: the smallest unigram, and no seen successor
+            node = model.prior_node
+            model.prior_node = torch.cat([node, node.min().expand(new_V - V)])
+            model.prior_indptr = torch.cat([model.prior_indptr, model.prior_indptr[-1:].expand(new_V - V)])
         for name in NODE_ROWS:  # a new node's offset and readout: the old nodes' mean (or zero, a plain node)
             rows = getattr(model, name)
             if rows is not None:
@@ -190,8 +195,10 @@ class GraphMethods:
         if config is None and graph is None:
             config = cls.config_class(graph="dense", **config_kwargs)
         elif config is None:
+            if config_kwargs.get("count_prior") and graph.prior is not None:
+                config_kwargs["count_prior_bigrams"] = graph.prior.num_bigrams
             config = cls.config_class(vocab_size=graph.vocab_size, graph="sparse", num_edges=graph.num_edges,
-                                  **config_kwargs)
+                                      **config_kwargs)
         model = cls(config)
         if graph is not None:
             model.set_graph(graph)
@@ -200,10 +207,12 @@ class GraphMethods:
     @classmethod
     def from_token_sequences(cls, sequences, vocab_size: int, min_count: int = 1, dense: bool = False,
                              ignore_ids=(), **config_kwargs):
-        """A fresh model whose real edges are the bigrams of `sequences` seen `min_count` times (or dense)."""
+        """A fresh model whose real edges are the bigrams of `sequences` seen `min_count` times (or dense); with
+        `count_prior=True` its count prior is every bigram of `sequences`."""
         if dense:
             return cls.from_graph(None, vocab_size=vocab_size, **config_kwargs)
-        graph = build_sparse_graph(sequences, vocab_size, min_count=min_count, ignore_ids=ignore_ids)
+        graph = build_sparse_graph(sequences, vocab_size, min_count=min_count, ignore_ids=ignore_ids,
+                                   with_prior=bool(config_kwargs.get("count_prior")))
         return cls.from_graph(graph, **config_kwargs)
 
     # -------------------------------------------------------------------------------------------- the graph
@@ -222,12 +231,40 @@ class GraphMethods:
             base.graph_indptr.copy_(graph.indptr)
             base.graph_indices.copy_(graph.indices)
             base.graph_counts.copy_(graph.counts)
+        if self.config.count_prior:
+            if graph.prior is None:
+                raise ValueError("this config has count_prior=True but the graph carries no count prior: build it "
+                                 "with build_sparse_graph(..., with_prior=True), or pass count_prior=False.")
+            self.set_count_prior(graph.prior)
+
+    def set_count_prior(self, prior: CountPrior):
+        """Store the count prior (`count_prior.py`); its size must be the config's `count_prior_bigrams`."""
+        V, K = self.config.vocab_size, self.config.count_prior_bigrams
+        if not self.config.count_prior:
+            raise ValueError("set_count_prior needs a config with count_prior=True (the model has no prior buffers).")
+        if prior.node.numel() != V or prior.num_bigrams != K:
+            raise ValueError(f"the count prior has V={prior.node.numel()}, {prior.num_bigrams} bigrams but the "
+                             f"config says V={V}, count_prior_bigrams={K}.")
+        problem = check_csr(prior.indptr, prior.indices, V)
+        if problem:
+            raise ValueError(f"malformed count prior: {problem}.")
+        base = self.base_model
+        with torch.no_grad():
+            for name in ("node", "indptr", "indices", "values"):
+                getattr(base, f"prior_{name}").copy_(getattr(prior, name))
+
+    def get_count_prior(self) -> CountPrior | None:
+        """The stored count prior (None without `config.count_prior`)."""
+        if not self.config.count_prior:
+            return None
+        base = self.base_model
+        return CountPrior(base.prior_node, base.prior_indptr, base.prior_indices, base.prior_values)
 
     def get_graph(self) -> BigramGraph | None:
         if self.config.graph == "dense":
             return None
         base = self.base_model
-        return BigramGraph(base.graph_indptr, base.graph_indices, base.graph_counts)
+        return BigramGraph(base.graph_indptr, base.graph_indices, base.graph_counts, self.get_count_prior())
 
     def check_graph(self):
         """Raise if the stored edge list is malformed or disagrees with the config."""

@@ -14,6 +14,8 @@ a learned per-node offset with `config.non_edge_bias`). With `config.node_readou
 directly: logit(v) = E_i(v) + ⟨x_i, r_v⟩. With `config.edge_backoff` every edge adds one shared learned matrix to its
 own, W[u→v] → edge_base + W[u→v] (`recurrence.plus_edge_base`). With `config.node_embedding` every node adds its own
 learned vector to the edge output it passes on, c_i → c_i + e[u_i], so the mix carries the recent tokens themselves.
+With `config.count_prior` every logit adds a fixed smoothed bigram model of the training text, + log p(v | u_i)
+(`count_prior.py`).
 docs/model.md tells the whole story, with the checkpoint format and the original release's numbers.
 
     BriLLMModel          the parameters, the graph, and the recurrence (returns the signals x_i)
@@ -34,6 +36,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from .backend import exact_precision
 from .configuration_brillm import BriLLMConfig
+from .count_prior import DENSE_TABLE_MAX, add_count_prior, dense_table
 from .decoding import energy_generate
 from .generation import BriLLMGenerationMixin
 from .graph import edge_keys
@@ -286,6 +289,12 @@ class BriLLMModel(BriLLMPreTrainedModel):
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
             self.register_buffer("graph_indices", torch.zeros(config.num_edges, dtype=torch.long))
             self.register_buffer("graph_counts", torch.zeros(config.num_edges, dtype=torch.long))
+        if config.count_prior:  # the fixed bigram model every logit adds (count_prior.py); zero until it is set
+            K = config.count_prior_bigrams
+            self.register_buffer("prior_node", torch.zeros(V))
+            self.register_buffer("prior_indptr", torch.zeros(V + 1, dtype=torch.long))
+            self.register_buffer("prior_indices", torch.zeros(K, dtype=torch.long))
+            self.register_buffer("prior_values", torch.zeros(K))
         self._sparse_gradients = False
         self.gradient_checkpointing = False  # transformers' switch: recompute the recurrence in the backward
         # The share of config.signal_dropout that training applies now. Pretraining warms it up over the first
@@ -297,7 +306,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
     # ------------------------------------------------------------------------------ tables built on demand
     def reset_caches(self):
         """Forget the tables derived from the graph and the config (after the graph grows)."""
-        self._edge_key_cache = self._pe_cache = self._freq_cache = None
+        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = None
 
     def edge_keys(self) -> torch.Tensor | None:
         """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
@@ -308,6 +317,17 @@ class BriLLMModel(BriLLMPreTrainedModel):
         if self._edge_key_cache is None or self._edge_key_cache[0] != key:
             self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
         return self._edge_key_cache[1]
+
+    def prior_table(self) -> torch.Tensor | None:
+        """The count prior as a dense (V, V) table, when it is small enough (`count_prior.DENSE_TABLE_MAX`) and
+        the model has one; cached per prior version."""
+        if not self.config.count_prior or self.config.vocab_size ** 2 > DENSE_TABLE_MAX:
+            return None
+        parts = (self.prior_node, self.prior_indptr, self.prior_indices, self.prior_values)
+        key = tuple((t.data_ptr(), t._version) for t in parts) + (self.prior_node.device,)
+        if self._prior_cache is None or self._prior_cache[0] != key:
+            self._prior_cache = (key, dense_table(*parts))
+        return self._prior_cache[1]
 
     def position_table(self, device) -> torch.Tensor:
         """PE rows 0..max_position_embeddings (float32), built once per device and config."""
@@ -455,13 +475,26 @@ class BriLLMModel(BriLLMPreTrainedModel):
                                        self.position_encoding(length), self.position_encoding(length + 1), indptr,
                                        indices, self.edge_keys(), self.config.vocab_size, max_degree,
                                        self.non_edge_bias, self.edge_base, self.node_add(tokens))
-        return self.read_out(logits, state[0]), state
+        return self.read_out(logits, state[0], tokens), state
 
-    def read_out(self, logits: torch.Tensor, signal: torch.Tensor) -> torch.Tensor:
-        """`logits` (N, V) plus what every node reads of the signal (N, d) directly (config.node_readout)."""
-        if self.node_readout is None:
-            return logits
-        return logits + (signal.to(self.node_readout.dtype) @ self.node_readout.t()).to(logits.dtype)
+    def read_out(self, logits: torch.Tensor, signal: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+        """`logits` (N, V) of the successors of `sources` (N,) plus what every node reads of the signal (N, d)
+        directly (config.node_readout) and the count prior's log p(v | source) (config.count_prior)."""
+        if self.node_readout is not None:
+            logits = logits + (signal.to(self.node_readout.dtype) @ self.node_readout.t()).to(logits.dtype)
+        if self.config.count_prior:
+            table = self.prior_table()
+            if table is not None:
+                return logits + table[sources]
+            logits = add_count_prior(logits, sources, self.prior_node, self.prior_indptr, self.prior_indices,
+                                     self.prior_values, graph_max_degree(self.prior_indptr))
+        return logits
+
+    @property
+    def scores_every_node(self) -> bool:
+        """True when a part of the logits differs across non-successors (the readout, the count prior): the loss then
+        builds all V logits of every position (the energies alone give non-successors one shared value)."""
+        return self.node_readout is not None or self.config.count_prior
 
     @exact_precision
     def forward(self, input_ids=None, attention_mask=None, cache=None, use_cache=None, return_dict=None,
@@ -554,7 +587,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         pe = plus_edge_base(base.position_encoding(run.index[:, 0] + 1).to(wdtype), x, base.edge_base)
         logits = successor_logits(x.to(wdtype), pe, base.weights, base.biases, run.tokens[:, 0],
                                       indptr, indices, self.config.vocab_size, base.non_edge_bias)
-        return base.read_out(logits.float(), x)
+        return base.read_out(logits.float(), x, run.tokens[:, 0])
 
     def _energies(self, run: Signals, targets, keep_from: int | None, width: int, num_items=None):
         """Candidate energies of the positions that need them: (loss or None, logits (B, T − keep_from, V) or None).
@@ -581,9 +614,9 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         energies, shared = energies.float(), shared.float()
         sampled = targets is not None and cfg.loss_type == "sampled"
         logits = None
-        read_out = base.node_readout is not None  # every node reads the signal: non-successors differ too
-        if keep_from is not None or sampled or read_out:
-            logits = base.read_out(scatter_logits(energies, shared, plan, V, base.non_edge_bias), x)  # (N, V)
+        every_node = base.scores_every_node
+        if keep_from is not None or sampled or every_node:
+            logits = base.read_out(scatter_logits(energies, shared, plan, V, base.non_edge_bias), x, sources)  # (N, V)
         loss = None
         if targets is not None:
             target = targets[b_idx, j_idx]
@@ -591,7 +624,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             target = torch.where(scored, target, torch.zeros_like(target))
             by_count = base.frequency_table(cfg.num_negatives + 1) \
                 if sampled and cfg.negative_sampling == "frequency" else None
-            if read_out:
+            if every_node:
                 per_position = F.cross_entropy(logits, target, reduction="none")
             else:
                 per_position = position_losses(energies, shared, plan, sources, target,

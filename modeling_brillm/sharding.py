@@ -236,6 +236,10 @@ class ShardedBriLLM(nn.Module):
             raise ValueError("ShardedBriLLM does not train node_readout (every node's logit would need the full "
                              "signal on every process): build the model with node_readout=False, or train it in "
                              "one process or with DDP.")
+        if getattr(cfg, "count_prior", False):
+            raise ValueError("ShardedBriLLM does not add the count prior (every node's logit at every position would "
+                             "need it on every process): build the model with count_prior=False, or train it in one "
+                             "process or with DDP.")
         if getattr(cfg, "edge_backoff", False):
             raise ValueError("ShardedBriLLM does not train edge_backoff (the matrix every edge shares would need the "
                              "gradient of every process's edges): build the model with edge_backoff=False, or train it "

@@ -1,0 +1,93 @@
+"""The count prior: a fixed bigram model of the training text that every logit adds (`config.count_prior`).
+
+    logit(v | u, x) = BriLLM's logit(v | u, x) + log p(v | u)
+
+p is the interpolated absolute-discount bigram model of the training bigrams (Kneser–Ney's discounting with a plain
+unigram below it):
+
+    p(v | u) = max(c(u, v) − D, 0) / c(u) + λ(u) · p_uni(v),     λ(u) = D · |{v : c(u, v) > 0}| / c(u)
+
+with c the bigram counts, c(u) = Σ_v c(u, v), and p_uni the add-one unigram of the bigrams' targets; a source never
+seen gets p_uni. The prior is fixed (buffers, not parameters): training cannot move it away from the counts, so the
+edges learn what the counts miss instead of relearning the counts, and every seen bigram keeps its statistics even
+where the pruned graph sends it to the shared edge.
+
+Stored without a V×V table: `node` (V,) = log p_uni, and CSR by source (`indptr` (V+1,), `indices` (K,), `values`
+(K,)) of every seen bigram's log p(v|u) − log λ(u) − log p_uni(v). Row u of `node` plus its seen entries is
+log p(·|u) − log λ(u): the log-probabilities up to one constant per row, which softmax and argmax ignore.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+DISCOUNT = 0.75  # D: the usual absolute discount (Ney, Essen & Kneser 1994 put it just under n1 / (n1 + 2·n2))
+# Up to this many entries (V² ≤ 2^24: V ≤ 4096, 64 MiB in float32) the model keeps the prior as a dense (V, V) table
+# as well: adding it is then one row gather per position, where the CSR add reads and scatters a padded block.
+DENSE_TABLE_MAX = 1 << 24
+
+
+@dataclass
+class CountPrior:
+    """A count prior in the form the model stores it (see the module's docstring)."""
+
+    node: torch.Tensor  # (V,) float32, log p_uni(v)
+    indptr: torch.Tensor  # (V + 1,) int64
+    indices: torch.Tensor  # (K,) int64, target of every seen bigram (sorted within a source)
+    values: torch.Tensor  # (K,) float32, log p(v|u) − log λ(u) − log p_uni(v) of every seen bigram
+
+    @property
+    def num_bigrams(self) -> int:
+        """Number of seen bigrams K."""
+        return self.indices.numel()
+
+    def table(self) -> torch.Tensor:
+        """The dense (V, V) prior, node + seen entries."""
+        return dense_table(self.node, self.indptr, self.indices, self.values)
+
+
+def dense_table(node: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The stored prior as a dense (V, V) table: row u is `node` plus u's seen entries."""
+    V = node.numel()
+    sources = torch.repeat_interleave(torch.arange(V, device=node.device), indptr[1:] - indptr[:-1])
+    out = node.expand(V, V).clone()
+    out[sources, indices] += values
+    return out
+
+
+def count_prior(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, discount: float = DISCOUNT) -> CountPrior:
+    """The count prior of the bigrams with sorted keys u·V + v and their counts (`graph.count_bigrams`)."""
+    if not 0 < discount <= 1:
+        raise ValueError(f"discount must be in (0, 1], got {discount!r}.")
+    V = vocab_size
+    keys, counts = keys.long(), counts.double()
+    sources, targets = keys // V, keys % V
+    unigram = (torch.bincount(targets, counts, minlength=V) + 1) / (counts.sum() + V)
+    source_total = torch.bincount(sources, counts, minlength=V)
+    degree = torch.bincount(sources, minlength=V).double()
+    backoff = discount * degree / source_total.clamp_min(1)  # λ(u), > 0 for every seen source
+    total, weight = source_total[sources], backoff[sources]
+    probability = (counts - discount).clamp_min(0) / total + weight * unigram[targets]
+    values = probability.log() - weight.log() - unigram[targets].log()
+    indptr = torch.zeros(V + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum(torch.bincount(sources, minlength=V), 0)
+    return CountPrior(unigram.log().float(), indptr, targets, values.float())
+
+
+def add_count_prior(logits: torch.Tensor, sources: torch.Tensor, node: torch.Tensor, indptr: torch.Tensor,
+                    indices: torch.Tensor, values: torch.Tensor, max_degree: int) -> torch.Tensor:
+    """`logits` (N, V) of the successors of `sources` (N,) plus the prior. Shapes are fixed by (N, max_degree), the
+    largest number of seen successors of any source, and nothing is read from the device (a CUDA graph records it):
+    every row gathers `max_degree` entries from the start of its source's block and adds zero past its end."""
+    out = logits + node.to(logits.dtype)
+    if max_degree == 0:
+        return out
+    start = indptr[sources].unsqueeze(1)
+    slot = start + torch.arange(max_degree, device=logits.device)
+    real = slot < indptr[sources + 1].unsqueeze(1)
+    slot = torch.where(real, slot, torch.zeros_like(slot))  # K >= 1 when any source has a successor
+    add = torch.where(real, values[slot], torch.zeros((), dtype=values.dtype, device=values.device))
+    return out.scatter_add(1, indices[slot], add.to(out.dtype))
+
+
+__all__ = ["DENSE_TABLE_MAX", "DISCOUNT", "CountPrior", "add_count_prior", "count_prior", "dense_table"]
