@@ -442,7 +442,8 @@ def brillm_trainer(model, data, args, accelerator):
                 signal_dropout_warmup_epochs=pargs.signal_dropout_warmup_epochs,
                 non_edge_bias=model.config.non_edge_bias,
                 node_readout=model.config.node_readout, edge_backoff=model.config.edge_backoff,
-                node_embedding=model.config.node_embedding, position_recency=model.config.position_recency,
+                node_embedding=model.config.node_embedding, count_prior=model.config.count_prior,
+                position_recency=model.config.position_recency,
                 node_size=model.config.node_size, schedule=schedule_text(args),
                 grad_clip=pargs.max_grad_norm if plan.clip else None)
     return step, info, clock, optimizer

@@ -180,6 +180,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--node_embedding", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node adds a learned d-vector to the edge output it passes on, so the signal carries "
                    "the recent tokens themselves (config.node_embedding). [on; off with --edge_sharding source]")
+    g.add_argument("--count_prior", action=argparse.BooleanOptionalAction, default=None,
+                   help="Add a fixed smoothed bigram model of the training text to every logit, so the learned parts "
+                   "model what the counts miss (config.count_prior; exact loss, sparse graph). [on; off with --loss "
+                   "sampled, --dense_graph or --edge_sharding source]")
     g.add_argument("--position_recency", type=float, default=None,
                    help="Position weights start at 1 + this x k, so the signal's mix starts weighted to the latest "
                    "edges (config.position_recency; 0 = the paper's all ones). [0.2]")
@@ -293,6 +297,9 @@ def check_args(args, model_fields: dict):
     if args.edge_sharding == "source" and model_fields.get("edge_backoff"):
         raise UsageError("--edge_sharding source does not train the matrix every edge shares: add --no-edge_backoff, "
                          "or train without --edge_sharding.")
+    if args.edge_sharding == "source" and model_fields.get("count_prior"):
+        raise UsageError("--edge_sharding source does not add the count prior to the logits: add --no-count_prior, or "
+                         "train without --edge_sharding.")
     if args.edge_sharding == "source" and model_fields.get("node_embedding"):
         raise UsageError("--edge_sharding source does not train the nodes' vectors: add --no-node_embedding, or train "
                          "without --edge_sharding.")
@@ -374,7 +381,8 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {min_count} times" if graph is not None else "")
-        + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)")
+        + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)"
+        + (f"; count prior of all {config.count_prior_bigrams:,} bigrams seen" if config.count_prior else ""))
     fsdp = accelerator.distributed_type.value == "FSDP"
     plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,
                             fsdp=fsdp)

@@ -19,15 +19,16 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
 MODEL_FIELDS = {
     "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
     "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias", "node_readout", "position_recency",
-    "edge_backoff", "node_embedding",
+    "edge_backoff", "node_embedding", "count_prior",
 }
 # The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
 # back-off, the nodes' readout of the signal, a matrix every edge shares, the nodes' own vectors in the signal, a
-# mix that starts weighted to recent edges, separate rates for the per-node parameters and the shared edge, a graph
-# pruned by the data, and signal dropout where the data and the run's length call for it.
+# mix that starts weighted to recent edges, a fixed smoothed bigram model of the data under every logit, separate
+# rates for the per-node parameters and the shared edge, a graph pruned by the data, and signal dropout where the
+# data and the run's length call for it.
 MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
                   "non_edge_bias": True, "node_readout": True, "position_recency": 0.2, "edge_backoff": True,
-                  "node_embedding": True, "signal_dropout": "auto"}
+                  "node_embedding": True, "count_prior": True, "signal_dropout": "auto"}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
 TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
 # Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
@@ -72,6 +73,7 @@ FLAG_TO_FIELD = {
     "position_recency": ("model", "position_recency"),
     "edge_backoff": ("model", "edge_backoff"),
     "node_embedding": ("model", "node_embedding"),
+    "count_prior": ("model", "count_prior"),
     "vocab_size": ("tokenizer", "vocab_size"),
     "tokenizer_kind": ("tokenizer", "kind"),
     "tokenizer_min_frequency": ("tokenizer", "min_frequency"),
@@ -134,9 +136,11 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
     if args.dense_graph:
         model["graph"] = "dense"
     # A built-in default this setup cannot train gives way; a preset's or a flag's value stays (and is refused).
-    off = {"non_edge_bias", "node_readout"} if model["loss_type"] == "sampled" else set()  # scores few negatives
+    off = {"non_edge_bias", "node_readout", "count_prior"} if model["loss_type"] == "sampled" else set()  # few scored
     if getattr(args, "edge_sharding", "none") == "source":
-        off.update({"node_readout", "edge_backoff", "node_embedding"})  # the sharded loss does not train them
+        off.update({"node_readout", "edge_backoff", "node_embedding", "count_prior"})  # the sharded loss lacks them
+    if model["graph"] == "dense":
+        off.add("count_prior")  # built with a sparse graph's bigrams
     for field in off:
         if field not in preset["model"] and getattr(args, field) is None:
             model[field] = False
@@ -186,10 +190,12 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
             if sequences is None:  # a fixed count streams the blocks: a large corpus is never held in memory
                 sequences = block_sequences(train_blocks, tokenizer.pad_token_id)
             graph = build_sparse_graph(sequences, V, min_count=min_bigram_count,
-                                       ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,))
+                                       ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,),
+                                       with_prior=bool(fields.get("count_prior")))
         except ValueError as err:
             raise UsageError(f"cannot build the graph: {err}") from None
-        config = BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **special)
+        prior = {"count_prior_bigrams": graph.prior.num_bigrams} if graph.prior is not None else {}
+        config = BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **prior, **special)
         return config, graph, used
     except (ValueError, TypeError) as err:
         if isinstance(err, UsageError):

@@ -650,10 +650,11 @@ def test_presets_load_and_flags_override():
     args = pretrain.parse_args([])
     model, _ = presets.resolve_settings(args)
     assert args.learning_rate == 2e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
-    assert model["non_edge_bias"] and model["node_readout"] and model["position_recency"] == 0.2
+    assert model["non_edge_bias"] and model["node_readout"] and model["count_prior"]
+    assert model["position_recency"] == 0.2
     assert model["signal_dropout"] == "auto"  # chosen from the data and the run's length
     assert not any(presets.resolve_settings(pretrain.parse_args(["--config", "brillm-en"]))[0][k]
-                   for k in ("non_edge_bias", "node_readout", "position_recency", "signal_dropout"))  # the paper's
+                   for k in ("non_edge_bias", "node_readout", "position_recency", "signal_dropout", "count_prior"))
     assert presets.resolve_settings(pretrain.parse_args(["--signal_dropout", "0.2"]))[0]["signal_dropout"] == 0.2
     for bad in ("1", "-0.1", "some"):
         with pytest.raises(SystemExit):
@@ -661,13 +662,15 @@ def test_presets_load_and_flags_override():
 
 
 @pytest.mark.parametrize("flags,off", [
-    (["--loss", "sampled"], {"non_edge_bias", "node_readout"}),  # its negatives do not score every node
-    (["--edge_sharding", "source"], {"node_readout"}),  # the sharded loss does not train the readout
-    (["--loss", "sampled", "--non_edge_bias"], {"node_readout"}),  # a flag stays (and the config refuses it)
+    (["--loss", "sampled"], {"non_edge_bias", "node_readout", "count_prior"}),  # its negatives do not score all
+    (["--edge_sharding", "source"], {"node_readout", "count_prior"}),  # the sharded loss does not add them
+    (["--dense_graph"], {"count_prior"}),  # the prior is built with a sparse graph's bigrams
+    (["--loss", "sampled", "--non_edge_bias"], {"node_readout", "count_prior"}),  # a flag stays (the config refuses)
+    (["--no-count_prior"], {"count_prior"}),
 ])
 def test_defaults_that_a_setup_cannot_train_give_way(flags, off):
     model, _ = presets.resolve_settings(pretrain.parse_args(flags))
-    assert {k for k in ("non_edge_bias", "node_readout") if not model[k]} == off
+    assert {k for k in ("non_edge_bias", "node_readout", "count_prior") if not model[k]} == off
 
 
 def test_sentence_splitting_and_blocks():
