@@ -138,21 +138,21 @@ def merge_edges(graph: BigramGraph, sources, targets, counts=None) -> tuple[Bigr
     return merged, position[:E], position[E:]
 
 
-def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> str | None:
-    """Why a CSR edge list is malformed, or None when it is well formed."""
+def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name: str = "graph") -> str | None:
+    """Why a CSR edge list is malformed, or None when it is well formed (`name`: the buffers' prefix)."""
     if indptr.numel() != vocab_size + 1:
-        return f"graph_indptr has {indptr.numel()} entries, expected vocab_size + 1 = {vocab_size + 1}"
+        return f"{name}_indptr has {indptr.numel()} entries, expected vocab_size + 1 = {vocab_size + 1}"
     if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
-        return f"graph_indptr must run from 0 to num_edges={indices.numel()}, got {int(indptr[0])}..{int(indptr[-1])}"
+        return f"{name}_indptr must run from 0 to num_edges={indices.numel()}, got {int(indptr[0])}..{int(indptr[-1])}"
     if bool((indptr[1:] < indptr[:-1]).any()):
-        return "graph_indptr is not non-decreasing"
+        return f"{name}_indptr is not non-decreasing"
     if indices.numel():
         if int(indices.min()) < 0 or int(indices.max()) >= vocab_size:
-            return f"graph_indices hold node ids outside [0, {vocab_size})"
+            return f"{name}_indices hold node ids outside [0, {vocab_size})"
         sources = torch.repeat_interleave(torch.arange(vocab_size), indptr.diff())
         keys = sources * vocab_size + indices
         if bool((keys[1:] <= keys[:-1]).any()):
-            return "graph_indices are not sorted and unique within each source"
+            return f"{name}_indices are not sorted and unique within each source"
     return None
 
 

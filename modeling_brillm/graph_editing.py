@@ -245,7 +245,7 @@ class GraphMethods:
         if prior.node.numel() != V or prior.num_bigrams != K:
             raise ValueError(f"the count prior has V={prior.node.numel()}, {prior.num_bigrams} bigrams but the "
                              f"config says V={V}, count_prior_bigrams={K}.")
-        problem = check_csr(prior.indptr, prior.indices, V)
+        problem = check_csr(prior.indptr, prior.indices, V, "prior")
         if problem:
             raise ValueError(f"malformed count prior: {problem}.")
         base = self.base_model
@@ -276,6 +276,13 @@ class GraphMethods:
                     f"the checkpoint's edge list does not fit its config (num_edges={self.config.num_edges}): "
                     f"{problem}. The weights file is corrupt or belongs to another config."
                 )
+        if self.config.count_prior:
+            base = self.base_model
+            problem = check_csr(base.prior_indptr.cpu(), base.prior_indices.cpu(), self.config.vocab_size, "prior")
+            if problem:
+                raise ValueError(f"the checkpoint's count prior does not fit its config (count_prior_bigrams="
+                                 f"{self.config.count_prior_bigrams}): {problem}. The weights file is corrupt or "
+                                 "belongs to another config.")
 
     def csr(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(indptr, indices) of the real edges; indices None for a dense graph (every target, in order)."""

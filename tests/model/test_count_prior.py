@@ -130,6 +130,18 @@ def test_it_is_saved_loaded_and_grown(tok, tmp_path):
     torch.testing.assert_close(model(ids).logits[..., :V], loaded(ids).logits, rtol=1e-6, atol=1e-6)
 
 
+def test_a_corrupt_prior_in_a_checkpoint_is_a_clear_error(tok, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, _ = with_prior(make_model(tok, node_size=6, seed=5), corpus_ids(tok))
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["brillm.prior_indices"] = weights["brillm.prior_indices"].flip(0).contiguous()  # no longer sorted
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="count prior does not fit its config.*prior_indices are not sorted"):
+        BriLLMForCausalLM.from_pretrained(tmp_path)
+
+
 def test_building_from_sequences_keeps_the_pruned_bigrams_in_the_prior(tok):
     seqs = corpus_ids(tok)
     V = len(tok)

@@ -119,7 +119,11 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert "--min_bigram_count auto chose" in text  # the built-in recipe sizes the graph to the data, and says so
     assert re.search(r"the planned [0-9.]+ epoch\(s\)", text)  # ... and to the run's length
     assert "--signal_dropout auto chose" in text  # dropout too is chosen from the data, and said
-    assert json.loads((out / "config.json").read_text())["non_edge_bias"] is True
+    config = json.loads((out / "config.json").read_text())
+    assert config["non_edge_bias"] is True
+    # the count prior holds every bigram seen, the pruned ones too, and the remote-code load below adds it
+    assert config["count_prior"] is True and config["count_prior_bigrams"] >= config["num_edges"]
+    assert f"count prior of all {config['count_prior_bigrams']:,} bigrams seen" in text
     log = losses(out)
     assert sorted(log) == list(range(1, 31)) and all(math.isfinite(v) for v in log.values())
     summary = json.loads((out / pretrain.SUMMARY_NAME).read_text())
