@@ -64,13 +64,13 @@ def count_prior(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, disco
     sources, targets = keys // V, keys % V
     unigram = (torch.bincount(targets, counts, minlength=V) + 1) / (counts.sum() + V)
     source_total = torch.bincount(sources, counts, minlength=V)
-    degree = torch.bincount(sources, minlength=V).double()
-    backoff = discount * degree / source_total.clamp_min(1)  # λ(u), > 0 for every seen source
+    degree = torch.bincount(sources, minlength=V)  # seen successors of every source: λ's numerator and the CSR's rows
+    backoff = discount * degree.double() / source_total.clamp_min(1)  # λ(u), > 0 for every seen source
     total, weight = source_total[sources], backoff[sources]
     probability = (counts - discount).clamp_min(0) / total + weight * unigram[targets]
     values = probability.log() - weight.log() - unigram[targets].log()
     indptr = torch.zeros(V + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(torch.bincount(sources, minlength=V), 0)
+    indptr[1:] = torch.cumsum(degree, 0)
     return CountPrior(unigram.log().float(), indptr, targets, values.float())
 
 
