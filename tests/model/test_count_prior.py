@@ -77,42 +77,47 @@ def test_adding_it_reads_each_row_of_the_csr(tok):
 
 
 @pytest.mark.parametrize("readout", [False, True])
-def test_logits_add_the_prior_and_the_loss_is_their_cross_entropy(tok, readout):
+def test_logits_add_the_prior_and_the_loss_is_their_cross_entropy(tok, readout, device):
     base = make_model(tok, node_size=6, seed=2, non_edge_bias=True, node_readout=readout)
     ids, mask = padded(tok)
     ref = base(ids, attention_mask=mask)
     model, prior = with_prior(base, corpus_ids(tok))
-    out = model(ids, attention_mask=mask, labels=ids)
+    out = model.to(device)(ids, attention_mask=mask, labels=ids)
     real = mask.bool()
-    torch.testing.assert_close(out.logits[real], (ref.logits + prior.table()[ids])[real], rtol=1e-5, atol=1e-5)
+    logits = out.logits.cpu()
+    torch.testing.assert_close(logits[real], (ref.logits + prior.table()[ids])[real], rtol=1e-5, atol=1e-5)
     scored = real[:, 1:]
-    ce = F.cross_entropy(out.logits[:, :-1][scored], ids[:, 1:][scored])
-    torch.testing.assert_close(out.loss, ce, rtol=1e-5, atol=1e-6)
+    ce = F.cross_entropy(logits[:, :-1][scored], ids[:, 1:][scored])
+    torch.testing.assert_close(out.loss.cpu(), ce, rtol=1e-5, atol=1e-6)
     assert abs(float(out.loss.detach()) - float(base(ids, attention_mask=mask, labels=ids).loss.detach())) > 1e-3
 
 
 @pytest.mark.parametrize("dense_table", [True, False])
-def test_training_leaves_the_prior_alone_and_decoding_carries_it(tok, dense_table, monkeypatch):
+def test_training_leaves_the_prior_alone_and_decoding_carries_it(tok, dense_table, device, monkeypatch):
     """Both ways of adding it (a dense table's rows; past DENSE_TABLE_MAX the CSR's padded blocks) give the
-    teacher-forced logits on every decoding path."""
+    teacher-forced logits on every decoding path, the captured decode step on CUDA included."""
     import modeling_brillm.modeling_brillm as modeling
 
     if not dense_table:
         monkeypatch.setattr(modeling, "DENSE_TABLE_MAX", 0)
     base = make_model(tok, node_size=6, seed=3, node_readout=True)
     model, prior = with_prior(base, corpus_ids(tok))
+    model.to(device)
     assert (model.base_model.prior_table() is not None) == dense_table
     ids, mask = padded(tok)
-    torch.testing.assert_close(model(ids, attention_mask=mask).logits[mask.bool()],
-                               (base(ids, attention_mask=mask).logits + prior.table()[ids])[mask.bool()])
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits.cpu()[mask.bool()],
+                               (base(ids, attention_mask=mask).logits + prior.table()[ids])[mask.bool()],
+                               rtol=1e-5, atol=1e-5)
     assert not any(name.startswith("brillm.prior_") for name, _ in model.named_parameters())
     model.train()
     model(ids, attention_mask=mask, labels=ids).loss.backward()
     assert float(model.base_model.weights.grad.abs().sum()) > 0
     model.eval()
-    assert_decodes_like_forward(model, ids[:1, : int(mask[0].sum())])
-    greedy = model.generate(ids[:1, :3], max_new_tokens=6, do_sample=False)
+    assert_decodes_like_forward(model, ids[:1, : int(mask[0].sum())].to(device))
+    greedy = model.generate(ids[:1, :3].to(device), max_new_tokens=6, do_sample=False)  # captured on CUDA
     assert greedy.shape == (1, 9)
+    model.decode_mode = "eager"
+    assert torch.equal(model.generate(ids[:1, :3].to(device), max_new_tokens=6, do_sample=False), greedy)
 
 
 def test_it_is_saved_loaded_and_grown(tok, tmp_path):
