@@ -25,6 +25,15 @@ fixed number of steps the epochs do not depend on c. With a time budget (`epochs
 time per token is taken as proportional to the successors a token's loss scores, so pruning buys epochs, and the
 count is the smallest c whose own epochs reach the bar.
 
+A long run asks the opposite of an edge: every pass fits its d²+d parameters to the same c occurrences again, so
+the fewer occurrences an edge has, the sooner it learns their particulars rather than the pair. Past
+`GROW_EPOCHS` planned epochs the count therefore grows in proportion to them, c >= data count · epochs /
+`GROW_EPOCHS`: an edge keeps as many occurrences per planned pass as the data count gave it at `GROW_EPOCHS`, and
+the pruned pairs back off to the shared edge (with the count prior, they keep their counts there). Only where
+held-out text strays from the training text (the dropout's bars below): where it is more of the same, an edge's
+particulars come back too, and pruning costs (the embedded demo: 6 epochs, 12.35 validation perplexity at the
+count 2 against 10.33 at 1).
+
 The same probe says how far held-out text strays from the training text: the share of its bigram occurrences that
 get no edge at the data's count (`novelty`). Where it is large, the model predicts much of the held-out text through
 the back-off and the context, and a long run learns contexts particular to the training documents: its held-out
@@ -34,7 +43,8 @@ code comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 
 `DROPOUT_BARS` allows at its novelty: 2 from 17%, 4 from 5%, none below (text whose held-out part is more of the
 same); shorter runs did not rise, and there dropout can cost more than it gains (4.6% on those manuals in 10
 minutes). Every further pass over the same documents is another chance to learn their particulars, so past
-`GROW_EPOCHS` planned epochs p grows in proportion to them, up to `MAX_DROPOUT`. Pretraining then grows the
+`GROW_EPOCHS` planned epochs p grows with them, `DROPOUT` more for every `GROW_EPOCHS` / 2, up to `MAX_DROPOUT`
+(reached at twice `GROW_EPOCHS`). Pretraining then grows the
 chosen p from 0 over the first epoch (`epochs.warm_signal_dropout`), where no block has been seen before.
 docs/benchmarks.md has the measurements, and the checks on corpora the bars were not set on.
 """
@@ -54,9 +64,10 @@ MIN_VISITS = 2  # a kept edge is a training target at least this often in the pl
 # (the share of its bigram occurrences without an edge), the sooner a run learns its training documents' particulars.
 DROPOUT_BARS = ((0.17, 2.0), (0.05, 4.0))
 DROPOUT = 0.1  # the dropout up to GROW_EPOCHS planned epochs
-# Past GROW_EPOCHS planned epochs the dropout grows in proportion to them, up to MAX_DROPOUT: at 0.1, code comments'
-# held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it fell through 10 epochs
-# (docs/benchmarks.md, 30 minutes on `code`).
+# Past GROW_EPOCHS planned epochs the count grows in proportion to them and the dropout reaches MAX_DROPOUT at twice
+# GROW_EPOCHS: at 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23
+# and 0.3 it fell through 10 epochs; at 8 planned epochs the data count 3 and p 0.2 rose 4.6% in the last 4 minutes
+# of 10, count 6 and p 0.3 0.4% (docs/benchmarks.md).
 GROW_EPOCHS, MAX_DROPOUT = 4.0, 0.3
 
 
@@ -76,10 +87,13 @@ class PruningChoice:
                 f"their expected rate ({shown}); the smallest c at >= {RECURRENCE:.0%} is {self.data_count}")
         if self.epochs is None:
             return text
-        if self.min_count > self.data_count:
-            return (f"{text}, raised to {self.min_count} so that every edge is a training target at least "
-                    f"{MIN_VISITS} times in the planned {self.epochs:.3g} epoch(s)")
-        return f"{text}; the planned {self.epochs:.3g} epoch(s) train its edges at least {MIN_VISITS} times"
+        if self.min_count <= self.data_count:
+            return f"{text}; the planned {self.epochs:.3g} epoch(s) train its edges at least {MIN_VISITS} times"
+        if self.epochs > GROW_EPOCHS:
+            return (f"{text}, raised to {self.min_count} >= {self.data_count} x {self.epochs:.3g} planned epochs / "
+                    f"{GROW_EPOCHS:g}, so that a long run's edges keep enough occurrences per pass")
+        return (f"{text}, raised to {self.min_count} so that every edge is a training target at least "
+                f"{MIN_VISITS} times in the planned {self.epochs:.3g} epoch(s)")
 
 
 def _bigram_keys(sequences, V: int) -> torch.Tensor:
@@ -108,9 +122,15 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
     def epochs(c: int) -> float:
         return planned_epochs * (cost(choice.data_count) / cost(c) if epochs_grow_with_pruning else 1.0)
 
+    strays = dropout_bar(choice.novelty) is not None
+
+    def enough(c: int) -> bool:  # trained enough (MIN_VISITS), and not fitted too often (GROW_EPOCHS)
+        enough_per_pass = not strays or c * GROW_EPOCHS >= choice.data_count * epochs(c)
+        return c * epochs(c) >= MIN_VISITS and enough_per_pass
+
     c = choice.data_count
     most = int(counts.max())  # a larger count would leave no edge
-    while c < most and c * epochs(c) < MIN_VISITS:
+    while c < most and not enough(c):
         c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
     return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty)
@@ -175,7 +195,7 @@ class DropoutChoice:
             return head
         text = f"{head} and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g})"
         if self.p > DROPOUT:
-            text += (f", grown past {GROW_EPOCHS:g} planned epochs to {DROPOUT:g} x epochs / {GROW_EPOCHS:g} "
+            text += (f", grown past {GROW_EPOCHS:g} planned epochs to {DROPOUT:g} x (2 x epochs / {GROW_EPOCHS:g} - 1) "
                      f"(at most {MAX_DROPOUT:g})")
         return text
 
@@ -188,12 +208,11 @@ def dropout_bar(novelty: float) -> tuple[float, float] | None:
 def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
     """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays from the training text
     (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough at that novelty to learn the
-    documents' particulars (`DROPOUT_BARS`), grown in proportion to the epochs past `GROW_EPOCHS` up to
-    `MAX_DROPOUT`; else 0."""
+    documents' particulars (`DROPOUT_BARS`), grown with the epochs past `GROW_EPOCHS` up to `MAX_DROPOUT`; else 0."""
     bar = dropout_bar(novelty)
     if bar is None or (epochs is not None and epochs <= bar[1]):
         return DropoutChoice(0.0, novelty, epochs)
     if epochs is None or epochs <= GROW_EPOCHS:
         return DropoutChoice(DROPOUT, novelty, epochs)
-    grown = DROPOUT * epochs / GROW_EPOCHS  # more passes over the same documents, more chances to learn them
+    grown = DROPOUT * (2 * epochs / GROW_EPOCHS - 1)  # more passes over the same documents, more chances to learn them
     return DropoutChoice(round(min(grown, MAX_DROPOUT), 2), novelty, epochs)

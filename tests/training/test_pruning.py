@@ -1,5 +1,7 @@
 """`--min_bigram_count auto`: the count comes from how often bigrams of each count recur in held-back text."""
 
+import math
+
 import pytest
 import torch
 
@@ -125,6 +127,27 @@ def test_novelty_is_the_held_out_share_of_bigrams_without_an_edge():
     assert choose_min_count(documents_of_their_own(), WIDE, planned_epochs=10.0).novelty == choice.novelty
 
 
+def test_a_long_run_raises_the_count_with_its_epochs():
+    """Past GROW_EPOCHS planned epochs an edge must keep the data count's occurrences per planned pass: the count
+    grows in proportion to the epochs."""
+    text = documents_of_their_own()
+    data = choose_min_count(text, WIDE).data_count
+    at_bar = choose_min_count(text, WIDE, planned_epochs=GROW_EPOCHS)
+    assert at_bar.min_count == data and "raised" not in at_bar.describe()
+    long = choose_min_count(text, WIDE, planned_epochs=3 * GROW_EPOCHS)
+    assert long.min_count == 3 * data and long.data_count == data
+    assert f"raised to {3 * data} >= {data} x 12 planned epochs / {GROW_EPOCHS:g}" in long.describe()
+    between = choose_min_count(text, WIDE, planned_epochs=1.25 * GROW_EPOCHS)
+    assert between.min_count == math.ceil(1.25 * data)
+
+
+def test_a_long_run_on_familiar_text_keeps_the_data_count():
+    """Where held-out text is more of the same, a rare edge's particulars come back too: no growth."""
+    text = documents_with_private_bigrams()
+    choice = choose_min_count(text, V, planned_epochs=10 * GROW_EPOCHS)
+    assert choice.novelty < DROPOUT_BARS[-1][0] and choice.min_count == choice.data_count
+
+
 def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
     (_, bar), _ = DROPOUT_BARS
     strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=1.5 * bar)
@@ -140,8 +163,9 @@ def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
 def test_signal_dropout_grows_with_the_planned_epochs_past_the_bar():
     novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
     assert choose_signal_dropout(novelty, GROW_EPOCHS).p == DROPOUT  # up to the bar: the base strength
-    longer = choose_signal_dropout(novelty, 2 * GROW_EPOCHS)
+    longer = choose_signal_dropout(novelty, 1.5 * GROW_EPOCHS)  # DROPOUT more for every GROW_EPOCHS / 2
     assert longer.p == pytest.approx(2 * DROPOUT) and f"grown past {GROW_EPOCHS:g} planned epochs" in longer.describe()
+    assert choose_signal_dropout(novelty, 2 * GROW_EPOCHS).p == MAX_DROPOUT  # reached at twice GROW_EPOCHS
     assert "grown" not in choose_signal_dropout(novelty, GROW_EPOCHS).describe()
     assert choose_signal_dropout(novelty, 100 * GROW_EPOCHS).p == MAX_DROPOUT  # capped
     assert choose_signal_dropout(0.0, 100 * GROW_EPOCHS).p == 0.0  # familiar text: no dropout however long
@@ -153,6 +177,6 @@ def test_text_that_strays_less_needs_a_longer_run_before_dropout():
     assert choose_signal_dropout(far, between).p == DROPOUT  # strays far: the short bar
     middling = choose_signal_dropout(some, between)
     assert middling.p == 0.0 and f"(>= {some:.0%})" in middling.describe() and f"<= {long_bar:g}" in middling.describe()
-    assert choose_signal_dropout(some, 2 * long_bar).p == pytest.approx(DROPOUT * 2 * long_bar / GROW_EPOCHS)
+    assert choose_signal_dropout(some, 1.25 * long_bar).p == pytest.approx(DROPOUT * (2.5 * long_bar / GROW_EPOCHS - 1))
     below = choose_signal_dropout(some - 0.01, 100 * long_bar)
     assert below.p == 0.0 and f"(< {some:.0%})" in below.describe() and "epoch" not in below.describe()
