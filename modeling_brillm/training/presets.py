@@ -181,7 +181,8 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
             say(choice.describe())
             used, min_bigram_count = choice, choice.min_count
         if auto_dropout:
-            dropout = choose_signal_dropout(choice.novelty, choice.epochs if auto_count else planned_epochs)
+            # the epochs planned at the data's count: what a sparser graph buys depends on the machine (pruning.py)
+            dropout = choose_signal_dropout(choice.novelty, planned_epochs)
             say(dropout.describe())
             fields["signal_dropout"] = dropout.p
         if not sparse:

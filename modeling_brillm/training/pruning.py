@@ -25,15 +25,6 @@ fixed number of steps the epochs do not depend on c. With a time budget (`epochs
 time per token is taken as proportional to the successors a token's loss scores, so pruning buys epochs, and the
 count is the smallest c whose own epochs reach the bar.
 
-A long run asks the opposite of an edge: every pass fits its d²+d parameters to the same c occurrences again, so
-the fewer occurrences an edge has, the sooner it learns their particulars rather than the pair. Past
-`GROW_EPOCHS` planned epochs the count therefore grows in proportion to them, c >= data count · epochs /
-`GROW_EPOCHS`: an edge keeps as many occurrences per planned pass as the data count gave it at `GROW_EPOCHS`, and
-the pruned pairs back off to the shared edge (with the count prior, they keep their counts there). Only where
-held-out text strays from the training text (the dropout's bars below): where it is more of the same, an edge's
-particulars come back too, and pruning costs (the embedded demo: 6 epochs, 12.35 validation perplexity at the
-count 2 against 10.33 at 1).
-
 The same probe says how far held-out text strays from the training text: the share of its bigram occurrences that
 get no edge at the data's count (`novelty`). Where it is large, the model predicts much of the held-out text through
 the back-off and the context, and a long run learns contexts particular to the training documents: its held-out
@@ -42,10 +33,22 @@ code comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 
 12.8 epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
 `DROPOUT_BARS` allows at its novelty: 2 from 17%, 4 from 5%, none below (text whose held-out part is more of the
 same); shorter runs did not rise, and there dropout can cost more than it gains (4.6% on those manuals in 10
-minutes). Every further pass over the same documents is another chance to learn their particulars, so past
-`GROW_EPOCHS` planned epochs p grows with them, `DROPOUT` more for every `GROW_EPOCHS` / 2, up to `MAX_DROPOUT`
-(reached at twice `GROW_EPOCHS`). Pretraining then grows the
-chosen p from 0 over the first epoch (`epochs.warm_signal_dropout`), where no block has been seen before.
+minutes). Every further pass over the same documents is another chance to learn their particulars, so past its bar
+p grows in proportion to the planned epochs, `DROPOUT` x epochs / bar, up to `MAX_DROPOUT`. Pretraining then grows
+the chosen p from 0 over the first epoch (`epochs.warm_signal_dropout`), where no block has been seen before.
+
+A long run also asks more of an edge: every pass fits its d²+d parameters to the same c occurrences again, and the
+fewer it has, the sooner it learns their particulars rather than the pair's. So past its bar the count grows in
+proportion to the planned epochs too, c >= data count · epochs / bar: an edge keeps as many occurrences per planned
+pass as the data count gave it at the bar, and the pruned pairs back off to the shared edge (with the count prior
+they keep their counts there). Code comments (21%) at 7.6-8.1 planned epochs: the data count 3 with p 0.2 rose 4.6%
+over the last 4 minutes of 10, the count 6 with p 0.3 0.4% and 4.7% in two runs, the count 13 with p 0.3 fell at
+every point and ended 9% below the first. Text more like its held-out part keeps its count: there pruning costs
+(the embedded demo, 6 epochs at the count 1: 10.33 validation perplexity, 12.35 at 2). The epochs are those planned
+at the data count: with a time budget a sparser graph trains more of them, but by how many depends on the machine
+(on a GPU a step costs about the same at any count), and counting them would feed the count back into itself; the
+dropout takes the same epochs.
+
 docs/benchmarks.md has the measurements, and the checks on corpora the bars were not set on.
 """
 
@@ -63,12 +66,10 @@ MIN_VISITS = 2  # a kept edge is a training target at least this often in the pl
 # (novelty at least, planned epochs more than): the runs that drop the signal out. The more held-out text strays
 # (the share of its bigram occurrences without an edge), the sooner a run learns its training documents' particulars.
 DROPOUT_BARS = ((0.17, 2.0), (0.05, 4.0))
-DROPOUT = 0.1  # the dropout up to GROW_EPOCHS planned epochs
-# Past GROW_EPOCHS planned epochs the count grows in proportion to them and the dropout reaches MAX_DROPOUT at twice
-# GROW_EPOCHS: at 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23
-# and 0.3 it fell through 10 epochs; at 8 planned epochs the data count 3 and p 0.2 rose 4.6% in the last 4 minutes
-# of 10, count 6 and p 0.3 0.4% (docs/benchmarks.md).
-GROW_EPOCHS, MAX_DROPOUT = 4.0, 0.3
+DROPOUT = 0.1  # the dropout at the bar's planned epochs, in proportion past them
+# At 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it
+# fell through 10 epochs (docs/benchmarks.md, 30 minutes on `code`).
+MAX_DROPOUT = 0.3
 
 
 @dataclass
@@ -79,6 +80,7 @@ class PruningChoice:
     data_count: int  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
     epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
     novelty: float = 0.0  # share of the probe's bigram occurrences without an edge at data_count
+    long_run: tuple[float, float] | None = None  # (epochs at data_count, bar) where the count grew with the epochs
 
     def describe(self) -> str:
         shown = ", ".join(f"{c}: {r:.2f}" for c, r in list(self.recurrence.items())[:6]) or "none to compare"
@@ -89,9 +91,11 @@ class PruningChoice:
             return text
         if self.min_count <= self.data_count:
             return f"{text}; the planned {self.epochs:.3g} epoch(s) train its edges at least {MIN_VISITS} times"
-        if self.epochs > GROW_EPOCHS:
-            return (f"{text}, raised to {self.min_count} >= {self.data_count} x {self.epochs:.3g} planned epochs / "
-                    f"{GROW_EPOCHS:g}, so that a long run's edges keep enough occurrences per pass")
+        if self.long_run is not None:
+            epochs, bar = self.long_run
+            return (f"{text}, raised to {self.min_count} >= {self.data_count} x {epochs:.3g} epochs (planned at "
+                    f"{self.data_count}) / {bar:g}: held-out text strays ({self.novelty:.1%} of "
+                    "its bigrams have no edge), and a long run's edges must keep enough occurrences per pass")
         return (f"{text}, raised to {self.min_count} so that every edge is a training target at least "
                 f"{MIN_VISITS} times in the planned {self.epochs:.3g} epoch(s)")
 
@@ -122,18 +126,18 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
     def epochs(c: int) -> float:
         return planned_epochs * (cost(choice.data_count) / cost(c) if epochs_grow_with_pruning else 1.0)
 
-    strays = dropout_bar(choice.novelty) is not None
-
-    def enough(c: int) -> bool:  # trained enough (MIN_VISITS), and not fitted too often (GROW_EPOCHS)
-        enough_per_pass = not strays or c * GROW_EPOCHS >= choice.data_count * epochs(c)
-        return c * epochs(c) >= MIN_VISITS and enough_per_pass
+    bar = dropout_bar(choice.novelty)
+    long_run = bar is not None and planned_epochs > bar[1]
+    per_pass = choice.data_count * planned_epochs / bar[1] if long_run else 0.0
 
     c = choice.data_count
     most = int(counts.max())  # a larger count would leave no edge
-    while c < most and not enough(c):
+    while c < most and (c * epochs(c) < MIN_VISITS or c < per_pass - 1e-9):
         c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
-    return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty)
+    grown = (planned_epochs, bar[1]) if long_run and c > choice.data_count else None  # (c·epochs >= 2 held already)
+    return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty,
+                         grown)
 
 
 def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int):
@@ -194,9 +198,8 @@ class DropoutChoice:
         if self.epochs is None:
             return head
         text = f"{head} and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g})"
-        if self.p > DROPOUT:
-            text += (f", grown past {GROW_EPOCHS:g} planned epochs to {DROPOUT:g} x (2 x epochs / {GROW_EPOCHS:g} - 1) "
-                     f"(at most {MAX_DROPOUT:g})")
+        if self.epochs > bar:
+            text += f", {DROPOUT:g} x epochs / {bar:g} (at most {MAX_DROPOUT:g})"
         return text
 
 
@@ -208,11 +211,12 @@ def dropout_bar(novelty: float) -> tuple[float, float] | None:
 def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
     """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays from the training text
     (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough at that novelty to learn the
-    documents' particulars (`DROPOUT_BARS`), grown with the epochs past `GROW_EPOCHS` up to `MAX_DROPOUT`; else 0."""
+    documents' particulars (`DROPOUT_BARS`), in proportion to the epochs past that bar, up to `MAX_DROPOUT`; else
+    0. Length unknown: `DROPOUT`."""
     bar = dropout_bar(novelty)
     if bar is None or (epochs is not None and epochs <= bar[1]):
         return DropoutChoice(0.0, novelty, epochs)
-    if epochs is None or epochs <= GROW_EPOCHS:
+    if epochs is None:
         return DropoutChoice(DROPOUT, novelty, epochs)
-    grown = DROPOUT * (2 * epochs / GROW_EPOCHS - 1)  # more passes over the same documents, more chances to learn them
+    grown = DROPOUT * epochs / bar[1]  # more passes over the same documents, more chances to learn them
     return DropoutChoice(round(min(grown, MAX_DROPOUT), 2), novelty, epochs)

@@ -8,7 +8,6 @@ import torch
 from modeling_brillm.training.pruning import (
     DROPOUT,
     DROPOUT_BARS,
-    GROW_EPOCHS,
     MAX_DROPOUT,
     MIN_VISITS,
     RECURRENCE,
@@ -127,24 +126,27 @@ def test_novelty_is_the_held_out_share_of_bigrams_without_an_edge():
     assert choose_min_count(documents_of_their_own(), WIDE, planned_epochs=10.0).novelty == choice.novelty
 
 
-def test_a_long_run_raises_the_count_with_its_epochs():
-    """Past GROW_EPOCHS planned epochs an edge must keep the data count's occurrences per planned pass: the count
-    grows in proportion to the epochs."""
+def test_a_long_run_on_text_that_strays_raises_the_count_with_its_epochs():
+    """Past its novelty's bar an edge must keep the data count's occurrences per planned pass: the count grows in
+    proportion to the epochs planned at the data count."""
     text = documents_of_their_own()
     data = choose_min_count(text, WIDE).data_count
-    at_bar = choose_min_count(text, WIDE, planned_epochs=GROW_EPOCHS)
+    (_, bar), _ = DROPOUT_BARS  # this text strays far: the first bar
+    at_bar = choose_min_count(text, WIDE, planned_epochs=bar)
     assert at_bar.min_count == data and "raised" not in at_bar.describe()
-    long = choose_min_count(text, WIDE, planned_epochs=3 * GROW_EPOCHS)
+    long = choose_min_count(text, WIDE, planned_epochs=3 * bar)
     assert long.min_count == 3 * data and long.data_count == data
-    assert f"raised to {3 * data} >= {data} x 12 planned epochs / {GROW_EPOCHS:g}" in long.describe()
-    between = choose_min_count(text, WIDE, planned_epochs=1.25 * GROW_EPOCHS)
-    assert between.min_count == math.ceil(1.25 * data)
+    assert f"raised to {3 * data} >= {data} x {3 * bar:g} epochs (planned at {data}) / {bar:g}" in long.describe()
+    assert choose_min_count(text, WIDE, planned_epochs=1.25 * bar).min_count == math.ceil(1.25 * data)
+    # with a time budget the epochs a sparser graph buys do not feed back into the count
+    timed = choose_min_count(text, WIDE, planned_epochs=3 * bar, epochs_grow_with_pruning=True)
+    assert timed.min_count == 3 * data and timed.epochs >= 3 * bar
 
 
 def test_a_long_run_on_familiar_text_keeps_the_data_count():
     """Where held-out text is more of the same, a rare edge's particulars come back too: no growth."""
     text = documents_with_private_bigrams()
-    choice = choose_min_count(text, V, planned_epochs=10 * GROW_EPOCHS)
+    choice = choose_min_count(text, V, planned_epochs=100.0)
     assert choice.novelty < DROPOUT_BARS[-1][0] and choice.min_count == choice.data_count
 
 
@@ -152,7 +154,8 @@ def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
     (_, bar), _ = DROPOUT_BARS
     strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=1.5 * bar)
     long = choose_signal_dropout(strays.novelty, strays.epochs)
-    assert long.p == DROPOUT and "auto chose 0.1" in long.describe() and f"> {bar:g}" in long.describe()
+    assert long.p == pytest.approx(1.5 * DROPOUT) and "auto chose 0.15" in long.describe()
+    assert f"> {bar:g}), {DROPOUT:g} x epochs / {bar:g}" in long.describe()
     short = choose_signal_dropout(strays.novelty, bar)  # too short to learn the documents' particulars
     assert short.p == 0.0 and f"<= {bar:g}" in short.describe()
     assert choose_signal_dropout(strays.novelty).p == DROPOUT  # length unknown: the data decides
@@ -162,21 +165,20 @@ def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
 
 def test_signal_dropout_grows_with_the_planned_epochs_past_the_bar():
     novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
-    assert choose_signal_dropout(novelty, GROW_EPOCHS).p == DROPOUT  # up to the bar: the base strength
-    longer = choose_signal_dropout(novelty, 1.5 * GROW_EPOCHS)  # DROPOUT more for every GROW_EPOCHS / 2
-    assert longer.p == pytest.approx(2 * DROPOUT) and f"grown past {GROW_EPOCHS:g} planned epochs" in longer.describe()
-    assert choose_signal_dropout(novelty, 2 * GROW_EPOCHS).p == MAX_DROPOUT  # reached at twice GROW_EPOCHS
-    assert "grown" not in choose_signal_dropout(novelty, GROW_EPOCHS).describe()
-    assert choose_signal_dropout(novelty, 100 * GROW_EPOCHS).p == MAX_DROPOUT  # capped
-    assert choose_signal_dropout(0.0, 100 * GROW_EPOCHS).p == 0.0  # familiar text: no dropout however long
+    (_, bar), _ = DROPOUT_BARS
+    assert choose_signal_dropout(novelty, bar).p == 0.0  # up to the bar: none
+    longer = choose_signal_dropout(novelty, 1.5 * bar)  # in proportion past it
+    assert longer.p == pytest.approx(1.5 * DROPOUT) and f"{DROPOUT:g} x epochs / {bar:g}" in longer.describe()
+    assert choose_signal_dropout(novelty, 100 * bar).p == MAX_DROPOUT  # capped
+    assert choose_signal_dropout(0.0, 100 * bar).p == 0.0  # familiar text: no dropout however long
 
 
 def test_text_that_strays_less_needs_a_longer_run_before_dropout():
     (far, short_bar), (some, long_bar) = DROPOUT_BARS
     between = (short_bar + long_bar) / 2
-    assert choose_signal_dropout(far, between).p == DROPOUT  # strays far: the short bar
+    assert choose_signal_dropout(far, between).p == pytest.approx(DROPOUT * between / short_bar)  # the short bar
     middling = choose_signal_dropout(some, between)
     assert middling.p == 0.0 and f"(>= {some:.0%})" in middling.describe() and f"<= {long_bar:g}" in middling.describe()
-    assert choose_signal_dropout(some, 1.25 * long_bar).p == pytest.approx(DROPOUT * (2.5 * long_bar / GROW_EPOCHS - 1))
+    assert choose_signal_dropout(some, 1.5 * long_bar).p == pytest.approx(1.5 * DROPOUT)
     below = choose_signal_dropout(some - 0.01, 100 * long_bar)
     assert below.p == 0.0 and f"(< {some:.0%})" in below.describe() and "epoch" not in below.describe()
