@@ -127,17 +127,18 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
         return planned_epochs * (cost(choice.data_count) / cost(c) if epochs_grow_with_pruning else 1.0)
 
     bar = dropout_bar(choice.novelty)
-    long_run = bar is not None and planned_epochs > bar[1]
-    per_pass = choice.data_count * planned_epochs / bar[1] if long_run else 0.0
+    past_bar = bar is not None and planned_epochs > bar[1]
+    per_pass = choice.data_count * planned_epochs / bar[1] if past_bar else 0.0  # the long run's bound on c
 
     c = choice.data_count
     most = int(counts.max())  # a larger count would leave no edge
     while c < most and (c * epochs(c) < MIN_VISITS or c < per_pass - 1e-9):
         c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
-    grown = (planned_epochs, bar[1]) if long_run and c > choice.data_count else None  # (c·epochs >= 2 held already)
+    # past a bar (>= 2 epochs) the data count already meets MIN_VISITS, so any raise there is the long run's
+    long_run = (planned_epochs, bar[1]) if past_bar and c > choice.data_count else None
     return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty,
-                         grown)
+                         long_run)
 
 
 def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int):
