@@ -9,6 +9,7 @@ from modeling_brillm.training.pruning import (
     DROPOUT,
     DROPOUT_BARS,
     MAX_DROPOUT,
+    MAX_GROWTH,
     MIN_VISITS,
     RECURRENCE,
     choose_min_count,
@@ -141,6 +142,22 @@ def test_a_long_run_on_text_that_strays_raises_the_count_with_its_epochs():
     # with a time budget the epochs a sparser graph buys do not feed back into the count
     timed = choose_min_count(text, WIDE, planned_epochs=3 * bar, epochs_grow_with_pruning=True)
     assert timed.min_count == 3 * data and timed.epochs >= 3 * bar
+
+
+def test_the_count_grows_at_most_max_growth_times_the_data_count():
+    """A very long run still keeps the pairs that come back: the growth stops at MAX_GROWTH x the data count, and
+    the start-up line says the cap decided."""
+    text = documents_of_their_own()
+    data = choose_min_count(text, WIDE).data_count
+    (_, bar), _ = DROPOUT_BARS
+    cap = math.floor(MAX_GROWTH * data)
+    reached = choose_min_count(text, WIDE, planned_epochs=cap * bar / data)  # the growth meets the cap
+    assert reached.min_count == cap and f"raised to {cap} >= {data} x" in reached.describe()
+    very_long = choose_min_count(text, WIDE, planned_epochs=10 * MAX_GROWTH * bar)
+    assert very_long.min_count == cap and very_long.data_count == data
+    wanted = math.ceil(data * 10 * MAX_GROWTH)
+    assert (f"raised to {cap}, at most {MAX_GROWTH:g} x {data} ({data} x {10 * MAX_GROWTH * bar:.3g} epochs "
+            f"(planned at {data}) / {bar:g} asks for {wanted})") in very_long.describe()
 
 
 def test_a_long_run_on_familiar_text_keeps_the_data_count():
