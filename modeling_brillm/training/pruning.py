@@ -85,7 +85,8 @@ class PruningChoice:
     data_count: int  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
     epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
     novelty: float = 0.0  # share of the probe's bigram occurrences without an edge at data_count
-    long_run: tuple[float, float] | None = None  # (epochs at data_count, bar) where the count grew with the epochs
+    # where the count grew with the epochs: (epochs at data_count, bar, whether MAX_GROWTH held it below their ask)
+    long_run: tuple[float, float, bool] | None = None
 
     def describe(self) -> str:
         shown = ", ".join(f"{c}: {r:.2f}" for c, r in list(self.recurrence.items())[:6]) or "none to compare"
@@ -97,10 +98,10 @@ class PruningChoice:
         if self.min_count <= self.data_count:
             return f"{text}; the planned {self.epochs:.3g} epoch(s) train its edges at least {MIN_VISITS} times"
         if self.long_run is not None:
-            epochs, bar = self.long_run
+            epochs, bar, capped = self.long_run
             bound = f"{self.data_count} x {epochs:.3g} epochs (planned at {self.data_count}) / {bar:g}"
-            wanted = math.ceil(self.data_count * epochs / bar - 1e-9)
-            if self.min_count == math.floor(MAX_GROWTH * self.data_count) < wanted:
+            if capped:
+                wanted = math.ceil(self.data_count * epochs / bar - 1e-9)
                 bound = f", at most {MAX_GROWTH:g} x {self.data_count} ({bound} asks for {wanted})"
             else:
                 bound = f" >= {bound}"
@@ -138,8 +139,8 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
 
     bar = dropout_bar(choice.novelty)
     past_bar = bar is not None and planned_epochs > bar[1]
-    per_pass = choice.data_count * planned_epochs / bar[1] if past_bar else 0.0  # the long run's bound on c,
-    per_pass = min(per_pass, math.floor(MAX_GROWTH * choice.data_count))  # up to MAX_GROWTH x the data count
+    wanted = choice.data_count * planned_epochs / bar[1] if past_bar else 0.0  # the long run's bound on c,
+    per_pass = min(wanted, math.floor(MAX_GROWTH * choice.data_count))  # up to MAX_GROWTH x the data count
 
     c = choice.data_count
     most = int(counts.max())  # a larger count would leave no edge
@@ -147,7 +148,7 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
         c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
     # past a bar (>= 2 epochs) the data count already meets MIN_VISITS, so any raise there is the long run's
-    long_run = (planned_epochs, bar[1]) if past_bar and c > choice.data_count else None
+    long_run = (planned_epochs, bar[1], wanted > per_pass + 1e-9) if past_bar and c > choice.data_count else None
     return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty,
                          long_run)
 
