@@ -169,9 +169,9 @@ def test_a_long_run_on_familiar_text_keeps_the_data_count():
 
 def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
     (_, bar), _ = DROPOUT_BARS
-    strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=1.5 * bar)
+    strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=1.25 * bar)
     long = choose_signal_dropout(strays.novelty, strays.epochs)
-    assert long.p == pytest.approx(1.5 * DROPOUT) and "auto chose 0.15" in long.describe()
+    assert long.p == pytest.approx(1.25 * DROPOUT) and f"auto chose {1.25 * DROPOUT:g}" in long.describe()
     assert f"> {bar:g}), {DROPOUT:g} x epochs / {bar:g}" in long.describe()
     short = choose_signal_dropout(strays.novelty, bar)  # too short to learn the documents' particulars
     assert short.p == 0.0 and f"<= {bar:g}" in short.describe()
@@ -184,18 +184,18 @@ def test_signal_dropout_grows_with_the_planned_epochs_past_the_bar():
     novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
     (_, bar), _ = DROPOUT_BARS
     assert choose_signal_dropout(novelty, bar).p == 0.0  # up to the bar: none
-    longer = choose_signal_dropout(novelty, 1.5 * bar)  # in proportion past it
-    assert longer.p == pytest.approx(1.5 * DROPOUT) and f"{DROPOUT:g} x epochs / {bar:g}" in longer.describe()
+    longer = choose_signal_dropout(novelty, 1.25 * bar)  # in proportion past it
+    assert longer.p == pytest.approx(1.25 * DROPOUT) and f"{DROPOUT:g} x epochs / {bar:g}" in longer.describe()
     assert choose_signal_dropout(novelty, 100 * bar).p == MAX_DROPOUT  # capped
     assert choose_signal_dropout(0.0, 100 * bar).p == 0.0  # familiar text: no dropout however long
 
 
 def test_text_that_strays_less_needs_a_longer_run_before_dropout():
     (far, short_bar), (some, long_bar) = DROPOUT_BARS
-    between = (short_bar + long_bar) / 2
+    between = 1.25 * short_bar  # past the short bar, short of the long one
     assert choose_signal_dropout(far, between).p == pytest.approx(DROPOUT * between / short_bar)  # the short bar
     middling = choose_signal_dropout(some, between)
     assert middling.p == 0.0 and f"(>= {some:.0%})" in middling.describe() and f"<= {long_bar:g}" in middling.describe()
-    assert choose_signal_dropout(some, 1.5 * long_bar).p == pytest.approx(1.5 * DROPOUT)
+    assert choose_signal_dropout(some, 1.25 * long_bar).p == pytest.approx(1.25 * DROPOUT)
     below = choose_signal_dropout(some - 0.01, 100 * long_bar)
     assert below.p == 0.0 and f"(< {some:.0%})" in below.describe() and "epoch" not in below.describe()
