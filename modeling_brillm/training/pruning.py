@@ -71,7 +71,8 @@ DROPOUT_BARS = ((0.17, 2.0), (0.05, 4.0))
 DROPOUT = 0.2  # the dropout at the bar's planned epochs, in proportion past them
 # At 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it
 # fell through 10 epochs (docs/benchmarks.md, 30 minutes on `code`). At 5-7 planned epochs past the bar of 4, 0.1 x
-# epochs / 4 (0.13-0.15) let literature and Django's code comments turn up; 0.3 kept them falling, 3-7% lower.
+# epochs / 4 (0.13-0.15) let literature and Django's code comments turn up; 0.2 x epochs / 4 (0.27, 0.3) kept
+# them falling and ended 4% and 8% lower at 600 s.
 MAX_DROPOUT = 0.3
 # Past its bar the count grows with the planned epochs to at most this many times the data's count: over 30 minutes
 # on code comments (24 planned epochs) the count 36 (12x) was 2-4% above the count 13 (4.3x) from 60 s on.
