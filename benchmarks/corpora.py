@@ -1,13 +1,13 @@
-"""Offline text corpora for the quality benchmarks: Debian packages turned into plain text of three kinds.
+"""Offline text corpora for the quality benchmarks: Debian packages turned into plain text of four kinds.
 
     python benchmarks/corpora.py --output_dir outputs/corpora            # every corpus (needs apt-get, dpkg-deb)
     python benchmarks/corpora.py --corpus small --output_dir outputs/corpora
 
 Why these: the embedded pydoc corpus is too small to rank recipes (every model overfits it within a minute), and
 the only reachable sources here are package registries. `apt-get download` fetches a `.deb` without installing it
-and `dpkg-deb -x` unpacks it; every package used is in Debian main (public domain, GPL, BSD, PSF, PostgreSQL or
-Artistic licences: all redistributable). Nothing is committed: this script rebuilds the same files. Three kinds,
-so that a recipe is ranked on more than one register of English:
+and `dpkg-deb -x` unpacks it; every package used is in Debian main (public domain, GPL, BSD, PSF, PostgreSQL,
+Artistic, MIT or Apache licences: all redistributable). Nothing is committed: this script rebuilds the same files.
+Four kinds, so that a recipe is ranked on more than one register of English:
 
     documentation (one HTML page or one POD file a document)
     small        git's manual pages and user manual (git-doc): ~3 MB of training text
@@ -29,14 +29,25 @@ so that a recipe is ranked on more than one register of English:
     code-plots   Matplotlib and NetworkX: ~3.5 MB of training text (the last two: corpora the default recipe was
                  not tuned on, each a slice of code-large split as it splits them)
 
+    books (one page of an mdBook book a document)
+    rust-books   the Rust project's books as Debian ships them (rust-doc): The Rust Programming Language, the
+                 Reference, the Rustonomicon, Rust by Example, the Edition Guide, the Embedded Rust book and the
+                 rustc book; tutorial prose with many code listings: ~2.9 MB of training text
+
+    code-go      the doc comments and whole-line `//` comments of Go 1.19's standard library (golang-1.19-src;
+                 one file a document; no tests, test data, vendored modules or toolchain commands): ~3.8 MB of
+                 training text (the last two: built after the default recipe's other choices, to check it on text
+                 it was not tuned on)
+
 Every 20th document by a hash of its id (its path; `#chapter` or `#group` added where one file holds many
 documents) is held out, so train and validation never share a page, a chapter, a group of quotes or a module.
 
 Each corpus is written as `<name>/train.jsonl` and `<name>/validation.jsonl`, one `{"text": ..., "source": ...}`
-record per document; paragraphs are separated by a blank line and code blocks (HTML `pre`, POD verbatim
-paragraphs) are indented, so the pretraining code's sentence splitter (`training.data.split_sentences`) reads
-prose as sentences and code one line at a time. `<name>/stats.json` records the packages (name and version), the
-document counts and the sizes. Use with `--train_file <dir>/train.jsonl --validation_file <dir>/validation.jsonl`.
+record per document; paragraphs are separated by a blank line and code blocks (HTML `pre`, POD verbatim paragraphs,
+Go's tab-indented comment lines) are indented, so the pretraining code's sentence splitter
+(`training.data.split_sentences`) reads prose as sentences and code one line at a time. `<name>/stats.json` records
+the packages (name and version), the document counts and the sizes. Use with `--train_file <dir>/train.jsonl
+--validation_file <dir>/validation.jsonl`.
 """
 
 from __future__ import annotations
@@ -73,6 +84,14 @@ DOC_PACKAGES = {
     "bash-doc": ["usr/share/doc/bash/**/*.html"],
     "gnuplot-doc": ["usr/share/doc/gnuplot/htmldocs/*.html"],
 }
+RUST_DOC = "usr/share/doc/rust-doc/html/"
+# the Rust project's mdBook books (not the API reference, which is code comments); of The Rust Programming Language
+# only the current edition's chapters: the older editions' pages are the same text again, or stubs pointing to it
+BOOK_PACKAGES = {
+    "rust-doc": [RUST_DOC + "book/" + page for page in ("ch*.html", "appendix-*.html", "foreword.html")]
+                + [RUST_DOC + book + "/**/*.html" for book in ("reference", "nomicon", "rust-by-example",
+                                                               "edition-guide", "embedded-book", "rustc")],
+}
 FORTUNES = "usr/share/games/fortunes/"
 LITERATURE_PACKAGES = {
     "bible-kjv-text": ["usr/lib/bible.data"],
@@ -97,7 +116,12 @@ CODE_PACKAGES = {
     "python3-sklearn": [SITE + "sklearn/**/*.py"],
     "python3-networkx": [SITE + "networkx/**/*.py"],
 }
-PACKAGES = {**DOC_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES}
+GO_PACKAGES = {"golang-1.19-src": ["usr/share/go-1.19/src/**/*.go"]}
+PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES, **GO_PACKAGES}
+# files matched above that are no document of their own: mdBook's page that repeats a whole book (kept, it would
+# put every held-out chapter in the training text), and Go's tests, test data, vendored copies of other modules
+# and the toolchain's commands (the standard library is the corpus, as CPython's is for `code`)
+LEFT_OUT = re.compile(r"/print\.html$|_test\.go$|/testdata/|/vendor/|/go-1\.19/src/cmd/")
 CORPORA = {
     "small": ["git-doc"],
     "large": list(DOC_PACKAGES),
@@ -106,6 +130,8 @@ CORPORA = {
     "code-large": list(CODE_PACKAGES),
     "code-django": ["python3-django", "python3-networkx"],
     "code-plots": ["python3-matplotlib", "python3-networkx"],
+    "rust-books": list(BOOK_PACKAGES),
+    "code-go": list(GO_PACKAGES),
 }
 HOLD_OUT_EVERY = 20
 MIN_DOCUMENT_CHARS = 200  # index pages, redirects and empty stubs carry no language
@@ -117,7 +143,7 @@ BLOCK_TAGS = {"p", "div", "section", "article", "h1", "h2", "h3", "h4", "h5", "h
               "ul", "ol", "dl", "blockquote", "br", "hr", "caption", "figure", "td", "th", "title"}
 SKIP_TAGS = {"script", "style", "head", "nav", "noscript", "svg"}
 SKIP_CLASSES = {"navheader", "navfooter", "toc", "menu", "nav", "navigation", "footer", "header", "sidebar",
-                "breadcrumbs", "mainmenu"}
+                "breadcrumbs", "mainmenu", "menu-bar", "theme-popup"}
 VOID_TAGS = {"br", "hr", "img", "input", "meta", "link", "area", "base", "col", "embed", "source", "track", "wbr"}
 
 
@@ -393,6 +419,60 @@ def python_text(source: bytes, seen: set[str]) -> str:
     return "\n\n".join(kept)
 
 
+_GO_GENERATED = re.compile(rb"^// Code generated .* DO NOT EDIT\.$", re.M)
+# `//go:build`, `//go:linkname`, `// +build`, `//line`, `//export`, cgo's `//sys`: for tools, not readers
+_GO_DIRECTIVE = re.compile(r"(go:|line |export |sys |\s*\+build)")
+
+
+def _go_blocks(source: str):
+    """Each run of consecutive whole-line `//` comments of a Go file, as lines without the `//` (a directive line
+    ends a run and is dropped; `/* */` comments, in the standard library mostly licence headers and commented-out
+    code, are left out)."""
+    block = []
+    for line in source.splitlines():
+        comment = line.strip()
+        if comment.startswith("//") and not _GO_DIRECTIVE.match(comment[2:]):
+            block.append(comment[2:])
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def _go_paragraphs(block: list[str]):
+    """Paragraphs of a Go comment block: a bare `//` separates them, and a line indented past `// ` is code
+    (gofmt's doc comment convention), kept indented as the HTML and POD readers keep code."""
+    paragraph, code = [], False
+    for line in [*block, ""]:
+        line = line[1:] if line.startswith(" ") else line
+        is_code = line[:1] in (" ", "\t")
+        if not line.strip() or (paragraph and is_code != code):
+            if paragraph:
+                yield "\n".join(paragraph)
+            paragraph = []
+        if line.strip():
+            code = is_code
+            if is_code:  # gofmt's one tab marks code; deeper indentation is the code's own
+                paragraph.append("    " + (line[1:] if line[0] == "\t" else line.lstrip(" ")).expandtabs(4).rstrip())
+            else:
+                paragraph.append(line.strip())
+
+
+def go_text(source: bytes, seen: set[str]) -> str:
+    """The comment blocks of a Go file in source order, a blank line between them; "" for a generated file. Legal
+    paragraphs, blocks without words and blocks already in `seen` are dropped, as for Python."""
+    if _GO_GENERATED.search(source):
+        return ""
+    kept = []
+    for block in _go_blocks(_CONTROL.sub(" ", source.decode("utf-8", errors="replace"))):
+        text = "\n\n".join(p for p in _go_paragraphs(block) if not _LEGAL.search(p))
+        if text not in seen and re.search(r"[A-Za-z]{2}", text):
+            seen.add(text)
+            kept.append(text)
+    return "\n\n".join(kept)
+
+
 def held_out(document_id: str) -> bool:
     """Every HOLD_OUT_EVERY-th document, chosen by a hash of its path (stable across rebuilds and orderings)."""
     return int(hashlib.sha1(document_id.encode()).hexdigest(), 16) % HOLD_OUT_EVERY == 0
@@ -422,6 +502,8 @@ def file_documents(doc_id: str, path: Path, seen: set[str]):
     a fortune file (no suffix), a POD file or an HTML page."""
     if path.suffix == ".py":
         yield doc_id, python_text(path.read_bytes(), seen)
+    elif path.suffix == ".go":
+        yield doc_id, go_text(path.read_bytes(), seen)
     elif path.name == "bible.data":
         yield from bible_chapters(doc_id, path.read_bytes())
     else:
@@ -434,11 +516,15 @@ def file_documents(doc_id: str, path: Path, seen: set[str]):
 
 def documents(package: str, tree: Path):
     """(document id, text) of every document of an unpacked package, sorted by path."""
-    paths = sorted({p for pattern in PACKAGES[package] for p in tree.glob(pattern) if p.is_file()})
+    paths = sorted({p for pattern in PACKAGES[package] for p in tree.glob(pattern)
+                    if p.is_file() and not LEFT_OUT.search(p.as_posix())})
     seen: set[str] = set()  # the package's docstrings and comment blocks so far
+    pages: set[str] = set()  # a book's pages so far: mdBook's index.html is the first chapter again
     for path in paths:
         for doc_id, text in file_documents(f"{package}/{path.relative_to(tree)}", path, seen):
-            if len(text) >= MIN_DOCUMENT_CHARS:
+            if len(text) >= MIN_DOCUMENT_CHARS and text not in pages:
+                if package in BOOK_PACKAGES:
+                    pages.add(text)
                 yield doc_id, text
 
 
