@@ -8,7 +8,6 @@ import torch
 from modeling_brillm.training.pruning import (
     DROPOUT,
     DROPOUT_BARS,
-    MAX_DROPOUT,
     MAX_GROWTH,
     MIN_VISITS,
     RECURRENCE,
@@ -171,8 +170,8 @@ def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
     (_, bar), _ = DROPOUT_BARS
     strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=1.25 * bar)
     long = choose_signal_dropout(strays.novelty, strays.epochs)
-    assert long.p == pytest.approx(1.25 * DROPOUT) and f"auto chose {1.25 * DROPOUT:g}" in long.describe()
-    assert f"> {bar:g}), {DROPOUT:g} x epochs / {bar:g}" in long.describe()
+    assert long.p == DROPOUT and f"auto chose {DROPOUT:g}" in long.describe()
+    assert long.describe().endswith(f"the run plans {1.25 * bar:.3g} epoch(s) (> {bar:g})")
     short = choose_signal_dropout(strays.novelty, bar)  # too short to learn the documents' particulars
     assert short.p == 0.0 and f"<= {bar:g}" in short.describe()
     assert choose_signal_dropout(strays.novelty).p == DROPOUT  # length unknown: the data decides
@@ -180,22 +179,21 @@ def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
     assert choose_signal_dropout(familiar.novelty, familiar.epochs).p == 0.0
 
 
-def test_signal_dropout_grows_with_the_planned_epochs_past_the_bar():
+def test_signal_dropout_is_all_or_nothing_at_the_bar():
     novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
     (_, bar), _ = DROPOUT_BARS
     assert choose_signal_dropout(novelty, bar).p == 0.0  # up to the bar: none
-    longer = choose_signal_dropout(novelty, 1.25 * bar)  # in proportion past it
-    assert longer.p == pytest.approx(1.25 * DROPOUT) and f"{DROPOUT:g} x epochs / {bar:g}" in longer.describe()
-    assert choose_signal_dropout(novelty, 100 * bar).p == MAX_DROPOUT  # capped
+    assert choose_signal_dropout(novelty, 1.01 * bar).p == DROPOUT  # just past it: all of it
+    assert choose_signal_dropout(novelty, 100 * bar).p == DROPOUT  # and no more however long
     assert choose_signal_dropout(0.0, 100 * bar).p == 0.0  # familiar text: no dropout however long
 
 
 def test_text_that_strays_less_needs_a_longer_run_before_dropout():
     (far, short_bar), (some, long_bar) = DROPOUT_BARS
     between = 1.25 * short_bar  # past the short bar, short of the long one
-    assert choose_signal_dropout(far, between).p == pytest.approx(DROPOUT * between / short_bar)  # the short bar
+    assert choose_signal_dropout(far, between).p == DROPOUT  # the short bar
     middling = choose_signal_dropout(some, between)
     assert middling.p == 0.0 and f"(>= {some:.0%})" in middling.describe() and f"<= {long_bar:g}" in middling.describe()
-    assert choose_signal_dropout(some, 1.25 * long_bar).p == pytest.approx(1.25 * DROPOUT)
+    assert choose_signal_dropout(some, 1.25 * long_bar).p == DROPOUT
     below = choose_signal_dropout(some - 0.01, 100 * long_bar)
     assert below.p == 0.0 and f"(< {some:.0%})" in below.describe() and "epoch" not in below.describe()
