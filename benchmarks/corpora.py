@@ -517,15 +517,18 @@ def file_documents(doc_id: str, path: Path, seen: set[str]):
 def documents(package: str, tree: Path):
     """(document id, text) of every document of an unpacked package, sorted by path."""
     paths = sorted({p for pattern in PACKAGES[package] for p in tree.glob(pattern)
-                    if p.is_file() and not LEFT_OUT.search(p.as_posix())})
+                    if p.is_file() and not LEFT_OUT.search(f"/{p.relative_to(tree).as_posix()}")})
     seen: set[str] = set()  # the package's docstrings and comment blocks so far
     pages: set[str] = set()  # a book's pages so far: mdBook's index.html is the first chapter again
     for path in paths:
         for doc_id, text in file_documents(f"{package}/{path.relative_to(tree)}", path, seen):
-            if len(text) >= MIN_DOCUMENT_CHARS and text not in pages:
-                if package in BOOK_PACKAGES:
-                    pages.add(text)
-                yield doc_id, text
+            if len(text) < MIN_DOCUMENT_CHARS:
+                continue
+            if package in BOOK_PACKAGES:
+                if text in pages:
+                    continue
+                pages.add(text)
+            yield doc_id, text
 
 
 @functools.lru_cache(maxsize=None)

@@ -211,8 +211,7 @@ class DropoutChoice:
         head += f" (>= {novelty:.0%})"
         if self.epochs is None:
             return head
-        text = f"{head} and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g})"
-        return text
+        return f"{head} and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g})"
 
 
 def dropout_bar(novelty: float) -> tuple[float, float] | None:
