@@ -39,6 +39,11 @@ Four kinds, so that a recipe is ranked on more than one register of English:
                  training text (the last two: built after the default recipe's other choices, to check it on text
                  it was not tuned on)
 
+    linux-docs   the Linux kernel's documentation as Debian ships it (linux-doc-6.1; one Sphinx page a
+                 document; English only): administration and driver guides, subsystem and API references
+                 (kernel-doc comments rendered), process documents: ~30 MB of training text (built after every
+                 choice of the default recipe, a large corpus none was tuned on)
+
 Every 20th document by a hash of its id (its path; `#chapter` or `#group` added where one file holds many
 documents) is held out, so train and validation never share a page, a chapter, a group of quotes or a module.
 
@@ -117,11 +122,16 @@ CODE_PACKAGES = {
     "python3-networkx": [SITE + "networkx/**/*.py"],
 }
 GO_PACKAGES = {"golang-1.19-src": ["usr/share/go-1.19/src/**/*.go"]}
-PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES, **GO_PACKAGES}
+KERNEL_DOC = "usr/share/doc/linux-doc-6.1/html/"
+KERNEL_PACKAGES = {"linux-doc-6.1": [KERNEL_DOC + "**/*.html"]}
+PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES, **GO_PACKAGES,
+            **KERNEL_PACKAGES}
 # files matched above that are no document of their own: mdBook's page that repeats a whole book (kept, it would
-# put every held-out chapter in the training text), and Go's tests, test data, vendored copies of other modules
-# and the toolchain's commands (the standard library is the corpus, as CPython's is for `code`)
-LEFT_OUT = re.compile(r"/print\.html$|_test\.go$|/testdata/|/vendor/|/go-1\.19/src/cmd/")
+# put every held-out chapter in the training text), Go's tests, test data, vendored copies of other modules and
+# the toolchain's commands (the standard library is the corpus, as CPython's is for `code`), and the kernel
+# documentation's translations (not English), Sphinx's index and search pages and its copies of the sources
+LEFT_OUT = re.compile(r"/print\.html$|_test\.go$|/testdata/|/vendor/|/go-1\.19/src/cmd/"
+                      r"|/linux-doc-6\.1/html/(translations/|_sources/|_static/|genindex\.html$|search\.html$)")
 CORPORA = {
     "small": ["git-doc"],
     "large": list(DOC_PACKAGES),
@@ -132,6 +142,7 @@ CORPORA = {
     "code-plots": ["python3-matplotlib", "python3-networkx"],
     "rust-books": list(BOOK_PACKAGES),
     "code-go": list(GO_PACKAGES),
+    "linux-docs": list(KERNEL_PACKAGES),
 }
 HOLD_OUT_EVERY = 20
 MIN_DOCUMENT_CHARS = 200  # index pages, redirects and empty stubs carry no language
@@ -142,8 +153,10 @@ QUOTES_PER_DOCUMENT = 20
 BLOCK_TAGS = {"p", "div", "section", "article", "h1", "h2", "h3", "h4", "h5", "h6", "li", "dt", "dd", "tr", "table",
               "ul", "ol", "dl", "blockquote", "br", "hr", "caption", "figure", "td", "th", "title"}
 SKIP_TAGS = {"script", "style", "head", "nav", "noscript", "svg"}
+# (the last four: the Read the Docs theme's path, page-source link, top bar and previous/next buttons)
 SKIP_CLASSES = {"navheader", "navfooter", "toc", "menu", "nav", "navigation", "footer", "header", "sidebar",
-                "breadcrumbs", "mainmenu", "menu-bar", "theme-popup"}
+                "breadcrumbs", "mainmenu", "menu-bar", "theme-popup",
+                "wy-breadcrumbs", "wy-breadcrumbs-aside", "wy-nav-top", "rst-footer-buttons"}
 VOID_TAGS = {"br", "hr", "img", "input", "meta", "link", "area", "base", "col", "embed", "source", "track", "wbr"}
 
 

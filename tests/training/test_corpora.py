@@ -1,7 +1,7 @@
 """benchmarks/corpora.py's readers, on small made-up files (no package is downloaded): Go comments become prose
-paragraphs and indented code without licences, directives or generated files; an mdBook page loses its menus; a
-whole-book page, a Go test or the toolchain's code and a book's page given twice are no documents of their
-own."""
+paragraphs and indented code without licences, directives or generated files; an mdBook page and a Read the Docs
+page lose their menus; a whole-book page, a Go test or the toolchain's code, a book's page given twice and the
+kernel documentation's translations, index and search pages are no documents of their own."""
 
 from __future__ import annotations
 
@@ -52,12 +52,26 @@ def test_mdbook_menus_are_dropped():
     assert corpora.html_to_text(page) == "Every value in Rust has a type.\n\n    let x = 5;\n    let y = x;"
 
 
+def test_read_the_docs_menus_are_dropped():
+    page = ('<div class="wy-grid-for-nav"><nav class="wy-nav-side">Contents</nav>'
+            '<section class="wy-nav-content-wrap"><nav class="wy-nav-top">The Linux Kernel</nav>'
+            '<div role="navigation"><ul class="wy-breadcrumbs"><li>Docs</li>'
+            '<li class="wy-breadcrumbs-aside"><a>View page source</a></li></ul></div>'
+            '<div class="rst-content"><h1>PCI<a class="headerlink">\u00b6</a></h1><p>A bus.</p></div>'
+            '<div class="rst-footer-buttons"><a>Previous</a><a>Next</a></div></section></div>')
+    # the pilcrow of a heading's own link stays, as in the other Sphinx manuals' text (`large`)
+    assert corpora.html_to_text(page) == "PCI\u00b6\n\nA bus."
+
+
 def test_left_out_files_and_repeated_pages(tmp_path, monkeypatch):
     words = "word " * 60
     files = {"book/ch01.html": f"<p>One {words}</p>", "book/index.html": f"<p>One {words}</p>",
              "book/print.html": f"<p>One {words}</p><p>Two {words}</p>", "book/ch02.html": f"<p>Two {words}</p>",
              "go-1.19/src/ring/ring.go": f"// Ring {words}\n", "go-1.19/src/ring/ring_test.go": f"// Test {words}\n",
-             "go-1.19/src/cmd/go/main.go": f"// Tool {words}\n"}
+             "go-1.19/src/cmd/go/main.go": f"// Tool {words}\n",
+             "linux-doc-6.1/html/PCI/pci.html": f"<p>Bus {words}</p>",
+             **{f"linux-doc-6.1/html/{page}": f"<p>Left {words}</p>"
+                for page in ("translations/zh_CN/pci.html", "genindex.html", "search.html", "_static/a.html")}}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -65,3 +79,6 @@ def test_left_out_files_and_repeated_pages(tmp_path, monkeypatch):
     monkeypatch.setitem(corpora.BOOK_PACKAGES, "made-up", corpora.PACKAGES["made-up"])  # a book: pages given once
     ids = [doc_id for doc_id, _ in corpora.documents("made-up", tmp_path)]
     assert ids == ["made-up/book/ch01.html", "made-up/book/ch02.html", "made-up/go-1.19/src/ring/ring.go"]
+    monkeypatch.setitem(corpora.PACKAGES, "made-up", ["linux-doc-6.1/html/**/*.html"])
+    ids = [doc_id for doc_id, _ in corpora.documents("made-up", tmp_path)]
+    assert ids == ["made-up/linux-doc-6.1/html/PCI/pci.html"]
