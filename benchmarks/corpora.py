@@ -122,8 +122,7 @@ CODE_PACKAGES = {
     "python3-networkx": [SITE + "networkx/**/*.py"],
 }
 GO_PACKAGES = {"golang-1.19-src": ["usr/share/go-1.19/src/**/*.go"]}
-KERNEL_DOC = "usr/share/doc/linux-doc-6.1/html/"
-KERNEL_PACKAGES = {"linux-doc-6.1": [KERNEL_DOC + "**/*.html"]}
+KERNEL_PACKAGES = {"linux-doc-6.1": ["usr/share/doc/linux-doc-6.1/html/**/*.html"]}
 PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES, **GO_PACKAGES,
             **KERNEL_PACKAGES}
 # files matched above that are no document of their own: mdBook's page that repeats a whole book (kept, it would
