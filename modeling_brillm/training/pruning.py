@@ -33,8 +33,10 @@ code comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 
 12.8 epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
 `DROPOUT_BARS` allows at its novelty: 2 from 17%, 4 from 5%, none below (text whose held-out part is more of the
 same); shorter runs did not rise, and there dropout can cost more than it gains (4.6% on those manuals in 10
-minutes). Pretraining then grows p from 0 over the first epoch (`epochs.warm_signal_dropout`), where no block has
-been seen before.
+minutes). A run of more than `LONG_EPOCHS` (10) planned epochs drops `LONG_DROPOUT` (0.4): over 30 minutes the
+Rust project's books (11% novelty, 14 planned epochs) were lowest after 2.7 epochs at 0.3 and rose 2.3% from 6.1
+to 9.1, and fell to the end at 0.4. Pretraining then grows p from 0 over the first epoch
+(`epochs.warm_signal_dropout`), where no block has been seen before.
 
 A long run also asks more of an edge: every pass fits its d²+d parameters to the same c occurrences again, and the
 fewer it has, the sooner it learns their particulars rather than the pair's. So past its bar the count grows in
@@ -73,6 +75,11 @@ DROPOUT = 0.3  # past the bar (docs/benchmarks.md): weaker dropouts let held-out
 # and Django's code comments turn up and 0.27-0.3 kept them falling (4% and 8% lower at 600 s); at 4.75, 0.24 let
 # the Rust books turn up (+2.3%) and 0.3 kept them falling (2.4% lower). Where nothing over-fitted, 0.3 cost 0-4%,
 # and on literature about 2% over 0.27: the price of no curve turning up.
+# A run of more than LONG_EPOCHS planned epochs drops LONG_DROPOUT: over 30 minutes on the Rust books (14 planned
+# epochs, the count 4) 0.3 was lowest at 517 s and rose 2.3% between the last two points, 0.4 fell to the end;
+# Django's code comments then rose at most 1.6%, and Go's, where 0.3 held, paid 3% for it. The 10-minute runs on
+# the small corpora plan 4.7-7.7 epochs, the 30-minute ones 13-24: the step lies between (where, not measured).
+LONG_EPOCHS, LONG_DROPOUT = 10.0, 0.4
 # Past its bar the count grows with the planned epochs to at most this many times the data's count: over 30 minutes
 # on code comments (24 planned epochs) the count 36 (12x) was 2-4% above the count 13 (4.3x) from 60 s on.
 MAX_GROWTH = 4.5
@@ -211,7 +218,8 @@ class DropoutChoice:
         head += f" (>= {novelty:.0%})"
         if self.epochs is None:
             return head
-        return f"{head} and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g})"
+        head += f" and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g}"
+        return head + (f"; > {LONG_EPOCHS:g}: a long run drops more)" if self.epochs > LONG_EPOCHS else ")")
 
 
 def dropout_bar(novelty: float) -> tuple[float, float] | None:
@@ -222,8 +230,9 @@ def dropout_bar(novelty: float) -> tuple[float, float] | None:
 def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
     """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays from the training text
     (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough at that novelty to learn the
-    documents' particulars (`DROPOUT_BARS`); else 0. Length unknown: the novelty decides."""
+    documents' particulars (`DROPOUT_BARS`), `LONG_DROPOUT` past `LONG_EPOCHS`; else 0. Length unknown: the novelty
+    decides."""
     bar = dropout_bar(novelty)
     if bar is None or (epochs is not None and epochs <= bar[1]):
         return DropoutChoice(0.0, novelty, epochs)
-    return DropoutChoice(DROPOUT, novelty, epochs)
+    return DropoutChoice(LONG_DROPOUT if epochs is not None and epochs > LONG_EPOCHS else DROPOUT, novelty, epochs)

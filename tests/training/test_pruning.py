@@ -8,6 +8,8 @@ import torch
 from modeling_brillm.training.pruning import (
     DROPOUT,
     DROPOUT_BARS,
+    LONG_DROPOUT,
+    LONG_EPOCHS,
     MAX_GROWTH,
     MIN_VISITS,
     RECURRENCE,
@@ -184,8 +186,19 @@ def test_signal_dropout_is_all_or_nothing_at_the_bar():
     (_, bar), _ = DROPOUT_BARS
     assert choose_signal_dropout(novelty, bar).p == 0.0  # up to the bar: none
     assert choose_signal_dropout(novelty, 1.01 * bar).p == DROPOUT  # just past it: all of it
-    assert choose_signal_dropout(novelty, 100 * bar).p == DROPOUT  # and no more however long
     assert choose_signal_dropout(0.0, 100 * bar).p == 0.0  # familiar text: no dropout however long
+
+
+def test_a_run_past_long_epochs_drops_more():
+    """Over many passes even the dropout of the bar lets held-out loss turn up: a long run drops more."""
+    novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
+    assert DROPOUT_BARS[-1][1] < LONG_EPOCHS and DROPOUT < LONG_DROPOUT < 1
+    assert choose_signal_dropout(novelty, LONG_EPOCHS).p == DROPOUT
+    long = choose_signal_dropout(novelty, 1.01 * LONG_EPOCHS)
+    assert long.p == LONG_DROPOUT and long.describe().endswith(f"> {LONG_EPOCHS:g}: a long run drops more)")
+    assert "long run" not in choose_signal_dropout(novelty, LONG_EPOCHS).describe()
+    assert choose_signal_dropout(novelty).p == DROPOUT  # length unknown: the bar's dropout
+    assert choose_signal_dropout(0.0, 100 * LONG_EPOCHS).p == 0.0  # familiar text: none however long
 
 
 def test_text_that_strays_less_needs_a_longer_run_before_dropout():
