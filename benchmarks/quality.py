@@ -238,6 +238,7 @@ def budget_graph(model_fields, data, args, accelerator) -> dict:
     on the data's graph, and a sparser graph is taken to train proportionally more of them
     (pruning.choose_min_count)."""
     from modeling_brillm.training.presets import build_config_and_graph
+    from modeling_brillm.training.pruning import choose_learning_rate
 
     count = data["pargs"].min_bigram_count
     lines = []  # what the data chose, for the report
@@ -250,7 +251,16 @@ def budget_graph(model_fields, data, args, accelerator) -> dict:
         config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], count,
                                                      planned_epochs=epochs, epochs_grow_with_pruning=count == "auto",
                                                      say=lines.append)
+    if data["pargs"].learning_rate == "auto":
+        lines.append(choose_learning_rate(config.signal_dropout)[1])
     return dict(config=config, graph=graph, min_count=used, choices=lines)
+
+
+def brillm_rate(pargs, config) -> float:
+    """BriLLM's peak rate: the preset's or flag's, or pretrain.py's `auto` choice for this config's dropout."""
+    from modeling_brillm.training.pruning import choose_learning_rate
+
+    return choose_learning_rate(config.signal_dropout)[0] if pargs.learning_rate == "auto" else pargs.learning_rate
 
 
 def epochs_in_budget(data, args, accelerator, seconds: float) -> float:
@@ -425,7 +435,7 @@ def brillm_trainer(model, data, args, accelerator):
 
     pargs = data["pargs"]
     plan = choose_optimizer(pargs.optimizer, 1, pargs.max_grad_norm)
-    optimizer = build_optimizer(model, plan, pargs.learning_rate, pargs.weight_decay, accelerator,
+    optimizer = build_optimizer(model, plan, brillm_rate(pargs, model.config), pargs.weight_decay, accelerator,
                                 lazy_weight_decay=pargs.lazy_weight_decay, node_lr_scale=pargs.node_lr_scale,
                                 shared_edge_lr_scale=pargs.shared_edge_lr_scale)
     clock = TrainingClock()
@@ -435,7 +445,8 @@ def brillm_trainer(model, data, args, accelerator):
                         pargs.max_grad_norm if plan.clip else None)
     step = warm_dropout(step, model, len(data["train"][0]) // args.batch_size, pargs.signal_dropout_warmup_epochs)
     info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
-                lr=pargs.learning_rate, weight_decay=pargs.weight_decay, warmup_steps=pargs.num_warmup_steps,
+                lr=brillm_rate(pargs, model.config), weight_decay=pargs.weight_decay,
+                warmup_steps=pargs.num_warmup_steps,
                 lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
                 node_lr_scale=pargs.node_lr_scale, min_bigram_count=chosen_count(data["min_count"]),
                 signal_dropout=model.config.signal_dropout,

@@ -7,7 +7,7 @@
 Every variant is one BriLLM training run; the runs (and any --gpt2 references) take turns of --interleave training
 seconds, so a shared machine's load falls on all alike, on the same data, tokenizer, blocks, batch order and held-out
 targets as benchmarks/quality.py (whose data preparation, training step and clock this script reuses). A variant is
-NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr 2e-2, weight decay 0.1, 10
+NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr 1e-2, weight decay 0.1, 10
 warmup steps, clip 1.0, non-edge bias, node readout, position recency 0.2, node rate 2x, shared-edge rate 0.5x,
 min_count auto, a matrix every edge shares, the nodes' own vectors in the signal):
 
@@ -135,7 +135,7 @@ def make_variant(name, settings, data, args, accelerator, device):
     config = BriLLMConfig(graph="sparse", num_edges=graph.num_edges, **fields)
     torch.manual_seed(args.seed)
     model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)
-    lr, wd = settings.get("lr", pargs.learning_rate), settings.get("wd", pargs.weight_decay)
+    lr, wd = settings.get("lr", quality.brillm_rate(pargs, config)), settings.get("wd", pargs.weight_decay)
     clip = settings.get("clip", pargs.max_grad_norm)
     plan = choose_optimizer("sparse_adamw", 1, clip)
     lazy = bool(settings.get("lazy_wd", pargs.lazy_weight_decay))

@@ -73,6 +73,7 @@ from modeling_brillm.training.optimizers import (
     resolve_moment_dtype,
 )
 from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
+from modeling_brillm.training.pruning import choose_learning_rate
 from modeling_brillm.training.publishing import push_folder, write_training_card
 from modeling_brillm.training.sharded import (
     EDGE_SHARDINGS,
@@ -98,6 +99,19 @@ def count_or_auto(value: str):
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+
+
+def rate_or_auto(value: str):
+    """--learning_rate: a positive number, or "auto" (pruning.choose_learning_rate)."""
+    if value == "auto":
+        return value
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = None
+    if rate is None or not 0 < rate < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive learning rate or 'auto', got {value!r}")
+    return rate
 
 
 def probability_or_auto(value: str):
@@ -190,7 +204,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = p.add_argument_group("training")
     g.add_argument("--per_device_train_batch_size", type=int, default=None, help="Blocks per process. [32]")
     g.add_argument("--per_device_eval_batch_size", type=int, default=None, help="[32]")
-    g.add_argument("--learning_rate", type=float, default=None, help="Peak learning rate (the paper: 5e-2). [2e-2]")
+    g.add_argument("--learning_rate", type=rate_or_auto, default=None,
+                   help="Peak learning rate (the paper: 5e-2); auto: 1e-2 where the signal drops (--signal_dropout), "
+                        "else 2e-2. [auto]")
     g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0.1]")
     g.add_argument("--num_train_epochs", type=int, default=None, help="[1]")
     g.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides epochs.")
@@ -377,6 +393,9 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
                                                       args.min_bigram_count,
                                                       planned_epochs(args, data, accelerator, checkpoint), say=say)
     min_count = getattr(min_count, "min_count", min_count)
+    if args.learning_rate == "auto":
+        args.learning_rate, why = choose_learning_rate(config.signal_dropout)
+        say(why)
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {min_count} times" if graph is not None else "")

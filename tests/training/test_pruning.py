@@ -13,6 +13,7 @@ from modeling_brillm.training.pruning import (
     MAX_GROWTH,
     MIN_VISITS,
     RECURRENCE,
+    choose_learning_rate,
     choose_min_count,
     choose_signal_dropout,
 )
@@ -199,6 +200,16 @@ def test_a_run_past_long_epochs_drops_more():
     assert "long run" not in choose_signal_dropout(novelty, LONG_EPOCHS).describe()
     assert choose_signal_dropout(novelty).p == DROPOUT  # length unknown: the bar's dropout
     assert choose_signal_dropout(0.0, 100 * LONG_EPOCHS).p == 0.0  # familiar text: none however long
+
+
+def test_the_rate_is_lower_where_the_signal_drops():
+    """A lower rate fits sooner: it goes with the dropout of the bar, not with none or the long run's."""
+    lowered, why = choose_learning_rate(DROPOUT)
+    assert lowered < choose_learning_rate(0.0)[0] and f"drops at {DROPOUT:g}" in why
+    assert choose_learning_rate(0.5 * DROPOUT)[0] == lowered  # any dropout up to the bar's
+    assert "does not drop" in choose_learning_rate(0.0)[1]
+    kept, why = choose_learning_rate(LONG_DROPOUT)
+    assert kept == choose_learning_rate(0.0)[0] and f"(> {DROPOUT:g})" in why
 
 
 def test_text_that_strays_less_needs_a_longer_run_before_dropout():

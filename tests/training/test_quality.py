@@ -13,6 +13,7 @@ import torch
 
 from modeling_brillm.evaluation import perplexity
 from modeling_brillm.training.presets import TRAINING_DEFAULTS
+from modeling_brillm.training.pruning import choose_learning_rate
 from tests._scripts import load_script
 from tests._tiny import CORPUS, PAD, corpus_ids, make_model, make_tokenizer
 
@@ -70,7 +71,9 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     assert "BriLLM: --min_bigram_count auto chose" in text and "BriLLM: --signal_dropout auto chose" in text
     chosen = re.search(r"BriLLM: --signal_dropout auto chose ([0-9.]+)", text).group(1)
     assert results["models"][0]["signal_dropout"] == float(chosen)  # the data's choice, as pretrain.py makes it
-    assert results["models"][0]["lr"] == TRAINING_DEFAULTS["learning_rate"]  # pretrain.py's built-in rate
+    assert TRAINING_DEFAULTS["learning_rate"] == "auto"  # pretrain.py's built-in rate, chosen with the dropout
+    assert f"BriLLM: --learning_rate auto chose {results['models'][0]['lr']:g}: " in text
+    assert results["models"][0]["lr"] == choose_learning_rate(float(chosen))[0]
 
 
 def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
