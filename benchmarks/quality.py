@@ -429,8 +429,8 @@ def chosen_count(min_count):
 
 def brillm_trainer(model, data, args, accelerator):
     """BriLLM as examples/pretrain.py trains it in one process (its --optimizer default: SparseAdamW on sparse
-    edge gradients, the preset's learning rate, weight decay and its lazy mode, shared-edge and node rates, warmup
-    and clipping), with --schedule over the training clock. Returns (step, info, clock, optimizer)."""
+    edge gradients, the preset's or `auto` learning rate, weight decay and its lazy mode, shared-edge and node rates,
+    warmup and clipping), with --schedule over the training clock. Returns (step, info, clock, optimizer)."""
     from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
 
     pargs = data["pargs"]
