@@ -101,30 +101,27 @@ def count_or_auto(value: str):
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
 
 
-def rate_or_auto(value: str):
-    """--learning_rate: a positive number, or "auto" (pruning.choose_learning_rate)."""
+def number_or_auto(value: str, valid, expected: str):
+    """"auto", or a number for which `valid` holds (argparse's error names `expected` otherwise)."""
     if value == "auto":
         return value
     try:
-        rate = float(value)
+        number = float(value)
     except ValueError:
-        rate = None
-    if rate is None or not 0 < rate < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive learning rate or 'auto', got {value!r}")
-    return rate
+        number = None
+    if number is None or not valid(number):
+        raise argparse.ArgumentTypeError(f"expected {expected} or 'auto', got {value!r}")
+    return number
+
+
+def rate_or_auto(value: str):
+    """--learning_rate: a positive number, or "auto" (pruning.choose_learning_rate)."""
+    return number_or_auto(value, lambda rate: 0 < rate < float("inf"), "a positive learning rate")
 
 
 def probability_or_auto(value: str):
     """--signal_dropout: a probability in [0, 1), or "auto" (pruning.choose_signal_dropout)."""
-    if value == "auto":
-        return value
-    try:
-        p = float(value)
-    except ValueError:
-        p = None
-    if p is None or not 0 <= p < 1:
-        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1) or 'auto', got {value!r}")
-    return p
+    return number_or_auto(value, lambda p: 0 <= p < 1, "a probability in [0, 1)")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
