@@ -435,7 +435,8 @@ def brillm_trainer(model, data, args, accelerator):
 
     pargs = data["pargs"]
     plan = choose_optimizer(pargs.optimizer, 1, pargs.max_grad_norm)
-    optimizer = build_optimizer(model, plan, brillm_rate(pargs, model.config), pargs.weight_decay, accelerator,
+    lr = brillm_rate(pargs, model.config)
+    optimizer = build_optimizer(model, plan, lr, pargs.weight_decay, accelerator,
                                 lazy_weight_decay=pargs.lazy_weight_decay, node_lr_scale=pargs.node_lr_scale,
                                 shared_edge_lr_scale=pargs.shared_edge_lr_scale)
     clock = TrainingClock()
@@ -445,7 +446,7 @@ def brillm_trainer(model, data, args, accelerator):
                         pargs.max_grad_norm if plan.clip else None)
     step = warm_dropout(step, model, len(data["train"][0]) // args.batch_size, pargs.signal_dropout_warmup_epochs)
     info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
-                lr=brillm_rate(pargs, model.config), weight_decay=pargs.weight_decay,
+                lr=lr, weight_decay=pargs.weight_decay,
                 warmup_steps=pargs.num_warmup_steps,
                 lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
                 node_lr_scale=pargs.node_lr_scale, min_bigram_count=chosen_count(data["min_count"]),
