@@ -8,7 +8,7 @@ Every variant is one BriLLM training run; the runs (and any --gpt2 references) t
 seconds, so a shared machine's load falls on all alike, on the same data, tokenizer, blocks, batch order and held-out
 targets as benchmarks/quality.py (whose data preparation, training step and clock this script reuses). A variant is
 NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr auto: 1e-2 where the signal
-drops at 0.3, else 2e-2; weight decay 0.1, 10 warmup steps, clip 1.0, non-edge bias, node readout, position recency
+drops, else 2e-2; weight decay 0.1, 10 warmup steps, clip 1.0, non-edge bias, node readout, position recency
 0.2, node rate 2x, shared-edge rate 0.5x, min_count auto, a matrix every edge shares, the nodes' own vectors in the
 signal):
 

@@ -37,7 +37,7 @@ TRAINING_DEFAULTS = {
     "block_mode": "sentence",
     "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 32,
-    "learning_rate": "auto",  # training.pruning.choose_learning_rate: 1e-2 with the bar's dropout, else 2e-2
+    "learning_rate": "auto",  # training.pruning.choose_learning_rate: 1e-2 where the signal drops, else 2e-2
     "weight_decay": 0.1,
     "num_train_epochs": 1,
     "max_train_steps": None,
