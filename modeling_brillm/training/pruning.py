@@ -86,7 +86,8 @@ DROPOUT = 0.3  # past the bar (docs/benchmarks.md): weaker dropouts let held-out
 # 0.3 fell to the end of 10 minutes at up to 6.75 planned epochs, had turned at 7.33 (+0.6%, Python's code
 # comments) and rose 2.5% over 30 minutes at 8.88 (the Rust books, the count 3), where 0.4 with 2e-2 at the same
 # count rose at most 0.2%. The timing probe reads one budget on one machine 10% either way: hence 7, not 8. Where
-# 0.3 with 1e-2 held past 7 (literature, 25 minutes at 10.3 planned epochs), 0.4 with 2e-2 cost 5.9%.
+# 0.3 with 1e-2 held past 7 (literature, 25 minutes at 10.3 planned epochs), 0.4 with 2e-2 cost 5.9%; 0.4 with
+# 1e-2 costs nothing there (29.7 at 30 minutes against 30.2).
 LONG_EPOCHS, LONG_DROPOUT = 7.0, 0.4
 # `--learning_rate auto`: DROPPING_RATE wherever the signal drops, else RATE. At 600 s on seven corpora past the
 # bar, 1e-2 ended 3-21% below 2e-2 (literature inside 1.2x of GPT-2, Go's comments further ahead of it); without
