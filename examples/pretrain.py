@@ -165,8 +165,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     graph = g.add_mutually_exclusive_group()
     graph.add_argument("--min_bigram_count", type=count_or_auto, default=None,
                        help="Sparse graph: real edges for the bigrams seen at least this often; auto: the smallest "
-                       "count whose bigrams recur in held-back training text, raised if need be until every edge "
-                       "is a training target at least twice in the planned epochs (printed at start-up). [auto]")
+                       "count whose bigrams recur in held-back training text (at least 2 where that text strays), "
+                       "raised if need be until every edge is a training target at least twice in the planned "
+                       "epochs (printed at start-up). [auto]")
     graph.add_argument("--dense_graph", action="store_true", default=None,
                        help="Every ordered pair of nodes is a real edge (V^2 edges: 16.9B parameters at V=4000).")
     g.add_argument("--loss", choices=["exact", "sampled"], default=None,

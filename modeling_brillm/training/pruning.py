@@ -16,7 +16,12 @@ from (a held-out estimate, as Church and Gale's for bigram frequencies):
    (classes with no bigram are skipped; past `MAX_COUNT` every bigram keeps its edge).
 
 On text whose held-out part is more of the same (lines of one manual) even single bigrams come back and every bigram
-keeps its edge; between documents of different subjects the rare ones do not and are pruned.
+keeps its edge; between documents of different subjects the rare ones do not and are pruned. Where held-out text
+strays (its `novelty`, below, reaches the lower dropout bar) a bigram seen once never keeps an edge
+(`STRAYING_COUNT`), even where singles come back as a class: its edge has one occurrence of one document to learn
+from, and the back-off, which every position trains, predicts the pair better. The Rust project's books (singles
+back at 81%, 11% novelty) with every bigram an edge were lowest after a minute and then rose 26% in five (60 s:
+82.5, 357 s: 104, above the bigram counts' 83.5), where bigrams seen twice held 53.3 at two minutes against 84.2.
 
 The count also has to fit the run (`planned_epochs`). An edge seen c times is a training target c times per epoch,
 and an edge that was a target once is little more than its random start, where the back-off would have done well;
@@ -49,7 +54,8 @@ every point and ended 9% below the first. The growth stops at `MAX_GROWTH` (4.5)
 also takes the edges of pairs that do come back, and over 30 minutes (24 planned epochs) on code comments the count
 36 was 2-4% above the count 13 from 60 s on (65.5 against 63.4 at the end). Text more like its held-out part keeps
 its count: there pruning costs (the embedded demo, 6 epochs at the count 1: 10.33 validation perplexity, 12.35 at
-2). The epochs are those planned at the data count: with a time budget a sparser graph trains more of them, but by
+2). The epochs are those planned at the data count (2 where it was 1 and text strays): with a time budget a
+sparser graph trains more of them, but by
 how many depends on the machine (on a GPU a step costs about the same at any count), and counting them would feed
 the count back into itself; the dropout takes the same epochs.
 
@@ -63,7 +69,7 @@ docs/benchmarks.md has the measurements, and the checks on corpora the bars were
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -71,6 +77,7 @@ RECURRENCE = 0.8  # the share of its expected held-out occurrences a count class
 RUNS, PROBE_EVERY = 100, 10
 MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few classes left to go on)
 MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run (docs/benchmarks.md)
+STRAYING_COUNT = 2  # where held-out text strays (a dropout bar's novelty), a bigram seen once gets no edge
 # (novelty at least, planned epochs more than): the runs that drop the signal out. The more held-out text strays
 # (the share of its bigram occurrences without an edge), the sooner a run learns its training documents' particulars.
 DROPOUT_BARS = ((0.17, 2.0), (0.05, 4.0))
@@ -108,21 +115,29 @@ class PruningChoice:
     data_count: int  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
     epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
     novelty: float = 0.0  # share of the probe's bigram occurrences without an edge at data_count
-    # where the count grew with the epochs: (epochs at data_count, bar, whether MAX_GROWTH held it below their ask)
+    # where the count grew with the epochs: (epochs at the floor, bar, whether MAX_GROWTH held it below their ask)
     long_run: tuple[float, float, bool] | None = None
+
+    @property
+    def floor(self) -> int:
+        """The least count for this text: the data count, and no edge for a bigram seen once where text strays."""
+        return max(self.data_count, STRAYING_COUNT) if dropout_bar(self.novelty) is not None else self.data_count
 
     def describe(self) -> str:
         shown = ", ".join(f"{c}: {r:.2f}" for c, r in list(self.recurrence.items())[:6]) or "none to compare"
         text = (f"--min_bigram_count auto chose {self.min_count}: bigrams seen c..2c-1 times in nine tenths of the "
                 f"training blocks come back in the other tenth ({self.probe_tokens:,} tokens) at these shares of "
                 f"their expected rate ({shown}); the smallest c at >= {RECURRENCE:.0%} is {self.data_count}")
+        if self.floor > self.data_count:
+            text += (f"; on text that strays ({self.novelty:.1%} of the held-out tenth's bigrams have no edge) a "
+                     f"bigram seen once keeps no edge: {self.floor}")
         if self.epochs is None:
             return text
-        if self.min_count <= self.data_count:
+        if self.min_count <= self.floor:
             return f"{text}; the planned {self.epochs:.3g} epoch(s) train its edges at least {MIN_VISITS} times"
         if self.long_run is not None:
             epochs, bar, capped = self.long_run
-            bound = f"{self.data_count} x {epochs:.3g} epochs (planned at {self.data_count}) / {bar:g}"
+            bound = f"{self.data_count} x {epochs:.3g} epochs (planned at {self.floor}) / {bar:g}"
             if capped:
                 wanted = math.ceil(self.data_count * epochs / bar - 1e-9)
                 bound = f", at most {MAX_GROWTH:g} x {self.data_count} ({bound} asks for {wanted})"
@@ -145,33 +160,34 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
                      epochs_grow_with_pruning: bool = False) -> PruningChoice:
     """The `min_bigram_count` for these training sequences (int64 token tensors in data order); see the module.
     `planned_epochs`: the run's length in epochs (None: not known, the held-out estimate alone decides); with
-    `epochs_grow_with_pruning` it is the length at the held-out estimate's count of a run with a time budget."""
+    `epochs_grow_with_pruning` it is the length of a run with a time budget at the count chosen without it
+    (`PruningChoice.floor`)."""
+    if planned_epochs is not None and planned_epochs <= 0:
+        raise ValueError(f"planned_epochs must be positive, got {planned_epochs}")
     sequences = list(sequences)
     choice = _held_out_choice(sequences, vocab_size)
-    if planned_epochs is None:
-        return choice
-    if planned_epochs <= 0:
-        raise ValueError(f"planned_epochs must be positive, got {planned_epochs}")
     keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
     if keys.numel() == 0:
         return choice
+    most = int(counts.max())  # a larger count would leave no edge
+    if planned_epochs is None:
+        return replace(choice, min_count=min(choice.floor, most))
     cost = _scored_successors(keys, counts, vocab_size)  # c -> successors scored per token, relative to c = 1
 
     def epochs(c: int) -> float:
-        return planned_epochs * (cost(choice.data_count) / cost(c) if epochs_grow_with_pruning else 1.0)
+        return planned_epochs * (cost(choice.floor) / cost(c) if epochs_grow_with_pruning else 1.0)
 
     bar = dropout_bar(choice.novelty)
     past_bar = bar is not None and planned_epochs > bar[1]
     wanted = choice.data_count * planned_epochs / bar[1] if past_bar else 0.0  # the long run's bound on c,
     per_pass = min(wanted, math.floor(MAX_GROWTH * choice.data_count))  # up to MAX_GROWTH x the data count
 
-    c = choice.data_count
-    most = int(counts.max())  # a larger count would leave no edge
+    c = choice.floor
     while c < most and (c * epochs(c) < MIN_VISITS or c < per_pass - 1e-9):
         c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
     # past a bar (>= 2 epochs) the data count already meets MIN_VISITS, so any raise there is the long run's
-    long_run = (planned_epochs, bar[1], wanted > per_pass + 1e-9) if past_bar and c > choice.data_count else None
+    long_run = (planned_epochs, bar[1], wanted > per_pass + 1e-9) if past_bar and c > choice.floor else None
     return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty,
                          long_run)
 

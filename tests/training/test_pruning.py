@@ -13,6 +13,7 @@ from modeling_brillm.training.pruning import (
     MAX_GROWTH,
     MIN_VISITS,
     RECURRENCE,
+    STRAYING_COUNT,
     choose_learning_rate,
     choose_min_count,
     choose_signal_dropout,
@@ -55,6 +56,30 @@ def test_bigrams_private_to_documents_are_pruned():
     common = torch.cat([b[:12] for b in documents_with_private_bigrams()])
     fewest = (common[:-1] * V + common[1:]).unique(return_counts=True)[1].min()
     assert choice.min_count <= 0.9 * fewest  # the shared language's bigrams keep their edges
+
+
+def uniform_text(blocks: int = 140, length: int = 30) -> list[torch.Tensor]:
+    """Tokens drawn uniformly: a bigram seen once comes back as often as its count says, yet a quarter of the
+    held-out bigrams were never seen."""
+    g = torch.Generator().manual_seed(4)
+    return [torch.randint(0, V, (length,), generator=g) for _ in range(blocks)]
+
+
+def test_a_bigram_seen_once_keeps_no_edge_where_text_strays():
+    """Singles that come back as a class still get no edge of their own where much of the held-out text is new."""
+    text = uniform_text()
+    choice = choose_min_count(text, V)
+    assert choice.data_count == 1 and choice.recurrence[1] >= RECURRENCE
+    assert choice.novelty >= DROPOUT_BARS[0][0]
+    assert choice.min_count == STRAYING_COUNT == 2
+    assert f"a bigram seen once keeps no edge: {STRAYING_COUNT}" in choice.describe()
+    # a time budget's epochs were planned at that count: the floor buys no more of them, and is no long run's raise
+    timed = choose_min_count(text, V, planned_epochs=3.0, epochs_grow_with_pruning=True)
+    assert (timed.min_count, timed.epochs, timed.long_run) == (STRAYING_COUNT, 3.0, None)
+    assert "raised" not in timed.describe()
+    assert choose_min_count(repeated_text(), V).min_count == 1  # familiar text: singles keep their edges
+    once = [torch.arange(i * 5, i * 5 + 5) for i in range(200)]  # every bigram seen once: a graph still has edges
+    assert choose_min_count(once, 1000).min_count == 1
 
 
 def test_too_little_text_keeps_every_bigram():
