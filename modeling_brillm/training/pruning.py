@@ -55,9 +55,8 @@ also takes the edges of pairs that do come back, and over 30 minutes (24 planned
 36 was 2-4% above the count 13 from 60 s on (65.5 against 63.4 at the end). Text more like its held-out part keeps
 its count: there pruning costs (the embedded demo, 6 epochs at the count 1: 10.33 validation perplexity, 12.35 at
 2). The epochs are those planned at the data count (2 where it was 1 and text strays): with a time budget a
-sparser graph trains more of them, but by
-how many depends on the machine (on a GPU a step costs about the same at any count), and counting them would feed
-the count back into itself; the dropout takes the same epochs.
+sparser graph trains more of them, but how many more depends on the machine (on a GPU a step costs about the same
+at any count), and counting them would feed the count back into itself; the dropout takes the same epochs.
 
 A lower rate fits the training text sooner: where the signal drops that is a gain (1e-2 ended 10 minutes 3-21%
 below 2e-2 on seven corpora at `DROPOUT`, and 30 minutes lower at `LONG_DROPOUT`), where nothing holds over-fitting
