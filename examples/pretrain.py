@@ -178,7 +178,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--signal_dropout", type=probability_or_auto, default=None,
                    help="Dropout on the signal leaving every token, training only (config.signal_dropout); auto: "
                    "0.3 where held-out text has bigrams without an edge and the run is long (past 2 planned epochs "
-                   "from 17%% of them, past 4 from 5%%), else 0 (docs/training.md). [auto]")
+                   "from 17%% of them, past 3 from 5%%), else 0 (docs/training.md). [auto]")
     g.add_argument("--non_edge_bias", action=argparse.BooleanOptionalAction, default=None,
                    help="A learned energy offset per node for non-successors, so unseen continuations differ "
                    "(config.non_edge_bias; exact loss, sparse graph). [on; off with --loss sampled]")

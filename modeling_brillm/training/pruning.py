@@ -33,30 +33,32 @@ count is the smallest c whose own epochs reach the bar.
 
 The same probe says how far held-out text strays from the training text: the share of its bigram occurrences that
 get no edge at the data's count (`novelty`). Where it is large, the model predicts much of the held-out text through
-the back-off and the context, and a long run learns contexts particular to the training documents: its held-out
-loss turns up after a few epochs (Python's code comments: 21% novelty, best after 2.4 epochs, +3.2% by 9.6; Django's
-code comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 6; git's manuals: 13%, no rise in
-12.8 epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
-`DROPOUT_BARS` allows at its novelty: 2 from 17%, 4 from 5%, none below (text whose held-out part is more of the
+the back-off and the context, and a long run learns contexts particular to the training documents: its held-out loss
+turns up after a few epochs (Python's code comments: 21% novelty, best after 2.4 epochs, +3.2% by 9.6; Django's code
+comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 6; git's manuals: 13%, no rise in 12.8
+epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
+`DROPOUT_BARS` allows at its novelty: 2 from 17%, 3 from 5%, none below (text whose held-out part is more of the
 same); shorter runs did not rise, and there dropout can cost more than it gains (4.6% on those manuals in 10
-minutes). A run of more than `LONG_EPOCHS` (7) planned epochs drops `LONG_DROPOUT` (0.4): over 30 minutes the
-Rust project's books (11% novelty, 14 planned epochs) were lowest after 2.7 epochs at 0.3 and rose 2.3% from 6.1
-to 9.1, and fell to the end at 0.4; at 8.9 planned epochs 0.3 with the rate of 1e-2 rose 2.5%. Pretraining then
-grows p from 0 over the first epoch (`epochs.warm_signal_dropout`), where no block has been seen before.
+minutes). Between 3 and 4 they can: the Rust books (11%) rose 8.5% at 3.3 planned epochs on one thread. A run of
+more than `LONG_EPOCHS` (7) planned epochs drops `LONG_DROPOUT` (0.4): over 30 minutes the Rust project's books (11%
+novelty, 14 planned epochs) were lowest after 2.7 epochs at 0.3 and rose 2.3% from 6.1 to 9.1, and fell to the end
+at 0.4; at 8.9 planned epochs 0.3 with the rate of 1e-2 rose 2.5%. Pretraining then grows p from 0 over the first
+epoch (`epochs.warm_signal_dropout`), where no block has been seen before.
 
 A long run also asks more of an edge: every pass fits its d²+d parameters to the same c occurrences again, and the
-fewer it has, the sooner it learns their particulars rather than the pair's. So past its bar the count grows in
-proportion to the planned epochs, c >= data count · epochs / bar: an edge keeps as many occurrences per planned
-pass as the data count gave it at the bar, and the pruned pairs back off to the shared edge (with the count prior
-they keep their counts there). Code comments (21%) at 7.6-8.1 planned epochs: the data count 3 with p 0.2 rose 4.6%
-over the last 4 minutes of 10, the count 6 with p 0.3 0.4% and 4.7% in two runs, the count 13 with p 0.3 fell at
-every point and ended 9% below the first. The growth stops at `MAX_GROWTH` (4.5) times the data count: pruning
-also takes the edges of pairs that do come back, and over 30 minutes (24 planned epochs) on code comments the count
-36 was 2-4% above the count 13 from 60 s on (65.5 against 63.4 at the end). Text more like its held-out part keeps
-its count: there pruning costs (the embedded demo, 6 epochs at the count 1: 10.33 validation perplexity, 12.35 at
-2). The epochs are those planned at the data count (2 where it was 1 and text strays): with a time budget a
-sparser graph trains more of them, but how many more depends on the machine (on a GPU a step costs about the same
-at any count), and counting them would feed the count back into itself; the dropout takes the same epochs.
+fewer it has, the sooner it learns their particulars rather than the pair's. So past its bar (the dropout's, but 4
+from 5%) the count grows in proportion to the planned epochs, c >= data count · epochs / bar: an edge keeps as many
+occurrences per planned pass as the data count gave it at the bar, and the pruned pairs back off to the shared edge
+(with the count prior they keep their counts there). Code comments (21%) at 7.6-8.1 planned epochs: the data count 3
+with p 0.2 rose 4.6% over the last 4 minutes of 10, the count 6 with p 0.3 0.4% and 4.7% in two runs, the count 13
+with p 0.3 fell at every point and ended 9% below the first. The growth stops at `MAX_GROWTH` (4.5) times the data
+count: pruning also takes the edges of pairs that do come back, and over 30 minutes (24 planned epochs) on code
+comments the count 36 was 2-4% above the count 13 from 60 s on (65.5 against 63.4 at the end). Text more like its
+held-out part keeps its count: there pruning costs (the embedded demo, 6 epochs at the count 1: 10.33 validation
+perplexity, 12.35 at 2). The epochs are those planned at the data count (2 where it was 1 and text strays): with a
+time budget a sparser graph trains more of them, but how many more depends on the machine (on a GPU a step costs
+about the same at any count), and counting them would feed the count back into itself; the dropout takes the same
+epochs.
 
 A lower rate fits the training text sooner: where the signal drops that is a gain (1e-2 ended 10 minutes 3-21%
 below 2e-2 on seven corpora at `DROPOUT`, and 30 minutes lower at `LONG_DROPOUT`), where nothing holds over-fitting
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -77,9 +80,21 @@ RUNS, PROBE_EVERY = 100, 10
 MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few classes left to go on)
 MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run (docs/benchmarks.md)
 STRAYING_COUNT = 2  # where held-out text strays (a dropout bar's novelty), a bigram seen once gets no edge
-# (novelty at least, planned epochs more than): the runs that drop the signal out. The more held-out text strays
-# (the share of its bigram occurrences without an edge), the sooner a run learns its training documents' particulars.
-DROPOUT_BARS = ((0.17, 2.0), (0.05, 4.0))
+
+
+class Bar(NamedTuple):
+    """Where held-out text strays at least `novelty` (the share of its bigram occurrences without an edge): the
+    planned epochs past which the signal drops, and past which the count grows with them."""
+    novelty: float
+    dropout: float
+    growth: float
+
+
+# The more held-out text strays, the sooner a run learns its training documents' particulars. From 5% the signal
+# drops past 3 planned epochs, not 4 as the count's growth: at 11-12% novelty without dropout the Rust books turned
+# up 8.5% at 3.3 planned epochs (one thread, 2e-2) and Matplotlib's code comments 13% at 3.6 (1e-2); at 2.4 the
+# books fell.
+DROPOUT_BARS = (Bar(0.17, 2.0, 2.0), Bar(0.05, 3.0, 4.0))
 DROPOUT = 0.3  # past the bar (docs/benchmarks.md): weaker dropouts let held-out loss turn up
 # At 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it
 # fell through 10 epochs (30 minutes on `code`). At 5-7 planned epochs past the bar of 4, 0.13-0.15 let literature
@@ -177,8 +192,8 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
         return planned_epochs * (cost(choice.floor) / cost(c) if epochs_grow_with_pruning else 1.0)
 
     bar = dropout_bar(choice.novelty)
-    past_bar = bar is not None and planned_epochs > bar[1]
-    wanted = choice.data_count * planned_epochs / bar[1] if past_bar else 0.0  # the long run's bound on c,
+    past_bar = bar is not None and planned_epochs > bar.growth
+    wanted = choice.data_count * planned_epochs / bar.growth if past_bar else 0.0  # the long run's bound on c,
     per_pass = min(wanted, math.floor(MAX_GROWTH * choice.data_count))  # up to MAX_GROWTH x the data count
 
     c = choice.floor
@@ -186,7 +201,7 @@ def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = 
         c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
     # past a bar (>= 2 epochs) the data count already meets MIN_VISITS, so any raise there is the long run's
-    long_run = (planned_epochs, bar[1], wanted > per_pass + 1e-9) if past_bar and c > choice.floor else None
+    long_run = (planned_epochs, bar.growth, wanted > per_pass + 1e-9) if past_bar and c > choice.floor else None
     return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty,
                          long_run)
 
@@ -243,8 +258,8 @@ class DropoutChoice:
                 "no edge")
         reached = dropout_bar(self.novelty)
         if reached is None:
-            return f"{head} (< {DROPOUT_BARS[-1][0]:.0%})"
-        novelty, bar = reached
+            return f"{head} (< {DROPOUT_BARS[-1].novelty:.0%})"
+        novelty, bar = reached.novelty, reached.dropout
         head += f" (>= {novelty:.0%})"
         if self.epochs is None:
             return head
@@ -260,9 +275,9 @@ def choose_learning_rate(signal_dropout: float) -> tuple[float, str]:
     return RATE, f"--learning_rate auto chose {RATE:g}: the signal does not drop"
 
 
-def dropout_bar(novelty: float) -> tuple[float, float] | None:
-    """The first (novelty, planned epochs) of `DROPOUT_BARS` that `novelty` reaches, or None."""
-    return next(((n, e) for n, e in DROPOUT_BARS if novelty >= n), None)
+def dropout_bar(novelty: float) -> Bar | None:
+    """The first of `DROPOUT_BARS` that `novelty` reaches, or None."""
+    return next((bar for bar in DROPOUT_BARS if novelty >= bar.novelty), None)
 
 
 def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
@@ -271,6 +286,6 @@ def choose_signal_dropout(novelty: float, epochs: float | None = None) -> Dropou
     documents' particulars (`DROPOUT_BARS`), `LONG_DROPOUT` past `LONG_EPOCHS`; else 0. Length unknown: the novelty
     decides."""
     bar = dropout_bar(novelty)
-    if bar is None or (epochs is not None and epochs <= bar[1]):
+    if bar is None or (epochs is not None and epochs <= bar.dropout):
         return DropoutChoice(0.0, novelty, epochs)
     return DropoutChoice(LONG_DROPOUT if epochs is not None and epochs > LONG_EPOCHS else DROPOUT, novelty, epochs)

@@ -159,7 +159,7 @@ def test_a_long_run_on_text_that_strays_raises_the_count_with_its_epochs():
     proportion to the epochs planned at the data count."""
     text = documents_of_their_own()
     data = choose_min_count(text, WIDE).data_count
-    (_, bar), _ = DROPOUT_BARS  # this text strays far: the first bar
+    bar = DROPOUT_BARS[0].growth  # this text strays far: the first bar
     at_bar = choose_min_count(text, WIDE, planned_epochs=bar)
     assert at_bar.min_count == data and "raised" not in at_bar.describe()
     long = choose_min_count(text, WIDE, planned_epochs=3 * bar)
@@ -176,7 +176,7 @@ def test_the_count_grows_at_most_max_growth_times_the_data_count():
     the start-up line says the cap decided."""
     text = documents_of_their_own()
     data = choose_min_count(text, WIDE).data_count
-    (_, bar), _ = DROPOUT_BARS
+    bar = DROPOUT_BARS[0].growth
     cap = math.floor(MAX_GROWTH * data)
     reached = choose_min_count(text, WIDE, planned_epochs=cap * bar / data)  # the growth meets the cap
     assert reached.min_count == cap and f"raised to {cap} >= {data} x" in reached.describe()
@@ -195,7 +195,7 @@ def test_a_long_run_on_familiar_text_keeps_the_data_count():
 
 
 def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
-    (_, bar), _ = DROPOUT_BARS
+    bar = DROPOUT_BARS[0].dropout
     strays = choose_min_count(documents_of_their_own(), WIDE, planned_epochs=1.25 * bar)
     long = choose_signal_dropout(strays.novelty, strays.epochs)
     assert long.p == DROPOUT and f"auto chose {DROPOUT:g}" in long.describe()
@@ -209,7 +209,7 @@ def test_signal_dropout_where_held_out_text_strays_and_the_run_is_long():
 
 def test_signal_dropout_is_all_or_nothing_at_the_bar():
     novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
-    (_, bar), _ = DROPOUT_BARS
+    bar = DROPOUT_BARS[0].dropout
     assert choose_signal_dropout(novelty, bar).p == 0.0  # up to the bar: none
     assert choose_signal_dropout(novelty, 1.01 * bar).p == DROPOUT  # just past it: all of it
     assert choose_signal_dropout(0.0, 100 * bar).p == 0.0  # familiar text: no dropout however long
@@ -218,7 +218,7 @@ def test_signal_dropout_is_all_or_nothing_at_the_bar():
 def test_a_run_past_long_epochs_drops_more():
     """Over many passes even the dropout of the bar lets held-out loss turn up: a long run drops more."""
     novelty = choose_min_count(documents_of_their_own(), WIDE).novelty
-    assert DROPOUT_BARS[-1][1] < LONG_EPOCHS and DROPOUT < LONG_DROPOUT < 1
+    assert DROPOUT_BARS[-1].dropout < LONG_EPOCHS and DROPOUT < LONG_DROPOUT < 1
     assert choose_signal_dropout(novelty, LONG_EPOCHS).p == DROPOUT
     long = choose_signal_dropout(novelty, 1.01 * LONG_EPOCHS)
     assert long.p == LONG_DROPOUT and long.describe().endswith(f"> {LONG_EPOCHS:g}: a long run drops more)")
@@ -238,7 +238,7 @@ def test_the_rate_is_lower_where_the_signal_drops():
 
 
 def test_text_that_strays_less_needs_a_longer_run_before_dropout():
-    (far, short_bar), (some, long_bar) = DROPOUT_BARS
+    (far, short_bar, _), (some, long_bar, _) = DROPOUT_BARS
     between = 1.25 * short_bar  # past the short bar, short of the long one
     assert choose_signal_dropout(far, between).p == DROPOUT  # the short bar
     middling = choose_signal_dropout(some, between)
@@ -246,3 +246,13 @@ def test_text_that_strays_less_needs_a_longer_run_before_dropout():
     assert choose_signal_dropout(some, 1.25 * long_bar).p == DROPOUT
     below = choose_signal_dropout(some - 0.01, 100 * long_bar)
     assert below.p == 0.0 and f"(< {some:.0%})" in below.describe() and "epoch" not in below.describe()
+
+
+def test_text_that_strays_some_drops_its_signal_before_its_count_grows():
+    """From 5% a run can turn up between 3 and 4 planned epochs without dropout, where the count's growth was
+    measured from 4: the two bars differ."""
+    some = DROPOUT_BARS[-1]
+    assert some.dropout < some.growth
+    between = (some.dropout + some.growth) / 2
+    chosen = choose_signal_dropout(some.novelty, between)
+    assert chosen.p == DROPOUT and f"(> {some.dropout:g})" in chosen.describe()
