@@ -18,7 +18,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, ZipfPaths, machine, make_model
+from common import SHAPES, ZipfPaths, add_results_dir, machine, make_model, write_record
 
 
 def saved_bytes(model, batch) -> int:
@@ -56,7 +56,7 @@ def main():
     parser.add_argument("--length", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = add_results_dir(parser).parse_args()
     torch.set_num_threads(args.threads)
     shape = SHAPES[args.shape]
     B, L = args.batch or shape["batch"], args.length or shape["length"]
@@ -76,6 +76,8 @@ def main():
     (off_b, off_s), (on_b, on_s) = rows["off"], rows["on"]
     print(f"saves {(off_b - on_b) / 2**20:.1f} MB ({1 - on_b / off_b:.0%} of the kept activations) "
           f"at {on_s / off_s:.2f}x the step time")
+    write_record("checkpointing", args, dict(batch=B, length=L, rows=[
+        dict(checkpointing=name, kept_mb=kept / 2**20, step_ms=sec * 1e3) for name, (kept, sec) in rows.items()]))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,24 @@ A synthetic graph has exactly `successors` real successors per node (distinct ta
 loops allowed), with bigram counts that fall off as 1/rank over a random order of each node's successors.
 Token paths start at a Zipf-distributed node and walk real edges, picking each successor with Zipf weights
 (1/rank) over that node's successor list, so every token pair of a batch is a real edge.
+
+`write_record` is what every benchmark calls at its end: one JSON file per run under `--results_dir`
+(`benchmarks/results/<benchmark>-<UTC time>.json`) with the command line, the commit, the machine, the arguments and
+the figures the run printed.
 """
 
+import argparse
+import datetime
+import json
+import math
 import os
+import platform
 import resource
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -156,3 +168,98 @@ def wait_for_quiet(max_wait_s: float = 300.0, window_s: float = 2.0, threshold: 
         load = mon.stop()
         if load < threshold or time.perf_counter() > deadline:
             return load
+
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def add_results_dir(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`--results_dir`: where `write_record` puts this run's JSON record."""
+    parser.add_argument("--results_dir", default=str(RESULTS_DIR),
+                        help="write this run's record (argv, commit, machine, arguments, figures) here as "
+                             "<benchmark>-<UTC time>.json")
+    return parser
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """The commit of the measured checkout (ROOT) and whether tracked files differ from it."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_info() -> dict:
+    """The machine a record was measured on, as data."""
+    try:
+        import transformers
+        transformers_version = transformers.__version__
+    except ImportError:
+        transformers_version = None
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers_version, "cuda_device": cuda}
+
+
+def _plain(value):
+    """`value` as strict JSON: tensors and tuples as lists, paths as strings, NaN and infinities as null."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _plain(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+def write_record(benchmark: str, args, figures, results_dir=None, argv=None) -> Path:
+    """Write this run's record to `results_dir` (default: `args.results_dir`, else benchmarks/results) atomically
+    (a temporary file renamed into place) and return its path. `args`: the parsed arguments (Namespace or dict);
+    `figures`: what the run printed, as data; `argv`: the arguments a `main(argv)` was called with (default: the
+    process's command line)."""
+    arguments = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+    folder = Path(results_dir or arguments.get("results_dir") or RESULTS_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    command = list(sys.argv) if argv is None else [f"benchmarks/{benchmark}.py", *map(str, argv)]
+    record = {"benchmark": benchmark, "time_utc": now.isoformat(timespec="seconds"), "argv": command,
+              **git_state(), "machine": machine_info(), "arguments": arguments, "figures": figures}
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    path, n = folder / f"{benchmark}-{stamp}.json", 1
+    while path.exists():  # two runs in one second keep both records
+        n += 1
+        path = folder / f"{benchmark}-{stamp}-{n}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{benchmark}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(_plain(record), handle, indent=1, allow_nan=False)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    print(f"# record: {path}", flush=True)
+    return path

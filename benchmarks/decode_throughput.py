@@ -27,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, CpuMonitor, ZipfPaths, machine, make_model, wait_for_quiet  # noqa: E402
+from common import SHAPES, CpuMonitor, ZipfPaths, add_results_dir, machine, make_model, wait_for_quiet, write_record  # noqa: E402
 
 
 def fast_decode(model, prompt, steps):
@@ -92,7 +92,7 @@ def main():
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false", default=True,
                         help="do not wait (up to 5 min) for other processes to leave the CPUs before timing")
-    args = parser.parse_args()
+    args = add_results_dir(parser).parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# machine: {machine()}")
@@ -105,6 +105,7 @@ def main():
     for r in rows:
         print(f"{r['shape']:6} {r['context']:7d} {r['fast_tokens_per_s']:15.0f} {r['generate_tokens_per_s']:16.0f} "
               f"{r['batch']:5d} {r['batched_tokens_per_s']:13.0f} {r['other_cpu_load']:10.2f}")
+    write_record("decode_throughput", args, dict(rows=rows))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, ZipfPaths, make_model  # noqa: E402
+from common import SHAPES, ZipfPaths, add_results_dir, make_model, write_record  # noqa: E402
 
 from modeling_brillm.backend import kernel_backend  # noqa: E402
 from modeling_brillm.ops import (  # noqa: E402  (the dispatcher: kernel_backend picks the path)
@@ -136,6 +136,7 @@ def run_energies(args, device, bandwidth):
           "exact loss, sparse row gradients")
     print(f"{'batch':>9} {'backend':>8} {'ms fwd+bwd':>11} {'launches':>9} {'syncs':>6} {'floor ms':>9} "
           f"{'of floor':>9} {'loss rel':>9} {'grad rel':>9}")
+    rows = []
     for spec in args.batches:
         B, L = (int(v) for v in spec.split("x"))
         tokens = paths.batch(B, L).to(device)
@@ -162,9 +163,12 @@ def run_energies(args, device, bandwidth):
                 gr = max(rel(a, b) for a, b in zip(grads, ref_grads))
             print(f"{spec:>9} {backend:>8} {sec * 1e3:11.2f} {launches:9d} {syncs:6d} {floor_s * 1e3:9.2f} "
                   f"{floor_s / sec:9.1%} {lr:9.1e} {gr:9.1e}")
+            rows.append(dict(batch=spec, backend=backend, ms=sec * 1e3, launches=launches, syncs=syncs,
+                             floor_ms=floor_s * 1e3, of_floor=floor_s / sec, loss_rel=lr, grad_rel=gr))
         if len(results) == 2:
             print(f"{spec:>9} speed-up triton / torch: {results['torch'][0] / results['triton'][0]:.1f}x")
     del model
+    return rows
 
 
 def run_decode(args, device):
@@ -174,6 +178,7 @@ def run_decode(args, device):
     paths = ZipfPaths(graph, seed=2)
     print(f"\ndecode, {args.shape} shape, greedy energy_generate, {args.steps} new tokens after a 16-token prompt")
     print(f"{'batch':>6} {'mode':>6} {'tokens/s':>11} {'ms/token':>9} {'same tokens':>12}")
+    rows, long = [], None
     for B in args.decode_batches:
         prompt = paths.batch(B, 16).to(device)
         ref = None
@@ -187,6 +192,8 @@ def run_decode(args, device):
                 same = "" if ref is None else str(torch.equal(out.sequences, ref))
                 ref = out.sequences if ref is None else ref
                 print(f"{B:6d} {mode:>6} {B * args.steps / sec:11,.0f} {sec / args.steps * 1e3:9.3f} {same:>12}")
+                rows.append(dict(batch=B, mode=mode, tokens_per_s=B * args.steps / sec,
+                                 ms_per_token=sec / args.steps * 1e3, same_tokens=same or None))
             except Exception as error:
                 print(f"{B:6d} {mode:>6} failed: {type(error).__name__}: {error}")
         model.decode_mode = "auto"
@@ -210,6 +217,8 @@ def run_decode(args, device):
         print(f"\nbatch 1, {args.long} tokens (generation_step loop, captured): ms/token per {window}-token window: "
               f"first {times[0]:.3f}, median {statistics.median(times):.3f}, last {times[-1]:.3f}, "
               f"max {max(times):.3f}")
+        long = dict(tokens=args.long, window=window, ms_per_token=times)
+    return dict(rows=rows, long_generation=long)
 
 
 def main():
@@ -222,7 +231,7 @@ def main():
     parser.add_argument("--long", type=int, default=20000, help="tokens of the long generation (0 = skip)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (Triton interpreter)")
-    args = parser.parse_args()
+    args = add_results_dir(parser).parse_args()
     if args.smoke:
         SHAPES["tiny"] = dict(vocab=40, successors=6, batch=2, length=8)
         args.shape, args.batches, args.decode_batches = "tiny", ["2x8"], [2]
@@ -239,10 +248,12 @@ def main():
         return
     if device.type != "cuda":
         bandwidth = 1e10  # a nominal figure, so the floor column is defined
+    figures = dict(device=name, bandwidth=bandwidth)
     if args.part in ("energies", "both"):
-        run_energies(args, device, bandwidth)
+        figures["energies"] = run_energies(args, device, bandwidth)
     if args.part in ("decode", "both"):
-        run_decode(args, device)
+        figures["decode"] = run_decode(args, device)
+    write_record("gpu_kernels", args, figures)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ if not _device_arg(sys.argv[1:]).startswith("cuda"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ZipfPaths, machine, make_model, peak_rss_gb  # noqa: E402
+from common import ZipfPaths, add_results_dir, machine, make_model, peak_rss_gb, write_record  # noqa: E402
 
 SHAPES = {
     # name: vocab, successors per node, node size
@@ -345,7 +345,7 @@ def main(argv=None):
                         help="the model the demo preset trains (a learned energy per non-successor; exact loss only)")
     parser.add_argument("--no-profile", dest="profile", action="store_false", default=True)
     parser.add_argument("--json", default=None, help="also write every row to this file")
-    args = parser.parse_args(argv)
+    args = add_results_dir(parser).parse_args(argv)
     device = torch.device(args.device)
     gpu = device.type == "cuda"
     args.backends = [b for b in args.backends.split(",") if b]
@@ -389,6 +389,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=device_name, bandwidth=bandwidth, rows=rows), f, indent=1)
+    write_record("gpu_throughput", args, dict(device=device_name, bandwidth=bandwidth, rows=rows), argv=argv)
     return rows
 
 

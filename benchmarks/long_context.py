@@ -30,7 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, make_model, rss_gb  # noqa: E402
+from common import add_results_dir, machine, make_model, rss_gb, write_record  # noqa: E402
 
 
 class Clock:
@@ -114,7 +114,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args(argv)
+    args = add_results_dir(parser).parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model:
         from modeling_brillm import BriLLMForCausalLM
@@ -142,6 +142,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shape": shape, "machine": machine(), "results": results}, f, indent=1)
+    write_record("long_context", args, {"shape": shape, "results": results}, argv=argv)
     return results
 
 

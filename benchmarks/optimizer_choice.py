@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import add_results_dir, write_record  # noqa: E402
 
 
 def main():
@@ -26,7 +28,7 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--warmup", type=int, default=3)
-    a = p.parse_args()
+    a = add_results_dir(p).parse_args()
     torch.set_num_threads(1)
 
     from accelerate import Accelerator
@@ -90,6 +92,11 @@ def main():
               f"({tokens / med:,.0f} block tokens/s), last loss {r.loss:.4f}")
     ratio = statistics.median(runs["adamw"].times) / statistics.median(runs["auto"].times)
     print(f"auto is {ratio:.2f}x the speed of adamw (median step times)")
+    write_record("optimizer_choice", a, dict(
+        vocab=config.vocab_size, edges=config.num_edges, parameters=base.num_parameters(), auto_over_adamw=ratio,
+        runs={name: dict(optimizer=r.plan.name, median_step_ms=statistics.median(r.times) * 1e3,
+                         tokens_per_s=tokens / statistics.median(r.times), last_loss=r.loss)
+              for name, r in runs.items()}))
 
 
 if __name__ == "__main__":

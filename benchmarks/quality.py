@@ -118,7 +118,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output_dir", default="outputs/quality", help="Where quality.json and quality.png go.")
     p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
                    help="Do not wait (up to a minute) for other processes to leave the CPUs before training.")
-    return p.parse_args(argv)
+    from common import add_results_dir
+
+    return add_results_dir(p).parse_args(argv)
 
 
 def gpt2_sizes(specs, default_lr: float) -> list[tuple[int, int, int, float]]:
@@ -823,10 +825,13 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        run(args)
+        results = run(args)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    from common import write_record
+
+    write_record("quality", args, results, argv=argv)
     return 0
 
 

@@ -89,7 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output_dir", default="outputs/recipe_sweep")
-    return p.parse_args(argv)
+    from common import add_results_dir
+
+    return add_results_dir(p).parse_args(argv)
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -325,10 +327,13 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        run(args)
+        results = run(args)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    from common import write_record
+
+    write_record("recipe_sweep", args, results, argv=argv)
     return 0
 
 

@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CpuMonitor, ZipfPaths, machine, make_model, wait_for_quiet  # noqa: E402
+from common import CpuMonitor, ZipfPaths, add_results_dir, machine, make_model, wait_for_quiet, write_record  # noqa: E402
 
 BASE = dict(vocab=1000, successors=100, batch=32, length=32)
 SWEEPS = {
@@ -72,7 +72,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false", default=True)
-    args = parser.parse_args()
+    args = add_results_dir(parser).parse_args()
     print(f"# machine: {machine()}")
     rows = []
     for name in (SWEEPS if args.sweep == "all" else [args.sweep]):
@@ -90,6 +90,7 @@ def main():
         print(f"{r['sweep']:10} {r['vocab']:5d} {r['successors']:5d} {r['batch']:4d} {r['length']:4d} "
               f"{r['params'] / 1e6:6.0f}M {r['tokens_per_s']:9.0f} {r['step_ms']:8.1f} {r['distinct_sources']:7.0f} "
               f"{r['touched_rows']:7.0f} {r['touched_gb']:6.3f} {r['gb_per_s']:5.2f} {r['other_cpu_load']:5.2f}")
+    write_record("scaling", args, dict(rows=rows))
 
 
 if __name__ == "__main__":

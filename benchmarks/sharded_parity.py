@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(os.environ.get("BRILLM_ROOT") or Path(__file__).resolve().parent.parent)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_results_dir, write_record  # noqa: E402
 
 
 def _run(cmd, env):
@@ -45,7 +47,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--global_batch", type=int, default=256, help="the demo preset's batch [256]")
     parser.add_argument("extra", nargs="*", help="more pretrain.py flags for both runs (after --)")
-    args = parser.parse_args()
+    args = add_results_dir(parser).parse_args()
     python = sys.executable
     accelerate = str(Path(python).with_name("accelerate"))
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT",
@@ -72,6 +74,8 @@ def main():
         print(f"{step:4d}  {ref[step]:.7f}     {got[step]:.7f}     {rel[step]:.2e}")
     last = max(rel)
     print(f"max relative difference {max(rel.values()):.2e}; at step {last}: {rel[last]:.2e}")
+    write_record("sharded_parity", args, dict(pretrain_flags=common, one_process=ref, sharded=got, relative=rel,
+                                              max_relative=max(rel.values()), last_relative=rel[last]))
 
 
 if __name__ == "__main__":

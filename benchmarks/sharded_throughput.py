@@ -35,7 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ZipfPaths, machine, make_model, peak_rss_gb, wait_for_quiet  # noqa: E402
+from common import ZipfPaths, add_results_dir, machine, make_model, peak_rss_gb, wait_for_quiet, write_record  # noqa: E402
 
 SHAPES = {
     "paper": dict(vocab=4000, successors=227, batch=32, length=32),
@@ -150,11 +150,12 @@ def main():
     p.add_argument("--no-wait-quiet", action="store_true")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = add_results_dir(p).parse_args()
     if args.worker:
         args.shape = args.shape[0] if isinstance(args.shape, list) else args.shape
         return worker(args)
     print(machine())
+    figures = {}
     for shape_name in args.shape:
         shape = SHAPES[shape_name]
         print(f"\nshape {shape_name}: V={shape['vocab']}, {shape['successors']} successors, d=32, "
@@ -171,7 +172,7 @@ def main():
             if "error" in r:
                 print(f"{mode:<14} failed: {r['error']}")
                 continue
-            results.append(r)
+            results.append(dict(r, other_cpu_load=load))
             print(f"{mode:<16} {r['processes']:>5} {r['tokens_per_s']:>10,.0f} {r['step_s']:>8.3f} "
                   f"{str(r['cpu_s']):>20} {r['bytes_per_step'] / 1e6:>18,.1f} {str(r['peak_gb']):>22} "
                   f"{str(r['local_rows']):>24} "
@@ -183,6 +184,8 @@ def main():
                 print(f"sharded / best single process: {by['sharded']['tokens_per_s'] / single:.2f}x")
             if "ddp" in by:
                 print(f"sharded / DDP: {by['sharded']['tokens_per_s'] / by['ddp']['tokens_per_s']:.2f}x")
+        figures[shape_name] = dict(shape, modes=results)
+    write_record("sharded_throughput", args, figures)
 
 
 if __name__ == "__main__":

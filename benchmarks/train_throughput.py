@@ -28,7 +28,18 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, CpuMonitor, ZipfPaths, machine, make_model, peak_rss_gb, rss_gb, wait_for_quiet  # noqa: E402
+from common import (  # noqa: E402
+    SHAPES,
+    CpuMonitor,
+    ZipfPaths,
+    add_results_dir,
+    machine,
+    make_model,
+    peak_rss_gb,
+    rss_gb,
+    wait_for_quiet,
+    write_record,
+)
 
 OBJECTIVES = {
     "exact": dict(loss_type="exact"),
@@ -132,7 +143,7 @@ def main():
     parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false", default=True,
                         help="do not wait (up to 5 min) for other processes to leave the CPUs before timing")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = add_results_dir(parser).parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.objective = list(OBJECTIVES) if args.objective == "all" else [args.objective]
@@ -171,6 +182,7 @@ def main():
     print("\n(peak GB: process RSS high-water, weights + optimizer state + gradients; ref loss: the reference's loss "
           "on the same batch and parameters equals ours (uniform negatives are random, not compared); other load: CPU "
           "cores used by other processes during the timed steps, ~0 for clean figures)")
+    write_record("train_throughput", args, dict(rows=rows))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def test_benchmark_smoke_runs_both_backends(capsys, tmp_path):
     rows = bench.main(["--device", "cuda" if gpu else "cpu", "--shape", "tiny", "--batches", "2x6",
                        "--objective", "exact", "--optimizer", "sparse_adamw", "--steps", "1", "--warmup", "1",
                        "--decode-batches", "2", "--decode-tokens", "3", "--long-tokens", "12",
-                       "--json", str(tmp_path / "rows.json")])
+                       "--json", str(tmp_path / "rows.json"), "--results_dir", str(tmp_path / "records")])
     out = capsys.readouterr().out
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["backend"] for r in train] == ["torch", "triton"]

@@ -41,7 +41,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
             "--more_brillm", str(recipe), "--schedule", "cosine",
             "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
             "--threads", "1", "--interleave", "0.3",
-            "--no-wait-quiet", "--output_dir", str(out)]
+            "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
     assert quality.main(argv) == 0
     assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "quality.json").read_text())
@@ -146,7 +146,7 @@ def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     argv = tiny_files(tmp_path) + [
         "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2",
         "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:1,shared_lr:0.5,node_lr:2,schedule:cosine",
-        "pruned=min_count:60,d:4,clip:0,lr:0.01"]
+        "pruned=min_count:60,d:4,clip:0,lr:0.01", "--results_dir", str(tmp_path / "records")]
     assert sweep.main(argv) == 0
     results = json.loads((out / "recipe_sweep.json").read_text())
     assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w"]
