@@ -43,7 +43,7 @@ setup: $(VENV)/.installed
 
 # The clients the tests drive (TRL, lm-evaluation-harness): for `make test` only, not the demo.
 $(VENV)/.clients: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[test,viz,gpu,clients,lint]"
+	$(PY) -m pip install --quiet -e ".[test,viz,gpu,clients,lint,app,browser]"
 	touch $@
 
 $(FLOOR_VENV)/.installed: setup.cfg pyproject.toml .ci/floor_constraints.py
