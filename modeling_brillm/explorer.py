@@ -133,35 +133,35 @@ def neighbourhoods(model, paths: list[list[int]], extra_nodes=(), top_k: int = 1
     Returns {u: {"edges": [[v, energy, real], ...], "count": visits, "measure": ..., "degree": real out-degree}}."""
     V = int(model.config.vocab_size)
     k = max(1, min(int(top_k), V))
-    sums, counts = {}, {}
     device = getattr(model, "device", torch.device("cpu"))
-    for path in paths:
-        if not path:
-            continue
-        ids = torch.tensor(path, dtype=torch.long)
+    nodes, sums = torch.zeros(0, dtype=torch.long), torch.zeros(0, V)
+    for path in (p for p in paths if len(p)):
+        ids = torch.as_tensor(path, dtype=torch.long)
         logits = model(ids.unsqueeze(0).to(device), use_cache=False).logits[0].float().cpu()  # (T, V)
-        nodes, where = torch.unique(ids, return_inverse=True)
-        total = torch.zeros(len(nodes), V).index_add_(0, where, logits)
-        for u, row, n in zip(nodes.tolist(), total, torch.bincount(where, minlength=len(nodes)).tolist()):
-            sums[u] = sums[u] + row if u in sums else row
-            counts[u] = counts.get(u, 0) + n
-    means = {u: sums[u] / counts[u] for u in sums}
-    measures = {u: f"mean over {counts[u]} step{'s' if counts[u] != 1 else ''} in the text(s)" for u in sums}
-    for u in (int(u) for u in extra_nodes):
-        if u in means:
-            continue
+        nodes, sums = torch.cat([nodes, ids]), torch.cat([sums, logits])
+    nodes, where = torch.unique(nodes, return_inverse=True)
+    counts = torch.bincount(where, minlength=len(nodes))
+    means = torch.zeros(len(nodes), V).index_add_(0, where, sums) / counts.clamp_min(1).unsqueeze(1)
+    visited = set(nodes.tolist())
+    extra = list(dict.fromkeys(int(u) for u in extra_nodes if int(u) not in visited))
+    for u in extra:
         if not 0 <= u < V:
             raise ValueError(f"node {u} is outside the vocabulary [0, {V}) of this model.")
-        start = [bos_token_id, u] if bos_token_id is not None and bos_token_id != u else [u]
-        means[u] = model(torch.tensor([start], device=device), use_cache=False).logits[0, -1].float().cpu()
-        measures[u], counts[u] = ("after the path <BOS> u" if len(start) == 2 else "from the start signal"), 0
+    if extra:  # one batch: <BOS> u per row, or u alone (the start signal) without a BOS
+        starts = torch.tensor([[bos_token_id, u] if bos_token_id is not None else [u] for u in extra])
+        means = torch.cat([means, model(starts.to(device), use_cache=False).logits[:, -1].float().cpu()])
+        nodes, counts = torch.cat([nodes, torch.tensor(extra)]), torch.cat([counts, torch.zeros(len(extra))])
+    top = torch.topk(means, k, dim=1)
+    real = _real_edges(model, nodes.repeat_interleave(k), top.indices.reshape(-1)).view(-1, k)
     degree = _out_degrees(model)
+    after = "after the path <BOS> u" if bos_token_id is not None else "from the start signal"
     out = {}
-    for u, energies in means.items():
-        top = torch.topk(energies, k)
-        real = _real_edges(model, torch.full((k,), u, dtype=torch.long), top.indices)
-        out[u] = {"edges": [[int(v), _round(e), bool(r)] for v, e, r in zip(top.indices, top.values, real)],
-                  "count": counts[u], "measure": measures[u], "degree": None if degree is None else int(degree[u])}
+    for row, u in enumerate(nodes.tolist()):
+        n = int(counts[row])
+        out[u] = {"edges": [[v, _round(e), r] for v, e, r in zip(top.indices[row].tolist(), top.values[row].tolist(),
+                                                                 real[row].tolist())],
+                  "count": n, "measure": f"mean over {n} step{'s' if n != 1 else ''} in the text(s)" if n else after,
+                  "degree": None if degree is None else int(degree[u])}
     return out
 
 
@@ -282,6 +282,8 @@ def _node_id(node, tokenizer) -> int:
                 raise ValueError(f"{node!r} is not one token of this tokenizer (it reads as {len(ids)} tokens); "
                                  "give a single token or its id.")
             token = ids[0]
+        if token == tokenizer.unk_token_id and node != tokenizer.unk_token:
+            raise ValueError(f"{node!r} is not in the vocabulary of this tokenizer: give one of its tokens or an id.")
         return int(token)
     return int(node)
 
