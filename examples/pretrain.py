@@ -59,6 +59,7 @@ from modeling_brillm.training.data import (
 )
 from modeling_brillm.training.epochs import Job, Position, resume, train_epochs
 from modeling_brillm.training.errors import UsageError
+from modeling_brillm.training.fsdp import fsdp_on_cpu, full_state_dict, is_fsdp, own_class, prepare_on_cpu
 from modeling_brillm.training.launch import make_accelerator
 from modeling_brillm.training.loop import TrainStep, choose_prompts, generate_samples
 from modeling_brillm.training.loop import evaluate as evaluate_dense
@@ -184,17 +185,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(config.non_edge_bias; exact loss, sparse graph). [on; off with --loss sampled]")
     g.add_argument("--node_readout", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node also reads the signal directly: its logit adds <x, r_v>, a learned d-vector per "
-                   "node (config.node_readout; exact loss). [on; off with --loss sampled or --edge_sharding source]")
+                   "node (config.node_readout; exact loss). [on; off with --loss sampled]")
     g.add_argument("--edge_backoff", action=argparse.BooleanOptionalAction, default=None,
                    help="Every edge adds a learned matrix all edges share to its own, so rare edges inherit what the "
-                   "common ones learn (config.edge_backoff). [on; off with --edge_sharding source]")
+                   "common ones learn (config.edge_backoff). [on]")
     g.add_argument("--node_embedding", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node adds a learned d-vector to the edge output it passes on, so the signal carries "
-                   "the recent tokens themselves (config.node_embedding). [on; off with --edge_sharding source]")
+                   "the recent tokens themselves (config.node_embedding). [on]")
     g.add_argument("--count_prior", action=argparse.BooleanOptionalAction, default=None,
                    help="Add a fixed smoothed bigram model of the training text to every logit, so the learned parts "
                    "model what the counts miss (config.count_prior; exact loss, sparse graph). [on; off with --loss "
-                   "sampled, --dense_graph or --edge_sharding source]")
+                   "sampled or --dense_graph]")
     g.add_argument("--position_recency", type=float, default=None,
                    help="Position weights start at 1 + this x k, so the signal's mix starts weighted to the latest "
                    "edges (config.position_recency; 0 = the paper's all ones). [0.2]")
@@ -304,18 +305,6 @@ def check_args(args, model_fields: dict):
         )
     if args.block_size < 2:
         raise UsageError("--block_size must be at least 2 (a block needs one bigram).")
-    if args.edge_sharding == "source" and model_fields.get("node_readout"):
-        raise UsageError("--edge_sharding source does not train the node readout (every node's logit at every "
-                         "position): add --no-node_readout, or train without --edge_sharding.")
-    if args.edge_sharding == "source" and model_fields.get("edge_backoff"):
-        raise UsageError("--edge_sharding source does not train the matrix every edge shares: add --no-edge_backoff, "
-                         "or train without --edge_sharding.")
-    if args.edge_sharding == "source" and model_fields.get("count_prior"):
-        raise UsageError("--edge_sharding source does not add the count prior to the logits: add --no-count_prior, or "
-                         "train without --edge_sharding.")
-    if args.edge_sharding == "source" and model_fields.get("node_embedding"):
-        raise UsageError("--edge_sharding source does not train the nodes' vectors: add --no-node_embedding, or train "
-                         "without --edge_sharding.")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
         try:
             args.checkpointing_steps = int(args.checkpointing_steps)
@@ -357,7 +346,7 @@ def settle_flags(args):
 
 def start_run(args):
     """The accelerator, the checkpoint to resume from, and the output folder (cleared of an earlier run)."""
-    accelerator, setup = make_accelerator(args)
+    accelerator, setup = make_accelerator(args, shards_on_cpu=True)
     accelerator.print(f"BriLLM pretraining: {setup}, preset {args.config or '(none: built-in defaults)'}")
     checkpoint = resolve_checkpoint(args)
     if checkpoint is not None and checkpoint_kind_error(checkpoint, args.sharding):
@@ -399,7 +388,7 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
         + (f", bigrams seen >= {min_count} times" if graph is not None else "")
         + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)"
         + (f"; count prior of all {config.count_prior_bigrams:,} bigrams seen" if config.count_prior else ""))
-    fsdp = accelerator.distributed_type.value == "FSDP"
+    fsdp = is_fsdp(accelerator)
     plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,
                             fsdp=fsdp)
     if args.sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
@@ -474,6 +463,9 @@ def prepare_model_and_optimizer(args, model, plan, loaders, config, graph, check
                                                                 device=accelerator.device)).tolist()]
         accelerator.print(f"edge sharding by source: edge rows per process {rows} of {config.num_edge_rows - 1:,}")
         return model, optimizer, train_loader, eval_loader
+    if fsdp_on_cpu(accelerator):  # accelerate does not shard on the CPU: torch's fully_shard, by the script
+        return prepare_on_cpu(accelerator, model, lambda sharded: build_optimizer(
+            sharded, plan, args.learning_rate, args.weight_decay, accelerator, **options), train_loader, eval_loader)
     optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator, **options)
     if eval_loader is not None:
         return accelerator.prepare(model, optimizer, train_loader, eval_loader)
@@ -577,7 +569,7 @@ def evaluate_after(job: Job, stats, summary: dict):
     summary.update(perplexity=ppl1, eval_loss=loss1)
     best = job.best
     if best.enabled and best.step is not None and not loss1 <= best.eval_loss:
-        fsdp = job.accelerator.distributed_type.value == "FSDP"
+        fsdp = is_fsdp(job.accelerator)
         best.load_into(job.accelerator.unwrap_model(job.model), prepared=job.model if fsdp else None)
         say(f"kept the best model: step {best.step} (validation loss {best.eval_loss:.4f}, perplexity "
             f"{math.exp(min(best.eval_loss, 700.0)):,.2f}), not the last step {steps} ({loss1:.4f})")
@@ -599,9 +591,10 @@ def save_final(args, job: Job, tokenizer, out_dir):
     else:
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.sparse_gradients = False
-        state_dict = accelerator.get_state_dict(model)
-        unwrapped.save_pretrained(out_dir, is_main_process=accelerator.is_main_process,
-                                  save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
+        state_dict = full_state_dict(accelerator, model)
+        with own_class(unwrapped):  # FSDP: the model's own code, not torch's FSDP class, goes into the folder
+            unwrapped.save_pretrained(out_dir, is_main_process=accelerator.is_main_process,
+                                      save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
     if accelerator.is_main_process:
         tokenizer.model_max_length = unwrapped.config.max_position_embeddings  # pipelines and harnesses read it
         tokenizer.save_pretrained(out_dir)
@@ -616,7 +609,7 @@ def show_generations(args, job: Job, unwrapped, data, summary: dict):
     accelerator = job.accelerator
     prompts = choose_prompts(args, data.raw["validation"] if "validation" in data.raw else None,
                              not (args.train_file or args.dataset_name))
-    fsdp = accelerator.distributed_type.value == "FSDP"
+    fsdp = is_fsdp(accelerator)
     if prompts and args.num_generations > 0 and (accelerator.is_main_process or fsdp):
         samples = generate_samples(job.model if fsdp else unwrapped, data.tokenizer, prompts, args,
                                    accelerator.device)

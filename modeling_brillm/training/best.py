@@ -38,7 +38,9 @@ class BestModel:
             return False
         from safetensors.torch import save_file
 
-        state_dict = self.accelerator.get_state_dict(model)
+        from .fsdp import full_state_dict
+
+        state_dict = full_state_dict(self.accelerator, model)
         if self.accelerator.is_main_process:
             tmp = self.path.with_name(f".tmp-{BEST_FILE}")
             tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
@@ -78,6 +80,9 @@ class BestModel:
         if prepared is not None:  # FSDP: the main process reads, torch broadcasts into every shard
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+            from .fsdp import reshard
+
+            reshard(prepared)  # the last evaluation left the weights gathered
             full = load_file(str(self.path)) if self.accelerator.is_main_process else {}
             set_model_state_dict(prepared, full, options=StateDictOptions(full_state_dict=True,
                                                                           broadcast_from_rank0=True))

@@ -50,32 +50,61 @@ def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
     return False
 
 
-def fsdp_not_formed(accelerator, environ=os.environ) -> str | None:
-    """The error when the launch asked for FSDP (`distributed_type: FSDP`) but accelerate formed another kind of
-    run. accelerate turns FSDP on only for multi-process runs on GPU-type devices: on the CPU
-    (configuration/accelerate/cpu_2_fsdp.yaml) it forms MULTI_CPU, DDP over gloo with every process holding the
-    whole model, and ignores `fsdp_config`. Training on silently as DDP would hide that the FSDP path (its
-    sharded state dict, its memory) never ran."""
+# fsdp_config settings that the CPU path (fsdp.prepare_on_cpu) cannot honour: (variable, refused value, why)
+CPU_FSDP_LIMITS = (
+    ("FSDP_VERSION", lambda v: v != "2", "fsdp_version must be 2 (torch's fully_shard)"),
+    ("FSDP_STATE_DICT_TYPE", lambda v: v.upper() != "SHARDED_STATE_DICT",
+     "fsdp_state_dict_type must be SHARDED_STATE_DICT (accelerate restores a full one on rank 0 only under FSDP "
+     "proper)"),
+    ("FSDP_OFFLOAD_PARAMS", _truthy, "fsdp_offload_params must be false (the parameters are in host memory already)"),
+    ("FSDP_ACTIVATION_CHECKPOINTING", _truthy, "fsdp_activation_checkpointing must be false (BriLLM has no layers "
+     "to checkpoint)"),
+    ("FSDP_CPU_RAM_EFFICIENT_LOADING", _truthy, "fsdp_cpu_ram_efficient_loading must be false (every process builds "
+     "the model)"),
+)
+
+
+def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False) -> str | None:
+    """The error when the launch asked for FSDP (`distributed_type: FSDP`) but no FSDP run can follow. accelerate
+    forms FSDP only for multi-process runs on GPU-type devices; on the CPU (configuration/accelerate/cpu_2_fsdp.yaml)
+    it forms MULTI_CPU (gloo) and ignores `fsdp_config`. A script that shards the model itself there
+    (`shards_on_cpu`: examples/pretrain.py, through training/fsdp.py) runs FSDP2 when the config's settings allow it;
+    any other would train on silently as DDP, hiding that the FSDP path (its sharded state, its memory) never ran."""
     if not _truthy(environ.get("ACCELERATE_USE_FSDP")) or accelerator.distributed_type.value == "FSDP":
         return None
     import accelerate
 
-    return (f"this launch asks for FSDP (distributed_type: FSDP) but accelerate {accelerate.__version__} formed a "
-            f"{accelerator.distributed_type.value} run on {accelerator.device.type}: accelerate shards with FSDP "
-            "only on GPUs (and other accelerators), not on the CPU, where it would train as plain DDP. Launch FSDP "
-            "on GPUs (configuration/accelerate/gpu8_fsdp.yaml), or train data parallel on the CPU with "
-            "configuration/accelerate/cpu_2.yaml.")
+    formed = (f"this launch asks for FSDP (distributed_type: FSDP) but accelerate {accelerate.__version__} formed a "
+              f"{accelerator.distributed_type.value} run on {accelerator.device.type}")
+    if accelerator.distributed_type.value == "MULTI_CPU" and shards_on_cpu:
+        wrong = [why for name, refused, why in CPU_FSDP_LIMITS if refused(environ.get(name, ""))]
+        if not wrong:
+            return None
+        return (f"{formed}, where this script shards the model itself with torch's FSDP2, which needs: "
+                f"{'; '.join(wrong)}. Fix the launch config (configuration/accelerate/cpu_2_fsdp.yaml has them).")
+    if accelerator.distributed_type.value == "MULTI_CPU":
+        return (f"{formed}: accelerate shards with FSDP only on GPUs, and this script does not shard the model itself "
+                "on the CPU (examples/pretrain.py does), so it would train as plain DDP. Launch FSDP on GPUs "
+                "(configuration/accelerate/gpu8_fsdp.yaml), or train data parallel on the CPU with "
+                "configuration/accelerate/cpu_2.yaml.")
+    if accelerator.num_processes == 1:
+        return (f"{formed}: FSDP shards over several processes, and this launch started one. Set num_processes to 2 "
+                "or more (configuration/accelerate/cpu_2_fsdp.yaml), or train one process without FSDP "
+                "(configuration/accelerate/cpu_1.yaml).")
+    return (f"{formed}, which does not shard the model. Launch FSDP on GPUs (configuration/accelerate/gpu8_fsdp.yaml) "
+            "or on the CPU (configuration/accelerate/cpu_2_fsdp.yaml).")
 
 
-def make_accelerator(args, project_name: str | None = None):
+def make_accelerator(args, project_name: str | None = None, shards_on_cpu: bool = False):
     """An Accelerator for a training script (`args`: gradient_accumulation_steps, seed, output_dir, with_tracking,
     report_to, torch_threads, no_malloc_tuning), with the launch checked, logging quieted on non-main
-    processes, the seed set, and the CPU tuned. Returns (accelerator, a line describing the setup)."""
+    processes, the seed set, and the CPU tuned. `shards_on_cpu`: the script applies FSDP itself where accelerate
+    forms a CPU run under an FSDP launch (training/fsdp.py). Returns (accelerator, a line describing the setup)."""
     import datasets
     import torch
     import transformers
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, set_seed
+    from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
 
     # Several processes: CPU (gloo) or one GPU each, as the launch asked (launch_on_cpu), checked before accelerate
     # binds rank k to cuda:k. A CPU launch needs cpu=True: without it accelerate would start every process as an
@@ -100,7 +129,7 @@ def make_accelerator(args, project_name: str | None = None):
             "processes only through mpirun. Use `accelerate launch --config_file configuration/accelerate/cpu_2.yaml "
             "...` (torchrun + gloo), or `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`."
         )
-    fsdp_error = fsdp_not_formed(accelerator)
+    fsdp_error = fsdp_not_formed(accelerator, shards_on_cpu=shards_on_cpu)
     if fsdp_error:
         raise UsageError(fsdp_error)
     if accelerator.is_main_process:
@@ -114,11 +143,15 @@ def make_accelerator(args, project_name: str | None = None):
     if args.torch_threads and accelerator.device.type == "cpu":
         torch.set_num_threads(args.torch_threads)
     kept = accelerator.device.type == "cpu" and not args.no_malloc_tuning and keep_freed_memory()
-    line = (f"{accelerator.num_processes} process(es) [{accelerator.distributed_type.value}] on {accelerator.device}"
+    from .fsdp import fsdp_on_cpu, is_fsdp
+
+    kind = ("MULTI_CPU, sharded by the script with torch's FSDP2" if fsdp_on_cpu(accelerator)
+            else accelerator.distributed_type.value)
+    line = (f"{accelerator.num_processes} process(es) [{kind}] on {accelerator.device}"
             + (f" ({torch.get_num_threads()} threads{', malloc keeps freed memory' if kept else ''})"
                if accelerator.device.type == "cpu" else "") + ", "
             f"mixed precision {accelerator.mixed_precision}")
     # autocast does not reach BriLLM's math (exact_precision); FSDP's policy casts the gathered parameters instead
-    if accelerator.mixed_precision in ("bf16", "fp16") and accelerator.distributed_type != DistributedType.FSDP:
+    if accelerator.mixed_precision in ("bf16", "fp16") and not is_fsdp(accelerator):
         line += " (autocast does not reach BriLLM's float32 math: see docs/gpu.md, 'Mixed precision')"
     return accelerator, line

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from .data import count_targets, split_sentences
+from .fsdp import reshard
 
 # Prompts for the embedded corpus (Python's documentation); other data uses the start of validation sentences.
 DEFAULT_PROMPTS = ["The return value", "An exception is raised", "If the object", "A class definition"]
@@ -160,6 +161,7 @@ def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
                               ignore_index=-100, reduction="none").view(targets.shape)
         per_row = torch.stack([nll.sum(1).double(), (targets != -100).sum(1).double()], 1)  # (B, 2)
         total += accelerator.gather_for_metrics(per_row).sum(0)
+    reshard(model)  # FSDP leaves the weights gathered after a forward without backward; checkpoints want shards
     model.train()
     loss_sum, count = float(total[0]), int(total[1])
     if count == 0:

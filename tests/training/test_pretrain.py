@@ -531,25 +531,7 @@ def test_cpu_launcher_with_several_processes_is_refused(corpus, tmp_path):
     assert "started ONE process" in result.stderr and "cpu_2.yaml" in result.stderr
 
 
-@pytest.mark.slow
-def test_fsdp_config_on_the_cpu_stops_with_the_limitation(corpus, tmp_path):
-    """cpu_2_fsdp.yaml is gpu8_fsdp.yaml with another device and process count. accelerate forms FSDP only on
-    GPU-type devices: on the CPU it forms MULTI_CPU (DDP over gloo) and ignores `fsdp_config`, so the script stops
-    with that limitation (configuration/README.md) instead of training as DDP under an FSDP config. Should a
-    later accelerate shard on the CPU, this test fails: it then becomes the FSDP run it stands in for (train,
-    checkpoint, exact resume, a folder that from_pretrained loads)."""
-    import yaml
-
-    cpu = yaml.safe_load(CPU2_FSDP.read_text())
-    gpu = yaml.safe_load((ROOT / "configuration" / "accelerate" / "gpu8_fsdp.yaml").read_text())
-    assert {k for k in set(cpu) | set(gpu) if cpu.get(k) != gpu.get(k)} == {"num_processes", "gpu_ids", "use_cpu"}
-    assert cpu["distributed_type"] == "FSDP" and cpu["fsdp_config"]["fsdp_version"] == 2
-    result = run(["--train_file", corpus, "--output_dir", tmp_path, *TINY, "--max_train_steps", "4"],
-                 launcher=CPU2_FSDP, check=False, timeout=180)
-    assert result.returncode != 0
-    assert "error: this launch asks for FSDP (distributed_type: FSDP) but accelerate" in result.stderr
-    assert "formed a MULTI_CPU run on cpu" in result.stderr and "cpu_2.yaml" in result.stderr
-    assert not (tmp_path / "model.safetensors").exists() and not checkpoints.list_checkpoints(tmp_path)
+# FSDP under cpu_2_fsdp.yaml (the script shards the model on the CPU): tests/training/test_fsdp.py
 
 
 def test_launch_device_follows_the_launch_config(monkeypatch):
