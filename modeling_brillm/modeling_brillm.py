@@ -496,6 +496,45 @@ class BriLLMModel(BriLLMPreTrainedModel):
         builds all V logits of every position (the energies alone give non-successors one shared value)."""
         return self.node_readout is not None or self.config.count_prior
 
+    def score(self, x, sources, next_index, targets=None, *, want_logits=False, loss_type=None, link=None,
+              csr=None, row_offset=None):
+        """The energies E_i(v) of positions with signals `x` (N, d) sitting on `sources` (N,), their next token at
+        position `next_index` (N,): (order, per-position losses or None, logits (N, V) or None), both in `order`,
+        the plan's (positions grouped by source, so each node's block of edges is read once).
+
+        `targets` (N,) with -100 for unscored positions (loss 0 there); `loss_type` overrides the config's.
+        `csr` (indptr, indices) and `row_offset` (V,) describe a table holding only some sources' blocks (the
+        source-sharded trainer's: local row = global row + row_offset[source]); by default this model's graph."""
+        cfg, V, wdtype = self.config, self.config.vocab_size, self.weights.dtype
+        indptr, indices = csr if csr is not None else self.csr()
+        plan = make_plan(sources, indptr, indices, V)
+        sources, x = sources[plan.order], x[plan.order].to(wdtype)
+        # x·edge_base is one product per position: it rides in PE, whose gradient the candidate backward returns
+        pe = plus_edge_base(self.position_encoding(next_index[plan.order]).to(wdtype), x, self.edge_base)
+        energies, shared = candidate_energies(x, pe, self.weights, self.biases, plan, self._sparse_gradients,
+                                              link=link, non_edge_bias=self.non_edge_bias)
+        energies, shared = energies.float(), shared.float()
+        sampled = targets is not None and (loss_type or cfg.loss_type) == "sampled"
+        logits = None
+        if want_logits or sampled or self.scores_every_node:
+            logits = self.read_out(scatter_logits(energies, shared, plan, V, self.non_edge_bias), x, sources)
+        if targets is None:
+            return plan.order, None, logits
+        targets = targets[plan.order]
+        scored = targets != -100
+        targets = torch.where(scored, targets, torch.zeros_like(targets))
+        if self.scores_every_node:
+            per_position = F.cross_entropy(logits, targets, reduction="none")
+        else:
+            rows = self.edge_rows(sources, targets)
+            if row_offset is not None:
+                rows = torch.where(rows > 0, rows + row_offset[sources], rows)
+            by_count = self.frequency_table(cfg.num_negatives + 1) \
+                if sampled and cfg.negative_sampling == "frequency" else None
+            per_position = position_losses(energies, shared, plan, sources, targets, rows, indptr[sources] + 1, cfg,
+                                           self.non_edge_bias, logits, by_count, loss_type)
+        return plan.order, torch.where(scored, per_position, torch.zeros_like(per_position)), logits
+
     @exact_precision
     def forward(self, input_ids=None, attention_mask=None, cache=None, use_cache=None, return_dict=None,
                 signal_ids=None, past_key_values=None, **kwargs):
@@ -593,49 +632,25 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         """Candidate energies of the positions that need them: (loss or None, logits (B, T − keep_from, V) or None).
 
         Every real position with a target is scored; logits are built for the columns from `keep_from` on (None:
-        no logits). Positions are grouped by their current node so each node's block of edges is read once. The loss
-        is the mean over the scored positions, or their sum over `num_items` (transformers' Trainer passes the
-        scored tokens of all its accumulated micro-batches as `num_items_in_batch`)."""
-        base, cfg = self.brillm, self.config
-        V, wdtype = cfg.vocab_size, base.weights.dtype
+        no logits). The loss is the mean over the scored positions, or their sum over `num_items` (transformers'
+        Trainer passes the scored tokens of all its accumulated micro-batches as `num_items_in_batch`)."""
+        V = self.config.vocab_size
         wanted = run.valid & (run.column >= keep_from) if keep_from is not None else torch.zeros_like(run.valid)
         if targets is not None:
             wanted = wanted | (run.valid & (targets != -100))
         b_idx, j_idx = wanted.nonzero(as_tuple=True)
-        indptr, indices = self.csr()
-        sources = run.tokens[b_idx, j_idx]
-        plan = make_plan(sources, indptr, indices, V)
-        b_idx, j_idx, sources = b_idx[plan.order], j_idx[plan.order], sources[plan.order]
-        x = run.signals[b_idx, j_idx].to(wdtype)
-        # x·edge_base is one product per position: it rides in PE, whose gradient the candidate backward returns
-        pe = plus_edge_base(base.position_encoding(run.index[b_idx, j_idx] + 1).to(wdtype), x, base.edge_base)
-        energies, shared = candidate_energies(x, pe, base.weights, base.biases, plan, base._sparse_gradients,
-                                                  link=run.link, non_edge_bias=base.non_edge_bias)
-        energies, shared = energies.float(), shared.float()
-        sampled = targets is not None and cfg.loss_type == "sampled"
-        logits = None
-        every_node = base.scores_every_node
-        if keep_from is not None or sampled or every_node:
-            logits = base.read_out(scatter_logits(energies, shared, plan, V, base.non_edge_bias), x, sources)  # (N, V)
+        target = targets[b_idx, j_idx] if targets is not None else None
+        order, per_position, logits = self.brillm.score(run.signals[b_idx, j_idx], run.tokens[b_idx, j_idx],
+                                                        run.index[b_idx, j_idx] + 1, target,
+                                                        want_logits=keep_from is not None, link=run.link)
+        b_idx, j_idx = b_idx[order], j_idx[order]
         loss = None
-        if targets is not None:
-            target = targets[b_idx, j_idx]
-            scored = target != -100
-            target = torch.where(scored, target, torch.zeros_like(target))
-            by_count = base.frequency_table(cfg.num_negatives + 1) \
-                if sampled and cfg.negative_sampling == "frequency" else None
-            if every_node:
-                per_position = F.cross_entropy(logits, target, reduction="none")
-            else:
-                per_position = position_losses(energies, shared, plan, sources, target,
-                                               self.edge_rows(sources, target), indptr[sources] + 1, cfg,
-                                               base.non_edge_bias, logits, by_count)
-            total = torch.where(scored, per_position, torch.zeros_like(per_position)).sum()
-            count = scored.sum().clamp_min(1) if num_items is None else torch.as_tensor(num_items).to(total.device)
-            loss = total / count
+        if per_position is not None:
+            count = (target != -100).sum().clamp_min(1) if num_items is None else num_items
+            loss = per_position.sum() / torch.as_tensor(count).to(per_position.device)
         if keep_from is None:
             return loss, None
-        out = torch.zeros(run.tokens.shape[0], width - keep_from, V, dtype=torch.float32, device=x.device)
+        out = torch.zeros(run.tokens.shape[0], width - keep_from, V, dtype=torch.float32, device=run.signals.device)
         if b_idx.numel():
             column = run.column[b_idx, j_idx]
             keep = column >= keep_from

@@ -1,17 +1,18 @@
 """Source-sharded training: each process owns the edge blocks of a set of source nodes (like expert parallelism).
 
 The edge table (`weights` (P, d, d), `biases` (P, 1, d)) is split by source node: a process keeps the CSR blocks of
-the sources it owns (plus the shared edge, row 0) and the AdamW state of those rows only. `node_bias`,
-`positions`, row 0, the learned start signals (`start_signal="learned"`) and the per-node non-edge offsets
-(`non_edge_bias`) are replicated; their gradients are all-reduced. A training step:
+the sources it owns (plus the shared edge, row 0) and the AdamW state of those rows only. Every other parameter
+is small and replicated (`node_bias`, `positions`, row 0, and whichever of the learned start signals, the
+non-edge offsets, the node readout, the shared edge matrix `edge_base` and the node vectors the config has), and
+so are the count prior's fixed tables; the replicated gradients are all-reduced. A training step:
 
-1. recurrence: every process runs the signal recurrence over its own sequences; the edge rows it crosses are
-   fetched from their owners (unique rows only: counts, then row ids, then rows, by `all_to_all_single`), and
-   the rows' gradients travel back the same way in the backward (differentiable all-to-all);
-2. candidates: the signal of every scored position goes to the owner of its source, which computes the
-   candidate energies over its own blocks and the per-position loss (exact, or sampled by frequency); with
-   `non_edge_bias` it adds the offsets to the non-successors' shared energy and takes the log partition over
-   its sources' own successor sets, as one process does; the signal gradients return in the backward;
+1. recurrence: every process runs the model's own signal recurrence over its own sequences; the edge rows it
+   crosses are fetched from their owners (unique rows only: counts, then row ids, then rows, by
+   `all_to_all_single`), and the rows' gradients travel back the same way in the backward (differentiable
+   all-to-all);
+2. candidates: the signal of every scored position goes to the owner of its source, which scores it with the
+   model's own code (`BriLLMModel.score`) over its own blocks: the same energies, readout, count prior and loss
+   (exact, or sampled by frequency) as one process; the signal gradients return in the backward;
 3. optimizer: `reduce_gradients()` all-reduces the replicated gradients; `clip_grad_norm_()` clips by the global
    norm (each owner's squared norm of its own rows plus the replicated ones counted once, one all-reduce of a
    scalar); each owner updates its touched rows with lazy AdamW (`SparseAdamW`). The table's gradient never
@@ -56,9 +57,9 @@ import torch.distributed as dist
 from torch import nn
 
 from .backend import exact_precision
-from .losses import position_losses, shift_labels
+from .losses import shift_labels
 from .modeling_brillm import BriLLMForCausalLM, initial_positions
-from .ops import EdgeGradLink, candidate_energies, gather_edges, make_plan
+from .ops import EdgeGradLink, gather_edges
 from .optimization import group_moment_dtype, parameter_groups
 from .validation import check_labels
 
@@ -222,9 +223,8 @@ class ShardedOutput:
 class ShardedBriLLM(nn.Module):
     """A `BriLLMForCausalLM` whose edge table is split by source node over the processes (module docstring).
 
-    Parameters: `node_bias`, `positions`, `start_signals` (learned start signals only), `non_edge_bias` (config
-    `non_edge_bias`, sparse graphs) (replicated) and `weights` (1 + R, d, d), `biases` (1 + R, 1, d): row 0 the
-    shared edge (replicated), rows 1.. the owned sources' blocks in ascending source order.
+    Parameters: every parameter of the model but the edge table, replicated, and `weights` (1 + R, d, d), `biases`
+    (1 + R, 1, d): row 0 the shared edge (replicated), rows 1.. the owned sources' blocks in ascending source order.
     """
 
     def __init__(self, model, owners: torch.Tensor | None = None, group=None, source_counts=None):
@@ -232,21 +232,6 @@ class ShardedBriLLM(nn.Module):
         self.transport = _Transport(group)
         W, rank = self.transport.world, self.transport.rank
         cfg = model.config
-        if getattr(cfg, "node_readout", False):
-            raise ValueError("ShardedBriLLM does not train node_readout (every node's logit would need the full "
-                             "signal on every process): build the model with node_readout=False, or train it in "
-                             "one process or with DDP.")
-        if getattr(cfg, "count_prior", False):
-            raise ValueError("ShardedBriLLM does not add the count prior (every node's logit at every position would "
-                             "need it on every process): build the model with count_prior=False, or train it in one "
-                             "process or with DDP.")
-        if getattr(cfg, "edge_backoff", False):
-            raise ValueError("ShardedBriLLM does not train edge_backoff (the matrix every edge shares would need the "
-                             "gradient of every process's edges): build the model with edge_backoff=False, or train it "
-                             "in one process or with DDP.")
-        if getattr(cfg, "node_embedding", False):
-            raise ValueError("ShardedBriLLM does not train node_embedding (not tried with source-sharded edges yet): "
-                             "build the model with node_embedding=False, or train it in one process or with DDP.")
         V = cfg.vocab_size
         indptr, indices = _csr(model)
         degree = indptr.diff()
@@ -307,9 +292,11 @@ class ShardedBriLLM(nn.Module):
         if model.base_model.start_signals is not None:
             model.base_model.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d,
                                                                      device=device))
-        # zero: the release's energies, as BriLLMForCausalLM initialises it
-        if model.base_model.non_edge_bias is not None:
-            model.base_model.non_edge_bias = nn.Parameter(torch.zeros(V, device=device))
+        # the extensions start at zero (the release's energies), as BriLLMForCausalLM initialises them
+        for name in ("non_edge_bias", "node_readout", "edge_base", "node_embedding"):
+            p = getattr(model.base_model, name)
+            if p is not None:
+                setattr(model.base_model, name, nn.Parameter(torch.zeros(p.shape, device=device)))
         for name, buf in list(model.named_buffers(recurse=False)):
             model.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))
         if graph is not None:
@@ -367,15 +354,15 @@ class ShardedBriLLM(nn.Module):
         return parameter_groups(self, weight_decay, learning_rate, lazy_weight_decay=lazy_weight_decay,
                                 shared_edge_lr_scale=shared_edge_lr_scale, node_lr_scale=node_lr_scale)
 
-    def _start_signals(self) -> list:
-        """[start_signals] for a model with learned start signals, else []."""
-        s = self.model.base_model.start_signals
-        return [] if s is None else [s]
+    def _replicated(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) of every parameter each process holds whole: all but the edge table (whose row 0,
+        the shared edge, is replicated too): node_bias, positions and whichever of start_signals, non_edge_bias,
+        node_readout, edge_base and node_embedding the config has."""
+        return [(n, p) for n, p in self.model.base_model.named_parameters() if n not in ("weights", "biases")]
 
     def _dense_replicated(self) -> list:
-        """The replicated parameters whose one-process gradient is dense: positions, start signals, non_edge_bias."""
-        nb = self.model.base_model.non_edge_bias
-        return [self.model.base_model.positions] + self._start_signals() + ([] if nb is None else [nb])
+        """The replicated parameters whose one-process gradient is dense (all but node_bias's rows)."""
+        return [p for n, p in self._replicated() if n != "node_bias"]
 
     def _source_of_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Source node of global edge rows (> 0)."""
@@ -468,26 +455,12 @@ class ShardedBriLLM(nn.Module):
         return ShardedOutput(loss=loss, num_targets=int(totals[1]), local_targets=int(b_idx.numel()))
 
     def _owner_loss(self, x: torch.Tensor, meta: torch.Tensor, loss_type: str) -> torch.Tensor:
-        """Sum of the per-position losses of positions whose sources this process owns.
-
-        The plan is over the owned sources' local blocks, whose successor sets are the global ones, so
-        `non_edge_bias` enters the target energies and the log partition (`non_edge_log_mass` over each position's
-        successors) exactly as in `BriLLMForCausalLM.forward`."""
-        m, cfg = self.model.base_model, self.config
-        V = cfg.vocab_size
-        nb = m.non_edge_bias
-        sources, targets, pe_index = meta.unbind(1)
-        plan = make_plan(sources, self.local_indptr, self.local_indices, V)
-        sources, targets = sources[plan.order], targets[plan.order]
-        pe = m.position_encoding(pe_index[plan.order]).to(m.weights.dtype)
-        energies, shared = candidate_energies(x[plan.order], pe, m.weights, m.biases, plan, True, link=self._link,
-                                              non_edge_bias=nb)
-        energies, shared = energies.float(), shared.float()
-        rows = self._to_local(m.edge_rows(sources, targets))
-        by_count = m.frequency_table(cfg.num_negatives + 1) \
-            if loss_type == "sampled" and cfg.negative_sampling == "frequency" else None
-        per_position = position_losses(energies, shared, plan, sources, targets, rows, self.local_indptr[sources] + 1,
-                                       cfg, nb, successors_by_count=by_count, loss_type=loss_type)
+        """Sum of the per-position losses of positions whose sources this process owns: the model's own scoring
+        (`BriLLMModel.score`) over the owned sources' local blocks, whose successor sets are the global ones."""
+        sources, targets, next_index = meta.unbind(1)
+        _, per_position, _ = self.model.base_model.score(
+            x, sources, next_index, targets, loss_type=loss_type, link=self._link,
+            csr=(self.local_indptr, self.local_indices), row_offset=self.local_offset)
         return per_position.sum()
 
     # ------------------------------------------------------------------------------------- gradients
@@ -496,9 +469,9 @@ class ShardedBriLLM(nn.Module):
 
         Lazy AdamW must update a replicated row iff the global batch touched it, and every process's table must
         count every step (SparseAdamW's bias correction is per parameter, as the single process counts the whole
-        table): an untouched local table gets an empty sparse gradient. The dense ones (`positions`, learned
-        `start_signals`, `non_edge_bias`: one process gives them a dense gradient, so AdamW moves every row) get the
-        global sum wherever any process had a gradient, so they step exactly when one process would.
+        table): an untouched local table gets an empty sparse gradient. The dense ones (every replicated parameter
+        but `node_bias`: one process gives them a dense gradient, so AdamW moves every row) get the global sum
+        wherever any process had a gradient, so they step exactly when one process would.
         """
         m = self.model.base_model
         d = self.config.node_size
@@ -569,8 +542,8 @@ class ShardedBriLLM(nn.Module):
 
         The norm is the one-process model's: every owner adds the squared norm of its own edge rows (duplicate
         entries of its uncoalesced gradient summed first, so it is the norm of the dense gradient they stand for)
-        and rank 0 the replicated parameters' (`node_bias`, `positions`, row 0, the start signals, `non_edge_bias`:
-        identical on every process after the reduction, so counted once), then one all-reduce of that scalar. Every
+        and rank 0 the replicated parameters' (row 0 and `_replicated()`: identical on every process after the
+        reduction, so counted once), then one all-reduce of that scalar. Every
         process multiplies its gradients by the same clamp(max_norm / (norm + 1e-6), max=1).
         """
         if self._unreduced:
@@ -624,14 +597,10 @@ class ShardedBriLLM(nn.Module):
         path = os.path.join(directory, SHARD_PATTERN.format(rank=self.rank, world=self.world_size))
         save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=meta)
         if self.rank == 0:
-            shared = {"owners": self.owners.cpu(), "node_bias": m.node_bias.detach().cpu(),
-                      "positions": m.positions.detach().cpu(), "weights.row0": m.weights.detach()[0].cpu(),
-                      "biases.row0": m.biases.detach()[0].cpu()}
-            if m.start_signals is not None:
-                shared["start_signals"] = m.start_signals.detach().cpu()
-            if m.non_edge_bias is not None:
-                shared["non_edge_bias"] = m.non_edge_bias.detach().cpu()
-            for name, p in self._replicated():
+            shared = {"owners": self.owners.cpu(), "weights.row0": m.weights.detach()[0].cpu(),
+                      "biases.row0": m.biases.detach()[0].cpu(),
+                      **{name: p.detach().cpu() for name, p in self._replicated()}}
+            for name, p in self._with_moments_saved():
                 st = self._moments(optimizer, p)
                 if st is not None:
                     sl = (lambda t: t[0]) if name in ("weights", "biases") else (lambda t: t)
@@ -646,21 +615,22 @@ class ShardedBriLLM(nn.Module):
         if self.world_size > 1:
             dist.barrier(group=self.transport.group)
 
-    def _replicated(self) -> list[tuple[str, torch.Tensor]]:
+    def _with_moments_saved(self) -> list[tuple[str, torch.Tensor]]:
         """(name, parameter) of every parameter whose optimizer state the shared file holds (row 0 for the table)."""
         m = self.model.base_model
-        named = [("node_bias", m.node_bias), ("positions", m.positions), ("weights", m.weights), ("biases", m.biases)]
-        named += [("start_signals", s) for s in self._start_signals()]
-        return named + ([] if m.non_edge_bias is None else [("non_edge_bias", m.non_edge_bias)])
+        return self._replicated() + [("weights", m.weights), ("biases", m.biases)]
 
     def _shape_meta(self) -> dict:
-        cfg = self.config
+        """What a checkpoint must match: the shapes, and which replicated parameters the model has."""
+        cfg, m = self.config, self.model.base_model
         learned = getattr(cfg, "start_signal", "uniform") == "learned"
+        has = {name: str(int(getattr(m, name) is not None))
+               for name in ("non_edge_bias", "node_readout", "edge_base", "node_embedding")}
+        has["count_prior"] = str(int(bool(getattr(cfg, "count_prior", False))))
         return {"vocab_size": str(cfg.vocab_size), "node_size": str(cfg.node_size),
                 "num_edge_rows": str(cfg.num_edge_rows), "graph": cfg.graph,
                 "max_position_embeddings": str(cfg.max_position_embeddings),
-                "start_signals": str(cfg.num_start_signals if learned else 0),
-                "non_edge_bias": str(int(self.model.base_model.non_edge_bias is not None))}
+                "start_signals": str(cfg.num_start_signals if learned else 0), **has}
 
     @staticmethod
     def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
@@ -686,8 +656,10 @@ class ShardedBriLLM(nn.Module):
             raise ValueError(f"{directory} holds no source-sharded checkpoint ({SHARED_FILE} is missing): it was "
                              "saved without --edge_sharding source; resume it the way it was trained.")
         with safe_open(shared_path, "pt") as f:
-            # checkpoints saved before learned start signals / non_edge_bias trained sharded lack their keys
-            meta = {"start_signals": "0", "non_edge_bias": "0", **(f.metadata() or {})}
+            # checkpoints saved before a replicated parameter trained sharded lack its key: it was absent then
+            absent = {"start_signals": "0", "non_edge_bias": "0", "node_readout": "0", "edge_base": "0",
+                      "node_embedding": "0", "count_prior": "0"}
+            meta = {**absent, **(f.metadata() or {})}
             mine = self._shape_meta()
             diff = {k: (meta.get(k), v) for k, v in mine.items() if meta.get(k) != v}
             if diff:
@@ -703,17 +675,13 @@ class ShardedBriLLM(nn.Module):
         with_moments = optimizer is not None and "weights.exp_avg" in shared
         dev = m.weights.device
         with torch.no_grad():
-            m.node_bias.copy_(shared["node_bias"])
-            m.positions.copy_(shared["positions"])
+            for name, p in self._replicated():
+                p.copy_(shared[name])
             m.weights[0].copy_(shared["weights.row0"])
             m.biases[0].copy_(shared["biases.row0"])
-            if m.start_signals is not None:
-                m.start_signals.copy_(shared["start_signals"])
-            if m.non_edge_bias is not None:
-                m.non_edge_bias.copy_(shared["non_edge_bias"])
             moments = {}
             if with_moments:
-                for name, p in self._replicated():
+                for name, p in self._with_moments_saved():
                     if f"{name}.step" not in shared:  # never had a gradient (e.g. frozen): no state to restore
                         continue
                     st = {"step": shared[f"{name}.step"].reshape(()).clone(),
@@ -823,9 +791,10 @@ def sharded_memory(config, world_size: int, global_tokens: int = 8192, imbalance
     The process's share of the edge table under a balanced split (table / world size, plus one source's block of
     slack), its two AdamW moments, the sparse gradient of its touched rows (at most its whole share), the
     candidate workspace (5 (M, d) fp32 buffers, M = positions it scores x successors, the positions being the
-    global batch's / world size x `imbalance`), the rows its recurrence fetches and their gradient, and the
-    replicated parameters with their moments. `global_tokens`: batch x length over all processes; `moment_bytes`:
-    the two moments per parameter (8 in float32, 4 with SparseAdamW's bfloat16 moments).
+    global batch's / world size x `imbalance`; with the node readout or the count prior also the (positions, V)
+    logits and their gradient), the rows its recurrence fetches and their gradient, and the replicated parameters
+    with their moments (and the count prior's tables). `global_tokens`: batch x length over all processes;
+    `moment_bytes`: the two moments per parameter (8 in float32, 4 with SparseAdamW's bfloat16 moments).
     """
     V, d, P = config.vocab_size, config.node_size, config.num_edge_rows
     row = 4 * (d * d + d)
@@ -836,11 +805,16 @@ def sharded_memory(config, world_size: int, global_tokens: int = 8192, imbalance
     if optimizer_state:
         parts["AdamW moments"] = moment_bytes * rows * row // 4
     parts["row gradients (touched rows, at most the share)"] = rows * row
-    parts["candidate workspace"] = 5 * 4 * scored * degree * d
+    every_node = getattr(config, "node_readout", False) or getattr(config, "count_prior", False)
+    parts["candidate workspace"] = 5 * 4 * scored * degree * d + (2 * 4 * scored * V if every_node else 0)
     parts["fetched rows + their gradients"] = 2 * math.ceil(global_tokens / world_size) * row
-    offsets = V if getattr(config, "non_edge_bias", False) and config.graph == "sparse" else 0  # non_edge_bias
-    parts["replicated (node_bias, positions, shared edge) + moments"] = (4 + moment_bytes) * (
-        V * d + config.max_position_embeddings + d * d + d + offsets)
+    sparse = config.graph == "sparse"
+    extra = (V * (getattr(config, "non_edge_bias", False) and sparse) + V * d * getattr(config, "node_readout", False)
+             + d * d * getattr(config, "edge_backoff", False) + V * d * getattr(config, "node_embedding", False))
+    parts["replicated (node_bias, positions, shared edge, extensions) + moments"] = (4 + moment_bytes) * (
+        V * d + config.max_position_embeddings + d * d + d + extra)
+    if getattr(config, "count_prior", False):  # fixed tables: V node values, K bigrams (index + value)
+        parts["count prior"] = 4 * V + 12 * getattr(config, "count_prior_bigrams", 0)
     parts["total"] = sum(parts.values())
     return parts
 

@@ -137,8 +137,6 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
         model["graph"] = "dense"
     # A built-in default this setup cannot train gives way; a preset's or a flag's value stays (and is refused).
     off = {"non_edge_bias", "node_readout", "count_prior"} if model["loss_type"] == "sampled" else set()  # few scored
-    if getattr(args, "edge_sharding", "none") == "source":
-        off.update({"node_readout", "edge_backoff", "node_embedding", "count_prior"})  # the sharded loss lacks them
     if model["graph"] == "dense":
         off.add("count_prior")  # built with a sparse graph's bigrams
     for field in off:

@@ -1,7 +1,7 @@
 """Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
-SparseAdamW and gradient clipping on the same global batch (learned start signals too; the demo recipe:
-non_edge_bias, node and shared-edge learning-rate scales, lazy weight decay), checkpoints that resume on another
-process count, clear errors.
+SparseAdamW and gradient clipping on the same global batch (learned start signals too; the whole recipe:
+non_edge_bias, node readout, edge back-off, node vectors, the count prior, node and shared-edge learning-rate
+scales, lazy weight decay), checkpoints that resume on another process count, clear errors.
 
 Processes are spawned with torch.multiprocessing over gloo (file:// rendezvous in tmp_path); one tiny sparse
 model (V = 300, d = 8) and one fixed sequence of global batches serve every test.
@@ -23,9 +23,10 @@ V, D, GLOBAL_BATCH, LENGTH, STEPS = 300, 8, 12, 16, 20
 LR, WD = 1e-2, 0.01
 MAX_NORM = 0.3  # the global gradient norm is 0.21-0.36 here: about half the steps clip
 LEARNED = {"start_signal": "learned", "num_start_signals": 2}
-# the demo recipe (configuration/models/demo.json) plus lazy weight decay, strong enough that rows untouched for
-# a few steps visibly decay
-RECIPE = {"non_edge_bias": True}
+# every model extension of the default recipe, plus lazy weight decay strong enough that rows untouched for a few
+# steps visibly decay
+RECIPE = {"non_edge_bias": True, "node_readout": True, "edge_backoff": True, "node_embedding": True,
+          "count_prior": True}
 RECIPE_GROUPS = {"node_lr_scale": 2.0, "shared_edge_lr_scale": 0.5, "lazy_weight_decay": True}
 RECIPE_WD = 0.5
 
@@ -233,10 +234,15 @@ def test_from_config_never_builds_the_full_table():
                           position_recency=0.3)
     assert torch.equal(ShardedBriLLM.from_config(recent, seed=3).model.base_model.positions,
                        BriLLMForCausalLM(recent).base_model.positions)
-    # the nodes' readout needs every node's logit at every position: refused, with what to do instead
-    with pytest.raises(ValueError, match="does not train node_readout.*node_readout=False"):
-        ShardedBriLLM.from_config(BriLLMConfig(vocab_size=40, node_size=D, graph="dense",
-                                               max_position_embeddings=LENGTH, node_readout=True), seed=3)
+    # the extensions start at zero as in BriLLMForCausalLM, and score as the exported model does
+    extended = ShardedBriLLM.from_config(BriLLMConfig(vocab_size=40, node_size=D, graph="dense",
+                                                      max_position_embeddings=LENGTH, node_readout=True,
+                                                      edge_backoff=True, node_embedding=True), seed=3)
+    for name in ("node_readout", "edge_base", "node_embedding"):
+        assert not getattr(extended.model.base_model, name).any(), name
+    with torch.no_grad():
+        plain = extended.export_model()(ids, labels=ids).loss
+        assert float(extended(ids, labels=ids).loss) == pytest.approx(float(plain), rel=1e-6)
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
@@ -280,24 +286,27 @@ def test_learned_start_signals_train_sharded_resume_and_export(tmp_path):
 
 @pytest.mark.slow
 def test_recipe_trains_sharded_like_one_process_and_resumes_on_one(tmp_path):
-    """non_edge_bias + node_lr_scale + shared_edge_lr_scale + lazy weight decay, clipping active: two processes
-    give one process's losses, norms and parameters; their checkpoint (pending decay included) resumes in one."""
+    """Every model extension + node_lr_scale + shared_edge_lr_scale + lazy weight decay, clipping active: two
+    processes give one process's losses, norms and parameters; their checkpoint (pending decay included) resumes
+    in one."""
     steps, half = 10, 5
     ref_losses, ref_norms, ref_state = _reference("exact", steps, RECIPE_GROUPS, RECIPE_WD, **RECIPE)
     assert 0 < sum(n > MAX_NORM for n in ref_norms) < steps, ref_norms
     init = _model(**RECIPE).base_model.state_dict()
-    assert float((ref_state["non_edge_bias"] - init["non_edge_bias"]).abs().max()) > 1e-2  # the offsets trained
+    for name in ("non_edge_bias", "node_readout", "edge_base", "node_embedding"):  # every extension trained
+        assert float((ref_state[name] - init[name]).abs().max()) > 1e-3, name
+    assert float(init["prior_values"].abs().max()) > 0  # the count prior is in the logits
     ckpt = str(tmp_path / "ckpt")
     job = {"first": 0, "last": steps, "save_at": half, "save_dir": ckpt, "config": RECIPE, "groups": RECIPE_GROUPS,
            "wd": RECIPE_WD}
     two = _run(tmp_path, 2, job, "recipe")
     assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     assert torch.allclose(torch.tensor(two["norms"]), torch.tensor(ref_norms), rtol=1e-5, atol=0)
-    _assert_close(two["state"], ref_state)  # non_edge_bias, row 0 at half the rate, every row decayed
+    _assert_close(two["state"], ref_state)  # the extensions, row 0 at half the rate, every row decayed
     # without lazy decay the rows the batches did not touch would keep more of their weight: the test sees it
     plain = _reference("exact", steps, {**RECIPE_GROUPS, "lazy_weight_decay": False}, RECIPE_WD, **RECIPE)[2]
     assert float((plain["weights"] - ref_state["weights"]).abs().max()) > 1e-3
-    # 2 -> 1: the rows, moments, step counts, pending decay and non_edge_bias come back
+    # 2 -> 1: the rows, moments, step counts, pending decay and the replicated parameters come back
     sharded = ShardedBriLLM(_model(**RECIPE))
     opt = SparseAdamW(sharded.parameter_groups(RECIPE_WD, LR, **RECIPE_GROUPS), lr=LR)
     sharded.load_shard(ckpt, opt)
@@ -467,14 +476,16 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
     import shutil
 
     one, two = tmp_path / "one", tmp_path / "two"
-    # the one-process run trains what sharding trains
-    _pretrain(["--train_file", corpus, "--output_dir", one, "--optimizer", "sparse_adamw", "--no-node_readout",
-               "--no-edge_backoff", "--no-node_embedding", "--no-count_prior", "--checkpointing_steps", "5"])
-    result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source",
-                        "--checkpointing_steps", "5"], processes=2)
+    # default flags: the whole recipe, one process against two sharded ones, 20 steps
+    steps = ["--max_train_steps", "20", "--checkpointing_steps", "5"]
+    _pretrain(["--train_file", corpus, "--output_dir", one, *steps])
+    result = _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source", *steps],
+                       processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout
     assert "gradient norm clipped to 0.6" in result.stdout
-    _same_run(two, one, range(1, 11))
+    config = json.loads((two / "config.json").read_text())
+    assert all(config[k] for k in ("non_edge_bias", "node_readout", "edge_backoff", "node_embedding", "count_prior"))
+    _same_run(two, one, range(1, 21))
     assert sorted(p.name for p in (two / "step_5").glob("edge_*")) == [
         "edge_shard_00000_of_00002.safetensors", "edge_shard_00001_of_00002.safetensors", "edge_shared.safetensors"]
     # the final folder is a plain one: from_pretrained in one process, no sharding involved
@@ -485,17 +496,19 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
 
     # 2 -> 1: resume the two-process checkpoint at step 5 in one process (latest), checkpoint at 7
     shutil.copytree(two, tmp_path / "r1")
-    shutil.rmtree(tmp_path / "r1" / "step_10")
+    for later in ("step_10", "step_15", "step_20"):
+        shutil.rmtree(tmp_path / "r1" / later)
     result = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "r1", "--edge_sharding", "source",
-                        "--resume_from_checkpoint", "latest", "--checkpointing_steps", "7"])
+                        "--resume_from_checkpoint", "latest", "--max_train_steps", "20", "--checkpointing_steps", "7"])
     assert "resumed from" in result.stdout and "step 5" in result.stdout
-    _same_run(tmp_path / "r1", one, range(6, 11))
+    _same_run(tmp_path / "r1", one, range(6, 21))
     # 1 -> 2: resume that one-process checkpoint at step 7 with two processes
     shutil.copytree(tmp_path / "r1", tmp_path / "r2")
-    shutil.rmtree(tmp_path / "r2" / "step_5")
+    for earlier in ("step_5", "step_14"):
+        shutil.rmtree(tmp_path / "r2" / earlier)
     _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "r2", "--edge_sharding", "source",
-               "--resume_from_checkpoint", "latest"], processes=2)
-    _same_run(tmp_path / "r2", one, range(8, 11))
+               "--resume_from_checkpoint", "latest", "--max_train_steps", "20"], processes=2)
+    _same_run(tmp_path / "r2", one, range(8, 21))
 
     # errors: a checkpoint of the other kind; a checkpoint of another model (what the flags alone refuse: below)
     bad = _pretrain(["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
@@ -516,8 +529,7 @@ def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(cor
     in one sharded process to the same end."""
     import shutil
 
-    recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2",
-              "--no-node_readout", "--no-edge_backoff", "--no-node_embedding"]  # the model sharding trains
+    recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2"]
     one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, *recipe])
     _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source", *recipe], processes=2)
@@ -538,10 +550,7 @@ def pretrain():
     return load_script("examples/pretrain.py", "brillm_pretrain_script")
 
 
-@pytest.mark.parametrize("flag, fix", [(["--optimizer", "adamw"], "use --optimizer sparse_adamw"),
-                                       (["--node_readout"], "add --no-node_readout"),
-                                       (["--edge_backoff"], "add --no-edge_backoff"),
-                                       (["--node_embedding"], "add --no-node_embedding")])
-def test_pretrain_refuses_what_sharding_cannot_train(flag, fix, pretrain, corpus, tmp_path, monkeypatch, capsys):
-    argv = ["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source", *flag]
-    assert fix in refused(pretrain, argv, monkeypatch, capsys)
+def test_pretrain_refuses_what_sharding_cannot_train(pretrain, corpus, tmp_path, monkeypatch, capsys):
+    argv = ["--train_file", corpus, "--output_dir", tmp_path / "bad", "--edge_sharding", "source",
+            "--optimizer", "adamw"]
+    assert "use --optimizer sparse_adamw" in refused(pretrain, argv, monkeypatch, capsys)
