@@ -185,17 +185,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(config.non_edge_bias; exact loss, sparse graph). [on; off with --loss sampled]")
     g.add_argument("--node_readout", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node also reads the signal directly: its logit adds <x, r_v>, a learned d-vector per "
-                   "node (config.node_readout; exact loss). [on; off with --loss sampled or --edge_sharding source]")
+                   "node (config.node_readout; exact loss). [on; off with --loss sampled]")
     g.add_argument("--edge_backoff", action=argparse.BooleanOptionalAction, default=None,
                    help="Every edge adds a learned matrix all edges share to its own, so rare edges inherit what the "
-                   "common ones learn (config.edge_backoff). [on; off with --edge_sharding source]")
+                   "common ones learn (config.edge_backoff). [on]")
     g.add_argument("--node_embedding", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node adds a learned d-vector to the edge output it passes on, so the signal carries "
-                   "the recent tokens themselves (config.node_embedding). [on; off with --edge_sharding source]")
+                   "the recent tokens themselves (config.node_embedding). [on]")
     g.add_argument("--count_prior", action=argparse.BooleanOptionalAction, default=None,
                    help="Add a fixed smoothed bigram model of the training text to every logit, so the learned parts "
                    "model what the counts miss (config.count_prior; exact loss, sparse graph). [on; off with --loss "
-                   "sampled, --dense_graph or --edge_sharding source]")
+                   "sampled or --dense_graph]")
     g.add_argument("--position_recency", type=float, default=None,
                    help="Position weights start at 1 + this x k, so the signal's mix starts weighted to the latest "
                    "edges (config.position_recency; 0 = the paper's all ones). [0.2]")
@@ -305,18 +305,6 @@ def check_args(args, model_fields: dict):
         )
     if args.block_size < 2:
         raise UsageError("--block_size must be at least 2 (a block needs one bigram).")
-    if args.edge_sharding == "source" and model_fields.get("node_readout"):
-        raise UsageError("--edge_sharding source does not train the node readout (every node's logit at every "
-                         "position): add --no-node_readout, or train without --edge_sharding.")
-    if args.edge_sharding == "source" and model_fields.get("edge_backoff"):
-        raise UsageError("--edge_sharding source does not train the matrix every edge shares: add --no-edge_backoff, "
-                         "or train without --edge_sharding.")
-    if args.edge_sharding == "source" and model_fields.get("count_prior"):
-        raise UsageError("--edge_sharding source does not add the count prior to the logits: add --no-count_prior, or "
-                         "train without --edge_sharding.")
-    if args.edge_sharding == "source" and model_fields.get("node_embedding"):
-        raise UsageError("--edge_sharding source does not train the nodes' vectors: add --no-node_embedding, or train "
-                         "without --edge_sharding.")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
         try:
             args.checkpointing_steps = int(args.checkpointing_steps)
