@@ -38,6 +38,7 @@
   if (DATA.error) {
     app.appendChild(el("header", {}, [el("h1", { text: DATA.title || "BriLLM explorer" })]));
     app.appendChild(el("div", { className: "error", id: "error", text: DATA.error }));
+    document.body.dataset.ready = "1";
     return;
   }
 

@@ -205,3 +205,14 @@ def test_visualize_writes_the_page(tmp_path, capsys):
     assert main(long + ["--extend"]) == 0
     assert main(["--model", str(tmp_path), "--text", "the", "--html", str(out)]) == 2
     assert "is not a BriLLM model folder" in capsys.readouterr().err
+
+
+def test_browser_tests_fail_under_ci_rather_than_skip(monkeypatch):
+    from _browser import missing
+
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set"):
+        missing("chromium")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="need chromium"):
+        missing("chromium")
