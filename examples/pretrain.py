@@ -501,7 +501,7 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
                  "block_mode": args.block_mode, "seed": args.seed, "num_edges": config.num_edges,
                  "vocab_size": config.vocab_size, "max_train_steps": args.max_train_steps,
                  "signal_dropout_warmup_epochs": args.signal_dropout_warmup_epochs}
-    keep = args.keep_best_model and eval_loader is not None and not args.sharding
+    keep = args.keep_best_model and eval_loader is not None
     return Job(accelerator, model, optimizer, lr_scheduler, train_loader, eval_loader, train_step, evaluate,
                log=TrainLog(out_dir, accelerator, tracking=args.with_tracking),
                best=BestModel(out_dir, accelerator, enabled=keep), tokenizer=data.tokenizer, signature=signature,
@@ -522,9 +522,7 @@ def global_batch(args, accelerator) -> int:
 
 
 def describe_training(args, job: Job, config) -> str:
-    keep = ("keeping the best model by validation loss" if job.best.enabled else
-            "keeping the last model" + (" (--edge_sharding source keeps no best model)"
-                                        if args.sharding and args.keep_best_model and job.eval_loader else ""))
+    keep = "keeping the best model by validation loss" if job.best.enabled else "keeping the last model"
     return (f"training: {args.max_train_steps} steps ({args.steps_per_epoch} per epoch, {args.num_train_epochs} "
             f"epoch(s)), global batch {job.signature['global_batch']} blocks = {args.per_device_train_batch_size} x "
             f"{job.accelerator.num_processes} process(es) x {args.gradient_accumulation_steps} accumulation, lr "

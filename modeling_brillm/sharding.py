@@ -734,6 +734,28 @@ class ShardedBriLLM(nn.Module):
                 optimizer.state[p] = {k: (v.to(dev, moment) if k in ("exp_avg", "exp_avg_sq") else v)
                                       for k, v in st.items()}
 
+    def load_full_state_dict(self, path):
+        """Every process reads its own sources' rows and the replicated parameters from a whole model's
+        safetensors file (`full_state_dict`'s keys, or the plain model's with the `brillm.` prefix): how the best
+        model of a sharded run comes back. Row blocks are read by slice: no process holds the whole table."""
+        from safetensors import safe_open
+
+        m = self.model.base_model
+        with safe_open(str(path), "pt") as f:
+            prefix = "brillm." if "brillm.weights" in f.keys() else ""
+            with torch.no_grad():
+                for name, p in self._replicated():
+                    p.copy_(f.get_tensor(prefix + name))
+                weights, biases = f.get_slice(prefix + "weights"), f.get_slice(prefix + "biases")
+                m.weights[0].copy_(weights[0:1][0])
+                m.biases[0].copy_(biases[0:1][0])
+                indptr, local = self.global_indptr.tolist(), self.local_indptr.tolist()
+                for u in (self.owners == self.rank).nonzero().flatten().tolist():
+                    a, e, la = indptr[u] + 1, indptr[u + 1] + 1, local[u] + 1
+                    if e > a:
+                        m.weights[la:la + e - a].copy_(weights[a:e])
+                        m.biases[la:la + e - a].copy_(biases[a:e])
+
     # ------------------------------------------------------------------------------------- export
     def full_state_dict(self) -> dict | None:
         """The state dict of the whole `BriLLMForCausalLM`, gathered on rank 0 (None on the others). Rank 0 needs

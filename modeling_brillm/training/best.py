@@ -40,7 +40,8 @@ class BestModel:
 
         from .fsdp import full_state_dict
 
-        state_dict = full_state_dict(self.accelerator, model)
+        gather = getattr(model, "full_state_dict", None)  # a source-sharded model gathers its own table
+        state_dict = gather() if gather is not None else full_state_dict(self.accelerator, model)
         if self.accelerator.is_main_process:
             tmp = self.path.with_name(f".tmp-{BEST_FILE}")
             tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
@@ -86,6 +87,8 @@ class BestModel:
             full = load_file(str(self.path)) if self.accelerator.is_main_process else {}
             set_model_state_dict(prepared, full, options=StateDictOptions(full_state_dict=True,
                                                                           broadcast_from_rank0=True))
+        elif hasattr(unwrapped, "load_full_state_dict"):  # source-sharded: each process reads its own rows
+            unwrapped.load_full_state_dict(self.path)
         else:
             device = next(unwrapped.parameters()).device
             unwrapped.load_state_dict(load_file(str(self.path), device=str(device)))

@@ -113,6 +113,17 @@ def _worker(rank, world, init_file, job, out_file):
                                job.get("save_dir"))
         opt.apply_pending_weight_decay()  # each owner's lazily decayed rows (a no-op without lazy_weight_decay)
         state = sharded.full_state_dict()
+        if job.get("reload"):  # the whole model's file read back by owner (how a sharded run's best model returns)
+            from safetensors.torch import save_file
+
+            if rank == 0:
+                save_file({f"brillm.{k}": v.contiguous() for k, v in state.items()}, job["reload"])
+            if world > 1:
+                torch.distributed.barrier()
+            fresh = ShardedBriLLM(_model(job.get("loss_type", "exact"), **job.get("config", {})),
+                                  owners=sharded.owners.cpu())
+            fresh.load_full_state_dict(job["reload"])
+            reloaded = fresh.full_state_dict()
         result = {"losses": losses, "norms": norms, "state": state, "bytes": sharded.bytes_sent,
                   "rows": sharded.model.base_model.weights.shape[0]}
         all_norms = [None] * world
@@ -124,6 +135,8 @@ def _worker(rank, world, init_file, job, out_file):
             opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
             result["sampled"] = {"losses": _train(sharded, opt, 0, job["sampled_steps"], rank, world)[0],
                                  "state": sharded.full_state_dict()}
+        if job.get("reload"):
+            result["reloaded"] = reloaded
         if rank == 0:
             torch.save(result, out_file)
     finally:
@@ -298,8 +311,9 @@ def test_recipe_trains_sharded_like_one_process_and_resumes_on_one(tmp_path):
     assert float(init["prior_values"].abs().max()) > 0  # the count prior is in the logits
     ckpt = str(tmp_path / "ckpt")
     job = {"first": 0, "last": steps, "save_at": half, "save_dir": ckpt, "config": RECIPE, "groups": RECIPE_GROUPS,
-           "wd": RECIPE_WD}
+           "wd": RECIPE_WD, "reload": str(tmp_path / "whole.safetensors")}
     two = _run(tmp_path, 2, job, "recipe")
+    _assert_close(two["reloaded"], two["state"], atol=0)  # each owner read back exactly its rows
     assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     assert torch.allclose(torch.tensor(two["norms"]), torch.tensor(ref_norms), rtol=1e-5, atol=0)
     _assert_close(two["state"], ref_state)  # the extensions, row 0 at half the rate, every row decayed
@@ -483,6 +497,7 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
                        processes=2)
     assert "edge sharding by source: edge rows per process" in result.stdout
     assert "gradient norm clipped to 0.6" in result.stdout
+    assert "keeping the best model by validation loss" in result.stdout  # and the final folder holds it: below
     config = json.loads((two / "config.json").read_text())
     assert all(config[k] for k in ("non_edge_bias", "node_readout", "edge_backoff", "node_embedding", "count_prior"))
     _same_run(two, one, range(1, 21))
