@@ -173,6 +173,24 @@ def test_a_node_link_opens_its_neighbourhood(browser, page, tiny, trace):
     assert f"mean over {expected['count']} steps" in text_of(box)
 
 
+def test_the_notebook_view_is_the_page_in_an_iframe(browser, tiny, trace, tmp_path):
+    """What a notebook cell inserts (`_repr_html_`) renders the same page, the tricky tokens still as text."""
+    model, tokenizer = tiny
+    host = tmp_path / "notebook.html"
+    cell = explore(model, TEXT, tokenizer)._repr_html_()
+    host.write_text(f"<!DOCTYPE html><html><body><div class='output'>{cell}</div></body></html>", encoding="utf-8")
+    browser.get(host.as_uri())
+    browser.switch_to.frame(browser.find_element(By.CSS_SELECTOR, "iframe.brillm-explorer"))
+    try:
+        WebDriverWait(browser, 20).until(lambda b: b.find_element(By.CSS_SELECTOR, "body[data-ready]"))
+        labels = [text_of(c.find_element(By.CLASS_NAME, "tok")) for c in chips(browser)]
+        assert labels == [label(s.target_text) for s in trace.steps()] and TRICKY[0] in labels
+        assert browser.execute_script("return window.pwned") is None
+    finally:
+        browser.switch_to.default_content()
+    assert browser.execute_script("return window.pwned") is None
+
+
 def test_an_error_page_shows_its_message_as_text(browser, tmp_path):
     path = tmp_path / "error.html"
     Explorer.error("the text is empty: <b>give</b> at least one token").save(path)
