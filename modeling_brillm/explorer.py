@@ -101,7 +101,7 @@ def _real_edges(model, sources: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return (model.edge_rows(sources, targets) != 0).cpu()
 
 
-def _trace_path(model, trace) -> dict:
+def _trace_path(trace) -> dict:
     steps = []
     for s in trace.steps():
         steps.append({"i": s.position, "src": s.source, "tgt": s.target, "e": _round(s.energy), "rank": s.rank,
@@ -232,7 +232,7 @@ def explore(model, text=None, tokenizer=None, *, prompt=None, max_new_tokens: in
     paths = []
     if text is not None:
         _check_text(text, "text")
-        paths.append(_trace_path(model, energy_trace(model, text, tokenizer, top_k=top_k)))
+        paths.append(_trace_path(energy_trace(model, text, tokenizer, top_k=top_k)))
     if prompt is not None:
         ids = _prompt_ids(prompt, tokenizer)
         out = energy_generate(model, ids, max_new_tokens=max_new_tokens, num_alternatives=top_k,
