@@ -37,42 +37,51 @@ def count_bigrams(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Count every bigram u→v of the token-id sequences; returns sorted keys u·V+v and their counts.
 
-    `ignore_ids` (padding, say) never form an edge. Counting is vectorised per chunk of sequences and merged,
-    so a corpus of hundreds of millions of tokens needs memory for its distinct bigrams only.
+    `ignore_ids` (padding, say) never form an edge. Counting is vectorised per chunk of sequences (one flat tensor,
+    the pairs across two sequences dropped) and merged, so a corpus of hundreds of millions of tokens needs memory
+    for its distinct bigrams only, and a sequence costs one append.
     """
     ignore = torch.tensor(sorted(set(int(i) for i in ignore_ids)), dtype=torch.long)
     keys = torch.empty(0, dtype=torch.long)
     counts = torch.empty(0, dtype=torch.long)
-    pending, pending_tokens = [], 0
+    pending, lengths = [], []
 
     def flush():
         """Count the pending chunk and merge its bigrams into the running (keys, counts)."""
-        nonlocal keys, counts, pending, pending_tokens
+        nonlocal keys, counts, pending, lengths
         if not pending:
             return
-        src = torch.cat([s[:-1] for s in pending])
-        tgt = torch.cat([s[1:] for s in pending])
-        if ignore.numel():
-            keep = ~(torch.isin(src, ignore) | torch.isin(tgt, ignore))
-            src, tgt = src[keep], tgt[keep]
-        new_keys, new_counts = torch.unique(src * vocab_size + tgt, return_counts=True)
-        merged, inverse = torch.unique(torch.cat([keys, new_keys]), return_inverse=True)
-        counts = torch.zeros(merged.numel(), dtype=torch.long).index_add_(0, inverse, torch.cat([counts, new_counts]))
-        keys, pending, pending_tokens = merged, [], 0
-
-    for seq in sequences:
-        seq = torch.as_tensor(seq, dtype=torch.long).reshape(-1)
-        if seq.numel() < 2:
-            continue
-        if seq.min() < 0 or seq.max() >= vocab_size:
+        flat = torch.cat(pending)
+        low, high = torch.aminmax(flat)
+        if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"token id out of range: sequences must hold ids in [0, {vocab_size}), found "
-                f"{int(seq.min())}..{int(seq.max())}. Use the tokenizer the graph is built for."
+                f"{int(low)}..{int(high)}. Use the tokenizer the graph is built for."
             )
+        keep = torch.ones(flat.numel() - 1, dtype=torch.bool)
+        keep[torch.tensor(lengths[:-1], dtype=torch.long).cumsum(0) - 1] = False  # last token → next's first
+        if ignore.numel():
+            ignored = torch.isin(flat, ignore)
+            keep &= ~(ignored[:-1] | ignored[1:])
+        new_keys, new_counts = torch.unique((flat[:-1] * vocab_size + flat[1:])[keep], return_counts=True)
+        merged, inverse = torch.unique(torch.cat([keys, new_keys]), return_inverse=True)
+        counts = torch.zeros(merged.numel(), dtype=torch.long).index_add_(0, inverse, torch.cat([counts, new_counts]))
+        keys, pending, lengths = merged, [], []
+
+    pending_tokens = 0
+    for seq in sequences:
+        seq = torch.as_tensor(seq, dtype=torch.long)
+        if seq.dim() != 1:
+            seq = seq.reshape(-1)
+        n = seq.numel()
+        if n < 2:
+            continue  # no bigram, and (as before) never checked
         pending.append(seq)
-        pending_tokens += seq.numel()
+        lengths.append(n)
+        pending_tokens += n
         if pending_tokens >= chunk_tokens:
             flush()
+            pending_tokens = 0
     flush()
     return keys, counts
 

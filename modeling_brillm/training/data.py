@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import itertools
 import math
 import os
 import re
@@ -191,39 +194,85 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
+class TokenIds:
+    """texts -> their token-id lists, exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]`. A fast
+    tokenizer that keeps the base class's encoding is called through its Rust backend in one batch, without the
+    offsets and per-text dicts the wrapper builds (most of tokenization's time besides the Rust work)."""
+
+    def __init__(self, tokenizer):
+        from transformers import PreTrainedTokenizerFast
+
+        self.tokenizer, self.backend = tokenizer, None
+        base = getattr(PreTrainedTokenizerFast, "_encode_plus", None)
+        if getattr(tokenizer, "is_fast", False) and base is not None and type(tokenizer)._encode_plus is base:
+            backend = copy.deepcopy(tokenizer.backend_tokenizer)  # the settings the wrapper's call would make
+            backend.no_truncation()
+            backend.no_padding()
+            backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+            self.backend = backend
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        if self.backend is None:
+            return self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)  # fast: no offsets
+        return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
+
+
+def _ragged_arange(lengths):
+    """0..n-1 for every n of `lengths`, concatenated (numpy)."""
+    import numpy as np
+
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
+
+
 class SentenceBlocks:
     """datasets.map function: every sentence of at least two tokens becomes one block
-    `<s> tokens </s>` truncated to `block_size`, right-padded with `<pad>` (attention_mask 0)."""
+    `<s> tokens </s>` truncated to `block_size`, right-padded with `<pad>` (attention_mask 0). Rows are lists, or
+    with `arrays` one (blocks, block_size) int64 array per column (what datasets stores fastest)."""
 
-    def __init__(self, tokenizer, text_column: str, block_size: int):
-        self.tokenizer, self.text_column, self.block_size = tokenizer, text_column, block_size
+    def __init__(self, tokenizer, text_column: str, block_size: int, arrays: bool = False):
+        self.encode, self.text_column, self.block_size = TokenIds(tokenizer), text_column, block_size
+        self.arrays = arrays
         self.bos, self.eos, self.pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
 
     def __call__(self, batch):
+        import numpy as np
+
         T = self.block_size
         sentences = [s for text in batch[self.text_column] if text for s in split_sentences(text)]
-        encoded = self.tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"] if sentences else []
-        ids, masks = [], []
-        for tokens in encoded:
-            if len(tokens) < 2:
-                continue  # no bigram of its own
-            seq = ([self.bos] if self.bos is not None else []) + tokens + ([self.eos] if self.eos is not None else [])
-            seq = seq[:T]
-            ids.append(seq + [self.pad] * (T - len(seq)))
-            masks.append([1] * len(seq) + [0] * (T - len(seq)))
-        return {"input_ids": ids, "attention_mask": masks}
+        encoded = [tokens for tokens in self.encode(sentences) if len(tokens) >= 2]  # shorter: no bigram of its own
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        head, tail = int(self.bos is not None), int(self.eos is not None)
+        kept = np.minimum(lengths, T - head)  # tokens of each sentence that fit after <s>
+        cut = np.fromiter(itertools.chain.from_iterable(tokens[:T - head] for tokens in encoded), dtype=np.int64,
+                          count=int(kept.sum()))
+        used = np.minimum(lengths + head + tail, T)  # real tokens of each block
+        ids = np.full((len(encoded), T), self.pad if self.pad is not None else 0, dtype=np.int64)
+        rows = np.repeat(np.arange(len(encoded)), kept)
+        ids[rows, head + _ragged_arange(kept)] = cut
+        if head:
+            ids[:, 0] = self.bos
+        if tail:
+            fits = lengths + head + tail <= T
+            ids[np.flatnonzero(fits), used[fits] - 1] = self.eos
+        mask = (np.arange(T) < used[:, None]).astype(np.int64)
+        if self.arrays:
+            return {"input_ids": ids, "attention_mask": mask}
+        return {"input_ids": ids.tolist(), "attention_mask": mask.tolist()}
 
 
 class DocumentTokens:
     """datasets.map function: every text of at least two tokens as `<s> tokens </s>`."""
 
     def __init__(self, tokenizer, text_column: str):
-        self.tokenizer, self.text_column = tokenizer, text_column
+        self.encode, self.text_column = TokenIds(tokenizer), text_column
         self.bos, self.eos = tokenizer.bos_token_id, tokenizer.eos_token_id
 
     def __call__(self, batch):
-        texts = [t for t in batch[self.text_column] if t and t.strip()]
-        encoded = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else []
+        encoded = self.encode([t for t in batch[self.text_column] if t and t.strip()])
         head = [self.bos] if self.bos is not None else []
         tail = [self.eos] if self.eos is not None else []
         return {"input_ids": [head + tokens + tail for tokens in encoded if len(tokens) >= 2]}
@@ -231,39 +280,85 @@ class DocumentTokens:
 
 class ContiguousBlocks:
     """datasets.map function: concatenate token lists and cut full blocks of `block_size` (the tail of each
-    map batch that does not fill a block is dropped, as in run_clm)."""
+    map batch that does not fill a block is dropped, as in run_clm). Takes lists or an arrow-formatted batch."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
 
     def __call__(self, batch):
+        import numpy as np
+        import pyarrow.compute as pc
+
         T = self.block_size
-        flat = [t for seq in batch["input_ids"] for t in seq]
-        n = len(flat) // T * T
-        return {"input_ids": [flat[i:i + T] for i in range(0, n, T)],
-                "attention_mask": [[1] * T for _ in range(0, n, T)]}
+        column = batch["input_ids"]
+        if hasattr(column, "type"):  # arrow: flattened without a Python int per token
+            flat = np.asarray(pc.list_flatten(column), dtype=np.int64)
+        else:
+            flat = np.fromiter(itertools.chain.from_iterable(column), dtype=np.int64)
+        n = len(flat) // T
+        return {"input_ids": flat[:n * T].reshape(n, T), "attention_mask": np.ones((n, T), dtype=np.int64)}
+
+
+# Text per datasets.map process: below it, starting a process costs more than it saves.
+BYTES_PER_WORKER = 2_000_000
+
+
+def map_workers(dataset, requested: int | None) -> int | None:
+    """`--preprocessing_num_workers`, else one process per usable core but no more than one per
+    BYTES_PER_WORKER of the split's data (None: this process)."""
+    if requested:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(cores, dataset.data.nbytes // BYTES_PER_WORKER, len(dataset))
+    return workers if workers > 1 else None
+
+
+class _SerialTokenizers:
+    """Inside: the `tokenizers` library runs one thread per process (the map's processes share the cores), and
+    does not warn that it was forked after using threads; the setting before is restored after."""
+
+    def __enter__(self):
+        self.before = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+    def __exit__(self, *exc):
+        if self.before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = self.before
+
+
+def _map(dataset, function, workers, args, desc, **kw):
+    """`dataset.map(function, batched=True)` on `workers` processes (None: this one)."""
+    with _SerialTokenizers() if workers else contextlib.nullcontext():
+        return dataset.map(function, batched=True, num_proc=workers, load_from_cache_file=not args.overwrite_cache,
+                           remove_columns=dataset.column_names, desc=desc, **kw)
 
 
 def tokenize_splits(raw, tokenizer, args, accelerator):
-    """Blocks of every split: DatasetDict of input_ids / attention_mask rows of length block_size."""
-    common = dict(batched=True, num_proc=args.preprocessing_num_workers,
-                  load_from_cache_file=not args.overwrite_cache)
+    """Blocks of every split: DatasetDict of input_ids / attention_mask rows of length block_size. Tokenizing runs
+    on `map_workers` processes; contiguous blocks are cut in this process, so they are the same for any count."""
+    import datasets
+
+    if args.block_mode == "sentence":
+        missing = [name for name in ("bos_token", "eos_token", "pad_token") if getattr(tokenizer, name) is None]
+        if tokenizer.pad_token is None:
+            raise UsageError(
+                f"sentence blocks need a tokenizer with a pad token (this one lacks {missing}); use "
+                "--contiguous_blocks or a tokenizer built by tokenization.build_tokenizer."
+            )
+    blocks = {}
     with accelerator.main_process_first():
-        if args.block_mode == "sentence":
-            missing = [name for name in ("bos_token", "eos_token", "pad_token") if getattr(tokenizer, name) is None]
-            if tokenizer.pad_token is None:
-                raise UsageError(
-                    f"sentence blocks need a tokenizer with a pad token (this one lacks {missing}); use "
-                    "--contiguous_blocks or a tokenizer built by tokenization.build_tokenizer."
-                )
-            blocks = raw.map(SentenceBlocks(tokenizer, args.text_column, args.block_size),
-                             remove_columns=raw["train"].column_names, desc="Sentence blocks", **common)
-        else:
-            docs = raw.map(DocumentTokens(tokenizer, args.text_column), remove_columns=raw["train"].column_names,
-                           desc="Tokenizing", **common)
-            blocks = docs.map(ContiguousBlocks(args.block_size), remove_columns=docs["train"].column_names,
-                              desc=f"Blocks of {args.block_size}", **common)
-    return blocks
+        for split, dataset in raw.items():
+            workers = map_workers(dataset, args.preprocessing_num_workers)
+            if args.block_mode == "sentence":
+                cut = SentenceBlocks(tokenizer, args.text_column, args.block_size, arrays=True)
+                blocks[split] = _map(dataset, cut, workers, args, "Sentence blocks")
+            else:
+                docs = _map(dataset, DocumentTokens(tokenizer, args.text_column), workers, args, "Tokenizing")
+                blocks[split] = _map(docs.with_format("arrow"), ContiguousBlocks(args.block_size), None, args,
+                                     f"Blocks of {args.block_size}").with_format(None)
+    return datasets.DatasetDict(blocks)
 
 
 def text_stats(dataset, text_column) -> tuple[int, int]:
@@ -277,14 +372,16 @@ def text_stats(dataset, text_column) -> tuple[int, int]:
 
 
 def block_sequences(dataset, pad_id):
-    """The real tokens of every block (padding dropped), as int64 tensors, for bigram counting."""
+    """The real tokens of every block (padding dropped), as int64 tensors, for bigram counting: views of one tensor
+    per 4096 blocks, read from arrow without a Python object or a numpy call per block."""
     import numpy as np
+    import pyarrow.compute as pc
     import torch
 
-    for batch in dataset.with_format("numpy").iter(batch_size=4096):
-        ids, mask = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
-        for row, keep in zip(ids, mask):
-            yield torch.from_numpy(row[keep.astype(bool)].astype(np.int64))
+    for batch in dataset.with_format("arrow").iter(batch_size=4096):
+        ids = np.asarray(pc.list_flatten(batch["input_ids"]), dtype=np.int64)
+        mask = np.asarray(pc.list_flatten(batch["attention_mask"])).astype(bool).reshape(batch.num_rows, -1)
+        yield from torch.from_numpy(ids[mask.reshape(-1)]).split(mask.sum(1).tolist())
 
 
 def collate(rows):
