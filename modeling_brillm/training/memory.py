@@ -122,8 +122,11 @@ def check_memory(config, accelerator, args) -> str:
     from accelerate.utils import DistributedType
 
     P = config.num_parameters_formula()
+    from .fsdp import fsdp_on_cpu
+
     dist = accelerator.distributed_type
-    strategy = "fsdp" if dist == DistributedType.FSDP else ("ddp" if accelerator.num_processes > 1 else "single")
+    fsdp = dist == DistributedType.FSDP or fsdp_on_cpu(accelerator)  # on the CPU the script shards (fsdp.py)
+    strategy = "fsdp" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
     moment_bytes = 4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8
     if getattr(args, "edge_sharding", "none") == "source":
         need = sharded_training_memory(config, accelerator.num_processes,

@@ -119,6 +119,7 @@ def test_two_fsdp_processes_match_one_and_save_a_loadable_folder(corpus, tmp_pat
     held, total = (int(n.replace(",", "")) for n in
                    text.split("the main process holds ")[1].split(" parameters")[0].split(" of the "))
     assert 0 < held < total  # sharded: the main process holds about half
+    assert "sharded params+grads+AdamW" in text and "DDP buckets" not in text  # the memory check knows it
     assert "optimizer: adamw (AdamW on dense gradients; --optimizer adamw" in text
     assert "greedy" in text  # every process generates with the sharded weights
     a, b = losses(one), losses(two)
