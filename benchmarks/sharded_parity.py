@@ -4,10 +4,8 @@
     python benchmarks/sharded_parity.py --steps 20 -- --max_grad_norm 0 --lr_scheduler_type constant
     BRILLM_ROOT=/path/to/other/checkout python benchmarks/sharded_parity.py   # measure another copy of the code
 
-Runs `pretrain.py --config demo` (the embedded corpus; the preset carries the demo recipe: non_edge_bias,
---node_lr_scale 2, --shared_edge_lr_scale 0.5; add `-- --lazy_weight_decay` for the optional knob; both runs without
-the node readout, which sharding does not train) twice on the
-same global batch: one process (`--optimizer auto`, i.e. SparseAdamW) with the whole batch, and two processes with
+Runs `pretrain.py --config demo` (the embedded corpus; the preset's whole recipe, the node readout, the shared
+edge matrix and the rate scales among it; `--config ""` for the built-in defaults) twice on the same global batch: one process (`--optimizer auto`, i.e. SparseAdamW) with the whole batch, and two processes with
 `--edge_sharding source` and half the batch each (`configuration/accelerate/cpu_2.yaml`). Prints both loss curves
 (from train_log.jsonl) and the relative difference |sharded - one| / one at every step, its maximum and at the last
 step.
@@ -54,8 +52,8 @@ def main():
                                                             "MASTER_ADDR", "ACCELERATE_USE_CPU")}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONPATH=str(ROOT))
-    common = ["--config", args.config, "--max_train_steps", str(args.steps), "--num_generations", "0",
-              "--no-node_readout", "--no-edge_backoff", "--no-node_embedding", *args.extra]
+    preset = ["--config", args.config] if args.config else []
+    common = [*preset, "--max_train_steps", str(args.steps), "--num_generations", "0", *args.extra]
     script = str(ROOT / "examples" / "pretrain.py")
     with tempfile.TemporaryDirectory() as tmp:
         one, two = Path(tmp) / "one", Path(tmp) / "sharded"
