@@ -25,24 +25,20 @@ The heavy lifting (the recurrence's scan, the candidate energies, the decode ste
 op as Triton kernels on a GPU or as its torch reference anywhere.
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .backend import exact_precision
 from .configuration_brillm import BriLLMConfig
-from .count_prior import DENSE_TABLE_MAX, add_count_prior, dense_table
+from .count_prior import add_count_prior
 from .decoding import energy_generate
 from .generation import BriLLMGenerationMixin
-from .graph import edge_keys
 from .graph_editing import GraphMethods
 from .interpretability import energy_trace
-from .losses import frequency_table, position_losses, shift_labels
+from .losses import position_losses, shift_labels
 from .ops import (
     EdgeGradLink,
     candidate_energies,
@@ -54,8 +50,10 @@ from .ops import (
     successor_logits,
 )
 from .ops import decode_step as sync_free_step
+from .outputs import BriLLMCausalLMOutput, BriLLMModelOutput, Signals
 from .recurrence import plus_edge_base
 from .state import CACHE, BriLLMState, given_state
+from .tables import DerivedTables
 from .validation import check_inputs, check_labels, check_signal_ids, too_long
 
 # isort: split
@@ -111,44 +109,6 @@ class _RowView(torch.autograd.Function):
         return grad.reshape(ctx.shape), None
 
 
-class _CarriesState:
-    """transformers' output classes with the cache read as `.state` on every version."""
-
-    @property
-    def state(self) -> BriLLMState | None:
-        """The `BriLLMState`, whichever name the installed transformers gives the cache (`state.CACHE`)."""
-        return getattr(self, CACHE)
-
-
-@dataclass
-class BriLLMModelOutput(_CarriesState, BaseModelOutputWithPast):
-    """Signals x_t entering the edge that leaves token t (last_hidden_state, (B, T, d)) and the state."""
-
-
-@dataclass
-class BriLLMCausalLMOutput(_CarriesState, CausalLMOutputWithPast):
-    """`logits[:, t]` are the energies of every node as the successor of token t (they predict token t+1)."""
-
-
-@dataclass
-class Signals:
-    """A batch after the recurrence, compacted: the real tokens of each row moved to the front."""
-
-    tokens: torch.Tensor  # (B, L) node ids
-    valid: torch.Tensor  # (B, L) real token
-    column: torch.Tensor  # (B, L) original input column of each compacted token
-    index: torch.Tensor  # (B, L) absolute position of the token in its sequence
-    signals: torch.Tensor  # (B, L, d) signal leaving each token
-    state: BriLLMState
-    link: EdgeGradLink | None = None  # hands the recurrence's edge gradients to candidate_energies
-
-    def scatter(self, width: int) -> torch.Tensor:
-        """The signals back in their input columns, (B, width, d), zero at padding."""
-        out = self.signals.new_zeros(self.tokens.shape[0], width, self.signals.shape[-1])
-        out[self.valid.nonzero(as_tuple=True)[0], self.column[self.valid]] = self.signals[self.valid]
-        return out
-
-
 def _compact(input_ids: torch.Tensor, mask: torch.Tensor):
     """Move each row's real tokens to the front, so padding on either side (or holes) is simply skipped."""
     B, T = input_ids.shape
@@ -191,6 +151,11 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
                 init.zeros_(module.node_readout)
             if module.edge_base is not None:  # zero: the release's energies
                 init.zeros_(module.edge_base)
+
+    def get_input_embeddings(self):
+        """None: BriLLM has no token embedding table (a token is a node; its edges hold the parameters). What
+        transformers and accelerate's FSDP preparation expect of a model without one, instead of raising."""
+        return None
 
     def enable_input_require_grads(self):
         """A no-op: transformers hooks the input embeddings so checkpointed layers see inputs that need gradients;
@@ -252,7 +217,7 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
         self.base_model._sparse_gradients = bool(value)
 
 
-class BriLLMModel(BriLLMPreTrainedModel):
+class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     """The graph's parameters (names and shapes of the release) and the signal recurrence.
 
     `node_bias` (V, 1, d); `weights` (P, d, d) and `biases` (P, 1, d) with row 0 the shared edge and rows 1..
@@ -303,32 +268,7 @@ class BriLLMModel(BriLLMPreTrainedModel):
         self.reset_caches()
         self.post_init()
 
-    # ------------------------------------------------------------------------------ tables built on demand
-    def reset_caches(self):
-        """Forget the tables derived from the graph and the config (after the graph grows)."""
-        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = None
-
-    def edge_keys(self) -> torch.Tensor | None:
-        """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
-        if self.config.graph == "dense":
-            return None
-        indices, indptr = self.graph_indices, self.graph_indptr
-        key = (indices.data_ptr(), indices._version, indptr._version, indices.device)
-        if self._edge_key_cache is None or self._edge_key_cache[0] != key:
-            self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
-        return self._edge_key_cache[1]
-
-    def prior_table(self) -> torch.Tensor | None:
-        """The count prior as a dense (V, V) table, when it is small enough (`count_prior.DENSE_TABLE_MAX`) and
-        the model has one; cached per prior version."""
-        if not self.config.count_prior or self.config.vocab_size ** 2 > DENSE_TABLE_MAX:
-            return None
-        parts = (self.prior_node, self.prior_indptr, self.prior_indices, self.prior_values)
-        key = tuple((t.data_ptr(), t._version) for t in parts) + (self.prior_node.device,)
-        if self._prior_cache is None or self._prior_cache[0] != key:
-            self._prior_cache = (key, dense_table(*parts))
-        return self._prior_cache[1]
-
+    # ------------------------------------------------------------------------------ the positional encoding
     def position_table(self, device) -> torch.Tensor:
         """PE rows 0..max_position_embeddings (float32), built once per device and config."""
         cfg = self.config
@@ -348,20 +288,6 @@ class BriLLMModel(BriLLMPreTrainedModel):
         # no host sync: both paths (teacher forcing, one-token decoding) compute rows past M the same way
         beyond = positional_encoding(index, cfg.node_size, cfg.position_encoding)
         return torch.where((index > M).unsqueeze(-1), beyond, table[index.clamp_max(M)])
-
-    def frequency_table(self, width: int) -> torch.Tensor:
-        """(V, width) successors of every node by descending bigram count, padded with −1 (cached)."""
-        counts, indices = self.graph_counts, self.graph_indices
-        key = (width, counts.data_ptr(), counts._version, indices.data_ptr(), indices._version, counts.device)
-        if self._freq_cache is None or self._freq_cache[0] != key:
-            self._freq_cache = (key, frequency_table(self.graph_indptr, indices, counts, width))
-        return self._freq_cache[1]
-
-    def decode_max_degree(self) -> int:
-        """Largest real out-degree (static shape of the sync-free step); read from the device once per graph."""
-        if self.config.graph == "dense":
-            return self.config.vocab_size
-        return graph_max_degree(self.graph_indptr)
 
     def mix_weights(self, index: torch.Tensor) -> torch.Tensor:
         """Position weight logits p of the edges entering positions `index` (past the range: the last one)."""

@@ -96,10 +96,10 @@ def test_logits_add_the_prior_and_the_loss_is_their_cross_entropy(tok, readout, 
 def test_training_leaves_the_prior_alone_and_decoding_carries_it(tok, dense_table, device, monkeypatch):
     """Both ways of adding it (a dense table's rows; past DENSE_TABLE_MAX the CSR's padded blocks) give the
     teacher-forced logits on every decoding path, the captured decode step on CUDA included."""
-    import modeling_brillm.modeling_brillm as modeling
+    import modeling_brillm.tables as tables
 
     if not dense_table:
-        monkeypatch.setattr(modeling, "DENSE_TABLE_MAX", 0)
+        monkeypatch.setattr(tables, "DENSE_TABLE_MAX", 0)
     base = make_model(tok, node_size=6, seed=3, node_readout=True)
     model, prior = with_prior(base, corpus_ids(tok))
     model.to(device)
@@ -156,11 +156,14 @@ def test_building_from_sequences_keeps_the_pruned_bigrams_in_the_prior(tok):
     torch.testing.assert_close(model.get_count_prior().table(), count_prior(keys, counts, V).table())
 
 
-def test_setups_that_cannot_add_it_refuse_it_clearly(tok):
+def test_sharded_trainer_adds_it_and_a_graph_without_it_is_refused(tok):
     from modeling_brillm.sharding import ShardedBriLLM
 
-    with pytest.raises(ValueError, match="does not add the count prior"):
-        ShardedBriLLM(with_prior(make_model(tok, node_size=6, seed=8), corpus_ids(tok))[0])
+    model = with_prior(make_model(tok, node_size=6, seed=8), corpus_ids(tok))[0]  # the sharded trainer adds it
+    ids = corpus_ids(tok)[0].unsqueeze(0)
+    with torch.no_grad():
+        want = float(model(ids, labels=ids).loss)
+        assert float(ShardedBriLLM(model)(ids, labels=ids).loss) == pytest.approx(want, rel=1e-6)
     graph = build_sparse_graph(corpus_ids(tok), len(tok))
     config = BriLLMConfig(vocab_size=len(tok), num_edges=graph.num_edges, count_prior=True, count_prior_bigrams=3)
     with pytest.raises(ValueError, match="carries no count prior"):

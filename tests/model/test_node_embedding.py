@@ -100,11 +100,14 @@ def test_vectors_are_saved_loaded_counted_and_grown(tok, tmp_path):
     torch.testing.assert_close(model(ids).logits[..., :V], loaded(ids).logits, rtol=1e-6, atol=1e-6)
 
 
-def test_the_sharded_trainer_refuses_it(tok):
+def test_the_sharded_trainer_scores_it_as_the_model(tok):
     from modeling_brillm.sharding import ShardedBriLLM
 
-    with pytest.raises(ValueError, match="does not train node_embedding"):
-        ShardedBriLLM(embedded(make_model(tok, node_size=6, seed=8)))
+    model = embedded(make_model(tok, node_size=6, seed=8))
+    ids = corpus_ids(tok)[0].unsqueeze(0)
+    with torch.no_grad():
+        want = float(model(ids, labels=ids).loss)
+        assert float(ShardedBriLLM(model)(ids, labels=ids).loss) == pytest.approx(want, rel=1e-6)
 
 
 def test_bad_value_is_a_clear_error():

@@ -655,7 +655,7 @@ def test_presets_load_and_flags_override():
 
 @pytest.mark.parametrize("flags,off", [
     (["--loss", "sampled"], {"non_edge_bias", "node_readout", "count_prior"}),  # its negatives do not score all
-    (["--edge_sharding", "source"], {"node_readout", "count_prior"}),  # the sharded loss does not add them
+    (["--edge_sharding", "source"], set()),  # the sharded trainer trains the whole recipe
     (["--dense_graph"], {"count_prior"}),  # the prior is built with a sparse graph's bigrams
     (["--loss", "sampled", "--non_edge_bias"], {"node_readout", "count_prior"}),  # a flag stays (the config refuses)
     (["--no-count_prior"], {"count_prior"}),
