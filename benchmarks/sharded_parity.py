@@ -5,10 +5,10 @@
     BRILLM_ROOT=/path/to/other/checkout python benchmarks/sharded_parity.py   # measure another copy of the code
 
 Runs `pretrain.py --config demo` (the embedded corpus; the preset's whole recipe, the node readout, the shared
-edge matrix and the rate scales among it; `--config ""` for the built-in defaults) twice on the same global batch: one process (`--optimizer auto`, i.e. SparseAdamW) with the whole batch, and two processes with
-`--edge_sharding source` and half the batch each (`configuration/accelerate/cpu_2.yaml`). Prints both loss curves
-(from train_log.jsonl) and the relative difference |sharded - one| / one at every step, its maximum and at the last
-step.
+edge matrix and the rate scales among it; `--config ""` for the built-in defaults) twice on the same global batch:
+one process (`--optimizer auto`, i.e. SparseAdamW) with the whole batch, and two processes with `--edge_sharding
+source` and half the batch each (`configuration/accelerate/cpu_2.yaml`). Prints both loss curves (from
+train_log.jsonl) and the relative difference |sharded - one| / one at every step, its maximum and at the last step.
 Arguments after `--` go to both runs. Takes ~1-2 minutes on 2 CPU cores (mostly start-up and tokenizer training).
 """
 
