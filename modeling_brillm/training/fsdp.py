@@ -23,14 +23,17 @@ from __future__ import annotations
 import contextlib
 import os
 
-from .launch import _truthy
-
 FSDP_ENV = "ACCELERATE_USE_FSDP"
+
+
+def truthy(value: str | None) -> bool:
+    """An environment flag as `accelerate launch` writes it ("true", "1", ...) read as a bool."""
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def fsdp_on_cpu(accelerator, environ=os.environ) -> bool:
     """The launch asked for FSDP and accelerate formed a multi-process CPU run: the script shards the model."""
-    return _truthy(environ.get(FSDP_ENV)) and accelerator.distributed_type.value == "MULTI_CPU"
+    return truthy(environ.get(FSDP_ENV)) and accelerator.distributed_type.value == "MULTI_CPU"
 
 
 def is_fsdp(accelerator, environ=os.environ) -> bool:

@@ -5,11 +5,8 @@ from __future__ import annotations
 import os
 
 from .errors import UsageError
+from .fsdp import fsdp_on_cpu, is_fsdp, truthy
 from .memory import keep_freed_memory
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def visible_gpus() -> int:
@@ -31,7 +28,7 @@ def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
     - GPUs, one per process (any other multi-process config): refused with a clear error, before any work, when
       this machine runs more processes than it has visible GPUs (rank k would ask for a cuda:k that does not exist).
     """
-    if _truthy(environ.get("ACCELERATE_USE_CPU")):
+    if truthy(environ.get("ACCELERATE_USE_CPU")):
         return True
     gpus = visible_gpus() if gpus is None else gpus
     if gpus == 0 and environ.get("CUDA_VISIBLE_DEVICES") is not None:
@@ -56,10 +53,10 @@ CPU_FSDP_LIMITS = (
     ("FSDP_STATE_DICT_TYPE", lambda v: v.upper() != "SHARDED_STATE_DICT",
      "fsdp_state_dict_type must be SHARDED_STATE_DICT (accelerate restores a full one on rank 0 only under FSDP "
      "proper)"),
-    ("FSDP_OFFLOAD_PARAMS", _truthy, "fsdp_offload_params must be false (the parameters are in host memory already)"),
-    ("FSDP_ACTIVATION_CHECKPOINTING", _truthy, "fsdp_activation_checkpointing must be false (BriLLM has no layers "
+    ("FSDP_OFFLOAD_PARAMS", truthy, "fsdp_offload_params must be false (the parameters are in host memory already)"),
+    ("FSDP_ACTIVATION_CHECKPOINTING", truthy, "fsdp_activation_checkpointing must be false (BriLLM has no layers "
      "to checkpoint)"),
-    ("FSDP_CPU_RAM_EFFICIENT_LOADING", _truthy, "fsdp_cpu_ram_efficient_loading must be false (every process builds "
+    ("FSDP_CPU_RAM_EFFICIENT_LOADING", truthy, "fsdp_cpu_ram_efficient_loading must be false (every process builds "
      "the model)"),
 )
 
@@ -70,7 +67,7 @@ def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False
     it forms MULTI_CPU (gloo) and ignores `fsdp_config`. A script that shards the model itself there
     (`shards_on_cpu`: examples/pretrain.py, through training/fsdp.py) runs FSDP2 when the config's settings allow it;
     any other would train on silently as DDP, hiding that the FSDP path (its sharded state, its memory) never ran."""
-    if not _truthy(environ.get("ACCELERATE_USE_FSDP")) or accelerator.distributed_type.value == "FSDP":
+    if not truthy(environ.get("ACCELERATE_USE_FSDP")) or accelerator.distributed_type.value == "FSDP":
         return None
     import accelerate
 
@@ -143,7 +140,6 @@ def make_accelerator(args, project_name: str | None = None, shards_on_cpu: bool 
     if args.torch_threads and accelerator.device.type == "cpu":
         torch.set_num_threads(args.torch_threads)
     kept = accelerator.device.type == "cpu" and not args.no_malloc_tuning and keep_freed_memory()
-    from .fsdp import fsdp_on_cpu, is_fsdp
 
     kind = ("MULTI_CPU, sharded by the script with torch's FSDP2" if fsdp_on_cpu(accelerator)
             else accelerator.distributed_type.value)
