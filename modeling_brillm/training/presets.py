@@ -11,46 +11,26 @@ import json
 from pathlib import Path
 
 from .errors import UsageError
+from .recipe import MODEL_DEFAULTS, OVERRIDES, TOKENIZER_DEFAULTS, TRAINING_RECIPE, RecipeChoice, RunPlan
+
+__all__ = ["MODEL_DEFAULTS", "MODEL_FIELDS", "TOKENIZER_DEFAULTS", "TRAINING_DEFAULTS", "build_config_and_graph",
+           "build_from_recipe", "known_presets", "load_preset", "plan_recipe", "resolve_settings"]
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
 
-# Fields of BriLLMConfig a preset may set in its "model" section (vocab_size comes from the tokenizer, num_edges
-# from the graph, the special ids from the tokenizer).
+# Fields of BriLLMConfig a preset may set (vocab_size, num_edges and the special ids come from the tokenizer and graph).
 MODEL_FIELDS = {
     "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
     "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias", "node_readout", "position_recency",
     "edge_backoff", "node_embedding", "count_prior",
 }
-# The built-in recipe (docs/training.md, "The default recipe"): the paper's model and rate, with the non-edge
-# back-off, the nodes' readout of the signal, a matrix every edge shares, the nodes' own vectors in the signal, a
-# mix that starts weighted to recent edges, a fixed smoothed bigram model of the data under every logit, separate
-# rates for the per-node parameters and the shared edge, a graph pruned by the data, and signal dropout where the
-# data and the run's length call for it.
-MODEL_DEFAULTS = {"node_size": 32, "max_position_embeddings": 512, "graph": "sparse", "loss_type": "exact",
-                  "non_edge_bias": True, "node_readout": True, "position_recency": 0.2, "edge_backoff": True,
-                  "node_embedding": True, "count_prior": True, "signal_dropout": "auto"}
 TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
-TOKENIZER_DEFAULTS = {"kind": "bpe", "vocab_size": 4000, "min_frequency": 2}
 # Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
 TRAINING_DEFAULTS = {
-    "block_size": 32,
-    "block_mode": "sentence",
-    "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 32,
-    "learning_rate": "auto",  # training.pruning.choose_learning_rate: 1e-2 where the signal drops, else 2e-2
-    "weight_decay": 0.1,
     "num_train_epochs": 1,
     "max_train_steps": None,
     "gradient_accumulation_steps": 1,
-    "lr_scheduler_type": "linear",
-    "num_warmup_steps": 10,
-    "max_grad_norm": 1.0,
-    "lazy_weight_decay": False,
-    "shared_edge_lr_scale": 0.5,
-    "node_lr_scale": 2.0,
-    "signal_dropout_warmup_epochs": 1.0,
-    "moment_dtype": None,  # None: bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32
-    "min_bigram_count": "auto",  # training.pruning.choose_min_count
     "validation_split_percentage": 5,
     "max_eval_samples": None,
     "eval_steps": None,
@@ -60,6 +40,7 @@ TRAINING_DEFAULTS = {
     "max_new_tokens": 20,
     "seed": 42,
     "torch_threads": None,
+    **TRAINING_RECIPE,  # the recipe's training values (recipe.py)
 }
 # Flags that override a field of the preset's "model" / "tokenizer" section: flag -> (section, field).
 FLAG_TO_FIELD = {
@@ -123,9 +104,10 @@ def load_preset(name_or_path: str | None) -> dict:
 
 
 def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
-    """Merge built-in defaults < preset < flags. Fills the training flags on `args` in place and returns the
-    model config fields and the tokenizer settings."""
-    preset = load_preset(args.config)
+    """Merge built-in defaults < preset (or `--recipe FILE`) < flags. Fills the training flags on `args` in place,
+    `args.setting_rules` ("section.name" -> who set it, where not the recipe's default) and
+    `args.tokenizer_settings`; returns the model config fields and the tokenizer settings."""
+    preset, rules = _preset_or_recipe(args)
     model = {**MODEL_DEFAULTS, **preset["model"]}
     tokenizer = {**TOKENIZER_DEFAULTS, **preset["tokenizer"]}
     sections = {"model": model, "tokenizer": tokenizer}
@@ -133,70 +115,117 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
         value = getattr(args, flag)
         if value is not None:
             sections[section][field] = value
+            rules[f"{section}.{field}"] = f"flag --{flag}"
     if args.dense_graph:
         model["graph"] = "dense"
+        rules["model.graph"] = "flag --dense_graph"
     # A built-in default this setup cannot train gives way; a preset's or a flag's value stays (and is refused).
-    off = {"non_edge_bias", "node_readout", "count_prior"} if model["loss_type"] == "sampled" else set()  # few scored
-    if model["graph"] == "dense":
-        off.add("count_prior")  # built with a sparse graph's bigrams
-    for field in off:
+    off = [rule for rule in OVERRIDES if rule.when(model)]
+    for rule in off:
+        field = rule.sets.split(".", 1)[1]
         if field not in preset["model"] and getattr(args, field) is None:
-            model[field] = False
+            model[field] = rule.value
+            rules[rule.sets] = rule.name
     for name, default in TRAINING_DEFAULTS.items():
-        if getattr(args, name) is None:
+        if getattr(args, name) is not None:
+            rules[f"training.{name}"] = f"flag --{name}"
+        else:
             setattr(args, name, preset["training"].get(name, default))
+    args.setting_rules, args.tokenizer_settings = rules, tokenizer
     return model, tokenizer
 
 
+def _preset_or_recipe(args) -> tuple[dict, dict]:
+    """The preset's sections, or a saved recipe's settings in their place; and who set each value they hold."""
+    path = getattr(args, "recipe", None)
+    if path is None:
+        preset = load_preset(args.config)
+        return preset, {f"{section}.{name}": f"preset {args.config}" for section, values in preset.items()
+                        for name in values}
+    if args.config is not None:
+        raise UsageError("--recipe and --config both give the settings: pass one of them.")
+    from .recipe import load_recipe
 
-def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int | str,
-                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False,
-                           say=None):
-    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph, the count used):
-    the vocabulary and special ids come from the tokenizer, the edges from the bigrams seen at least
-    `min_bigram_count` times. `"auto"` takes the count `pruning.choose_min_count` picks for the run's
-    `planned_epochs` (then the count used is its `PruningChoice`, which can describe itself); a `signal_dropout`
-    of `"auto"` is chosen from the same probe (`pruning.choose_signal_dropout`). `say` gets what was chosen."""
+    saved = load_recipe(path)
+    preset = {section: saved.section(section) for section in ("model", "tokenizer", "training")}
+    flags = {**FLAG_TO_FIELD, **{name: ("training", name) for name in preset["training"]}}
+    for flag, (section, field) in flags.items():
+        given = getattr(args, flag, None)
+        if given is not None and field in preset[section] and given != preset[section][field]:
+            raise UsageError(f"--{flag} {given} differs from the recipe's {field}={preset[section][field]!r} "
+                             f"({path}): drop the flag to reproduce the run, or drop --recipe.")
+    if args.dense_graph and preset["model"].get("graph") != "dense":
+        raise UsageError(f"--dense_graph differs from the recipe's sparse graph ({path}): drop one of them.")
+    return preset, {key: setting.rule for key, setting in saved.settings.items()}
+
+
+def plan_recipe(model_fields: dict, tokenizer, train_blocks, training: dict, plan: RunPlan | None = None,
+                tokenizer_settings: dict | None = None, rules: dict | None = None, say=None):
+    """(RecipeChoice, the blocks' token sequences or None): the recipe's every setting for these training blocks
+    and this run (`recipe.choose_recipe`); the probe runs where a count or a dropout is "auto" (then the sequences
+    it read come back for the graph). `say` gets what the data chose."""
+    from .data import block_sequences
+    from .pruning import probe_bigrams
+    from .recipe import choose_recipe
+
+    say = say or (lambda line: None)
+    sparse = model_fields["graph"] != "dense"
+    probe = sequences = None
+    if (sparse and training.get("min_bigram_count") == "auto") or model_fields.get("signal_dropout") == "auto":
+        sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))  # the graph below reuses them
+        probe = probe_bigrams(sequences, len(tokenizer))
+    requested = {"model": dict(model_fields), "training": dict(training), "tokenizer": dict(tokenizer_settings or {})}
+    try:
+        choice = choose_recipe(requested, rules or {}, probe, plan)
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from None
+    for key in ("training.min_bigram_count", "model.signal_dropout", "training.learning_rate"):
+        if key in choice.settings and choice.settings[key].why:
+            say(choice.settings[key].why)
+    return choice, sequences
+
+
+def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=None):
+    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary and
+    special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count."""
     from modeling_brillm import BriLLMConfig, build_sparse_graph
 
     from .data import block_sequences
-    from .pruning import choose_min_count, choose_signal_dropout
 
     V = len(tokenizer)
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id, unk_token_id=tokenizer.unk_token_id)
-    fields = {k: v for k, v in model_fields.items() if k != "graph"}
-    say = say or (lambda line: None)
-    sparse = model_fields["graph"] != "dense"
-    auto_count = sparse and min_bigram_count == "auto"
-    auto_dropout = fields.get("signal_dropout") == "auto"
+    fields = {k: v for k, v in choice.section("model").items() if k != "graph"}
     try:
-        used, sequences = min_bigram_count, None
-        if auto_count or auto_dropout:  # the probe holds the blocks' tokens; the graph below reuses them
-            sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))
-            choice = choose_min_count(sequences, V, planned_epochs, epochs_grow_with_pruning)
-        if auto_count:
-            say(choice.describe())
-            used, min_bigram_count = choice, choice.min_count
-        if auto_dropout:
-            # the epochs planned at the data's count: what a sparser graph buys depends on the machine (pruning.py)
-            dropout = choose_signal_dropout(choice.novelty, planned_epochs)
-            say(dropout.describe())
-            fields["signal_dropout"] = dropout.p
-        if not sparse:
-            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None, None
+        if choice.value("model", "graph") == "dense":
+            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None
         try:
             if sequences is None:  # a fixed count streams the blocks: a large corpus is never held in memory
                 sequences = block_sequences(train_blocks, tokenizer.pad_token_id)
-            graph = build_sparse_graph(sequences, V, min_count=min_bigram_count,
+            graph = build_sparse_graph(sequences, V, min_count=choice.value("training", "min_bigram_count"),
                                        ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,),
                                        with_prior=bool(fields.get("count_prior")))
         except ValueError as err:
             raise UsageError(f"cannot build the graph: {err}") from None
         prior = {"count_prior_bigrams": graph.prior.num_bigrams} if graph.prior is not None else {}
         config = BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **prior, **special)
-        return config, graph, used
+        return config, graph
     except (ValueError, TypeError) as err:
         if isinstance(err, UsageError):
             raise
         raise UsageError(str(err)) from None
+
+
+def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int | str,
+                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False,
+                           say=None):
+    """(BriLLMConfig, the sparse BigramGraph or None for a dense graph, the count used: the `PruningChoice` where
+    it was "auto", which can describe itself): `plan_recipe` and `build_from_recipe` for a count and the model
+    fields alone. `say` gets what the data chose."""
+    plan = RunPlan(planned_epochs, epochs_grow_with_pruning)
+    choice, sequences = plan_recipe(model_fields, tokenizer, train_blocks, {"min_bigram_count": min_bigram_count},
+                                    plan, say=say)
+    config, graph = build_from_recipe(choice, tokenizer, train_blocks, sequences)
+    if graph is None:
+        return config, None, None
+    return config, graph, choice.pruning or choice.value("training", "min_bigram_count")

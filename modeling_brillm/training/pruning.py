@@ -71,54 +71,53 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 
-RECURRENCE = 0.8  # the share of its expected held-out occurrences a count class must show to keep its edges
-RUNS, PROBE_EVERY = 100, 10
-MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few classes left to go on)
-MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run (docs/benchmarks.md)
-STRAYING_COUNT = 2  # where held-out text strays (a dropout bar's novelty), a bigram seen once gets no edge
+from .recipe import (  # the numbers of the recipe are defined in recipe.py, with why and evidence
+    DROPOUT,
+    DROPOUT_BARS,
+    DROPPING_RATE,
+    LONG_DROPOUT,
+    LONG_EPOCHS,
+    MAX_COUNT,
+    MAX_GROWTH,
+    MIN_VISITS,
+    PROBE_EVERY,
+    RATE,
+    RECURRENCE,
+    RUNS,
+    STRAYING_COUNT,
+    Bar,
+)
 
-
-class Bar(NamedTuple):
-    """Where held-out text strays at least `novelty` (the share of its bigram occurrences without an edge): the
-    planned epochs past which the signal drops, and past which the count grows with them."""
-    novelty: float
-    dropout: float
-    growth: float
-
-
-# The more held-out text strays, the sooner a run learns its training documents' particulars. From 5% the signal
-# drops past 3 planned epochs, not 4 as the count's growth: at 11-12% novelty without dropout the Rust books turned
-# up 8.5% at 3.3 planned epochs (one thread, 2e-2) and Matplotlib's code comments 13% at 3.6 (1e-2); at 2.4 the
-# books fell.
-DROPOUT_BARS = (Bar(0.17, 2.0, 2.0), Bar(0.05, 3.0, 4.0))
-DROPOUT = 0.3  # past the bar (docs/benchmarks.md): weaker dropouts let held-out loss turn up
-# At 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and 0.3 it
-# fell through 10 epochs (30 minutes on `code`). At 5-7 planned epochs past the bar of 4, 0.13-0.15 let literature
-# and Django's code comments turn up and 0.27-0.3 kept them falling (4% and 8% lower at 600 s); at 4.75, 0.24 let
-# the Rust books turn up (+2.3%) and 0.3 kept them falling (2.4% lower). Where nothing over-fitted, 0.3 cost 0-4%,
-# and on literature about 2% over 0.27: the price of no curve turning up.
-# A run of more than LONG_EPOCHS planned epochs drops LONG_DROPOUT: over 30 minutes on the Rust books (14 planned
-# epochs, the count 4) 0.3 was lowest at 517 s and rose 2.3% between the last two points, 0.4 fell to the end;
-# Django's code comments then rose at most 1.6%, and Go's, where 0.3 held, paid 3% for it. With the rate of 1e-2,
-# 0.3 fell to the end of 10 minutes at up to 6.75 planned epochs, had turned at 7.33 (+0.6%, Python's code
-# comments) and rose 2.5% over 30 minutes at 8.88 (the Rust books, the count 3), where 0.4 with 2e-2 at the same
-# count rose at most 0.2%. The timing probe reads one budget on one machine 10% either way: hence 7, not 8. Where
-# 0.3 with 1e-2 held past 7 (literature, 25 minutes at 10.3 planned epochs), 0.4 with 2e-2 cost 5.9%; 0.4 with
-# 1e-2 costs nothing there (29.7 at 30 minutes against 30.2).
-LONG_EPOCHS, LONG_DROPOUT = 7.0, 0.4
-# `--learning_rate auto`: DROPPING_RATE wherever the signal drops, else RATE. At 600 s on seven corpora past the
-# bar, 1e-2 ended 3-21% below 2e-2 (literature inside 1.2x of GPT-2, Go's comments further ahead of it); without
-# dropout it fits sooner and turns up (Matplotlib's code comments, 3.6 planned epochs: +13% from 357 to 600 s).
-# With LONG_DROPOUT over 30 minutes it held where 0.3 with it had risen (the Rust books: +0.7% at most) and ended
-# below 2e-2 there (3-5%), on Django's code comments (7.5%) and on git's manuals (22%).
-RATE, DROPPING_RATE = 2e-2, 1e-2
-# Past its bar the count grows with the planned epochs to at most this many times the data's count: over 30 minutes
-# on code comments (24 planned epochs) the count 36 (12x) was 2-4% above the count 13 (4.3x) from 60 s on.
-MAX_GROWTH = 4.5
+# The runs behind those numbers.
+# DROPOUT_BARS: from 5% the signal drops past 3 planned epochs, not 4 as the count's growth: at 11-12% novelty
+# without dropout the Rust books turned up 8.5% at 3.3 planned epochs (one thread, 2e-2) and Matplotlib's code
+# comments 13% at 3.6 (1e-2); at 2.4 the books fell.
+# DROPOUT: at 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and
+# 0.3 it fell through 10 epochs (30 minutes on `code`). At 5-7 planned epochs past the bar of 4, 0.13-0.15 let
+# literature and Django's code comments turn up and 0.27-0.3 kept them falling (4% and 8% lower at 600 s); at 4.75,
+# 0.24 let the Rust books turn up (+2.3%) and 0.3 kept them falling (2.4% lower). Where nothing over-fitted, 0.3 cost
+# 0-4%, and on literature about 2% over 0.27: the price of no curve turning up.
+# LONG_EPOCHS, LONG_DROPOUT: over 30 minutes on the Rust books (14 planned epochs, the count 4) 0.3 was lowest at
+# 517 s and rose 2.3% between the last two points, 0.4 fell to the end; Django's code comments then rose at most
+# 1.6%, and Go's, where 0.3 held, paid 3% for it. With the rate of 1e-2, 0.3 fell to the end of 10 minutes at up to
+# 6.75 planned epochs, had turned at 7.33 (+0.6%, Python's code comments) and rose 2.5% over 30 minutes at 8.88 (the
+# Rust books, the count 3), where 0.4 with 2e-2 at the same count rose at most 0.2%. The timing probe reads one
+# budget on one machine 10% either way: hence 7, not 8. Where 0.3 with 1e-2 held past 7 (literature, 25 minutes at
+# 10.3 planned epochs), 0.4 with 2e-2 cost 5.9%; 0.4 with 1e-2 costs nothing there (29.7 at 30 minutes against 30.2).
+# RATE, DROPPING_RATE: at 600 s on seven corpora past the bar, 1e-2 ended 3-21% below 2e-2 (literature inside 1.2x
+# of GPT-2, Go's comments further ahead of it); without dropout it fits sooner and turns up (Matplotlib's code
+# comments, 3.6 planned epochs: +13% from 357 to 600 s). With LONG_DROPOUT over 30 minutes it held where 0.3 with it
+# had risen (the Rust books: +0.7% at most) and ended below 2e-2 there (3-5%), on Django's code comments (7.5%) and on
+# git's manuals (22%).
+# MAX_GROWTH: over 30 minutes on code comments (24 planned epochs) the count 36 (12x) was 2-4% above the count 13
+# (4.3x) from 60 s on.
+__all__ = ["DROPOUT", "DROPOUT_BARS", "DROPPING_RATE", "LONG_DROPOUT", "LONG_EPOCHS", "MAX_COUNT", "MAX_GROWTH",
+           "MIN_VISITS", "RATE", "RECURRENCE", "STRAYING_COUNT", "Bar", "BigramProbe", "DropoutChoice",
+           "PruningChoice", "choose_learning_rate", "choose_min_count", "choose_signal_dropout", "decide_min_count",
+           "dropout_bar", "probe_bigrams"]
 
 
 @dataclass
@@ -170,17 +169,46 @@ def _bigram_keys(sequences, V: int) -> torch.Tensor:
     return torch.cat(keys)
 
 
+@dataclass
+class BigramProbe:
+    """What the probe reads from the training sequences: the held-out estimate, and the bigrams' counts (sorted
+    keys u·V + v) that say what a count costs in time."""
+    held_out: PruningChoice
+    keys: torch.Tensor
+    counts: torch.Tensor
+    vocab_size: int
+
+    def summary(self) -> dict:
+        """The probe's figures, as recipe.json records them."""
+        held = self.held_out
+        return {"data_count": held.data_count, "novelty": held.novelty, "probe_tokens": held.probe_tokens,
+                "recurrence": {str(c): r for c, r in held.recurrence.items()}, "bigrams": int(self.keys.numel()),
+                "most": int(self.counts.max()) if self.counts.numel() else 0, "vocab_size": self.vocab_size}
+
+
+def probe_bigrams(sequences, vocab_size: int) -> BigramProbe:
+    """The held-out estimate (steps 1 to 3 of the module) and the bigram counts of these training sequences (int64
+    token tensors in data order)."""
+    sequences = list(sequences)
+    keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
+    return BigramProbe(_held_out_choice(sequences, vocab_size), keys, counts, vocab_size)
+
+
 def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = None,
                      epochs_grow_with_pruning: bool = False) -> PruningChoice:
     """The `min_bigram_count` for these training sequences (int64 token tensors in data order); see the module.
     `planned_epochs`: the run's length in epochs (None: not known, the held-out estimate alone decides); with
     `epochs_grow_with_pruning` it is the length of a run with a time budget at the count chosen without it
     (`PruningChoice.floor`)."""
+    return decide_min_count(probe_bigrams(sequences, vocab_size), planned_epochs, epochs_grow_with_pruning)
+
+
+def decide_min_count(probe: BigramProbe, planned_epochs: float | None = None,
+                     epochs_grow_with_pruning: bool = False) -> PruningChoice:
+    """`choose_min_count` from the probe of the sequences."""
     if planned_epochs is not None and planned_epochs <= 0:
         raise ValueError(f"planned_epochs must be positive, got {planned_epochs}")
-    sequences = list(sequences)
-    choice = _held_out_choice(sequences, vocab_size)
-    keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
+    choice, keys, counts, vocab_size = probe.held_out, probe.keys, probe.counts, probe.vocab_size
     if keys.numel() == 0:
         return choice
     most = int(counts.max())  # a larger count would leave no edge
