@@ -100,11 +100,17 @@ def _iter_file(path: Path) -> Iterator[str]:
     """Yield one document per line (line ending removed) of a UTF-8 file.
 
     Lines are streamed so corpora larger than memory work; the newline that
-    separates documents is not part of any document.
+    separates documents is not part of any document. A file that is not
+    UTF-8 raises ValueError naming the line and byte of the first bad byte.
     """
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            yield line.rstrip("\r\n")
+        try:
+            for line in handle:
+                yield line.rstrip("\r\n")
+        except UnicodeDecodeError:
+            from modeling_brillm.training.data import utf8_problem  # the file is scanned only when it fails
+
+            raise ValueError(utf8_problem(path)) from None
 
 
 def _iter_dataset(dataset: Any, text_column: str) -> Iterator[str]:

@@ -373,6 +373,19 @@ def test_empty_file_and_missing_file(tmp_path):
         build_tokenizer([b"bytes are not text"], kind="char", vocab_size=10)
 
 
+def test_a_file_that_is_not_utf8_is_named_with_its_line_and_byte(tmp_path, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("first line\nsecond café line\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.txt: line 2, byte offset 21: byte 0xe9 is not valid UTF-8; "
+                                         r"re-encode the file as UTF-8 \(iconv"):
+        build_tokenizer([bad], kind="char", vocab_size=10)
+    cut = tmp_path / "cut.txt"
+    cut.write_bytes("one\ntwo é".encode()[:-1])
+    assert main(["--kind", "char", "--vocab_size", "20", "--train_file", str(cut), "--output_dir",
+                 str(tmp_path / "out")]) == 2
+    assert "line 2, byte offset 8: the file ends inside a multi-byte UTF-8 character" in capsys.readouterr().err
+
+
 def test_package_reexports():
     import importlib
 
