@@ -1,4 +1,4 @@
-"""Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same wall-clock budget.
+"""Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same training-time budget.
 
     python benchmarks/quality.py                                   # embedded corpus, budgets 30 90 180 s
     python benchmarks/quality.py --budgets 30 120 300 --gpt2 2x64 4x128 4x256@1e-3 --batch_size 256
@@ -7,38 +7,47 @@
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
         --budgets 60 600 --schedule cosine --more_brillm configuration/models/demo-release.json
 
+Every BriLLM row IS an examples/pretrain.py run: the script's own `run()` in this process (the data prepared once
+and shared), with `--max_train_time` the largest budget and the curve points as `--eval_seconds`; the equivalent
+command line is printed for each row and stored in quality.json (`pretrain_command`), and running it gives the same
+losses and held-out figures (up to the timing of the steps: the budget stops the run and, with `auto` choices, plans
+its epochs). The row's folder (`<output_dir>/brillm`, `brillm-<preset>`) holds what pretrain.py writes: the model,
+train_log.jsonl (the curve), pretrain_summary.json.
+
 What is the same for every model (the fairness rules):
-- data, tokenizer and blocks come from the package's pretraining code (modeling_brillm.training, with
-  examples/pretrain.py's flags and checks) with its built-in defaults or a --config preset: the embedded corpus (or
-  --train_file / --validation_file), the byte-level BPE it trains on the training text, one sentence per block
-  of --block_size tokens (padding masked), the held-out validation blocks;
+- data, tokenizer and blocks come from examples/pretrain.py's own preparation with its built-in defaults or a
+  --config preset: the embedded corpus (or --train_file / --validation_file), the byte-level BPE it trains on the
+  training text, one sentence per block of --block_size tokens (padding masked), the held-out validation blocks;
 - the training step: the pretraining code's TrainStep (token-weighted loss, gradient clipping, optimizer and
   scheduler step) for every model;
-- the training batches and their order: one seeded permutation of the training blocks per epoch, shared;
-- the score: token-weighted held-out perplexity exp(sum of NLL / number of targets) over the same target tokens
-  (a real token after a real token in a block); BriLLM's NLL is its exact full softmax over all V nodes, GPT-2's
-  the softmax of its LM head over the same V;
-- the budget: seconds of training (forward, backward, optimizer step; evaluation is not counted), on the same
-  torch thread count (--threads), in one process. One run per model up to the largest budget; the held-out
-  perplexity is taken whenever the training clock passes a curve point (the budgets among them), so every
-  budget's figure comes from a run whose schedule does not depend on the budget (constant learning rate after a
-  warmup counted in steps; with --schedule cosine, every model's rate follows one cosine over the training clock to
-  the largest budget, so the smaller budgets' figures come from runs not yet annealed). The models take turns
-  (--interleave seconds of training each), so the load other processes put on a shared machine falls on all of
-  them alike; the load seen is reported per model.
+- the training batches and their order: pretrain.py's seeded loader (a permutation of the training blocks per
+  epoch, seed + epoch); GPT-2 draws the same permutations (BatchOrder);
+- the score: the pretraining code's evaluator (training.loop.evaluate): token-weighted held-out perplexity
+  exp(sum of NLL / number of targets) over the same target tokens (a real token after a real token in a block),
+  the full softmax over all V nodes for BriLLM, over its LM head's V for GPT-2;
+- the budget: seconds of training (the steps; evaluation is not counted), on the same torch thread count
+  (--threads), in one process. One run per model up to the largest budget; the held-out perplexity is taken
+  whenever the training clock passes a curve point, and at the end, so every budget's figure comes from a run whose
+  schedule does not depend on that budget (constant learning rate after a warmup counted in steps; with --schedule
+  cosine, every model's rate follows one cosine over the training clock to zero at the largest budget). The models
+  train one after the other (a BriLLM row is a pretrain.py run of its own, so the models cannot take turns): run
+  it on a quiet machine; the load other processes put on it during each run is reported per model.
+- --max_train_steps caps every model's steps (a short run whose figures do not depend on the machine's pace).
 
 Each model keeps its own sensible optimizer: BriLLM what pretrain.py gives it in one process (SparseAdamW on sparse
 edge gradients) with the preset's recipe (learning rate, weight decay and its lazy mode, shared-edge and node rates,
 warmup, clipping, graph pruning, signal dropout, non-edge bias; --more_brillm adds other presets' recipes on the
-same data). `--min_bigram_count auto` is told the run's length as pretrain.py tells it its epochs: here the epochs
-the largest budget buys, timed on a few throwaway steps before the runs (budget_graph). GPT-2 (transformers'
-GPT2LMHeadModel, dropout 0, tied embeddings) trains with AdamW (--gpt2_lr, default 3e-3, weight decay 0.01,
---gpt2_warmup (20) steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
-1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3 (its
-default: 4x256@1e-3).
+same data). Its `auto` choices are told the run's length as pretrain.py's --max_train_time tells them: the epochs
+the largest budget buys, timed on a few throwaway steps before the run. GPT-2 (transformers' GPT2LMHeadModel,
+dropout 0, tied embeddings) trains with AdamW (--gpt2_lr, default 3e-3, weight decay 0.01, --gpt2_warmup (20)
+steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 / 1.2e-2 for 2x64 and
+4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3 (its default:
+4x256@1e-3). The GPT-2 runs use this module's harness (BudgetRun), which benchmarks/recipe_sweep.py also trains
+its BriLLM variants in.
 
-Writes <output_dir>/quality.json (settings, data, every model's parameters and curve, the table per budget)
-and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
+Runs where pretrain.py runs: on the GPU when there is one (CUDA_VISIBLE_DEVICES= for the CPU). Writes
+<output_dir>/quality.json (settings, data, every model's parameters, curve and pretrain.py command, the table per
+budget) and <output_dir>/quality.png (held-out perplexity against training seconds and against training tokens).
 Exit status 2 with a one-line message on bad input.
 """
 
@@ -81,7 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--budgets", type=float, nargs="+", default=[30.0, 90.0, 180.0],
-                   help="Training budgets in seconds (evaluation excluded); one run per model up to the largest.")
+                   help="Training budgets in seconds (evaluation excluded); one run per model up to the largest "
+                   "(BriLLM: pretrain.py --max_train_time).")
     p.add_argument("--curve_points", type=int, default=10,
                    help="Extra evaluation points, log-spaced from 1/64 of the largest budget up to it.")
     p.add_argument("--gpt2", nargs="*", default=DEFAULT_GPT2, metavar="LxE[xH][@LR]",
@@ -105,15 +115,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpt2_lr", type=float, default=3e-3, help="GPT-2 peak learning rate (AdamW).")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2 linear warmup steps.")
     p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
-                   help="Learning rate after the warmup, the same rule for every model: constant, or a cosine over the "
-                   "training clock from the peak to --min_lr_ratio of it at the largest budget (then the smaller "
-                   "budgets' figures come from a run not yet annealed).")
-    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="End of the cosine, a fraction of the peak.")
-    p.add_argument("--interleave", type=float, default=5.0,
-                   help="Models take turns, this many training seconds each, so that a shared machine's varying "
-                   "load falls on all alike; 0: one model after the other.")
+                   help="Learning rate after the warmup, the same rule for every model: constant (BriLLM: "
+                   "--lr_scheduler_type constant_with_warmup), or a cosine over the training clock from the peak to "
+                   "zero at the largest budget (--lr_scheduler_type cosine; then the smaller budgets' figures come "
+                   "from a run not yet annealed).")
+    p.add_argument("--max_train_steps", type=int, default=None,
+                   help="Stop every model after this many steps if its clock has not passed the largest budget "
+                   "first (pretrain.py's flag of the same name).")
     p.add_argument("--threads", type=int, default=2, help="torch threads, the same for every model.")
-    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available).")
     p.add_argument("--seed", type=int, default=42, help="Seed of initialisations and batch order.")
     p.add_argument("--output_dir", default="outputs/quality", help="Where quality.json and quality.png go.")
     p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
@@ -157,14 +166,12 @@ def check_args(args):
     for name in ("batch_size", "eval_batch_size", "threads"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
-    if args.interleave < 0 or not math.isfinite(args.interleave):
-        raise UsageError(f"--interleave must be a number of seconds >= 0, got {args.interleave}.")
+    if args.max_train_steps is not None and args.max_train_steps < 1:
+        raise UsageError(f"--max_train_steps must be a positive integer, got {args.max_train_steps}.")
     if args.curve_points < 0:
         raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
     if args.max_eval_blocks is not None and args.max_eval_blocks < 1:
         raise UsageError(f"--max_eval_blocks must be a positive integer, got {args.max_eval_blocks}.")
-    if not 0 <= args.min_lr_ratio <= 1:
-        raise UsageError(f"--min_lr_ratio must be in [0, 1], got {args.min_lr_ratio}.")
     if not args.gpt2_lr > 0 or args.gpt2_warmup < 0:
         raise UsageError("--gpt2_lr must be positive and --gpt2_warmup >= 0.")
     if args.no_brillm and not args.gpt2:
@@ -230,7 +237,7 @@ def prepare_data(args, output_dir: Path, accelerator) -> dict:
         raise UsageError(f"{len(train[0])} training blocks cannot fill one batch of {args.batch_size}; lower "
                          "--batch_size or give more text.")
     data = dict(tokenizer=tokenizer, train=train, held=held, pargs=pargs, description=description,
-                train_blocks=train_blocks)
+                train_blocks=train_blocks, accelerator=accelerator)
     return {**data, **budget_graph(model_fields, data, args, accelerator)}
 
 
@@ -266,8 +273,11 @@ def brillm_rate(pargs, config) -> float:
 
 
 def epochs_in_budget(data, args, accelerator, seconds: float) -> float:
-    """Epochs of the training blocks BriLLM trains in `seconds` on data's graph, timed on a throwaway model."""
+    """Epochs of the training blocks BriLLM trains in `seconds` on data's graph, timed on a throwaway model
+    (recipe_sweep.py's variants; a quality.py row is planned by pretrain.py --max_train_time)."""
     import torch
+
+    from modeling_brillm.training.epochs import seconds_per_step
 
     device = accelerator.device
     model = make_brillm(data, args.seed).to(device)
@@ -281,35 +291,6 @@ def epochs_in_budget(data, args, accelerator, seconds: float) -> float:
         step(ids_all[index].to(device), mask_all[index].to(device))
 
     return seconds / seconds_per_step(one_step, sync) * args.batch_size / len(ids_all)
-
-
-def seconds_per_step(step, sync, warmup: int = 2, timed: int = 5) -> float:
-    """The median time of `timed` calls of `step`, after `warmup` untimed ones. The first steps are not the run's:
-    the first allocates the optimizer's moments, and on a GPU the first two compile kernels (Triton compiles an
-    integer argument equal to 1, the optimizer's first step, apart from the others); the median keeps one more
-    slow step (a late compile, another process) from passing for the run's pace."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(timed):
-        sync()
-        started = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[timed // 2]
-
-
-def brillm_setup(data, args, preset: str, accelerator) -> dict:
-    """Another BriLLM recipe on the same data (--more_brillm): `preset`'s model and training settings, its own graph
-    (its --min_bigram_count) over the same training blocks and tokenizer. Data flags (vocabulary, blocks) stay the
-    first preset's."""
-    from argparse import Namespace
-
-    pargs, model_fields, _ = pretrain_args(Namespace(**{**vars(args), "config": preset}))
-    pargs.block_size = int(data["train"][0].shape[1])
-    setup = {**data, "pargs": pargs}
-    return {**setup, **budget_graph(model_fields, setup, args, accelerator)}
 
 
 def labels_of(ids, mask):
@@ -421,7 +402,8 @@ def warm_dropout(step, model, steps_per_epoch: int, warmup_epochs: float):
 def schedule_text(args) -> str:
     if args.schedule == "constant":
         return "constant after warmup"
-    return f"cosine over {max(args.budgets):g} training seconds to {args.min_lr_ratio:g} x the peak, after warmup"
+    return (f"cosine over {max(args.budgets):g} training seconds to {getattr(args, 'min_lr_ratio', 0.0):g} x the "
+            "peak, after warmup")
 
 
 def chosen_count(min_count):
@@ -442,8 +424,8 @@ def brillm_trainer(model, data, args, accelerator):
                                 lazy_weight_decay=pargs.lazy_weight_decay, node_lr_scale=pargs.node_lr_scale,
                                 shared_edge_lr_scale=pargs.shared_edge_lr_scale)
     clock = TrainingClock()
-    scheduler = clock_schedule(optimizer, pargs.num_warmup_steps, args.schedule, max(args.budgets), args.min_lr_ratio,
-                               clock)
+    scheduler = clock_schedule(optimizer, pargs.num_warmup_steps, args.schedule, max(args.budgets),
+                               getattr(args, "min_lr_ratio", 0.0), clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size,
                         pargs.max_grad_norm if plan.clip else None)
     step = warm_dropout(step, model, len(data["train"][0]) // args.batch_size, pargs.signal_dropout_warmup_epochs)
@@ -473,63 +455,26 @@ def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type in ("cpu", "cuda"))
     clock = TrainingClock()
-    scheduler = clock_schedule(optimizer, warmup, args.schedule, max(args.budgets), args.min_lr_ratio, clock)
+    scheduler = clock_schedule(optimizer, warmup, args.schedule, max(args.budgets), getattr(args, "min_lr_ratio", 0.0),
+                               clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, data["pargs"].block_size, 1.0)
     info = dict(optimizer="adamw (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
                 schedule=schedule_text(args), grad_clip=1.0)
     return step, info, clock
 
 
-def heldout_nll(model, held, batch_size: int, device) -> tuple[float, int]:
-    """(summed NLL in nats, number of targets) over the held-out blocks, the same targets for every model.
-    BriLLM: its exact loss (full softmax over all V nodes, no logits built) times its target count; any other
-    model: cross-entropy of its logits at those targets."""
-    import torch
-    import torch.nn.functional as F
+def heldout_nll(model, held, batch_size: int, accelerator) -> tuple[float, int]:
+    """(summed NLL in nats, number of targets) over the held-out blocks through the pretraining code's evaluator
+    (training.loop.evaluate): the full softmax at the same targets for every model (a real token after a real
+    token). Leaves the model in training mode."""
+    from modeling_brillm.training.loop import evaluate
 
-    from modeling_brillm import BriLLMForCausalLM
-
-    ids_all, mask_all = held
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, len(ids_all), batch_size):
-            ids = ids_all[start:start + batch_size].to(device)
-            mask = mask_all[start:start + batch_size].to(device)
-            targets = target_mask(mask)
-            n = int(targets.sum())
-            if n == 0:
-                continue
-            if isinstance(model, BriLLMForCausalLM):
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels_of(ids, mask), return_logits=False,
-                             use_cache=False).loss
-                total += float(loss.double()) * n
-            else:
-                logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-                nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
-                total += float(nll.view(targets.shape)[targets].double().sum())
-            count += n
-    if was_training:
-        model.train()
-    return total, count
-
-
-def touched_edge_share(data, args, batches: int = 20) -> float:
-    """Mean share of BriLLM's real edges whose matrices a training step reads and updates: the out-edges of the
-    distinct tokens that are followed by a target in the batch (first `batches` batches of the shared order)."""
-    import torch
-
-    ids_all, mask_all = data["train"]
-    if data["graph"] is None:  # dense graph: every source has all V successors
-        return 1.0
-    degree = data["graph"].indptr.diff()
-    shares = []
-    for index, _ in zip(BatchOrder(len(ids_all), args.batch_size, args.seed), range(batches)):
-        ids, mask = ids_all[index], mask_all[index]
-        sources = torch.unique(ids[:, :-1][target_mask(mask)])
-        shares.append(float(degree[sources].sum()) / max(data["graph"].num_edges, 1))
-    return sum(shares) / len(shares)
+    device = accelerator.device
+    batches = ({"input_ids": ids.to(device), "attention_mask": mask.to(device),
+                "labels": labels_of(ids, mask).to(device)}
+               for ids, mask in zip(held[0].split(batch_size), held[1].split(batch_size)))
+    loss, _, count = evaluate(model, batches, accelerator)
+    return (loss * count if count else 0.0), count
 
 
 def bigram_reference(data, k: float = 0.1) -> float:
@@ -588,7 +533,8 @@ class BudgetRun:
         if self.optimizer is not None:
             apply_pending_weight_decay(self.optimizer)
         started = time.perf_counter()
-        total, count = heldout_nll(self.model, self.data["held"], self.args.eval_batch_size, self.device)
+        total, count = heldout_nll(self.model, self.data["held"], self.args.eval_batch_size,
+                                   self.data["accelerator"])
         nll = total / count
         last = self.loss_sum / self.loss_steps if self.loss_steps else None
         point = dict(train_seconds=round(self.clock, 3), steps=self.steps, train_tokens=self.tokens,
@@ -603,7 +549,8 @@ class BudgetRun:
         ids_all, mask_all = self.data["train"]
         self.monitor.start()
         wall = time.perf_counter()
-        while self.pending and self.clock < limit:
+        cap = getattr(self.args, "max_train_steps", None) or math.inf
+        while self.pending and self.clock < limit and self.steps < cap:
             index = next(self.batches)
             ids, mask = ids_all[index], mask_all[index]
             self.sync()
@@ -624,6 +571,10 @@ class BudgetRun:
             if self.clock >= self.pending[0]:
                 while self.pending and self.clock >= self.pending[0]:
                     self.pending.pop(0)
+                self.curve.append(self.evaluate())
+        if self.steps >= cap and self.pending:  # stopped by the step cap: its final evaluation
+            self.pending = []
+            if self.curve[-1]["steps"] < self.steps:
                 self.curve.append(self.evaluate())
         wall = time.perf_counter() - wall
         self.load_seconds += self.monitor.stop() * wall  # other processes' load, evaluations included
@@ -649,8 +600,9 @@ def run_all(runs, slice_seconds: float):
 
 
 def at_budget(curve, budget: float) -> dict:
-    """The evaluation taken when the training clock first passed `budget`."""
-    return next(p for p in curve if p["train_seconds"] >= budget)
+    """The evaluation taken when the training clock first passed `budget`; the last one of a run that stopped
+    before it (--max_train_steps)."""
+    return next((p for p in curve if p["train_seconds"] >= budget), curve[-1])
 
 
 # ---------------------------------------------------------------------------------------------- outputs
@@ -726,88 +678,188 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------- BriLLM rows
+def brillm_argv(args, preset, points, first=None) -> list[str]:
+    """examples/pretrain.py's flags for one BriLLM row. `first`: the first row's settled arguments, whose data
+    settings (tokenizer, blocks, validation split) a --more_brillm row keeps, so every row trains on the same data."""
+    argv = ["--seed", str(args.seed), "--text_column", args.text_column]
+    argv += ["--config", preset] if preset else []
+    for flag in ("train_file", "validation_file"):
+        argv += [f"--{flag}", str(getattr(args, flag))] if getattr(args, flag) else []
+    if first is None:
+        argv += [x for flag in ("vocab_size", "block_size") if getattr(args, flag) is not None
+                 for x in (f"--{flag}", str(getattr(args, flag)))]
+    else:
+        argv += ["--vocab_size", str(first.vocab_size), "--tokenizer_kind", first.tokenizer_kind,
+                 "--tokenizer_min_frequency", str(first.tokenizer_min_frequency), "--block_size",
+                 str(first.block_size), f"--{first.block_mode}_blocks", "--validation_split_percentage",
+                 f"{first.validation_split_percentage:g}"]
+    argv += ["--per_device_train_batch_size", str(args.batch_size), "--per_device_eval_batch_size",
+             str(args.eval_batch_size)]
+    argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
+    top = max(args.budgets)
+    argv += ["--max_train_time", f"{top:g}"]
+    argv += ["--eval_seconds", *(f"{p:.6g}" for p in points if p < top)] if any(p < top for p in points) else []
+    argv += ["--max_train_steps", str(args.max_train_steps)] if args.max_train_steps else []
+    argv += ["--lr_scheduler_type", "constant_with_warmup" if args.schedule == "constant" else "cosine"]
+    name = "brillm" if first is None else f"brillm-{Path(preset).stem}"
+    return argv + ["--torch_threads", str(args.threads), "--num_generations", "0",
+                   "--output_dir", str(Path(args.output_dir) / name)]
+
+
+def command_line(argv) -> str:
+    """The shell command of a pretrain.py run (what a BriLLM row is)."""
+    import shlex
+
+    return "python examples/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
+
+
+def parse_pretrain(argv):
+    try:
+        return pretrain.parse_args(argv)
+    except SystemExit:
+        raise UsageError(f"the pretraining script refused the arguments {argv}.") from None
+
+
+def shared_data(argv):
+    """pretrain.py's data (raw text, tokenizer, blocks) for the first row's flags, prepared once for every row; the
+    first row's settled arguments; the accelerator (the same one-process setup pretrain.py makes)."""
+    from modeling_brillm.training.launch import make_accelerator as pretrain_accelerator
+
+    pargs = parse_pretrain(argv)
+    _, tok_settings = pretrain.settle_flags(pargs)
+    # what a --more_brillm row is told so that it prepares the same data (brillm_argv)
+    pargs.vocab_size, pargs.tokenizer_kind = tok_settings["vocab_size"], tok_settings["kind"]
+    pargs.tokenizer_min_frequency = tok_settings["min_frequency"]
+    accelerator, _ = pretrain_accelerator(pargs, shards_on_cpu=True)
+    out = Path(pargs.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = pretrain.load_data(pargs, tok_settings, accelerator, out, None)
+    if data.eval is None:
+        raise UsageError("no held-out text: give --validation_file, or more training texts (every 20th is held out).")
+    return data, pargs, accelerator
+
+
+def brillm_row(argv, data, label_suffix: str) -> dict:
+    """One BriLLM row: pretrain.py's run() in this process on the shared data; its curve read from its
+    train_log.jsonl (every evaluation, with the mean training loss of the steps since the one before)."""
+    from common import CpuMonitor
+
+    from modeling_brillm.training.checkpoints import LOG_NAME, read_log
+
+    print(f"\nBriLLM{label_suffix}: {command_line(argv)}", flush=True)
+    pargs = parse_pretrain(argv)
+    monitor, wall = CpuMonitor(), time.perf_counter()
+    monitor.start()
+    if pretrain.run(pargs, data=data) != 0:
+        raise RuntimeError(f"the pretraining run failed: {command_line(argv)}")
+    load, wall = monitor.stop(), time.perf_counter() - wall
+    out = Path(pargs.output_dir)
+    summary = json.loads((out / pretrain.SUMMARY_NAME).read_text(encoding="utf-8"))
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    curve, losses = [], []
+    for record in read_log(out / LOG_NAME):
+        if "loss" in record:
+            losses.append(record["loss"])
+        elif "eval_loss" in record:
+            curve.append(dict(train_seconds=record["train_seconds"], steps=record["step"],
+                              train_tokens=record["train_tokens"],
+                              train_loss=sum(losses) / len(losses) if losses else None, eval_nll=record["eval_loss"],
+                              perplexity=record["perplexity"], eval_tokens=record["eval_tokens"]))
+            losses = []
+    return dict(kind="brillm", label=f"BriLLM d={config['node_size']}{label_suffix}",
+                parameters=summary["num_parameters"], preset=pargs.config, pretrain_command=command_line(argv),
+                pretrain_argv=argv, output_dir=str(out),
+                parameters_note=f"{config['num_edges']:,} edges of {config['node_size']}x{config['node_size']} (+ the "
+                "shared edge); a step touches only the edges leaving the batch's tokens",
+                optimizer=pargs.optimizer, lr=pargs.learning_rate, weight_decay=pargs.weight_decay,
+                warmup_steps=pargs.num_warmup_steps, lazy_weight_decay=pargs.lazy_weight_decay,
+                shared_edge_lr_scale=pargs.shared_edge_lr_scale, node_lr_scale=pargs.node_lr_scale,
+                min_bigram_count=pargs.min_bigram_count, planned_epochs=round(pargs.planned_epochs, 3),
+                signal_dropout_warmup_epochs=pargs.signal_dropout_warmup_epochs, schedule=pargs.lr_scheduler_type,
+                grad_clip=pargs.max_grad_norm, curve=curve, steps=summary["steps"],
+                train_seconds=summary["train_seconds"], tokens_per_second=summary["tokens_per_second"],
+                other_cpu_load=round(load, 3), wall_seconds=round(wall, 1),
+                **{k: config[k] for k in ("node_size", "num_edges", "signal_dropout", "non_edge_bias", "node_readout",
+                                          "edge_backoff", "node_embedding", "count_prior", "position_recency")})
+
+
+def tensors(blocks):
+    rows = blocks.with_format("torch")[:]
+    return rows["input_ids"].long(), rows["attention_mask"].long()
+
+
 # ------------------------------------------------------------------------------------------------- main
 def run(args) -> dict:
     check_args(args)
     sizes = gpt2_sizes(args.gpt2, args.gpt2_lr)
-    import torch
     from common import machine, wait_for_quiet
 
-    from modeling_brillm.training.memory import keep_freed_memory
-
-    if args.device not in (None, "cpu", "cuda"):
-        raise UsageError(f"--device {args.device!r}: use cpu or cuda (pick the GPU with CUDA_VISIBLE_DEVICES).")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda but CUDA is not available; use --device cpu.")
-    torch.set_num_threads(args.threads)
     output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if device.type == "cpu":
-        keep_freed_memory()  # as the pretraining script does: the same allocator settings for every model
-
+    points = curve_points(args.budgets, args.curve_points)
     started = time.time()
-    accelerator = make_accelerator(device)
-    data = prepare_data(args, output_dir, accelerator)
+    argv0 = brillm_argv(args, args.config, points)
+    pretrain_data, first, accelerator = shared_data(argv0)
+    device = accelerator.device
+    data = dict(tokenizer=pretrain_data.tokenizer, train=tensors(pretrain_data.train),
+                held=tensors(pretrain_data.eval), pargs=first, accelerator=accelerator)
+    if len(data["train"][0]) < args.batch_size:
+        raise UsageError(f"{len(data['train'][0])} training blocks cannot fill one batch of {args.batch_size}; lower "
+                         "--batch_size or give more text.")
     tok = data["tokenizer"]
     held_targets = int(target_mask(data["held"][1]).sum())
-    points = curve_points(args.budgets, args.curve_points)
-    print(f"data: {data['description']}")
-    for line in data["choices"]:
-        print(f"BriLLM: {line}")
+    print(f"data: {pretrain_data.description}")
     print(f"tokenizer: {len(tok)} tokens; {len(data['train'][0]):,} training blocks, {len(data['held'][0]):,} "
           f"held-out blocks ({held_targets:,} targets) of {data['train'][0].shape[1]} tokens; prepared in "
           f"{time.time() - started:.1f}s")
     print(f"machine: {machine()}, device {device}; budgets {args.budgets} s, "
           f"curve points {[round(p, 1) for p in points]}")
-
-    specs = [] if args.no_brillm else [("brillm", args.config)] + [("brillm", p) for p in args.more_brillm]
-    specs += [("gpt2", size) for size in sizes]
-    runs, models = [], []
-    for kind, size in specs:
-        if kind == "brillm":
-            setup = data if size == args.config else brillm_setup(data, args, size, accelerator)
-            model = make_brillm(setup, args.seed)
-            name = Path(size).stem if size else "defaults"
-            label = f"BriLLM d={model.config.node_size}" + (f" ({name})" if args.more_brillm else "")
-            step, info, clock, optimizer = brillm_trainer(model.to(device), setup, args, accelerator)
-            info["preset"] = size
-            touched = touched_edge_share(setup, args)
-            note = (f"{model.config.num_edges:,} edges of {model.config.node_size}x{model.config.node_size} (+ the "
-                    f"shared edge); a step touches only the edges leaving the batch's tokens: {touched:.1%} of them "
-                    f"on average at batch {args.batch_size}")
-        else:
-            model = make_gpt2(data, size, args.seed).to(device)
-            label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
-            step, info, clock = gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
-            optimizer = None
-            note = "dense: every parameter is used and updated every step (tied input/output embeddings)"
-        params = count_parameters(model)
-        print(f"{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
-        models.append(dict(kind=kind, label=label, parameters=params, parameters_note=note, **info,
-                           size=None if kind == "brillm" else dict(zip(("layers", "width", "heads"), size[:3]))))
-        runs.append(BudgetRun(label, model, step, data, points, args, device, clock=clock, optimizer=optimizer))
+    rows = [] if args.no_brillm else [(argv0, "")]
+    rows += [(brillm_argv(args, preset, points, first), f" ({Path(preset).stem})") for preset in args.more_brillm]
+    if args.more_brillm and rows:
+        rows[0] = (argv0, f" ({Path(args.config).stem if args.config else 'defaults'})")
     load_before = wait_for_quiet(max_wait_s=60) if args.wait_quiet else None
-    run_all(runs, args.interleave)
-    for model, run in zip(models, runs):
-        model.update(run.result())
+    models = [brillm_row(argv, pretrain_data, suffix) for argv, suffix in rows]
+    for size in sizes:
+        models.append(gpt2_row(size, data, points, args, accelerator))
 
     table = {str(b): {m["label"]: round(at_budget(m["curve"], b)["perplexity"], 3) for m in models}
              for b in sorted(args.budgets)}
     results = dict(
         settings=dict(budgets=sorted(args.budgets), curve_points=points, batch_size=args.batch_size,
                       threads=args.threads, device=str(device), seed=args.seed, config=args.config,
-                      interleave_seconds=args.interleave, gpt2_lr=args.gpt2_lr, gpt2_warmup=args.gpt2_warmup,
-                      schedule=schedule_text(args),
+                      max_train_steps=args.max_train_steps, gpt2_lr=args.gpt2_lr, gpt2_warmup=args.gpt2_warmup,
+                      schedule=schedule_text(args), order="one model after the other",
                       other_cpu_load_before=None if load_before is None else round(load_before, 3),
                       machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
-        data=dict(description=data["description"], vocab_size=len(tok), block_size=int(data["train"][0].shape[1]),
-                  train_blocks=len(data["train"][0]), train_tokens=int(data["train"][1].sum()),
-                  heldout_blocks=len(data["held"][0]), heldout_targets=held_targets),
+        data=dict(description=pretrain_data.description, vocab_size=len(tok),
+                  block_size=int(data["train"][0].shape[1]), train_blocks=len(data["train"][0]),
+                  train_tokens=int(data["train"][1].sum()), heldout_blocks=len(data["held"][0]),
+                  heldout_targets=held_targets),
         models=models, perplexity_at_budget=table, bigram_add_0_1_perplexity=round(bigram_reference(data), 3))
     write_json_atomic(output_dir / RESULTS_NAME, results)
     plot(results, output_dir / PLOT_NAME)
+    report(results, models, args, output_dir)
+    return results
 
+
+def gpt2_row(size, data, points, args, accelerator) -> dict:
+    """One GPT-2 row in this module's harness (BudgetRun): the same blocks, batch order, step and evaluator."""
+    device = accelerator.device
+    model = make_gpt2(data, size, args.seed).to(device)
+    label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
+    step, info, clock = gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
+    params = count_parameters(model)
+    print(f"\n{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
+    run = BudgetRun(label, model, step, data, points, args, device, clock=clock)
+    run.train_until(math.inf)
+    return dict(kind="gpt2", label=label, parameters=params, size=dict(zip(("layers", "width", "heads"), size[:3])),
+                parameters_note="dense: every parameter is used and updated every step (tied input/output embeddings)",
+                **info, **run.result())
+
+
+def report(results, models, args, output_dir):
+    table = results["perplexity_at_budget"]
     print("\nheld-out perplexity at each budget (token-weighted, the same targets):")
     width = max(len(m["label"]) for m in models)
     print(f"{'model':<{width}}  {'params':>12}  " + "  ".join(f"{f'{b:g} s':>9}" for b in sorted(args.budgets))
@@ -817,9 +869,11 @@ def run(args) -> dict:
         print(f"{m['label']:<{width}}  {m['parameters']:12,}  {cells}  {m['tokens_per_second']:8,.0f}  "
               f"{m['other_cpu_load']}")
     print(f"bigram counts, add-0.1 (reference): held-out perplexity {results['bigram_add_0_1_perplexity']:.2f}")
+    for m in models:
+        if m["kind"] == "brillm":
+            print(f"{m['label']} is: {m['pretrain_command']}")
     print("\n" + markdown_table(results))
     print(f"wrote {output_dir / RESULTS_NAME} and {output_dir / PLOT_NAME}")
-    return results
 
 
 def main(argv=None) -> int:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -57,7 +58,17 @@ from modeling_brillm.training.data import (
     prepare_blocks,
     text_stats,
 )
-from modeling_brillm.training.epochs import Job, Position, resume, train_epochs
+from modeling_brillm.training.epochs import (
+    CLOCK_STEPS,
+    Job,
+    Position,
+    TrainingClock,
+    eval_record,
+    follow_clock,
+    resume,
+    seconds_per_step,
+    train_epochs,
+)
 from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.fsdp import fsdp_on_cpu, full_state_dict, is_fsdp, own_class, prepare_on_cpu
 from modeling_brillm.training.launch import make_accelerator
@@ -73,9 +84,9 @@ from modeling_brillm.training.optimizers import (
     describe_optimizer,
     resolve_moment_dtype,
 )
-from modeling_brillm.training.presets import build_from_recipe, known_presets, plan_recipe, resolve_settings
+from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
+from modeling_brillm.training.pruning import choose_learning_rate
 from modeling_brillm.training.publishing import push_folder, write_training_card
-from modeling_brillm.training.recipe import TRAINING_RECIPE, RunPlan, Setting
 from modeling_brillm.training.sharded import (
     EDGE_SHARDINGS,
     ShardedTrainStep,
@@ -162,9 +173,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     g = p.add_argument_group("model")
     g.add_argument("--config", help=f"A preset name ({', '.join(known_presets())}) or a JSON path.")
-    g.add_argument("--recipe", metavar="FILE",
-                   help="A recipe.json an earlier run saved (in its output folder or a checkpoint): apply its "
-                   "settings verbatim (no probing of the data), in place of the built-in recipe and a preset.")
     g.add_argument("--node_size", type=int, default=None, help="Neurons per node, d (the paper: 32).")
     graph = g.add_mutually_exclusive_group()
     graph.add_argument("--min_bigram_count", type=count_or_auto, default=None,
@@ -212,6 +220,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0.1]")
     g.add_argument("--num_train_epochs", type=int, default=None, help="[1]")
     g.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides epochs.")
+    g.add_argument("--max_train_time", type=float, default=None, metavar="SECONDS",
+                   help="A training-time budget: train until the training clock (seconds of steps: data, forward, "
+                   "backward, optimizer step; evaluations and checkpoints not counted) passes it, or --max_train_steps "
+                   "if that comes first. The epochs it buys are timed on a few throwaway steps before the run and "
+                   "planned where --num_train_epochs would be (the auto choices read them); past its warmup the "
+                   "learning-rate schedule follows the clock to the budget.")
     g.add_argument("--gradient_accumulation_steps", type=int, default=None, help="[1]")
     g.add_argument("--lr_scheduler_type", default=None,
                    choices=["linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
@@ -247,6 +261,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "products, which extra threads barely speed up and slow down a lot on a busy machine. "
                    "[torch's default]")
     g.add_argument("--eval_steps", type=int, default=None, help="Validate every N optimizer steps.")
+    g.add_argument("--eval_seconds", type=float, nargs="+", default=None, metavar="S",
+                   help="Validate whenever the training clock passes one of these seconds (train_log.jsonl records "
+                   "each with its train_seconds and train_tokens).")
     g.add_argument("--keep_best_model", action=argparse.BooleanOptionalAction, default=True,
                    help="With validation data: keep the weights of the evaluation with the lowest validation loss "
                    "and save those at the end (as Trainer's load_best_model_at_end), not the last step's. The best "
@@ -300,6 +317,7 @@ def check_args(args, model_fields: dict):
     for name in ("max_train_steps", "eval_steps", "checkpoints_total_limit", "max_eval_samples"):
         if getattr(args, name) is not None:
             positive(name)
+    check_time_budget(args)
     max_positions = model_fields.get("max_position_embeddings", 512)
     if args.block_size > max_positions:
         raise UsageError(
@@ -334,6 +352,21 @@ def check_args(args, model_fields: dict):
             raise UsageError(f"--{name} must be a positive number, got {getattr(args, name)}.")
     if args.tokenizer_name and not os.path.isdir(args.tokenizer_name):
         raise UsageError(f"--tokenizer_name {args.tokenizer_name}: not a folder with a saved tokenizer.")
+
+
+def check_time_budget(args):
+    """--max_train_time and --eval_seconds: positive finite seconds, and a setup the timing probe can plan."""
+    budget, points = args.max_train_time, args.eval_seconds or []
+    if budget is not None and not 0 < budget < float("inf"):
+        raise UsageError(f"--max_train_time must be a positive number of seconds, got {budget}.")
+    if any(not 0 < s < float("inf") for s in points):
+        raise UsageError(f"--eval_seconds must be positive numbers of seconds, got {points}.")
+    if budget is not None and args.edge_sharding == "source":
+        raise UsageError("--max_train_time times the whole model's step in every process, which --edge_sharding "
+                         "source avoids; give --max_train_steps or --num_train_epochs instead.")
+    if budget is not None and args.lr_scheduler_type == "inverse_sqrt":
+        raise UsageError("--lr_scheduler_type inverse_sqrt has no end to follow the training clock to; with "
+                         "--max_train_time choose another (e.g. linear, cosine, constant_with_warmup).")
 
 
 # ---------------------------------------------------------------------------------------------- the steps
@@ -379,8 +412,17 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
     """The config and graph of the training blocks, the optimizer (its moments count in the memory check), the
     memory check; returns (config, graph, optimizer plan)."""
     say = accelerator.print
-    epochs = planned_epochs(args, data, accelerator, checkpoint)
-    config, graph, min_count = plan_config(args, model_fields, data, accelerator, epochs, False, say)
+    args.planned_epochs = planned_epochs(args, data, accelerator, checkpoint)
+    if args.planned_epochs is None:  # a time budget: the epochs it buys, timed
+        args.planned_epochs = epochs_in_budget(args, model_fields, data, accelerator)
+    budgeted = args.max_train_time is not None and args.min_bigram_count == "auto"  # a sparser graph trains faster
+    config, graph, min_count = build_config_and_graph(model_fields, data.tokenizer, data.train,
+                                                      args.min_bigram_count, args.planned_epochs,
+                                                      epochs_grow_with_pruning=budgeted, say=say)
+    min_count = getattr(min_count, "min_count", min_count)
+    if args.learning_rate == "auto":
+        args.learning_rate, why = choose_learning_rate(config.signal_dropout)
+        say(why)
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {min_count} times" if graph is not None else "")
@@ -400,55 +442,68 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
             f"{plan.name} the shared edge trains at the base rate")
         args.shared_edge_lr_scale = 1.0
     say(check_memory(config, accelerator, args))
-    say(settle_recipe(args, plan, accelerator))
     return config, graph, plan
 
 
-def plan_config(args, model_fields, data, accelerator, epochs, budgeted: bool, say):
-    """The recipe of this data and run (recipe.choose_recipe: the count, the dropout and the rate where "auto") and
-    the config and graph it gives: (config, graph, the graph's count). Sets the rate and `args.recipe_choice`."""
-    training = {name: getattr(args, name) for name in TRAINING_RECIPE}
-    run_plan = RunPlan(epochs, budgeted, args.max_train_steps, global_batch(args, accelerator), len(data.train),
-                       accelerator.device.type, accelerator.mixed_precision)
-    recipe, sequences = plan_recipe(model_fields, data.tokenizer, data.train, training, run_plan,
-                                    args.tokenizer_settings, args.setting_rules, say=say)
-    config, graph = build_from_recipe(recipe, data.tokenizer, data.train, sequences)
-    args.learning_rate, args.recipe_choice = recipe.value("training", "learning_rate"), recipe
-    return config, graph, recipe.value("training", "min_bigram_count")
-
-
-def settle_recipe(args, plan, accelerator) -> str:
-    """The recipe with the moments' dtype the device gave, and what it came from; the start-up block."""
-    recipe = args.recipe_choice
-    recipe.add(Setting("training", "moment_dtype", args.moment_dtype, recipe.settings["training.moment_dtype"].rule,
-                       f"{plan.name} on {accelerator.device.type}, mixed precision {accelerator.mixed_precision}"))
-    recipe.inputs.update(preset=args.config, recipe_file=args.recipe)
-    return recipe.describe()
-
-
-def save_recipe_with_checkpoints(args, job: Job):
-    """Every checkpoint folder holds the run's recipe.json too (`--recipe` reads it from there)."""
-    extra = job.write_extra
-
-    def write(tmp):
-        if extra is not None:
-            extra(tmp)
-        if job.accelerator.is_main_process:
-            args.recipe_choice.save(tmp)
-
-    job.write_extra = write
-
-
-def planned_epochs(args, data, accelerator, checkpoint=None) -> float:
-    """The run's length in epochs of the training blocks, before the loaders exist (make_job fixes the steps). A
-    resumed run takes the length its checkpoint was planned with, so `--min_bigram_count auto` rebuilds the graph
-    the checkpoint was trained on even when the run is extended."""
-    saved = {} if checkpoint is None else read_train_state(checkpoint).get("signature", {})
+def planned_epochs(args, data, accelerator, checkpoint=None) -> float | None:
+    """The run's length in epochs of the training blocks, before the loaders exist (make_job fixes the steps); None
+    for a time budget (epochs_in_budget times it). A resumed run takes the length its checkpoint was planned with,
+    so `--min_bigram_count auto` rebuilds the graph the checkpoint was trained on even when the run is extended."""
+    state = {} if checkpoint is None else read_train_state(checkpoint)
+    saved = state.get("signature", {})
+    if state.get("planned_epochs"):
+        return state["planned_epochs"]
     if saved.get("max_train_steps") and saved.get("global_batch"):
         return saved["max_train_steps"] * saved["global_batch"] / max(len(data.train), 1)
+    if getattr(args, "max_train_time", None) is not None:
+        return None
     if args.max_train_steps is None:
         return float(args.num_train_epochs)
     return args.max_train_steps * global_batch(args, accelerator) / max(len(data.train), 1)
+
+
+def epochs_in_budget(args, model_fields, data, accelerator) -> float:
+    """The epochs --max_train_time buys (at most --max_train_steps'): a throwaway model on the data's graph (at no
+    planned length) times a few steps of the run's batches (epochs.seconds_per_step; the slowest process's pace),
+    without touching the run's random state. The probe steps the model unprepared: no gradient exchange."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from modeling_brillm import BriLLMForCausalLM
+
+    device = accelerator.device
+    config, graph, _ = build_config_and_graph(model_fields, data.tokenizer, data.train, args.min_bigram_count)
+    rate = choose_learning_rate(config.signal_dropout)[0] if args.learning_rate == "auto" else args.learning_rate
+    plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm, fsdp=is_fsdp(accelerator))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)
+        optimizer = build_optimizer(
+            model, plan, rate, args.weight_decay, accelerator, lazy_weight_decay=args.lazy_weight_decay,
+            node_lr_scale=args.node_lr_scale, moment_dtype=resolve_moment_dtype(
+                args.moment_dtype, plan, accelerator.mixed_precision, device.type),
+            shared_edge_lr_scale=args.shared_edge_lr_scale if plan.name == "sparse_adamw" else 1.0)
+        step = TrainStep(accelerator, model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+                         per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
+                         max_grad_norm=args.max_grad_norm, clip=plan.clip, learning_rate=rate)
+        loader = DataLoader(data.train, shuffle=True, collate_fn=collate, drop_last=True,
+                            batch_size=args.per_device_train_batch_size,
+                            generator=torch.Generator().manual_seed(args.seed))
+        batches = itertools.chain.from_iterable(itertools.repeat(loader))
+
+        def one_step():  # one optimizer step: the accumulated micro-batches
+            for _ in range(args.gradient_accumulation_steps):
+                step({k: v.to(device) for k, v in next(batches).items()})
+
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        pace = seconds_per_step(one_step, sync)
+    accelerator.step = 0  # the probe's micro-batches do not count towards the run's accumulation
+    pace = float(accelerator.gather(torch.tensor([pace], device=device)).max())
+    epochs = args.max_train_time / pace * global_batch(args, accelerator) / len(data.train)
+    if args.max_train_steps is not None:
+        epochs = min(epochs, args.max_train_steps * global_batch(args, accelerator) / len(data.train))
+    accelerator.print(f"--max_train_time {args.max_train_time:g}s: {pace:.4f}s per step (timed on a throwaway "
+                      f"model) plans {epochs:.2f} epoch(s)")
+    return epochs
 
 
 def build_model(args, config, graph, accelerator):
@@ -509,18 +564,15 @@ def prepare_model_and_optimizer(args, model, plan, loaders, config, graph, check
 
 def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
     """The schedule, the step and evaluation functions, the log and the best-model keeper around the prepared
-    parts; fixes max_train_steps and num_train_epochs."""
-    from transformers import get_scheduler
-
+    parts; fixes max_train_steps and num_train_epochs (None under a time budget without a step limit)."""
     model, optimizer, train_loader, eval_loader = parts
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
-    if args.max_train_steps is None:
+    if args.max_train_steps is None and args.max_train_time is None:
         args.max_train_steps = args.num_train_epochs * steps_per_epoch
-    args.num_train_epochs = math.ceil(args.max_train_steps / steps_per_epoch)
+    args.num_train_epochs = math.ceil(args.max_train_steps / steps_per_epoch) if args.max_train_steps else None
     args.steps_per_epoch = steps_per_epoch
-    lr_scheduler = accelerator.prepare(get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
-                                                     num_warmup_steps=args.num_warmup_steps,
-                                                     num_training_steps=args.max_train_steps))
+    clock = TrainingClock(args.max_train_time) if args.max_train_time is not None else None
+    lr_scheduler = accelerator.prepare(make_scheduler(args, optimizer, clock))
     common = dict(learning_rate=args.learning_rate, per_device_batch_size=args.per_device_train_batch_size,
                   block_size=args.block_size)
     if args.sharding:  # the sharded model has no logits; evaluate_sharded gives the same figures
@@ -534,12 +586,27 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
     signature = {"global_batch": global_batch(args, accelerator), "block_size": args.block_size,
                  "block_mode": args.block_mode, "seed": args.seed, "num_edges": config.num_edges,
                  "vocab_size": config.vocab_size, "max_train_steps": args.max_train_steps,
+                 "max_train_time": args.max_train_time,
                  "signal_dropout_warmup_epochs": args.signal_dropout_warmup_epochs}
     keep = args.keep_best_model and eval_loader is not None
     return Job(accelerator, model, optimizer, lr_scheduler, train_loader, eval_loader, train_step, evaluate,
                log=TrainLog(out_dir, accelerator, tracking=args.with_tracking),
                best=BestModel(out_dir, accelerator, enabled=keep), tokenizer=data.tokenizer, signature=signature,
-               write_extra=(lambda tmp: model.save_shard(tmp, optimizer)) if args.sharding else None)
+               write_extra=(lambda tmp: model.save_shard(tmp, optimizer)) if args.sharding else None, clock=clock)
+
+
+def make_scheduler(args, optimizer, clock: TrainingClock | None):
+    """--lr_scheduler_type over --max_train_steps, or under a time budget over the training clock (after the warmup
+    steps): epochs.follow_clock."""
+    from transformers import get_scheduler
+
+    if clock is None:
+        return get_scheduler(args.lr_scheduler_type, optimizer=optimizer, num_warmup_steps=args.num_warmup_steps,
+                             num_training_steps=args.max_train_steps)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer, num_warmup_steps=args.num_warmup_steps,
+                              num_training_steps=args.num_warmup_steps + CLOCK_STEPS)
+    follow_clock(scheduler, clock, args.num_warmup_steps)
+    return scheduler
 
 
 def init_tracking(args, model_fields, accelerator):
@@ -557,8 +624,13 @@ def global_batch(args, accelerator) -> int:
 
 def describe_training(args, job: Job, config) -> str:
     keep = "keeping the best model by validation loss" if job.best.enabled else "keeping the last model"
-    return (f"training: {args.max_train_steps} steps ({args.steps_per_epoch} per epoch, {args.num_train_epochs} "
-            f"epoch(s)), global batch {job.signature['global_batch']} blocks = {args.per_device_train_batch_size} x "
+    length = f"{args.max_train_steps} steps ({args.steps_per_epoch} per epoch, {args.num_train_epochs} epoch(s))"
+    if args.max_train_time is not None:
+        length = (f"{args.max_train_time:g}s of training" + (f" or {args.max_train_steps} steps" if
+                  args.max_train_steps else "") + f" ({args.steps_per_epoch} steps per epoch, "
+                  f"{args.planned_epochs:.2f} epoch(s) planned)")
+    return (f"training: {length}, global batch {job.signature['global_batch']} blocks = "
+            f"{args.per_device_train_batch_size} x "
             f"{job.accelerator.num_processes} process(es) x {args.gradient_accumulation_steps} accumulation, lr "
             f"{args.learning_rate} ({args.lr_scheduler_type}, {args.num_warmup_steps} warmup), loss "
             f"{config.loss_type}{describe_dropout(args, config)}; {keep}")
@@ -578,7 +650,7 @@ def evaluate_before(job: Job, summary: dict):
     loss0, ppl0, n0 = job.evaluate(job.model, job.eval_loader, job.accelerator)
     job.accelerator.print(f"step 0: validation loss {loss0:.4f}, perplexity {ppl0:,.1f} ({n0:,} tokens, "
                           f"{time.time() - started:.1f}s)")
-    job.log({"step": 0, "eval_loss": loss0, "perplexity": ppl0})
+    job.log(eval_record(0, loss0, ppl0, n0, 0.0, 0))
     summary.update(perplexity_before=ppl0, eval_loss_before=loss0)
 
 
@@ -597,7 +669,7 @@ def evaluate_after(job: Job, stats, summary: dict):
     loss1, ppl1, n1 = job.evaluate(job.model, job.eval_loader, job.accelerator)
     say(f"validation loss {loss1:.4f}, perplexity {ppl1:,.2f} ({n1:,} tokens)"
         + (f"; before training: {summary['perplexity_before']:,.1f}" if "perplexity_before" in summary else ""))
-    job.log({"step": steps, "eval_loss": loss1, "perplexity": ppl1})
+    job.log(eval_record(steps, loss1, ppl1, n1, stats.train_time, stats.train_tokens))
     summary.update(perplexity=ppl1, eval_loss=loss1)
     best = job.best
     if best.enabled and best.step is not None and not loss1 <= best.eval_loss:
@@ -630,7 +702,6 @@ def save_final(args, job: Job, tokenizer, out_dir):
     if accelerator.is_main_process:
         tokenizer.model_max_length = unwrapped.config.max_position_embeddings  # pipelines and harnesses read it
         tokenizer.save_pretrained(out_dir)
-        args.recipe_choice.save(out_dir)  # --recipe out_dir/recipe.json builds the same config
     job.best.discard()
     accelerator.print(f"saved the model and tokenizer to {out_dir} "
                       "(AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
@@ -694,16 +765,17 @@ def start_summary(args, config, data, accelerator) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def run(args) -> int:
+def run(args, data=None) -> int:
+    """The whole job. `data`: what load_data returned for the same data flags (benchmarks/quality.py shares one
+    preparation between runs); by default it is loaded here."""
     model_fields, tok_settings = settle_flags(args)
     accelerator, checkpoint, out_dir = start_run(args)
-    data = load_data(args, tok_settings, accelerator, out_dir, checkpoint)
+    data = data or load_data(args, tok_settings, accelerator, out_dir, checkpoint)
     config, graph, plan = plan_model(args, model_fields, data, accelerator, checkpoint)
     model = build_model(args, config, graph, accelerator)
     loaders = make_loaders(args, data, accelerator)
     parts = prepare_model_and_optimizer(args, model, plan, loaders, config, graph, checkpoint, accelerator)
     job = make_job(args, parts, plan, data, config, accelerator, out_dir)
-    save_recipe_with_checkpoints(args, job)
     init_tracking(args, model_fields, accelerator)
 
     position = resume_or_start(args, job, checkpoint)

@@ -2,12 +2,18 @@
 best model, `best.BestModel`), checkpoints, and the exact resume position.
 
 `Job` holds what the loop runs on (accelerate-prepared model, optimizer, scheduler and loaders, the step and
-evaluation functions); `Position` is where a run stands in its data (what a checkpoint stores); `train_epochs`
-runs from a position to `max_train_steps` and returns the throughput figures.
+evaluation functions); `Position` is where a run stands in its data and on its training clock (what a checkpoint
+stores); `train_epochs` runs from a position to `max_train_steps` or until the training clock passes
+`max_train_time` and returns the throughput figures.
+
+The training clock counts the seconds of the steps (data, forward, backward, optimizer step), not evaluations or
+checkpoints. `seconds_per_step` times a few throwaway steps: what a time budget plans its epochs from.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,6 +37,7 @@ class Job:
     tokenizer: object
     signature: dict  # what must match for a resume to be an exact continuation
     write_extra: Callable | None = None  # adds files to a checkpoint's temporary folder (the edge shards)
+    clock: TrainingClock | None = None  # read by a schedule that follows the training clock (follow_clock)
 
 
 @dataclass
@@ -38,6 +45,49 @@ class Position:
     completed_steps: int = 0
     epoch: int = 0
     batches_in_epoch: int = 0  # batches of `epoch` already consumed
+    train_seconds: float = 0.0  # the training clock at this position
+    train_tokens: int = 0  # real tokens trained on up to this position
+
+
+@dataclass
+class TrainingClock:
+    """Seconds of training so far, out of a budget; the loop sets `seconds` before every step."""
+    budget: float
+    seconds: float = 0.0
+
+    def fraction(self) -> float:
+        return min(1.0, self.seconds / self.budget)
+
+
+# Past its warmup, a schedule following the clock runs over this many virtual steps: the clock's share of them
+CLOCK_STEPS = 1_000_000
+
+
+def follow_clock(scheduler, clock: TrainingClock, warmup_steps: int):
+    """Make a LambdaLR built for `warmup_steps + CLOCK_STEPS` steps (transformers' get_scheduler) follow the
+    training clock after its warmup: its progress is the clock's share of the budget, so the schedule ends when the
+    budget does whatever the pace of the steps. The warmup stays counted in steps."""
+    def following(factor):
+        return lambda step: factor(step if step < warmup_steps else warmup_steps + clock.fraction() * CLOCK_STEPS)
+
+    scheduler.lr_lambdas = [following(factor) for factor in scheduler.lr_lambdas]
+
+
+def seconds_per_step(step: Callable, sync: Callable = lambda: None, warmup: int = 2, timed: int = 5) -> float:
+    """The median time of `timed` calls of `step`, after `warmup` untimed ones. The first steps are not the run's:
+    the first allocates the optimizer's moments, and on a GPU the first two compile kernels (Triton compiles an
+    integer argument equal to 1, the optimizer's first step, apart from the others); the median keeps one more
+    slow step (a late compile, another process) from passing for the run's pace."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(timed):
+        sync()
+        started = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[timed // 2]
 
 
 @dataclass
@@ -55,38 +105,56 @@ def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position
     state = load_checkpoint(job.accelerator, checkpoint)
     if load_extra is not None:
         load_extra()
-    position = Position(state["completed_steps"], state["epoch"], state["batches_in_epoch"])
+    position = Position(state["completed_steps"], state["epoch"], state["batches_in_epoch"],
+                        state.get("train_seconds", 0.0), state.get("train_tokens", 0))
     if position.batches_in_epoch >= len(job.train_loader):
-        position = Position(position.completed_steps, position.epoch + 1, 0)
+        position = dataclasses.replace(position, epoch=position.epoch + 1, batches_in_epoch=0)
     saved = state.get("signature", {})
     changed = {k: (saved.get(k), v) for k, v in job.signature.items()
-               if saved.get(k) != v and k != "max_train_steps"}
+               if saved.get(k) != v and k not in ("max_train_steps", "max_train_time")}
     if changed:
         say(f"warning: this run differs from the checkpoint's in {changed}: not an exact continuation.")
     job.best.restore(state.get("best"), checkpoint)
     say(f"resumed from {checkpoint}: step {position.completed_steps}, epoch {position.epoch}, "
-        f"skipping {position.batches_in_epoch} batches of that epoch"
+        f"skipping {position.batches_in_epoch} batches of that epoch, training clock {position.train_seconds:.1f}s"
         + (f"; best model so far: step {job.best.step}" if job.best.step is not None else ""))
     job.log.truncate(position.completed_steps)  # the log keeps what happened up to the checkpoint
     return position
 
 
-def evaluate_now(job: Job, step: int, train_loss: float | None = None, write=print) -> tuple[float, float]:
-    """Validate (lazily decayed rows brought up to date first), log it, and offer the model as the best."""
+def evaluate_now(job: Job, step: int, train_loss: float | None = None, write=print, seconds: float = 0.0,
+                 tokens: int = 0) -> tuple[float, float]:
+    """Validate (lazily decayed rows brought up to date first), log it with the training clock and tokens so far,
+    and offer the model as the best."""
+    import torch
+
     apply_pending_weight_decay(job.optimizer)
-    loss, ppl, _ = job.evaluate(job.model, job.eval_loader, job.accelerator)
+    device = job.accelerator.device
+    # the loader draws its seed from the global generator: kept as it was, the training after an evaluation (its
+    # signal dropout) does not depend on when evaluations happen
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        loss, ppl, count = job.evaluate(job.model, job.eval_loader, job.accelerator)
     if job.accelerator.is_local_main_process:
         head = f"step {step}: " + (f"train loss {train_loss:.4f}, " if train_loss is not None else "")
         write(f"{head}validation loss {loss:.4f}, perplexity {ppl:,.2f}")
-    job.log({"step": step, "eval_loss": loss, "perplexity": ppl})
+    job.log(eval_record(step, loss, ppl, count, seconds, tokens))
     job.best.update(job.model, step, loss)
     return loss, ppl
 
 
+def eval_record(step: int, loss: float, ppl: float, count: int, seconds: float, tokens: int) -> dict:
+    """A validation's line of the train log: where on the training clock (seconds, real tokens) it was taken."""
+    return {"step": step, "eval_loss": loss, "perplexity": ppl, "eval_tokens": count,
+            "train_seconds": round(seconds, 4), "train_tokens": tokens}
+
+
 def checkpoint_now(job: Job, args, position: Position, write=print):
-    """Save the training state (with the best model so far) as `<output_dir>/step_N`."""
+    """Save the training state (with the best model so far, the training clock and the planned epochs) as
+    `<output_dir>/step_N`."""
     state = {"completed_steps": position.completed_steps, "epoch": position.epoch,
-             "batches_in_epoch": position.batches_in_epoch, "signature": job.signature, "best": job.best.state()}
+             "batches_in_epoch": position.batches_in_epoch, "train_seconds": position.train_seconds,
+             "train_tokens": position.train_tokens, "planned_epochs": getattr(args, "planned_epochs", None),
+             "signature": job.signature, "best": job.best.state()}
 
     def extra(tmp):
         if job.write_extra is not None:
@@ -123,24 +191,32 @@ def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
 
 
 def train_epochs(job: Job, args, start: Position) -> TrainStats:
-    """Train from `start` to `args.max_train_steps`: log every step, validate every `eval_steps` (not at the last
-    step: the caller evaluates the final model), checkpoint every `checkpointing_steps` (or 'epoch'). The signal
-    dropout warms up linearly over the first `signal_dropout_warmup_epochs`."""
+    """Train from `start` to `args.max_train_steps` (None: no step limit) or until the training clock passes
+    `args.max_train_time` (when set): log every step, validate every `eval_steps` and whenever the clock passes one
+    of `eval_seconds` (not at the last step: the caller evaluates the final model), checkpoint every
+    `checkpointing_steps` (or 'epoch'). The signal dropout warms up linearly over the first
+    `signal_dropout_warmup_epochs`."""
     from tqdm.auto import tqdm
 
     acc = job.accelerator
-    progress = tqdm(total=args.max_train_steps, initial=start.completed_steps, desc="train",
+    limit, budget = args.max_train_steps, getattr(args, "max_train_time", None)
+    progress = tqdm(total=limit, initial=start.completed_steps, desc="train",
                     disable=not acc.is_local_main_process, dynamic_ncols=True)
-    stats = TrainStats(start.completed_steps)
+    stats = TrainStats(start.completed_steps, start.train_seconds, start.train_tokens)
+    pending = [s for s in sorted(getattr(args, "eval_seconds", None) or []) if s > start.train_seconds]
     model = acc.unwrap_model(job.model)
     job.model.train()
-    for epoch in range(start.epoch, args.num_train_epochs):
-        if stats.completed_steps >= args.max_train_steps:
+    epochs = range(start.epoch, args.num_train_epochs) if args.num_train_epochs else itertools.count(start.epoch)
+    done = limit is not None and stats.completed_steps >= limit or budget is not None and stats.train_time >= budget
+    for epoch in epochs:
+        if done:
             break
         loader, batches = _epoch_batches(job, epoch, start)
         step_started = time.time()
         for batch in loader:
             warm_signal_dropout(model, epoch + batches / len(job.train_loader), args.signal_dropout_warmup_epochs)
+            if job.clock is not None:
+                job.clock.seconds = stats.train_time
             result = job.train_step(batch)
             batches += 1
             if result is None:  # a micro-batch of an accumulation: no optimizer step yet
@@ -150,19 +226,24 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
             stats.last_loss, stats.train_time = result.loss, stats.train_time + elapsed
             stats.train_tokens += result.tokens
             job.log({"step": steps, "loss": result.loss, "lr": result.lr, "tokens": result.targets,
-                     "epoch": epoch, "seconds": round(elapsed, 4)})
+                     "epoch": epoch, "seconds": round(elapsed, 4), "train_seconds": round(stats.train_time, 4)})
             progress.update(1)
             progress.set_postfix(loss=f"{result.loss:.3f}", refresh=False,
                                  tok_s=f"{stats.train_tokens / max(stats.train_time, 1e-9):,.0f}")
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-            if args.eval_steps and job.eval_loader is not None and steps % args.eval_steps == 0 \
-                    and steps < args.max_train_steps:
-                evaluate_now(job, steps, result.loss, write=progress.write)
+            done = limit is not None and steps >= limit or budget is not None and stats.train_time >= budget
+            passed = bool(pending) and stats.train_time >= pending[0]
+            pending = [s for s in pending if s > stats.train_time]
+            due = passed or bool(args.eval_steps) and steps % args.eval_steps == 0
+            if due and job.eval_loader is not None and not done:
+                evaluate_now(job, steps, result.loss, write=progress.write, seconds=stats.train_time,
+                             tokens=stats.train_tokens)
             if _checkpoint_due(args, steps, batches >= len(job.train_loader)):
-                checkpoint_now(job, args, Position(steps, epoch, batches), write=progress.write)
+                checkpoint_now(job, args, Position(steps, epoch, batches, stats.train_time, stats.train_tokens),
+                               write=progress.write)
             step_started = time.time()
-            if steps >= args.max_train_steps:
+            if done:
                 break
     progress.close()
     warm_signal_dropout(model, 1.0, 0.0)  # the model leaves the loop with its configured dropout

@@ -737,3 +737,53 @@ def test_doc_cleaning_drops_every_kind_of_markup_line_and_keeps_the_text():
         "+-------+-------+\n| a     | b     |\n+=======+=======+",
         "   x = [1, 2]\n   ^\n   ...",
     ]
+
+
+# ------------------------------------------------------------------------------------------ time budget
+@pytest.mark.slow
+def test_time_budget_stops_logs_the_clock_and_resumes_exactly(corpus, tmp_path):
+    """--max_train_time: the run plans its epochs from timed steps, evaluates whenever the training clock passes an
+    --eval_seconds point (logging the clock and the tokens), stops once the clock passes the budget; a resume from
+    a checkpoint restores the clock and the planned epochs and trains the same steps (a constant schedule: the lr
+    does not depend on the pace)."""
+    budget = ["--max_train_time", "2.5", "--eval_seconds", "0.5", "1.5", "--checkpointing_steps", "3",
+              "--lr_scheduler_type", "constant_with_warmup", "--per_device_train_batch_size", "32"]
+    flags = ["--train_file", corpus, *TINY[:-2], *budget]  # no --eval_steps: the clock points alone
+    out = tmp_path / "budget"
+    result = run([*flags, "--output_dir", out])
+    assert re.search(r"--max_train_time 2\.5s: [0-9.]+s per step .* plans [0-9.]+ epoch\(s\)", result.stdout)
+    log = checkpoints.read_log(out / checkpoints.LOG_NAME)
+    steps = [r for r in log if "loss" in r]
+    evals = [r for r in log if "eval_loss" in r]
+    last = steps[-1]
+    assert last["train_seconds"] >= 2.5 and steps[-2]["train_seconds"] < 2.5  # stopped once the clock passed it
+    clocks = [r["train_seconds"] for r in evals]
+    assert clocks[0] == 0 and clocks[-1] == last["train_seconds"] and len(evals) == 4, clocks
+    assert clocks[1] >= 0.5 > steps[evals[1]["step"] - 2]["train_seconds"]  # at the first step past 0.5 s
+    assert clocks[2] >= 1.5 and all(r["eval_tokens"] == evals[0]["eval_tokens"] for r in evals)
+    tokens = {r["step"]: r["train_tokens"] for r in evals}
+    assert 0 < tokens[evals[1]["step"]] < tokens[evals[2]["step"]] < tokens[last["step"]]
+    state = checkpoints.read_train_state(out / "step_3")
+    assert state["train_seconds"] > 0 and state["train_tokens"] > 0 and state["planned_epochs"] > 0
+
+    resumed = tmp_path / "resumed"
+    subprocess.run(["cp", "-r", str(out), str(resumed)], check=True)
+    result = run([*flags, "--output_dir", resumed, "--resume_from_checkpoint", resumed / "step_3"])
+    assert f"training clock {state['train_seconds']:.1f}s" in result.stdout
+    assert f"{state['planned_epochs']:.2f} epoch(s) planned" in result.stdout  # the checkpoint's plan, not a new timing
+    assert "s per step" not in result.stdout
+    again = {r["step"]: r for r in checkpoints.read_log(resumed / checkpoints.LOG_NAME) if "loss" in r}
+    assert min(again) == 1 and again[4]["train_seconds"] > state["train_seconds"]
+    assert max(again[s]["train_seconds"] for s in again) >= 2.5  # the budget is the whole run's, clock restored
+    for r in steps:
+        if r["step"] in again:
+            assert again[r["step"]]["loss"] == pytest.approx(r["loss"], abs=1e-6, rel=0), r["step"]
+
+
+def test_time_budget_flags_are_checked(corpus, tmp_path, monkeypatch, capsys):
+    for flags, message in ((["--max_train_time", "0"], "--max_train_time must be a positive number"),
+                           (["--eval_seconds", "1", "-2"], "--eval_seconds must be positive"),
+                           (["--max_train_time", "5", "--lr_scheduler_type", "inverse_sqrt"], "no end to follow")):
+        assert pretrain.main(["--train_file", str(corpus), "--output_dir", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err, err

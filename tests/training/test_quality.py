@@ -1,17 +1,22 @@
 """benchmarks/quality.py: a run with tiny models and budgets of about a second writes the JSON and the PNG, with
-finite perplexities and curves monotone in time; both models are scored on the same targets; bad input gets a
-one-line error."""
+finite perplexities and curves monotone in time; both models are scored on the same targets; a BriLLM row is the
+pretrain.py command it prints (the same losses and held-out figures); bad input gets a one-line error."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from modeling_brillm.evaluation import perplexity
+from modeling_brillm.training import epochs
+from modeling_brillm.training.checkpoints import LOG_NAME, read_log
 from modeling_brillm.training.presets import TRAINING_DEFAULTS
 from modeling_brillm.training.pruning import choose_learning_rate
 from tests._scripts import load_script
@@ -40,7 +45,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
             "--more_brillm", str(recipe), "--schedule", "cosine",
             "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
-            "--threads", "1", "--interleave", "0.3",
+            "--threads", "1",
             "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
     assert quality.main(argv) == 0
     assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -68,12 +73,50 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     assert 1 < results["bigram_add_0_1_perplexity"] < results["data"]["vocab_size"]
     text = capsys.readouterr().out
     assert "held-out perplexity at each budget" in text
-    assert "BriLLM: --min_bigram_count auto chose" in text and "BriLLM: --signal_dropout auto chose" in text
-    chosen = re.search(r"BriLLM: --signal_dropout auto chose ([0-9.]+)", text).group(1)
+    assert "--min_bigram_count auto chose" in text and "--signal_dropout auto chose" in text
+    assert "--max_train_time 1s:" in text  # the epochs the budget buys, timed as pretrain.py times them
+    chosen = re.search(r"--signal_dropout auto chose ([0-9.]+)", text).group(1)
     assert results["models"][0]["signal_dropout"] == float(chosen)  # the data's choice, as pretrain.py makes it
     assert TRAINING_DEFAULTS["learning_rate"] == "auto"  # pretrain.py's built-in rate, chosen with the dropout
-    assert f"BriLLM: --learning_rate auto chose {results['models'][0]['lr']:g}: " in text
+    assert f"--learning_rate auto chose {results['models'][0]['lr']:g}: " in text
     assert results["models"][0]["lr"] == choose_learning_rate(float(chosen))[0]
+    for model in results["models"][:2]:  # every BriLLM row printed as the pretrain.py run it is
+        assert model["pretrain_command"].startswith("python examples/pretrain.py ")
+        assert model["pretrain_command"] in text
+        assert "--max_train_time 1 --eval_seconds" in model["pretrain_command"]
+    second_argv = results["models"][1]["pretrain_argv"]  # the same data flags as the first row
+    assert second_argv[second_argv.index("--vocab_size") + 1] == "300" and "--sentence_blocks" in second_argv
+
+
+def test_a_brillm_row_is_the_pretrain_command_it_prints(tmp_path):
+    """The losses and the final held-out figure of a quality.py BriLLM row equal those of its printed pretrain.py
+    command run on its own (a step cap makes both stop at the same step; evaluations at clock points fall on
+    different steps in the two runs but do not change the training)."""
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"model": {"node_size": 8, "signal_dropout": 0.1},
+                                  "training": {"min_bigram_count": 2}}))
+    out = tmp_path / "q"
+    argv = tiny_files(tmp_path) + ["--config", str(recipe), "--budgets", "1", "3", "--curve_points", "2",
+                                   "--gpt2", "none", "--max_train_steps", "6", "--no-wait-quiet",
+                                   "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
+    assert quality.main(argv) == 0
+    row = json.loads((out / "quality.json").read_text())["models"][0]
+    command = shlex.split(row["pretrain_command"])
+    assert command[:2] == ["python", "examples/pretrain.py"] and "--max_train_steps" in command
+    alone = tmp_path / "alone"
+    command[command.index("--output_dir") + 1] = str(alone)
+    subprocess.run([sys.executable, *command[1:]], cwd=quality.ROOT, check=True, capture_output=True, timeout=120,
+                   env={**quality.os.environ, "TOKENIZERS_PARALLELISM": "false"})
+
+    def figures(folder):
+        log = read_log(folder / LOG_NAME)
+        return ({r["step"]: r["loss"] for r in log if "loss" in r},
+                [(r["step"], r["eval_loss"], r["eval_tokens"]) for r in log if "eval_loss" in r])
+
+    (losses, evals), (losses_alone, evals_alone) = figures(out / "brillm"), figures(alone)
+    assert sorted(losses) == list(range(1, 7)) and losses == losses_alone
+    assert evals[0] == evals_alone[0] and evals[-1] == evals_alone[-1]  # before training, and the final model
+    assert row["curve"][-1]["eval_nll"] == evals_alone[-1][1] and row["steps"] == 6
 
 
 def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
@@ -81,7 +124,10 @@ def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
     brillm = make_model(tokenizer)
     seqs = corpus_ids(tokenizer)
     held = padded(seqs)
-    total, count = quality.heldout_nll(brillm, held, batch_size=4, device=torch.device("cpu"))
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    total, count = quality.heldout_nll(brillm, held, batch_size=4, accelerator=accelerator)
     reference = perplexity(brillm, None, seqs, block_size=64)
     assert count == reference.num_tokens
     assert total / count == pytest.approx(reference.nll, rel=1e-5)
@@ -91,7 +137,7 @@ def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
     ids, mask = held
     with torch.no_grad():
         mean = gpt2(input_ids=ids, attention_mask=mask, labels=quality.labels_of(ids, mask)).loss
-    total, count = quality.heldout_nll(gpt2, held, batch_size=3, device=torch.device("cpu"))
+    total, count = quality.heldout_nll(gpt2, held, batch_size=3, accelerator=accelerator)
     assert count == int(quality.target_mask(mask).sum()) == sum(len(s) - 1 for s in seqs)
     assert total / count == pytest.approx(float(mean), rel=1e-5)
 
@@ -106,6 +152,24 @@ def test_batch_order_is_shared_and_covers_each_epoch():
     assert a[3:] != a[:3]  # a fresh permutation next epoch
 
 
+def test_gpt2_batches_are_the_pretrain_loaders():
+    """GPT-2's BatchOrder draws the blocks in the order of pretrain.py's loader (accelerate's seedable sampler,
+    seed + epoch), so every model sees the same batches."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True,
+                                                                                  data_seed=7))
+    loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(10)), shuffle=True, batch_size=3,
+                                                             drop_last=True))
+    seen = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen += [batch.tolist() for batch in loader]
+    order = [b.tolist() for b, _ in zip(quality.BatchOrder(10, 3, seed=7), range(6))]
+    assert seen == order
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--budgets", "0"], "--budgets must be positive"),
     (["--budgets", "10", "10"], "repeated"),
@@ -113,7 +177,7 @@ def test_batch_order_is_shared_and_covers_each_epoch():
     (["--gpt2", "2x64x3"], "multiple of the heads"),
     (["--gpt2", "2x64@0"], "learning rate after @"),
     (["--batch_size", "0"], "--batch_size must be a positive integer"),
-    (["--interleave", "-1"], "--interleave must be"),
+    (["--max_train_steps", "0"], "--max_train_steps must be a positive integer"),
     (["--no_brillm", "--gpt2"], "nothing to train"),
     (["--train_file", "/nonexistent/train.txt"], "no such file"),
     (["--train_file", "data.parquet"], "unknown file extension"),
@@ -136,7 +200,7 @@ def tiny_files(tmp_path):
                      encoding="utf-8")
     valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     return ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
-            "--batch_size", "8", "--threads", "1", "--interleave", "0.3"]
+            "--batch_size", "8", "--threads", "1"]
 
 
 @pytest.mark.slow
@@ -144,7 +208,7 @@ def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     sweep = load_sweep()
     out = tmp_path / "sweep"
     argv = tiny_files(tmp_path) + [
-        "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2",
+        "--interleave", "0.3", "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2",
         "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:1,shared_lr:0.5,node_lr:2,schedule:cosine",
         "pruned=min_count:60,d:4,clip:0,lr:0.01", "--results_dir", str(tmp_path / "records")]
     assert sweep.main(argv) == 0
@@ -192,12 +256,12 @@ def test_step_timing_is_the_pace_not_the_first_compiles(monkeypatch):
     and the signal-dropout rule chose none)."""
     pace = iter([5.0, 5.0, 0.01, 0.01, 3.0, 0.01, 0.01])
     clock = [0.0]
-    monkeypatch.setattr(quality.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(epochs.time, "perf_counter", lambda: clock[0])
 
     def step():
         clock[0] += next(pace)
 
-    assert quality.seconds_per_step(step, sync=lambda: None) == pytest.approx(0.01)
+    assert epochs.seconds_per_step(step, sync=lambda: None) == pytest.approx(0.01)
 
 
 def test_gpt2_sizes_and_none():
