@@ -84,9 +84,16 @@ from modeling_brillm.training.optimizers import (
     describe_optimizer,
     resolve_moment_dtype,
 )
-from modeling_brillm.training.presets import build_config_and_graph, known_presets, resolve_settings
+from modeling_brillm.training.presets import (
+    build_config_and_graph,
+    build_from_recipe,
+    known_presets,
+    plan_recipe,
+    resolve_settings,
+)
 from modeling_brillm.training.pruning import choose_learning_rate
 from modeling_brillm.training.publishing import push_folder, write_training_card
+from modeling_brillm.training.recipe import TRAINING_RECIPE, RunPlan, Setting
 from modeling_brillm.training.sharded import (
     EDGE_SHARDINGS,
     ShardedTrainStep,
@@ -173,6 +180,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     g = p.add_argument_group("model")
     g.add_argument("--config", help=f"A preset name ({', '.join(known_presets())}) or a JSON path.")
+    g.add_argument("--recipe", metavar="FILE",
+                   help="A recipe.json an earlier run saved (in its output folder or a checkpoint): apply its "
+                   "settings verbatim (no probing of the data), in place of the built-in recipe and a preset.")
     g.add_argument("--node_size", type=int, default=None, help="Neurons per node, d (the paper: 32).")
     graph = g.add_mutually_exclusive_group()
     graph.add_argument("--min_bigram_count", type=count_or_auto, default=None,
@@ -416,13 +426,7 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
     if args.planned_epochs is None:  # a time budget: the epochs it buys, timed
         args.planned_epochs = epochs_in_budget(args, model_fields, data, accelerator)
     budgeted = args.max_train_time is not None and args.min_bigram_count == "auto"  # a sparser graph trains faster
-    config, graph, min_count = build_config_and_graph(model_fields, data.tokenizer, data.train,
-                                                      args.min_bigram_count, args.planned_epochs,
-                                                      epochs_grow_with_pruning=budgeted, say=say)
-    min_count = getattr(min_count, "min_count", min_count)
-    if args.learning_rate == "auto":
-        args.learning_rate, why = choose_learning_rate(config.signal_dropout)
-        say(why)
+    config, graph, min_count = plan_config(args, model_fields, data, accelerator, args.planned_epochs, budgeted, say)
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {min_count} times" if graph is not None else "")
@@ -442,7 +446,43 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
             f"{plan.name} the shared edge trains at the base rate")
         args.shared_edge_lr_scale = 1.0
     say(check_memory(config, accelerator, args))
+    say(settle_recipe(args, plan, accelerator))
     return config, graph, plan
+
+
+def plan_config(args, model_fields, data, accelerator, epochs, budgeted: bool, say):
+    """The recipe of this data and run (recipe.choose_recipe: the count, the dropout and the rate where "auto") and
+    the config and graph it gives: (config, graph, the graph's count). Sets the rate and `args.recipe_choice`."""
+    training = {name: getattr(args, name) for name in TRAINING_RECIPE}
+    run_plan = RunPlan(epochs, budgeted, args.max_train_steps, global_batch(args, accelerator), len(data.train),
+                       accelerator.device.type, accelerator.mixed_precision)
+    recipe, sequences = plan_recipe(model_fields, data.tokenizer, data.train, training, run_plan,
+                                    args.tokenizer_settings, args.setting_rules, say=say)
+    config, graph = build_from_recipe(recipe, data.tokenizer, data.train, sequences)
+    args.learning_rate, args.recipe_choice = recipe.value("training", "learning_rate"), recipe
+    return config, graph, recipe.value("training", "min_bigram_count")
+
+
+def settle_recipe(args, plan, accelerator) -> str:
+    """The recipe with the moments' dtype the device gave, and what it came from; the start-up block."""
+    recipe = args.recipe_choice
+    recipe.add(Setting("training", "moment_dtype", args.moment_dtype, recipe.settings["training.moment_dtype"].rule,
+                       f"{plan.name} on {accelerator.device.type}, mixed precision {accelerator.mixed_precision}"))
+    recipe.inputs.update(preset=args.config, recipe_file=args.recipe)
+    return recipe.describe()
+
+
+def save_recipe_with_checkpoints(args, job: Job):
+    """Every checkpoint folder holds the run's recipe.json too (`--recipe` reads it from there)."""
+    extra = job.write_extra
+
+    def write(tmp):
+        if extra is not None:
+            extra(tmp)
+        if job.accelerator.is_main_process:
+            args.recipe_choice.save(tmp)
+
+    job.write_extra = write
 
 
 def planned_epochs(args, data, accelerator, checkpoint=None) -> float | None:
@@ -702,6 +742,7 @@ def save_final(args, job: Job, tokenizer, out_dir):
     if accelerator.is_main_process:
         tokenizer.model_max_length = unwrapped.config.max_position_embeddings  # pipelines and harnesses read it
         tokenizer.save_pretrained(out_dir)
+        args.recipe_choice.save(out_dir)  # --recipe out_dir/recipe.json builds the same config
     job.best.discard()
     accelerator.print(f"saved the model and tokenizer to {out_dir} "
                       "(AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
@@ -776,6 +817,7 @@ def run(args, data=None) -> int:
     loaders = make_loaders(args, data, accelerator)
     parts = prepare_model_and_optimizer(args, model, plan, loaders, config, graph, checkpoint, accelerator)
     job = make_job(args, parts, plan, data, config, accelerator, out_dir)
+    save_recipe_with_checkpoints(args, job)
     init_tracking(args, model_fields, accelerator)
 
     position = resume_or_start(args, job, checkpoint)
