@@ -309,7 +309,9 @@ def map_workers(dataset, requested: int | None) -> int | None:
     if requested:
         return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = min(cores, dataset.data.nbytes // BYTES_PER_WORKER, len(dataset))
+    table = dataset.data  # a selection (the held-out split) is a share of its table's rows
+    size = table.nbytes * len(dataset) // max(table.num_rows, 1)
+    workers = min(cores, size // BYTES_PER_WORKER, len(dataset))
     return workers if workers > 1 else None
 
 

@@ -216,8 +216,11 @@ def test_map_workers_default_follows_the_cores_and_the_data(monkeypatch):
     assert data.map_workers(dataset, None) is None  # 50 KB: not worth a process
     monkeypatch.setattr(data, "BYTES_PER_WORKER", 10_000)
     assert data.map_workers(dataset, None) == dataset.data.nbytes // 10_000
+    held_out = dataset.select(range(0, 50, 10))  # 5 of the table's 50 rows: a tenth of its bytes
+    assert data.map_workers(held_out, None) is None
     monkeypatch.setattr(data, "BYTES_PER_WORKER", 1)
     assert data.map_workers(dataset, None) == 16
+    assert data.map_workers(held_out, None) == 5  # never more processes than rows
 
 
 def test_serial_tokenizers_restores_the_setting(monkeypatch):
