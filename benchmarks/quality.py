@@ -42,8 +42,9 @@ the largest budget buys, timed on a few throwaway steps before the run. GPT-2 (t
 dropout 0, tied embeddings) trains with AdamW (--gpt2_lr, default 3e-3, weight decay 0.01, --gpt2_warmup (20)
 steps of linear warmup, gradient clipping at 1.0). 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 / 1.2e-2 for 2x64 and
 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better with 1e-3 (its default:
-4x256@1e-3). The GPT-2 runs use this module's harness (BudgetRun), which benchmarks/recipe_sweep.py also trains
-its BriLLM variants in.
+4x256@1e-3). The GPT-2 runs use this module's harness (BudgetRun); it has no BriLLM training loop, evaluator or
+epoch planner of its own. benchmarks/recipe_sweep.py builds its BriLLM variants the same way (brillm_argv,
+shared_data, brillm_row) and its GPT-2 references in the same harness.
 
 Runs where pretrain.py runs: on the GPU when there is one (CUDA_VISIBLE_DEVICES= for the CPU). Writes
 <output_dir>/quality.json (settings, data, every model's parameters, curve and pretrain.py command, the table per
@@ -187,112 +188,6 @@ def curve_points(budgets, extra: int) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------------- data
-def pretrain_args(args):
-    """The pretraining script's own arguments for this data and preset (checked by its own rules)."""
-    argv = ["--seed", str(args.seed), "--text_column", args.text_column]
-    argv += ["--config", args.config] if args.config else []
-    for flag in ("train_file", "validation_file", "vocab_size", "block_size"):
-        if getattr(args, flag) is not None:
-            argv += [f"--{flag}", str(getattr(args, flag))]
-    try:
-        pargs = pretrain.parse_args(argv)
-    except SystemExit:
-        raise UsageError(f"the pretraining script refused the arguments {argv}.") from None
-    model_fields, tok_settings = pretrain.resolve_settings(pargs)
-    pretrain.check_args(pargs, model_fields)
-    return pargs, model_fields, tok_settings
-
-
-def make_accelerator(device):
-    """The one-process Accelerator the training modules ask for (tokenizer on the main process, the step's
-    backward and reductions), on `device`; no model or optimizer is `prepare`d (nothing is distributed)."""
-    from accelerate import Accelerator
-
-    return Accelerator(cpu=device.type == "cpu")
-
-
-def prepare_data(args, output_dir: Path, accelerator) -> dict:
-    """Tokenizer, training and held-out blocks (as tensors), BriLLM's config and graph: all made by the
-    pretraining modules (modeling_brillm.training) exactly as examples/pretrain.py makes them."""
-    from modeling_brillm.training.data import load_raw_data, load_tokenizer, prepare_blocks
-
-    pargs, model_fields, tok_settings = pretrain_args(args)
-    pargs.output_dir = str(output_dir)
-    raw, description = load_raw_data(pargs)
-    if "validation" not in raw or len(raw["validation"]) == 0:
-        raise UsageError("no held-out text: give --validation_file, or more training texts (every 20th is held out).")
-    tokenizer, _ = load_tokenizer(pargs, tok_settings, raw, output_dir / "tokenizer", None, accelerator)
-    train_blocks, eval_blocks, _ = prepare_blocks(raw, tokenizer, pargs, accelerator)
-    if eval_blocks is None:
-        raise UsageError("the held-out text gives no block of at least two tokens; give a longer --validation_file.")
-
-    def tensors(blocks):
-        rows = blocks.with_format("torch")[:]
-        return rows["input_ids"].long(), rows["attention_mask"].long()
-
-    train, held = tensors(train_blocks), tensors(eval_blocks)
-    if args.max_eval_blocks:
-        held = (held[0][: args.max_eval_blocks], held[1][: args.max_eval_blocks])
-    if len(train[0]) < args.batch_size:
-        raise UsageError(f"{len(train[0])} training blocks cannot fill one batch of {args.batch_size}; lower "
-                         "--batch_size or give more text.")
-    data = dict(tokenizer=tokenizer, train=train, held=held, pargs=pargs, description=description,
-                train_blocks=train_blocks, accelerator=accelerator)
-    return {**data, **budget_graph(model_fields, data, args, accelerator)}
-
-
-def budget_graph(model_fields, data, args, accelerator) -> dict:
-    """BriLLM's config, graph and the count used, as pretrain.py builds them. `--min_bigram_count auto` and
-    `--signal_dropout auto` are told the run's length: here a time budget, so the epochs come from timing a few steps
-    on the data's graph, and a sparser graph is taken to train proportionally more of them
-    (pruning.choose_min_count)."""
-    from modeling_brillm.training.presets import build_config_and_graph
-    from modeling_brillm.training.pruning import choose_learning_rate
-
-    count = data["pargs"].min_bigram_count
-    lines = []  # what the data chose, for the report
-    config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], count,
-                                                 say=lines.append)
-    if "auto" in (count, model_fields.get("signal_dropout")) and graph is not None:
-        probe = {**data, "config": config, "graph": graph, "min_count": used}
-        epochs = epochs_in_budget(probe, args, accelerator, max(args.budgets))
-        lines.clear()
-        config, graph, used = build_config_and_graph(model_fields, data["tokenizer"], data["train_blocks"], count,
-                                                     planned_epochs=epochs, epochs_grow_with_pruning=count == "auto",
-                                                     say=lines.append)
-    if data["pargs"].learning_rate == "auto":
-        lines.append(choose_learning_rate(config.signal_dropout)[1])
-    return dict(config=config, graph=graph, min_count=used, choices=lines)
-
-
-def brillm_rate(pargs, config) -> float:
-    """BriLLM's peak rate: the preset's or flag's, or pretrain.py's `auto` choice for this config's dropout."""
-    from modeling_brillm.training.pruning import choose_learning_rate
-
-    return choose_learning_rate(config.signal_dropout)[0] if pargs.learning_rate == "auto" else pargs.learning_rate
-
-
-def epochs_in_budget(data, args, accelerator, seconds: float) -> float:
-    """Epochs of the training blocks BriLLM trains in `seconds` on data's graph, timed on a throwaway model
-    (recipe_sweep.py's variants; a quality.py row is planned by pretrain.py --max_train_time)."""
-    import torch
-
-    from modeling_brillm.training.epochs import seconds_per_step
-
-    device = accelerator.device
-    model = make_brillm(data, args.seed).to(device)
-    step = brillm_trainer(model, data, args, accelerator)[0]
-    ids_all, mask_all = data["train"]
-    order = iter(BatchOrder(len(ids_all), args.batch_size, args.seed))
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    def one_step():
-        index = next(order)
-        step(ids_all[index].to(device), mask_all[index].to(device))
-
-    return seconds / seconds_per_step(one_step, sync) * args.batch_size / len(ids_all)
-
-
 def labels_of(ids, mask):
     return ids.masked_fill(mask == 0, -100)
 
@@ -321,15 +216,6 @@ class BatchOrder:
 
 
 # ------------------------------------------------------------------------------------------------ models
-def make_brillm(data, seed: int):
-    import torch
-
-    from modeling_brillm import BriLLMForCausalLM
-
-    torch.manual_seed(seed)
-    return BriLLMForCausalLM.from_graph(data["graph"], config=data["config"])
-
-
 def make_gpt2(data, size, seed: int):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -383,71 +269,15 @@ def package_step(accelerator, model, optimizer, scheduler, args, block_size: int
     return step
 
 
-def warm_dropout(step, model, steps_per_epoch: int, warmup_epochs: float):
-    """`step`, with the model's signal dropout grown from 0 over its first `warmup_epochs` epochs of
-    `steps_per_epoch` steps (as pretrain.py's epoch loop grows it)."""
-    from modeling_brillm.training.epochs import warm_signal_dropout
-
-    done = 0
-
-    def warming_step(ids, mask):
-        nonlocal done
-        warm_signal_dropout(model, done / steps_per_epoch, warmup_epochs)
-        done += 1
-        return step(ids, mask)
-
-    return warming_step
-
-
 def schedule_text(args) -> str:
     if args.schedule == "constant":
         return "constant after warmup"
-    return (f"cosine over {max(args.budgets):g} training seconds to {getattr(args, 'min_lr_ratio', 0.0):g} x the "
-            "peak, after warmup")
-
-
-def chosen_count(min_count):
-    """The count `build_config_and_graph` used: an int, or "auto (N)" when the data chose N."""
-    return f"auto ({min_count.min_count})" if hasattr(min_count, "min_count") else min_count
-
-
-def brillm_trainer(model, data, args, accelerator):
-    """BriLLM as examples/pretrain.py trains it in one process (its --optimizer default: SparseAdamW on sparse
-    edge gradients, the preset's or `auto` learning rate, weight decay and its lazy mode, shared-edge and node rates,
-    warmup and clipping), with --schedule over the training clock. Returns (step, info, clock, optimizer)."""
-    from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
-
-    pargs = data["pargs"]
-    plan = choose_optimizer(pargs.optimizer, 1, pargs.max_grad_norm)
-    lr = brillm_rate(pargs, model.config)
-    optimizer = build_optimizer(model, plan, lr, pargs.weight_decay, accelerator,
-                                lazy_weight_decay=pargs.lazy_weight_decay, node_lr_scale=pargs.node_lr_scale,
-                                shared_edge_lr_scale=pargs.shared_edge_lr_scale)
-    clock = TrainingClock()
-    scheduler = clock_schedule(optimizer, pargs.num_warmup_steps, args.schedule, max(args.budgets),
-                               getattr(args, "min_lr_ratio", 0.0), clock)
-    step = package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size,
-                        pargs.max_grad_norm if plan.clip else None)
-    step = warm_dropout(step, model, len(data["train"][0]) // args.batch_size, pargs.signal_dropout_warmup_epochs)
-    info = dict(optimizer=f"{plan.name} ({'sparse' if plan.sparse_gradients else 'dense'} edge gradients)",
-                lr=lr, weight_decay=pargs.weight_decay,
-                warmup_steps=pargs.num_warmup_steps,
-                lazy_weight_decay=pargs.lazy_weight_decay, shared_edge_lr_scale=pargs.shared_edge_lr_scale,
-                node_lr_scale=pargs.node_lr_scale, min_bigram_count=chosen_count(data["min_count"]),
-                signal_dropout=model.config.signal_dropout,
-                signal_dropout_warmup_epochs=pargs.signal_dropout_warmup_epochs,
-                non_edge_bias=model.config.non_edge_bias,
-                node_readout=model.config.node_readout, edge_backoff=model.config.edge_backoff,
-                node_embedding=model.config.node_embedding, count_prior=model.config.count_prior,
-                position_recency=model.config.position_recency,
-                node_size=model.config.node_size, schedule=schedule_text(args),
-                grad_clip=pargs.max_grad_norm if plan.clip else None)
-    return step, info, clock, optimizer
+    return f"cosine over {max(args.budgets):g} training seconds to zero, after warmup"
 
 
 def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device):
     """GPT-2's usual recipe: fused AdamW (weight decay 0.01 on matrices), linear warmup then --schedule, gradient
-    norm clipped to 1.0; the step itself is the pretraining code's TrainStep, as for BriLLM."""
+    norm clipped to 1.0; the step itself is the pretraining code's TrainStep, as pretrain.py's for BriLLM."""
     import torch
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -455,8 +285,7 @@ def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type in ("cpu", "cuda"))
     clock = TrainingClock()
-    scheduler = clock_schedule(optimizer, warmup, args.schedule, max(args.budgets), getattr(args, "min_lr_ratio", 0.0),
-                               clock)
+    scheduler = clock_schedule(optimizer, warmup, args.schedule, max(args.budgets), 0.0, clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, data["pargs"].block_size, 1.0)
     info = dict(optimizer="adamw (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
                 schedule=schedule_text(args), grad_clip=1.0)
@@ -501,19 +330,16 @@ def count_parameters(model) -> int:
 
 # ---------------------------------------------------------------------------------------------- training
 class BudgetRun:
-    """One model's training against the clock: `train_until(t)` trains until its training clock (seconds of
-    forward, backward and optimizer step, nothing else) passes t, and evaluates each time the clock passes one
-    of `points`. Runs can take turns in slices (interleaved), so a shared machine's load falls on all alike."""
+    """One GPT-2's training against the clock: `train()` trains until its training clock (seconds of forward,
+    backward and optimizer step, nothing else) passes the last of `points` (or --max_train_steps), and evaluates each
+    time the clock passes one of them."""
 
-    def __init__(self, label, model, step, data, points, args, device, say=print, clock=None, optimizer=None):
+    def __init__(self, label, model, step, data, points, args, device, clock=None):
         import torch
         from common import CpuMonitor
 
-        self.label, self.model, self.step, self.data, self.args, self.device, self.say = (
-            label, model, step, data, args, device, say)
-        # `clock` (a TrainingClock): told the training seconds before every step, for a schedule over the clock;
-        # `optimizer`: its lazily decayed rows are brought up to date before every evaluation
-        self.clock_ref, self.optimizer = clock, optimizer
+        self.label, self.model, self.step, self.data, self.args, self.device = label, model, step, data, args, device
+        self.clock_ref = clock  # a TrainingClock told the training seconds before every step (a schedule over it)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.batches = iter(BatchOrder(len(data["train"][0]), args.batch_size, args.seed))
         self.pending = list(points)
@@ -523,15 +349,7 @@ class BudgetRun:
         model.to(device).train()
         self.curve = [self.evaluate()]
 
-    @property
-    def done(self) -> bool:
-        return not self.pending
-
     def evaluate(self) -> dict:
-        from modeling_brillm.training.optimizers import apply_pending_weight_decay
-
-        if self.optimizer is not None:
-            apply_pending_weight_decay(self.optimizer)
         started = time.perf_counter()
         total, count = heldout_nll(self.model, self.data["held"], self.args.eval_batch_size,
                                    self.data["accelerator"])
@@ -541,16 +359,16 @@ class BudgetRun:
                      train_targets=self.targets, train_loss=last, eval_nll=nll, perplexity=math.exp(min(nll, 700.0)),
                      eval_tokens=count, eval_seconds=round(time.perf_counter() - started, 3))
         self.loss_sum, self.loss_steps = 0.0, 0
-        self.say(f"  {self.label:>18} {self.clock:8.1f}s step {self.steps:6d}  held-out perplexity "
-                 f"{point['perplexity']:10.2f}" + (f"  (train loss {last:.3f})" if last is not None else ""))
+        print(f"  {self.label:>18} {self.clock:8.1f}s step {self.steps:6d}  held-out perplexity "
+              f"{point['perplexity']:10.2f}" + (f"  (train loss {last:.3f})" if last is not None else ""))
         return point
 
-    def train_until(self, limit: float):
+    def train(self):
         ids_all, mask_all = self.data["train"]
         self.monitor.start()
         wall = time.perf_counter()
-        cap = getattr(self.args, "max_train_steps", None) or math.inf
-        while self.pending and self.clock < limit and self.steps < cap:
+        cap = self.args.max_train_steps or math.inf
+        while self.pending and self.steps < cap:
             index = next(self.batches)
             ids, mask = ids_all[index], mask_all[index]
             self.sync()
@@ -572,31 +390,16 @@ class BudgetRun:
                 while self.pending and self.clock >= self.pending[0]:
                     self.pending.pop(0)
                 self.curve.append(self.evaluate())
-        if self.steps >= cap and self.pending:  # stopped by the step cap: its final evaluation
-            self.pending = []
-            if self.curve[-1]["steps"] < self.steps:
-                self.curve.append(self.evaluate())
+        if self.pending and self.curve[-1]["steps"] < self.steps:  # stopped by the step cap: its final evaluation
+            self.curve.append(self.evaluate())
         wall = time.perf_counter() - wall
-        self.load_seconds += self.monitor.stop() * wall  # other processes' load, evaluations included
-        self.wall_seconds += wall
+        self.load_seconds = self.monitor.stop() * wall  # other processes' load, evaluations included
+        self.wall_seconds = wall
 
     def result(self) -> dict:
         return dict(curve=self.curve, steps=self.steps, train_seconds=round(self.clock, 3),
                     tokens_per_second=round(self.tokens / max(self.clock, 1e-9), 1),
                     other_cpu_load=round(self.load_seconds / max(self.wall_seconds, 1e-9), 3))
-
-
-def run_all(runs, slice_seconds: float):
-    """Train every run to its last point: in turns of `slice_seconds` of training each, or (0) one after another."""
-    if slice_seconds <= 0:
-        for run in runs:
-            run.train_until(math.inf)
-        return
-    limit = 0.0
-    while not all(run.done for run in runs):
-        limit += slice_seconds
-        for run in runs:
-            run.train_until(limit)
 
 
 def at_budget(curve, budget: float) -> dict:
@@ -679,9 +482,10 @@ def markdown_table(results: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------- BriLLM rows
-def brillm_argv(args, preset, points, first=None) -> list[str]:
+def brillm_argv(args, preset, points, first=None, name=None, schedule=None) -> list[str]:
     """examples/pretrain.py's flags for one BriLLM row. `first`: the first row's settled arguments, whose data
-    settings (tokenizer, blocks, validation split) a --more_brillm row keeps, so every row trains on the same data."""
+    settings (tokenizer, blocks, validation split) a --more_brillm row keeps, so every row trains on the same data;
+    `name`: its folder under --output_dir; `schedule`: constant or cosine (default --schedule)."""
     argv = ["--seed", str(args.seed), "--text_column", args.text_column]
     argv += ["--config", preset] if preset else []
     for flag in ("train_file", "validation_file"):
@@ -701,8 +505,9 @@ def brillm_argv(args, preset, points, first=None) -> list[str]:
     argv += ["--max_train_time", f"{top:g}"]
     argv += ["--eval_seconds", *(f"{p:.6g}" for p in points if p < top)] if any(p < top for p in points) else []
     argv += ["--max_train_steps", str(args.max_train_steps)] if args.max_train_steps else []
-    argv += ["--lr_scheduler_type", "constant_with_warmup" if args.schedule == "constant" else "cosine"]
-    name = "brillm" if first is None else f"brillm-{Path(preset).stem}"
+    schedule = schedule or args.schedule
+    argv += ["--lr_scheduler_type", "constant_with_warmup" if schedule == "constant" else "cosine"]
+    name = name or ("brillm" if first is None else f"brillm-{Path(preset).stem}")
     return argv + ["--torch_threads", str(args.threads), "--num_generations", "0",
                    "--output_dir", str(Path(args.output_dir) / name)]
 
@@ -789,6 +594,16 @@ def tensors(blocks):
     return rows["input_ids"].long(), rows["attention_mask"].long()
 
 
+def harness_data(pretrain_data, first, accelerator, batch_size: int) -> dict:
+    """The shared blocks as tensors, for the GPT-2 harness (BudgetRun) and the bigram reference."""
+    data = dict(tokenizer=pretrain_data.tokenizer, train=tensors(pretrain_data.train),
+                held=tensors(pretrain_data.eval), pargs=first, accelerator=accelerator)
+    if len(data["train"][0]) < batch_size:
+        raise UsageError(f"{len(data['train'][0])} training blocks cannot fill one batch of {batch_size}; lower "
+                         "--batch_size or give more text.")
+    return data
+
+
 # ------------------------------------------------------------------------------------------------- main
 def run(args) -> dict:
     check_args(args)
@@ -801,11 +616,7 @@ def run(args) -> dict:
     argv0 = brillm_argv(args, args.config, points)
     pretrain_data, first, accelerator = shared_data(argv0)
     device = accelerator.device
-    data = dict(tokenizer=pretrain_data.tokenizer, train=tensors(pretrain_data.train),
-                held=tensors(pretrain_data.eval), pargs=first, accelerator=accelerator)
-    if len(data["train"][0]) < args.batch_size:
-        raise UsageError(f"{len(data['train'][0])} training blocks cannot fill one batch of {args.batch_size}; lower "
-                         "--batch_size or give more text.")
+    data = harness_data(pretrain_data, first, accelerator, args.batch_size)
     tok = data["tokenizer"]
     held_targets = int(target_mask(data["held"][1]).sum())
     print(f"data: {pretrain_data.description}")
@@ -852,7 +663,7 @@ def gpt2_row(size, data, points, args, accelerator) -> dict:
     params = count_parameters(model)
     print(f"\n{label}: {params:,} parameters; {info['optimizer']} lr {info['lr']}")
     run = BudgetRun(label, model, step, data, points, args, device, clock=clock)
-    run.train_until(math.inf)
+    run.train()
     return dict(kind="gpt2", label=label, parameters=params, size=dict(zip(("layers", "width", "heads"), size[:3])),
                 parameters_note="dense: every parameter is used and updated every step (tied input/output embeddings)",
                 **info, **run.result())

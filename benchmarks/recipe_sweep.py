@@ -1,45 +1,44 @@
-"""Recipe sweep: BriLLM training recipes side by side on one corpus at one wall-clock budget (quality.py's rules).
+"""Recipe sweep: BriLLM training recipes side by side on one corpus at one training-time budget (quality.py's rules).
 
     python benchmarks/recipe_sweep.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 --budget 90 \
         --variant base= wd=lazy_wd:1,wd:0.1 drop=dropout:0.1 --gpt2 4x256@1e-3
 
-Every variant is one BriLLM training run; the runs (and any --gpt2 references) take turns of --interleave training
-seconds, so a shared machine's load falls on all alike, on the same data, tokenizer, blocks, batch order and held-out
-targets as benchmarks/quality.py (whose data preparation, training step and clock this script reuses). A variant is
-NAME=key:value,key:value over examples/pretrain.py's built-in recipe, or --config's (lr auto: 1e-2 where the signal
-drops, else 2e-2; weight decay 0.1, 10 warmup steps, clip 1.0, non-edge bias, node readout, position recency
-0.2, node rate 2x, shared-edge rate 0.5x, min_count auto, a matrix every edge shares, the nodes' own vectors in the
-signal):
+Every variant IS an examples/pretrain.py run, as a quality.py BriLLM row is: the script's own `run()` in this process
+(the data prepared once and shared), with `--max_train_time` the budget and the curve points as `--eval_seconds`; the
+equivalent command line is printed for each variant and stored in recipe_sweep.json (`pretrain_command`), and
+running it gives the same losses and held-out figures (up to the timing of the steps). The curve is read from the
+run's train_log.jsonl; its folder is <output_dir>/<NAME>. The runs go one after the other (run it on a quiet machine:
+the load other processes put on it during each run is reported). --gpt2 adds references in quality.py's GPT-2
+harness, on the same blocks, batch order and held-out targets.
 
-    lr        peak learning rate                       wd        weight decay on edge matrices
-    lazy_wd   1: SparseAdamW's lazy decay of every row  warmup    linear warmup steps
-    schedule  constant | cosine (over --horizon s of training clock, to min_lr x the peak)
-    min_lr    floor of the cosine, a fraction of the peak (default 0.1)
-    shared_lr learning-rate multiplier of the shared edge (row 0)
-    node_lr   learning-rate multiplier of node_bias / non_edge_bias
-    clip      gradient-norm clip (0: off)               d         node_size
-    min_count graph pruning: real edges for bigrams seen at least this often (auto: the count chosen from the data
-              and the budget for the base recipe, as quality.py chooses it)
-    dropout   config.signal_dropout (default: the base recipe's, chosen from the data and the budget as quality.py
-              chooses it)
-    dropout_warmup  epochs over which the dropout grows from 0 (0: all of it from the first step; default:
-              pretrain.py's, 1)
-    non_edge  1: config.non_edge_bias
-    readout   1: config.node_readout                    recency   config.position_recency
-    backoff   1: config.edge_backoff (0: every edge its own matrix only)
-    embed     1: config.node_embedding (every node adds its own vector to the signal it passes on)
+A variant is NAME=key:value,key:value over pretrain.py's built-in recipe, or --config's; every key is a pretrain.py
+flag (NAME= alone is the recipe itself; a 0/1 key is the flag's on / off switch):
 
-At every curve point the held-out NLL is also split by target: bigrams u->v that are real edges of the variant's
-graph ("seen") and those that are not ("unseen": every non-successor of u gets the shared energy). Writes
-<output_dir>/recipe_sweep.json, recipe_sweep.md (the table) and recipe_sweep.png (held-out perplexity and training
-loss against training seconds).
+    lr         --learning_rate (or auto)                 wd         --weight_decay
+    lazy_wd    --lazy_weight_decay                       warmup     --num_warmup_steps
+    schedule   constant (--lr_scheduler_type constant_with_warmup, the default) or cosine (over the training clock,
+               to zero at the budget)
+    shared_lr  --shared_edge_lr_scale                    node_lr    --node_lr_scale
+    clip       --max_grad_norm (0: off)                  d          --node_size
+    min_count  --min_bigram_count (or auto: chosen from the data and the epochs this variant's budget buys)
+    dropout    --signal_dropout (or auto, the same rule) dropout_warmup  --signal_dropout_warmup_epochs
+    non_edge   --non_edge_bias                           readout    --node_readout
+    recency    --position_recency                        backoff    --edge_backoff
+    embed      --node_embedding                          prior      --count_prior
+
+A variant keeps its last model (--no-keep_best_model), and its final held-out NLL is also split by target: bigrams
+u->v that are real edges of the variant's graph ("seen") and those that are not ("unseen": every non-successor of u
+gets the shared energy). Writes <output_dir>/recipe_sweep.json, recipe_sweep.md (the table) and recipe_sweep.png
+(held-out perplexity and training loss against training seconds), and the record (benchmarks/results). Exit status 2
+with a one-line message on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,18 +47,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import quality  # noqa: E402  (benchmarks/quality.py: data, step, clock, GPT-2 references)
+import quality  # noqa: E402  (benchmarks/quality.py: pretrain.py rows, the GPT-2 harness)
 
 UsageError = quality.UsageError
-def count_or_auto(value: str):
-    return value if value == "auto" else int(value)
-
-
-KEYS = {"lr": float, "wd": float, "lazy_wd": int, "warmup": int, "schedule": str, "min_lr": float, "shared_lr": float,
-        "node_lr": float, "clip": float, "d": int, "min_count": count_or_auto, "dropout": float,
-        "dropout_warmup": float, "non_edge": int,
-        "readout": int, "recency": float, "backoff": int,
-        "embed": int}
+SWITCH = "0/1"  # a key whose value turns a pretrain.py --flag / --no-flag on or off
+KEYS = {"lr": ("--learning_rate", "auto"), "wd": ("--weight_decay", float),
+        "lazy_wd": ("--lazy_weight_decay", SWITCH), "warmup": ("--num_warmup_steps", int),
+        "schedule": (None, ("constant", "cosine")), "shared_lr": ("--shared_edge_lr_scale", float),
+        "node_lr": ("--node_lr_scale", float), "clip": ("--max_grad_norm", float), "d": ("--node_size", int),
+        "min_count": ("--min_bigram_count", "auto"), "dropout": ("--signal_dropout", "auto"),
+        "dropout_warmup": ("--signal_dropout_warmup_epochs", float), "non_edge": ("--non_edge_bias", SWITCH),
+        "readout": ("--node_readout", SWITCH), "recency": ("--position_recency", float),
+        "backoff": ("--edge_backoff", SWITCH), "embed": ("--node_embedding", SWITCH),
+        "prior": ("--count_prior", SWITCH)}
+NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def parse_args(argv=None):
@@ -67,15 +68,16 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--variant", nargs="+", default=["base="], metavar="NAME=key:value,...",
                    help="Recipes to compare (keys in the module docstring); NAME= alone is the preset's recipe.")
-    p.add_argument("--budget", type=float, default=90.0, help="Training seconds per variant (evaluation excluded).")
-    p.add_argument("--horizon", type=float, default=None, help="Seconds of the cosine schedule (default: --budget).")
+    p.add_argument("--budget", type=float, default=90.0,
+                   help="Training seconds per variant, evaluation excluded (pretrain.py --max_train_time).")
     p.add_argument("--curve_points", type=int, default=6, help="Evaluations, log-spaced up to the budget.")
+    p.add_argument("--max_train_steps", type=int, default=None,
+                   help="Stop every run after this many steps if its clock has not passed the budget first.")
     p.add_argument("--gpt2", nargs="*", default=[], metavar="LxE[xH][@LR]", help="GPT-2 references (quality.py's).")
     p.add_argument("--gpt2_lr", type=float, default=3e-3)
     p.add_argument("--gpt2_warmup", type=int, default=20)
     p.add_argument("--gpt2_schedule", choices=["constant", "cosine"], default="constant",
-                   help="GPT-2's schedule after warmup (cosine over --budget seconds, to --min_lr_ratio).")
-    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="End of GPT-2's cosine.")
+                   help="GPT-2's schedule after warmup (cosine over the budget's training clock to zero).")
     p.add_argument("--config", default=None, help="A preset (default: pretrain.py's built-in defaults).")
     p.add_argument("--train_file")
     p.add_argument("--validation_file")
@@ -85,85 +87,61 @@ def parse_args(argv=None):
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--eval_batch_size", type=int, default=64)
     p.add_argument("--max_eval_blocks", type=int, default=None)
-    p.add_argument("--interleave", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output_dir", default="outputs/recipe_sweep")
+    p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
+                   help="Do not wait (up to 30 s) for other processes to leave the CPUs before training.")
     from common import add_results_dir
 
     return add_results_dir(p).parse_args(argv)
 
 
+def parse_value(spec: str, key: str, value: str):
+    kind = KEYS[key][1]
+    if kind == SWITCH or isinstance(kind, tuple):
+        choices = ("0", "1") if kind == SWITCH else kind
+        if value not in choices:
+            raise UsageError(f"--variant {spec!r}: {key} is one of {', '.join(choices)}, got {value!r}.")
+        return value
+    if kind == "auto" and value == "auto":
+        return value
+    convert = int if key == "min_count" else (float if kind == "auto" else kind)
+    try:
+        return convert(value)
+    except ValueError:
+        what = "an integer" if convert is int else "a number"
+        raise UsageError(f"--variant {spec!r}: {key} needs {what}{' or auto' if kind == 'auto' else ''}, "
+                         f"got {value!r}.") from None
+
+
 def parse_variant(spec: str) -> tuple[str, dict]:
     name, sep, body = spec.partition("=")
-    if not sep or not name:
-        raise UsageError(f"--variant {spec!r}: write NAME=key:value,key:value (or NAME= for the preset's recipe).")
+    if not sep or not NAME.match(name):
+        raise UsageError(f"--variant {spec!r}: write NAME=key:value,key:value (or NAME= for the preset's recipe), "
+                         "NAME of letters, digits, '_', '.', '-' (it names the run's folder).")
     settings = {}
     for item in filter(None, body.split(",")):
         key, sep, value = item.partition(":")
         if not sep or key not in KEYS:
             raise UsageError(f"--variant {spec!r}: {item!r} is not key:value with a key of {sorted(KEYS)}.")
-        try:
-            settings[key] = KEYS[key](value)
-        except ValueError:
-            raise UsageError(f"--variant {spec!r}: {key} needs a {KEYS[key].__name__}, got {value!r}.") from None
-    if settings.get("schedule", "constant") not in ("constant", "cosine"):
-        raise UsageError(f"--variant {spec!r}: schedule is constant or cosine.")
+        settings[key] = parse_value(spec, key, value)
     return name, settings
 
 
-def make_variant(name, settings, data, args, accelerator, device):
-    import torch
-
-    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-    from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
-    from modeling_brillm.training.presets import build_config_and_graph
-
-    pargs = data["pargs"]
-    base = data["config"].to_dict()
-    fields = {k: base[k] for k in ("vocab_size", "max_position_embeddings", "position_encoding", "initializer_range",
-                                   "loss_type", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
-    fields.update(node_size=settings.get("d", base["node_size"]),
-                  signal_dropout=settings.get("dropout", base["signal_dropout"]),
-                  non_edge_bias=bool(settings.get("non_edge", base["non_edge_bias"])),
-                  node_readout=bool(settings.get("readout", base["node_readout"])),
-                  position_recency=settings.get("recency", base["position_recency"]),
-                  edge_backoff=bool(settings.get("backoff", base["edge_backoff"])),
-                  node_embedding=bool(settings.get("embed", base.get("node_embedding", False))))
-    min_count = settings.get("min_count", pargs.min_bigram_count)
-    count = getattr(data["min_count"], "min_count", "auto") if min_count == "auto" else min_count  # the base's
-    _, graph, _ = build_config_and_graph(dict(graph="sparse", node_size=fields["node_size"]), data["tokenizer"],
-                                         data["train_blocks"], count)
-    min_count = f"auto ({count})" if min_count == "auto" else min_count
-    config = BriLLMConfig(graph="sparse", num_edges=graph.num_edges, **fields)
-    torch.manual_seed(args.seed)
-    model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)
-    lr, wd = settings.get("lr", quality.brillm_rate(pargs, config)), settings.get("wd", pargs.weight_decay)
-    clip = settings.get("clip", pargs.max_grad_norm)
-    plan = choose_optimizer("sparse_adamw", 1, clip)
-    lazy = bool(settings.get("lazy_wd", pargs.lazy_weight_decay))
-    optimizer = build_optimizer(model, plan, lr, wd, accelerator, lazy_weight_decay=lazy,
-                                shared_edge_lr_scale=settings.get("shared_lr", pargs.shared_edge_lr_scale),
-                                node_lr_scale=settings.get("node_lr", pargs.node_lr_scale))
-    clock = quality.TrainingClock()
-    warmup = settings.get("warmup", pargs.num_warmup_steps)
-    scheduler = quality.clock_schedule(optimizer, warmup, settings.get("schedule", "constant"),
-                                       args.horizon or args.budget, settings.get("min_lr", 0.1), clock)
-    step = quality.package_step(accelerator, model, optimizer, scheduler, args, pargs.block_size, clip or None)
-    dropout_warmup = settings.get("dropout_warmup", pargs.signal_dropout_warmup_epochs)
-    step = quality.warm_dropout(step, model, len(data["train"][0]) // args.batch_size, dropout_warmup)
-    recipe = dict(lr=lr, weight_decay=wd, lazy_weight_decay=bool(settings.get("lazy_wd", pargs.lazy_weight_decay)),
-                  warmup=warmup,
-                  schedule=settings.get("schedule", "constant"), clip=clip, min_bigram_count=min_count,
-                  node_size=config.node_size, signal_dropout=config.signal_dropout,
-                  signal_dropout_warmup_epochs=dropout_warmup, non_edge_bias=config.non_edge_bias,
-                  node_readout=config.node_readout, edge_backoff=config.edge_backoff,
-                  node_embedding=config.node_embedding, position_recency=config.position_recency,
-                  shared_edge_lr_scale=settings.get("shared_lr", pargs.shared_edge_lr_scale),
-                  node_lr_scale=settings.get("node_lr", pargs.node_lr_scale))
-    if recipe["schedule"] == "cosine":
-        recipe.update(min_lr=settings.get("min_lr", 0.1), horizon_seconds=args.horizon or args.budget)
-    return model, optimizer, step, clock, recipe
+def variant_argv(args, name: str, settings: dict, points) -> list[str]:
+    """The pretrain.py flags of one variant: quality.py's row flags for this data, batch, budget and clock points,
+    then the variant's own; it keeps its last model, which the seen / unseen split scores."""
+    argv = quality.brillm_argv(args, args.config, points, name=name, schedule=settings.get("schedule", "constant"))
+    for key, value in settings.items():
+        flag = KEYS[key][0]
+        if flag is None:
+            continue
+        if KEYS[key][1] == SWITCH:
+            argv.append(flag if value == "1" else f"--no-{flag[2:]}")
+        else:
+            argv += [flag, str(value)]
+    return argv + ["--no-keep_best_model"]
 
 
 def split_nll(model, held, batch_size: int, device) -> dict:
@@ -186,7 +164,6 @@ def split_nll(model, held, batch_size: int, device) -> dict:
             for key, sel in (("seen", keep & real), ("unseen", keep & ~real)):
                 sums[key][0] += float(nll[sel].double().sum())
                 sums[key][1] += int(sel.sum())
-    model.train()
     total = sums["seen"][1] + sums["unseen"][1]
     out = {f"{k}_targets": n for k, (_, n) in sums.items()}
     out.update({f"{k}_nll": (s / n if n else None) for k, (s, n) in sums.items()})
@@ -195,19 +172,21 @@ def split_nll(model, held, batch_size: int, device) -> dict:
     return out
 
 
-class SweepRun(quality.BudgetRun):
-    """quality.BudgetRun (clock-driven schedule, lazy weight decay brought up to date before every evaluation) that
-    also splits BriLLM's held-out NLL into seen / unseen bigrams at the later curve points."""
+def variant_row(argv, name: str, settings: dict, pretrain_data, held, args, device) -> dict:
+    """One variant: quality.py's BriLLM row (the pretrain.py run, its curve from train_log.jsonl), its final point
+    split into seen / unseen targets on the model the run saved."""
+    from modeling_brillm import BriLLMForCausalLM
 
-    def __init__(self, *a, brillm=True, **kw):
-        self.brillm = brillm
-        super().__init__(*a, **kw)
+    row = quality.brillm_row(argv, pretrain_data, f" ({name})")
+    model = BriLLMForCausalLM.from_pretrained(row["output_dir"]).to(device)
+    row["curve"][-1].update(split_nll(model, held, args.eval_batch_size, device))
+    text = ", ".join(f"{k}:{v}" for k, v in settings.items()) or "preset"
+    return dict(row, label=name, recipe_text=text, edges=row["num_edges"])
 
-    def evaluate(self):
-        point = super().evaluate()
-        if self.brillm and self.clock >= 0.3 * self.args.budget:  # the split costs a second pass: later points only
-            point.update(split_nll(self.model, self.data["held"], self.args.eval_batch_size, self.device))
-        return point
+
+def gpt2_row(size, data, points, args, accelerator) -> dict:
+    row = quality.gpt2_row(size, data, points, args, accelerator)
+    return dict(row, recipe_text=f"AdamW lr {size[3]:g}, {row['schedule']}")
 
 
 def markdown(results) -> str:
@@ -215,7 +194,7 @@ def markdown(results) -> str:
             "unseen targets | share of NLL from unseen | steps | tokens/s |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m in results["models"]:
-        last = quality.at_budget(m["curve"], results["settings"]["budget"])
+        last = m["curve"][-1]  # the end of the budget (or of --max_train_steps)
         best = min(m["curve"][1:] or m["curve"], key=lambda p: p["perplexity"])
         split = (f"{last['seen_nll']:.2f} / {last['unseen_nll']:.2f}" if last.get("seen_nll") is not None
                  and last.get("unseen_nll") is not None else "")
@@ -262,64 +241,63 @@ def plot(results, path: Path):
     tmp.replace(path)
 
 
-def run(args) -> dict:
-    import torch
-    from common import machine, wait_for_quiet
-
-    from modeling_brillm.training.memory import keep_freed_memory
-
+def check_args(args):
+    if not (args.budget > 0 and math.isfinite(args.budget)):
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}.")
+    for name in ("batch_size", "eval_batch_size", "threads"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    for name in ("max_train_steps", "max_eval_blocks"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    if args.curve_points < 0:
+        raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
     variants = [parse_variant(v) for v in args.variant]
     names = [n for n, _ in variants]
     if len(set(names)) != len(names):
         raise UsageError(f"--variant names must differ: {names}.")
-    if not args.budget > 0:
-        raise UsageError("--budget must be positive.")
+    return variants
+
+
+def run(args) -> dict:
+    from common import machine, wait_for_quiet
+
+    variants = check_args(args)
     sizes = quality.gpt2_sizes(args.gpt2, args.gpt2_lr)
-    args.budgets, args.schedule = [args.budget], args.gpt2_schedule  # what quality.gpt2_trainer reads
-    torch.set_num_threads(args.threads)
-    device = torch.device("cpu")
-    keep_freed_memory()
+    args.budgets, args.schedule = [args.budget], args.gpt2_schedule  # what quality's rows read
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    accelerator = quality.make_accelerator(device)
-    data = quality.prepare_data(args, out, accelerator)
     points = quality.curve_points([args.budget], args.curve_points)
-    print(f"data: {data['description']}; {len(data['train'][0]):,} training blocks, {len(data['held'][0]):,} held out")
-    for line in data["choices"]:
-        print(f"base recipe: {line}")
-    runs, models = [], []
-    for name, settings in variants:
-        model, optimizer, step, clock, recipe = make_variant(name, settings, data, args, accelerator, device)
-        text = ", ".join(f"{k}:{v}" for k, v in settings.items()) or "preset"
-        print(f"{name}: {text}; {model.config.num_edges:,} edges, {quality.count_parameters(model):,} parameters")
-        models.append(dict(kind="brillm", label=name, recipe=recipe, recipe_text=text,
-                           parameters=quality.count_parameters(model), edges=model.config.num_edges))
-        runs.append(SweepRun(name, model, step, data, points, args, device, clock=clock, optimizer=optimizer))
-    for size in sizes:
-        model = quality.make_gpt2(data, size, args.seed).to(device)
-        step, info, clock = quality.gpt2_trainer(model, size[3], args.gpt2_warmup, data, args, accelerator, device)
-        label = f"GPT-2 {size[0]}L {size[1]}w"
-        models.append(dict(kind="gpt2", label=label, recipe=info, recipe_text=f"AdamW lr {size[3]:g}",
-                           parameters=quality.count_parameters(model)))
-        runs.append(SweepRun(label, model, step, data, points, args, device, brillm=False, clock=clock))
-    load_before = wait_for_quiet(max_wait_s=30)
-    quality.run_all(runs, args.interleave)
-    for model, r in zip(models, runs):
-        model.update(r.result())
-    results = dict(settings=dict(budget=args.budget, horizon=args.horizon or args.budget, batch_size=args.batch_size,
-                                 threads=args.threads, interleave=args.interleave, seed=args.seed, config=args.config,
-                                 other_cpu_load_before=round(load_before, 3), machine=machine(),
-                                 started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))),
-                   data=dict(description=data["description"], vocab_size=len(data["tokenizer"]),
+    argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
+    for argv in argvs:  # every variant checked by pretrain.py's own rules before any of them trains
+        quality.pretrain.settle_flags(quality.parse_pretrain(argv))
+    pretrain_data, first, accelerator = quality.shared_data(argvs[0])  # no variant key changes the data
+    data = quality.harness_data(pretrain_data, first, accelerator, args.batch_size)
+    print(f"data: {pretrain_data.description}; {len(data['train'][0]):,} training blocks, "
+          f"{len(data['held'][0]):,} held out")
+    load_before = wait_for_quiet(max_wait_s=30) if args.wait_quiet else None
+    models = [variant_row(argv, name, settings, pretrain_data, data["held"], args, accelerator.device)
+              for argv, (name, settings) in zip(argvs, variants)]
+    models += [gpt2_row(size, data, points, args, accelerator) for size in sizes]
+    results = dict(settings=dict(budget=args.budget, batch_size=args.batch_size, threads=args.threads,
+                                 max_train_steps=args.max_train_steps, seed=args.seed, config=args.config,
+                                 device=str(accelerator.device), order="one run after the other",
+                                 other_cpu_load_before=None if load_before is None else round(load_before, 3),
+                                 machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                             time.gmtime(started))),
+                   data=dict(description=pretrain_data.description, vocab_size=len(data["tokenizer"]),
                              block_size=int(data["train"][0].shape[1]), train_blocks=len(data["train"][0]),
                              train_tokens=int(data["train"][1].sum()), heldout_blocks=len(data["held"][0])),
                    models=models)
+    out.mkdir(parents=True, exist_ok=True)
     quality.write_json_atomic(out / "recipe_sweep.json", results)
     table = markdown(results)
     (out / "recipe_sweep.md").write_text(table + "\n", encoding="utf-8")
     plot(results, out / "recipe_sweep.png")
     print("\n" + table)
+    for m in models:
+        if m["kind"] == "brillm":
+            print(f"{m['label']} is: {m['pretrain_command']}")
     print(f"other load per run: {[m['other_cpu_load'] for m in models]}; wrote {out}/recipe_sweep.{{json,md,png}}")
     return results
 

@@ -1,6 +1,7 @@
-"""benchmarks/quality.py: a run with tiny models and budgets of about a second writes the JSON and the PNG, with
-finite perplexities and curves monotone in time; both models are scored on the same targets; a BriLLM row is the
-pretrain.py command it prints (the same losses and held-out figures); bad input gets a one-line error."""
+"""benchmarks/quality.py and benchmarks/recipe_sweep.py: a run with tiny models and budgets of about a second writes
+the JSON and the PNG, with finite perplexities and curves monotone in time; both models are scored on the same
+targets; a BriLLM row and a sweep variant are the pretrain.py command they print (the same losses and held-out
+figures); bad input gets a one-line error."""
 
 from __future__ import annotations
 
@@ -90,8 +91,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
 
 def test_a_brillm_row_is_the_pretrain_command_it_prints(tmp_path):
     """The losses and the final held-out figure of a quality.py BriLLM row equal those of its printed pretrain.py
-    command run on its own (a step cap makes both stop at the same step; evaluations at clock points fall on
-    different steps in the two runs but do not change the training)."""
+    command run on its own."""
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"model": {"node_size": 8, "signal_dropout": 0.1},
                                   "training": {"min_bigram_count": 2}}))
@@ -101,22 +101,34 @@ def test_a_brillm_row_is_the_pretrain_command_it_prints(tmp_path):
                                    "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
     assert quality.main(argv) == 0
     row = json.loads((out / "quality.json").read_text())["models"][0]
-    command = shlex.split(row["pretrain_command"])
-    assert command[:2] == ["python", "examples/pretrain.py"] and "--max_train_steps" in command
-    alone = tmp_path / "alone"
-    command[command.index("--output_dir") + 1] = str(alone)
-    subprocess.run([sys.executable, *command[1:]], cwd=quality.ROOT, check=True, capture_output=True, timeout=120,
+    assert_row_is_its_command(row, out / "brillm", tmp_path / "alone", steps=6)
+
+
+def run_alone(command: str, folder):
+    """The printed pretrain.py command run on its own in a subprocess, writing to `folder`."""
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "examples/pretrain.py"] and "--max_train_steps" in argv
+    argv[argv.index("--output_dir") + 1] = str(folder)
+    subprocess.run([sys.executable, *argv[1:]], cwd=quality.ROOT, check=True, capture_output=True, timeout=120,
                    env={**quality.os.environ, "TOKENIZERS_PARALLELISM": "false"})
 
-    def figures(folder):
-        log = read_log(folder / LOG_NAME)
-        return ({r["step"]: r["loss"] for r in log if "loss" in r},
-                [(r["step"], r["eval_loss"], r["eval_tokens"]) for r in log if "eval_loss" in r])
 
-    (losses, evals), (losses_alone, evals_alone) = figures(out / "brillm"), figures(alone)
-    assert sorted(losses) == list(range(1, 7)) and losses == losses_alone
+def log_figures(folder):
+    """(training loss per step, [(step, held-out loss, targets)] of every evaluation) from a run's train_log.jsonl."""
+    log = read_log(folder / LOG_NAME)
+    return ({r["step"]: r["loss"] for r in log if "loss" in r},
+            [(r["step"], r["eval_loss"], r["eval_tokens"]) for r in log if "eval_loss" in r])
+
+
+def assert_row_is_its_command(row, folder, alone, steps: int):
+    """A row trained in-process (its run's folder) has the losses and held-out figures of its command run alone
+    (a step cap makes both stop at the same step; evaluations at clock points fall on different steps in the two
+    runs but do not change the training)."""
+    run_alone(row["pretrain_command"], alone)
+    (losses, evals), (losses_alone, evals_alone) = log_figures(folder), log_figures(alone)
+    assert sorted(losses) == list(range(1, steps + 1)) and losses == losses_alone
     assert evals[0] == evals_alone[0] and evals[-1] == evals_alone[-1]  # before training, and the final model
-    assert row["curve"][-1]["eval_nll"] == evals_alone[-1][1] and row["steps"] == 6
+    assert row["curve"][-1]["eval_nll"] == evals_alone[-1][1] and row["steps"] == steps
 
 
 def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
@@ -203,34 +215,79 @@ def tiny_files(tmp_path):
             "--batch_size", "8", "--threads", "1"]
 
 
-@pytest.mark.slow
 def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     sweep = load_sweep()
     out = tmp_path / "sweep"
     argv = tiny_files(tmp_path) + [
-        "--interleave", "0.3", "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2",
-        "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:1,shared_lr:0.5,node_lr:2,schedule:cosine",
+        "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2", "--no-wait-quiet",
+        "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:0,shared_lr:0.5,node_lr:2,schedule:cosine",
         "pruned=min_count:60,d:4,clip:0,lr:0.01", "--results_dir", str(tmp_path / "records")]
     assert sweep.main(argv) == 0
     results = json.loads((out / "recipe_sweep.json").read_text())
-    assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w"]
-    knobs, pruned = results["models"][1], results["models"][2]
-    base = results["models"][0]["recipe"]  # pretrain.py's built-in recipe
-    assert base["min_bigram_count"].startswith("auto (") and base["non_edge_bias"]
+    assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w 2h"]
+    base, knobs, pruned = results["models"][:3]
+    assert base["min_bigram_count"] == "auto" and base["non_edge_bias"]  # pretrain.py's built-in recipe
     assert (base["node_lr_scale"], base["shared_edge_lr_scale"]) == (2.0, 0.5)
-    assert knobs["recipe"]["lazy_weight_decay"] and knobs["recipe"]["non_edge_bias"]
-    assert knobs["recipe"]["schedule"] == "cosine" and knobs["recipe"]["signal_dropout"] == 0.1
-    assert pruned["recipe"]["node_size"] == 4 and pruned["edges"] < results["models"][0]["edges"]
-    last = quality.at_budget(results["models"][0]["curve"], 0.6)
-    assert last["seen_targets"] + last["unseen_targets"] == results["models"][0]["curve"][0]["eval_tokens"]
-    # the split is the same NLL the score uses
+    assert knobs["lazy_weight_decay"] and not knobs["non_edge_bias"] and knobs["weight_decay"] == 0.5
+    assert knobs["schedule"] == "cosine" and knobs["signal_dropout"] == 0.1
+    assert pruned["node_size"] == 4 and pruned["min_bigram_count"] == 60 and pruned["edges"] < base["edges"]
+    assert pruned["grad_clip"] == 0.0 and pruned["lr"] == 0.01
+    text = capsys.readouterr().out
+    for model in (base, knobs, pruned):  # every variant printed as the pretrain.py run it is
+        assert model["pretrain_command"] in text and (out / model["label"] / "train_log.jsonl").exists()
+        assert "--max_train_time 0.6 --eval_seconds" in model["pretrain_command"]
+    assert "--no-non_edge_bias --shared_edge_lr_scale 0.5" in knobs["pretrain_command"]
+    for model in results["models"]:
+        times = [p["train_seconds"] for p in model["curve"]]
+        assert model["curve"][0]["steps"] == 0 and times[-1] >= 0.6 and times == sorted(times)
+        assert {p["eval_tokens"] for p in model["curve"]} == {base["curve"][0]["eval_tokens"]}  # the same targets
+    last = base["curve"][-1]
+    assert last["seen_targets"] + last["unseen_targets"] == last["eval_tokens"]
+    # the split is the same NLL the run's final evaluation gives (of the model it saved: its last)
     nll = (last["seen_nll"] * last["seen_targets"] + (last["unseen_nll"] or 0) * last["unseen_targets"])
-    assert nll / last["eval_tokens"] == pytest.approx(last["eval_nll"], rel=1e-4)
+    assert nll / last["eval_tokens"] == pytest.approx(last["eval_nll"], rel=1e-5)
     table = (out / "recipe_sweep.md").read_text()
     assert table.count("\n") == 6 and "| knobs |" in table
     assert (out / "recipe_sweep.png").read_bytes()[:4] == b"\x89PNG"
-    assert sweep.main(["--variant", "x=bogus:1", "--output_dir", str(out)]) == 2
-    assert "not key:value" in capsys.readouterr().err
+    assert len(list((tmp_path / "records").glob("recipe_sweep-*.json"))) == 1
+
+
+def test_a_sweep_variant_is_the_pretrain_command_it_prints(tmp_path):
+    """A recipe_sweep.py variant is quality.py's BriLLM row with the variant's flags: its losses and held-out
+    figures are those of its printed pretrain.py command run on its own."""
+    sweep = load_sweep()
+    out = tmp_path / "sweep"
+    argv = tiny_files(tmp_path) + ["--budget", "30", "--curve_points", "2", "--max_train_steps", "5",
+                                   "--variant", "v=d:8,min_count:2,dropout:0.1,lazy_wd:1,wd:0.05,warmup:2,readout:0",
+                                   "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path / "r")]
+    assert sweep.main(argv) == 0
+    row = json.loads((out / "recipe_sweep.json").read_text())["models"][0]
+    assert "--node_size 8 --min_bigram_count 2 --signal_dropout 0.1 --lazy_weight_decay" in row["pretrain_command"]
+    assert row["node_size"] == 8 and row["warmup_steps"] == 2 and not row["node_readout"]
+    assert_row_is_its_command(row, out / "v", tmp_path / "alone", steps=5)
+
+
+@pytest.mark.parametrize("variant, message", [
+    ("x=bogus:1", "not key:value"),
+    ("x=d:big", "d needs an integer"),
+    ("x=dropout:lots", "dropout needs a number or auto"),
+    ("x=non_edge:yes", "non_edge is one of 0, 1"),
+    ("x=schedule:linear", "schedule is one of constant, cosine"),
+    ("x=min_lr:0.1", "not key:value"),
+    ("a/b=", "NAME of letters"),
+])
+def test_recipe_sweep_bad_variant_is_one_clear_line(variant, message, tmp_path, capsys):
+    assert load_sweep().main(["--variant", variant, "--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_recipe_sweep_refuses_repeated_names_and_a_bad_budget(tmp_path, capsys):
+    sweep = load_sweep()
+    assert sweep.main(["--variant", "a=", "a=lr:0.01", "--output_dir", str(tmp_path)]) == 2
+    assert "names must differ" in capsys.readouterr().err
+    assert sweep.main(["--budget", "0", "--output_dir", str(tmp_path)]) == 2
+    assert "--budget must be a positive number" in capsys.readouterr().err
 
 
 def test_cosine_schedule_follows_the_training_clock():
