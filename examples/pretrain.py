@@ -451,7 +451,7 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
 
 
 def plan_config(args, model_fields, data, accelerator, epochs, budgeted: bool, say):
-    """The recipe of this data and run (recipe.choose_recipe: the count, the dropout and the rate where "auto") and
+    """The recipe of this data and run (presets.choose_recipe: the count, the dropout and the rate where "auto") and
     the config and graph it gives: (config, graph, the graph's count). Sets the rate and `args.recipe_choice`."""
     training = {name: getattr(args, name) for name in TRAINING_RECIPE}
     run_plan = RunPlan(epochs, budgeted, args.max_train_steps, global_batch(args, accelerator), len(data.train),

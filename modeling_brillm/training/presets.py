@@ -8,10 +8,24 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from .errors import UsageError
-from .recipe import MODEL_DEFAULTS, OVERRIDES, TOKENIZER_DEFAULTS, TRAINING_RECIPE, RecipeChoice, RunPlan
+from .pruning import choose_learning_rate, choose_signal_dropout, decide_min_count
+from .recipe import (
+    DROPOUT,
+    DROPPING_RATE,
+    LONG_DROPOUT,
+    MODEL_DEFAULTS,
+    OVERRIDES,
+    TOKENIZER_DEFAULTS,
+    TRAINING_RECIPE,
+    RecipeChoice,
+    RunPlan,
+    Setting,
+    default_rule,
+)
 
 __all__ = ["MODEL_DEFAULTS", "MODEL_FIELDS", "TOKENIZER_DEFAULTS", "TRAINING_DEFAULTS", "build_config_and_graph",
            "build_from_recipe", "known_presets", "load_preset", "plan_recipe", "resolve_settings"]
@@ -162,12 +176,10 @@ def _preset_or_recipe(args) -> tuple[dict, dict]:
 def plan_recipe(model_fields: dict, tokenizer, train_blocks, training: dict, plan: RunPlan | None = None,
                 tokenizer_settings: dict | None = None, rules: dict | None = None, say=None):
     """(RecipeChoice, the blocks' token sequences or None): the recipe's every setting for these training blocks
-    and this run (`recipe.choose_recipe`); the probe runs where a count or a dropout is "auto" (then the sequences
+    and this run (`choose_recipe`); the probe runs where a count or a dropout is "auto" (then the sequences
     it read come back for the graph). `say` gets what the data chose."""
     from .data import block_sequences
     from .pruning import probe_bigrams
-    from .recipe import choose_recipe
-
     say = say or (lambda line: None)
     sparse = model_fields["graph"] != "dense"
     probe = sequences = None
@@ -229,3 +241,44 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
     if graph is None:
         return config, None, None
     return config, graph, choice.pruning or choice.value("training", "min_bigram_count")
+
+
+def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
+    """Every setting of the run. `requested`: {"model": ..., "tokenizer": ..., "training": ...} as defaults <
+    preset < flags left them ("auto" where the recipe decides); `rules`: "section.name" -> who set a value (default:
+    its rule of RULES); `probe`: `pruning.probe_bigrams` of the training blocks (needed for an "auto" count or
+    dropout on a sparse graph); `plan`: the run's length. The count, the dropout and the rate are decided here."""
+    plan = plan or RunPlan()
+    choice = RecipeChoice(inputs={"plan": asdict(plan), "probe": probe.summary() if probe is not None else None})
+    for section, values in requested.items():
+        for name, value in values.items():
+            rule = rules.get(f"{section}.{name}") or default_rule(section, name) or "default"
+            choice.add(Setting(section, name, value, rule))
+    model, training = requested["model"], requested["training"]
+    sparse = model.get("graph") != "dense"
+    if sparse and training.get("min_bigram_count") == "auto":
+        pruned = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
+        choice.pruning = pruned
+        choice.add(Setting("training", "min_bigram_count", pruned.min_count, _count_rule(pruned), pruned.describe()))
+    if model.get("signal_dropout") == "auto":
+        # the epochs planned at the data's count: what a sparser graph buys depends on the machine (pruning.py)
+        dropout = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
+        choice.add(Setting("model", "signal_dropout", dropout.p, _dropout_rule(dropout.p), dropout.describe()))
+    if training.get("learning_rate") == "auto":
+        rate, why = choose_learning_rate(choice.value("model", "signal_dropout"))
+        choice.add(Setting("training", "learning_rate", rate, "DROPPING_RATE" if rate == DROPPING_RATE else "RATE",
+                           why))
+    return choice
+
+
+def _count_rule(pruned) -> str:
+    """The rule that set the count last."""
+    if pruned.long_run is not None:
+        return "MAX_GROWTH" if pruned.long_run[2] else "DROPOUT_BARS (growth)"
+    if pruned.epochs is not None and pruned.min_count > pruned.floor:
+        return "MIN_VISITS"
+    return "STRAYING_COUNT" if pruned.min_count > pruned.data_count else "RECURRENCE"
+
+
+def _dropout_rule(p: float) -> str:
+    return {0.0: "DROPOUT_BARS (not reached)", DROPOUT: "DROPOUT", LONG_DROPOUT: "LONG_EPOCHS"}[p]

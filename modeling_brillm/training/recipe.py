@@ -1,5 +1,6 @@
-"""The default recipe of `examples/pretrain.py` as data: every tuned number and switch it uses (`RULES`), and the
-one function that decides a run's settings from its data and plan (`choose_recipe`).
+"""The default recipe of `examples/pretrain.py` as data: every tuned number and switch it uses (`RULES`), and what
+a run chose (`RecipeChoice`, saved as `recipe.json`). `presets.choose_recipe` decides a run's settings from its
+data and plan with these rules.
 
 What `BriLLMConfig()` means, and what the recipe adds
 -----------------------------------------------------
@@ -14,7 +15,8 @@ values (`TRAINING_RECIPE`) add separate rates for the per-node parameters and th
 Each row of `RULES` is one number or switch, with the value the code uses (`pruning.py` and `presets.py` import it
 from here; `count_prior.DISCOUNT` is listed by reference, since saved models ship that module), a one-line why and
 its evidence: a `benchmarks/results/*.json` record or a section of `docs/benchmarks.md` (the § sections as of commit
-9071684, `git show 9071684:docs/benchmarks.md`, which record each run). `choose_recipe` returns a `RecipeChoice`:
+9071684, `git show 9071684:docs/benchmarks.md`, which record each run). `presets.choose_recipe` returns a
+`RecipeChoice`:
 every setting, its value and the rule (or preset, flag, recipe file) that produced it; pretrain.py prints it and
 saves it as `recipe.json`, and `--recipe recipe.json` applies it again verbatim. docs/training.md's rule table is
 `recipe_table_markdown()` (a test keeps the two equal).
@@ -292,46 +294,3 @@ def load_recipe(path) -> RecipeChoice:
     except TypeError as err:
         raise UsageError(f"--recipe {path}: a setting is malformed ({err}); {fix}.") from None
     return choice
-
-
-def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
-    """Every setting of the run. `requested`: {"model": ..., "tokenizer": ..., "training": ...} as defaults <
-    preset < flags left them ("auto" where the recipe decides); `rules`: "section.name" -> who set a value (default:
-    its rule of RULES); `probe`: `pruning.probe_bigrams` of the training blocks (needed for an "auto" count or
-    dropout on a sparse graph); `plan`: the run's length. The count, the dropout and the rate are decided here."""
-    from .pruning import choose_learning_rate, choose_signal_dropout, decide_min_count
-
-    plan = plan or RunPlan()
-    choice = RecipeChoice(inputs={"plan": asdict(plan), "probe": probe.summary() if probe is not None else None})
-    for section, values in requested.items():
-        for name, value in values.items():
-            rule = rules.get(f"{section}.{name}") or default_rule(section, name) or "default"
-            choice.add(Setting(section, name, value, rule))
-    model, training = requested["model"], requested["training"]
-    sparse = model.get("graph") != "dense"
-    if sparse and training.get("min_bigram_count") == "auto":
-        pruned = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
-        choice.pruning = pruned
-        choice.add(Setting("training", "min_bigram_count", pruned.min_count, _count_rule(pruned), pruned.describe()))
-    if model.get("signal_dropout") == "auto":
-        # the epochs planned at the data's count: what a sparser graph buys depends on the machine (pruning.py)
-        dropout = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
-        choice.add(Setting("model", "signal_dropout", dropout.p, _dropout_rule(dropout.p), dropout.describe()))
-    if training.get("learning_rate") == "auto":
-        rate, why = choose_learning_rate(choice.value("model", "signal_dropout"))
-        choice.add(Setting("training", "learning_rate", rate, "DROPPING_RATE" if rate == DROPPING_RATE else "RATE",
-                           why))
-    return choice
-
-
-def _count_rule(pruned) -> str:
-    """The rule that set the count last."""
-    if pruned.long_run is not None:
-        return "MAX_GROWTH" if pruned.long_run[2] else "DROPOUT_BARS (growth)"
-    if pruned.epochs is not None and pruned.min_count > pruned.floor:
-        return "MIN_VISITS"
-    return "STRAYING_COUNT" if pruned.min_count > pruned.data_count else "RECURRENCE"
-
-
-def _dropout_rule(p: float) -> str:
-    return {0.0: "DROPOUT_BARS (not reached)", DROPOUT: "DROPOUT", LONG_DROPOUT: "LONG_EPOCHS"}[p]

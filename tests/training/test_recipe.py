@@ -17,8 +17,9 @@ import torch
 from modeling_brillm import count_prior
 from modeling_brillm.training import presets, pruning, recipe
 from modeling_brillm.training.errors import UsageError
+from modeling_brillm.training.presets import choose_recipe
 from modeling_brillm.training.pruning import BigramProbe, PruningChoice, probe_bigrams
-from modeling_brillm.training.recipe import RULES, RunPlan, choose_recipe, load_recipe, recipe_table_markdown
+from modeling_brillm.training.recipe import RULES, RunPlan, load_recipe, recipe_table_markdown
 from tests._scripts import load_script
 from tests.training.test_pruning import WIDE, V, documents_of_their_own, documents_with_private_bigrams, repeated_text
 
