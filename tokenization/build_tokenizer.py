@@ -108,7 +108,7 @@ def _iter_file(path: Path) -> Iterator[str]:
             for line in handle:
                 yield line.rstrip("\r\n")
         except UnicodeDecodeError:
-            from modeling_brillm.training.data import utf8_problem  # the file is scanned only when it fails
+            from .text_files import utf8_problem  # the file is scanned only when it fails
 
             raise ValueError(utf8_problem(path)) from None
 

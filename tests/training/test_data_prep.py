@@ -10,6 +10,7 @@ import pytest
 from modeling_brillm.training import data
 from modeling_brillm.training.errors import UsageError
 from tests.training.test_pretrain import TINY, error_of, run
+from tokenization.text_files import first_invalid_utf8
 
 CUT = "Hello world. This is fine.\nAnother line, café.\n".encode() + "naïve".encode()[:3]  # ends inside "ï"
 BAD_BYTE = b"\xff"
@@ -27,9 +28,9 @@ def test_first_invalid_utf8_finds_line_and_byte(tmp_path, chunk_bytes):
     cut.write_bytes(CUT)
     bad.write_bytes(BAD)
     good.write_text("Grüße, 世界.\nnaïve café\n", encoding="utf-8")
-    assert data.first_invalid_utf8(cut, chunk_bytes) == (3, len(CUT) - 1, True)
-    assert data.first_invalid_utf8(bad, chunk_bytes) == (2, BAD.index(BAD_BYTE), False)
-    assert data.first_invalid_utf8(good, chunk_bytes) is None
+    assert first_invalid_utf8(cut, chunk_bytes) == (3, len(CUT) - 1, True)
+    assert first_invalid_utf8(bad, chunk_bytes) == (2, BAD.index(BAD_BYTE), False)
+    assert first_invalid_utf8(good, chunk_bytes) is None
 
 
 def test_load_raw_data_names_the_cut_last_line(tmp_path):
