@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import pytest_collection_modifyitems, runs_on_cuda
+from tests.conftest import pytest_collection_modifyitems, runs_on_cuda
 
 
 class _Item:
