@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from tests.conftest import pytest_collection_modifyitems, runs_on_cuda
 
 
