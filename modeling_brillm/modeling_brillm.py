@@ -57,10 +57,11 @@ from .tables import DerivedTables
 from .validation import check_inputs, check_labels, check_signal_ids, too_long
 
 # isort: split
-# transformers 5.4 copies a local folder's remote code one import deep: naming the modules that ops.py and
-# generation.py import here makes every file of the model's code travel with it on every supported version.
+# transformers 5.4 copies a local folder's remote code one import deep: naming here the modules that the others
+# import makes every file of the model's code travel with it on every supported version.
 from .decode_capture import DecodeGraphs  # noqa: F401
 from .energy import gather_edges  # noqa: F401
+from .graph import edge_keys  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .row_adamw import adamw_rows  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
