@@ -7,8 +7,9 @@ the length checks count real tokens against the position limit (or none, for `po
 One-token steps on a state (generate(), energy_generate, pipelines, or a direct call) take one of three paths,
 chosen by `model.decode_mode`:
     "auto"   on CUDA the sync-free step (`BriLLMModel.decode_step`: fixed shapes, no reads of the device), captured
-             into a CUDA graph per batch size when a decoding loop calls it (`generation_step=True`); elsewhere
-             the general path
+             into a CUDA graph per batch size when a decoding loop calls it (`generation_step=True`); one row on
+             the CPU the host step (`host_step`: the general path's math with its lookups done on the host);
+             elsewhere the general path
     "eager"  the sync-free step without capture, on any device (what CPU tests compare against "off")
     "off"    the general path (`BriLLMModel.run_signals` + successor logits), which reads the device for its checks
 """
@@ -20,7 +21,9 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput, logging
 
 from .decode_capture import DecodeGraphs
-from .ops import kernel_enabled
+from .graph import edge_row
+from .ops import kernel_enabled, successor_logits
+from .recurrence import edge_update, plus_edge_base
 from .state import CACHE, BriLLMState, given_state
 from .validation import check_inputs, too_long
 
@@ -76,6 +79,45 @@ class BriLLMGenerationMixin(GenerationMixin):
         new_state = BriLLMState(*new_tensors, seen=state.seen + 1, longest=state.longest + 1)
         new_state.graph_owned = replayed is not None
         return logits, new_state
+
+    def host_decoding(self, input_ids, signal_ids) -> bool:
+        """Whether a one-token step takes the host step: one row on the CPU under decode_mode "auto"."""
+        return (self.decode_mode == "auto" and input_ids.shape[0] == 1 and input_ids.device.type == "cpu"
+                and signal_ids is None)
+
+    def host_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool):
+        """One token of one row on the CPU: (logits (1, V), new state), or None for a padding column.
+
+        The general path's math (`edge_update`, `successor_logits`, `read_out`), bit for bit, but the few integers
+        it needs (the token, its position, the edge it crosses) are read to the host first, where a read is free:
+        every table is then read as a slice, and no op runs over the whole graph or batch to look one row up."""
+        if not isinstance(state, BriLLMState):
+            raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
+                            f"{type(state).__name__}.")
+        tokens = self._step_tokens(input_ids, attention_mask, state, trusted)
+        if tokens is None:
+            return None
+        base, cfg = self.base_model, self.config
+        token, source, length = int(tokens), int(state.last_token), int(state.length)
+        M, V = cfg.max_position_embeddings, cfg.vocab_size
+        if not base.extends_positions and length >= M:
+            raise too_long(length + 1, M)
+        indptr, indices = self.csr()
+        row = edge_row(base.host_indptr() if indices is not None else None, indices, source, token, V)
+        if length + 1 <= M:
+            pe = base.position_table(tokens.device)[length:length + 2].to(base.weights.dtype)
+        else:
+            pe = base.position_encoding(state.length + torch.arange(2)).to(base.weights.dtype)
+        # the position weight of the edge entering `length` (past the range: the last one), as `mix_weights`
+        weight = base.positions.view(-1)[min(max(length - 1, 0), M - 1)].float().view(1)
+        x = state.signal
+        mix = edge_update(x, base.weights[row:row + 1], base.biases[row], plus_edge_base(pe[:1], x, base.edge_base),
+                          weight, state.mix_sum, state.mix_norm, state.mix_max, base.node_add(tokens))
+        signal = mix[0] / mix[1].unsqueeze(1)
+        logits = successor_logits(signal.to(base.weights.dtype), plus_edge_base(pe[1:], signal, base.edge_base),
+                                  base.weights, base.biases, tokens, indptr, indices, V, base.non_edge_bias)
+        logits = base.read_out(logits.float(), signal, tokens)
+        return logits, BriLLMState(signal, *mix, state.length + 1, tokens, state.seen + 1)
 
     def _step_tokens(self, input_ids, attention_mask, state, trusted: bool):
         """The (B,) ids of a one-token step, or None when its column holds padding (the general path's case)."""

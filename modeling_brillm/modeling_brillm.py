@@ -313,6 +313,9 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             return self._one_token(input_ids[:, 0], state)
         tokens, valid, column, lengths = _compact(input_ids, mask)
         B, L = tokens.shape
+        if L == 0:
+            raise ValueError("every token of this call is padding (attention_mask 0): there is nothing to run; leave "
+                             "the call out, or give each row at least one real token.")
         start, last, seen, carried = self._carried(state, tokens)
         index = start.unsqueeze(1) + torch.arange(L, device=tokens.device)  # absolute position of every token
         if not self.extends_positions:
@@ -524,11 +527,14 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         one_token = (state is not None and labels is None and return_logits and not output_hidden_states
                      and not torch.is_grad_enabled() and isinstance(input_ids, torch.Tensor)
                      and input_ids.dim() == 2 and input_ids.shape[1] == 1)
+        stepped = None
         if one_token and self.sync_free_decoding(input_ids):
             stepped = self.generation_step(input_ids, attention_mask, state, generation_step)
-            if stepped is not None:
-                logits, new_state = stepped
-                return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: new_state if use_cache else None})
+        elif one_token and self.host_decoding(input_ids, signal_ids):
+            stepped = self.host_step(input_ids, attention_mask, state, generation_step)
+        if stepped is not None:
+            logits, new_state = stepped
+            return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: new_state if use_cache else None})
         run = self.brillm.run_signals(input_ids, attention_mask, state, signal_ids)
         T = input_ids.shape[1]
         if one_token and run.signals.shape[1] == 1 and bool(run.valid.all()):

@@ -16,7 +16,7 @@ class DerivedTables:
 
     def reset_caches(self):
         """Forget the tables derived from the graph and the config (after the graph grows)."""
-        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = None
+        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = self._indptr_cache = None
 
     def edge_keys(self) -> torch.Tensor | None:
         """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
@@ -27,6 +27,14 @@ class DerivedTables:
         if self._edge_key_cache is None or self._edge_key_cache[0] != key:
             self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
         return self._edge_key_cache[1]
+
+    def host_indptr(self) -> list[int]:
+        """The CSR's indptr as a Python list (the host step's block bounds); cached per graph version."""
+        indptr = self.graph_indptr
+        key = (indptr.data_ptr(), indptr._version, indptr.numel())
+        if self._indptr_cache is None or self._indptr_cache[0] != key:
+            self._indptr_cache = (key, indptr.tolist())
+        return self._indptr_cache[1]
 
     def prior_table(self) -> torch.Tensor | None:
         """The count prior as a dense (V, V) table, when it is small enough (`count_prior.DENSE_TABLE_MAX`) and

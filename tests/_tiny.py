@@ -88,10 +88,10 @@ def save_tiny(directory, dense: bool = False, **kwargs):
 
 def assert_decodes_like_forward(model, row: torch.Tensor, prefix: int = 3):
     """Decoding `row` (1, T) one token at a time after a `prefix`-token prefill gives the teacher-forced logits, on
-    the general one-token path and on the sync-free step."""
+    the general one-token path, the sync-free step and "auto" (on the CPU the host step, one row)."""
     full = model(row).logits
     with torch.no_grad():
-        for mode in ("off", "eager"):
+        for mode in ("off", "eager", "auto"):
             model.decode_mode = mode
             try:
                 state = model(row[:, :prefix], use_cache=True).state

@@ -267,3 +267,60 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
         torch.empty(V + 1, dtype=torch.long, device="meta"), torch.empty(P - 1, dtype=torch.long, device="meta"), V,
         model.base_model.decode_max_degree(), torch.empty(V, device="meta"))
     assert logits.shape == (B, V) and logits.device.type == "meta"
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_one_row_on_the_cpu_takes_the_host_step_bit_for_bit(models, tok, dense, monkeypatch):
+    """One row on the CPU ("auto") decodes through `host_step`: generate (greedy, sampling), energy_generate and
+    direct calls give the general path's logits and tokens exactly (same ops on the same numbers)."""
+    model = models[dense]
+    enc = tok(["a dog saw"], return_tensors="pt")
+
+    def decode():
+        g = model.generate(**enc, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        e = model.energy_generate(enc["input_ids"], max_new_tokens=8)
+        torch.manual_seed(0)
+        s = model.generate(**enc, max_new_tokens=8, do_sample=True, top_k=5, repetition_penalty=1.3)
+        return g, e, s
+
+    off = _run(model, "off", decode)
+    calls = []
+    original = type(model).host_step
+    monkeypatch.setattr(type(model), "host_step", lambda self, *a: calls.append(1) or original(self, *a))
+    auto = _run(model, "auto", decode)
+    assert len(calls) >= 7, "one-row decoding did not take the host step"
+    assert torch.equal(auto[0].sequences, off[0].sequences)
+    assert torch.equal(torch.stack(auto[0].logits), torch.stack(off[0].logits))
+    assert torch.equal(auto[1].sequences, off[1].sequences) and torch.equal(auto[1].energies, off[1].energies)
+    assert torch.equal(auto[2], off[2])
+
+
+def test_the_host_step_checks_ids_positions_and_padding(models, tok):
+    """A direct call still validates its id; the position limit gives the general path's message; a padding column
+    is refused on both paths; with position_overflow="extend" the rows past the table match the general path."""
+    model = models[False]
+    state = model(torch.tensor([[2, 5, 6]]), use_cache=True).state
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        _run(model, "auto", lambda: model(torch.tensor([[model.config.vocab_size]]), cache=state.clone()))
+    padded = torch.tensor([[1, 1, 1, 0]])  # a padding column is no step: said in one line, on both paths
+    for mode in ("off", "auto"):
+        with pytest.raises(ValueError, match="every token of this call is padding"):
+            _run(model, mode, lambda: model(torch.tensor([[7]]), attention_mask=padded, cache=state.clone()))
+    config = model.config
+    config.max_position_embeddings = 4
+    try:
+        nxt = _run(model, "auto", lambda: model(torch.tensor([[7]]), cache=state.clone())).state
+        with pytest.raises(ValueError, match="exceeds max_position_embeddings=4"):
+            _run(model, "auto", lambda: model(torch.tensor([[8]]), cache=nxt))
+        config.position_overflow = "extend"
+        model.base_model.reset_caches()
+        ref_state, got_state = state.clone(), state.clone()
+        for token in (7, 8, 9, 5):  # positions 3..6: across the end of the table (rows 0..4)
+            step = torch.tensor([[token]])
+            ref = _run(model, "off", lambda s=ref_state, t=step: model(t, cache=s))
+            got = _run(model, "auto", lambda s=got_state, t=step: model(t, cache=s))
+            assert torch.equal(got.logits, ref.logits)
+            ref_state, got_state = ref.state, got.state
+    finally:
+        config.max_position_embeddings, config.position_overflow = 64, "error"
+        model.base_model.reset_caches()
