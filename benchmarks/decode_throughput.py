@@ -9,7 +9,8 @@ and G = min(64, c/2) tokens are then decoded greedily, so the decoded tokens sit
 * fast path: a tight loop calling `model(next_token[:, None], cache=state, logits_to_keep=1,
   use_cache=True)` and `argmax` (what an application would write; BriLLM's state is O(d) per sequence);
 * generate(): `model.generate(prompt, max_new_tokens=G, do_sample=False)`, its time minus the same prompt's
-  forward, i.e. per decoded token;
+  forward, i.e. per decoded token; beside it the same with `model.decode_mode = "off"` (the general one-token path,
+  the one-row host step is measured against);
 * batched: the fast path with `--batch` sequences at once (tokens/s counts every sequence's tokens).
 
 Each figure is the median over `--repeats` runs (at least 256 decoded tokens for one sequence), under
@@ -74,9 +75,13 @@ def run_shape(args, shape_name):
             repeats = max(args.repeats, -(-256 // steps))  # at least 256 decoded tokens per figure
             fast = statistics.median(fast_decode(model, prompt, steps) for _ in range(repeats))
             gen = statistics.median(generate_decode(model, prompt, steps) for _ in range(repeats))
+            model.decode_mode = "off"  # the general one-token path, side by side: what the default step gains
+            general = statistics.median(generate_decode(model, prompt, steps) for _ in range(repeats))
+            model.decode_mode = "auto"
             batched = statistics.median(fast_decode(model, batch_prompt, steps) for _ in range(args.repeats))
             row = dict(shape=shape_name, context=c, decoded=steps, fast_tokens_per_s=steps / fast,
-                       generate_tokens_per_s=steps / gen, batch=args.batch,
+                       generate_tokens_per_s=steps / gen, general_path_generate_tokens_per_s=steps / general,
+                       batch=args.batch,
                        batched_tokens_per_s=args.batch * steps / batched, other_cpu_load=monitor.stop())
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -100,11 +105,12 @@ def main():
     for shape in (["paper", "small"] if args.shape == "all" else [args.shape]):
         rows.extend(run_shape(args, shape))
     print()
-    print(f"{'shape':6} {'context':>7} {'fast path tok/s':>15} {'generate() tok/s':>16} "
+    print(f"{'shape':6} {'context':>7} {'fast path tok/s':>15} {'generate() tok/s':>16} {'general path':>12} "
           f"{'batch':>5} {'batched tok/s':>13} {'other load':>10}")
     for r in rows:
         print(f"{r['shape']:6} {r['context']:7d} {r['fast_tokens_per_s']:15.0f} {r['generate_tokens_per_s']:16.0f} "
-              f"{r['batch']:5d} {r['batched_tokens_per_s']:13.0f} {r['other_cpu_load']:10.2f}")
+              f"{r['general_path_generate_tokens_per_s']:12.0f} {r['batch']:5d} {r['batched_tokens_per_s']:13.0f} "
+              f"{r['other_cpu_load']:10.2f}")
     write_record("decode_throughput", args, dict(rows=rows))
 
 

@@ -377,33 +377,40 @@ def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_siz
     `candidate_energies` (un-sorted).
     """
     with torch.no_grad():
-        N, d = x.shape
-        P = weights.shape[0]
-        b2 = biases.reshape(P, d)
+        N = x.shape[0]
         if N == 1:
             u = int(sources[0])
-            a, b = int(indptr[u]), int(indptr[u + 1])
-            if indices is None:
-                logits = x.new_empty(1, vocab_size)
-            else:
-                shared = _energy(torch.addmm(b2[0] + pe, x, weights[0]))[1]
-                logits = shared.expand(1, vocab_size).clone()
-                if non_edge_bias is not None:
-                    logits += non_edge_bias.to(logits.dtype)
-            if b > a:
-                n = b - a
-                h = torch.baddbmm(b2[a + 1:b + 1].unsqueeze(1), x.expand(n, 1, d), weights[a + 1:b + 1]).view(n, d)
-                h += pe
-                energies = _energy(h)[1]
-                if indices is None:
-                    logits[0, :n] = energies
-                else:
-                    logits[0].index_copy_(0, indices[a:b], energies)
-            return logits
+            return block_logits(x, pe, weights, biases, int(indptr[u]), int(indptr[u + 1]), indices, vocab_size,
+                                non_edge_bias)
         plan = make_torch_plan(sources, indptr, indices, vocab_size)
         energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan)
         logits = torch.empty(N, vocab_size, dtype=energies.dtype, device=x.device)
         logits[plan.order] = scatter_logits(energies, shared, plan, vocab_size, non_edge_bias)
+        return logits
+
+
+def block_logits(x, pe, weights, biases, a: int, b: int, indices, vocab_size: int, non_edge_bias=None):
+    """(1, V) energies of every node after one position whose source's real edges are CSR entries a..b−1 (host
+    ints; edge rows a+1..b): one `baddbmm` over the block, written into a row of shared energies. `x`, `pe` (1, d);
+    `biases` (P, 1, d); `indices=None` means a dense graph. Inference only."""
+    with torch.no_grad():
+        d = x.shape[1]
+        if indices is None:
+            logits = x.new_empty(1, vocab_size)
+        else:
+            shared = _energy(torch.addmm(biases[0] + pe, x, weights[0]))[1]
+            logits = shared.expand(1, vocab_size).clone()
+            if non_edge_bias is not None:
+                logits += non_edge_bias.to(logits.dtype)
+        if b > a:
+            n = b - a
+            h = torch.baddbmm(biases[a + 1:b + 1], x.expand(n, 1, d), weights[a + 1:b + 1]).view(n, d)
+            h += pe
+            energies = _energy(h)[1]
+            if indices is None:
+                logits[0, :n] = energies
+            else:
+                logits[0].index_copy_(0, indices[a:b], energies)
         return logits
 
 
@@ -518,6 +525,7 @@ __all__ = [
     "candidate_energies",
     "gather_edges",
     "scatter_logits",
+    "block_logits",
     "successor_logits",
     "successor_logits_static",
     "exact_log_partition",

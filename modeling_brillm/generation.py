@@ -21,8 +21,9 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput, logging
 
 from .decode_capture import DecodeGraphs
+from .energy import block_logits
 from .graph import edge_row
-from .ops import kernel_enabled, successor_logits
+from .ops import kernel_enabled
 from .recurrence import edge_update, plus_edge_base
 from .state import CACHE, BriLLMState, given_state
 from .validation import check_inputs, too_long
@@ -88,34 +89,43 @@ class BriLLMGenerationMixin(GenerationMixin):
     def host_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool):
         """One token of one row on the CPU: (logits (1, V), new state), or None for a padding column.
 
-        The general path's math (`edge_update`, `successor_logits`, `read_out`), bit for bit, but the few integers
-        it needs (the token, its position, the edge it crosses) are read to the host first, where a read is free:
-        every table is then read as a slice, and no op runs over the whole graph or batch to look one row up."""
+        The general path's math (`edge_update`, `block_logits`, `read_out`), bit for bit, but the few integers it
+        needs (the token, its position, the edge it crosses, its successors' block) are read to the host first,
+        where a read is free: every table is then read as a slice, and no op runs over the whole graph to look one
+        row up. A step costs a few dozen small ops around one product over the successors' block."""
         if not isinstance(state, BriLLMState):
             raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
-        tokens = self._step_tokens(input_ids, attention_mask, state, trusted)
-        if tokens is None:
-            return None
         base, cfg = self.base_model, self.config
-        token, source, length = int(tokens), int(state.last_token), int(state.length)
-        M, V = cfg.max_position_embeddings, cfg.vocab_size
-        if not base.extends_positions and length >= M:
-            raise too_long(length + 1, M)
-        indptr, indices = self.csr()
-        row = edge_row(base.host_indptr() if indices is not None else None, indices, source, token, V)
-        if length + 1 <= M:
-            pe = base.position_table(tokens.device)[length:length + 2].to(base.weights.dtype)
+        V, M = cfg.vocab_size, cfg.max_position_embeddings
+        if trusted:  # generate()'s own pick; a finished row's pad id may lie outside the vocabulary: clamp it
+            given = int(input_ids)
+            token = min(max(given, 0), V - 1)
+            tokens = input_ids[0] if token == given else input_ids.new_tensor([token])
         else:
-            pe = base.position_encoding(state.length + torch.arange(2)).to(base.weights.dtype)
-        # the position weight of the edge entering `length` (past the range: the last one), as `mix_weights`
-        weight = base.positions.view(-1)[min(max(length - 1, 0), M - 1)].float().view(1)
+            tokens = self._step_tokens(input_ids, attention_mask, state, trusted)
+            if tokens is None:
+                return None
+            token = int(tokens)
+        source, length = int(state.last_token), int(state.length)
+        if length >= M and not base.extends_positions:
+            raise too_long(length + 1, M)
+        dense = cfg.graph == "dense"
+        csr = None if dense else base.host_csr()
+        row = edge_row(csr, source, token, V)
+        pe = base.position_table(tokens.device)[length:length + 2] if length + 1 <= M else \
+            base.position_encoding(state.length + torch.arange(2))
+        W, b, dtype = base.weights, base.biases, base.weights.dtype
+        pe = pe.to(dtype)
+        at = min(max(length - 1, 0), M - 1)  # the position weight entering `length`, as `mix_weights` picks it
+        weight = base.positions.view(-1)[at:at + 1].float()
         x = state.signal
-        mix = edge_update(x, base.weights[row:row + 1], base.biases[row], plus_edge_base(pe[:1], x, base.edge_base),
-                          weight, state.mix_sum, state.mix_norm, state.mix_max, base.node_add(tokens))
+        mix = edge_update(x, W[row:row + 1], b[row], plus_edge_base(pe[:1], x, base.edge_base), weight,
+                          state.mix_sum, state.mix_norm, state.mix_max, base.node_add(tokens))
         signal = mix[0] / mix[1].unsqueeze(1)
-        logits = successor_logits(signal.to(base.weights.dtype), plus_edge_base(pe[1:], signal, base.edge_base),
-                                  base.weights, base.biases, tokens, indptr, indices, V, base.non_edge_bias)
+        first, last = (token * V, token * V + V) if dense else (csr[0][token], csr[0][token + 1])
+        logits = block_logits(signal.to(dtype), plus_edge_base(pe[1:], signal, base.edge_base), W, b, first, last,
+                              None if dense else base.graph_indices, V, base.non_edge_bias)
         logits = base.read_out(logits.float(), signal, tokens)
         return logits, BriLLMState(signal, *mix, state.length + 1, tokens, state.seen + 1)
 

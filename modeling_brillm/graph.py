@@ -7,6 +7,7 @@ real edge uses row 0, the shared edge. A dense graph has every pair real: row of
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .count_prior import CountPrior, count_prior
@@ -187,14 +188,15 @@ def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, target
     return torch.where(keys[pos] == query, pos + 1, torch.zeros_like(pos))
 
 
-def edge_row(indptr: list[int], indices: torch.Tensor | None, source: int, target: int, vocab_size: int) -> int:
-    """`edge_rows_from_keys` for one pair read on the host: `indptr` as a list, `indices` the CSR's targets (sorted
-    within each source's block; None for a dense graph). One search over the source's block, no device-wide op."""
-    if indices is None:
+def edge_row(csr: tuple[list[int], np.ndarray] | None, source: int, target: int, vocab_size: int) -> int:
+    """`edge_rows_from_keys` for one pair, on the host: `csr` (indptr list, indices array sorted within each
+    source's block) of a sparse graph, None for a dense one. One binary search over the source's block."""
+    if csr is None:
         return 1 + source * vocab_size + target
+    indptr, indices = csr
     start, end = indptr[source], indptr[source + 1]
-    k = start + int(torch.searchsorted(indices[start:end], target))
-    return k + 1 if k < end and int(indices[k]) == target else 0
+    k = start + int(np.searchsorted(indices[start:end], target))
+    return k + 1 if k < end and indices[k] == target else 0
 
 
 __all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr",

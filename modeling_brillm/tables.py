@@ -3,6 +3,7 @@ the real edges' sorted keys, the count prior as a dense table, the successors by
 negatives) and the largest out-degree (the decode step's static shape). The positional encoding's table stays with
 its formula in modeling_brillm.py."""
 
+import numpy as np
 import torch
 
 from .count_prior import DENSE_TABLE_MAX, dense_table
@@ -16,7 +17,7 @@ class DerivedTables:
 
     def reset_caches(self):
         """Forget the tables derived from the graph and the config (after the graph grows)."""
-        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = self._indptr_cache = None
+        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = self._host_csr_cache = None
 
     def edge_keys(self) -> torch.Tensor | None:
         """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
@@ -28,13 +29,14 @@ class DerivedTables:
             self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
         return self._edge_key_cache[1]
 
-    def host_indptr(self) -> list[int]:
-        """The CSR's indptr as a Python list (the host step's block bounds); cached per graph version."""
-        indptr = self.graph_indptr
-        key = (indptr.data_ptr(), indptr._version, indptr.numel())
-        if self._indptr_cache is None or self._indptr_cache[0] != key:
-            self._indptr_cache = (key, indptr.tolist())
-        return self._indptr_cache[1]
+    def host_csr(self) -> tuple[list[int], np.ndarray]:
+        """The sparse graph's CSR as the host step reads it: indptr as a list, indices as a NumPy view (a CPU graph);
+        cached per graph version."""
+        indptr, indices = self.graph_indptr, self.graph_indices
+        key = (indptr.data_ptr(), indptr._version, indices.data_ptr(), indices._version)
+        if self._host_csr_cache is None or self._host_csr_cache[0] != key:
+            self._host_csr_cache = (key, (indptr.tolist(), indices.numpy()))
+        return self._host_csr_cache[1]
 
     def prior_table(self) -> torch.Tensor | None:
         """The count prior as a dense (V, V) table, when it is small enough (`count_prior.DENSE_TABLE_MAX`) and
