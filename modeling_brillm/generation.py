@@ -17,7 +17,9 @@ chosen by `model.decode_mode`:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import ModelOutput, logging
 
 from .decode_capture import DecodeGraphs
@@ -29,6 +31,46 @@ from .state import CACHE, BriLLMState, given_state
 from .validation import check_inputs, too_long
 
 logger = logging.get_logger(__name__)
+# the field of generate()'s output that holds the final state ("cache" in recent transformers)
+GENERATE_CACHE = CACHE if CACHE in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+
+class HostStep:
+    """One token of one row on the CPU: the general path's math (`edge_update`, `block_logits`, `read_out`), bit
+    for bit, with the few integers it needs (the token, its position, the edge it crosses, its successors' block)
+    read to the host first, where a read is free: every table is read as a slice, and no op runs over the whole
+    graph to look one row up. What does not change between tokens (the tables, the config's numbers) is read once,
+    when a decoding loop builds its step."""
+
+    def __init__(self, model):
+        base, cfg = model.base_model, model.config
+        self.base, self.V, self.M = base, cfg.vocab_size, cfg.max_position_embeddings
+        self.extends, self.dense = base.extends_positions, cfg.graph == "dense"
+        self.csr = None if self.dense else base.host_csr()
+        self.indices = None if self.dense else base.graph_indices
+        self.table = base.position_table(base.weights.device).to(base.weights.dtype)
+        self.position_weights = base.positions.view(-1)
+
+    def __call__(self, tokens: torch.Tensor, token: int, state: BriLLMState):
+        """`tokens` (1,) the new token (`token` its id on the host) on top of `state`: (logits (1, V), new state)."""
+        base, V, M = self.base, self.V, self.M
+        source, length = int(state.last_token), int(state.length)
+        if length >= M and not self.extends:
+            raise too_long(length + 1, M)
+        row = edge_row(self.csr, source, token, V)
+        pe = self.table[length:length + 2] if length + 1 <= M else \
+            base.position_encoding(state.length + torch.arange(2)).to(self.table.dtype)
+        at = min(max(length - 1, 0), M - 1)  # the position weight entering `length`, as `mix_weights` picks it
+        W, b, x = base.weights, base.biases, state.signal
+        mix = edge_update(x, W[row:row + 1], b[row], plus_edge_base(pe[:1], x, base.edge_base),
+                          self.position_weights[at:at + 1].float(), state.mix_sum, state.mix_norm, state.mix_max,
+                          base.node_add(tokens))
+        signal = mix[0] / mix[1].unsqueeze(1)
+        first, last = (token * V, token * V + V) if self.dense else (self.csr[0][token], self.csr[0][token + 1])
+        logits = block_logits(signal.to(W.dtype), plus_edge_base(pe[1:], signal, base.edge_base), W, b, first, last,
+                              self.indices, V, base.non_edge_bias)
+        logits = base.read_out(logits.float(), signal, tokens)
+        return logits, BriLLMState(signal, *mix, state.length + 1, tokens, state.seen + 1)
 
 
 class BriLLMGenerationMixin(GenerationMixin):
@@ -87,19 +129,13 @@ class BriLLMGenerationMixin(GenerationMixin):
                 and signal_ids is None)
 
     def host_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool):
-        """One token of one row on the CPU: (logits (1, V), new state), or None for a padding column.
-
-        The general path's math (`edge_update`, `block_logits`, `read_out`), bit for bit, but the few integers it
-        needs (the token, its position, the edge it crosses, its successors' block) are read to the host first,
-        where a read is free: every table is then read as a slice, and no op runs over the whole graph to look one
-        row up. A step costs a few dozen small ops around one product over the successors' block."""
+        """One token of one row on the CPU (a direct call): (logits (1, V), new state), or None for a padding column.
+        `trusted`: the id is a decoding loop's own pick (a finished row's pad id is clamped, not checked)."""
         if not isinstance(state, BriLLMState):
             raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
-        base, cfg = self.base_model, self.config
-        V, M = cfg.vocab_size, cfg.max_position_embeddings
-        if trusted:  # generate()'s own pick; a finished row's pad id may lie outside the vocabulary: clamp it
-            given = int(input_ids)
+        if trusted:
+            given, V = int(input_ids), self.config.vocab_size
             token = min(max(given, 0), V - 1)
             tokens = input_ids[0] if token == given else input_ids.new_tensor([token])
         else:
@@ -107,27 +143,7 @@ class BriLLMGenerationMixin(GenerationMixin):
             if tokens is None:
                 return None
             token = int(tokens)
-        source, length = int(state.last_token), int(state.length)
-        if length >= M and not base.extends_positions:
-            raise too_long(length + 1, M)
-        dense = cfg.graph == "dense"
-        csr = None if dense else base.host_csr()
-        row = edge_row(csr, source, token, V)
-        pe = base.position_table(tokens.device)[length:length + 2] if length + 1 <= M else \
-            base.position_encoding(state.length + torch.arange(2))
-        W, b, dtype = base.weights, base.biases, base.weights.dtype
-        pe = pe.to(dtype)
-        at = min(max(length - 1, 0), M - 1)  # the position weight entering `length`, as `mix_weights` picks it
-        weight = base.positions.view(-1)[at:at + 1].float()
-        x = state.signal
-        mix = edge_update(x, W[row:row + 1], b[row], plus_edge_base(pe[:1], x, base.edge_base), weight,
-                          state.mix_sum, state.mix_norm, state.mix_max, base.node_add(tokens))
-        signal = mix[0] / mix[1].unsqueeze(1)
-        first, last = (token * V, token * V + V) if dense else (csr[0][token], csr[0][token + 1])
-        logits = block_logits(signal.to(dtype), plus_edge_base(pe[1:], signal, base.edge_base), W, b, first, last,
-                              None if dense else base.graph_indices, V, base.non_edge_bias)
-        logits = base.read_out(logits.float(), signal, tokens)
-        return logits, BriLLMState(signal, *mix, state.length + 1, tokens, state.seen + 1)
+        return HostStep(self)(tokens, token, state)
 
     def _step_tokens(self, input_ids, attention_mask, state, trusted: bool):
         """The (B,) ids of a one-token step, or None when its column holds padding (the general path's case)."""
@@ -198,6 +214,48 @@ class BriLLMGenerationMixin(GenerationMixin):
         if getattr(state, "graph_owned", False):  # a captured step's buffers: the next generate() overwrites them
             out[CACHE] = state.clone()
         return out
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        """transformers' greedy / sampling loop; for one row on the CPU ("auto") the same loop written around the
+        host step: the same processors, stopping criteria, random draws, streamer calls and outputs, without the
+        per-token model call, output object and mask update that cost as much as the step itself."""
+        if not self._host_loop_applies(input_ids, generation_config, kwargs):
+            return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+        streamer = kwargs.pop("streamer", None)
+        kwargs.pop("synced_gpus", None)
+        keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+        keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+        scores, raw_logits = (() if keep_scores else None), (() if keep_logits else None)
+        out = self(**self.prepare_inputs_for_generation(input_ids, **kwargs), return_dict=True)
+        state, logits = out[CACHE], out.logits[:, -1].to(copy=True, dtype=torch.float32)
+        step = HostStep(self)
+        while True:
+            next_scores = logits_processor(input_ids, logits)
+            scores = scores + (next_scores,) if keep_scores else None
+            raw_logits = raw_logits + (logits,) if keep_logits else None
+            if generation_config.do_sample:
+                token = torch.multinomial(F.softmax(next_scores, dim=-1), num_samples=1).squeeze(1)
+            else:
+                token = torch.argmax(next_scores, dim=-1)
+            input_ids = torch.cat([input_ids, token[:, None]], dim=-1)
+            if streamer is not None:
+                streamer.put(token.cpu())
+            if bool(stopping_criteria(input_ids, scores).all()):
+                break
+            logits, state = step(token, int(token), state)
+        if streamer is not None:
+            streamer.end()
+        if not generation_config.return_dict_in_generate:
+            return input_ids
+        return GenerateDecoderOnlyOutput(sequences=input_ids, scores=scores, logits=raw_logits, attentions=None,
+                                         hidden_states=None, **{GENERATE_CACHE: state})
+
+    def _host_loop_applies(self, input_ids, generation_config, kwargs) -> bool:
+        """One row on the CPU under decode_mode "auto", nothing asked of the loop that it does not do (hidden states,
+        attentions, syncing processes, an assistant's rounds)."""
+        return (self.host_decoding(input_ids, None) and not kwargs.get("synced_gpus")
+                and not generation_config.output_hidden_states and not generation_config.output_attentions
+                and not getattr(generation_config, "is_assistant", False) and kwargs.get(CACHE) is None)
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
                                   model_input_name, input_ids_length, inputs_tensor):

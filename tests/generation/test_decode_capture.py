@@ -10,7 +10,7 @@ import pytest
 import torch
 from _tiny import make_model, make_tokenizer
 
-from modeling_brillm import decoding
+from modeling_brillm import decoding, generation
 from modeling_brillm.modeling_brillm import BriLLMState
 from modeling_brillm.state import CACHE
 
@@ -285,8 +285,8 @@ def test_one_row_on_the_cpu_takes_the_host_step_bit_for_bit(models, tok, dense, 
 
     off = _run(model, "off", decode)
     calls = []
-    original = type(model).host_step
-    monkeypatch.setattr(type(model), "host_step", lambda self, *a: calls.append(1) or original(self, *a))
+    original = generation.HostStep.__call__
+    monkeypatch.setattr(generation.HostStep, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
     auto = _run(model, "auto", decode)
     assert len(calls) >= 7, "one-row decoding did not take the host step"
     assert torch.equal(auto[0].sequences, off[0].sequences)
@@ -324,3 +324,58 @@ def test_the_host_step_checks_ids_positions_and_padding(models, tok):
     finally:
         config.max_position_embeddings, config.position_overflow = 64, "error"
         model.base_model.reset_caches()
+
+
+class _Recorder:
+    """A streamer that records what it is handed (transformers' BaseStreamer interface)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def put(self, value):
+        self.calls.append(value.tolist())
+
+    def end(self):
+        self.calls.append("end")
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(do_sample=False, eos_token_id=None, max_new_tokens=12),
+    dict(do_sample=False, max_new_tokens=12, min_new_tokens=3),  # the model's eos stops it (or the length)
+    dict(do_sample=True, temperature=0.7, top_p=0.9, max_new_tokens=10, output_scores=True),
+    dict(do_sample=False, max_length=9, no_repeat_ngram_size=2, output_scores=True, output_logits=True),
+], ids=["greedy", "eos", "sample", "max_length"])
+def test_one_row_generate_loop_matches_transformers_loop(models, tok, kwargs):
+    """One row on the CPU runs generate()'s loop around the host step: sequences, scores, logits, the streamer's
+    calls and the returned state equal transformers' own loop on the general path."""
+    model = models[False]
+    enc = tok(["the cat"], return_tensors="pt")
+
+    def decode():
+        streamer = _Recorder()
+        torch.manual_seed(1)
+        out = model.generate(**enc, streamer=streamer, return_dict_in_generate=True, **kwargs)
+        return out, streamer.calls
+
+    (ref, ref_calls), (got, got_calls) = _run(model, "off", decode), _run(model, "auto", decode)
+    assert torch.equal(got.sequences, ref.sequences) and got_calls == ref_calls
+    for name in ("scores", "logits"):
+        if getattr(ref, name) is not None:
+            assert torch.equal(torch.stack(getattr(got, name)), torch.stack(getattr(ref, name))), name
+    assert torch.equal(got[CACHE].signal, ref[CACHE].signal) and torch.equal(got[CACHE].length, ref[CACHE].length)
+
+
+def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok, monkeypatch):
+    """Hidden states (and a batch of rows) go through transformers' loop: the host loop is not entered."""
+    model = models[False]
+    entered = []
+    original = type(model)._host_loop_applies
+    monkeypatch.setattr(type(model), "_host_loop_applies", lambda self, *a: entered.append(original(self, *a))
+                        or entered[-1])
+    one = tok(["the cat"], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**one, max_new_tokens=3, do_sample=False, output_hidden_states=True,
+                             return_dict_in_generate=True)
+        model.generate(**_enc(tok), max_new_tokens=3, do_sample=False)
+        model.generate(**one, max_new_tokens=3, do_sample=False)
+    assert entered == [False, False, True] and out.hidden_states is not None
