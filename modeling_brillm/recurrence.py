@@ -123,8 +123,8 @@ def mix64(*values: int) -> int:
     h = 0
     for v in values:
         h = (h + (v & _MASK64) + _GOLDEN) & _MASK64
-        for shift, mult in zip((33, 33), _FMIX):
-            h = ((h ^ (h >> shift)) * mult) & _MASK64
+        for mult in _FMIX:
+            h = ((h ^ (h >> 33)) * mult) & _MASK64
         h ^= h >> 33
     return _int64(h)
 

@@ -46,10 +46,14 @@ def dropout_inputs(accelerator, seed: int, micro: int, per_device_batch_size: in
 
 class StepKeys:
     """Where a training step object stands, for the dropout masks: `steps` optimizer steps completed, `micro`
-    micro-batches into the next; `seed` the run's."""
+    micro-batches into the next; `seed` the run's (None: the seed torch's generator was last given, a script's
+    --seed after accelerate's set_seed; read, not drawn, so a run without dropout keeps its random stream)."""
 
-    def keys_from(self, accelerator, per_device_batch_size: int, seed: int):
-        self.keys_accelerator, self.per_device_batch_size, self.seed = accelerator, per_device_batch_size, seed
+    def keys_from(self, accelerator, per_device_batch_size: int, seed: int | None):
+        import torch
+
+        self.keys_accelerator, self.per_device_batch_size = accelerator, per_device_batch_size
+        self.seed = torch.initial_seed() if seed is None else seed
         self.steps = self.micro = 0
 
     def dropout_inputs(self, batch, step: int | None) -> dict:
@@ -136,7 +140,7 @@ class TrainStep(StepKeys):
     """
 
     def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
-                 max_grad_norm: float | None, clip: bool, learning_rate: float, seed: int = 0):
+                 max_grad_norm: float | None, clip: bool, learning_rate: float, seed: int | None = None):
         import torch
 
         self.accelerator, self.model, self.optimizer, self.lr_scheduler = accelerator, model, optimizer, lr_scheduler

@@ -116,7 +116,8 @@ class ShardedTrainStep(StepKeys):
     """
 
     def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int,
-                 block_size: int, learning_rate: float, max_grad_norm: float | None = None, seed: int = 0):
+                 block_size: int, learning_rate: float, max_grad_norm: float | None = None,
+                 seed: int | None = None):
         import torch
 
         self.accelerator, self.sharded = accelerator, sharded
