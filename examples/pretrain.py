@@ -614,7 +614,7 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
     clock = TrainingClock(args.max_train_time) if args.max_train_time is not None else None
     lr_scheduler = accelerator.prepare(make_scheduler(args, optimizer, clock))
     common = dict(learning_rate=args.learning_rate, per_device_batch_size=args.per_device_train_batch_size,
-                  block_size=args.block_size)
+                  block_size=args.block_size, seed=args.seed)
     if args.sharding:  # the sharded model has no logits; evaluate_sharded gives the same figures
         train_step = ShardedTrainStep(accelerator, model, optimizer, lr_scheduler,
                                       max_grad_norm=args.max_grad_norm if plan.clip else None, **common)

@@ -42,6 +42,8 @@ from .losses import position_losses, shift_labels
 from .ops import (
     EdgeGradLink,
     candidate_energies,
+    check_dropout_rows,
+    draw_dropout_seed,
     edge_update,
     graph_max_degree,
     make_plan,
@@ -300,10 +302,11 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
-                    edge_fetch=None) -> Signals:
+                    edge_fetch=None, dropout_rows=None, dropout_seed: int | None = None) -> Signals:
         """Run the recurrence over a batch (from `state` when given). `edge_fetch(rows)`, when given, returns the
         edge rows (w (B, L, d, d), b (B, L, d)) of the (B, L) global row ids in place of this model's tables (the
-        source-sharded table, see sharding.py)."""
+        source-sharded table, see sharding.py). `dropout_rows` / `dropout_seed`: the signal dropout's mask (see
+        `BriLLMForCausalLM.forward`)."""
         cfg = self.config
         mask = check_inputs(input_ids, attention_mask, state, cfg.vocab_size)
         # the start signal only matters for a sequence's first token: with a state it is already consumed
@@ -329,7 +332,9 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         signal = self._start(tokens, index, valid, state, signal_ids, carried[0])
         # the link hands the scan's edge gradients to the candidate energies' backward (one gradient per table)
         link = EdgeGradLink() if torch.is_grad_enabled() and edge_fetch is None else None
-        signals, *carried = self._scan(signal, carried[1:], index, rows, has_edge, edge_fetch, link, tokens)
+        dropout_rows = check_dropout_rows(dropout_rows, B, tokens.device)
+        signals, *carried = self._scan(signal, carried[1:], index, rows, has_edge, edge_fetch, link, tokens,
+                                       dropout_rows, dropout_seed)
         last_real = tokens[torch.arange(B, device=tokens.device), (lengths - 1).clamp_min(0)]
         final_token = torch.where(lengths > 0, last_real, last)
         new_state = BriLLMState(*carried, start + lengths, final_token, seen + input_ids.shape[1])
@@ -363,9 +368,11 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     def _checkpointing(self) -> bool:
         return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
 
-    def _scan(self, signal, mix, index, rows, has_edge, edge_fetch, link, tokens):
+    def _scan(self, signal, mix, index, rows, has_edge, edge_fetch, link, tokens, dropout_rows=None,
+              dropout_seed=None):
         """The edges along every path (`ops.signal_scan`): (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
-        `tokens` (B, L): the node each column's edge enters."""
+        `tokens` (B, L): the node each column's edge enters; the dropout mask keys on `dropout_rows` (B,) and
+        `dropout_seed`, drawn here when None (a recomputing backward must see the same seed)."""
         pe = self.position_encoding(index).to(self.weights.dtype)  # PE[i+1] of edge i, (B, L, d)
         dropout = self.config.signal_dropout * self.signal_dropout_scale if self.training else 0.0
         weights, biases, sparse = self.weights, self.biases, self._sparse_gradients
@@ -376,6 +383,9 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             rows = torch.arange(B * L, device=rows.device).view(B, L)
         args = (signal, *mix, self.mix_weights(index), weights, biases, rows, has_edge, pe, sparse, link, dropout,
                 self.edge_base, self.node_add(tokens))
+        if dropout:
+            seed = draw_dropout_seed() if dropout_seed is None else int(dropout_seed)
+            args += (seed, dropout_rows, index[:, 0])
         if self._checkpointing():  # keep no signals for the backward: recompute the scan there
             return self._gradient_checkpointing_func(signal_scan, *args)
         return signal_scan(*args)
@@ -467,9 +477,10 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     @exact_precision
     def forward(self, input_ids=None, attention_mask=None, cache=None, use_cache=None, return_dict=None,
-                signal_ids=None, past_key_values=None, **kwargs):
+                signal_ids=None, past_key_values=None, dropout_rows=None, dropout_seed=None, **kwargs):
         input_ids, attention_mask, signal_ids = self.to_input_device(input_ids, attention_mask, signal_ids)
-        run = self.run_signals(input_ids, attention_mask, given_state(cache, past_key_values), signal_ids)
+        run = self.run_signals(input_ids, attention_mask, given_state(cache, past_key_values), signal_ids,
+                               dropout_rows=dropout_rows, dropout_seed=dropout_seed)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         return BriLLMModelOutput(last_hidden_state=run.scatter(input_ids.shape[1]),
                                  **{CACHE: run.state if use_cache else None})
@@ -498,6 +509,8 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         signal_ids: torch.LongTensor | None = None,
         generation_step: bool = False,
         past_key_values: BriLLMState | None = None,
+        dropout_rows: torch.LongTensor | None = None,
+        dropout_seed: int | None = None,
         **kwargs,
     ) -> BriLLMCausalLMOutput:
         r"""
@@ -515,6 +528,12 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         generation_step (`bool`): set by the decoding loops (generate(), energy_generate) for their one-token steps:
             the new column of `attention_mask` is all ones and the ids are the model's own picks (or a finished row's
             pad token), so the step skips the checks that read the device and may be replayed from a CUDA graph.
+        dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's index in the global batch,
+            for signal dropout (`config.signal_dropout`, train mode); default 0..batch-1. The mask is a function of
+            (`dropout_seed`, row index, position, dimension), so a batch split over processes that passes each
+            row's global index drops what the whole batch in one process does.
+        dropout_seed (`int`, *optional*): the masks' seed, the same on every process for one step (the training
+            loops derive it from the run's seed and the optimizer step); default: drawn from torch's generator.
 
         Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
         """
@@ -535,7 +554,8 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         if stepped is not None:
             logits, new_state = stepped
             return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: new_state if use_cache else None})
-        run = self.brillm.run_signals(input_ids, attention_mask, state, signal_ids)
+        run = self.brillm.run_signals(input_ids, attention_mask, state, signal_ids, dropout_rows=dropout_rows,
+                                      dropout_seed=dropout_seed)
         T = input_ids.shape[1]
         if one_token and run.signals.shape[1] == 1 and bool(run.valid.all()):
             logits = self._successor_logits(run)  # decoding: every node's energy as the successor, no plan

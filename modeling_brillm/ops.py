@@ -28,7 +28,6 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .backend import use_triton
 from .energy import candidate_energies as ref_candidate_energies
@@ -41,7 +40,7 @@ from .energy import target_energies as ref_target_energies
 from .graph import edge_keys, edge_rows_from_keys, graph_from_edges
 from .plans import CandidatePlan, EdgeGradLink, KernelPlan, graph_max_degree, make_kernel_plan, make_torch_plan
 from .recurrence import decode_step as ref_decode_step
-from .recurrence import edge_update, mix_in
+from .recurrence import dropout_mask, edge_update, mix_in
 from .recurrence import signal_scan as ref_signal_scan
 from .row_adamw import adamw_rows as ref_adamw_rows
 from .triton_energy import SUPPORTED_DTYPES, KernelEnergies
@@ -201,14 +200,19 @@ def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vo
 # ------------------------------------------------------------------------------------- recurrence
 def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
                 sparse_grad: bool = False, link: EdgeGradLink | None = None, dropout: float = 0.0, edge_base=None,
-                node_add=None):
+                node_add=None, dropout_seed: int | None = None, dropout_rows=None, dropout_start=None):
     """The recurrence over all columns: returns (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
 
     Arguments as `recurrence.signal_scan` (the torch reference, one column at a time), but `dropout` (training only)
-    is a probability: one mask is drawn here for both paths. `signals[:, j]` is what token j's candidates see
-    (dropped out with the mask), `signal` the final undropped signal. The Triton scan (one launch each way) runs
-    when the backend picks it, for d ≤ 128 and, when gradients are needed, float32 tables. A sharded caller passes
-    its fetched rows as the table: weights (B·L, d, d), biases (B·L, 1, d), rows = arange(B·L).view(B, L).
+    is a probability: one mask is built here for both paths, `recurrence.dropout_mask` of (`dropout_seed`, each
+    row's index in the global batch `dropout_rows` (B,), the position of each signal, the dimension), so a row
+    drops the same entries in any batch on any process. The signal entering column j is hashed at position
+    `dropout_start` (B,) + j, the first column's position (default 0: a sequence's start). Defaults: rows 0..B−1,
+    a seed drawn from torch's generator (a fresh mask every call, as `F.dropout`'s). `signals[:, j]` is what
+    token j's candidates see (dropped out with the mask), `signal` the final undropped signal. The Triton scan
+    (one launch each way) runs when the backend picks it, for d ≤ 128 and, when gradients are needed, float32
+    tables. A sharded caller passes its fetched rows as the table: weights (B·L, d, d), biases (B·L, 1, d),
+    rows = arange(B·L).view(B, L).
     `node_add` (B, L, d), optional: the vector of the node each column enters (config.node_embedding).
     """
     needs_grad = torch.is_grad_enabled() and any(
@@ -216,8 +220,8 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
         for t in (weights, biases, mix_weight, pe, signal, mix_sum, mix_norm, mix_max, edge_base))
     keep = None
     if dropout:
-        B, L = rows.shape
-        keep = F.dropout(signal.new_ones(B, L + 1, signal.shape[-1], dtype=torch.float32), dropout, training=True)
+        keep = scan_dropout_mask(dropout, dropout_seed, dropout_rows, dropout_start, rows.shape, signal.shape[-1],
+                                 signal.device)
     if kernel_enabled("signal_scan", weights) and scan_kernel_unsupported(weights, needs_grad) is None:
         stacked, mix_sum, mix_norm, mix_max = kernel_signal_scan(
             signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad, link,
@@ -226,6 +230,32 @@ def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases,
         return (stacked if keep is None else stacked * keep[:, 1:]), final, mix_sum, mix_norm, mix_max
     return ref_signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
                            sparse_grad, link, keep, edge_base, node_add)
+
+
+def draw_dropout_seed() -> int:
+    """A mask seed from torch's generator: what a call that names none uses (reproducible under manual_seed)."""
+    return int(torch.randint(-(1 << 63), (1 << 63) - 1, ()))
+
+
+def check_dropout_rows(rows, batch: int, device) -> torch.Tensor | None:
+    """`dropout_rows` as (B,) long on `device` (None stays None): each row's index in the global batch."""
+    if rows is None:
+        return None
+    rows = torch.as_tensor(rows, device=device)
+    if rows.is_floating_point() or rows.dtype == torch.bool or tuple(rows.shape) != (batch,):
+        raise ValueError(f"dropout_rows must be integer row indices of shape (batch,) = ({batch},), got "
+                         f"{tuple(rows.shape)} {rows.dtype}: pass each row's index in the global batch.")
+    return rows.long()
+
+
+def scan_dropout_mask(p: float, seed: int | None, rows, start, shape, d: int, device) -> torch.Tensor:
+    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns: entry j on the signal entering column j (j = L:
+    leaving the last one), hashed at position start + j; None takes `signal_scan`'s defaults."""
+    B, L = shape
+    seed = draw_dropout_seed() if seed is None else seed
+    rows = torch.arange(B, device=device) if rows is None else rows.to(device)
+    start = torch.zeros(B, dtype=torch.long, device=device) if start is None else start.to(device)
+    return dropout_mask(p, seed, rows, start.unsqueeze(1) + torch.arange(L + 1, device=device), d)
 
 
 def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,

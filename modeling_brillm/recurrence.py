@@ -103,4 +103,56 @@ def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, 
     return logits.float(), (signal, mix_sum, mix_norm, mix_max, length + 1, tokens)
 
 
-__all__ = ["decode_step", "edge_update", "mix_in", "plus_edge_base", "signal_scan"]
+# ------------------------------------------------------------------------------------- signal dropout masks
+# The mask is a pure function of (seed, row, position, dimension): a counter-based hash (splitmix64's stream
+# increment, murmur3's 64-bit finaliser) in int64 torch ops, which wrap on overflow as unsigned arithmetic does. A
+# row's mask thus depends on its index in the global batch, not on which process holds it or beside which rows.
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment (2^64 / golden ratio, odd)
+_FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)  # murmur3's fmix64 multipliers
+_MASK64 = (1 << 64) - 1
+
+
+def _int64(value: int) -> int:
+    """An unsigned 64-bit value as the int64 with the same bits."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
+def mix64(*values: int) -> int:
+    """A 64-bit hash (int64 range) of integers, in Python: what the training loop derives a step's seed from."""
+    h = 0
+    for v in values:
+        h = (h + (v & _MASK64) + _GOLDEN) & _MASK64
+        for mult in _FMIX:
+            h = ((h ^ (h >> 33)) * mult) & _MASK64
+        h ^= h >> 33
+    return _int64(h)
+
+
+def _fmix64_(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's fmix64 on int64 bits, in place: the right shifts are logical (the sign bits masked off)."""
+    for mult in _FMIX:
+        x.bitwise_xor_((x >> 33) & ((1 << 31) - 1)).mul_(_int64(mult))
+    return x.bitwise_xor_((x >> 33) & ((1 << 31) - 1))
+
+
+def dropout_mask(p: float, seed: int, rows: torch.Tensor, positions: torch.Tensor, d: int) -> torch.Tensor:
+    """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept (probability 1 − p), else 0.
+
+    Entry (b, c, k) hashes (`seed`, `rows[b]`, `positions[b, c]`, k): `rows` (B,) are the rows' indices in the
+    global batch, `positions` (B, C) the positions whose signals the columns carry. The same arguments give the
+    same mask on any device and in any batch the row sits in."""
+    if not 0 < p < 1:
+        raise ValueError(f"dropout_mask: p must be in (0, 1), got {p!r}.")
+    key = _fmix64_(rows.long() * _int64(_GOLDEN) + _int64(seed + _GOLDEN))  # each row's own stream
+    # the counter of entry (c, k): position · d + k, spread by splitmix64's increment
+    start = key.unsqueeze(1) + positions.long() * _int64(d * _GOLDEN)
+    counter = torch.arange(d, device=rows.device, dtype=torch.long) * _int64(_GOLDEN)
+    bits = _fmix64_(start.unsqueeze(2) + counter)
+    # the bits are uniform over int64: an entry drops where they fall in the lowest share p of that range
+    threshold = round(p * 2.0 ** 64) - (1 << 63)
+    keep = torch.full((), 1.0 / (1.0 - p), dtype=torch.float32, device=rows.device)
+    return torch.where(bits >= threshold, keep, torch.zeros((), dtype=torch.float32, device=rows.device))
+
+
+__all__ = ["decode_step", "dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan"]

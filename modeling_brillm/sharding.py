@@ -406,11 +406,12 @@ class ShardedBriLLM(nn.Module):
 
     @exact_precision
     def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None,
-                signal_ids=None) -> ShardedOutput:
+                signal_ids=None, dropout_rows=None, dropout_seed: int | None = None) -> ShardedOutput:
         """The loss of the global batch (every process passes its own sequences, and every process must call
         this the same number of times); see `ShardedOutput`. `loss_type` overrides the config's ("exact" for
-        validation whatever the training loss); `signal_ids` (B,) picks each row's learned start signal, as in
-        `BriLLMForCausalLM.forward`."""
+        validation whatever the training loss); `signal_ids` (B,) picks each row's learned start signal,
+        `dropout_rows` (B,) / `dropout_seed` key the signal dropout's mask (each row's index in the global batch,
+        one seed on every process), as in `BriLLMForCausalLM.forward`."""
         if labels is None:
             raise ValueError("ShardedBriLLM computes the training loss only: pass labels (for logits or generation, "
                              "use export_model() on rank 0).")
@@ -426,7 +427,8 @@ class ShardedBriLLM(nn.Module):
         self._link = EdgeGradLink() if torch.is_grad_enabled() else None
         self._unreduced = self._unreduced or torch.is_grad_enabled()
         self._anchors = []
-        run = m.run_signals(input_ids, attention_mask, None, signal_ids=signal_ids, edge_fetch=self._fetch_rows)
+        run = m.run_signals(input_ids, attention_mask, None, signal_ids=signal_ids, edge_fetch=self._fetch_rows,
+                            dropout_rows=dropout_rows, dropout_seed=dropout_seed)
         wdtype = m.weights.dtype
 
         targets = shift_labels(labels, attention_mask, run.column, V)  # as BriLLMForCausalLM.forward scores

@@ -30,7 +30,7 @@ class Job:
     lr_scheduler: object
     train_loader: object
     eval_loader: object | None
-    train_step: Callable  # batch -> StepResult | None (loop.TrainStep, sharded.ShardedTrainStep)
+    train_step: Callable  # (batch, step) -> StepResult | None (loop.TrainStep, sharded.ShardedTrainStep)
     evaluate: Callable  # (model, loader, accelerator) -> (loss, perplexity, tokens)
     log: Callable  # checkpoints.TrainLog
     best: object  # best.BestModel
@@ -130,8 +130,8 @@ def evaluate_now(job: Job, step: int, train_loss: float | None = None, write=pri
 
     apply_pending_weight_decay(job.optimizer)
     device = job.accelerator.device
-    # the loader draws its seed from the global generator: kept as it was, the training after an evaluation (its
-    # signal dropout) does not depend on when evaluations happen
+    # the loader draws its seed from the global generator: kept as it was, the training after an evaluation (the
+    # sampled loss's uniform negatives) does not depend on when evaluations happen
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         loss, ppl, count = job.evaluate(job.model, job.eval_loader, job.accelerator)
     if job.accelerator.is_local_main_process:
@@ -217,7 +217,7 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
             warm_signal_dropout(model, epoch + batches / len(job.train_loader), args.signal_dropout_warmup_epochs)
             if job.clock is not None:
                 job.clock.seconds = stats.train_time
-            result = job.train_step(batch)
+            result = job.train_step(batch, stats.completed_steps)  # the step keys its dropout masks
             batches += 1
             if result is None:  # a micro-batch of an accumulation: no optimizer step yet
                 continue

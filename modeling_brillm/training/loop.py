@@ -3,6 +3,8 @@
 `TrainStep` is one call per micro-batch: forward, backward with the token-weighted rescale to the global mean,
 and on the last micro-batch of an accumulation the gradient clipping, optimizer and scheduler step. The loss
 of a step is the token-weighted mean over the whole global batch, the same number whatever the process count.
+The signal dropout masks are too: each row is keyed by its index in the step's global batch and the step's seed
+(`dropout_inputs`), so one process, DDP, FSDP and source sharding drop the same entries.
 """
 
 from __future__ import annotations
@@ -20,6 +22,50 @@ DEFAULT_PROMPTS = ["The return value", "An exception is raised", "If the object"
 def _extra_inputs(batch) -> dict:
     """Optional model inputs a batch may carry: `signal_ids` (learned start signals, fine-tuning data)."""
     return {"signal_ids": batch["signal_ids"]} if "signal_ids" in batch else {}
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The signal dropout masks' seed of optimizer step `step` (0-based) of a run seeded `seed`: the same on every
+    process, and again on a resume (the checkpoint holds both)."""
+    from modeling_brillm.recurrence import mix64
+
+    return mix64(seed, step)
+
+
+def dropout_inputs(accelerator, seed: int, micro: int, per_device_batch_size: int, rows: int) -> dict:
+    """The model's `dropout_rows` / `dropout_seed` for micro-batch `micro` of a step (its `rows` rows) on this
+    process. Accelerate deals the loader's batches round-robin (batch k to process k mod W) from one order of the
+    blocks whatever the batch size, so local row i is row (micro · W + rank) · per_device_batch_size + i of the
+    step's global batch: the index the same block has in one process with W times the batch, or more
+    accumulation."""
+    import torch
+
+    first = (micro * accelerator.num_processes + accelerator.process_index) * per_device_batch_size
+    return {"dropout_rows": torch.arange(first, first + rows, device=accelerator.device), "dropout_seed": seed}
+
+
+class StepKeys:
+    """Where a training step object stands, for the dropout masks: `steps` optimizer steps completed, `micro`
+    micro-batches into the next; `seed` the run's (None: the seed torch's generator was last given, a script's
+    --seed after accelerate's set_seed; read, not drawn, so a run without dropout keeps its random stream)."""
+
+    def keys_from(self, accelerator, per_device_batch_size: int, seed: int | None):
+        import torch
+
+        self.keys_accelerator, self.per_device_batch_size = accelerator, per_device_batch_size
+        self.seed = torch.initial_seed() if seed is None else seed
+        self.steps = self.micro = 0
+
+    def dropout_inputs(self, batch, step: int | None) -> dict:
+        """This micro-batch's dropout keywords (`dropout_inputs`) in optimizer step `step` (None: `steps`)."""
+        seed = step_seed(self.seed, self.steps if step is None else step)
+        return dropout_inputs(self.keys_accelerator, seed, self.micro, self.per_device_batch_size,
+                              batch["input_ids"].shape[0])
+
+    def advance(self, stepped: bool):
+        """Count a micro-batch, and the optimizer step it completed."""
+        self.micro = 0 if stepped else self.micro + 1
+        self.steps += stepped
 
 
 @dataclass
@@ -84,7 +130,7 @@ def clip_grad_norm_(params, max_norm: float) -> float:
     return total
 
 
-class TrainStep:
+class TrainStep(StepKeys):
     """The single-process / DDP / FSDP step over `accelerator.prepare`d model, optimizer and scheduler.
 
     Every process backpropagates (sum of its token losses) / ref, ref = per-device batch x block size (keeps the
@@ -94,19 +140,21 @@ class TrainStep:
     """
 
     def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
-                 max_grad_norm: float | None, clip: bool, learning_rate: float):
+                 max_grad_norm: float | None, clip: bool, learning_rate: float, seed: int | None = None):
         import torch
 
         self.accelerator, self.model, self.optimizer, self.lr_scheduler = accelerator, model, optimizer, lr_scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.keys_from(accelerator, per_device_batch_size, seed)
         self.ref = float(per_device_batch_size * block_size)
         self.max_grad_norm = max_grad_norm if clip else None
         self.sparse_gradients = bool(getattr(accelerator.unwrap_model(model), "sparse_gradients", False))
         self.lr_used = learning_rate
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
 
-    def __call__(self, batch) -> StepResult | None:
-        """Process one micro-batch; a StepResult when it completed an optimizer step, else None."""
+    def __call__(self, batch, step: int | None = None) -> StepResult | None:
+        """Process one micro-batch of optimizer step `step` (0-based: the steps completed before it, which key its
+        dropout masks); a StepResult when it completed that step, else None."""
         import torch
 
         acc, model = self.accelerator, self.model
@@ -114,7 +162,8 @@ class TrainStep:
         with acc.accumulate(model):
             n_local = count_targets(batch)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        labels=batch["labels"], return_logits=False, **_extra_inputs(batch))
+                        labels=batch["labels"], return_logits=False, **_extra_inputs(batch),
+                        **self.dropout_inputs(batch, step))
             # backward of (sum of this batch's token losses) / ref; rescaled below to / (global targets)
             acc.backward(out.loss * (n_local / self.ref))
             self.sums += torch.stack([out.loss.detach().double() * n_local, n_local.double(),
@@ -136,6 +185,7 @@ class TrainStep:
                 self.lr_used = self.lr_scheduler.get_last_lr()[0]
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+        self.advance(totals is not None)
         if totals is None:
             return None
         self.sums.zero_()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from .errors import UsageError
-from .loop import StepResult, _extra_inputs
+from .loop import StepKeys, StepResult, _extra_inputs
 from .optimizers import BETAS, EPS
 
 EDGE_SHARDINGS = ("none", "source")
@@ -105,7 +105,7 @@ def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
         group["lr"] = lr
 
 
-class ShardedTrainStep:
+class ShardedTrainStep(StepKeys):
     """`loop.TrainStep` for a `ShardedBriLLM`: the same token-weighted global mean and StepResult.
 
     Every process backpropagates (global mean of this micro-batch) x (its global targets) / ref; at the last
@@ -116,23 +116,27 @@ class ShardedTrainStep:
     """
 
     def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int,
-                 block_size: int, learning_rate: float, max_grad_norm: float | None = None):
+                 block_size: int, learning_rate: float, max_grad_norm: float | None = None,
+                 seed: int | None = None):
         import torch
 
         self.accelerator, self.sharded = accelerator, sharded
+        self.keys_from(accelerator, per_device_batch_size, seed)
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.ref = float(per_device_batch_size * block_size)
         self.lr_used = learning_rate
         self.max_grad_norm = max_grad_norm
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, own tokens
 
-    def __call__(self, batch) -> StepResult | None:
+    def __call__(self, batch, step: int | None = None) -> StepResult | None:
+        """As `TrainStep.__call__`."""
         import torch
 
         acc, sharded = self.accelerator, self.sharded
         totals = None
         with acc.accumulate(sharded):
-            out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], **_extra_inputs(batch))
+            out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], **_extra_inputs(batch),
+                          **self.dropout_inputs(batch, step))
             (out.loss * (out.num_targets / self.ref)).backward()
             self.sums += torch.tensor([float(out.loss.detach()) * out.num_targets, out.num_targets,
                                        float(batch["attention_mask"].sum())], dtype=torch.float64,
@@ -151,6 +155,7 @@ class ShardedTrainStep:
                 self.optimizer.zero_grad(set_to_none=True)
                 tokens = acc.reduce(self.sums[2:].clone(), reduction="sum")
                 totals = (float(self.sums[0]), float(self.sums[1]), int(tokens[0]))
+        self.advance(totals is not None)
         if totals is None:
             return None
         self.sums.zero_()

@@ -101,7 +101,7 @@ def test_an_fsdp_launch_on_the_cpu_is_sharded_by_the_script_or_refused_clearly()
 PARITY_ARGS = ["--vocab_size", "512", "--block_size", "32", "--node_size", "8", "--num_generations", "0",
                "--max_train_steps", "20", "--max_grad_norm", "0", "--lr_scheduler_type", "constant",
                "--optimizer", "adamw", "--learning_rate", "0.02",
-               "--signal_dropout", "0"]  # dropout draws from each process's own random stream
+               "--signal_dropout", "0.3", "--signal_dropout_warmup_epochs", "0"]  # masks keyed by the global batch
 
 
 @pytest.mark.slow

@@ -461,6 +461,34 @@ def test_two_processes_match_one(corpus, tmp_path):
         assert c[step] == pytest.approx(b[step], abs=1e-6, rel=0), step
 
 
+DROPOUT_ARGS = TINY + ["--max_train_steps", "10", "--signal_dropout", "0.3", "--signal_dropout_warmup_epochs", "0",
+                      "--optimizer", "adamw", "--checkpointing_steps", "5"]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_with_signal_dropout_and_resume_exactly(corpus, tmp_path):
+    """Signal dropout 0.3 from the first step: each row's mask is keyed by its index in the global batch (16 = 16 x 1
+    process = 8 x 2 processes) and the step, so DDP drops what one process drops and gives its losses; a resume
+    from a checkpoint draws the same masks again."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(["--train_file", corpus, "--output_dir", one, *DROPOUT_ARGS, "--per_device_train_batch_size", "16"],
+        ACCELERATE_USE_CPU="1")
+    run(["--train_file", corpus, "--output_dir", two, *DROPOUT_ARGS, "--per_device_train_batch_size", "8"],
+        launcher=CPU2, timeout=180)
+    assert json.loads((two / "config.json").read_text())["signal_dropout"] == 0.3
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == list(range(1, 11))
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-5), (step, a[step], b[step])
+    resumed = tmp_path / "resumed"
+    run(["--train_file", corpus, "--output_dir", resumed, *DROPOUT_ARGS, "--per_device_train_batch_size", "16",
+         "--resume_from_checkpoint", one / "step_5"], ACCELERATE_USE_CPU="1")
+    c = losses(resumed)
+    assert sorted(c) == list(range(6, 11))
+    for step in c:
+        assert c[step] == pytest.approx(a[step], abs=1e-6, rel=0), step
+
+
 # ------------------------------------------------------------------------------------------------- errors
 def error_of(result) -> str:
     assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])

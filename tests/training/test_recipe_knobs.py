@@ -230,6 +230,45 @@ def test_scaled_signal_dropout_is_the_dropout_of_its_share():
         assert torch.equal(a, half(ids, attention_mask=mask, labels=ids).loss)
 
 
+def test_dropout_rows_are_the_blocks_places_in_the_global_batch_as_accelerate_deals_them():
+    """The training step's `dropout_rows` name the same block in one process (batch 16) as in two processes (batch 4,
+    2 micro-batches each) and in one process with 4 micro-batches of 4: loaders prepared as accelerate prepares
+    pretrain.py's (seedable sampler, batch k to process k mod W), two epochs."""
+    from types import SimpleNamespace
+
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from modeling_brillm.training.loop import StepKeys, step_seed
+
+    blocks = list(range(96))
+
+    def placed(processes: int, batch: int, accumulation: int) -> list[dict]:
+        """Per epoch, {(step, global row): block} over every process's micro-batches."""
+        epochs = [{}, {}]
+        for rank in range(processes):
+            loader = prepare_data_loader(DataLoader(blocks, batch_size=batch, shuffle=True, drop_last=True),
+                                         num_processes=processes, process_index=rank, use_seedable_sampler=True,
+                                         data_seed=3)
+            keys = StepKeys()
+            keys.keys_from(SimpleNamespace(num_processes=processes, process_index=rank, device="cpu"), batch, 0)
+            for epoch, seen in enumerate(epochs):
+                loader.set_epoch(epoch)
+                keys.steps = keys.micro = 0
+                for got in loader:
+                    inputs = keys.dropout_inputs({"input_ids": got}, None)
+                    assert inputs["dropout_seed"] == step_seed(0, keys.steps)
+                    for row, block in zip(inputs["dropout_rows"].tolist(), got.tolist()):
+                        seen[keys.steps, row] = block
+                    keys.advance(keys.micro + 1 == accumulation)
+        return epochs
+
+    one = placed(1, 16, 1)
+    assert len(one[0]) == 96 and one[0] != one[1]  # 6 steps of 16 blocks; the order changes with the epoch
+    assert placed(2, 4, 2) == one
+    assert placed(1, 4, 4) == one
+
+
 def test_pretraining_warms_the_dropout_up_over_the_first_epochs():
     from types import SimpleNamespace
 
@@ -242,10 +281,11 @@ def test_pretraining_warms_the_dropout_up_over_the_first_epochs():
     accelerator = Accelerator(cpu=True)
     loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(2)), batch_size=1))
     model = make_model(tok)
-    scales = []
+    scales, steps = [], []
 
-    def step(_batch):
+    def step(_batch, completed):
         scales.append(model.base_model.signal_dropout_scale)
+        steps.append(completed)  # the optimizer steps before this one: what keys its dropout masks
         return StepResult(loss=1.0, targets=1, tokens=1, lr=0.1)
 
     job = Job(accelerator, model, None, None, loader, None, step, None, log=lambda row: None,
@@ -257,11 +297,12 @@ def test_pretraining_warms_the_dropout_up_over_the_first_epochs():
         model.base_model.signal_dropout_scale = 0.123
         train_epochs(job, args, Position())
         assert scales == expected and model.base_model.signal_dropout_scale == 1.0  # all of it after the run
-    # a resume in the second epoch continues the warm-up where the uninterrupted run was
-    scales.clear()
+    assert steps[:6] == list(range(6))
+    # a resume in the second epoch continues the warm-up (and the masks' steps) where the uninterrupted run was
+    scales.clear(), steps.clear()
     args.signal_dropout_warmup_epochs = 2
     train_epochs(job, args, Position(completed_steps=3, epoch=1, batches_in_epoch=1))
-    assert scales == [0.75, 1, 1]
+    assert scales == [0.75, 1, 1] and steps == [3, 4, 5]
     # the model inside a wrapper (as ShardedBriLLM holds one) is reached too
     warm_signal_dropout(torch.nn.ModuleDict({"model": model}), 0.5, 2.0)
     assert model.base_model.signal_dropout_scale == 0.25

@@ -72,7 +72,8 @@ def _reference(loss_type: str, steps: int = STEPS, groups=None, wd=WD, **config)
     losses, norms = [], []
     for step in range(steps):
         ids, mask = _batch(step)
-        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False, **_signal_ids(model, step)).loss
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False, dropout_seed=step,
+                     **_signal_ids(model, step)).loss
         loss.backward()
         norms.append(clip_grad_norm_(list(model.parameters()), MAX_NORM))
         opt.step()
@@ -88,7 +89,8 @@ def _train(sharded, opt, first: int, last: int, rank: int, world: int, save_at=N
         ids, mask = _batch(step)
         part = torch.arange(GLOBAL_BATCH).tensor_split(world)[rank]  # uneven with 3 processes
         extra = {k: v[part] for k, v in _signal_ids(sharded.model, step).items()}
-        out = sharded(ids[part], mask[part], labels=ids[part], **extra)
+        # the dropout masks (config.signal_dropout) keyed by the rows' global indices and the step
+        out = sharded(ids[part], mask[part], labels=ids[part], dropout_rows=part, dropout_seed=step, **extra)
         out.loss.backward()
         sharded.reduce_gradients()
         norms.append(sharded.clip_grad_norm_(MAX_NORM))
@@ -209,6 +211,25 @@ def test_three_then_two_then_one_processes_match_one_process(tmp_path, reference
     _assert_close(two["sampled"]["state"], ref_state, atol=1e-5)
 
 
+
+
+@pytest.mark.slow
+def test_signal_dropout_trains_sharded_like_one_process_and_resumes(tmp_path):
+    """With signal dropout two processes drop, row for row, what one process drops on the whole batch: the same
+    losses and weights; their checkpoint resumes in one process on the same masks."""
+    dropout = {"signal_dropout": 0.3}
+    ref_losses, _, ref_state = _reference("exact", steps=10, **dropout)
+    plain_losses = _reference("exact", steps=10)[0]
+    assert max(abs(a - b) for a, b in zip(ref_losses, plain_losses)) > 1e-2  # the dropout is on
+    ckpt = str(tmp_path / "ckpt")
+    two = _run(tmp_path, 2, {"first": 0, "last": 10, "save_at": 5, "save_dir": ckpt, "config": dropout}, "dropout")
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    _assert_close(two["state"], ref_state)
+    sharded = ShardedBriLLM(_model(**dropout))
+    opt = SparseAdamW(sharded.parameter_groups(WD), lr=LR)
+    sharded.load_shard(ckpt, opt)
+    losses, _ = _train(sharded, opt, 5, 10, 0, 1)
+    assert torch.allclose(torch.tensor(losses), torch.tensor(ref_losses[5:]), rtol=1e-5, atol=0)
 
 
 def test_export_loads_as_a_plain_model(tmp_path):
