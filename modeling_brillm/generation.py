@@ -23,6 +23,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import ModelOutput, logging
 
 from .decode_capture import DecodeGraphs
+from .decoding import _finish_check_every
 from .energy import block_logits
 from .graph import edge_row
 from .ops import kernel_enabled
@@ -216,46 +217,78 @@ class BriLLMGenerationMixin(GenerationMixin):
         return out
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
-        """transformers' greedy / sampling loop; for one row on the CPU ("auto") the same loop written around the
-        host step: the same processors, stopping criteria, random draws, streamer calls and outputs, without the
-        per-token model call, output object and mask update that cost as much as the step itself."""
-        if not self._host_loop_applies(input_ids, generation_config, kwargs):
+        """transformers' greedy / sampling loop, written around BriLLM's own one-token steps where one applies (one
+        row on the CPU: the host step; on CUDA: the sync-free step, replayed from its CUDA graph): the same
+        processors, stopping criteria, random draws, streamer calls and outputs, without the per-token model call,
+        output object and mask update that cost as much as a step. On a GPU "has every row finished?" is read every
+        few steps (the steps past the end, all padding, are then dropped), unless a streamer or the returned state
+        needs every step as it comes."""
+        step = self._loop_step(input_ids, generation_config, kwargs)
+        if step is None:
             return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
-        streamer = kwargs.pop("streamer", None)
+        streamer, config = kwargs.pop("streamer", None), generation_config
         kwargs.pop("synced_gpus", None)
-        keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
-        keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+        keep_scores, keep_logits = (config.return_dict_in_generate and config.output_scores,
+                                    config.return_dict_in_generate and config.output_logits)
         scores, raw_logits = (() if keep_scores else None), (() if keep_logits else None)
+        batch = input_ids.shape[0]
+        pad = config._pad_token_tensor
+        # one row stops where it finishes; rows that finish early are fed the pad token, as in transformers' loop
+        fill = batch > 1 and any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
+        every = 1 if streamer is not None or config.return_dict_in_generate else _finish_check_every(input_ids.device)
         out = self(**self.prepare_inputs_for_generation(input_ids, **kwargs), return_dict=True)
         state, logits = out[CACHE], out.logits[:, -1].to(copy=True, dtype=torch.float32)
-        step = HostStep(self)
+        unfinished = torch.ones(batch, dtype=torch.long, device=input_ids.device)
+        alive = []  # per step since the last read: did any row still generate after it (device flags)
         while True:
             next_scores = logits_processor(input_ids, logits)
             scores = scores + (next_scores,) if keep_scores else None
             raw_logits = raw_logits + (logits,) if keep_logits else None
-            if generation_config.do_sample:
+            if config.do_sample:
                 token = torch.multinomial(F.softmax(next_scores, dim=-1), num_samples=1).squeeze(1)
             else:
                 token = torch.argmax(next_scores, dim=-1)
+            if fill:
+                token = token * unfinished + pad * (1 - unfinished)
             input_ids = torch.cat([input_ids, token[:, None]], dim=-1)
             if streamer is not None:
                 streamer.put(token.cpu())
-            if bool(stopping_criteria(input_ids, scores).all()):
-                break
-            logits, state = step(token, int(token), state)
+            unfinished = unfinished & ~stopping_criteria(input_ids, scores)
+            alive.append(unfinished.any())
+            if len(alive) == every or input_ids.shape[1] >= config.max_length:  # no step past the length asked
+                flags = torch.stack(alive).tolist()
+                if not flags[-1] or input_ids.shape[1] >= config.max_length:
+                    undo = len(flags) - 1 - flags.index(False) if False in flags else 0  # steps after the end
+                    input_ids = input_ids[:, :input_ids.shape[1] - undo]
+                    scores = scores[:len(scores) - undo] if keep_scores else None
+                    raw_logits = raw_logits[:len(raw_logits) - undo] if keep_logits else None
+                    break
+                alive = []
+            logits, state = step(token, state)
         if streamer is not None:
             streamer.end()
-        if not generation_config.return_dict_in_generate:
+        if not config.return_dict_in_generate:
             return input_ids
         return GenerateDecoderOnlyOutput(sequences=input_ids, scores=scores, logits=raw_logits, attentions=None,
                                          hidden_states=None, **{GENERATE_CACHE: state})
 
-    def _host_loop_applies(self, input_ids, generation_config, kwargs) -> bool:
-        """One row on the CPU under decode_mode "auto", nothing asked of the loop that it does not do (hidden states,
-        attentions, syncing processes, an assistant's rounds)."""
-        return (self.host_decoding(input_ids, None) and not kwargs.get("synced_gpus")
-                and not generation_config.output_hidden_states and not generation_config.output_attentions
-                and not getattr(generation_config, "is_assistant", False) and kwargs.get(CACHE) is None)
+    def _loop_step(self, input_ids, generation_config, kwargs):
+        """The one-token step `_sample`'s own loop runs, `step(tokens (B,), state) -> (float32 logits (B, V), state)`,
+        or None where transformers' loop runs: hidden states or attentions asked for, syncing processes, an
+        assistant's rounds, a given cache, or no own step for this batch and device."""
+        config = generation_config
+        if (kwargs.get("synced_gpus") or config.output_hidden_states or config.output_attentions
+                or getattr(config, "is_assistant", False) or kwargs.get(CACHE) is not None):
+            return None
+        if self.sync_free_decoding(input_ids):
+            def sync_free(tokens, state):
+                logits, state = self.generation_step(tokens[:, None], None, state, True)
+                return logits.to(copy=True, dtype=torch.float32), state  # a replayed graph's buffer: copy it out
+            return sync_free
+        if self.host_decoding(input_ids, None):
+            host = HostStep(self)
+            return lambda tokens, state: host(tokens, int(tokens), state)
+        return None
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
                                   model_input_name, input_ids_length, inputs_tensor):

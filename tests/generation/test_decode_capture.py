@@ -369,9 +369,9 @@ def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok
     """Hidden states (and a batch of rows) go through transformers' loop: the host loop is not entered."""
     model = models[False]
     entered = []
-    original = type(model)._host_loop_applies
-    monkeypatch.setattr(type(model), "_host_loop_applies", lambda self, *a: entered.append(original(self, *a))
-                        or entered[-1])
+    original = type(model)._loop_step
+    monkeypatch.setattr(type(model), "_loop_step", lambda self, *a: entered.append(original(self, *a) is not None)
+                        or original(self, *a))
     one = tok(["the cat"], return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**one, max_new_tokens=3, do_sample=False, output_hidden_states=True,
@@ -379,3 +379,26 @@ def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok
         model.generate(**_enc(tok), max_new_tokens=3, do_sample=False)
         model.generate(**one, max_new_tokens=3, do_sample=False)
     assert entered == [False, False, True] and out.hidden_states is not None
+
+
+@pytest.mark.parametrize("max_new_tokens", [20, 5])
+def test_the_sync_free_loop_reads_finished_rows_every_few_steps(models, tok, monkeypatch, max_new_tokens):
+    """generate()'s own loop around the sync-free step (on a GPU: reads "has every row finished?" every 8 steps)
+    drops the padding steps past the end and never steps past the length asked: transformers' result."""
+    model = models[False]
+    enc = _enc(tok)
+    free = model.generate(**enc, max_new_tokens=20, do_sample=False, eos_token_id=None)[:, enc["input_ids"].shape[1]:]
+    # an eos every row reaches, at different steps
+    first = {t: max(row.tolist().index(t) if t in row.tolist() else 99 for row in free) for t in free.unique().tolist()}
+    eos = min(first, key=first.get)
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    ref = _run(model, "off", lambda: model.generate(**enc, **kwargs))
+    steps = []
+    monkeypatch.setattr(generation, "_finish_check_every", lambda device: 8)
+    original = type(model).generation_step
+    monkeypatch.setattr(type(model), "generation_step", lambda self, *a: steps.append(1) or original(self, *a))
+    got = _run(model, "eager", lambda: model.generate(**enc, **kwargs))
+    assert torch.equal(got, ref)
+    new = ref.shape[1] - enc["input_ids"].shape[1]
+    assert new < 20 and len(steps) >= new - 1  # the loop ran on the sync-free step
+    assert len(steps) < max_new_tokens  # never a step for a token past the length asked
