@@ -23,8 +23,9 @@ from tests._scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 pretrain = load_script("examples/pretrain.py", "brillm_pretrain_script")
-TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
-        "--max_train_steps", "2", "--validation_split_percentage", "0"]
+BASE = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
+        "--validation_split_percentage", "0"]
+TINY = [*BASE, "--max_train_steps", "2"]
 MB = 1024 ** 2
 
 
@@ -37,7 +38,7 @@ def settled(argv: list) -> SimpleNamespace:
 
 # ------------------------------------------------------------------------------------------------- the rule
 @pytest.mark.parametrize("block,batch", [(32, 2048), (64, 1024), (512, 128), (48, 1365)])
-def test_on_cuda_the_default_batch_makes_the_rule_s_tokens(block, batch):
+def test_on_a_gpu_the_default_batch_makes_the_rule_s_tokens(block, batch):
     args = settled(["--block_size", block])
     step = choose_step_batch(args, "cuda", train_blocks=10 ** 6, processes=1)
     assert step == StepBatch(batch) and args.per_device_train_batch_size == batch
@@ -159,7 +160,7 @@ def batch_of(text: str) -> int:
     return int(re.search(r"global batch (\d+) blocks", text).group(1))
 
 
-def test_a_cuda_run_takes_the_rule_s_batch_capped_and_plans_from_it(corpus, monkeypatch, capsys, tmp_path):
+def test_a_gpu_run_takes_the_rule_s_batch_capped_and_plans_from_it(corpus, monkeypatch, capsys, tmp_path):
     text, settings, log = run_on("cuda", 10 ** 6, ["--train_file", corpus, *TINY], monkeypatch, capsys, tmp_path)
     blocks = int(re.search(r"(\d+) training blocks", text).group(1))
     assert batch_of(text) == blocks  # 65,536 // 16 = 4096 blocks, capped at the corpus's
@@ -171,7 +172,7 @@ def test_a_cuda_run_takes_the_rule_s_batch_capped_and_plans_from_it(corpus, monk
     assert recorded["global_batch"] == blocks and recorded["planned_epochs"] == pytest.approx(2.0)
 
 
-def test_a_cuda_run_halves_the_batch_when_memory_is_short(corpus, monkeypatch, capsys, tmp_path):
+def test_a_gpu_run_halves_the_batch_when_memory_is_short(corpus, monkeypatch, capsys, tmp_path):
     text, _, _ = run_on("cuda", 10 ** 6, ["--train_file", corpus, *TINY], monkeypatch, capsys, tmp_path / "a")
     blocks = batch_of(text)
     need = float(re.search(r"needs ~([\d.]+) MB", text).group(1))
@@ -191,7 +192,20 @@ def test_a_cuda_run_halves_the_batch_when_memory_is_short(corpus, monkeypatch, c
     assert recorded["global_batch"] == chosen and recorded["planned_epochs"] == pytest.approx(2 * chosen / blocks)
 
 
-def test_an_explicit_batch_wins_on_cuda_with_a_warning(corpus, monkeypatch, capsys, tmp_path):
+def test_a_time_budget_is_timed_at_the_batch_that_fits(corpus, monkeypatch, capsys, tmp_path):
+    budget = ["--train_file", corpus, *BASE, "--max_train_time", "1"]
+    text, _, _ = run_on("cuda", 10 ** 6, budget, monkeypatch, capsys, tmp_path / "a")
+    blocks = batch_of(text)
+    need = float(re.search(r"needs ~([\d.]+) MB", text).group(1))
+    text, settings, _ = run_on("cuda", need / 2.5, budget, monkeypatch, capsys, tmp_path / "b")
+    chosen = batch_of(text)
+    assert chosen < blocks and settings["per_device_train_batch_size"]["value"] == chosen
+    # fitted before the throwaway model times its steps: the epochs bought are timed at it, not planned again
+    assert "--max_train_time 1s:" in text and f"using {chosen}" in text and "planning the run again" not in text
+    assert f"global batch {chosen} blocks" in text
+
+
+def test_an_explicit_batch_wins_on_a_gpu_with_a_warning(corpus, monkeypatch, capsys, tmp_path):
     argv = ["--train_file", corpus, *TINY, "--per_device_train_batch_size", "8"]
     text, settings, _ = run_on("cuda", 0.001, argv, monkeypatch, capsys, tmp_path)
     assert batch_of(text) == 8
