@@ -170,6 +170,8 @@ def test_a_gpu_run_takes_the_rule_s_batch_capped_and_plans_from_it(corpus, monke
     assert "2 steps (1 per epoch" in text  # the epochs follow from the batch
     recorded = json.loads((tmp_path / "out" / "recipe.json").read_text())["inputs"]["plan"]
     assert recorded["global_batch"] == blocks and recorded["planned_epochs"] == pytest.approx(2.0)
+    again = settled(["--recipe", tmp_path / "out" / "recipe.json"])  # applied verbatim, on any device
+    assert choose_step_batch(again, "cuda", 10 ** 6, 1) is None and again.per_device_train_batch_size == blocks
 
 
 def test_a_gpu_run_halves_the_batch_when_memory_is_short(corpus, monkeypatch, capsys, tmp_path):
