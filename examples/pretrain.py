@@ -225,7 +225,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "edges (config.position_recency; 0 = the paper's all ones). [0.2]")
 
     g = p.add_argument_group("training")
-    g.add_argument("--per_device_train_batch_size", type=int, default=None, help="Blocks per process. [32]")
+    g.add_argument("--per_device_train_batch_size", type=int, default=None,
+                   help="Blocks per process. [32; on a GPU 65,536 tokens // --block_size, halved until the step fits "
+                   "its free memory (docs/gpu.md)]")
     g.add_argument("--per_device_eval_batch_size", type=int, default=None, help="[32]")
     g.add_argument("--learning_rate", type=rate_or_auto, default=None,
                    help="Peak learning rate (the paper: 5e-2); auto: 1e-2 where the signal drops "

@@ -161,8 +161,8 @@ def check_memory(config, accelerator, args) -> str:
     return line
 
 
-
 # ------------------------------------------------------------------------------- the step's memory on a device
+# Upper estimates: the recipe's step on the torch path (readout and count prior on) stays below them.
 LOGIT_COPIES = 6  # (tokens, V) float32 tensors alive at the step's peak: logits, readout, prior, softmax, gradients
 CANDIDATE_COPIES = 4  # (candidates, d) float32 buffers of the torch path's candidate energies and their gradients
 
@@ -182,14 +182,14 @@ def device_facts(device) -> tuple[str, float | None]:
 def successors_per_token(config, graph=None) -> float:
     """The successors a training token's source scores, on average over tokens: frequent sources have more, so the
     edges' bigram counts weight each node's degree (V on a dense graph; the mean degree without counts)."""
+    import torch
+
     V = config.vocab_size
     if config.graph == "dense":
         return float(V)
     if graph is None or int(graph.counts.sum()) == 0:
         return max(1.0, config.num_edges / max(V, 1))
     degree = (graph.indptr[1:] - graph.indptr[:-1]).double()
-    import torch
-
     tokens = torch.zeros(V, dtype=torch.float64).index_add_(
         0, torch.repeat_interleave(torch.arange(V), degree.long()), graph.counts.double())
     return float((tokens * degree).sum() / tokens.sum())
