@@ -310,11 +310,12 @@ def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
     the run's length is planned from it; None (nothing changed) elsewhere."""
     if device_type != "cuda" or STEP_BATCH in args.setting_rules:
         return None
-    args.setting_rules[STEP_BATCH] = "GPU_STEP_TOKENS"
     per_step = processes * args.gradient_accumulation_steps
     if checkpoint_global_batch and checkpoint_global_batch % per_step == 0:
+        args.setting_rules[STEP_BATCH] = "the checkpoint's batch"
         args.per_device_train_batch_size = checkpoint_global_batch // per_step
         return StepBatch(args.per_device_train_batch_size, resumed=True)
+    args.setting_rules[STEP_BATCH] = "GPU_STEP_TOKENS"
     rule = GPU_STEP_TOKENS // args.block_size
     batch = max(1, min(rule, train_blocks // max(processes, 1)))
     args.per_device_train_batch_size = batch
@@ -331,9 +332,9 @@ def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], f
     if step is None or step.resumed:
         if need(batch) <= free:
             return None
-        given = "the checkpoint's batch" if step is not None else "--per_device_train_batch_size"
+        given = args.setting_rules.get(STEP_BATCH, "the batch given")
         return (f"warning: batch {batch} x {L} would need ~{size(need(batch))}, {size(free)} free: it may run out "
-                f"of memory ({given} is kept; lower --per_device_train_batch_size to fit)")
+                f"of memory (kept as {given} set it; lower --per_device_train_batch_size to fit)")
     while batch > 1 and need(batch) > FREE_SHARE * free:
         batch //= 2
     args.per_device_train_batch_size = batch

@@ -71,7 +71,8 @@ def test_a_resumed_run_keeps_its_checkpoint_s_batch():
     step = choose_step_batch(args, "cuda", 10 ** 6, processes=2, checkpoint_global_batch=2048)
     assert step.resumed and args.per_device_train_batch_size == 512
     line = fit_step_batch(args, step, lambda blocks: 100 * MB * blocks, free=1024 * MB)
-    assert args.per_device_train_batch_size == 512 and "warning" in line and "the checkpoint's batch" in line
+    assert args.per_device_train_batch_size == 512 and "warning" in line and "kept as the checkpoint's batch" in line
+    assert args.setting_rules["training.per_device_train_batch_size"] == "the checkpoint's batch"
 
 
 # ------------------------------------------------------------------------------------------- the memory check
@@ -98,7 +99,8 @@ def test_an_explicit_batch_is_kept_with_a_warning_where_it_would_not_fit():
     need = lambda blocks: MB * blocks  # noqa: E731
     line = fit_step_batch(args, None, need, free=1024 * MB)
     assert args.per_device_train_batch_size == 4096
-    assert line.startswith("warning: batch 4096 x 32 would need ~4.0 GB, 1.0 GB free") and "is kept" in line
+    assert line.startswith("warning: batch 4096 x 32 would need ~4.0 GB, 1.0 GB free")
+    assert "kept as flag --per_device_train_batch_size set it" in line
     assert fit_step_batch(args, None, need, free=8192 * MB) is None
 
 
@@ -212,7 +214,7 @@ def test_an_explicit_batch_wins_on_a_gpu_with_a_warning(corpus, monkeypatch, cap
     text, settings, _ = run_on("cuda", 0.001, argv, monkeypatch, capsys, tmp_path)
     assert batch_of(text) == 8
     assert settings["per_device_train_batch_size"]["rule"] == "flag --per_device_train_batch_size"
-    assert "warning: batch 8 x 16 would need" in text and "is kept" in text
+    assert "warning: batch 8 x 16 would need" in text and "kept as flag --per_device_train_batch_size" in text
 
 
 def test_a_cpu_run_is_unchanged(corpus, monkeypatch, capsys, tmp_path):
