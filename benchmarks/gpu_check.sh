@@ -7,10 +7,12 @@
 # 2. the CUDA tests (`pytest -k cuda`);
 # 3. training throughput at the paper's shape (V 4000, 0.96B parameters), 32 x 32 and 1024 x 64, torch path and
 #    kernels side by side, and greedy generate() at batch 1 and 256;
-# 4. FSDP on the device: a tiny pretrain.py run under configuration/accelerate/gpu8_fsdp.yaml on one GPU (trains,
+# 4. pretrain.py's default step: 60 s of training at the paper's shape with no batch flag (the batch the recipe's
+#    GPU_STEP_TOKENS chose for the device's memory, its tokens/s beside step 3's, peak memory beside the estimate);
+# 5. FSDP on the device: a tiny pretrain.py run under configuration/accelerate/gpu8_fsdp.yaml on one GPU (trains,
 #    keeps its best model, saves a folder that loads and generates).
 # A step that fails or runs out of time is reported and the next one runs. Figures go to RESULTS_DIR as the
-# benchmarks' JSON records; every step's output to RESULTS_DIR/gpu_check-<step>.log. About 8 minutes in all.
+# benchmarks' JSON records; every step's output to RESULTS_DIR/gpu_check-<step>.log. About 12 minutes in all.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS="${1:-benchmarks/results}"
@@ -39,6 +41,7 @@ step selfcheck 150 "$PY" -m modeling_brillm.selfcheck
 step cuda_tests 200 "$PY" -m pytest -q -x -k cuda -p no:cacheprovider
 step throughput 240 "$PY" benchmarks/gpu_throughput.py --shape paper --batches 32x32,1024x64 --objective exact \
     --optimizer sparse_adamw --decode-batches 1,256 --long-tokens 0 --results_dir "$RESULTS"
+step default_batch 420 "$PY" benchmarks/gpu_default_batch.py --seconds 60 --results_dir "$RESULTS"
 out=$(mktemp -d)
 step fsdp 150 "$PY" -m accelerate.commands.launch --config_file configuration/accelerate/gpu8_fsdp.yaml \
     --num_processes 1 examples/pretrain.py --vocab_size 512 --block_size 32 --max_train_steps 20 --eval_steps 10 \

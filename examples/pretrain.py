@@ -48,6 +48,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+from modeling_brillm.training import memory
 from modeling_brillm.training.best import BestModel
 from modeling_brillm.training.checkpoints import TrainLog, prepare_output_dir, read_train_state, resolve_checkpoint
 from modeling_brillm.training.data import (
@@ -87,6 +88,8 @@ from modeling_brillm.training.optimizers import (
 from modeling_brillm.training.presets import (
     build_config_and_graph,
     build_from_recipe,
+    choose_step_batch,
+    fit_step_batch,
     known_presets,
     plan_recipe,
     resolve_settings,
@@ -222,7 +225,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "edges (config.position_recency; 0 = the paper's all ones). [0.2]")
 
     g = p.add_argument_group("training")
-    g.add_argument("--per_device_train_batch_size", type=int, default=None, help="Blocks per process. [32]")
+    g.add_argument("--per_device_train_batch_size", type=int, default=None,
+                   help="Blocks per process. [32; on a GPU 65,536 tokens // --block_size, halved until the step fits "
+                   "its free memory (docs/gpu.md)]")
     g.add_argument("--per_device_eval_batch_size", type=int, default=None, help="[32]")
     g.add_argument("--learning_rate", type=rate_or_auto, default=None,
                    help="Peak learning rate (the paper: 5e-2); auto: 1e-2 where the signal drops "
@@ -419,27 +424,24 @@ def load_data(args, tok_settings, accelerator, out_dir, checkpoint):
 
 
 def plan_model(args, model_fields, data, accelerator, checkpoint=None):
-    """The config and graph of the training blocks, the optimizer (its moments count in the memory check), the
-    memory check; returns (config, graph, optimizer plan)."""
+    """The batch on a GPU, the config and graph of the training blocks, the optimizer (its moments count in the
+    memory check), the memory check; returns (config, graph, optimizer plan)."""
     say = accelerator.print
-    args.planned_epochs = planned_epochs(args, data, accelerator, checkpoint)
-    if args.planned_epochs is None:  # a time budget: the epochs it buys, timed
-        args.planned_epochs = epochs_in_budget(args, model_fields, data, accelerator)
-    budgeted = args.max_train_time is not None and args.min_bigram_count == "auto"  # a sparser graph trains faster
-    config, graph, min_count = plan_config(args, model_fields, data, accelerator, args.planned_epochs, budgeted, say)
+    fsdp = is_fsdp(accelerator)
+    plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,
+                            fsdp=fsdp)
+    args.moment_dtype = resolve_moment_dtype(args.moment_dtype, plan, accelerator.mixed_precision,
+                                             accelerator.device.type)
+    step, free = device_batch(args, data, accelerator, checkpoint)
+    config, graph, min_count = plan_length_and_config(args, model_fields, data, accelerator, checkpoint, step, free)
     V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
     say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
         + (f", bigrams seen >= {min_count} times" if graph is not None else "")
         + f"; d={config.node_size}; parameters {P:,} ({human_bytes(4 * P)} fp32)"
         + (f"; count prior of all {config.count_prior_bigrams:,} bigrams seen" if config.count_prior else ""))
-    fsdp = is_fsdp(accelerator)
-    plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,
-                            fsdp=fsdp)
     if args.sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
         plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
                                    "owns")
-    args.moment_dtype = resolve_moment_dtype(args.moment_dtype, plan, accelerator.mixed_precision,
-                                             accelerator.device.type)
     say(describe_optimizer(plan, args.max_grad_norm, args.moment_dtype))
     if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and args.shared_rate_from_preset:
         say(f"the recipe's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
@@ -448,6 +450,41 @@ def plan_model(args, model_fields, data, accelerator, checkpoint=None):
     say(check_memory(config, accelerator, args))
     say(settle_recipe(args, plan, accelerator))
     return config, graph, plan
+
+
+def device_batch(args, data, accelerator, checkpoint):
+    """On a CUDA device with no batch given, the batch GPU_STEP_TOKENS chooses (presets.choose_step_batch), before
+    the run's length is planned from it; and the device's free memory (None off a CUDA device)."""
+    device_type, free = memory.device_facts(accelerator.device)
+    saved = read_train_state(checkpoint).get("signature", {}) if checkpoint is not None else {}
+    step = choose_step_batch(args, device_type, len(data.train), accelerator.num_processes, saved.get("global_batch"))
+    return step, memory.agreed_free(accelerator, free)
+
+
+def plan_length_and_config(args, model_fields, data, accelerator, checkpoint, step, free):
+    """The run's planned epochs and the recipe's config and graph for them (plan_config), with a batch that fits the
+    device (presets.fit_step_batch): where the memory check halves the batch and the run's length in epochs follows
+    from it (--max_train_steps, --max_train_time), the length and the recipe are planned again."""
+    say = accelerator.print
+    while True:
+        args.planned_epochs = planned_epochs(args, data, accelerator, checkpoint)
+        if args.planned_epochs is None:  # a time budget: the epochs it buys, timed
+            args.planned_epochs = epochs_in_budget(args, model_fields, data, accelerator, step, free)
+        budgeted = args.max_train_time is not None and args.min_bigram_count == "auto"  # a sparser graph trains faster
+        config, graph, min_count = plan_config(args, model_fields, data, accelerator, args.planned_epochs, budgeted,
+                                               say)
+        batch = args.per_device_train_batch_size
+        line = fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
+        if line:
+            say(line)
+        if step is not None:  # the batch the device left, and why, in recipe.json
+            key = "training.per_device_train_batch_size"
+            args.recipe_choice.add(Setting("training", "per_device_train_batch_size", args.per_device_train_batch_size,
+                                           args.recipe_choice.settings[key].rule, line or ""))
+        if args.per_device_train_batch_size == batch or planned_epochs(args, data, accelerator, checkpoint) == \
+                args.planned_epochs:
+            return config, graph, min_count
+        say(f"planning the run again for batch {args.per_device_train_batch_size}")
 
 
 def plan_config(args, model_fields, data, accelerator, epochs, budgeted: bool, say):
@@ -502,10 +539,12 @@ def planned_epochs(args, data, accelerator, checkpoint=None) -> float | None:
     return args.max_train_steps * global_batch(args, accelerator) / max(len(data.train), 1)
 
 
-def epochs_in_budget(args, model_fields, data, accelerator) -> float:
+def epochs_in_budget(args, model_fields, data, accelerator, step=None, free=None) -> float:
     """The epochs --max_train_time buys (at most --max_train_steps'): a throwaway model on the data's graph (at no
     planned length) times a few steps of the run's batches (epochs.seconds_per_step; the slowest process's pace),
-    without touching the run's random state. The probe steps the model unprepared: no gradient exchange."""
+    without touching the run's random state. The probe steps the model unprepared: no gradient exchange. A batch
+    the device chose (`step`) is first fitted to the device's `free` memory with this graph, which has at least the
+    edges of the run's (no planned length raises the count)."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -513,6 +552,7 @@ def epochs_in_budget(args, model_fields, data, accelerator) -> float:
 
     device = accelerator.device
     config, graph, _ = build_config_and_graph(model_fields, data.tokenizer, data.train, args.min_bigram_count)
+    fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
     rate = choose_learning_rate(config.signal_dropout)[0] if args.learning_rate == "auto" else args.learning_rate
     plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm, fsdp=is_fsdp(accelerator))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

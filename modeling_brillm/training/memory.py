@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import Callable
 
 from .errors import UsageError
 
@@ -116,12 +117,12 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
     return float(avail), source
 
 
-def check_memory(config, accelerator, args) -> str:
-    """Refuse (UsageError) a model whose training state cannot fit; return a line describing the estimate."""
-    import torch
+def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
+    """`training_memory` (or `sharded_training_memory` with --edge_sharding source, whose workspace is the step's
+    over `tokens` per process, by default the run's batch x block) for this run's processes, strategy and moments:
+    {"total", "parts"}."""
     from accelerate.utils import DistributedType
 
-    P = config.num_parameters_formula()
     from .fsdp import fsdp_on_cpu
 
     dist = accelerator.distributed_type
@@ -129,10 +130,18 @@ def check_memory(config, accelerator, args) -> str:
     strategy = "fsdp" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
     moment_bytes = 4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8
     if getattr(args, "edge_sharding", "none") == "source":
-        need = sharded_training_memory(config, accelerator.num_processes,
-                                       args.per_device_train_batch_size * args.block_size, moment_bytes)
-    else:
-        need = training_memory(P, strategy, accelerator.num_processes, accelerator.mixed_precision, moment_bytes)
+        tokens = args.per_device_train_batch_size * args.block_size if tokens is None else tokens
+        return sharded_training_memory(config, accelerator.num_processes, tokens, moment_bytes)
+    return training_memory(config.num_parameters_formula(), strategy, accelerator.num_processes,
+                           accelerator.mixed_precision, moment_bytes)
+
+
+def check_memory(config, accelerator, args) -> str:
+    """Refuse (UsageError) a model whose training state cannot fit; return a line describing the estimate."""
+    import torch
+
+    P = config.num_parameters_formula()
+    need = state_memory(config, accelerator, args)
     have, source = available_memory(accelerator, args.available_memory_gb)
     if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
         have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
@@ -151,3 +160,73 @@ def check_memory(config, accelerator, args) -> str:
         )
     return line
 
+
+# ------------------------------------------------------------------------------- the step's memory on a device
+# Upper estimates: the recipe's step on the torch path (readout and count prior on) stays below them.
+LOGIT_COPIES = 6  # (tokens, V) float32 tensors alive at the step's peak: logits, readout, prior, softmax, gradients
+CANDIDATE_COPIES = 4  # (candidates, d) float32 buffers of the torch path's candidate energies and their gradients
+
+
+def device_facts(device) -> tuple[str, float | None]:
+    """(the device's type, the bytes free on it): what the step's size is chosen from. On a CUDA device the free
+    memory counts what torch's allocator holds unused (a throwaway model's blocks); elsewhere it is None."""
+    import torch
+
+    if device.type != "cuda":
+        return device.type, None
+    free, _total = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return "cuda", float(free + unused)
+
+
+def successors_per_token(config, graph=None) -> float:
+    """The successors a training token's source scores, on average over tokens: frequent sources have more, so the
+    edges' bigram counts weight each node's degree (V on a dense graph; the mean degree without counts)."""
+    import torch
+
+    V = config.vocab_size
+    if config.graph == "dense":
+        return float(V)
+    if graph is None or int(graph.counts.sum()) == 0:
+        return max(1.0, config.num_edges / max(V, 1))
+    degree = (graph.indptr[1:] - graph.indptr[:-1]).double()
+    tokens = torch.zeros(V, dtype=torch.float64).index_add_(
+        0, torch.repeat_interleave(torch.arange(V), degree.long()), graph.counts.double())
+    return float((tokens * degree).sum() / tokens.sum())
+
+
+def activation_memory(config, tokens: int, successors: float, kernels: bool) -> float:
+    """Bytes of a training step's activations over `tokens` (batch x block) per process, an upper estimate of the
+    exact loss: per token, LOGIT_COPIES float32 rows of all V logits, the candidate energies of its source's
+    `successors` (CANDIDATE_COPIES (successors, d) buffers on the torch path; an energy and its gradient each with
+    the kernels, which read the edges in place) and the edge row it crosses with its gradient."""
+    d = config.node_size
+    candidates = 4 * successors * (2 if kernels else CANDIDATE_COPIES * d)
+    return tokens * (4 * LOGIT_COPIES * config.vocab_size + candidates + 2 * 4 * (d * d + d))
+
+
+def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
+    """Bytes one process needs to train with a batch of `blocks` x --block_size: the training state
+    (`state_memory`) and the step's activations (`activation_memory`; a source-sharded run's workspace is in its
+    state), +10%. Returns that function of `blocks`."""
+    from modeling_brillm.backend import HAVE_TRITON, current_backend
+
+    kernels = accelerator.device.type == "cuda" and HAVE_TRITON and current_backend() != "torch"
+    successors = successors_per_token(config, graph)
+    sharded = getattr(args, "edge_sharding", "none") == "source"
+
+    def need(blocks: int) -> float:
+        tokens = blocks * args.block_size
+        state = state_memory(config, accelerator, args, tokens)["total"]
+        return state + (0.0 if sharded else 1.1 * activation_memory(config, tokens, successors, kernels))
+
+    return need
+
+
+def agreed_free(accelerator, free: float | None) -> float | None:
+    """The least free memory over the processes, so that every process chooses the same batch."""
+    if free is None or accelerator.num_processes == 1:
+        return free
+    import torch
+
+    return float(accelerator.gather(torch.tensor([free], dtype=torch.float64, device=accelerator.device)).min())

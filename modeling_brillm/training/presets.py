@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from .errors import UsageError
+from .memory import human_bytes
 from .pruning import choose_learning_rate, choose_signal_dropout, decide_min_count
 from .recipe import (
     DROPOUT,
     DROPPING_RATE,
+    FREE_SHARE,
+    GPU_STEP_TOKENS,
     LONG_DROPOUT,
     MODEL_DEFAULTS,
     OVERRIDES,
@@ -27,8 +31,9 @@ from .recipe import (
     default_rule,
 )
 
-__all__ = ["MODEL_DEFAULTS", "MODEL_FIELDS", "TOKENIZER_DEFAULTS", "TRAINING_DEFAULTS", "build_config_and_graph",
-           "build_from_recipe", "known_presets", "load_preset", "plan_recipe", "resolve_settings"]
+__all__ = ["MODEL_DEFAULTS", "MODEL_FIELDS", "TOKENIZER_DEFAULTS", "TRAINING_DEFAULTS", "StepBatch",
+           "build_config_and_graph", "build_from_recipe", "choose_step_batch", "fit_step_batch", "known_presets",
+           "load_preset", "plan_recipe", "resolve_settings"]
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
 
@@ -282,3 +287,59 @@ def _count_rule(pruned) -> str:
 
 def _dropout_rule(p: float) -> str:
     return {0.0: "DROPOUT_BARS (not reached)", DROPOUT: "DROPOUT", LONG_DROPOUT: "LONG_EPOCHS"}[p]
+
+
+# ------------------------------------------------------------------------------------- the step on a GPU
+STEP_BATCH = "training.per_device_train_batch_size"
+
+
+@dataclass
+class StepBatch:
+    """The batch GPU_STEP_TOKENS chose for a CUDA device: `rule_batch` blocks per process before the memory check;
+    `resumed`: the checkpoint's batch, kept so that the run continues it exactly."""
+    rule_batch: int
+    capped: bool = False  # fewer training blocks per process than GPU_STEP_TOKENS // block_size
+    resumed: bool = False
+
+
+def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
+                      checkpoint_global_batch: int | None = None) -> StepBatch | None:
+    """GPU_STEP_TOKENS: on a CUDA device where no flag, preset or recipe file gave the batch (`args.setting_rules`
+    has no rule for it), the blocks per process that make GPU_STEP_TOKENS tokens a step, at most the training blocks
+    per process; a resumed run keeps its checkpoint's. Sets `args.per_device_train_batch_size` and its rule before
+    the run's length is planned from it; None (nothing changed) elsewhere."""
+    if device_type != "cuda" or STEP_BATCH in args.setting_rules:
+        return None
+    per_step = processes * args.gradient_accumulation_steps
+    if checkpoint_global_batch and checkpoint_global_batch % per_step == 0:
+        args.setting_rules[STEP_BATCH] = "the checkpoint's batch"
+        args.per_device_train_batch_size = checkpoint_global_batch // per_step
+        return StepBatch(args.per_device_train_batch_size, resumed=True)
+    args.setting_rules[STEP_BATCH] = "GPU_STEP_TOKENS"
+    rule = GPU_STEP_TOKENS // args.block_size
+    batch = max(1, min(rule, train_blocks // max(processes, 1)))
+    args.per_device_train_batch_size = batch
+    return StepBatch(batch, capped=batch < rule)
+
+
+def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], free: float | None) -> str | None:
+    """The memory check of the step on a CUDA device (`free`: its free bytes; None elsewhere: nothing to check).
+    A batch GPU_STEP_TOKENS chose is halved until `need(batch)` (bytes) fits FREE_SHARE of `free`; a batch given
+    otherwise (or a resumed run's) is kept, with a warning where it would not fit. Returns the start-up line."""
+    if free is None:
+        return None
+    batch, L, size = args.per_device_train_batch_size, args.block_size, human_bytes
+    if step is None or step.resumed:
+        if need(batch) <= free:
+            return None
+        given = args.setting_rules.get(STEP_BATCH, "the batch given")
+        return (f"warning: batch {batch} x {L} would need ~{size(need(batch))}, {size(free)} free: it may run out "
+                f"of memory (kept as {given} set it; lower --per_device_train_batch_size to fit)")
+    while batch > 1 and need(batch) > FREE_SHARE * free:
+        batch //= 2
+    args.per_device_train_batch_size = batch
+    head = f"batch {step.rule_batch} x {L} (GPU_STEP_TOKENS: {GPU_STEP_TOKENS:,} tokens per step"
+    head += ", capped at the training blocks)" if step.capped else ")"
+    if batch == step.rule_batch:
+        return f"{head} needs ~{size(need(batch))}, {size(free)} free"
+    return f"{head} would need ~{size(need(step.rule_batch))}, {size(free)} free: using {batch} (~{size(need(batch))})"

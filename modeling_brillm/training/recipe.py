@@ -58,6 +58,11 @@ LONG_EPOCHS, LONG_DROPOUT = 7.0, 0.4  # a run of more than LONG_EPOCHS planned e
 RATE, DROPPING_RATE = 2e-2, 1e-2  # `--learning_rate auto`: DROPPING_RATE wherever the signal drops, else RATE
 MAX_GROWTH = 4.5  # past its bar the count grows with the planned epochs to at most this many times the data's count
 
+# ------------------------------------------------------------------------------------- the step on a GPU
+GPU_STEP_TOKENS = 65_536  # tokens per process and step on a CUDA device where nothing else gives the batch
+FREE_SHARE = 0.9  # the share of the device's free memory the step's estimate may fill
+GPU_RECORD = "benchmarks/results/gpu_throughput-20261126T164207Z.json"
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -176,6 +181,11 @@ RULES = (
     Rule("block_mode", "sentence", "the paper's: one sentence per block", "the paper", sets="training.block_mode"),
     Rule("per_device_train_batch_size", 32, "the paper's batch", "the paper",
          sets="training.per_device_train_batch_size"),
+    Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "a step of 32 × 32 tokens leaves a GPU idle: at the paper's shape the "
+         "kernels trained 76,494 tokens/s at 32 × 32 and 1,526,444 at 1024 × 64 (20×)", GPU_RECORD,
+         formula="on a CUDA device, where no flag, preset or recipe file gives the batch: per_device_train_batch_size "
+         f"= {GPU_STEP_TOKENS:,} // block_size (at most the training blocks per process), halved until the step's "
+         f"estimated memory fits {FREE_SHARE} of the device's free memory"),
     Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", "the paper",
          sets="tokenizer.kind"),
     Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", "the paper",
