@@ -85,6 +85,7 @@ class Rule:
 WHERE = "benchmarks/results/quality-20261128T162129Z.json"  # the whole recipe on eight corpora
 KINDS = '§"The default recipe on corpora of three kinds"'
 S = "docs/benchmarks.md "
+PAPER = "the paper"
 
 RULES = (
     # the graph: which bigrams get an edge (--min_bigram_count auto)
@@ -127,7 +128,7 @@ RULES = (
          "from the first step only slows the start", f'{S}§"The dropout\'s warm-up"',
          sets="training.signal_dropout_warmup_epochs", formula="the dropout grows linearly from 0 over these epochs"),
     Rule("learning_rate", "auto", "a lower rate fits sooner: a gain where dropout holds over-fitting off, a loss "
-         "where nothing does", f"{S}{WHERE}", sets="training.learning_rate",
+         "where nothing does", f"{S}{KINDS}; {WHERE}", sets="training.learning_rate",
          formula="DROPPING_RATE where the signal drops, else RATE"),
     Rule("RATE", RATE, "without dropout a lower rate fits sooner and turns up", f'{S}§"The rate of 1e-2 where the '
          'signal drops"'),
@@ -152,8 +153,8 @@ RULES = (
          'docs/gpu.md §"Mixed precision"', sets="training.moment_dtype",
          formula="None: bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32"),
     # the model: the paper's shape, plus the extensions
-    Rule("node_size", 32, "the paper's d", "the paper", sets="model.node_size"),
-    Rule("max_position_embeddings", 512, "the paper's position weights", "the paper",
+    Rule("node_size", 32, "the paper's d", PAPER, sets="model.node_size"),
+    Rule("max_position_embeddings", 512, "the paper's position weights", PAPER,
          sets="model.max_position_embeddings"),
     Rule("graph", "sparse", "a dense graph is V² edges (16.9B parameters at V=4000)", "docs/model.md",
          sets="model.graph"),
@@ -177,20 +178,20 @@ RULES = (
          sets="model.position_recency", formula="position weights start at 1 + 0.2·k: a moving average of the last "
          "~5 edge outputs"),
     # the data: the paper's blocks, batches and tokenizer
-    Rule("block_size", 32, "the paper's blocks", "the paper", sets="training.block_size"),
-    Rule("block_mode", "sentence", "the paper's: one sentence per block", "the paper", sets="training.block_mode"),
-    Rule("per_device_train_batch_size", 32, "the paper's batch", "the paper",
+    Rule("block_size", 32, "the paper's blocks", PAPER, sets="training.block_size"),
+    Rule("block_mode", "sentence", "the paper's: one sentence per block", PAPER, sets="training.block_mode"),
+    Rule("per_device_train_batch_size", 32, "the paper's batch", PAPER,
          sets="training.per_device_train_batch_size"),
     Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "a step of 32 × 32 tokens leaves a GPU idle: at the paper's shape the "
          "kernels trained 76,494 tokens/s at 32 × 32 and 1,526,444 at 1024 × 64 (20×)", GPU_RECORD,
          formula="on a CUDA device, where no flag, preset or recipe file gives the batch: per_device_train_batch_size "
          f"= {GPU_STEP_TOKENS:,} // block_size (at most the training blocks per process), halved until the step's "
          f"estimated memory fits {FREE_SHARE} of the device's free memory"),
-    Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", "the paper",
+    Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", PAPER,
          sets="tokenizer.kind"),
-    Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", "the paper",
+    Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", PAPER,
          sets="tokenizer.vocab_size"),
-    Rule("tokenizer min_frequency", 2, "the paper's tokenizer", "the paper", sets="tokenizer.min_frequency"),
+    Rule("tokenizer min_frequency", 2, "the paper's tokenizer", PAPER, sets="tokenizer.min_frequency"),
     # a setup that cannot train a built-in default turns it off (a preset's or a flag's value stays and is refused)
     Rule("sampled loss: no non_edge_bias", False, "the sampled loss's negatives do not cover non-edges",
          "docs/model.md", sets="model.non_edge_bias", when=lambda m: m["loss_type"] == "sampled"),
@@ -220,11 +221,16 @@ def default_rule(section: str, name: str) -> str | None:
 
 
 def recipe_table_markdown() -> str:
-    """docs/training.md's rule table: one row per rule of `RULES`."""
+    """docs/training.md's rule table: one row per rule of `RULES`, the paper's settings together in the last."""
     rows = ["| rule | value or formula | why | evidence |", "|---|---|---|---|"]
+    paper = []
     for rule in RULES:
+        if rule.evidence == PAPER:
+            paper.append(f"`{rule.name}` {rule.value!r}")
+            continue
         name = f"`{rule.name}`" + (f" (`{rule.sets}`)" if rule.sets and rule.sets.split(".")[1] != rule.name else "")
         rows.append(f"| {name} | {rule.shown} | {rule.why} | {rule.evidence} |")
+    rows.append(f"| the paper's shape | {', '.join(paper)} | as published | {PAPER} |")
     return "\n".join(rows) + "\n"
 
 
