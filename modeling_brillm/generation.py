@@ -275,10 +275,12 @@ class BriLLMGenerationMixin(GenerationMixin):
     def _loop_step(self, input_ids, generation_config, kwargs):
         """The one-token step `_sample`'s own loop runs, `step(tokens (B,), state) -> (float32 logits (B, V), state)`,
         or None where transformers' loop runs: hidden states or attentions asked for, syncing processes, an
-        assistant's rounds, a given cache, or no own step for this batch and device."""
+        assistant's rounds, a given cache or none wanted (`use_cache=False`), or no own step for this batch and
+        device."""
         config = generation_config
         if (kwargs.get("synced_gpus") or config.output_hidden_states or config.output_attentions
-                or getattr(config, "is_assistant", False) or kwargs.get(CACHE) is not None):
+                or getattr(config, "is_assistant", False) or kwargs.get(CACHE) is not None
+                or kwargs.get("use_cache") is False):
             return None
         if self.sync_free_decoding(input_ids):
             def sync_free(tokens, state):

@@ -366,7 +366,7 @@ def test_one_row_generate_loop_matches_transformers_loop(models, tok, kwargs):
 
 
 def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok, monkeypatch):
-    """Hidden states (and a batch of rows) go through transformers' loop: the host loop is not entered."""
+    """Hidden states, a batch of rows on the CPU and use_cache=False go through transformers' loop."""
     model = models[False]
     entered = []
     original = type(model)._loop_step
@@ -377,8 +377,10 @@ def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok
         out = model.generate(**one, max_new_tokens=3, do_sample=False, output_hidden_states=True,
                              return_dict_in_generate=True)
         model.generate(**_enc(tok), max_new_tokens=3, do_sample=False)
-        model.generate(**one, max_new_tokens=3, do_sample=False)
-    assert entered == [False, False, True] and out.hidden_states is not None
+        uncached = model.generate(**one, max_new_tokens=3, do_sample=False, use_cache=False)
+        cached = model.generate(**one, max_new_tokens=3, do_sample=False)
+    assert entered == [False, False, False, True] and out.hidden_states is not None
+    assert torch.equal(uncached, cached)
 
 
 @pytest.mark.parametrize("max_new_tokens", [20, 5])
