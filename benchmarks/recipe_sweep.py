@@ -254,6 +254,7 @@ def compare(models, args) -> dict | None:
         if args.noise:
             m["vs_base_in_noise"] = change / args.noise
             m["verdict"] = verdict(change / args.noise)
+        m["vs_base"] = comparison_line(m)  # as printed: its figures unsigned for docs/benchmarks.md's check
     return dict(base=("--base_perplexity" if args.base_perplexity else base_row["label"]), base_perplexity=base,
                 noise_percent=None if args.noise is None else 100 * args.noise, bar_in_noise=BAR)
 
@@ -394,8 +395,8 @@ def run(args) -> dict:
     for m in models:
         if m["kind"] == "brillm":
             print(f"{m['label']} is: {m['pretrain_command']}")
-    for m in (m for m in models if "vs_base_percent" in m):
-        print(comparison_line(m))
+    for m in (m for m in models if "vs_base" in m):
+        print(m["vs_base"])
     print(f"other load per run: {[m['other_cpu_load'] for m in models]}; wrote {out}/recipe_sweep.{{json,md,png}}")
     return results
 

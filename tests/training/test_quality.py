@@ -340,7 +340,8 @@ def test_a_fixed_step_sweep_compares_each_variant_with_the_base_in_noise_units(t
     assert first["vs_base_percent"] == pytest.approx(100 * change)
     assert first["vs_base_in_noise"] == pytest.approx(change / 0.01)
     assert first["verdict"] == sweep.verdict(change / 0.01)
-    text = capsys.readouterr().out
+    assert first["vs_base"] == sweep.comparison_line(first) and first["vs_base"] in capsys.readouterr().out
+    text = first["vs_base"]
     assert f"first: perplexity {first['curve'][-1]['perplexity']:.3f}, {100 * change:+.2f}% vs base" in text
     assert f"{first['vs_base_percent']:+.1f}% ({change / 0.01:+.1f}x noise) |" in (out / "recipe_sweep.md").read_text()
 
