@@ -1,8 +1,12 @@
-"""Recipe sweep: BriLLM training recipes side by side on one corpus at one training-time budget (quality.py's rules).
+"""Recipe sweep: BriLLM training recipes side by side on one corpus at one training-time budget (quality.py's rules),
+or at a fixed number of steps (an ablation of the recipe's rules against the seed noise).
 
     python benchmarks/recipe_sweep.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 --budget 90 \
         --variant base= wd=lazy_wd:1,wd:0.1 drop=dropout:0.1 --gpt2 4x256@1e-3
+    python benchmarks/recipe_sweep.py --train_file outputs/corpora/small/train.jsonl \
+        --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 --seed 1 \
+        --max_train_steps 900 --eval_steps 300 --noise 0.015 --variant base= prior=prior:0 wd=wd:0
 
 Every variant IS an examples/pretrain.py run, as a quality.py BriLLM row is: the script's own `run()` in this process
 (the data prepared once and shared), with `--max_train_time` the budget and the curve points as `--eval_seconds`; the
@@ -12,13 +16,20 @@ run's train_log.jsonl; its folder is <output_dir>/<NAME>. The runs go one after 
 the load other processes put on it during each run is reported). --gpt2 adds references in quality.py's GPT-2
 harness, on the same blocks, batch order and held-out targets.
 
+Fixed steps (`--eval_steps` with `--max_train_steps`): no time budget; every variant trains exactly
+--max_train_steps steps, evaluated every --eval_steps, with pretrain.py's own schedule and evaluation batch: the flags
+of benchmarks/seed_noise.py's runs, so with the same --seed the base variant IS a seed-noise run and its seed-to-seed
+spread (`--noise`, a fraction) is the bar. Each variant's final perplexity is then compared with the base's (the
+variant named `base`, else the first; or `--base_perplexity`, a base recorded before): the change in % and in units
+of the noise, and whether it passes twice the noise. The result does not depend on the machine's load.
+
 A variant is NAME=key:value,key:value over pretrain.py's built-in recipe, or --config's; every key is a pretrain.py
 flag (NAME= alone is the recipe itself; a 0/1 key is the flag's on / off switch):
 
     lr         --learning_rate (or auto)                 wd         --weight_decay
     lazy_wd    --lazy_weight_decay                       warmup     --num_warmup_steps
-    schedule   constant (--lr_scheduler_type constant_with_warmup, the default) or cosine (over the training clock,
-               to zero at the budget)
+    schedule   constant (--lr_scheduler_type constant_with_warmup, the default under a budget), cosine (over the
+               training clock, to zero at the budget) or linear (the recipe's; the default at fixed steps)
     shared_lr  --shared_edge_lr_scale                    node_lr    --node_lr_scale
     clip       --max_grad_norm (0: off)                  d          --node_size
     min_count  --min_bigram_count (or auto: chosen from the data and the epochs this variant's budget buys)
@@ -53,7 +64,7 @@ UsageError = quality.UsageError
 SWITCH = "0/1"  # a key whose value turns a pretrain.py --flag / --no-flag on or off
 KEYS = {"lr": ("--learning_rate", "auto"), "wd": ("--weight_decay", float),
         "lazy_wd": ("--lazy_weight_decay", SWITCH), "warmup": ("--num_warmup_steps", int),
-        "schedule": (None, ("constant", "cosine")), "shared_lr": ("--shared_edge_lr_scale", float),
+        "schedule": (None, ("constant", "cosine", "linear")), "shared_lr": ("--shared_edge_lr_scale", float),
         "node_lr": ("--node_lr_scale", float), "clip": ("--max_grad_norm", float), "d": ("--node_size", int),
         "min_count": ("--min_bigram_count", "auto"), "dropout": ("--signal_dropout", "auto"),
         "dropout_warmup": ("--signal_dropout_warmup_epochs", float), "non_edge": ("--non_edge_bias", SWITCH),
@@ -61,6 +72,8 @@ KEYS = {"lr": ("--learning_rate", "auto"), "wd": ("--weight_decay", float),
         "backoff": ("--edge_backoff", SWITCH), "embed": ("--node_embedding", SWITCH),
         "prior": ("--count_prior", SWITCH)}
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}  # key value -> pretrain.py's
+BAR = 2.0  # a change counts where it passes this many times the seed-to-seed spread
 
 
 def parse_args(argv=None):
@@ -73,6 +86,15 @@ def parse_args(argv=None):
     p.add_argument("--curve_points", type=int, default=6, help="Evaluations, log-spaced up to the budget.")
     p.add_argument("--max_train_steps", type=int, default=None,
                    help="Stop every run after this many steps if its clock has not passed the budget first.")
+    p.add_argument("--eval_steps", type=int, default=None,
+                   help="Fixed steps: no time budget, every run trains --max_train_steps steps, evaluated every this "
+                        "many (seed_noise.py's flags; --budget and --curve_points are not used).")
+    p.add_argument("--noise", type=float, default=None, metavar="SPREAD",
+                   help="The seed-to-seed spread of the base's final perplexity, a fraction (seed_noise.py's): each "
+                        "variant's change against the base is also given in units of it.")
+    p.add_argument("--base_perplexity", type=float, default=None,
+                   help="Compare with this final perplexity (a base run recorded before) instead of the variant "
+                        "named base (else the first).")
     p.add_argument("--gpt2", nargs="*", default=[], metavar="LxE[xH][@LR]", help="GPT-2 references (quality.py's).")
     p.add_argument("--gpt2_lr", type=float, default=3e-3)
     p.add_argument("--gpt2_warmup", type=int, default=20)
@@ -129,10 +151,31 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name, settings
 
 
+def fixed_steps_argv(args, name: str) -> list[str]:
+    """seed_noise.py's run flags: --max_train_steps steps, evaluated every --eval_steps, no time budget, and
+    pretrain.py's own schedule and evaluation batch."""
+    argv = ["--seed", str(args.seed), "--text_column", args.text_column]
+    argv += ["--config", args.config] if args.config else []
+    argv += [x for flag in ("train_file", "validation_file", "vocab_size", "block_size")
+             if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
+    argv += ["--per_device_train_batch_size", str(args.batch_size), "--max_train_steps", str(args.max_train_steps),
+             "--eval_steps", str(args.eval_steps)]
+    argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
+    return argv + ["--torch_threads", str(args.threads), "--num_generations", "0",
+                   "--output_dir", str(Path(args.output_dir) / name)]
+
+
 def variant_argv(args, name: str, settings: dict, points) -> list[str]:
-    """The pretrain.py flags of one variant: quality.py's row flags for this data, batch, budget and clock points,
-    then the variant's own; it keeps its last model, which the seen / unseen split scores."""
-    argv = quality.brillm_argv(args, args.config, points, name=name, schedule=settings.get("schedule", "constant"))
+    """The pretrain.py flags of one variant: quality.py's row flags for this data, batch, budget and clock points
+    (at fixed steps, seed_noise.py's), then the variant's own; it keeps its last model, which the seen / unseen split
+    scores."""
+    schedule = settings.get("schedule")
+    if args.eval_steps:
+        argv = fixed_steps_argv(args, name)
+        argv += ["--lr_scheduler_type", SCHEDULES[schedule]] if schedule else []
+    else:
+        argv = quality.brillm_argv(args, args.config, points, name=name)
+        argv[argv.index("--lr_scheduler_type") + 1] = SCHEDULES[schedule or "constant"]
     for key, value in settings.items():
         flag = KEYS[key][0]
         if flag is None:
@@ -189,9 +232,42 @@ def gpt2_row(size, data, points, args, accelerator) -> dict:
     return dict(row, recipe_text=f"AdamW lr {size[3]:g}, {row['schedule']}")
 
 
+def verdict(units: float) -> str:
+    if units > BAR:
+        return f"worse by more than {BAR:g}x the noise: the setting it changes earns its place"
+    if units < -BAR:
+        return f"better by more than {BAR:g}x the noise: the setting it changes costs"
+    return f"within {BAR:g}x the noise: the setting it changes does not show"
+
+
+def compare(models, args) -> dict | None:
+    """Each BriLLM variant's final perplexity against the base's (--base_perplexity, else the variant named base,
+    else the first): the change in % and, with --noise, in units of the seed-to-seed spread, with its verdict."""
+    brillm = [m for m in models if m["kind"] == "brillm"]
+    if args.base_perplexity is None and args.noise is None:
+        return None
+    base_row = next((m for m in brillm if m["label"] == "base"), brillm[0])
+    base = args.base_perplexity or base_row["curve"][-1]["perplexity"]
+    for m in brillm:
+        change = m["curve"][-1]["perplexity"] / base - 1
+        m["vs_base_percent"] = 100 * change
+        if args.noise:
+            m["vs_base_in_noise"] = change / args.noise
+            m["verdict"] = verdict(change / args.noise)
+        m["vs_base"] = comparison_line(m)  # as printed: its figures unsigned for docs/benchmarks.md's check
+    return dict(base=("--base_perplexity" if args.base_perplexity else base_row["label"]), base_perplexity=base,
+                noise_percent=None if args.noise is None else 100 * args.noise, bar_in_noise=BAR)
+
+
+def comparison_line(m) -> str:
+    line = f"{m['label']}: perplexity {m['curve'][-1]['perplexity']:.3f}, {m['vs_base_percent']:+.2f}% vs base"
+    return line + (f" = {m['vs_base_in_noise']:+.2f}x the noise: {m['verdict']}" if "verdict" in m else "")
+
+
 def markdown(results) -> str:
-    head = ("| variant | recipe | ppl @ budget | best ppl (at s) | train loss | held-out NLL seen / unseen | "
-            "unseen targets | share of NLL from unseen | steps | tokens/s |")
+    compared = results.get("comparison") is not None
+    head = ("| variant | recipe | final ppl | best ppl (at s) | train loss | held-out NLL seen / unseen | "
+            "unseen targets | share of NLL from unseen | steps | tokens/s |" + (" vs base |" if compared else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m in results["models"]:
         last = m["curve"][-1]  # the end of the budget (or of --max_train_steps)
@@ -204,6 +280,9 @@ def markdown(results) -> str:
         lines.append(f"| {m['label']} | {m['recipe_text']} | **{last['perplexity']:.2f}** | {best['perplexity']:.2f} "
                      f"({best['train_seconds']:.0f}) | {loss} | {split} | {share} | {nll_share} | {m['steps']:,} | "
                      f"{m['tokens_per_second']:,.0f} |")
+        if compared:
+            units = f" ({m['vs_base_in_noise']:+.1f}x noise)" if "vs_base_in_noise" in m else ""
+            lines[-1] += f" {m['vs_base_percent']:+.1f}%{units} |" if "vs_base_percent" in m else " |"
     return "\n".join(lines)
 
 
@@ -213,26 +292,27 @@ def plot(results, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    s = results["settings"]
+    x = "train_seconds" if s["budget"] is not None else "steps"  # at fixed steps, the steps
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=80)
     for m in results["models"]:
         curve = [p for p in m["curve"] if p["steps"] > 0]
         style = dict(marker="o", markersize=3, linewidth=2.0 if m["kind"] == "brillm" else 1.2,
                      linestyle="-" if m["kind"] == "brillm" else "--")
-        line, = axes[0].plot([p["train_seconds"] for p in curve], [p["perplexity"] for p in curve], label=m["label"],
-                             **style)
-        losses = [(p["train_seconds"], math.exp(p["train_loss"])) for p in curve if p.get("train_loss") is not None]
+        line, = axes[0].plot([p[x] for p in curve], [p["perplexity"] for p in curve], label=m["label"], **style)
+        losses = [(p[x], math.exp(p["train_loss"])) for p in curve if p.get("train_loss") is not None]
         if losses:
             axes[1].plot(*zip(*losses), color=line.get_color(), **style)
     for ax, title in zip(axes, ("held-out perplexity",
                                 "training perplexity (exp of the mean loss since the last point)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("training seconds (evaluation excluded)")
+        ax.set_xlabel("training seconds (evaluation excluded)" if x == "train_seconds" else "steps")
         ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", linewidth=0.3)
     axes[0].legend(fontsize=7)
-    s = results["settings"]
-    fig.suptitle(f"BriLLM recipes, {s['budget']:g} s each, batch {s['batch_size']}, {s['threads']} thread(s); "
+    length = f"{s['budget']:g} s" if s["budget"] is not None else f"{s['max_train_steps']} steps"
+    fig.suptitle(f"BriLLM recipes, {length} each, batch {s['batch_size']}, {s['threads']} thread(s); "
                  f"{results['data']['description'][:70]}", fontsize=9)
     fig.tight_layout()
     tmp = path.with_name(f".tmp-{path.name}")
@@ -252,11 +332,26 @@ def check_args(args):
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
     if args.curve_points < 0:
         raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
+    check_fixed_steps(args)
     variants = [parse_variant(v) for v in args.variant]
     names = [n for n, _ in variants]
     if len(set(names)) != len(names):
         raise UsageError(f"--variant names must differ: {names}.")
     return variants
+
+
+def check_fixed_steps(args):
+    if args.eval_steps is not None:
+        if args.eval_steps < 1:
+            raise UsageError(f"--eval_steps must be a positive integer, got {args.eval_steps}.")
+        if args.max_train_steps is None:
+            raise UsageError("--eval_steps trains a fixed number of steps: give --max_train_steps too.")
+        if args.gpt2:
+            raise UsageError("--gpt2 references train to a time budget: leave them out with --eval_steps.")
+    for name in ("noise", "base_perplexity"):
+        value = getattr(args, name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise UsageError(f"--{name} must be a positive number, got {value}.")
 
 
 def run(args) -> dict:
@@ -279,8 +374,10 @@ def run(args) -> dict:
     models = [variant_row(argv, name, settings, pretrain_data, data["held"], args, accelerator.device)
               for argv, (name, settings) in zip(argvs, variants)]
     models += [gpt2_row(size, data, points, args, accelerator) for size in sizes]
-    results = dict(settings=dict(budget=args.budget, batch_size=args.batch_size, threads=args.threads,
-                                 max_train_steps=args.max_train_steps, seed=args.seed, config=args.config,
+    comparison = compare(models, args)
+    results = dict(settings=dict(budget=None if args.eval_steps else args.budget, batch_size=args.batch_size,
+                                 threads=args.threads, max_train_steps=args.max_train_steps,
+                                 eval_steps=args.eval_steps, seed=args.seed, config=args.config,
                                  device=str(accelerator.device), order="one run after the other",
                                  other_cpu_load_before=None if load_before is None else round(load_before, 3),
                                  machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S",
@@ -288,7 +385,7 @@ def run(args) -> dict:
                    data=dict(description=pretrain_data.description, vocab_size=len(data["tokenizer"]),
                              block_size=int(data["train"][0].shape[1]), train_blocks=len(data["train"][0]),
                              train_tokens=int(data["train"][1].sum()), heldout_blocks=len(data["held"][0])),
-                   models=models)
+                   models=models, comparison=comparison)
     out.mkdir(parents=True, exist_ok=True)
     quality.write_json_atomic(out / "recipe_sweep.json", results)
     table = markdown(results)
@@ -298,6 +395,8 @@ def run(args) -> dict:
     for m in models:
         if m["kind"] == "brillm":
             print(f"{m['label']} is: {m['pretrain_command']}")
+    for m in (m for m in models if "vs_base" in m):
+        print(m["vs_base"])
     print(f"other load per run: {[m['other_cpu_load'] for m in models]}; wrote {out}/recipe_sweep.{{json,md,png}}")
     return results
 

@@ -272,7 +272,7 @@ def test_a_sweep_variant_is_the_pretrain_command_it_prints(tmp_path):
     ("x=d:big", "d needs an integer"),
     ("x=dropout:lots", "dropout needs a number or auto"),
     ("x=non_edge:yes", "non_edge is one of 0, 1"),
-    ("x=schedule:linear", "schedule is one of constant, cosine"),
+    ("x=schedule:warm", "schedule is one of constant, cosine, linear"),
     ("x=min_lr:0.1", "not key:value"),
     ("a/b=", "NAME of letters"),
 ])
@@ -288,6 +288,89 @@ def test_recipe_sweep_refuses_repeated_names_and_a_bad_budget(tmp_path, capsys):
     assert "names must differ" in capsys.readouterr().err
     assert sweep.main(["--budget", "0", "--output_dir", str(tmp_path)]) == 2
     assert "--budget must be a positive number" in capsys.readouterr().err
+
+
+def test_a_fixed_step_base_is_the_seed_noise_run(tmp_path, monkeypatch):
+    """At fixed steps the base variant is benchmarks/seed_noise.py's run of the same seed: the same pretrain.py
+    settings, the output folder aside (so the seed noise is the bar of a change against it)."""
+    seed_noise = load_script("benchmarks/seed_noise.py", "brillm_seed_noise_benchmark")
+    seen = []
+
+    def capture(cmd, **kwargs):
+        seen.append(cmd[2:])  # python examples/pretrain.py FLAGS
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(seed_noise.subprocess, "run", capture)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("train.jsonl", "validation.jsonl"):
+        (corpus / name).write_text('{"text": "a b"}\n')
+    with pytest.raises(KeyboardInterrupt):
+        seed_noise.main(["--corpora", str(corpus), "--seeds", "7", "--steps", "90", "--eval_steps", "30",
+                         "--results_dir", str(tmp_path)])
+    sweep = load_sweep()
+    args = sweep.parse_args(["--train_file", str(corpus / "train.jsonl"), "--validation_file",
+                             str(corpus / "validation.jsonl"), "--vocab_size", "2000", "--block_size", "64",
+                             "--seed", "7", "--max_train_steps", "90", "--eval_steps", "30"])
+    ours = sweep.variant_argv(args, "base", {}, points=[])
+    settings = [vars(quality.parse_pretrain(argv)) for argv in (seen[0], ours)]
+    for s in settings:
+        s.pop("output_dir")
+    assert settings[0] == settings[1]
+    assert "--max_train_time" not in ours and "--lr_scheduler_type" not in ours  # pretrain.py's (the recipe's)
+    constant = sweep.variant_argv(args, "c", {"schedule": "constant"}, points=[])
+    assert constant[constant.index("--lr_scheduler_type") + 1] == "constant_with_warmup"
+
+
+def test_a_fixed_step_sweep_compares_each_variant_with_the_base_in_noise_units(tmp_path, capsys):
+    sweep = load_sweep()
+    out = tmp_path / "sweep"
+    argv = tiny_files(tmp_path) + ["--max_train_steps", "4", "--eval_steps", "2", "--noise", "0.01",
+                                   "--variant", "first=prior:0", "base=", "flat=schedule:constant", "--no-wait-quiet",
+                                   "--output_dir", str(out), "--results_dir", str(tmp_path / "r")]
+    assert sweep.main(argv) == 0
+    results = json.loads((out / "recipe_sweep.json").read_text())
+    first, base, flat = results["models"]
+    assert [p["steps"] for p in base["curve"]] == [0, 2, 4] and results["settings"]["budget"] is None
+    assert base["schedule"] == "linear" and flat["schedule"] == "constant_with_warmup"
+    assert "--max_train_time" not in base["pretrain_command"] and not first["count_prior"]
+    assert results["comparison"]["base"] == "base"  # the variant named base, not the first
+    assert base["vs_base_percent"] == 0 and base["verdict"].startswith("within 2x")
+    change = first["curve"][-1]["perplexity"] / base["curve"][-1]["perplexity"] - 1
+    assert first["vs_base_percent"] == pytest.approx(100 * change)
+    assert first["vs_base_in_noise"] == pytest.approx(change / 0.01)
+    assert first["verdict"] == sweep.verdict(change / 0.01)
+    assert first["vs_base"] == sweep.comparison_line(first) and first["vs_base"] in capsys.readouterr().out
+    text = first["vs_base"]
+    assert f"first: perplexity {first['curve'][-1]['perplexity']:.3f}, {100 * change:+.2f}% vs base" in text
+    assert f"{first['vs_base_percent']:+.1f}% ({change / 0.01:+.1f}x noise) |" in (out / "recipe_sweep.md").read_text()
+
+
+def test_verdict_is_twice_the_noise_either_way():
+    sweep = load_sweep()
+    assert sweep.verdict(2.5).startswith("worse") and sweep.verdict(-2.5).startswith("better")
+    assert sweep.verdict(1.9).startswith("within") and sweep.verdict(-2.0).startswith("within")
+
+
+def test_a_given_base_perplexity_is_the_base(tmp_path):
+    sweep = load_sweep()
+    args = sweep.parse_args(["--base_perplexity", "10", "--noise", "0.05"])
+    models = [dict(kind="brillm", label="base", curve=[dict(perplexity=11.0)])]
+    assert sweep.compare(models, args)["base_perplexity"] == 10
+    assert models[0]["vs_base_percent"] == pytest.approx(10) and models[0]["vs_base_in_noise"] == pytest.approx(2)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--eval_steps", "30"], "give --max_train_steps too"),
+    (["--eval_steps", "0", "--max_train_steps", "5"], "--eval_steps must be a positive integer"),
+    (["--eval_steps", "3", "--max_train_steps", "6", "--gpt2", "1x16"], "leave them out with --eval_steps"),
+    (["--noise", "0"], "--noise must be a positive number"),
+    (["--base_perplexity", "nan"], "--base_perplexity must be a positive number"),
+])
+def test_recipe_sweep_fixed_step_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
+    assert load_sweep().main(argv + ["--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
 
 
 def test_cosine_schedule_follows_the_training_clock():
