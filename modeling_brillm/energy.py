@@ -35,6 +35,25 @@ import torch.nn.functional as F
 from .plans import CandidatePlan, EdgeGradLink, KernelPlan, edge_table_grads, make_torch_plan
 
 
+class RowView(torch.autograd.Function):
+    """`tensor.view(shape)` keeping the first (row) dimension, whose backward also accepts sparse row gradients
+    (autograd's own view backward cannot reshape a sparse COO gradient)."""
+
+    @staticmethod
+    def forward(ctx, tensor, shape):
+        ctx.shape = tensor.shape
+        return tensor.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad.is_sparse:
+            values = grad._values().reshape(-1, *ctx.shape[1:])
+            sparse = torch.sparse_coo_tensor(grad._indices(), values, ctx.shape, is_coalesced=grad.is_coalesced(),
+                                             check_invariants=False)  # rows come from autograd: valid by construction
+            return sparse, None
+        return grad.reshape(ctx.shape), None
+
+
 def _energy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GeLU(h) and its L2 norm over the last dimension: an edge's output and energy."""
     y = F.gelu(h)
@@ -522,6 +541,7 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
 
 
 __all__ = [
+    "RowView",
     "candidate_energies",
     "gather_edges",
     "scatter_logits",

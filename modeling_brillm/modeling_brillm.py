@@ -35,6 +35,7 @@ from .backend import exact_precision
 from .configuration_brillm import BriLLMConfig
 from .count_prior import add_count_prior
 from .decoding import energy_generate
+from .energy import RowView
 from .generation import BriLLMGenerationMixin
 from .graph_editing import GraphMethods
 from .interpretability import energy_trace
@@ -56,13 +57,12 @@ from .outputs import BriLLMCausalLMOutput, BriLLMModelOutput, Signals
 from .recurrence import plus_edge_base
 from .state import CACHE, BriLLMState, given_state
 from .tables import DerivedTables
-from .validation import check_inputs, check_labels, check_signal_ids, too_long
+from .validation import check_inputs, check_labels, check_signal_ids, compact_real_tokens, too_long
 
 # isort: split
 # transformers 5.4 copies a local folder's remote code one import deep: naming here the modules that the others
 # import makes every file of the model's code travel with it on every supported version.
 from .decode_capture import DecodeGraphs  # noqa: F401
-from .energy import gather_edges  # noqa: F401
 from .graph import edge_keys  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .row_adamw import adamw_rows  # noqa: F401
@@ -91,38 +91,6 @@ def positional_encoding(positions: torch.Tensor, d: int, variant: str = "release
     pe[..., 0::2] = torch.sin(angle)
     pe[..., 1::2] = torch.cos(angle[..., : d // 2])
     return pe
-
-
-class _RowView(torch.autograd.Function):
-    """`tensor.view(shape)` keeping the first (row) dimension, whose backward also accepts sparse row gradients
-    (autograd's own view backward cannot reshape a sparse COO gradient)."""
-
-    @staticmethod
-    def forward(ctx, tensor, shape):
-        ctx.shape = tensor.shape
-        return tensor.view(shape)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if grad.is_sparse:
-            values = grad._values().reshape(-1, *ctx.shape[1:])
-            sparse = torch.sparse_coo_tensor(grad._indices(), values, ctx.shape, is_coalesced=grad.is_coalesced(),
-                                             check_invariants=False)  # rows come from autograd: valid by construction
-            return sparse, None
-        return grad.reshape(ctx.shape), None
-
-
-def _compact(input_ids: torch.Tensor, mask: torch.Tensor):
-    """Move each row's real tokens to the front, so padding on either side (or holes) is simply skipped."""
-    B, T = input_ids.shape
-    lengths = mask.sum(1)
-    L = int(lengths.max())
-    if bool(mask.all()):
-        column = torch.arange(T, device=input_ids.device).expand(B, T)
-    else:
-        column = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :L]
-    valid = torch.arange(L, device=input_ids.device) < lengths.unsqueeze(1)
-    return input_ids.gather(1, column), valid, column, lengths
 
 
 def initial_positions(config: BriLLMConfig, device=None) -> torch.Tensor:
@@ -314,7 +282,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             signal_ids = check_signal_ids(signal_ids, cfg, input_ids.shape[0], input_ids.device)
         if state is not None and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and bool(mask.all()):
             return self._one_token(input_ids[:, 0], state)
-        tokens, valid, column, lengths = _compact(input_ids, mask)
+        tokens, valid, column, lengths = compact_real_tokens(input_ids, mask)
         B, L = tokens.shape
         if L == 0:
             raise ValueError("every token of this call is padding (attention_mask 0): there is nothing to run; leave "
@@ -357,7 +325,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             return signal
         d = self.config.node_size
         start_pe = self.position_encoding(torch.zeros(1, dtype=torch.long, device=tokens.device))
-        rows = _RowView.apply(self.node_bias, (self.node_bias.shape[0], d))
+        rows = RowView.apply(self.node_bias, (self.node_bias.shape[0], d))
         node_bias = F.embedding(tokens[:, 0], rows, sparse=self._sparse_gradients)
         start = 1.0 / d
         if self.start_signals is not None:

@@ -66,6 +66,19 @@ def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Ten
     return mask
 
 
+def compact_real_tokens(input_ids: torch.Tensor, mask: torch.Tensor):
+    """Move each row's real tokens to the front, so padding on either side (or holes) is simply skipped."""
+    B, T = input_ids.shape
+    lengths = mask.sum(1)
+    L = int(lengths.max())
+    if bool(mask.all()):
+        column = torch.arange(T, device=input_ids.device).expand(B, T)
+    else:
+        column = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :L]
+    valid = torch.arange(L, device=input_ids.device) < lengths.unsqueeze(1)
+    return input_ids.gather(1, column), valid, column, lengths
+
+
 def check_signal_ids(signal_ids, config, batch: int, device) -> torch.Tensor | None:
     """(B,) long start-signal ids on `device`, or None for the uniform start (or no signal_ids on learned)."""
     if signal_ids is None:
@@ -95,4 +108,4 @@ def check_labels(labels, input_ids):
         )
 
 
-__all__ = ["check_inputs", "check_labels", "check_signal_ids", "too_long"]
+__all__ = ["check_inputs", "check_labels", "check_signal_ids", "compact_real_tokens", "too_long"]
