@@ -221,7 +221,8 @@ def machine_info() -> dict:
 
 
 def _plain(value):
-    """`value` as strict JSON: tensors and tuples as lists, paths as strings, NaN and infinities as null."""
+    """`value` as strict JSON: tensors and tuples as lists, paths as strings (relative to the repository where they
+    lie in it, so a record reads the same on any checkout), NaN and infinities as null."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
@@ -230,9 +231,9 @@ def _plain(value):
         return _plain(value.tolist())
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, int)):
         return value
-    return str(value)
+    return str(value).replace(os.path.join(ROOT, ""), "")
 
 
 def write_record(benchmark: str, args, figures, results_dir=None, argv=None) -> Path:
