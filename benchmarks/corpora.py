@@ -44,6 +44,12 @@ Four kinds, so that a recipe is ranked on more than one register of English:
                  (kernel-doc comments rendered), process documents: ~30 MB of training text (built after every
                  choice of the default recipe, a large corpus none was tuned on)
 
+    cmake-docs   CMake's reference documentation (cmake-doc; one Sphinx page a document: commands, variables,
+                 properties, modules, policies, manuals): ~3 MB of training text
+    handbook-de  The Debian Administrator's Handbook in German (debian-handbook, de-DE; one page a document; its
+                 command output and the passages not yet translated are English): ~0.9 M characters of training
+                 text (the last two built for the recipe's ablation, no rule tuned on them)
+
 Every 20th document by a hash of its id (its path; `#chapter` or `#group` added where one file holds many
 documents) is held out, so train and validation never share a page, a chapter, a group of quotes or a module.
 
@@ -123,14 +129,17 @@ CODE_PACKAGES = {
 }
 GO_PACKAGES = {"golang-1.19-src": ["usr/share/go-1.19/src/**/*.go"]}
 KERNEL_PACKAGES = {"linux-doc-6.1": ["usr/share/doc/linux-doc-6.1/html/**/*.html"]}
+REFERENCE_PACKAGES = {"cmake-doc": ["usr/share/doc/cmake-data/html/**/*.html"]}
+GERMAN_PACKAGES = {"debian-handbook": ["usr/share/doc/debian-handbook/html/de-DE/*.html"]}
 PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES, **GO_PACKAGES,
-            **KERNEL_PACKAGES}
+            **KERNEL_PACKAGES, **REFERENCE_PACKAGES, **GERMAN_PACKAGES}
 # files matched above that are no document of their own: mdBook's page that repeats a whole book (kept, it would
 # put every held-out chapter in the training text), Go's tests, test data, vendored copies of other modules and
 # the toolchain's commands (the standard library is the corpus, as CPython's is for `code`), and the kernel
 # documentation's translations (not English), Sphinx's index and search pages and its copies of the sources
 LEFT_OUT = re.compile(r"/print\.html$|_test\.go$|/testdata/|/vendor/|/go-1\.19/src/cmd/"
-                      r"|/linux-doc-6\.1/html/(translations/|_sources/|_static/|genindex\.html$|search\.html$)")
+                      r"|/linux-doc-6\.1/html/(translations/|_sources/|_static/|genindex\.html$|search\.html$)"
+                      r"|/cmake-data/html/(_sources/|_static/|genindex\.html$|search\.html$)")
 CORPORA = {
     "small": ["git-doc"],
     "large": list(DOC_PACKAGES),
@@ -142,6 +151,8 @@ CORPORA = {
     "rust-books": list(BOOK_PACKAGES),
     "code-go": list(GO_PACKAGES),
     "linux-docs": list(KERNEL_PACKAGES),
+    "cmake-docs": list(REFERENCE_PACKAGES),
+    "handbook-de": list(GERMAN_PACKAGES),
 }
 HOLD_OUT_EVERY = 20
 MIN_DOCUMENT_CHARS = 200  # index pages, redirects and empty stubs carry no language
@@ -156,6 +167,9 @@ SKIP_TAGS = {"script", "style", "head", "nav", "noscript", "svg"}
 SKIP_CLASSES = {"navheader", "navfooter", "toc", "menu", "nav", "navigation", "footer", "header", "sidebar",
                 "breadcrumbs", "mainmenu", "menu-bar", "theme-popup",
                 "wy-breadcrumbs", "wy-breadcrumbs-aside", "wy-nav-top", "rst-footer-buttons"}
+# per package: the navigation of its theme, by class or id (Sphinx's classic theme, Publican's)
+PACKAGE_SKIP = {"cmake-doc": frozenset({"related", "sphinxsidebar"}),
+                "debian-handbook": frozenset({"docnav", "banner"})}
 VOID_TAGS = {"br", "hr", "img", "input", "meta", "link", "area", "base", "col", "embed", "source", "track", "wbr"}
 
 
@@ -163,8 +177,9 @@ class _HTMLText(HTMLParser):
     """Text of an HTML page: paragraphs at block elements, `pre` blocks kept line by line (indented), scripts,
     styles and navigation (by tag or class) dropped."""
 
-    def __init__(self):
+    def __init__(self, skip: frozenset = frozenset()):
         super().__init__(convert_charrefs=True)
+        self.skip = skip  # the package's own: classes or ids
         self.paragraphs: list[str] = []
         self.current: list[str] = []
         self.skip_tag, self.skip_depth = None, 0  # inside a skipped element: its tag and how deep it nests
@@ -184,8 +199,9 @@ class _HTMLText(HTMLParser):
         if self.skip_depth:  # only the skipped tag's own nesting counts (pages leave <p>, <li> unclosed)
             self.skip_depth += tag == self.skip_tag
             return
-        classes = set((dict(attrs).get("class") or "").split())
-        if tag in SKIP_TAGS or classes & SKIP_CLASSES:
+        attrs = dict(attrs)
+        classes = set((attrs.get("class") or "").split())
+        if tag in SKIP_TAGS or classes & SKIP_CLASSES or (classes | {attrs.get("id")}) & self.skip:
             self.skip_tag, self.skip_depth = tag, 1
             return
         if tag == "pre":
@@ -219,8 +235,8 @@ class _HTMLText(HTMLParser):
         return "\n\n".join(self.paragraphs)
 
 
-def html_to_text(source: str) -> str:
-    parser = _HTMLText()
+def html_to_text(source: str, skip: frozenset = frozenset()) -> str:
+    parser = _HTMLText(skip)
     parser.feed(source)
     parser.close()
     return parser.text()
@@ -523,7 +539,8 @@ def file_documents(doc_id: str, path: Path, seen: set[str]):
         if not path.suffix:
             yield from fortune_groups(doc_id, raw)
         else:
-            yield doc_id, pod_to_text(raw) if path.suffix == ".pod" else html_to_text(raw)
+            skip = PACKAGE_SKIP.get(doc_id.split("/", 1)[0], frozenset())
+            yield doc_id, pod_to_text(raw) if path.suffix == ".pod" else html_to_text(raw, skip)
 
 
 def documents(package: str, tree: Path):

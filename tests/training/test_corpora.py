@@ -1,7 +1,8 @@
 """benchmarks/corpora.py's readers, on small made-up files (no package is downloaded): Go comments become prose
 paragraphs and indented code without licences, directives or generated files; an mdBook page and a Read the Docs
-page lose their menus; a whole-book page, a Go test or the toolchain's code, a book's page given twice and the
-kernel documentation's translations, index and search pages are no documents of their own."""
+page lose their menus, CMake's and the Debian handbook's pages their own navigation; a whole-book page, a Go test or
+the toolchain's code, a book's page given twice and the kernel documentation's translations, index and search pages
+are no documents of their own."""
 
 from __future__ import annotations
 
@@ -61,6 +62,19 @@ def test_read_the_docs_menus_are_dropped():
             '<div class="rst-footer-buttons"><a>Previous</a><a>Next</a></div></section></div>')
     # the pilcrow of a heading's own link stays, as in the other Sphinx manuals' text (`large`)
     assert corpora.html_to_text(page) == "PCI\u00b6\n\nA bus."
+
+
+def test_a_packages_own_navigation_is_dropped_there_only():
+    sphinx = ('<div class="related" role="navigation"><a>next</a> | <a>previous</a></div>'
+              '<div class="body"><h1>add_compile_definitions</h1><p>Add preprocessor definitions.</p></div>'
+              '<div class="sphinxsidebar"><p>Previous topic</p></div>')
+    publican = ('<div id="banner"><span>Download the ebook</span></div><ul class="docnav top"><li>Zur\u00fcck</li>'
+                '</ul><div class="para">APT ist ein Werkzeug.</div>')
+    assert corpora.html_to_text(sphinx, corpora.PACKAGE_SKIP["cmake-doc"]) == (
+        "add_compile_definitions\n\nAdd preprocessor definitions.")
+    assert corpora.html_to_text(publican, corpora.PACKAGE_SKIP["debian-handbook"]) == "APT ist ein Werkzeug."
+    # another package's pages keep them: their corpora stay as they were built
+    assert "next" in corpora.html_to_text(sphinx) and "Download the ebook" in corpora.html_to_text(publican)
 
 
 def test_left_out_files_and_repeated_pages(tmp_path, monkeypatch):
