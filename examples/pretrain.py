@@ -251,9 +251,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="SparseAdamW: decay every edge row as dense AdamW would, applied when the row is next touched "
                    "(off: only touched rows decay, once per step they are touched). [off]")
     g.add_argument("--shared_edge_lr_scale", type=float, default=None,
-                   help="Learning-rate multiplier of the shared edge (row 0 of the edge tables; SparseAdamW). [0.5]")
+                   help="Learning-rate multiplier of the shared edge (row 0 of the edge tables; SparseAdamW). [1]")
     g.add_argument("--node_lr_scale", type=float, default=None,
-                   help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [2]")
+                   help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [1]")
     g.add_argument("--signal_dropout_warmup_epochs", type=float, default=None,
                    help="The signal dropout grows linearly from 0 to --signal_dropout over this many epochs: in the "
                    "first epoch no block has been seen before, so there is little to over-fit yet and the full "

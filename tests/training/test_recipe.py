@@ -104,7 +104,8 @@ def test_docs_table_is_the_generated_one():
     table = docs.split(begin, 1)[1].split(end, 1)[0]
     assert table == recipe_table_markdown()
     paper = [rule for rule in RULES if rule.evidence == "the paper"]
-    assert paper and table.count("\n") == len(RULES) - len(paper) + 3  # the paper's settings share one row
+    assert paper and table.count("\n") == len(RULES) - len(paper) + 5  # the paper's settings share one row
+    assert table.startswith(f"{recipe.tuned_numbers()} tuned numbers:")
     assert all(f"`{rule.name}` {rule.value!r}" in table.splitlines()[-1] for rule in paper)
 
 
