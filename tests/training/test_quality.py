@@ -227,7 +227,7 @@ def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w 2h"]
     base, knobs, pruned = results["models"][:3]
     assert base["min_bigram_count"] == "auto" and base["non_edge_bias"]  # pretrain.py's built-in recipe
-    assert (base["node_lr_scale"], base["shared_edge_lr_scale"]) == (2.0, 0.5)
+    assert (base["node_lr_scale"], base["shared_edge_lr_scale"]) == (1.0, 1.0)
     assert knobs["lazy_weight_decay"] and not knobs["non_edge_bias"] and knobs["weight_decay"] == 0.5
     assert knobs["schedule"] == "cosine" and knobs["signal_dropout"] == 0.1
     assert pruned["node_size"] == 4 and pruned["min_bigram_count"] == 60 and pruned["edges"] < base["edges"]
