@@ -245,7 +245,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--lr_scheduler_type", default=None,
                    choices=["linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
                             "constant_with_warmup", "inverse_sqrt", "warmup_stable_decay"], help="[linear]")
-    g.add_argument("--num_warmup_steps", type=int, default=None, help="Linear warmup steps. [10]")
+    g.add_argument("--num_warmup_steps", type=int, default=None, help="Linear warmup steps. [0]")
     g.add_argument("--max_grad_norm", type=float, default=None, help="Clip the gradient norm (0: off). [1.0]")
     g.add_argument("--lazy_weight_decay", action=argparse.BooleanOptionalAction, default=None,
                    help="SparseAdamW: decay every edge row as dense AdamW would, applied when the row is next touched "
