@@ -9,7 +9,7 @@ none of the five extensions (non-edge bias, node readout, shared edge matrix, no
 saved config keeps meaning the model it was trained as. The recipe (`MODEL_DEFAULTS`: what pretrain.py trains with
 no preset) turns the five extensions on, starts the position weights at 1 + 0.2·k, and sizes the graph
 (`min_bigram_count`), the signal dropout and the learning rate to the data and the run's length; its training
-values (`TRAINING_RECIPE`) add separate rates for the per-node parameters and the shared edge. A preset such as
+values (`TRAINING_RECIPE`) add weight decay and otherwise keep transformers' defaults. A preset such as
 `brillm-en` or `demo-release` goes back to the release.
 
 Each row of `RULES` is one number or switch, with the value the code uses (`pruning.py` and `presets.py` import it
