@@ -1,6 +1,6 @@
 """Which bigrams get their own edge (`--min_bigram_count auto`) and whether the signal needs dropout
 (`--signal_dropout auto`): both chosen from held-out parts of the training text; the rate goes with the dropout
-(`--learning_rate auto`).
+(`--learning_rate auto`). The numbers are defined in recipe.py, with why and evidence (docs/training.md's table).
 
 A real edge is d²+d parameters trained only on the occurrences of its bigram. A bigram seen once or twice in the
 training text is often particular to the document it came from: its edge learns to predict it there, where it will
@@ -8,63 +8,30 @@ not come back, while a pair without an edge backs off to the shared edge and the
 position trains. So the rule asks the training text itself which counts come back in text the counts were not taken
 from (a held-out estimate, as Church and Gale's for bigram frequencies):
 
-1. cut the training blocks, in their order, into 100 runs and set every 10th run aside (runs of consecutive blocks
-   keep a document's sentences together, so the probe is other documents, as a validation set is);
-2. count the bigrams of the other nine tenths; for the bigrams seen c..2c−1 times there, compare how often they occur
-   in the probe with how often their counts predict (scaled by the sizes);
-3. `min_bigram_count` is the smallest c whose bigrams come back at least `RECURRENCE` (80%) as often as predicted
-   (classes with no bigram are skipped; past `MAX_COUNT` every bigram keeps its edge).
+1. cut the training blocks, in their order, into `RUNS` runs and set every `PROBE_EVERY`-th run aside (runs of
+   consecutive blocks keep a document's sentences together, so the probe is other documents, as a validation set is);
+2. count the bigrams of the other runs; for the bigrams seen c..2c−1 times there, compare how often they occur in the
+   probe with how often their counts predict (scaled by the sizes);
+3. the data count is the smallest c whose bigrams come back at least `RECURRENCE` as often as predicted (classes
+   with no bigram are skipped; past `MAX_COUNT` every bigram keeps its edge).
 
-On text whose held-out part is more of the same (lines of one manual) even single bigrams come back and every bigram
-keeps its edge; between documents of different subjects the rare ones do not and are pruned. Where held-out text
-strays (its `novelty`, below, reaches the lower dropout bar) a bigram seen once never keeps an edge
-(`STRAYING_COUNT`), even where singles come back as a class: its edge has one occurrence of one document to learn
-from, and the back-off, which every position trains, predicts the pair better. The Rust project's books (singles
-back at 81%, 11% novelty) with every bigram an edge were lowest after a minute and then rose 26% in five (60 s:
-82.5, 357 s: 104, above the bigram counts' 83.5), where bigrams seen twice held 53.3 at two minutes against 84.2.
+Where held-out text strays (its `novelty`: the share of the probe's bigram occurrences without an edge at the data
+count, reaches the lower dropout bar) a bigram seen once never keeps an edge (`STRAYING_COUNT`): its edge has one
+occurrence of one document to learn from, and the back-off predicts the pair better.
 
-The count also has to fit the run (`planned_epochs`). An edge seen c times is a training target c times per epoch,
-and an edge that was a target once is little more than its random start, where the back-off would have done well;
-every edge also costs time, because the exact loss scores every successor of a token. So the count is raised, if
-need be, until an edge is a target at least `MIN_VISITS` times in the planned run: c · epochs >= MIN_VISITS. With a
-fixed number of steps the epochs do not depend on c. With a time budget (`epochs_grow_with_pruning`) they do: the
-time per token is taken as proportional to the successors a token's loss scores, so pruning buys epochs, and the
-count is the smallest c whose own epochs reach the bar.
+The count also has to fit the run (`planned_epochs`): it is raised, if need be, until an edge is a training target
+at least `MIN_VISITS` times in the planned run, c · epochs >= MIN_VISITS (with a time budget the epochs grow as a
+sparser graph scores fewer successors per token: `epochs_grow_with_pruning`).
 
-The same probe says how far held-out text strays from the training text: the share of its bigram occurrences that
-get no edge at the data's count (`novelty`). Where it is large, the model predicts much of the held-out text through
-the back-off and the context, and a long run learns contexts particular to the training documents: its held-out loss
-turns up after a few epochs (Python's code comments: 21% novelty, best after 2.4 epochs, +3.2% by 9.6; Django's code
-comments: 14%, best after 2.8, +5.7% by 8; literature: 9%, +1.9% from 4 to 6; git's manuals: 13%, no rise in 12.8
-epochs). So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
-`DROPOUT_BARS` allows at its novelty: 2 from 17%, 3 from 5%, none below (text whose held-out part is more of the
-same); shorter runs did not rise, and there dropout can cost more than it gains (4.6% on those manuals in 10
-minutes). Between 3 and 4 they can: the Rust books (11%) rose 8.5% at 3.3 planned epochs on one thread. A run of
-more than `LONG_EPOCHS` (7) planned epochs drops `LONG_DROPOUT` (0.4): over 30 minutes the Rust project's books (11%
-novelty, 14 planned epochs) were lowest after 2.7 epochs at 0.3 and rose 2.3% from 6.1 to 9.1, and fell to the end
-at 0.4; at 8.9 planned epochs 0.3 with the rate of 1e-2 rose 2.5%. Pretraining then grows p from 0 over the first
-epoch (`epochs.warm_signal_dropout`), where no block has been seen before.
-
-A long run also asks more of an edge: every pass fits its d²+d parameters to the same c occurrences again, and the
-fewer it has, the sooner it learns their particulars rather than the pair's. So past its bar (the dropout's, but 4
-from 5%) the count grows in proportion to the planned epochs, c >= data count · epochs / bar: an edge keeps as many
-occurrences per planned pass as the data count gave it at the bar, and the pruned pairs back off to the shared edge
-(with the count prior they keep their counts there). Code comments (21%) at 7.6-8.1 planned epochs: the data count 3
-with p 0.2 rose 4.6% over the last 4 minutes of 10, the count 6 with p 0.3 0.4% and 4.7% in two runs, the count 13
-with p 0.3 fell at every point and ended 9% below the first. The growth stops at `MAX_GROWTH` (4.5) times the data
-count: pruning also takes the edges of pairs that do come back, and over 30 minutes (24 planned epochs) on code
-comments the count 36 was 2-4% above the count 13 from 60 s on (65.5 against 63.4 at the end). Text more like its
-held-out part keeps its count: there pruning costs (the embedded demo, 6 epochs at the count 1: 10.33 validation
-perplexity, 12.35 at 2). The epochs are those planned at the data count (2 where it was 1 and text strays): with a
-time budget a sparser graph trains more of them, but how many more depends on the machine (on a GPU a step costs
-about the same at any count), and counting them would feed the count back into itself; the dropout takes the same
-epochs.
-
-A lower rate fits the training text sooner: where the signal drops that is a gain (1e-2 ended 10 minutes 3-21%
-below 2e-2 on seven corpora at `DROPOUT`, and 30 minutes lower at `LONG_DROPOUT`), where nothing holds over-fitting
-off it is a loss. So `choose_learning_rate` takes `DROPPING_RATE` wherever the signal drops and `RATE` otherwise.
-
-docs/benchmarks.md has the measurements, and the checks on corpora the bars were not set on.
+Where novelty is large, a long run learns contexts particular to the training documents and its held-out loss turns
+up after a few epochs. So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
+`DROPOUT_BARS` allows at its novelty, and `LONG_DROPOUT` past `LONG_EPOCHS`; pretraining grows p from 0 over the
+first epoch (`epochs.warm_signal_dropout`), where no block has been seen before. Past its growth bar the count grows
+in proportion to the planned epochs, c >= data count · epochs / bar, up to `MAX_GROWTH` times the data count: an
+edge keeps as many occurrences per planned pass as the data count gave it at the bar. The epochs are those planned
+at the data count (counting those a sparser graph buys would feed the count back into itself). A lower rate fits
+sooner: a gain where the signal drops, a loss where nothing holds over-fitting off, so `choose_learning_rate` takes
+`DROPPING_RATE` wherever the signal drops and `RATE` otherwise.
 """
 
 from __future__ import annotations
@@ -91,29 +58,6 @@ from .recipe import (  # the numbers of the recipe are defined in recipe.py, wit
     Bar,
 )
 
-# The runs behind those numbers.
-# DROPOUT_BARS: from 5% the signal drops past 3 planned epochs, not 4 as the count's growth: at 11-12% novelty
-# without dropout the Rust books turned up 8.5% at 3.3 planned epochs (one thread, 2e-2) and Matplotlib's code
-# comments 13% at 3.6 (1e-2); at 2.4 the books fell.
-# DROPOUT: at 0.1, code comments' held-out loss turned up after about 4 epochs and drifted up over 14; at 0.23 and
-# 0.3 it fell through 10 epochs (30 minutes on `code`). At 5-7 planned epochs past the bar of 4, 0.13-0.15 let
-# literature and Django's code comments turn up and 0.27-0.3 kept them falling (4% and 8% lower at 600 s); at 4.75,
-# 0.24 let the Rust books turn up (+2.3%) and 0.3 kept them falling (2.4% lower). Where nothing over-fitted, 0.3 cost
-# 0-4%, and on literature about 2% over 0.27: the price of no curve turning up.
-# LONG_EPOCHS, LONG_DROPOUT: over 30 minutes on the Rust books (14 planned epochs, the count 4) 0.3 was lowest at
-# 517 s and rose 2.3% between the last two points, 0.4 fell to the end; Django's code comments then rose at most
-# 1.6%, and Go's, where 0.3 held, paid 3% for it. With the rate of 1e-2, 0.3 fell to the end of 10 minutes at up to
-# 6.75 planned epochs, had turned at 7.33 (+0.6%, Python's code comments) and rose 2.5% over 30 minutes at 8.88 (the
-# Rust books, the count 3), where 0.4 with 2e-2 at the same count rose at most 0.2%. The timing probe reads one
-# budget on one machine 10% either way: hence 7, not 8. Where 0.3 with 1e-2 held past 7 (literature, 25 minutes at
-# 10.3 planned epochs), 0.4 with 2e-2 cost 5.9%; 0.4 with 1e-2 costs nothing there (29.7 at 30 minutes against 30.2).
-# RATE, DROPPING_RATE: at 600 s on seven corpora past the bar, 1e-2 ended 3-21% below 2e-2 (literature inside 1.2x
-# of GPT-2, Go's comments further ahead of it); without dropout it fits sooner and turns up (Matplotlib's code
-# comments, 3.6 planned epochs: +13% from 357 to 600 s). With LONG_DROPOUT over 30 minutes it held where 0.3 with it
-# had risen (the Rust books: +0.7% at most) and ended below 2e-2 there (3-5%), on Django's code comments (7.5%) and on
-# git's manuals (22%).
-# MAX_GROWTH: over 30 minutes on code comments (24 planned epochs) the count 36 (12x) was 2-4% above the count 13
-# (4.3x) from 60 s on.
 __all__ = ["DROPOUT", "DROPOUT_BARS", "DROPPING_RATE", "LONG_DROPOUT", "LONG_EPOCHS", "MAX_COUNT", "MAX_GROWTH",
            "MIN_VISITS", "RATE", "RECURRENCE", "STRAYING_COUNT", "Bar", "BigramProbe", "DropoutChoice",
            "PruningChoice", "choose_learning_rate", "choose_min_count", "choose_signal_dropout", "decide_min_count",

@@ -51,7 +51,7 @@ class Bar(NamedTuple):
     growth: float
 
 
-# From 5% the signal drops past 3 planned epochs, not 4 as the count's growth (pruning.py has the runs).
+# (novelty, dropout bar, growth bar): from 17% novelty the signal drops past 2 planned epochs, from 5% past 3.
 DROPOUT_BARS = (Bar(0.17, 2.0, 2.0), Bar(0.05, 3.0, 4.0))
 DROPOUT = 0.3  # past the bar: weaker dropouts let held-out loss turn up
 LONG_EPOCHS, LONG_DROPOUT = 7.0, 0.4  # a run of more than LONG_EPOCHS planned epochs drops LONG_DROPOUT
