@@ -101,7 +101,8 @@ PAPER = "the paper"
 RULES = (
     # the graph: which bigrams get an edge (--min_bigram_count auto)
     Rule("min_bigram_count", "auto", "an edge is d²+d parameters trained only on its bigram; rare bigrams of one "
-         "document do not come back, and their pairs predict better through the back-off", f"{ABLATION}; {S}{KINDS}",
+         "document do not come back, and their pairs predict better through the back-off (every bigram an edge: "
+         "13-22% higher; a fixed 2: 3-10% higher where a run plans far from one pass)", f"{ABLATION}; {S}{KINDS}",
          sets="training.min_bigram_count", formula="the count the probe and the run's length choose (rules below)"),
     Rule("RUNS", RUNS, "runs of consecutive blocks keep a document's sentences together, so the probe is other "
          "documents, as a validation set is", f"{S}{KINDS}", formula="the training blocks cut into this many runs"),
