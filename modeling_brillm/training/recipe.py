@@ -14,11 +14,12 @@ values (`TRAINING_RECIPE`) add weight decay and otherwise keep transformers' def
 
 Each row of `RULES` is one number or switch, with the value the code uses (`pruning.py` and `presets.py` import it
 from here; `count_prior.DISCOUNT` is listed by reference, since saved models ship that module), a one-line why and
-its evidence: a `benchmarks/results/*.json` record or a section of `docs/benchmarks.md` (the § sections as of commit
-9071684, `git show 9071684:docs/benchmarks.md`, which record each run). `presets.choose_recipe` returns a
-`RecipeChoice`:
-every setting, its value and the rule (or preset, flag, recipe file) that produced it; pretrain.py prints it and
-saves it as `recipe.json`, and `--recipe recipe.json` applies it again verbatim. docs/training.md's rule table is
+its evidence: a `benchmarks/results/*.json` record or a section of `docs/benchmarks.md` (§"Rule ablation" in the
+current one, the other § sections in the one of commit 9071684, `git show 9071684:docs/benchmarks.md`). A row marked
+`tuned=False` holds the paper's, the literature's or transformers' value, or the neutral one, and is not counted
+among the tuned numbers (`tuned_numbers()`). `presets.choose_recipe` returns a `RecipeChoice`: every setting, its
+value and the rule (or preset, flag, recipe file) that produced it; pretrain.py prints it and saves it as
+`recipe.json`, and `--recipe recipe.json` applies it again verbatim. docs/training.md's rule table is
 `recipe_table_markdown()` (a test keeps the two equal).
 """
 
