@@ -232,7 +232,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--learning_rate", type=rate_or_auto, default=None,
                    help="Peak learning rate (the paper: 5e-2); auto: 1e-2 where the signal drops "
                         "(--signal_dropout), else 2e-2. [auto]")
-    g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0.1]")
+    g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0]")
     g.add_argument("--num_train_epochs", type=int, default=None, help="[1]")
     g.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides epochs.")
     g.add_argument("--max_train_time", type=float, default=None, metavar="SECONDS",
