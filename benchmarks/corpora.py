@@ -525,7 +525,7 @@ def fetch_package(package: str, workdir: Path) -> tuple[Path, str]:
     return tree, version
 
 
-def file_documents(doc_id: str, path: Path, seen: set[str]):
+def file_documents(doc_id: str, path: Path, seen: set[str], skip: frozenset = frozenset()):
     """(document id, text) of the documents in one file, read by its kind: a Python module, the Bible's data file,
     a fortune file (no suffix), a POD file or an HTML page."""
     if path.suffix == ".py":
@@ -539,7 +539,6 @@ def file_documents(doc_id: str, path: Path, seen: set[str]):
         if not path.suffix:
             yield from fortune_groups(doc_id, raw)
         else:
-            skip = PACKAGE_SKIP.get(doc_id.split("/", 1)[0], frozenset())
             yield doc_id, pod_to_text(raw) if path.suffix == ".pod" else html_to_text(raw, skip)
 
 
@@ -549,8 +548,9 @@ def documents(package: str, tree: Path):
                     if p.is_file() and not LEFT_OUT.search(f"/{p.relative_to(tree).as_posix()}")})
     seen: set[str] = set()  # the package's docstrings and comment blocks so far
     pages: set[str] = set()  # a book's pages so far: mdBook's index.html is the first chapter again
+    skip = PACKAGE_SKIP.get(package, frozenset())
     for path in paths:
-        for doc_id, text in file_documents(f"{package}/{path.relative_to(tree)}", path, seen):
+        for doc_id, text in file_documents(f"{package}/{path.relative_to(tree)}", path, seen, skip):
             if len(text) < MIN_DOCUMENT_CHARS:
                 continue
             if package in BOOK_PACKAGES:
