@@ -26,7 +26,7 @@ of the noise, and whether it passes twice the noise. The result does not depend 
 A variant is NAME=key:value,key:value over pretrain.py's built-in recipe, or --config's; every key is a pretrain.py
 flag (NAME= alone is the recipe itself; a 0/1 key is the flag's on / off switch):
 
-    lr         --learning_rate (or auto)                 wd         --weight_decay
+    lr         --learning_rate                           wd         --weight_decay
     lazy_wd    --lazy_weight_decay                       warmup     --num_warmup_steps
     schedule   constant (--lr_scheduler_type constant_with_warmup, the default under a budget), cosine (over the
                training clock, to zero at the budget) or linear (the recipe's; the default at fixed steps)
@@ -62,7 +62,7 @@ import quality  # noqa: E402  (benchmarks/quality.py: pretrain.py rows, the GPT-
 
 UsageError = quality.UsageError
 SWITCH = "0/1"  # a key whose value turns a pretrain.py --flag / --no-flag on or off
-KEYS = {"lr": ("--learning_rate", "auto"), "wd": ("--weight_decay", float),
+KEYS = {"lr": ("--learning_rate", float), "wd": ("--weight_decay", float),
         "lazy_wd": ("--lazy_weight_decay", SWITCH), "warmup": ("--num_warmup_steps", int),
         "schedule": (None, ("constant", "cosine", "linear")), "shared_lr": ("--shared_edge_lr_scale", float),
         "node_lr": ("--node_lr_scale", float), "clip": ("--max_grad_norm", float), "d": ("--node_size", int),

@@ -94,7 +94,6 @@ from modeling_brillm.training.presets import (
     plan_recipe,
     resolve_settings,
 )
-from modeling_brillm.training.pruning import choose_learning_rate
 from modeling_brillm.training.publishing import push_folder, write_training_card
 from modeling_brillm.training.recipe import TRAINING_RECIPE, RunPlan, Setting
 from modeling_brillm.training.sharded import (
@@ -136,9 +135,15 @@ def number_or_auto(value: str, valid, expected: str):
     return number
 
 
-def rate_or_auto(value: str):
-    """--learning_rate: a positive number, or "auto" (pruning.choose_learning_rate)."""
-    return number_or_auto(value, lambda rate: 0 < rate < float("inf"), "a positive learning rate")
+def positive_rate(value: str) -> float:
+    """--learning_rate: a positive number."""
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = None
+    if rate is None or not 0 < rate < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive learning rate, got {value!r}")
+    return rate
 
 
 def probability_or_auto(value: str):
@@ -202,8 +207,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Negatives of the sampled loss: most frequent successors, or uniform.")
     g.add_argument("--signal_dropout", type=probability_or_auto, default=None,
                    help="Dropout on the signal leaving every token, training only (config.signal_dropout); auto: "
-                   "0.3 where held-out text has bigrams without an edge and the run is long (past 2 planned epochs "
-                   "from 17%% of them, past 3 from 5%%), else 0 (docs/training.md). [auto]")
+                   "0 up to 2 planned epochs E, then 0.5 x (1 - 2 / E) (docs/training.md). [auto]")
     g.add_argument("--non_edge_bias", action=argparse.BooleanOptionalAction, default=None,
                    help="A learned energy offset per node for non-successors, so unseen continuations differ "
                    "(config.non_edge_bias; exact loss, sparse graph). [on; off with --loss sampled]")
@@ -229,9 +233,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Blocks per process. [32; on a GPU 65,536 tokens // --block_size, halved until the step fits "
                    "its free memory (docs/gpu.md)]")
     g.add_argument("--per_device_eval_batch_size", type=int, default=None, help="[32]")
-    g.add_argument("--learning_rate", type=rate_or_auto, default=None,
-                   help="Peak learning rate (the paper: 5e-2); auto: 1e-2 where the signal drops "
-                        "(--signal_dropout), else 2e-2. [auto]")
+    g.add_argument("--learning_rate", type=positive_rate, default=None,
+                   help="Peak learning rate (the paper: 5e-2). [2e-2]")
     g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0]")
     g.add_argument("--num_train_epochs", type=int, default=None, help="[1]")
     g.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides epochs.")
@@ -488,7 +491,7 @@ def plan_length_and_config(args, model_fields, data, accelerator, checkpoint, st
 
 
 def plan_config(args, model_fields, data, accelerator, epochs, budgeted: bool, say):
-    """The recipe of this data and run (presets.choose_recipe: the count, the dropout and the rate where "auto") and
+    """The recipe of this data and run (presets.choose_recipe: the count and the dropout where "auto") and
     the config and graph it gives: (config, graph, the graph's count). Sets the rate and `args.recipe_choice`."""
     training = {name: getattr(args, name) for name in TRAINING_RECIPE}
     run_plan = RunPlan(epochs, budgeted, args.max_train_steps, global_batch(args, accelerator), len(data.train),
@@ -553,18 +556,17 @@ def epochs_in_budget(args, model_fields, data, accelerator, step=None, free=None
     device = accelerator.device
     config, graph, _ = build_config_and_graph(model_fields, data.tokenizer, data.train, args.min_bigram_count)
     fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
-    rate = choose_learning_rate(config.signal_dropout)[0] if args.learning_rate == "auto" else args.learning_rate
     plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm, fsdp=is_fsdp(accelerator))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)
         optimizer = build_optimizer(
-            model, plan, rate, args.weight_decay, accelerator, lazy_weight_decay=args.lazy_weight_decay,
+            model, plan, args.learning_rate, args.weight_decay, accelerator, lazy_weight_decay=args.lazy_weight_decay,
             node_lr_scale=args.node_lr_scale, moment_dtype=resolve_moment_dtype(
                 args.moment_dtype, plan, accelerator.mixed_precision, device.type),
             shared_edge_lr_scale=args.shared_edge_lr_scale if plan.name == "sparse_adamw" else 1.0)
         step = TrainStep(accelerator, model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
                          per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
-                         max_grad_norm=args.max_grad_norm, clip=plan.clip, learning_rate=rate)
+                         max_grad_norm=args.max_grad_norm, clip=plan.clip, learning_rate=args.learning_rate)
         loader = DataLoader(data.train, shuffle=True, collate_fn=collate, drop_last=True,
                             batch_size=args.per_device_train_batch_size,
                             generator=torch.Generator().manual_seed(args.seed))

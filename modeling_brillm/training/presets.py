@@ -14,13 +14,10 @@ from typing import Callable
 
 from .errors import UsageError
 from .memory import human_bytes
-from .pruning import choose_learning_rate, choose_signal_dropout, decide_min_count
+from .pruning import choose_signal_dropout, decide_min_count
 from .recipe import (
-    DROPOUT,
-    DROPPING_RATE,
     FREE_SHARE,
     GPU_STEP_TOKENS,
-    LONG_DROPOUT,
     MODEL_DEFAULTS,
     OVERRIDES,
     TOKENIZER_DEFAULTS,
@@ -196,7 +193,7 @@ def plan_recipe(model_fields: dict, tokenizer, train_blocks, training: dict, pla
         choice = choose_recipe(requested, rules or {}, probe, plan)
     except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
-    for key in ("training.min_bigram_count", "model.signal_dropout", "training.learning_rate"):
+    for key in ("training.min_bigram_count", "model.signal_dropout"):
         if key in choice.settings and choice.settings[key].why:
             say(choice.settings[key].why)
     return choice, sequences
@@ -251,8 +248,8 @@ def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigr
 def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
     """Every setting of the run. `requested`: {"model": ..., "tokenizer": ..., "training": ...} as defaults <
     preset < flags left them ("auto" where the recipe decides); `rules`: "section.name" -> who set a value (default:
-    its rule of RULES); `probe`: `pruning.probe_bigrams` of the training blocks (needed for an "auto" count or
-    dropout on a sparse graph); `plan`: the run's length. The count, the dropout and the rate are decided here."""
+    its rule of RULES); `probe`: `pruning.probe_bigrams` of the training blocks (needed for an "auto" count on a
+    sparse graph or an "auto" dropout); `plan`: the run's length. The count and the dropout are decided here."""
     plan = plan or RunPlan()
     choice = RecipeChoice(inputs={"plan": asdict(plan), "probe": probe.summary() if probe is not None else None})
     for section, values in requested.items():
@@ -266,27 +263,17 @@ def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None
         choice.pruning = pruned
         choice.add(Setting("training", "min_bigram_count", pruned.min_count, _count_rule(pruned), pruned.describe()))
     if model.get("signal_dropout") == "auto":
-        # the epochs planned at the data's count: what a sparser graph buys depends on the machine (pruning.py)
-        dropout = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
-        choice.add(Setting("model", "signal_dropout", dropout.p, _dropout_rule(dropout.p), dropout.describe()))
-    if training.get("learning_rate") == "auto":
-        rate, why = choose_learning_rate(choice.value("model", "signal_dropout"))
-        choice.add(Setting("training", "learning_rate", rate, "DROPPING_RATE" if rate == DROPPING_RATE else "RATE",
-                           why))
+        # the epochs planned at the least count: what a sparser graph buys depends on the machine (pruning.py)
+        p, why = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
+        choice.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "FIT_EPOCHS", why))
     return choice
 
 
 def _count_rule(pruned) -> str:
     """The rule that set the count last."""
-    if pruned.long_run is not None:
-        return "MAX_GROWTH" if pruned.long_run[2] else "DROPOUT_BARS (growth)"
-    if pruned.epochs is not None and pruned.min_count > pruned.floor:
-        return "MIN_VISITS"
-    return "STRAYING_COUNT" if pruned.min_count > pruned.data_count else "RECURRENCE"
-
-
-def _dropout_rule(p: float) -> str:
-    return {0.0: "DROPOUT_BARS (not reached)", DROPOUT: "DROPOUT", LONG_DROPOUT: "LONG_EPOCHS"}[p]
+    if pruned.min_count <= pruned.data_count:
+        return "RECURRENCE"
+    return "FIT_EPOCHS" if pruned.grown else "MIN_VISITS"  # the floor where text strays, or the visits
 
 
 # ------------------------------------------------------------------------------------- the step on a GPU

@@ -1,6 +1,6 @@
-"""Which bigrams get their own edge (`--min_bigram_count auto`) and whether the signal needs dropout
-(`--signal_dropout auto`): both chosen from held-out parts of the training text; the rate goes with the dropout
-(`--learning_rate auto`). The numbers are defined in recipe.py, with why and evidence (docs/training.md's table).
+"""Which bigrams get their own edge (`--min_bigram_count auto`) and how much of the signal drops
+(`--signal_dropout auto`): chosen from held-out parts of the training text and the run's planned epochs E. The numbers
+are defined in recipe.py, with why and evidence (docs/training.md's table).
 
 A real edge is d²+d parameters trained only on the occurrences of its bigram. A bigram seen once or twice in the
 training text is often particular to the document it came from: its edge learns to predict it there, where it will
@@ -12,26 +12,23 @@ from (a held-out estimate, as Church and Gale's for bigram frequencies):
    consecutive blocks keep a document's sentences together, so the probe is other documents, as a validation set is);
 2. count the bigrams of the other runs; for the bigrams seen c..2c−1 times there, compare how often they occur in the
    probe with how often their counts predict (scaled by the sizes);
-3. the data count is the smallest c whose bigrams come back at least `RECURRENCE` as often as predicted (classes
-   with no bigram are skipped; past `MAX_COUNT` every bigram keeps its edge).
+3. the data count c₀ is the smallest c whose bigrams come back at least `RECURRENCE` as often as predicted (classes
+   with no bigram are skipped: c₀ is one past the last class that fell short).
 
-Where held-out text strays (its `novelty`: the share of the probe's bigram occurrences without an edge at the data
-count, reaches the lower dropout bar) a bigram seen once never keeps an edge (`STRAYING_COUNT`): its edge has one
-occurrence of one document to learn from, and the back-off predicts the pair better.
+The probe also says how far new text strays from the training text: its `novelty`, the share of the probe's bigram
+occurrences with no edge at c₀. Where held-out text is more of the same, a document's particulars come back in it;
+where it strays, they do not, and the rules below weigh in with s = clamp(novelty / `NOVEL` − 1, 0, 1): 0 up to
+NOVEL, 1 from twice NOVEL, linear between.
 
-The count also has to fit the run (`planned_epochs`): it is raised, if need be, until an edge is a training target
-at least `MIN_VISITS` times in the planned run, c · epochs >= MIN_VISITS (with a time budget the epochs grow as a
-sparser graph scores fewer successors per token: `epochs_grow_with_pruning`).
-
-Where novelty is large, a long run learns contexts particular to the training documents and its held-out loss turns
-up after a few epochs. So `choose_signal_dropout` drops the signal (p = `DROPOUT`) where a run plans more epochs than
-`DROPOUT_BARS` allows at its novelty, and `LONG_DROPOUT` past `LONG_EPOCHS`; pretraining grows p from 0 over the
-first epoch (`epochs.warm_signal_dropout`), where no block has been seen before. Past its growth bar the count grows
-in proportion to the planned epochs, c >= data count · epochs / bar, up to `MAX_GROWTH` times the data count: an
-edge keeps as many occurrences per planned pass as the data count gave it at the bar. The epochs are those planned
-at the data count (counting those a sparser graph buys would feed the count back into itself). A lower rate fits
-sooner: a gain where the signal drops, a loss where nothing holds over-fitting off, so `choose_learning_rate` takes
-`DROPPING_RATE` wherever the signal drops and `RATE` otherwise.
+The count has to fit the run: an edge is a training target at least `MIN_VISITS` times in the planned E epochs,
+c · E ≥ MIN_VISITS, and where text strays (novelty ≥ NOVEL) a bigram seen once keeps no edge, c ≥ MIN_VISITS.
+Past `FIT_EPOCHS` planned passes a run starts to learn its training documents' particulars, and every pass fits an
+edge to the same few occurrences again: the count grows, c ≥ c₀ · (1 + s · (E / FIT_EPOCHS − 1)), and the signal
+drops, p = MAX_DROPOUT · s · (1 − FIT_EPOCHS / E): both grow smoothly with the passes and the novelty. Pretraining
+grows p from 0 over the first epoch (`epochs.warm_signal_dropout`), where no block has been seen before. With a
+time budget a sparser graph scores fewer successors per token and so buys more epochs (`epochs_grow_with_pruning`);
+the growth and the dropout read the epochs planned at the least count, since counting those a sparser graph buys
+would feed the count back into itself.
 """
 
 from __future__ import annotations
@@ -42,26 +39,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from .recipe import (  # the numbers of the recipe are defined in recipe.py, with why and evidence
-    DROPOUT,
-    DROPOUT_BARS,
-    DROPPING_RATE,
-    LONG_DROPOUT,
-    LONG_EPOCHS,
-    MAX_COUNT,
-    MAX_GROWTH,
+    FIT_EPOCHS,
+    MAX_DROPOUT,
     MIN_VISITS,
+    NOVEL,
     PROBE_EVERY,
-    RATE,
     RECURRENCE,
     RUNS,
-    STRAYING_COUNT,
-    Bar,
 )
 
-__all__ = ["DROPOUT", "DROPOUT_BARS", "DROPPING_RATE", "LONG_DROPOUT", "LONG_EPOCHS", "MAX_COUNT", "MAX_GROWTH",
-           "MIN_VISITS", "RATE", "RECURRENCE", "STRAYING_COUNT", "Bar", "BigramProbe", "DropoutChoice",
-           "PruningChoice", "choose_learning_rate", "choose_min_count", "choose_signal_dropout", "decide_min_count",
-           "dropout_bar", "probe_bigrams"]
+__all__ = ["FIT_EPOCHS", "MAX_DROPOUT", "MIN_VISITS", "NOVEL", "RECURRENCE", "BigramProbe", "PruningChoice",
+           "choose_min_count", "choose_signal_dropout", "decide_min_count", "probe_bigrams", "straying"]
 
 
 @dataclass
@@ -72,38 +60,25 @@ class PruningChoice:
     data_count: int  # the count the held-out estimate alone chose (min_count may be higher to fit the run)
     epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
     novelty: float = 0.0  # share of the probe's bigram occurrences without an edge at data_count
-    # where the count grew with the epochs: (epochs at the floor, bar, whether MAX_GROWTH held it below their ask)
-    long_run: tuple[float, float, bool] | None = None
-
-    @property
-    def floor(self) -> int:
-        """The least count for this text: the data count, and no edge for a bigram seen once where text strays."""
-        return max(self.data_count, STRAYING_COUNT) if dropout_bar(self.novelty) is not None else self.data_count
+    grown: bool = False  # whether the count grew with a run of more than FIT_EPOCHS passes
 
     def describe(self) -> str:
         shown = ", ".join(f"{c}: {r:.2f}" for c, r in list(self.recurrence.items())[:6]) or "none to compare"
         text = (f"--min_bigram_count auto chose {self.min_count}: bigrams seen c..2c-1 times in nine tenths of the "
                 f"training blocks come back in the other tenth ({self.probe_tokens:,} tokens) at these shares of "
                 f"their expected rate ({shown}); the smallest c at >= {RECURRENCE:.0%} is {self.data_count}")
-        if self.floor > self.data_count:
-            text += (f"; on text that strays ({self.novelty:.1%} of the held-out tenth's bigrams have no edge) a "
-                     f"bigram seen once keeps no edge: {self.floor}")
-        if self.epochs is None:
+        if self.min_count <= self.data_count:
             return text
-        if self.min_count <= self.floor:
-            return f"{text}; the planned {self.epochs:.3g} epoch(s) train its edges at least {MIN_VISITS} times"
-        if self.long_run is not None:
-            epochs, bar, capped = self.long_run
-            bound = f"{self.data_count} x {epochs:.3g} epochs (planned at {self.floor}) / {bar:g}"
-            if capped:
-                wanted = math.ceil(self.data_count * epochs / bar - 1e-9)
-                bound = f", at most {MAX_GROWTH:g} x {self.data_count} ({bound} asks for {wanted})"
-            else:
-                bound = f" >= {bound}"
-            return (f"{text}, raised to {self.min_count}{bound}: held-out text strays ({self.novelty:.1%} of "
-                    "its bigrams have no edge), and a long run's edges must keep enough occurrences per pass")
-        return (f"{text}, raised to {self.min_count} so that every edge is a training target at least "
-                f"{MIN_VISITS} times in the planned {self.epochs:.3g} epoch(s)")
+        if self.grown:
+            return (f"{text}, raised to {self.min_count}: a run of {self.epochs:.3g} planned epochs (past "
+                    f"{FIT_EPOCHS:g}) on text that strays ({self.novelty:.1%} of the held-out tenth's bigrams have no "
+                    "edge) keeps the data count's occurrences per pass")
+        floor = self.novelty >= NOVEL and self.min_count == MIN_VISITS and (self.epochs or 1) >= 1
+        if floor:  # the count where text strays, not the visits
+            return (f"{text}; on text that strays ({self.novelty:.1%} of the held-out tenth's bigrams have no edge) a "
+                    f"bigram seen once keeps no edge: {self.min_count}")
+        return (f"{text}, raised to {self.min_count} so that every edge is a training target at least {MIN_VISITS} "
+                f"times in the planned {self.epochs:.3g} epoch(s)")
 
 
 def _bigram_keys(sequences, V: int) -> torch.Tensor:
@@ -141,9 +116,8 @@ def probe_bigrams(sequences, vocab_size: int) -> BigramProbe:
 def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = None,
                      epochs_grow_with_pruning: bool = False) -> PruningChoice:
     """The `min_bigram_count` for these training sequences (int64 token tensors in data order); see the module.
-    `planned_epochs`: the run's length in epochs (None: not known, the held-out estimate alone decides); with
-    `epochs_grow_with_pruning` it is the length of a run with a time budget at the count chosen without it
-    (`PruningChoice.floor`)."""
+    `planned_epochs`: the run's length in epochs (None: not known, taken as one pass); with
+    `epochs_grow_with_pruning` it is the length of a run with a time budget at the least count the rule allows."""
     return decide_min_count(probe_bigrams(sequences, vocab_size), planned_epochs, epochs_grow_with_pruning)
 
 
@@ -152,30 +126,31 @@ def decide_min_count(probe: BigramProbe, planned_epochs: float | None = None,
     """`choose_min_count` from the probe of the sequences."""
     if planned_epochs is not None and planned_epochs <= 0:
         raise ValueError(f"planned_epochs must be positive, got {planned_epochs}")
-    choice, keys, counts, vocab_size = probe.held_out, probe.keys, probe.counts, probe.vocab_size
+    held, keys, counts = probe.held_out, probe.keys, probe.counts
     if keys.numel() == 0:
-        return choice
+        return held
     most = int(counts.max())  # a larger count would leave no edge
+    least = max(held.data_count, MIN_VISITS) if held.novelty >= NOVEL else held.data_count
     if planned_epochs is None:
-        return replace(choice, min_count=min(choice.floor, most))
-    cost = _scored_successors(keys, counts, vocab_size)  # c -> successors scored per token, relative to c = 1
+        return replace(held, min_count=min(least, most))
+    cost = _scored_successors(keys, counts, probe.vocab_size)  # c -> successors scored per token, relative to c = 1
 
     def epochs(c: int) -> float:
-        return planned_epochs * (cost(choice.floor) / cost(c) if epochs_grow_with_pruning else 1.0)
+        return planned_epochs * (cost(least) / cost(c) if epochs_grow_with_pruning else 1.0)
 
-    bar = dropout_bar(choice.novelty)
-    past_bar = bar is not None and planned_epochs > bar.growth
-    wanted = choice.data_count * planned_epochs / bar.growth if past_bar else 0.0  # the long run's bound on c,
-    per_pass = min(wanted, math.floor(MAX_GROWTH * choice.data_count))  # up to MAX_GROWTH x the data count
-
-    c = choice.floor
-    while c < most and (c * epochs(c) < MIN_VISITS or c < per_pass - 1e-9):
-        c = c + 1 if c < 2 * MAX_COUNT else math.ceil(c * 1.1)  # past 128, 10% steps suffice
+    passes = max(0.0, planned_epochs / FIT_EPOCHS - 1)  # the passes past FIT_EPOCHS, in units of it
+    grown = math.ceil(held.data_count * (1 + straying(held.novelty) * passes) - 1e-9)  # the long run's count
+    c = max(least, grown)
+    while c < most and c * epochs(c) < MIN_VISITS:
+        c = c + 1 if c < 128 else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
-    # past a bar (>= 2 epochs) the data count already meets MIN_VISITS, so any raise there is the long run's
-    long_run = (planned_epochs, bar.growth, wanted > per_pass + 1e-9) if past_bar and c > choice.floor else None
-    return PruningChoice(c, choice.recurrence, choice.probe_tokens, choice.data_count, epochs(c), choice.novelty,
-                         long_run)
+    return PruningChoice(c, held.recurrence, held.probe_tokens, held.data_count, epochs(c), held.novelty,
+                         grown > least and c == grown)
+
+
+def straying(novelty: float) -> float:
+    """The weight s of the long-run rules: 0 up to NOVEL, 1 from twice NOVEL, linear between."""
+    return min(1.0, max(0.0, novelty / NOVEL - 1))
 
 
 def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int):
@@ -201,63 +176,36 @@ def _held_out_choice(sequences: list, vocab_size: int) -> PruningChoice:
     probe_unique, probe_counts = probe_keys.unique(return_counts=True)
     position = torch.searchsorted(probe_unique, keys).clamp_max(len(probe_unique) - 1)
     held = torch.where(probe_unique[position] == keys, probe_counts[position], 0)  # held-out count per bigram
-    scale = probe_keys.numel() / fit_keys.numel()
-    recurrence, keep_from = {}, 1
-    for c in range(1, MAX_COUNT + 1):
-        cls = (counts >= c) & (counts < 2 * c)
-        expected = float(counts[cls].sum()) * scale
-        if expected == 0:
-            continue  # no bigram seen c..2c-1 times: nothing to decide
-        recurrence[c] = float(held[cls].sum()) / expected
-        if recurrence[c] >= RECURRENCE:
-            break
-        keep_from = c + 1
-    # the fit count of every probe bigram, for the share of the probe that gets no edge at keep_from
+    # every class c..2c-1 at once: prefix sums over the counts of the fit's occurrences and their held-out ones
+    most = int(counts.max())
+    seen = torch.zeros(2 * most + 1, dtype=torch.float64).index_add_(0, counts, counts.double()).cumsum(0)
+    back = torch.zeros(2 * most + 1, dtype=torch.float64).index_add_(0, counts, held.double()).cumsum(0)
+    c = torch.arange(1, most + 1)
+    expected = (seen[2 * c - 1] - seen[c - 1]) * (probe_keys.numel() / fit_keys.numel())
+    returned = back[2 * c - 1] - back[c - 1]
+    ratio = returned / expected.clamp_min(1e-300)
+    looked = expected > 0  # a class with no bigram has nothing to decide
+    met = (looked & (ratio >= RECURRENCE)).nonzero()
+    last = int(met[0]) + 1 if met.numel() else most  # the first class that comes back decides
+    failed = c[looked & (ratio < RECURRENCE) & (c < last)]
+    data_count = int(failed.max()) + 1 if failed.numel() else 1  # the bigrams of every class that failed go
+    shown = looked & (c <= last)
+    recurrence = {int(k): float(r) for k, r in zip(c[shown], ratio[shown])}
+    # the fit count of every probe bigram, for the share of the probe that gets no edge at the data count
     position = torch.searchsorted(keys, probe_unique).clamp_max(len(keys) - 1)
     fit_count = torch.where(keys[position] == probe_unique, counts[position], 0)
-    novelty = float(probe_counts[fit_count < keep_from].sum()) / probe_keys.numel()
-    return PruningChoice(keep_from, recurrence, int(probe_keys.numel()), keep_from, novelty=novelty)
+    novelty = float(probe_counts[fit_count < data_count].sum()) / probe_keys.numel()
+    return PruningChoice(data_count, recurrence, int(probe_keys.numel()), data_count, novelty=novelty)
 
 
-@dataclass
-class DropoutChoice:
-    p: float
-    novelty: float
-    epochs: float | None
-
-    def describe(self) -> str:
-        head = (f"--signal_dropout auto chose {self.p:g}: {self.novelty:.1%} of the held-out tenth's bigrams have "
-                "no edge")
-        reached = dropout_bar(self.novelty)
-        if reached is None:
-            return f"{head} (< {DROPOUT_BARS[-1].novelty:.0%})"
-        novelty, bar = reached.novelty, reached.dropout
-        head += f" (>= {novelty:.0%})"
-        if self.epochs is None:
-            return head
-        head += f" and the run plans {self.epochs:.3g} epoch(s) ({'>' if self.epochs > bar else '<='} {bar:g}"
-        return head + (f"; > {LONG_EPOCHS:g}: a long run drops more)" if self.epochs > LONG_EPOCHS else ")")
-
-
-def choose_learning_rate(signal_dropout: float) -> tuple[float, str]:
-    """`--learning_rate auto` for a model that drops its signal at `signal_dropout` (see `RATE`): (rate, why)."""
-    if signal_dropout > 0:
-        return DROPPING_RATE, (f"--learning_rate auto chose {DROPPING_RATE:g}: the signal drops at "
-                               f"{signal_dropout:g}, which holds off the over-fitting a lower rate reaches sooner")
-    return RATE, f"--learning_rate auto chose {RATE:g}: the signal does not drop"
-
-
-def dropout_bar(novelty: float) -> Bar | None:
-    """The first of `DROPOUT_BARS` that `novelty` reaches, or None."""
-    return next((bar for bar in DROPOUT_BARS if novelty >= bar.novelty), None)
-
-
-def choose_signal_dropout(novelty: float, epochs: float | None = None) -> DropoutChoice:
-    """`--signal_dropout auto` (see the module): `DROPOUT` where held-out text strays from the training text
-    (`PruningChoice.novelty`) and the run of `epochs` (None: not known) is long enough at that novelty to learn the
-    documents' particulars (`DROPOUT_BARS`), `LONG_DROPOUT` past `LONG_EPOCHS`; else 0. Length unknown: the novelty
-    decides."""
-    bar = dropout_bar(novelty)
-    if bar is None or (epochs is not None and epochs <= bar.dropout):
-        return DropoutChoice(0.0, novelty, epochs)
-    return DropoutChoice(LONG_DROPOUT if epochs is not None and epochs > LONG_EPOCHS else DROPOUT, novelty, epochs)
+def choose_signal_dropout(novelty: float, epochs: float | None) -> tuple[float, str]:
+    """`--signal_dropout auto` for text of this `novelty` and a run of `epochs` planned passes (None: not known,
+    taken as one): (p, why); see the module."""
+    s = straying(novelty)
+    strays = f"{novelty:.1%} of the held-out tenth's bigrams have no edge"
+    if epochs is None or epochs <= FIT_EPOCHS or s == 0:
+        planned = "the run's length is not known" if epochs is None else f"the run plans {epochs:.3g} epoch(s)"
+        return 0.0, f"--signal_dropout auto chose 0: {planned} (past {FIT_EPOCHS:g} drops), {strays} (from {NOVEL:.0%})"
+    p = round(MAX_DROPOUT * s * (1 - FIT_EPOCHS / epochs), 3)
+    return p, (f"--signal_dropout auto chose {p:g} = {MAX_DROPOUT:g} x {s:.2g} x (1 - {FIT_EPOCHS:g} / {epochs:.3g} "
+               f"planned epochs): {strays}, and past its first passes a run learns its documents' particulars")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from ..count_prior import DISCOUNT
 from .errors import UsageError
@@ -39,25 +39,13 @@ RECIPE_FORMAT = 1
 # ------------------------------------------------------------------------------------- the probe's numbers
 RECURRENCE = 0.8  # the share of its expected held-out occurrences a count class must show to keep its edges
 RUNS, PROBE_EVERY = 100, 10  # the training blocks cut into RUNS runs, every PROBE_EVERY-th one held out
-MAX_COUNT = 64  # above this every bigram keeps its edge (the estimate has few classes left to go on)
-MIN_VISITS = 2  # a kept edge is a training target at least this often in the planned run
-STRAYING_COUNT = 2  # where held-out text strays (a dropout bar's novelty), a bigram seen once gets no edge
+MIN_VISITS = 2  # a kept edge is a training target this often (c · E >= 2), and seen this often where text strays
+NOVEL = 0.05  # held-out text strays where this share of its bigrams has no edge; the long-run rules weigh in from here
 
-
-class Bar(NamedTuple):
-    """Where held-out text strays at least `novelty` (the share of its bigram occurrences without an edge): the
-    planned epochs past which the signal drops, and past which the count grows with them."""
-    novelty: float
-    dropout: float
-    growth: float
-
-
-# (novelty, dropout bar, growth bar): from 17% novelty the signal drops past 2 planned epochs, from 5% past 3.
-DROPOUT_BARS = (Bar(0.17, 2.0, 2.0), Bar(0.05, 3.0, 4.0))
-DROPOUT = 0.3  # past the bar: weaker dropouts let held-out loss turn up
-LONG_EPOCHS, LONG_DROPOUT = 7.0, 0.4  # a run of more than LONG_EPOCHS planned epochs drops LONG_DROPOUT
-RATE, DROPPING_RATE = 2e-2, 1e-2  # `--learning_rate auto`: DROPPING_RATE wherever the signal drops, else RATE
-MAX_GROWTH = 4.5  # past its bar the count grows with the planned epochs to at most this many times the data's count
+# ------------------------------------------------------------------------------------- the run's length
+FIT_EPOCHS = 2.0  # past this many planned epochs E the count grows and the signal drops (where text strays)
+MAX_DROPOUT = 0.5  # p = MAX_DROPOUT · s · (1 - FIT_EPOCHS / E): a half at most, reached in very long runs
+RATE = 2e-2  # the peak learning rate, with or without dropout
 
 # ------------------------------------------------------------------------------------- the step on a GPU
 GPU_STEP_TOKENS = 65_536  # tokens per process and step on a CUDA device where nothing else gives the batch
@@ -89,67 +77,47 @@ class Rule:
 
     @property
     def shown(self) -> str:
-        value = self.value if not isinstance(self.value, tuple) else [tuple(v) for v in self.value]
-        return f"`{value!r}`" + (f": {self.formula}" if self.formula else "")
+        return f"`{self.value!r}`" + (f": {self.formula}" if self.formula else "")
 
 
-WHERE = "benchmarks/results/quality-20261128T162129Z.json"  # the whole recipe on eight corpora
 KINDS = '§"The default recipe on corpora of three kinds"'
-ABLATION = 'docs/benchmarks.md §"Rule ablation"'
-S = "docs/benchmarks.md "
+ABLATION = 'benchmarks.md §"Rule ablation"'
+LONG = 'benchmarks.md §"Long runs"'
+S = "benchmarks.md "
 PAPER = "the paper"
 
 RULES = (
     # the graph: which bigrams get an edge (--min_bigram_count auto)
     Rule("min_bigram_count", "auto", "an edge is d²+d parameters trained only on its bigram; rare bigrams of one "
-         "document do not come back, and their pairs predict better through the back-off (every bigram an edge: "
-         "13-22% higher; a fixed 2: 3-10% higher where a run plans far from one pass)", f"{ABLATION}; {S}{KINDS}",
+         "document do not come back and predict better through the back-off (every bigram an edge: 13-22% higher)",
+         f"{ABLATION}; {S}{KINDS}",
          sets="training.min_bigram_count", formula="the count the probe and the run's length choose (rules below)"),
-    Rule("RUNS", RUNS, "runs of consecutive blocks keep a document's sentences together, so the probe is other "
-         "documents, as a validation set is", f"{S}{KINDS}", formula="the training blocks cut into this many runs"),
-    Rule("PROBE_EVERY", PROBE_EVERY, "a tenth held out leaves nine tenths to count", f"{S}{KINDS}",
-         formula="every this-th run is the probe"),
+    Rule("RUNS, PROBE_EVERY", (RUNS, PROBE_EVERY), "runs of consecutive blocks keep a document together, so the "
+         "probe is other documents, as a validation set is", f"{S}{KINDS}",
+         formula="the training blocks cut into 100 runs, every 10th one the probe"),
     Rule("RECURRENCE", RECURRENCE, "a count class that comes back in other documents is the pair's, not one "
          "document's", f"{S}{KINDS}", formula="the data count c₀: the smallest c whose class c..2c−1 comes back "
          "at this share of its expected rate"),
-    Rule("MAX_COUNT", MAX_COUNT, "the estimate has few classes left to go on", f"{S}{KINDS}",
-         formula="past it every bigram keeps its edge"),
-    Rule("STRAYING_COUNT", STRAYING_COUNT, "a bigram seen once has one occurrence of one document to learn from",
-         f'{S}§"A bigram seen once where text strays"', formula="novelty ≥ 5%: c ≥ max(c₀, 2)"),
-    Rule("MIN_VISITS", MIN_VISITS, "an edge that was a target once is little more than its random start, and "
-         "every edge costs time in the exact loss", f"{S}{KINDS} (the 25-MB corpora)",
-         formula="smallest c ≥ floor with c · E(c) ≥ 2; with a time budget E(c) grows as a sparser graph scores "
-         "fewer successors per token"),
-    Rule("DROPOUT_BARS", DROPOUT_BARS, "the more held-out text strays, the sooner a long run learns its training "
-         "documents' particulars", f'{S}§"Over-fitting on `code`", §"The dropout\'s bar at 3 planned epochs"',
-         formula="(novelty, dropout bar, growth bar): past the dropout bar the signal drops, past the growth bar "
-         "the count grows"),
-    Rule("MAX_GROWTH", MAX_GROWTH, "every pass fits an edge to the same few occurrences again; the ceiling, because "
-         "pruning also takes pairs that do come back", f'{S}§"Long runs on text that strays", §"A ceiling on the '
-         'count\'s growth"', formula="past the growth bar c ≥ c₀ · E / bar, at most ⌊4.5 · c₀⌋"),
-    # the signal dropout and the rate
-    Rule("signal_dropout", "auto", "where held-out text strays a long run learns contexts particular to the "
-         "training documents and held-out loss turns up", f"{S}{KINDS}; {WHERE}", sets="model.signal_dropout",
-         formula="0 below 5% novelty or at E ≤ the dropout bar; DROPOUT past it; LONG_DROPOUT past LONG_EPOCHS"),
-    Rule("DROPOUT", DROPOUT, "weaker dropouts let held-out loss turn up; where nothing over-fitted it cost 0-4%",
-         f'{S}§"Over-fitting on `code`"'),
-    Rule("LONG_EPOCHS", LONG_EPOCHS, "past it DROPOUT let held-out loss turn up over 30 minutes", f'{S}§"Long runs '
-         'drop more"', formula="planned epochs past which the signal drops LONG_DROPOUT"),
-    Rule("LONG_DROPOUT", LONG_DROPOUT, "over 30 minutes it fell to the end where DROPOUT rose", f'{S}§"Long runs '
-         'drop more"'),
-    Rule("signal_dropout_warmup_epochs", 1.0, "no block has been seen before in the first pass; the full dropout "
-         "from the first step only slows the start", f'{S}§"The dropout\'s warm-up"',
+    Rule("MIN_VISITS", MIN_VISITS, "an edge that was a target once is little more than its random start; where text "
+         "strays one occurrence of one document is too little to learn from", f'{ABLATION}; {S}§"A bigram seen '
+         'once where text strays"', formula="smallest c ≥ c₀ with c · E(c) ≥ 2, and c ≥ 2 where novelty ≥ NOVEL "
+         "(with a time budget a sparser graph buys more epochs E(c))"),
+    Rule("NOVEL", NOVEL, "on familiar text a document's particulars come back: the demo's manual (3.7%) was 5-26% "
+         "higher with the floor, the growth or the dropout", LONG, formula="the novelty ν (held-out bigrams with no "
+         "edge at c₀) past which text strays; weight s = clamp(ν / NOVEL − 1, 0, 1)"),
+    Rule("FIT_EPOCHS", FIT_EPOCHS, "past its first passes a run learns its training documents' particulars: at "
+         "6-8 planned epochs 32-74% higher without the dropout, 5-9% higher without the growth", LONG,
+         formula="past it the count grows, c ≥ c₀ · (1 + s · (E / 2 − 1)), and the signal drops"),
+    Rule("signal_dropout", "auto", "the longer the run and the more held-out text strays, the more of the signal is "
+         "particular to the training documents", LONG, sets="model.signal_dropout",
+         formula="MAX_DROPOUT · s · (1 − FIT_EPOCHS / E), 0 up to FIT_EPOCHS"),
+    Rule("MAX_DROPOUT", MAX_DROPOUT, "the dropout a very long run on straying text tends to", LONG),
+    Rule("signal_dropout_warmup_epochs", 1.0, "no block has been seen before in the first pass", LONG,
          sets="training.signal_dropout_warmup_epochs", formula="the dropout grows linearly from 0 over these epochs"),
-    Rule("learning_rate", "auto", "a lower rate fits sooner: a gain where dropout holds over-fitting off, a loss "
-         "where nothing does", f"{S}{KINDS}; {WHERE}", sets="training.learning_rate",
-         formula="DROPPING_RATE where the signal drops, else RATE"),
-    Rule("RATE", RATE, "without dropout a lower rate fits sooner and turns up", f'{S}§"The rate of 1e-2 where the '
-         'signal drops"'),
-    Rule("DROPPING_RATE", DROPPING_RATE, "where the signal drops it ended 10 minutes 3-21% below RATE on seven "
-         'corpora', f'{S}§"The rate of 1e-2 where the signal drops", §"… in long runs too"'),
+    Rule("learning_rate", RATE, "one rate, with or without dropout", LONG, sets="training.learning_rate"),
     # rates per parameter, schedule, regularisation
-    Rule("node_lr_scale", 1.0, "one rate for every parameter: the per-node rate ×2, the shared edge's ×0.5 and "
-         "clipping off together moved held-out perplexity by less than the noise on every corpus", ABLATION,
+    Rule("node_lr_scale", 1.0, "one rate for every parameter: ×2 here, ×0.5 on the shared edge and no clipping "
+         "stayed within the noise", ABLATION,
          sets="training.node_lr_scale", formula="rate multiplier of the per-node parameters", tuned=False),
     Rule("shared_edge_lr_scale", 1.0, "as node_lr_scale", ABLATION, sets="training.shared_edge_lr_scale",
          formula="rate multiplier of the shared edge (SparseAdamW)", tuned=False),
@@ -163,9 +131,8 @@ RULES = (
          f'{S}§"Training recipe"', sets="training.lazy_weight_decay"),
     Rule("max_grad_norm", 1.0, "transformers' default; with no clipping the run ended within the noise",
          ABLATION, sets="training.max_grad_norm", tuned=False),
-    Rule("moment_dtype", None, "16-bit moments pay on a GPU; on a CPU the rounding costs more than the bytes",
-         'docs/gpu.md §"Mixed precision"', sets="training.moment_dtype",
-         formula="None: bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32"),
+    Rule("moment_dtype", None, "16-bit moments pay on a GPU, not on a CPU", 'docs/gpu.md §"Mixed precision"',
+         sets="training.moment_dtype", formula="bfloat16 under bf16 with SparseAdamW on a GPU, else float32"),
     # the model: the paper's shape, plus the extensions
     Rule("node_size", 32, "the paper's d", PAPER, sets="model.node_size"),
     Rule("max_position_embeddings", 512, "the paper's position weights", PAPER,
@@ -184,26 +151,22 @@ RULES = (
     Rule("node_embedding", True, "the mix carries which tokens came last, learned from every occurrence of each "
          "token", f'{S}§"The nodes\' own vectors"', sets="model.node_embedding", formula="edge output + e_v"),
     Rule("count_prior", True, "the counts read every training token at once; the edges learn what they miss "
-         "(without it 2-10% higher)",
-         f'{ABLATION}; {S}§"The count prior"', sets="model.count_prior",
+         "(without it 2-10% higher)", ABLATION, sets="model.count_prior",
          formula="logit + log p(v \\| u), fixed, built from every training bigram"),
     Rule("count_prior.DISCOUNT", DISCOUNT, "the usual absolute discount (Ney, Essen & Kneser 1994)",
          f'{S}§"The count prior"', formula="p(v \\| u) interpolates max(c − D, 0)/c(u) with an add-one unigram",
          tuned=False),
-    Rule("position_recency", 0.2, "left at one, training did not find recency: held-out perplexity 3-9% higher",
-         f"{ABLATION}; {S}{KINDS}",
-         sets="model.position_recency", formula="position weights start at 1 + 0.2·k: a moving average of the last "
-         "~5 edge outputs"),
+    Rule("position_recency", 0.2, "left at one, training did not find recency: 3-9% higher", ABLATION,
+         sets="model.position_recency", formula="position weights start at 1 + 0.2·k (~the last 5 edges)"),
     # the data: the paper's blocks, batches and tokenizer
     Rule("block_size", 32, "the paper's blocks", PAPER, sets="training.block_size"),
     Rule("block_mode", "sentence", "the paper's: one sentence per block", PAPER, sets="training.block_mode"),
     Rule("per_device_train_batch_size", 32, "the paper's batch", PAPER,
          sets="training.per_device_train_batch_size"),
-    Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "a step of 32 × 32 tokens leaves a GPU idle: at the paper's shape the "
-         "kernels trained 76,494 tokens/s at 32 × 32 and 1,526,444 at 1024 × 64 (20×)", GPU_RECORD,
-         formula="on a CUDA device, where no flag, preset or recipe file gives the batch: per_device_train_batch_size "
-         f"= {GPU_STEP_TOKENS:,} // block_size (at most the training blocks per process), halved until the step's "
-         f"estimated memory fits {FREE_SHARE} of the device's free memory"),
+    Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "32 × 32 tokens leave a GPU idle: 76,494 tokens/s at the paper's "
+         "shape, 1,526,444 at 1024 × 64", GPU_RECORD,
+         formula=f"on a CUDA device, unless a flag, preset or recipe file sets it: batch = {GPU_STEP_TOKENS:,} // "
+         f"block_size (at most the blocks per process), halved until the step fits {FREE_SHARE} of the free memory"),
     Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", PAPER,
          sets="tokenizer.kind"),
     Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", PAPER,
