@@ -258,9 +258,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--node_lr_scale", type=float, default=None,
                    help="Learning-rate multiplier of the per-node parameters (node_bias, non_edge_bias). [1]")
     g.add_argument("--signal_dropout_warmup_epochs", type=float, default=None,
-                   help="The signal dropout grows linearly from 0 to --signal_dropout over this many epochs: in the "
-                   "first epoch no block has been seen before, so there is little to over-fit yet and the full "
-                   "dropout would mostly slow the start (0: the full dropout from the first step). [1]")
+                   help="The signal dropout grows linearly from 0 to --signal_dropout over this many epochs (0: the "
+                   "full dropout from the first step). [0]")
     g.add_argument("--moment_dtype", choices=MOMENT_DTYPES, default=None,
                    help="SparseAdamW's moments: bfloat16 stores them with stochastic rounding (half their memory and "
                    "bytes). [bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32]")
