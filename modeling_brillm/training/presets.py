@@ -265,7 +265,7 @@ def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None
     if model.get("signal_dropout") == "auto":
         # the epochs planned at the least count: what a sparser graph buys depends on the machine (pruning.py)
         p, why = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
-        choice.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "signal_dropout", why))
+        choice.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "FIT_EPOCHS", why))
     return choice
 
 

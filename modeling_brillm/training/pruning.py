@@ -22,10 +22,10 @@ NOVEL, 1 from twice NOVEL, linear between.
 
 The count has to fit the run: an edge is a training target at least `MIN_VISITS` times in the planned E epochs,
 c · E ≥ MIN_VISITS, and where text strays (novelty ≥ NOVEL) a bigram seen once keeps no edge, c ≥ MIN_VISITS.
-After its first pass a run trains on blocks it has seen before, a share 1 − 1 / E of it, and on straying text it
-learns their documents' particulars there: the signal drops, p = MAX_DROPOUT · s · (1 − 1 / E). Past `FIT_EPOCHS`
-planned passes every pass fits an edge to the same few occurrences again: the count grows,
-c ≥ c₀ · (1 + s · (E / FIT_EPOCHS − 1)). Both grow smoothly with the passes and the novelty. With a
+Past `FIT_EPOCHS` planned passes a run on straying text learns its training documents' particulars, and every
+pass fits an edge to the same few occurrences again: the count grows, c ≥ c₀ · (1 + s · (E / FIT_EPOCHS − 1)),
+and the signal drops, p = MAX_DROPOUT · s · (1 − FIT_EPOCHS / E). Both grow smoothly with the passes and the
+novelty. With a
 time budget a sparser graph scores fewer successors per token and so buys more epochs (`epochs_grow_with_pruning`);
 the growth and the dropout read the epochs planned at the least count, since counting those a sparser graph buys
 would feed the count back into itself.
@@ -203,9 +203,9 @@ def choose_signal_dropout(novelty: float, epochs: float | None) -> tuple[float, 
     taken as one): (p, why); see the module."""
     s = straying(novelty)
     strays = f"{novelty:.1%} of the held-out tenth's bigrams have no edge"
-    if epochs is None or epochs <= 1 or s == 0:
+    if epochs is None or epochs <= FIT_EPOCHS or s == 0:
         planned = "the run's length is not known" if epochs is None else f"the run plans {epochs:.3g} epoch(s)"
-        return 0.0, f"--signal_dropout auto chose 0: {planned} (past one drops), {strays} (from {NOVEL:.0%})"
-    p = round(MAX_DROPOUT * s * (1 - 1 / epochs), 3)
-    return p, (f"--signal_dropout auto chose {p:g} = {MAX_DROPOUT:g} x {s:.2g} x (1 - 1 / {epochs:.3g} planned "
-               f"epochs): {strays}, and after its first pass a run trains on blocks it has seen")
+        return 0.0, f"--signal_dropout auto chose 0: {planned} (past {FIT_EPOCHS:g} drops), {strays} (from {NOVEL:.0%})"
+    p = round(MAX_DROPOUT * s * (1 - FIT_EPOCHS / epochs), 3)
+    return p, (f"--signal_dropout auto chose {p:g} = {MAX_DROPOUT:g} x {s:.2g} x (1 - {FIT_EPOCHS:g} / {epochs:.3g} "
+               f"planned epochs): {strays}, and past its first passes a run learns its documents' particulars")

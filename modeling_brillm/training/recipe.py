@@ -43,8 +43,8 @@ MIN_VISITS = 2  # a kept edge is a training target this often (c · E >= 2), and
 NOVEL = 0.05  # held-out text strays where this share of its bigrams has no edge; the long-run rules weigh in from here
 
 # ------------------------------------------------------------------------------------- the run's length
-FIT_EPOCHS = 2.0  # past this many planned epochs E the count grows (where text strays)
-MAX_DROPOUT = 0.5  # p = MAX_DROPOUT · s · (1 - 1 / E): a half at most, reached in very long runs
+FIT_EPOCHS = 2.0  # past this many planned epochs E the count grows and the signal drops (where text strays)
+MAX_DROPOUT = 0.5  # p = MAX_DROPOUT · s · (1 - FIT_EPOCHS / E): a half at most, reached in very long runs
 RATE = 2e-2  # the peak learning rate, with or without dropout
 
 # ------------------------------------------------------------------------------------- the step on a GPU
@@ -107,10 +107,10 @@ RULES = (
          "edge at c₀) past which text strays; weight s = clamp(ν / NOVEL − 1, 0, 1)"),
     Rule("FIT_EPOCHS", FIT_EPOCHS, "past its first passes a run learns its training documents' particulars: at "
          "6-8 planned epochs 32-74% higher without the dropout, 5-9% higher without the growth", LONG,
-         formula="past it the count grows, c ≥ c₀ · (1 + s · (E / 2 − 1))"),
+         formula="past it the count grows, c ≥ c₀ · (1 + s · (E / 2 − 1)), and the signal drops"),
     Rule("signal_dropout", "auto", "the longer the run and the more held-out text strays, the more of the signal is "
          "particular to the training documents", LONG, sets="model.signal_dropout",
-         formula="MAX_DROPOUT · s · (1 − 1 / E): the share of the run on blocks seen before"),
+         formula="MAX_DROPOUT · s · (1 − FIT_EPOCHS / E), 0 up to FIT_EPOCHS"),
     Rule("MAX_DROPOUT", MAX_DROPOUT, "the dropout a very long run on straying text tends to", LONG),
     Rule("signal_dropout_warmup_epochs", 0.0, "none: the dropout grown over the first epoch moved held-out "
          "perplexity by less than the noise", LONG, sets="training.signal_dropout_warmup_epochs",

@@ -175,16 +175,16 @@ def test_a_long_run_on_familiar_text_keeps_the_data_count_and_its_signal():
 def test_signal_dropout_grows_smoothly_with_the_run_and_the_novelty():
     far = 2 * NOVEL  # full weight
     assert choose_signal_dropout(far, None)[0] == 0.0  # length unknown: one pass
-    assert choose_signal_dropout(far, 1.0)[0] == 0.0  # the first pass sees every block for the first time
-    assert 0 < choose_signal_dropout(far, 1.01)[0] < 0.01  # no step after it
-    p, why = choose_signal_dropout(far, 2.0)
-    assert p == MAX_DROPOUT / 2 and f"auto chose {p:g} = {MAX_DROPOUT:g} x 1 x (1 - 1 / 2 planned epochs)" in why
+    assert choose_signal_dropout(far, FIT_EPOCHS)[0] == 0.0
+    assert 0 < choose_signal_dropout(far, 1.01 * FIT_EPOCHS)[0] < 0.01  # no step at FIT_EPOCHS
+    p, why = choose_signal_dropout(far, 2 * FIT_EPOCHS)
+    assert p == MAX_DROPOUT / 2 and f"auto chose {p:g} = {MAX_DROPOUT:g} x 1 x (1 - 2 / 4 planned epochs)" in why
     ps = [choose_signal_dropout(far, e)[0] for e in (3, 5, 8, 20, 1000)]
     assert ps == sorted(ps) and MAX_DROPOUT - 0.01 < ps[-1] <= MAX_DROPOUT
     # and none at NOVEL, half of it half-way to twice NOVEL: no step in the novelty either
     assert [straying(n) for n in (0.0, NOVEL, 1.5 * NOVEL, 2 * NOVEL, 0.9)] == pytest.approx([0, 0, 0.5, 1, 1])
     assert choose_signal_dropout(NOVEL, 100.0)[0] == 0.0
-    assert choose_signal_dropout(1.5 * NOVEL, 2.0)[0] == pytest.approx(MAX_DROPOUT / 4)
-    assert choose_signal_dropout(1.01 * NOVEL, 2.0)[0] < 0.01
+    assert choose_signal_dropout(1.5 * NOVEL, 2 * FIT_EPOCHS)[0] == pytest.approx(MAX_DROPOUT / 4)
+    assert choose_signal_dropout(1.01 * NOVEL, 2 * FIT_EPOCHS)[0] < 0.01
     with pytest.raises(ValueError, match="planned_epochs must be positive"):
         choose_min_count(repeated_text(), V, planned_epochs=-1)

@@ -117,7 +117,7 @@ def test_a_choice_saves_and_loads_with_its_rules(tmp_path):
     assert path.name == "recipe.json" and loaded.settings == choice.settings
     assert loaded.inputs["probe"]["data_count"] == choice.pruning.data_count
     assert loaded.inputs["plan"]["planned_epochs"] == 5
-    assert choice.value("model", "signal_dropout") == pytest.approx(recipe.MAX_DROPOUT * (1 - 1 / 5))
+    assert choice.value("model", "signal_dropout") == pytest.approx(recipe.MAX_DROPOUT * (1 - recipe.FIT_EPOCHS / 5))
     assert "training.min_bigram_count" in choice.describe()
 
 
