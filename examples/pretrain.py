@@ -235,7 +235,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--per_device_eval_batch_size", type=int, default=None, help="[32]")
     g.add_argument("--learning_rate", type=positive_rate, default=None,
                    help="Peak learning rate (the paper: 5e-2). [2e-2]")
-    g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0]")
+    g.add_argument("--weight_decay", type=float, default=None, help="AdamW weight decay on edge matrices. [0.1]")
     g.add_argument("--num_train_epochs", type=int, default=None, help="[1]")
     g.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides epochs.")
     g.add_argument("--max_train_time", type=float, default=None, metavar="SECONDS",
