@@ -166,7 +166,7 @@ RULES = (
     Rule("per_device_train_batch_size", 32, "the paper's batch", PAPER,
          sets="training.per_device_train_batch_size"),
     Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "32 × 32 tokens leave a GPU idle: 76,494 tokens/s at the paper's "
-         "shape, 1,526,444 at 1024 × 64", GPU_RECORD,
+         "shape, 1,526,444 at 1024 × 64 (20×)", GPU_RECORD,
          formula=f"on a CUDA device, unless a flag, preset or recipe file sets it: batch = {GPU_STEP_TOKENS:,} // "
          f"block_size (at most the blocks per process), halved until the step fits {FREE_SHARE} of the free memory"),
     Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", PAPER,
