@@ -25,10 +25,9 @@ c · E ≥ MIN_VISITS, and where text strays (novelty ≥ NOVEL) a bigram seen o
 Past `FIT_EPOCHS` planned passes a run on straying text learns its training documents' particulars, and every
 pass fits an edge to the same few occurrences again: the count grows, c ≥ c₀ · (1 + s · (E / FIT_EPOCHS − 1)),
 and the signal drops, p = MAX_DROPOUT · s · (1 − FIT_EPOCHS / E). Both grow smoothly with the passes and the
-novelty. With a
-time budget a sparser graph scores fewer successors per token and so buys more epochs (`epochs_grow_with_pruning`);
-the growth and the dropout read the epochs planned at the least count, since counting those a sparser graph buys
-would feed the count back into itself.
+novelty. With a time budget a sparser graph scores fewer successors per token and so buys more epochs
+(`epochs_grow_with_pruning`); the growth and the dropout read the epochs planned at the least count, since counting
+those a sparser graph buys would feed the count back into itself.
 """
 
 from __future__ import annotations
