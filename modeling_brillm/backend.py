@@ -99,6 +99,9 @@ def launch(kernel, grid, *args, **kwargs):
             "report it with your GPU, torch and triton versions.") from error
 
 
+AUTOCAST_DEVICES = tuple(kind for kind in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(kind))
+
+
 def exact_precision(forward):
     """Run `forward` with autocast off: BriLLM computes in its parameters' dtype whatever autocast asks.
 
@@ -112,10 +115,11 @@ def exact_precision(forward):
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
         """`forward` with autocast switched off where it is on."""
-        device_type = next(self.parameters()).device.type
-        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
-            with torch.autocast(device_type, enabled=False):
-                return forward(self, *args, **kwargs)
+        if any(torch.is_autocast_enabled(kind) for kind in AUTOCAST_DEVICES):  # cheap, unlike the parameters' device
+            device_type = next(self.parameters()).device.type
+            if device_type in AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
+                with torch.autocast(device_type, enabled=False):
+                    return forward(self, *args, **kwargs)
         return forward(self, *args, **kwargs)
 
     return wrapper

@@ -16,18 +16,20 @@ chosen by `model.decode_mode`:
 
 from __future__ import annotations
 
+import inspect
+import math
+
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin
+from transformers import GenerationMixin, LogitsProcessorList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import ModelOutput, logging
 
 from .decode_capture import DecodeGraphs
 from .decoding import _finish_check_every
-from .energy import block_logits
 from .graph import edge_row
 from .ops import kernel_enabled
-from .recurrence import edge_update, plus_edge_base
+from .recurrence import plus_edge_base
 from .state import CACHE, BriLLMState, given_state
 from .validation import check_inputs, too_long
 
@@ -36,42 +38,130 @@ logger = logging.get_logger(__name__)
 GENERATE_CACHE = CACHE if CACHE in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
 
+def _called_in_turn(processors: LogitsProcessorList):
+    """The processors as one call. transformers' list reads every processor's signature at each token (~50 µs a
+    processor on a CPU, as much as a step); where each takes just (input_ids, scores), they are called in turn."""
+    if any(len(inspect.signature(processor.__call__).parameters) > 2 for processor in processors):
+        return processors  # one that asks for more: the list's own call says what is missing
+
+    def process(input_ids, scores):
+        for processor in processors:
+            scores = processor(input_ids, scores)
+        return scores
+    return process
+
+
 class HostStep:
-    """One token of one row on the CPU: the general path's math (`edge_update`, `block_logits`, `read_out`), bit
-    for bit, with the few integers it needs (the token, its position, the edge it crosses, its successors' block)
-    read to the host first, where a read is free: every table is read as a slice, and no op runs over the whole
-    graph to look one row up. What does not change between tokens (the tables, the config's numbers) is read once,
-    when a decoding loop builds its step."""
+    """One token of one row on the CPU: the one-token step's math (`edge_update`, `block_logits`, `read_out`) for a
+    single row, with the few integers it needs (the token, its position, the edge it crosses, its successors' block)
+    and the running mix's two scalars on the host, where a read is free. Every table is read as a slice, no op runs
+    over the whole graph to look one row up, and oneDNN is off while it runs: its GeLU costs ~10 µs a call however
+    small the tensor, torch's own 1.5 µs.
+
+    A step scores every successor v of the token u it lands on with the output GeLU(s·W[u→v] + b + PE) of the edge
+    u→v; the next step crosses one of these very edges with the same signal s at the same position, so it mixes in
+    the output already computed (`BriLLMState.next_edges`) instead of computing it again. It equals the general path
+    within float32 rounding (the mix's weights are computed in double precision, an edge's output by the block's
+    `baddbmm`).
+
+    A decoding loop's first step builds it and the states it returns carry it (`BriLLMState.step`), so what does
+    not change between tokens (the config's numbers, the tables, the graph on the host) is read once per loop."""
 
     def __init__(self, model):
         base, cfg = model.base_model, model.config
         self.base, self.V, self.M = base, cfg.vocab_size, cfg.max_position_embeddings
         self.extends, self.dense = base.extends_positions, cfg.graph == "dense"
+        self.indptr = None if self.dense else base.host_csr()[0]
         self.csr = None if self.dense else base.host_csr()
         self.indices = None if self.dense else base.graph_indices
-        self.table = base.position_table(base.weights.device).to(base.weights.dtype)
-        self.position_weights = base.positions.view(-1)
+        self.weights, self.biases = base.weights.detach(), base.biases.detach()
+        self.dtype = self.weights.dtype  # the edges' (float32 unless the model was cast)
+        self.table = base.position_table(self.weights.device).to(self.dtype)
+        self.position_weights = base.positions.detach().view(-1)
+        self.edge_base, self.non_edge_bias = base.edge_base, base.non_edge_bias
+        self.node_vectors, self.readout = base.node_embedding, base.node_readout
+        self.prior = base.prior_table() if cfg.count_prior else None
+        self.sparse_prior = cfg.count_prior and self.prior is None
 
     def __call__(self, tokens: torch.Tensor, token: int, state: BriLLMState):
         """`tokens` (1,) the new token (`token` its id on the host) on top of `state`: (logits (1, V), new state)."""
-        base, V, M = self.base, self.V, self.M
-        source, length = int(state.last_token), int(state.length)
-        if length >= M and not self.extends:
-            raise too_long(length + 1, M)
-        row = edge_row(self.csr, source, token, V)
-        pe = self.table[length:length + 2] if length + 1 <= M else \
-            base.position_encoding(state.length + torch.arange(2)).to(self.table.dtype)
-        at = min(max(length - 1, 0), M - 1)  # the position weight entering `length`, as `mix_weights` picks it
-        W, b, x = base.weights, base.biases, state.signal
-        mix = edge_update(x, W[row:row + 1], b[row], plus_edge_base(pe[:1], x, base.edge_base),
-                          self.position_weights[at:at + 1].float(), state.mix_sum, state.mix_norm, state.mix_max,
-                          base.node_add(tokens))
-        signal = mix[0] / mix[1].unsqueeze(1)
-        first, last = (token * V, token * V + V) if self.dense else (self.csr[0][token], self.csr[0][token + 1])
-        logits = block_logits(signal.to(W.dtype), plus_edge_base(pe[1:], signal, base.edge_base), W, b, first, last,
-                              self.indices, V, base.non_edge_bias)
-        logits = base.read_out(logits.float(), signal, tokens)
-        return logits, BriLLMState(signal, *mix, state.length + 1, tokens, state.seen + 1)
+        length = int(state.length)
+        if length >= self.M and not self.extends:
+            raise too_long(length + 1, self.M)
+        onednn, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False  # see the class docstring
+        try:
+            out = self._edge_output(int(state.last_token), token, length, state)
+            signal, mix_sum, mix_norm, mix_max = self._mix(out, token, length, state)
+            logits, next_edges = self._logits(signal, token, self._pe(length + 1))
+        finally:
+            torch.backends.mkldnn.enabled = onednn
+        step = BriLLMState(signal, mix_sum, mix_norm, mix_max, state.length + 1, tokens, state.seen + 1)
+        step.step, step.next_edges = self, next_edges
+        return logits, step
+
+    def _pe(self, position: int) -> torch.Tensor:
+        """The PE row (1, d) of `position`: from the table within range, else its formula."""
+        if position <= self.M:
+            return self.table[position:position + 1]
+        return self.base.position_encoding(torch.tensor([position])).to(self.dtype)
+
+    def _block(self, source: int) -> tuple[int, int]:
+        """Entries first..last−1 of the successors of `source` (edge rows first+1..last)."""
+        return (source * self.V, source * self.V + self.V) if self.dense else self.indptr[source:source + 2]
+
+    def _edge_output(self, source: int, token: int, length: int, state: BriLLMState) -> torch.Tensor:
+        """(1, d) the output GeLU(x·W + b + PE) of the edge source→token (its row 0, the shared edge, for a pair
+        without one): the previous step's, or computed as `edge_update` does."""
+        row = edge_row(self.csr, source, token, self.V)
+        if state.next_edges is not None and state.step is self:
+            successors, shared = state.next_edges
+            return shared if row == 0 else successors[row - 1 - self._block(source)[0]].unsqueeze(0)
+        W, x = self.weights, state.signal.to(self.dtype)
+        return F.gelu(torch.addmm(self.biases[row] + plus_edge_base(self._pe(length), x, self.edge_base), x, W[row]))
+
+    def _mix(self, out: torch.Tensor, token: int, length: int, state: BriLLMState):
+        """The edge output (plus the entered node's vector) mixed into the state, as `mix_in`, its two scalars on the
+        host: (signal, mix_sum, mix_norm, mix_max)."""
+        out = out.float()
+        if self.node_vectors is not None:
+            out = out + self.node_vectors[token].float()
+        weight_logit = float(self.position_weights[min(max(length - 1, 0), self.M - 1)])
+        old_max = float(state.mix_max)
+        new_max = max(old_max, weight_logit)
+        decay, weight = math.exp(old_max - new_max), math.exp(weight_logit - new_max)
+        mix_sum = torch.add(state.mix_sum * decay, out, alpha=weight)
+        mix_norm = torch.full((1,), float(state.mix_norm) * decay + weight)
+        return mix_sum / mix_norm, mix_sum, mix_norm, torch.full((1,), new_max)
+
+    def _logits(self, signal: torch.Tensor, token: int, pe: torch.Tensor):
+        """(1, V) energies of every node as `token`'s successor plus what `read_out` adds (as `block_logits`), and
+        the outputs of the edges leaving `token`: (successors' (n, d), the shared edge's (1, d) or None)."""
+        W, b, x = self.weights, self.biases, signal.to(self.dtype)
+        pe = plus_edge_base(pe, x, self.edge_base)
+        first, last = self._block(token)
+        n, d = last - first, x.shape[1]
+        h = torch.baddbmm(b[first + 1:last + 1], x.expand(n, 1, d), W[first + 1:last + 1]).view(n, d)
+        h += pe
+        successors = F.gelu(h)
+        energies = torch.linalg.vector_norm(successors, dim=-1).float()
+        if self.dense:
+            logits, shared = energies, None
+        else:
+            shared = F.gelu(torch.addmm(b[0] + pe, x, W[0]))
+            energy = torch.linalg.vector_norm(shared).float()  # every non-successor's
+            bias = self.non_edge_bias
+            logits = energy.expand(self.V).clone() if bias is None else bias.float() + energy
+            logits.index_copy_(0, self.indices[first:last], energies)
+        logits = logits.view(1, self.V)
+        if self.sparse_prior:  # a vocabulary too large for the prior's dense table: the general read-out
+            return self.base.read_out(logits, signal, torch.tensor([token])), (successors, shared)
+        if self.readout is not None:
+            r = self.readout
+            logits = torch.addmm(logits, signal, r.t()) if r.dtype == torch.float32 else \
+                logits + (signal.to(r.dtype) @ r.t()).float()
+        if self.prior is not None:
+            logits = logits + self.prior[token]
+        return logits, (successors, shared)
 
 
 class BriLLMGenerationMixin(GenerationMixin):
@@ -135,16 +225,17 @@ class BriLLMGenerationMixin(GenerationMixin):
         if not isinstance(state, BriLLMState):
             raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
+        step = state.step if state.step is not None and state.step.base is self.base_model else HostStep(self)
         if trusted:
-            given, V = int(input_ids), self.config.vocab_size
-            token = min(max(given, 0), V - 1)
+            given = int(input_ids)
+            token = min(max(given, 0), step.V - 1)
             tokens = input_ids[0] if token == given else input_ids.new_tensor([token])
         else:
             tokens = self._step_tokens(input_ids, attention_mask, state, trusted)
             if tokens is None:
                 return None
             token = int(tokens)
-        return HostStep(self)(tokens, token, state)
+        return step(tokens, token, state)
 
     def _step_tokens(self, input_ids, attention_mask, state, trusted: bool):
         """The (B,) ids of a one-token step, or None when its column holds padding (the general path's case)."""
@@ -226,6 +317,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         step = self._loop_step(input_ids, generation_config, kwargs)
         if step is None:
             return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+        logits_processor = _called_in_turn(logits_processor)
         streamer, config = kwargs.pop("streamer", None), generation_config
         kwargs.pop("synced_gpus", None)
         keep_scores, keep_logits = (config.return_dict_in_generate and config.output_scores,

@@ -33,6 +33,9 @@ class BriLLMState:
         # without reading the device
         self.longest = longest
         self.graph_owned = False  # True: the tensors are a captured decode step's buffers (see decode_capture.py)
+        # a one-row CPU step's own (generation.HostStep): the step, reused for the next tokens, and the outputs of the
+        # edges leaving last_token, which the next step crosses one of
+        self.step = self.next_edges = None
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The state's tensors in `TENSORS` order (what a decode step reads and returns)."""
