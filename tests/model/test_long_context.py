@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from _tiny import BOS, EOS, assert_same, make_model, make_tokenizer
+from _tiny import BOS, EOS, make_model, make_tokenizer
 from transformers import pipeline
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
@@ -71,9 +71,10 @@ def test_teacher_forced_logits_of_2000_tokens_equal_incremental(extended):
             state = out.state
             steps.append(out.logits[:, -1])
     incremental = torch.stack(steps, 1)
-    # the recurrence (signals) is the same arithmetic on both paths; logits come from two energy kernels
-    assert_same(full.state.signal, state.signal, "signal")
-    assert_same(full.state.mix_sum, state.mix_sum, "mix_sum")
+    # the same recurrence and energies, summed in another order (one row's decode step mixes on the host): no drift
+    # over 2000 tokens beyond float32 rounding
+    torch.testing.assert_close(full.state.signal, state.signal, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(full.state.mix_sum, state.mix_sum, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(full.logits, incremental, atol=1e-5, rtol=1e-5)
     assert torch.equal(full.logits.argmax(-1), incremental.argmax(-1))
     # positions past the range really are read: the last position weight is reused, PE continues
