@@ -21,7 +21,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, LogitsProcessorList
+from transformers import GenerationMixin, LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import ModelOutput, logging
 
@@ -318,6 +318,8 @@ class BriLLMGenerationMixin(GenerationMixin):
         if step is None:
             return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
         logits_processor = _called_in_turn(logits_processor)
+        # the loop stops at max_length on the host; transformers' length criterion would build two tensors a token
+        finishing = StoppingCriteriaList([c for c in stopping_criteria if not isinstance(c, MaxLengthCriteria)])
         streamer, config = kwargs.pop("streamer", None), generation_config
         kwargs.pop("synced_gpus", None)
         keep_scores, keep_logits = (config.return_dict_in_generate and config.output_scores,
@@ -345,7 +347,8 @@ class BriLLMGenerationMixin(GenerationMixin):
             input_ids = torch.cat([input_ids, token[:, None]], dim=-1)
             if streamer is not None:
                 streamer.put(token.cpu())
-            unfinished = unfinished & ~stopping_criteria(input_ids, scores)
+            if finishing:
+                unfinished = unfinished & ~finishing(input_ids, scores)
             alive.append(unfinished.any())
             if len(alive) == every or input_ids.shape[1] >= config.max_length:  # no step past the length asked
                 flags = torch.stack(alive).tolist()
