@@ -412,25 +412,31 @@ def block_logits(x, pe, weights, biases, a: int, b: int, indices, vocab_size: in
     """(1, V) energies of every node after one position whose source's real edges are CSR entries a..b−1 (host
     ints; edge rows a+1..b): one `baddbmm` over the block, written into a row of shared energies. `x`, `pe` (1, d);
     `biases` (P, 1, d); `indices=None` means a dense graph. Inference only."""
+    return block_outputs(x, pe, weights, biases, a, b, indices, vocab_size, non_edge_bias)[0]
+
+
+def block_outputs(x, pe, weights, biases, a: int, b: int, indices, vocab_size: int, non_edge_bias=None):
+    """`block_logits` with the edge outputs GeLU(x·W + b + PE) it computes on the way: (logits (1, V), the
+    successors' (b − a, d), the shared edge's (1, d) or None for a dense graph). The one-row decode step keeps them:
+    the next token crosses one of these edges."""
     with torch.no_grad():
-        d = x.shape[1]
+        d, n = x.shape[1], b - a
+        shared = None
         if indices is None:
             logits = x.new_empty(1, vocab_size)
         else:
-            shared = _energy(torch.addmm(biases[0] + pe, x, weights[0]))[1]
-            logits = shared.expand(1, vocab_size).clone()
+            shared, energy = _energy(torch.addmm(biases[0] + pe, x, weights[0]))
+            logits = energy.expand(1, vocab_size).clone()
             if non_edge_bias is not None:
                 logits += non_edge_bias.to(logits.dtype)
-        if b > a:
-            n = b - a
-            h = torch.baddbmm(biases[a + 1:b + 1], x.expand(n, 1, d), weights[a + 1:b + 1]).view(n, d)
-            h += pe
-            energies = _energy(h)[1]
-            if indices is None:
-                logits[0, :n] = energies
-            else:
-                logits[0].index_copy_(0, indices[a:b], energies)
-        return logits
+        h = torch.baddbmm(biases[a + 1:b + 1], x.expand(n, 1, d), weights[a + 1:b + 1]).view(n, d)
+        h += pe
+        successors, energies = _energy(h)
+        if indices is None:
+            logits[0, :n] = energies
+        else:
+            logits[0].index_copy_(0, indices[a:b], energies)
+        return logits, successors, shared
 
 
 def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
@@ -546,6 +552,7 @@ __all__ = [
     "gather_edges",
     "scatter_logits",
     "block_logits",
+    "block_outputs",
     "successor_logits",
     "successor_logits_static",
     "exact_log_partition",

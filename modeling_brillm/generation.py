@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput, logging
 
 from .decode_capture import DecodeGraphs
 from .decoding import _finish_check_every
+from .energy import block_outputs
 from .graph import edge_row
 from .ops import kernel_enabled
 from .recurrence import plus_edge_base
@@ -71,7 +72,6 @@ class HostStep:
         base, cfg = model.base_model, model.config
         self.base, self.V, self.M = base, cfg.vocab_size, cfg.max_position_embeddings
         self.extends, self.dense = base.extends_positions, cfg.graph == "dense"
-        self.indptr = None if self.dense else base.host_csr()[0]
         self.csr = None if self.dense else base.host_csr()
         self.indices = None if self.dense else base.graph_indices
         self.weights, self.biases = base.weights.detach(), base.biases.detach()
@@ -107,7 +107,7 @@ class HostStep:
 
     def _block(self, source: int) -> tuple[int, int]:
         """Entries first..last−1 of the successors of `source` (edge rows first+1..last)."""
-        return (source * self.V, source * self.V + self.V) if self.dense else self.indptr[source:source + 2]
+        return (source * self.V, source * self.V + self.V) if self.dense else self.csr[0][source:source + 2]
 
     def _edge_output(self, source: int, token: int, length: int, state: BriLLMState) -> torch.Tensor:
         """(1, d) the output GeLU(x·W + b + PE) of the edge source→token (its row 0, the shared edge, for a pair
@@ -134,25 +134,13 @@ class HostStep:
         return mix_sum / mix_norm, mix_sum, mix_norm, torch.full((1,), new_max)
 
     def _logits(self, signal: torch.Tensor, token: int, pe: torch.Tensor):
-        """(1, V) energies of every node as `token`'s successor plus what `read_out` adds (as `block_logits`), and
-        the outputs of the edges leaving `token`: (successors' (n, d), the shared edge's (1, d) or None)."""
-        W, b, x = self.weights, self.biases, signal.to(self.dtype)
-        pe = plus_edge_base(pe, x, self.edge_base)
+        """(1, V) energies of every node as `token`'s successor plus what `read_out` adds, and the outputs of the
+        edges leaving `token`: (successors' (n, d), the shared edge's (1, d) or None)."""
+        x = signal.to(self.dtype)
         first, last = self._block(token)
-        n, d = last - first, x.shape[1]
-        h = torch.baddbmm(b[first + 1:last + 1], x.expand(n, 1, d), W[first + 1:last + 1]).view(n, d)
-        h += pe
-        successors = F.gelu(h)
-        energies = torch.linalg.vector_norm(successors, dim=-1).float()
-        if self.dense:
-            logits, shared = energies, None
-        else:
-            shared = F.gelu(torch.addmm(b[0] + pe, x, W[0]))
-            energy = torch.linalg.vector_norm(shared).float()  # every non-successor's
-            bias = self.non_edge_bias
-            logits = energy.expand(self.V).clone() if bias is None else bias.float() + energy
-            logits.index_copy_(0, self.indices[first:last], energies)
-        logits = logits.view(1, self.V)
+        logits, successors, shared = block_outputs(x, plus_edge_base(pe, x, self.edge_base), self.weights,
+                                                   self.biases, first, last, self.indices, self.V, self.non_edge_bias)
+        logits = logits.float()
         if self.sparse_prior:  # a vocabulary too large for the prior's dense table: the general read-out
             return self.base.read_out(logits, signal, torch.tensor([token])), (successors, shared)
         if self.readout is not None:
