@@ -31,7 +31,7 @@ from .energy import block_outputs
 from .graph import edge_row
 from .ops import kernel_enabled
 from .recurrence import plus_edge_base
-from .state import CACHE, BriLLMState, given_state
+from .state import CACHE, BriLLMState, HostState, given_state
 from .validation import check_inputs, too_long
 
 logger = logging.get_logger(__name__)
@@ -77,7 +77,7 @@ class HostStep:
         self.weights, self.biases = base.weights.detach(), base.biases.detach()
         self.dtype = self.weights.dtype  # the edges' (float32 unless the model was cast)
         self.table = base.position_table(self.weights.device).to(self.dtype)
-        self.position_weights = base.positions.detach().view(-1)
+        self.position_logits = base.positions.detach().view(-1).tolist()
         self.edge_base, self.non_edge_bias = base.edge_base, base.non_edge_bias
         self.node_vectors, self.readout = base.node_embedding, base.node_readout
         self.prior = base.prior_table() if cfg.count_prior else None
@@ -85,19 +85,22 @@ class HostStep:
 
     def __call__(self, tokens: torch.Tensor, token: int, state: BriLLMState):
         """`tokens` (1,) the new token (`token` its id on the host) on top of `state`: (logits (1, V), new state)."""
-        length = int(state.length)
+        if state.step is self:  # this step's own state: its scalars are on the host
+            length, source, norm, top = state.host
+        else:
+            length, source = int(state.length), int(state.last_token)
+            norm, top = float(state.mix_norm), float(state.mix_max)
         if length >= self.M and not self.extends:
             raise too_long(length + 1, self.M)
         onednn, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False  # see the class docstring
         try:
-            out = self._edge_output(int(state.last_token), token, length, state)
-            signal, mix_sum, mix_norm, mix_max = self._mix(out, token, length, state)
+            out = self._edge_output(source, token, length, state)
+            signal, mix_sum, norm, top = self._mix(out, token, length, state.mix_sum, norm, top)
             logits, next_edges = self._logits(signal, token, self._pe(length + 1))
         finally:
             torch.backends.mkldnn.enabled = onednn
-        step = BriLLMState(signal, mix_sum, mix_norm, mix_max, state.length + 1, tokens, state.seen + 1)
-        step.step, step.next_edges = self, next_edges
-        return logits, step
+        return logits, HostState(signal, mix_sum, tokens, (length + 1, token, norm, top), state.seen + 1, self,
+                                 next_edges)
 
     def _pe(self, position: int) -> torch.Tensor:
         """The PE row (1, d) of `position`: from the table within range, else its formula."""
@@ -115,23 +118,24 @@ class HostStep:
         row = edge_row(self.csr, source, token, self.V)
         if state.next_edges is not None and state.step is self:
             successors, shared = state.next_edges
-            return shared if row == 0 else successors[row - 1 - self._block(source)[0]].unsqueeze(0)
+            return shared if row == 0 else successors[row - 1 - self._block(source)[0]]
         W, x = self.weights, state.signal.to(self.dtype)
         return F.gelu(torch.addmm(self.biases[row] + plus_edge_base(self._pe(length), x, self.edge_base), x, W[row]))
 
-    def _mix(self, out: torch.Tensor, token: int, length: int, state: BriLLMState):
-        """The edge output (plus the entered node's vector) mixed into the state, as `mix_in`, its two scalars on the
-        host: (signal, mix_sum, mix_norm, mix_max)."""
+    def _mix(self, out: torch.Tensor, token: int, length: int, mix_sum: torch.Tensor, norm: float, top: float):
+        """The edge output (plus the entered node's vector) mixed into the state as `mix_in` does, its norm and
+        maximum on the host: (signal, mix_sum, mix_norm, mix_max)."""
         out = out.float()
         if self.node_vectors is not None:
             out = out + self.node_vectors[token].float()
-        weight_logit = float(self.position_weights[min(max(length - 1, 0), self.M - 1)])
-        old_max = float(state.mix_max)
-        new_max = max(old_max, weight_logit)
-        decay, weight = math.exp(old_max - new_max), math.exp(weight_logit - new_max)
-        mix_sum = torch.add(state.mix_sum * decay, out, alpha=weight)
-        mix_norm = torch.full((1,), float(state.mix_norm) * decay + weight)
-        return mix_sum / mix_norm, mix_sum, mix_norm, torch.full((1,), new_max)
+        weight_logit = self.position_logits[min(max(length - 1, 0), self.M - 1)]
+        new_top = max(top, weight_logit)
+        decay, weight = math.exp(top - new_top), math.exp(weight_logit - new_top)
+        if decay != 1.0:  # the maximum moved (always at the first edge, rarely after)
+            mix_sum = mix_sum * decay
+        mix_sum = torch.add(mix_sum, out, alpha=weight)
+        norm = norm * decay + weight
+        return mix_sum / norm, mix_sum, norm, new_top
 
     def _logits(self, signal: torch.Tensor, token: int, pe: torch.Tensor):
         """(1, V) energies of every node as `token`'s successor plus what `read_out` adds, and the outputs of the
@@ -335,12 +339,13 @@ class BriLLMGenerationMixin(GenerationMixin):
             input_ids = torch.cat([input_ids, token[:, None]], dim=-1)
             if streamer is not None:
                 streamer.put(token.cpu())
-            if finishing:
+            if finishing:  # else only the length ends the loop
                 unfinished = unfinished & ~finishing(input_ids, scores)
-            alive.append(unfinished.any())
-            if len(alive) == every or input_ids.shape[1] >= config.max_length:  # no step past the length asked
-                flags = torch.stack(alive).tolist()
-                if not flags[-1] or input_ids.shape[1] >= config.max_length:
+                alive.append(unfinished.any())
+            at_length = input_ids.shape[1] >= config.max_length  # no step past the length asked
+            if at_length or len(alive) == every:
+                flags = torch.stack(alive).tolist() if alive else [True]
+                if at_length or not flags[-1]:
                     undo = len(flags) - 1 - flags.index(False) if False in flags else 0  # steps after the end
                     input_ids = input_ids[:, :input_ids.shape[1] - undo]
                     scores = scores[:len(scores) - undo] if keep_scores else None

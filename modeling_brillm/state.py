@@ -63,6 +63,35 @@ class BriLLMState:
         return self.length.shape[0]
 
 
+class HostState(BriLLMState):
+    """A one-row state that the CPU's host step (generation.HostStep) returned. Its length, last token, mix norm and
+    mix max are Python numbers as well (`host`), which the next host step reads instead of four tensors; the tensors
+    are made only when something else asks for them."""
+
+    def __init__(self, signal, mix_sum, last_token, host: tuple, seen: int, step, next_edges):
+        self._scalars = {}
+        self.signal, self.mix_sum, self.last_token = signal, mix_sum, last_token
+        self.host = host  # (length, last token, mix norm, mix max)
+        self.seen, self.longest, self.graph_owned = seen, None, False
+        self.step, self.next_edges = step, next_edges
+
+    def _scalar(name: str, index: int, dtype: torch.dtype):
+        def get(self):
+            if name not in self._scalars:
+                self._scalars[name] = torch.tensor([self.host[index]], dtype=dtype)
+            return self._scalars[name]
+
+        def put(self, value):
+            self._scalars[name] = value
+            self.step = None  # set from outside (a reorder): `host` no longer holds, the next step reads the tensors
+        return property(get, put)
+
+    length = _scalar("length", 0, torch.long)
+    mix_norm = _scalar("mix_norm", 2, torch.float32)
+    mix_max = _scalar("mix_max", 3, torch.float32)
+    del _scalar
+
+
 def given_state(cache, past_key_values) -> BriLLMState | None:
     """The state a forward() call was given, under either of the cache's names."""
     if cache is not None and past_key_values is not None:
@@ -71,4 +100,4 @@ def given_state(cache, past_key_values) -> BriLLMState | None:
     return cache if cache is not None else past_key_values
 
 
-__all__ = ["BriLLMState", "CACHE", "TENSORS", "given_state"]
+__all__ = ["BriLLMState", "CACHE", "HostState", "TENSORS", "given_state"]

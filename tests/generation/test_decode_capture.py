@@ -12,7 +12,7 @@ from _tiny import make_model, make_tokenizer
 
 from modeling_brillm import decoding, generation
 from modeling_brillm.modeling_brillm import BriLLMState
-from modeling_brillm.state import CACHE
+from modeling_brillm.state import CACHE, TENSORS
 
 
 @pytest.fixture(scope="module")
@@ -324,6 +324,13 @@ def test_the_host_step_mixes_in_the_edge_output_its_previous_step_computed(tok, 
             torch.testing.assert_close(out.logits[:, 0], full[:, t], rtol=tolerance, atol=tolerance)
             state = out.state
             assert state.next_edges is not None and state.step is not None
+        # the state's scalars, kept on the host, read as the general path's tensors
+        reference = model(row, use_cache=True).state
+        for name, got, want in zip(TENSORS, state.tensors(), reference.tensors()):
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+        state.reorder_cache(torch.tensor([0]))  # set from outside: the next step reads the tensors again
+        assert state.step is None
 
 
 def test_the_host_step_checks_ids_positions_and_padding(models, tok):
