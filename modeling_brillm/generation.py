@@ -113,8 +113,9 @@ class HostStep:
         return (source * self.V, source * self.V + self.V) if self.dense else self.csr[0][source:source + 2]
 
     def _edge_output(self, source: int, token: int, length: int, state: BriLLMState) -> torch.Tensor:
-        """(1, d) the output GeLU(x·W + b + PE) of the edge source→token (its row 0, the shared edge, for a pair
-        without one): the previous step's, or computed as `edge_update` does."""
+        """The output GeLU(x·W + b + PE) of the edge source→token (its row 0, the shared edge, for a pair without
+        one): the previous step's ((d,) a successor's row, (1, d) the shared edge's), or computed as `edge_update`
+        does ((1, d)); the mix broadcasts either."""
         row = edge_row(self.csr, source, token, self.V)
         if state.next_edges is not None and state.step is self:
             successors, shared = state.next_edges
