@@ -38,11 +38,16 @@ flag (NAME= alone is the recipe itself; a 0/1 key is the flag's on / off switch)
     recency    --position_recency                        backoff    --edge_backoff
     embed      --node_embedding                          prior      --count_prior
 
-A variant keeps its last model (--no-keep_best_model), and its final held-out NLL is also split by target: bigrams
-u->v that are real edges of the variant's graph ("seen") and those that are not ("unseen": every non-successor of u
-gets the shared energy). Writes <output_dir>/recipe_sweep.json, recipe_sweep.md (the table) and recipe_sweep.png
-(held-out perplexity and training loss against training seconds), and the record (benchmarks/results). Exit status 2
-with a one-line message on bad input.
+The probe's numbers (recipe.py), at fixed steps only: `recurrence` (RECURRENCE; 0: every count class comes back, so
+c0 = 1), `probe_runs` (RUNS; `blocks`: every block its own run) and `probe_every` (PROBE_EVERY). The count and the
+dropout the probe then chooses for this run are given to pretrain.py as numbers, so the printed command reproduces it.
+
+Variants whose pretrain.py flags are the same (a probe variant that chooses the recipe's count, say) train once: the
+later ones copy the first's row (`same_run_as`). A variant keeps its last model (--no-keep_best_model), and its final
+held-out NLL is also split by target: bigrams u->v that are real edges of the variant's graph ("seen") and those that
+are not ("unseen": every non-successor of u gets the shared energy). Writes <output_dir>/recipe_sweep.json,
+recipe_sweep.md (the table) and recipe_sweep.png (held-out perplexity and training loss against training seconds), and
+the record (benchmarks/results). Exit status 2 with a one-line message on bad input.
 """
 
 from __future__ import annotations
@@ -70,7 +75,10 @@ KEYS = {"lr": ("--learning_rate", float), "wd": ("--weight_decay", float),
         "dropout_warmup": ("--signal_dropout_warmup_epochs", float), "non_edge": ("--non_edge_bias", SWITCH),
         "readout": ("--node_readout", SWITCH), "recency": ("--position_recency", float),
         "backoff": ("--edge_backoff", SWITCH), "embed": ("--node_embedding", SWITCH),
-        "prior": ("--count_prior", SWITCH)}
+        "prior": ("--count_prior", SWITCH),
+        "recurrence": (None, float), "probe_runs": (None, "blocks"), "probe_every": (None, int)}
+PROBE = {"recurrence": "recurrence", "probe_runs": "runs", "probe_every": "probe_every"}  # key -> probe_bigrams'
+
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}  # key value -> pretrain.py's
 BAR = 2.0  # a change counts where it passes this many times the seed-to-seed spread
@@ -126,15 +134,20 @@ def parse_value(spec: str, key: str, value: str):
         if value not in choices:
             raise UsageError(f"--variant {spec!r}: {key} is one of {', '.join(choices)}, got {value!r}.")
         return value
-    if kind == "auto" and value == "auto":
+    if kind in ("auto", "blocks") and value == kind:
         return value
-    convert = int if key == "min_count" else (float if kind == "auto" else kind)
+    convert = int if key in ("min_count", "probe_runs") else (float if kind == "auto" else kind)
     try:
-        return convert(value)
+        number = convert(value)
     except ValueError:
+        number = None
+    least = {"probe_runs": 1, "probe_every": 2, "recurrence": 0}.get(key)
+    if number is None or (least is not None and not number >= least):
         what = "an integer" if convert is int else "a number"
-        raise UsageError(f"--variant {spec!r}: {key} needs {what}{' or auto' if kind == 'auto' else ''}, "
+        what += f" >= {least}" if least is not None else ""
+        raise UsageError(f"--variant {spec!r}: {key} needs {what}{f' or {kind}' if isinstance(kind, str) else ''}, "
                          f"got {value!r}.") from None
+    return number
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -185,6 +198,37 @@ def variant_argv(args, name: str, settings: dict, points) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv + ["--no-keep_best_model"]
+
+
+def with_probe_choice(settings: dict, data, pargs, model_fields: dict, accelerator) -> dict:
+    """A variant that sets the probe's numbers: its settings plus the count and the dropout the probe then chooses
+    for this run (where the recipe leaves them "auto"), as pretrain.py's flags take them; none where the recipe's
+    own probe chooses the same (the variant is then the recipe's run)."""
+    numbers = {PROBE[k]: v for k, v in settings.items() if k in PROBE}
+    if not numbers:
+        return settings
+    from modeling_brillm.training.data import block_sequences
+    from modeling_brillm.training.pruning import choose_signal_dropout, decide_min_count, probe_bigrams
+
+    sequences = list(block_sequences(data.train, data.tokenizer.pad_token_id))
+    if numbers.get("runs") == "blocks":
+        numbers["runs"] = len(sequences)
+    epochs = quality.pretrain.planned_epochs(pargs, data, accelerator)
+
+    def choose(probe) -> dict:
+        chosen = {}
+        if pargs.min_bigram_count == "auto" and "min_count" not in settings:
+            chosen["min_count"] = decide_min_count(probe, epochs).min_count
+        if model_fields.get("signal_dropout") == "auto" and "dropout" not in settings:
+            chosen["dropout"] = choose_signal_dropout(probe.held_out.novelty, epochs)[0]
+        return chosen
+
+    probe = probe_bigrams(sequences, len(data.tokenizer), **numbers)
+    chosen = choose(probe)
+    same = chosen == choose(probe_bigrams(sequences, len(data.tokenizer)))  # then it is the recipe's own run
+    print(f"probe {numbers}: data count {probe.held_out.data_count}, novelty {probe.held_out.novelty:.2%}, "
+          f"{epochs:.3g} planned epochs: {chosen}{' (the recipe chooses the same)' if same else ''}")
+    return {**settings, **({} if same else chosen)}
 
 
 def split_nll(model, held, batch_size: int, device) -> dict:
@@ -348,6 +392,9 @@ def check_fixed_steps(args):
             raise UsageError("--eval_steps trains a fixed number of steps: give --max_train_steps too.")
         if args.gpt2:
             raise UsageError("--gpt2 references train to a time budget: leave them out with --eval_steps.")
+    elif any(key in PROBE for spec in args.variant for key in parse_variant(spec)[1]):
+        raise UsageError(f"the probe's keys ({', '.join(PROBE)}) need fixed steps: give --eval_steps and "
+                         "--max_train_steps (under a time budget the count depends on the timed epochs).")
     for name in ("noise", "base_perplexity"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -364,15 +411,26 @@ def run(args) -> dict:
     started = time.time()
     points = quality.curve_points([args.budget], args.curve_points)
     argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
-    for argv in argvs:  # every variant checked by pretrain.py's own rules before any of them trains
-        quality.pretrain.settle_flags(quality.parse_pretrain(argv))
+    # every variant checked by pretrain.py's own rules before any of them trains
+    fields = [quality.pretrain.settle_flags(quality.parse_pretrain(argv))[0] for argv in argvs]
     pretrain_data, first, accelerator = quality.shared_data(argvs[0])  # no variant key changes the data
+    variants = [(name, with_probe_choice(settings, pretrain_data, first, model_fields, accelerator))
+                for (name, settings), model_fields in zip(variants, fields)]
+    argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
     data = quality.harness_data(pretrain_data, first, accelerator, args.batch_size)
     print(f"data: {pretrain_data.description}; {len(data['train'][0]):,} training blocks, "
           f"{len(data['held'][0]):,} held out")
     load_before = wait_for_quiet(max_wait_s=30) if args.wait_quiet else None
-    models = [variant_row(argv, name, settings, pretrain_data, data["held"], args, accelerator.device)
-              for argv, (name, settings) in zip(argvs, variants)]
+    models, trained = [], {}  # variants with the same pretrain.py flags (their folder aside) train once
+    for argv, (name, settings) in zip(argvs, variants):
+        flags = tuple(argv[:argv.index("--output_dir")] + argv[argv.index("--output_dir") + 2:])
+        if flags in trained:
+            text = ", ".join(f"{k}:{v}" for k, v in settings.items())
+            models.append(dict(trained[flags], label=name, recipe_text=text, same_run_as=trained[flags]["label"]))
+            print(f"\n{name}: the same pretrain.py run as {trained[flags]['label']}")
+            continue
+        models.append(variant_row(argv, name, settings, pretrain_data, data["held"], args, accelerator.device))
+        trained[flags] = models[-1]
     models += [gpt2_row(size, data, points, args, accelerator) for size in sizes]
     comparison = compare(models, args)
     results = dict(settings=dict(budget=None if args.eval_steps else args.budget, batch_size=args.batch_size,

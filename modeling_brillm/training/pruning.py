@@ -104,12 +104,15 @@ class BigramProbe:
                 "most": int(self.counts.max()) if self.counts.numel() else 0, "vocab_size": self.vocab_size}
 
 
-def probe_bigrams(sequences, vocab_size: int) -> BigramProbe:
+def probe_bigrams(sequences, vocab_size: int, runs: int = RUNS, probe_every: int = PROBE_EVERY,
+                  recurrence: float = RECURRENCE) -> BigramProbe:
     """The held-out estimate (steps 1 to 3 of the module) and the bigram counts of these training sequences (int64
-    token tensors in data order)."""
+    token tensors in data order). `runs`, `probe_every`, `recurrence`: the probe's numbers (an ablation varies
+    them; the recipe keeps recipe.py's)."""
     sequences = list(sequences)
     keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
-    return BigramProbe(_held_out_choice(sequences, vocab_size), keys, counts, vocab_size)
+    held_out = _held_out_choice(sequences, vocab_size, runs, probe_every, recurrence)
+    return BigramProbe(held_out, keys, counts, vocab_size)
 
 
 def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = None,
@@ -162,12 +165,13 @@ def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int
     return lambda c: max(float(per_edge[counts >= c].sum()) / total, 1.0)
 
 
-def _held_out_choice(sequences: list, vocab_size: int) -> PruningChoice:
+def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: int,
+                     recurrence: float) -> PruningChoice:
     """The held-out estimate of the module docstring (steps 1 to 3)."""
     n = len(sequences)
-    run = max(1, -(-n // RUNS))
-    fit = [s for i, s in enumerate(sequences) if (i // run) % PROBE_EVERY != PROBE_EVERY - 1]
-    probe = [s for i, s in enumerate(sequences) if (i // run) % PROBE_EVERY == PROBE_EVERY - 1]
+    run = max(1, -(-n // runs))
+    fit = [s for i, s in enumerate(sequences) if (i // run) % probe_every != probe_every - 1]
+    probe = [s for i, s in enumerate(sequences) if (i // run) % probe_every == probe_every - 1]
     fit_keys, probe_keys = _bigram_keys(fit, vocab_size), _bigram_keys(probe, vocab_size)
     if fit_keys.numel() == 0 or probe_keys.numel() == 0:
         return PruningChoice(1, {}, int(probe_keys.numel()), 1)  # too little text to estimate: keep every bigram
@@ -184,9 +188,9 @@ def _held_out_choice(sequences: list, vocab_size: int) -> PruningChoice:
     returned = back[2 * c - 1] - back[c - 1]
     ratio = returned / expected.clamp_min(1e-300)
     looked = expected > 0  # a class with no bigram has nothing to decide
-    met = (looked & (ratio >= RECURRENCE)).nonzero()
+    met = (looked & (ratio >= recurrence)).nonzero()
     last = int(met[0]) + 1 if met.numel() else most  # the first class that comes back decides
-    failed = c[looked & (ratio < RECURRENCE) & (c < last)]
+    failed = c[looked & (ratio < recurrence) & (c < last)]
     data_count = int(failed.max()) + 1 if failed.numel() else 1  # the bigrams of every class that failed go
     shown = looked & (c <= last)
     recurrence = {int(k): float(r) for k, r in zip(c[shown], ratio[shown])}

@@ -14,8 +14,10 @@ from modeling_brillm.training.pruning import (
     RECURRENCE,
     choose_min_count,
     choose_signal_dropout,
+    probe_bigrams,
     straying,
 )
+from modeling_brillm.training.recipe import PROBE_EVERY, RUNS
 
 V = 50
 
@@ -48,6 +50,16 @@ def test_text_that_repeats_keeps_every_bigram():
     assert choice.min_count <= fewest  # every bigram recurs, so every bigram keeps its edge
     assert "the smallest c at >= 80% is 1" in choice.describe()
 
+
+
+def test_the_probes_numbers_are_arguments_an_ablation_can_vary():
+    text = documents_with_private_bigrams()
+    default = probe_bigrams(text, V).held_out
+    assert default == probe_bigrams(text, V, runs=RUNS, probe_every=PROBE_EVERY, recurrence=RECURRENCE).held_out
+    assert default.data_count > 1 and probe_bigrams(text, V, recurrence=0).held_out.data_count == 1  # neutral
+    halves = probe_bigrams(text, V, probe_every=2).held_out  # every other run held out
+    assert halves.probe_tokens == pytest.approx(sum(len(s) - 1 for s in text) / 2, rel=0.05)  # bigrams
+    assert probe_bigrams(text, V, runs=len(text)).held_out.probe_tokens < default.probe_tokens  # single blocks
 
 def test_bigrams_private_to_documents_are_pruned():
     choice = choose_min_count(documents_with_private_bigrams(), V)

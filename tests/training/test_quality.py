@@ -5,6 +5,7 @@ figures); bad input gets a one-line error."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -273,6 +274,9 @@ def test_a_sweep_variant_is_the_pretrain_command_it_prints(tmp_path):
     ("x=schedule:warm", "schedule is one of constant, cosine, linear"),
     ("x=min_lr:0.1", "not key:value"),
     ("a/b=", "NAME of letters"),
+    ("x=recurrence:-1", "recurrence needs a number >= 0"),
+    ("x=probe_every:1", "probe_every needs an integer >= 2"),
+    ("x=probe_runs:some", "probe_runs needs an integer >= 1 or blocks"),
 ])
 def test_recipe_sweep_bad_variant_is_one_clear_line(variant, message, tmp_path, capsys):
     assert load_sweep().main(["--variant", variant, "--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
@@ -344,6 +348,32 @@ def test_a_fixed_step_sweep_compares_each_variant_with_the_base_in_noise_units(t
     assert f"{first['vs_base_percent']:+.1f}% ({change / 0.01:+.1f}x noise) |" in (out / "recipe_sweep.md").read_text()
 
 
+def test_a_probe_variant_trains_with_the_count_its_probe_chooses(tmp_path, capsys):
+    """The probe's numbers are no pretrain.py flags: a variant that sets them runs with the count and the dropout
+    the probe then chooses, given as numbers; where they are the recipe's choice, it is the recipe's run."""
+    from modeling_brillm.training.recipe import PROBE_EVERY, RECURRENCE
+
+    sweep = load_sweep()
+    out = tmp_path / "sweep"
+    argv = tiny_files(tmp_path) + ["--max_train_steps", "40", "--eval_steps", "40", "--noise", "0.01", "--variant",
+                                   "base=", f"same=recurrence:{RECURRENCE}", f"again=probe_every:{PROBE_EVERY}",
+                                   "strict=recurrence:5,probe_runs:blocks", "--no-wait-quiet",
+                                   "--output_dir", str(out), "--results_dir", str(tmp_path / "r")]
+    assert sweep.main(argv) == 0
+    base, same, again, strict = json.loads((out / "recipe_sweep.json").read_text())["models"]
+    assert same["same_run_as"] == again["same_run_as"] == "base"  # trained once
+    assert same["curve"] == base["curve"] and same["pretrain_command"] == base["pretrain_command"]
+    count = next(s["value"] for s in json.loads((out / "base" / "recipe.json").read_text())["settings"]
+                 if s["name"] == "min_bigram_count")
+    line = re.search(r"probe \{'recurrence': 5.0, 'runs': \d+\}: data count \d+, .*: (\{.*\})(.*)",
+                     capsys.readouterr().out)
+    chosen = ast.literal_eval(line.group(1))
+    if chosen["min_count"] == count:  # this text's bigrams all come back: the probe chooses the recipe's count
+        assert strict["same_run_as"] == "base" and line.group(2) == " (the recipe chooses the same)"
+    else:
+        assert f"--min_bigram_count {chosen['min_count']} --signal_dropout" in strict["pretrain_command"]
+
+
 def test_verdict_is_twice_the_noise_either_way():
     sweep = load_sweep()
     assert sweep.verdict(2.5).startswith("worse") and sweep.verdict(-2.5).startswith("better")
@@ -364,6 +394,7 @@ def test_a_given_base_perplexity_is_the_base(tmp_path):
     (["--eval_steps", "3", "--max_train_steps", "6", "--gpt2", "1x16"], "leave them out with --eval_steps"),
     (["--noise", "0"], "--noise must be a positive number"),
     (["--base_perplexity", "nan"], "--base_perplexity must be a positive number"),
+    (["--variant", "x=recurrence:0"], "the probe's keys (recurrence, probe_runs, probe_every) need fixed steps"),
 ])
 def test_recipe_sweep_fixed_step_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
     assert load_sweep().main(argv + ["--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
