@@ -107,6 +107,19 @@ def test_docs_table_is_the_generated_one():
     assert all(f"`{rule.name}` {rule.value!r}" in table.splitlines()[-1] for rule in paper)
 
 
+
+def test_every_rule_cites_a_section_that_exists():
+    """A rule's evidence names a section of docs/benchmarks.md (§"..."), another doc's (docs/x.md §"..."), a source,
+    or says it is not yet ablated: never a section that is gone."""
+    import re
+
+    docs = ROOT / "docs"
+    for rule in RULES:
+        for doc, section in re.findall(r'(?:(docs/[\w.]+) )?§"([^"]+)"', rule.evidence):
+            text = (ROOT / doc if doc else docs / "benchmarks.md").read_text(encoding="utf-8")
+            assert re.search(rf"^#{{2,3}} {re.escape(section)}( \(|$)", text, flags=re.M), (rule.name, section)
+
+
 # ----------------------------------------------------------------------------------------- saved and reloaded
 def test_a_choice_saves_and_loads_with_its_rules(tmp_path):
     make, vocab = TEXTS["own"]
