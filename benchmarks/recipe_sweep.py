@@ -200,20 +200,41 @@ def variant_argv(args, name: str, settings: dict, points) -> list[str]:
     return argv + ["--no-keep_best_model"]
 
 
-def with_probe_choice(settings: dict, data, pargs, model_fields: dict, accelerator) -> dict:
+class Prober:
+    """`pruning.probe_bigrams` of the training blocks for given probe numbers: the blocks read once, each set of
+    numbers probed once (the recipe's own too, which every probe variant is compared with)."""
+
+    def __init__(self, data):
+        self.data, self._sequences, self._probes = data, None, {}
+
+    @property
+    def sequences(self) -> list:
+        if self._sequences is None:
+            from modeling_brillm.training.data import block_sequences
+
+            self._sequences = list(block_sequences(self.data.train, self.data.tokenizer.pad_token_id))
+        return self._sequences
+
+    def __call__(self, **numbers):
+        from modeling_brillm.training.pruning import probe_bigrams
+
+        key = tuple(sorted(numbers.items()))
+        if key not in self._probes:
+            self._probes[key] = probe_bigrams(self.sequences, len(self.data.tokenizer), **numbers)
+        return self._probes[key]
+
+
+def with_probe_choice(settings: dict, probe_of: Prober, epochs, pargs, model_fields: dict) -> dict:
     """A variant that sets the probe's numbers: its settings plus the count and the dropout the probe then chooses
-    for this run (where the recipe leaves them "auto"), as pretrain.py's flags take them; none where the recipe's
-    own probe chooses the same (the variant is then the recipe's run)."""
+    for this run of `epochs` planned passes (where the recipe leaves them "auto"), as pretrain.py's flags take them;
+    none where the recipe's own probe chooses the same (the variant is then the recipe's run)."""
     numbers = {PROBE[k]: v for k, v in settings.items() if k in PROBE}
     if not numbers:
         return settings
-    from modeling_brillm.training.data import block_sequences
-    from modeling_brillm.training.pruning import choose_signal_dropout, decide_min_count, probe_bigrams
+    from modeling_brillm.training.pruning import choose_signal_dropout, decide_min_count
 
-    sequences = list(block_sequences(data.train, data.tokenizer.pad_token_id))
     if numbers.get("runs") == "blocks":
-        numbers["runs"] = len(sequences)
-    epochs = quality.pretrain.planned_epochs(pargs, data, accelerator)
+        numbers["runs"] = len(probe_of.sequences)
 
     def choose(probe) -> dict:
         chosen = {}
@@ -223,9 +244,9 @@ def with_probe_choice(settings: dict, data, pargs, model_fields: dict, accelerat
             chosen["dropout"] = choose_signal_dropout(probe.held_out.novelty, epochs)[0]
         return chosen
 
-    probe = probe_bigrams(sequences, len(data.tokenizer), **numbers)
+    probe = probe_of(**numbers)
     chosen = choose(probe)
-    same = chosen == choose(probe_bigrams(sequences, len(data.tokenizer)))  # then it is the recipe's own run
+    same = chosen == choose(probe_of())  # then it is the recipe's own run
     print(f"probe {numbers}: data count {probe.held_out.data_count}, novelty {probe.held_out.novelty:.2%}, "
           f"{epochs:.3g} planned epochs: {chosen}{' (the recipe chooses the same)' if same else ''}")
     return {**settings, **({} if same else chosen)}
@@ -267,8 +288,11 @@ def variant_row(argv, name: str, settings: dict, pretrain_data, held, args, devi
     row = quality.brillm_row(argv, pretrain_data, f" ({name})")
     model = BriLLMForCausalLM.from_pretrained(row["output_dir"]).to(device)
     row["curve"][-1].update(split_nll(model, held, args.eval_batch_size, device))
-    text = ", ".join(f"{k}:{v}" for k, v in settings.items()) or "preset"
-    return dict(row, label=name, recipe_text=text, edges=row["num_edges"])
+    return dict(row, label=name, recipe_text=recipe_text(settings), edges=row["num_edges"])
+
+
+def recipe_text(settings: dict) -> str:
+    return ", ".join(f"{k}:{v}" for k, v in settings.items()) or "preset"
 
 
 def gpt2_row(size, data, points, args, accelerator) -> dict:
@@ -414,7 +438,9 @@ def run(args) -> dict:
     # every variant checked by pretrain.py's own rules before any of them trains
     fields = [quality.pretrain.settle_flags(quality.parse_pretrain(argv))[0] for argv in argvs]
     pretrain_data, first, accelerator = quality.shared_data(argvs[0])  # no variant key changes the data
-    variants = [(name, with_probe_choice(settings, pretrain_data, first, model_fields, accelerator))
+    probe_of = Prober(pretrain_data)
+    epochs = quality.pretrain.planned_epochs(first, pretrain_data, accelerator)
+    variants = [(name, with_probe_choice(settings, probe_of, epochs, first, model_fields))
                 for (name, settings), model_fields in zip(variants, fields)]
     argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
     data = quality.harness_data(pretrain_data, first, accelerator, args.batch_size)
@@ -425,8 +451,8 @@ def run(args) -> dict:
     for argv, (name, settings) in zip(argvs, variants):
         flags = tuple(argv[:argv.index("--output_dir")] + argv[argv.index("--output_dir") + 2:])
         if flags in trained:
-            text = ", ".join(f"{k}:{v}" for k, v in settings.items())
-            models.append(dict(trained[flags], label=name, recipe_text=text, same_run_as=trained[flags]["label"]))
+            models.append(dict(trained[flags], label=name, recipe_text=recipe_text(settings),
+                               same_run_as=trained[flags]["label"]))
             print(f"\n{name}: the same pretrain.py run as {trained[flags]['label']}")
             continue
         models.append(variant_row(argv, name, settings, pretrain_data, data["held"], args, accelerator.device))

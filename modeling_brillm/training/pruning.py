@@ -193,12 +193,12 @@ def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: i
     failed = c[looked & (ratio < recurrence) & (c < last)]
     data_count = int(failed.max()) + 1 if failed.numel() else 1  # the bigrams of every class that failed go
     shown = looked & (c <= last)
-    recurrence = {int(k): float(r) for k, r in zip(c[shown], ratio[shown])}
+    rates = {int(k): float(r) for k, r in zip(c[shown], ratio[shown])}
     # the fit count of every probe bigram, for the share of the probe that gets no edge at the data count
     position = torch.searchsorted(keys, probe_unique).clamp_max(len(keys) - 1)
     fit_count = torch.where(keys[position] == probe_unique, counts[position], 0)
     novelty = float(probe_counts[fit_count < data_count].sum()) / probe_keys.numel()
-    return PruningChoice(data_count, recurrence, int(probe_keys.numel()), data_count, novelty=novelty)
+    return PruningChoice(data_count, rates, int(probe_keys.numel()), data_count, novelty=novelty)
 
 
 def choose_signal_dropout(novelty: float, epochs: float | None) -> tuple[float, str]:
