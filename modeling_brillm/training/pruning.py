@@ -60,6 +60,7 @@ class PruningChoice:
     epochs: float | None = None  # the planned epochs at min_count, when the run's length was given
     novelty: float = 0.0  # share of the probe's bigram occurrences without an edge at data_count
     grown: bool = False  # whether the count grew with a run of more than FIT_EPOCHS passes
+    novelty_at: dict | None = None  # c -> the novelty had the data count been c (1..4 and c0): what c0 adds
 
     def describe(self) -> str:
         shown = ", ".join(f"{c}: {r:.2f}" for c, r in list(self.recurrence.items())[:6]) or "none to compare"
@@ -99,7 +100,9 @@ class BigramProbe:
     def summary(self) -> dict:
         """The probe's figures, as recipe.json records them."""
         held = self.held_out
-        return {"data_count": held.data_count, "novelty": held.novelty, "probe_tokens": held.probe_tokens,
+        return {"data_count": held.data_count, "novelty": held.novelty,
+                "novelty_at": {str(c): v for c, v in (held.novelty_at or {}).items()},
+                "probe_tokens": held.probe_tokens,
                 "recurrence": {str(c): r for c, r in held.recurrence.items()}, "bigrams": int(self.keys.numel()),
                 "most": int(self.counts.max()) if self.counts.numel() else 0, "vocab_size": self.vocab_size}
 
@@ -147,7 +150,7 @@ def decide_min_count(probe: BigramProbe, planned_epochs: float | None = None,
         c = c + 1 if c < 128 else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
     return PruningChoice(c, held.recurrence, held.probe_tokens, held.data_count, epochs(c), held.novelty,
-                         grown > least and c == grown)
+                         grown > least and c == grown, held.novelty_at)
 
 
 def straying(novelty: float) -> float:
@@ -197,8 +200,11 @@ def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: i
     # the fit count of every probe bigram, for the share of the probe that gets no edge at the data count
     position = torch.searchsorted(keys, probe_unique).clamp_max(len(keys) - 1)
     fit_count = torch.where(keys[position] == probe_unique, counts[position], 0)
-    novelty = float(probe_counts[fit_count < data_count].sum()) / probe_keys.numel()
-    return PruningChoice(data_count, rates, int(probe_keys.numel()), data_count, novelty=novelty)
+    def novelty(count: int) -> float:
+        return float(probe_counts[fit_count < count].sum()) / probe_keys.numel()
+
+    return PruningChoice(data_count, rates, int(probe_keys.numel()), data_count, novelty=novelty(data_count),
+                         novelty_at={k: novelty(k) for k in sorted({1, 2, 3, 4, data_count})})
 
 
 def choose_signal_dropout(novelty: float, epochs: float | None) -> tuple[float, str]:

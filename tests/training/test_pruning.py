@@ -61,6 +61,18 @@ def test_the_probes_numbers_are_arguments_an_ablation_can_vary():
     assert halves.probe_tokens == pytest.approx(sum(len(s) - 1 for s in text) / 2, rel=0.05)  # bigrams
     assert probe_bigrams(text, V, runs=len(text)).held_out.probe_tokens < default.probe_tokens  # single blocks
 
+def test_novelty_at_each_count_is_what_the_data_count_would_give():
+    """novelty_at[c] is the novelty the probe reports when its data count is c: the same held-out occurrences, the
+    more of them without an edge the higher the count."""
+    text = documents_with_private_bigrams()
+    held = probe_bigrams(text, V).held_out
+    assert held.novelty_at[held.data_count] == held.novelty
+    assert probe_bigrams(text, V, recurrence=0).held_out.novelty == held.novelty_at[1]  # c0 = 1
+    shares = [held.novelty_at[c] for c in range(1, 5)]
+    assert shares == sorted(shares) and 0 <= shares[0] and shares[-1] <= 1
+    assert choose_min_count(text, V, planned_epochs=4.0).novelty_at == held.novelty_at  # kept with the choice
+
+
 def test_bigrams_private_to_documents_are_pruned():
     choice = choose_min_count(documents_with_private_bigrams(), V)
     assert choice.min_count > 1

@@ -438,3 +438,26 @@ def test_gpt2_sizes_and_none():
     assert quality.gpt2_sizes(["none"], 3e-3) == quality.gpt2_sizes([], 3e-3) == []
     with pytest.raises(quality.UsageError, match="layers x width"):
         quality.gpt2_sizes(["4x128", "none"], 3e-3)
+
+
+def test_novelty_probes_the_blocks_pretrain_makes(tmp_path, capsys):
+    """benchmarks/novelty.py: the probe of a corpus's training blocks, c0's novelty among those at counts 1-4, in a
+    record; a folder without the corpus files is one clear line."""
+    novelty = load_script("benchmarks/novelty.py", "brillm_novelty_benchmark")
+    files = tiny_files(tmp_path)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, given in (("train.jsonl", files[1]), ("validation.jsonl", files[3])):
+        lines = open(given, encoding="utf-8").read().splitlines()
+        (corpus / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
+    records = tmp_path / "records"
+    argv = ["--corpus", str(corpus), "--vocab_size", "300", "--block_size", "16", "--output_dir",
+            str(tmp_path / "out"), "--results_dir", str(records)]
+    assert novelty.main(argv) == 0
+    (row,) = json.loads(next(records.glob("novelty-*.json")).read_text())["figures"]["rows"]
+    assert row["corpus"] == "corpus" and row["tokens"] > 0 and row["c0"] >= 1
+    at = [row["novelty_at"][str(c)] for c in range(1, 5)]
+    assert at == sorted(at) and row["novelty"] == row["novelty_at"][str(row["c0"])]
+    assert f"| corpus | {row['tokens']:,} | {row['c0']} |" in capsys.readouterr().out
+    assert novelty.main(["--corpus", str(tmp_path / "none"), "--results_dir", str(records)]) == 2
+    assert "has no train.jsonl" in capsys.readouterr().err
