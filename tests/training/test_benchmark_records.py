@@ -1,5 +1,5 @@
 """Benchmark records: a run writes one JSON record with its command, commit, machine, arguments and figures, and
-docs/benchmarks.md's tables hold only numbers that the records they cite hold."""
+docs/benchmarks.md's and docs/ablations.md's tables hold only numbers that the records they cite hold."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tests._scripts import ROOT, load_script
 
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
+DOCS = (DOC, ROOT / "docs" / "ablations.md")  # the pages whose tables are read from records
 CITED = re.compile(r"benchmarks/results/[\w.-]+\.json")
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
 # scripts under benchmarks/ that print no figures of a run: helpers, and the corpus builder (its stats.json)
@@ -127,7 +128,7 @@ def shown_as(text: str, value: float) -> bool:
 
 def test_docs_tables_come_from_the_records_they_cite():
     checked = 0
-    for heading, text in sections(DOC.read_text(encoding="utf-8")):
+    for heading, text in (part for doc in DOCS for part in sections(doc.read_text(encoding="utf-8"))):
         body = [row for table in tables(text) for row in table if numbers(row)]
         if not body:
             continue  # no table, or none with figures (the fields of a record)
@@ -146,7 +147,8 @@ def test_docs_tables_come_from_the_records_they_cite():
 
 
 def test_benchmarks_doc_is_a_reference_of_at_most_30_kb():
+    for doc in DOCS:
+        assert len(doc.read_bytes()) <= 30_000, doc.name
     text = DOC.read_text(encoding="utf-8")
-    assert len(text.encode()) <= 30_000
     for name in set(re.findall(r"\(img/([\w.-]+)\)", text)):
         assert (DOC.parent / "img" / name).is_file(), name

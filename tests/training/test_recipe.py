@@ -109,14 +109,14 @@ def test_docs_table_is_the_generated_one():
 
 
 def test_every_rule_cites_a_section_that_exists():
-    """A rule's evidence names a section of docs/benchmarks.md (§"..."), another doc's (docs/x.md §"..."), a source,
-    or says it is not yet ablated: never a section that is gone."""
+    """A rule's evidence names a section of docs/ablations.md (§"..."), another doc's (docs/x.md §"...") or a source:
+    never a section that is gone."""
     import re
 
     docs = ROOT / "docs"
     for rule in RULES:
         for doc, section in re.findall(r'(?:(docs/[\w.]+) )?§"([^"]+)"', rule.evidence):
-            text = (ROOT / doc if doc else docs / "benchmarks.md").read_text(encoding="utf-8")
+            text = (ROOT / doc if doc else docs / "ablations.md").read_text(encoding="utf-8")
             assert re.search(rf"^#{{2,3}} {re.escape(section)}( \(|$)", text, flags=re.M), (rule.name, section)
 
 
