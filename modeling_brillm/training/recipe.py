@@ -98,7 +98,8 @@ RULES = (
          formula="the training blocks cut into 100 runs, every 10th one the probe", tuned=False),
     Rule("RECURRENCE", RECURRENCE, "a count class that comes back in other documents is the pair's, not one "
          "document's; ν at c₀ tells familiar text (3.0%, 3.7%) from straying text (9.3% and up on 15 corpora), ν "
-         "at a fixed count 1 or 2 does not; c₀ = 1: 3.6% higher where a long run grows the count from c₀", PROBE,
+         "at a fixed count 1 or 2 does not; where a long run grows the count from c₀, c₀ = 1 was 3.6% higher, the "
+         "floor (2 or 1) −4.6% to +4.4%", PROBE,
          formula="the data count c₀: the smallest c whose class c..2c−1 comes back at this share of its expected "
          "rate"),
     Rule("MIN_VISITS", MIN_VISITS, "an edge that was a target once is little more than its random start; where text "
