@@ -15,11 +15,10 @@ values (`TRAINING_RECIPE`) keep transformers' defaults. A preset such as
 Each row of `RULES` is one number or switch, with the value the code uses (`pruning.py` and `presets.py` import it
 from here; `count_prior.DISCOUNT` is listed by reference, since saved models ship that module), a one-line why and
 its evidence: a `benchmarks/results/*.json` record, a section of `docs/ablations.md` (§"...") or another source.
-A row marked
-`tuned=False` holds the paper's, the literature's or transformers' value, or the neutral one, and is not counted
-among the tuned numbers (`tuned_numbers()`). `presets.choose_recipe` returns a `RecipeChoice`: every setting, its
-value and the rule (or preset, flag, recipe file) that produced it; pretrain.py prints it and saves it as
-`recipe.json`, and `--recipe recipe.json` applies it again verbatim. docs/training.md's rule table is
+A row marked `tuned=False` holds the paper's, the literature's or a library's value, or the neutral one, and is not
+counted among the tuned numbers (`tuned_numbers()`). `presets.choose_recipe` returns a `RecipeChoice`: every
+setting, its value and the rule (or preset, flag, recipe file) that produced it; pretrain.py prints it and saves it
+as `recipe.json`, and `--recipe recipe.json` applies it again verbatim. docs/training.md's rule table is
 `recipe_table_markdown()` (a test keeps the two equal).
 """
 
