@@ -210,13 +210,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "0 up to 2 planned epochs E, then 0.5 x (1 - 2 / E) (docs/training.md). [auto]")
     g.add_argument("--non_edge_bias", action=argparse.BooleanOptionalAction, default=None,
                    help="A learned energy offset per node for non-successors, so unseen continuations differ "
-                   "(config.non_edge_bias; exact loss, sparse graph). [on; off with --loss sampled]")
+                   "(config.non_edge_bias; exact loss, sparse graph). [off]")
     g.add_argument("--node_readout", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node also reads the signal directly: its logit adds <x, r_v>, a learned d-vector per "
                    "node (config.node_readout; exact loss). [on; off with --loss sampled]")
     g.add_argument("--edge_backoff", action=argparse.BooleanOptionalAction, default=None,
                    help="Every edge adds a learned matrix all edges share to its own, so rare edges inherit what the "
-                   "common ones learn (config.edge_backoff). [on]")
+                   "common ones learn (config.edge_backoff). [off]")
     g.add_argument("--node_embedding", action=argparse.BooleanOptionalAction, default=None,
                    help="Every node adds a learned d-vector to the edge output it passes on, so the signal carries "
                    "the recent tokens themselves (config.node_embedding). [on]")

@@ -101,13 +101,14 @@ def test_an_fsdp_launch_on_the_cpu_is_sharded_by_the_script_or_refused_clearly()
 PARITY_ARGS = ["--vocab_size", "512", "--block_size", "32", "--node_size", "8", "--num_generations", "0",
                "--max_train_steps", "20", "--max_grad_norm", "0", "--lr_scheduler_type", "constant",
                "--optimizer", "adamw", "--learning_rate", "0.02",
-               "--signal_dropout", "0.3", "--signal_dropout_warmup_epochs", "0"]  # masks keyed by the global batch
+               "--signal_dropout", "0.3", "--signal_dropout_warmup_epochs", "0",  # masks keyed by the global batch
+               "--edge_backoff", "--non_edge_bias"]  # the recipe plus the two optional extensions
 
 
 @pytest.mark.slow
 def test_two_fsdp_processes_match_one_and_save_a_loadable_folder(corpus, tmp_path):  # noqa: F811
-    """The default recipe (node readout, edge backoff, node embedding, count prior: ordinary parameters and
-    buffers) with dense AdamW: one process with batch 16, two FSDP processes with 8 each."""
+    """The default recipe (node readout, node embedding, count prior) and the edge backoff and non-edge bias:
+    ordinary parameters and buffers, with dense AdamW: one process with batch 16, two FSDP processes with 8 each."""
     one, two = tmp_path / "one", tmp_path / "two"
     run(["--train_file", corpus, "--output_dir", one, *PARITY_ARGS, "--per_device_train_batch_size", "16"],
         ACCELERATE_USE_CPU="1")
@@ -133,7 +134,7 @@ def test_two_fsdp_processes_match_one_and_save_a_loadable_folder(corpus, tmp_pat
         "__0_0.distcp", "__1_0.distcp"]
     assert (two / "step_10" / "optimizer_0").is_dir() and not (two / "step_10" / "model.safetensors").exists()
     config = json.loads((two / "config.json").read_text())
-    assert all(config[k] for k in ("node_readout", "edge_backoff", "node_embedding", "count_prior"))
+    assert all(config[k] for k in ("node_readout", "edge_backoff", "non_edge_bias", "node_embedding", "count_prior"))
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_brillm.BriLLMForCausalLM"
     assert not list(two.glob("_fsdp*.py")), "torch's FSDP class must not be saved as the model's code"
     probe = f"""

@@ -120,7 +120,7 @@ def test_end_to_end_accelerate_launch(corpus, tmp_path):
     assert re.search(r"the planned [0-9.]+ epoch\(s\)", text)  # ... and to the run's length
     assert "--signal_dropout auto chose" in text  # dropout too is chosen from the data, and said
     config = json.loads((out / "config.json").read_text())
-    assert config["non_edge_bias"] is True
+    assert config["node_readout"] is True and config["non_edge_bias"] is False
     # the count prior holds every bigram seen, the pruned ones too, and the remote-code load below adds it
     assert config["count_prior"] is True and config["count_prior_bigrams"] >= config["num_edges"]
     assert f"count prior of all {config['count_prior_bigrams']:,} bigrams seen" in text
@@ -641,7 +641,8 @@ def test_presets_load_and_flags_override():
     args = pretrain.parse_args([])
     model, _ = presets.resolve_settings(args)
     assert args.learning_rate == 2e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
-    assert model["non_edge_bias"] and model["node_readout"] and model["count_prior"]
+    assert model["node_readout"] and model["node_embedding"] and model["count_prior"]
+    assert not model["non_edge_bias"] and not model["edge_backoff"]
     assert model["position_recency"] == 0.2
     assert model["signal_dropout"] == "auto"  # chosen from the data and the run's length
     assert not any(presets.resolve_settings(pretrain.parse_args(["--config", "brillm-en"]))[0][k]
@@ -657,10 +658,10 @@ def test_presets_load_and_flags_override():
 
 @pytest.mark.parametrize("flags,off", [
     (["--loss", "sampled"], {"non_edge_bias", "node_readout", "count_prior"}),  # its negatives do not score all
-    (["--edge_sharding", "source"], set()),  # the sharded trainer trains the whole recipe
-    (["--dense_graph"], {"count_prior"}),  # the prior is built with a sparse graph's bigrams
+    (["--edge_sharding", "source"], {"non_edge_bias"}),  # the sharded trainer trains the whole recipe
+    (["--dense_graph"], {"non_edge_bias", "count_prior"}),  # the prior is built with a sparse graph's bigrams
     (["--loss", "sampled", "--non_edge_bias"], {"node_readout", "count_prior"}),  # a flag stays (the config refuses)
-    (["--no-count_prior"], {"count_prior"}),
+    (["--no-count_prior"], {"non_edge_bias", "count_prior"}),
 ])
 def test_defaults_that_a_setup_cannot_train_give_way(flags, off):
     model, _ = presets.resolve_settings(pretrain.parse_args(flags))

@@ -219,15 +219,15 @@ def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     out = tmp_path / "sweep"
     argv = tiny_files(tmp_path) + [
         "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2", "--no-wait-quiet",
-        "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:0,shared_lr:0.5,node_lr:2,schedule:cosine",
+        "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:1,shared_lr:0.5,node_lr:2,schedule:cosine",
         "pruned=min_count:60,d:4,clip:0,lr:0.01", "--results_dir", str(tmp_path / "records")]
     assert sweep.main(argv) == 0
     results = json.loads((out / "recipe_sweep.json").read_text())
     assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w 2h"]
     base, knobs, pruned = results["models"][:3]
-    assert base["min_bigram_count"] == "auto" and base["non_edge_bias"]  # pretrain.py's built-in recipe
+    assert base["min_bigram_count"] == "auto" and base["node_readout"]  # pretrain.py's built-in recipe
     assert (base["node_lr_scale"], base["shared_edge_lr_scale"]) == (1.0, 1.0)
-    assert knobs["lazy_weight_decay"] and not knobs["non_edge_bias"] and knobs["weight_decay"] == 0.5
+    assert knobs["lazy_weight_decay"] and knobs["non_edge_bias"] and knobs["weight_decay"] == 0.5
     assert knobs["schedule"] == "cosine" and knobs["signal_dropout"] == 0.1
     assert pruned["node_size"] == 4 and pruned["min_bigram_count"] == 60 and pruned["edges"] < base["edges"]
     assert pruned["grad_clip"] == 0.0 and pruned["lr"] == 0.01
@@ -235,7 +235,7 @@ def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     for model in (base, knobs, pruned):  # every variant printed as the pretrain.py run it is
         assert model["pretrain_command"] in text and (out / model["label"] / "train_log.jsonl").exists()
         assert "--max_train_time 0.6 --eval_seconds" in model["pretrain_command"]
-    assert "--no-non_edge_bias --shared_edge_lr_scale 0.5" in knobs["pretrain_command"]
+    assert "--non_edge_bias --shared_edge_lr_scale 0.5" in knobs["pretrain_command"]
     for model in results["models"]:
         times = [p["train_seconds"] for p in model["curve"]]
         assert model["curve"][0]["steps"] == 0 and times[-1] >= 0.6 and times == sorted(times)
