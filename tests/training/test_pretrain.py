@@ -362,8 +362,9 @@ def overfit_files(folder) -> tuple[Path, Path]:
 OVERFIT_ARGS = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
                 "--per_device_train_batch_size", "8", "--max_train_steps", "30", "--eval_steps", "5",
                 "--learning_rate", "0.3", "--lr_scheduler_type", "constant", "--checkpointing_steps", "5",
-                # a graph and dropout that let it memorise: the default recipe holds a long run on text that strays
-                "--min_bigram_count", "1", "--signal_dropout", "0"]
+                # a graph, dropout and extensions that let it memorise: the default recipe holds a long run on text
+                # that strays
+                "--min_bigram_count", "1", "--signal_dropout", "0", "--edge_backoff", "--non_edge_bias"]
 
 
 def weights_of(path) -> dict:

@@ -560,12 +560,13 @@ def test_pretrain_flag_matches_one_process_and_resumes_across_process_counts(cor
 
 @pytest.mark.slow
 def test_pretrain_demo_recipe_sharded_matches_one_process_and_resumes_in_one(corpus, tmp_path):
-    """The demo preset's recipe (non_edge_bias, --node_lr_scale 2, --shared_edge_lr_scale 0.5, weight decay 0.1) plus
-    --lazy_weight_decay, at TINY's size: two sharded processes equal one process; their step-5 checkpoint resumes
-    in one sharded process to the same end."""
+    """The demo preset's recipe (--node_lr_scale 2, --shared_edge_lr_scale 0.5, weight decay 0.1) plus
+    --non_edge_bias and --lazy_weight_decay, at TINY's size: two sharded processes equal one process; their step-5
+    checkpoint resumes in one sharded process to the same end."""
     import shutil
 
-    recipe = ["--config", "demo", "--lazy_weight_decay", "--checkpointing_steps", "5", "--checkpoints_total_limit", "2"]
+    recipe = ["--config", "demo", "--non_edge_bias", "--lazy_weight_decay", "--checkpointing_steps", "5",
+              "--checkpoints_total_limit", "2"]
     one, two = tmp_path / "one", tmp_path / "two"
     _pretrain(["--train_file", corpus, "--output_dir", one, *recipe])
     _pretrain(["--train_file", corpus, "--output_dir", two, "--edge_sharding", "source", *recipe], processes=2)
