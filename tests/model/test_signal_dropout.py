@@ -93,8 +93,9 @@ def test_a_batch_split_in_two_with_global_rows_drops_what_the_whole_batch_drops(
             summed[name] = summed[name] + grad if name in summed else grad
     assert halves == pytest.approx(whole, rel=1e-6)
     assert summed.keys() == grads.keys()
-    for name in grads:
-        torch.testing.assert_close(summed[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+    for name in grads:  # float32 sums in another order: differences ~1e-6 of the gradient's scale, not of each entry
+        scale = float(grads[name].abs().max())
+        torch.testing.assert_close(summed[name], grads[name], rtol=1e-5, atol=2e-6 * scale, msg=name)
     # the local rows 0..2 of the second part are not the whole batch's rows 0..2: without the global rows the
     # second part would drop other entries
     local, _ = _loss_and_grads(model, ids[3:], mask[3:], dropout_seed=5)
