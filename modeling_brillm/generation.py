@@ -21,7 +21,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
+from transformers import EosTokenCriteria, GenerationMixin, LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import ModelOutput, logging
 
@@ -50,6 +50,11 @@ def _called_in_turn(processors: LogitsProcessorList):
             scores = processor(input_ids, scores)
         return scores
     return process
+
+
+def _host_eos_ids(criteria: StoppingCriteriaList) -> frozenset[int]:
+    """The ids that end a row under `criteria`' EOS criteria (transformers' `EosTokenCriteria`), as host integers."""
+    return frozenset(i for c in criteria if isinstance(c, EosTokenCriteria) for i in c.eos_token_id.view(-1).tolist())
 
 
 class HostStep:
@@ -313,12 +318,17 @@ class BriLLMGenerationMixin(GenerationMixin):
         logits_processor = _called_in_turn(logits_processor)
         # the loop stops at max_length on the host; transformers' length criterion would build two tensors a token
         finishing = StoppingCriteriaList([c for c in stopping_criteria if not isinstance(c, MaxLengthCriteria)])
+        batch = input_ids.shape[0]
+        # one row on the CPU: its pick is compared with the EOS ids on the host, where the criterion's isin, any and
+        # the loop's flags would cost ~40 µs a token, as much as the model's step past its block
+        eos_ids = _host_eos_ids(finishing) if batch == 1 and input_ids.device.type == "cpu" else None
+        if eos_ids is not None:
+            finishing = StoppingCriteriaList([c for c in finishing if not isinstance(c, EosTokenCriteria)])
         streamer, config = kwargs.pop("streamer", None), generation_config
         kwargs.pop("synced_gpus", None)
         keep_scores, keep_logits = (config.return_dict_in_generate and config.output_scores,
                                     config.return_dict_in_generate and config.output_logits)
         scores, raw_logits = (() if keep_scores else None), (() if keep_logits else None)
-        batch = input_ids.shape[0]
         pad = config._pad_token_tensor
         # one row stops where it finishes; rows that finish early are fed the pad token, as in transformers' loop
         fill = batch > 1 and any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
@@ -340,19 +350,23 @@ class BriLLMGenerationMixin(GenerationMixin):
             input_ids = torch.cat([input_ids, token[:, None]], dim=-1)
             if streamer is not None:
                 streamer.put(token.cpu())
-            if finishing:  # else only the length ends the loop
-                unfinished = unfinished & ~finishing(input_ids, scores)
-                alive.append(unfinished.any())
             at_length = input_ids.shape[1] >= config.max_length  # no step past the length asked
-            if at_length or len(alive) == every:
-                flags = torch.stack(alive).tolist() if alive else [True]
-                if at_length or not flags[-1]:
-                    undo = len(flags) - 1 - flags.index(False) if False in flags else 0  # steps after the end
-                    input_ids = input_ids[:, :input_ids.shape[1] - undo]
-                    scores = scores[:len(scores) - undo] if keep_scores else None
-                    raw_logits = raw_logits[:len(raw_logits) - undo] if keep_logits else None
+            if eos_ids is not None:  # one row on the CPU: it ends at its own pick, no flags to keep
+                if at_length or int(token) in eos_ids or (finishing and bool(finishing(input_ids, scores))):
                     break
-                alive = []
+            else:
+                if finishing:  # else only the length ends the loop
+                    unfinished = unfinished & ~finishing(input_ids, scores)
+                    alive.append(unfinished.any())
+                if at_length or len(alive) == every:
+                    flags = torch.stack(alive).tolist() if alive else [True]
+                    if at_length or not flags[-1]:
+                        undo = len(flags) - 1 - flags.index(False) if False in flags else 0  # steps after the end
+                        input_ids = input_ids[:, :input_ids.shape[1] - undo]
+                        scores = scores[:len(scores) - undo] if keep_scores else None
+                        raw_logits = raw_logits[:len(raw_logits) - undo] if keep_logits else None
+                        break
+                    alive = []
             logits, state = step(token, state)
         if streamer is not None:
             streamer.end()

@@ -9,6 +9,7 @@ capture itself needs a GPU: its test is skipped here and runs on a CUDA machine.
 import pytest
 import torch
 from _tiny import make_model, make_tokenizer
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from modeling_brillm import decoding, generation
 from modeling_brillm.modeling_brillm import BriLLMState
@@ -403,6 +404,32 @@ def test_one_row_generate_loop_matches_transformers_loop(models, tok, kwargs):
                                        atol=1e-5, msg=name)
     torch.testing.assert_close(got[CACHE].signal, ref[CACHE].signal, rtol=1e-5, atol=1e-6)
     assert torch.equal(got[CACHE].length, ref[CACHE].length)
+
+
+class _AtLength(StoppingCriteria):
+    def __init__(self, length):
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+def test_the_one_row_loop_ends_at_eos_on_the_host(models, tok):
+    """One row on the CPU compares its pick with the EOS ids on the host: it ends where transformers' loop ends, at
+    any of several EOS ids, and a criterion of the caller's beside them still stops it."""
+    model = models[False]
+    enc = tok(["the cat"], return_tensors="pt")
+    start = enc["input_ids"].shape[1]
+    free = model.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)[0, start:].tolist()
+    eos = next(t for i, t in enumerate(free) if i >= 3 and t not in free[:i])  # first picked at step i >= 3
+    for kwargs in (dict(eos_token_id=eos), dict(eos_token_id=[model.config.vocab_size + 5, eos]),
+                   dict(eos_token_id=eos, stopping_criteria=StoppingCriteriaList([_AtLength(start + 2)]))):
+        def decode(kwargs=kwargs):
+            return model.generate(**enc, max_new_tokens=12, do_sample=False, **kwargs)
+
+        ref, got = _run(model, "off", decode), _run(model, "auto", decode)
+        assert torch.equal(got, ref) and got.shape[1] < start + 12, kwargs
+        assert got[0, -1].item() == eos or "stopping_criteria" in kwargs
 
 
 def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok, monkeypatch):
