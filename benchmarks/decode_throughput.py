@@ -8,8 +8,9 @@ and G = min(64, c/2) tokens are then decoded greedily, so the decoded tokens sit
 
 * fast path: a tight loop calling `model(next_token[:, None], cache=state, logits_to_keep=1,
   use_cache=True)` and `argmax` (what an application would write; BriLLM's state is O(d) per sequence);
-* generate(): `model.generate(prompt, max_new_tokens=G, do_sample=False)`, its time minus the same prompt's
-  forward, i.e. per decoded token; beside it the same with `model.decode_mode = "off"` (the general one-token path,
+* generate(): `model.generate(prompt, max_new_tokens=G, do_sample=False, eos_token_id=...)`, its time minus the same
+  prompt's forward, i.e. per decoded token (the EOS id one the greedy path never picks: every step runs, with the
+  EOS check a user's call makes); beside it the same with `model.decode_mode = "off"` (the general one-token path,
   the one-row host step is measured against);
 * batched: the fast path with `--batch` sequences at once (tokens/s counts every sequence's tokens).
 
@@ -41,13 +42,21 @@ def fast_decode(model, prompt, steps):
     return time.perf_counter() - t0
 
 
-def generate_decode(model, prompt, steps):
+def unused_token(model, prompt, steps) -> int:
+    """An id the greedy continuation of `prompt` never picks: generate()'s EOS id, so that it runs every step with
+    the EOS check a user's call makes."""
+    out = model.generate(prompt, max_new_tokens=steps, do_sample=False, pad_token_id=0, eos_token_id=None)
+    picked = set(out[:, prompt.shape[1]:].flatten().tolist())
+    return next(t for t in range(model.config.vocab_size - 1, -1, -1) if t not in picked)
+
+
+def generate_decode(model, prompt, steps, eos):
     t0 = time.perf_counter()
     model(prompt, use_cache=True, logits_to_keep=1)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
-                         min_new_tokens=steps, do_sample=False, pad_token_id=0, eos_token_id=None)
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps, do_sample=False,
+                         pad_token_id=0, eos_token_id=eos)
     total = time.perf_counter() - t0
     assert out.shape[1] == prompt.shape[1] + steps
     return max(total - prefill, 1e-9)
@@ -63,20 +72,21 @@ def run_shape(args, shape_name):
     with torch.inference_mode():
         warm = paths.batch(1, 8)
         fast_decode(model, warm, 20)
-        generate_decode(model, warm, 8)
+        generate_decode(model, warm, 8, None)
         for c in args.contexts:
             steps = min(64, c // 2)
             prompt = paths.batch(1, c - steps)
             batch_prompt = paths.batch(args.batch, c - steps)
+            eos = unused_token(model, prompt, steps)
             if args.wait_quiet:
                 wait_for_quiet()
             monitor = CpuMonitor()
             monitor.start()
             repeats = max(args.repeats, -(-256 // steps))  # at least 256 decoded tokens per figure
             fast = statistics.median(fast_decode(model, prompt, steps) for _ in range(repeats))
-            gen = statistics.median(generate_decode(model, prompt, steps) for _ in range(repeats))
+            gen = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
             model.decode_mode = "off"  # the general one-token path, side by side: what the default step gains
-            general = statistics.median(generate_decode(model, prompt, steps) for _ in range(repeats))
+            general = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
             model.decode_mode = "auto"
             batched = statistics.median(fast_decode(model, batch_prompt, steps) for _ in range(args.repeats))
             row = dict(shape=shape_name, context=c, decoded=steps, fast_tokens_per_s=steps / fast,
