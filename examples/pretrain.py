@@ -171,7 +171,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--max_eval_samples", type=int, default=None, help="Evaluate on at most this many blocks.")
     g.add_argument("--preprocessing_num_workers", type=int, default=None, help="Processes for datasets.map.")
     g.add_argument("--overwrite_cache", action="store_true", help="Recompute the tokenized datasets.")
-    g.add_argument("--block_size", type=int, default=None, help="Tokens per training block (the paper: 32). [32]")
+    g.add_argument("--block_size", type=int, default=None, help="Tokens per training block (the paper: 32). [64]")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--sentence_blocks", dest="block_mode", action="store_const", const="sentence", default=None,
                       help="One sentence per block: <s> sentence </s>, truncated to --block_size, padding masked "

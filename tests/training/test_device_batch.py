@@ -83,7 +83,7 @@ def test_the_batch_halves_until_the_step_fits_with_a_margin():
     line = fit_step_batch(args, step, need, free=600 * MB)
     assert args.per_device_train_batch_size == 512  # 522 MB <= 0.9 x 600 MB < 1034 MB
     assert need(512) <= FREE_SHARE * 600 * MB < need(1024)
-    assert line == "batch 2048 x 32 (GPU_STEP_TOKENS: 65,536 tokens per step) would need ~2.0 GB, 600.0 MB free: " \
+    assert line == "batch 1024 x 64 (GPU_STEP_TOKENS: 65,536 tokens per step) would need ~1.0 GB, 600.0 MB free: " \
                    "using 512 (~522.0 MB)"
 
 
@@ -91,7 +91,7 @@ def test_a_batch_that_fits_is_kept_and_said():
     args = settled([])
     step = choose_step_batch(args, "cuda", 10 ** 6, 1)
     line = fit_step_batch(args, step, lambda blocks: MB * blocks, free=100 * 1024 * MB)
-    assert args.per_device_train_batch_size == 2048 and line.endswith("needs ~2.0 GB, 100.0 GB free")
+    assert args.per_device_train_batch_size == 1024 and line.endswith("needs ~1.0 GB, 100.0 GB free")
 
 
 def test_an_explicit_batch_is_kept_with_a_warning_where_it_would_not_fit():
@@ -99,7 +99,7 @@ def test_an_explicit_batch_is_kept_with_a_warning_where_it_would_not_fit():
     need = lambda blocks: MB * blocks  # noqa: E731
     line = fit_step_batch(args, None, need, free=1024 * MB)
     assert args.per_device_train_batch_size == 4096
-    assert line.startswith("warning: batch 4096 x 32 would need ~4.0 GB, 1.0 GB free")
+    assert line.startswith("warning: batch 4096 x 64 would need ~4.0 GB, 1.0 GB free")
     assert "kept as flag --per_device_train_batch_size set it" in line
     assert fit_step_batch(args, None, need, free=8192 * MB) is None
 
