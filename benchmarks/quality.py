@@ -71,6 +71,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULTS_NAME = "quality.json"
 PLOT_NAME = "quality.png"
 DEFAULT_GPT2 = ["2x64", "4x128", "4x256@1e-3"]  # learning rates: the best of a sweep at fixed steps
+GPT2_BATCH = 64  # GPT-2's blocks per step unless --batch_size is given
+SCHEDULERS = {"constant": "constant_with_warmup", "cosine": "cosine"}  # pretrain.py's name; linear is its default
 GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?(?:@([0-9.eE+-]+))?$")  # layers x width [x heads] [@lr]
 
 
@@ -110,16 +112,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--text_column", default="text", help="Text field of json/csv data.")
     p.add_argument("--vocab_size", type=int, help="BPE vocabulary to train (default: the preset's).")
     p.add_argument("--block_size", type=int, help="Tokens per block (default: the preset's).")
-    p.add_argument("--batch_size", type=int, default=64, help="Blocks per training step, every model.")
+    p.add_argument("--batch_size", type=int, default=None,
+                   help="Blocks per training step, every model (default: each model's own: BriLLM the recipe's, "
+                   f"as pretrain.py chooses it; GPT-2 {GPT2_BATCH}).")
     p.add_argument("--eval_batch_size", type=int, default=256, help="Blocks per evaluation forward pass.")
     p.add_argument("--max_eval_blocks", type=int, default=None, help="Score at most this many held-out blocks.")
     p.add_argument("--gpt2_lr", type=float, default=3e-3, help="GPT-2 peak learning rate (AdamW).")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2 linear warmup steps.")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
-                   help="Learning rate after the warmup, the same rule for every model: constant (BriLLM: "
-                   "--lr_scheduler_type constant_with_warmup), or a cosine over the training clock from the peak to "
-                   "zero at the largest budget (--lr_scheduler_type cosine; then the smaller budgets' figures come "
-                   "from a run not yet annealed).")
+    p.add_argument("--schedule", choices=["linear", "constant", "cosine"], default="linear",
+                   help="Learning rate after the warmup, the same rule for every model: a linear decay over the "
+                   "training clock from the peak to zero at the largest budget (BriLLM: pretrain.py's default), "
+                   "constant (--lr_scheduler_type constant_with_warmup), or a cosine over the clock (cosine). With a "
+                   "decay, the smaller budgets' figures come from a run not yet annealed.")
     p.add_argument("--max_train_steps", type=int, default=None,
                    help="Stop every model after this many steps if its clock has not passed the largest budget "
                    "first (pretrain.py's flag of the same name).")
@@ -165,7 +169,7 @@ def check_args(args):
     if len(set(args.budgets)) != len(args.budgets):
         raise UsageError(f"--budgets has repeated values: {args.budgets}.")
     for name in ("batch_size", "eval_batch_size", "threads"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
     if args.max_train_steps is not None and args.max_train_steps < 1:
         raise UsageError(f"--max_train_steps must be a positive integer, got {args.max_train_steps}.")
@@ -239,8 +243,8 @@ class TrainingClock:
 
 
 def clock_schedule(optimizer, warmup_steps: int, schedule: str, horizon: float, min_ratio: float, clock: TrainingClock):
-    """LambdaLR: linear warmup over `warmup_steps` steps, then constant, or a cosine over the training clock from the
-    peak down to `min_ratio` of it at `horizon` seconds (and flat after)."""
+    """LambdaLR: linear warmup over `warmup_steps` steps, then constant, or a linear or cosine decay over the training
+    clock from the peak down to `min_ratio` of it at `horizon` seconds (and flat after)."""
     from torch.optim.lr_scheduler import LambdaLR
 
     def factor(step: int) -> float:
@@ -249,9 +253,15 @@ def clock_schedule(optimizer, warmup_steps: int, schedule: str, horizon: float, 
         if schedule == "constant":
             return 1.0
         progress = min(1.0, clock.seconds / horizon)
+        if schedule == "linear":
+            return min_ratio + (1 - min_ratio) * (1 - progress)
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return LambdaLR(optimizer, factor)
+
+
+def gpt2_batch(args) -> int:
+    return args.batch_size or GPT2_BATCH
 
 
 def package_step(accelerator, model, optimizer, scheduler, args, block_size: int, max_grad_norm):
@@ -259,7 +269,7 @@ def package_step(accelerator, model, optimizer, scheduler, args, block_size: int
     backward, gradient clipping, optimizer and scheduler step), the same for every model."""
     from modeling_brillm.training.loop import TrainStep
 
-    train_step = TrainStep(accelerator, model, optimizer, scheduler, per_device_batch_size=args.batch_size,
+    train_step = TrainStep(accelerator, model, optimizer, scheduler, per_device_batch_size=gpt2_batch(args),
                            block_size=block_size, max_grad_norm=max_grad_norm, clip=bool(max_grad_norm),
                            learning_rate=optimizer.param_groups[0]["lr"])
 
@@ -272,7 +282,7 @@ def package_step(accelerator, model, optimizer, scheduler, args, block_size: int
 def schedule_text(args) -> str:
     if args.schedule == "constant":
         return "constant after warmup"
-    return f"cosine over {max(args.budgets):g} training seconds to zero, after warmup"
+    return f"{args.schedule} over {max(args.budgets):g} training seconds to zero, after warmup"
 
 
 def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device):
@@ -341,7 +351,7 @@ class BudgetRun:
         self.label, self.model, self.step, self.data, self.args, self.device = label, model, step, data, args, device
         self.clock_ref = clock  # a TrainingClock told the training seconds before every step (a schedule over it)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.batches = iter(BatchOrder(len(data["train"][0]), args.batch_size, args.seed))
+        self.batches = iter(BatchOrder(len(data["train"][0]), gpt2_batch(args), args.seed))
         self.pending = list(points)
         self.clock, self.steps, self.tokens, self.targets = 0.0, 0, 0, 0
         self.loss_sum, self.loss_steps = 0.0, 0
@@ -498,15 +508,15 @@ def brillm_argv(args, preset, points, first=None, name=None, schedule=None) -> l
                  "--tokenizer_min_frequency", str(first.tokenizer_min_frequency), "--block_size",
                  str(first.block_size), f"--{first.block_mode}_blocks", "--validation_split_percentage",
                  f"{first.validation_split_percentage:g}"]
-    argv += ["--per_device_train_batch_size", str(args.batch_size), "--per_device_eval_batch_size",
-             str(args.eval_batch_size)]
+    argv += ["--per_device_train_batch_size", str(args.batch_size)] if args.batch_size else []
+    argv += ["--per_device_eval_batch_size", str(args.eval_batch_size)]
     argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
     top = max(args.budgets)
     argv += ["--max_train_time", f"{top:g}"]
     argv += ["--eval_seconds", *(f"{p:.6g}" for p in points if p < top)] if any(p < top for p in points) else []
     argv += ["--max_train_steps", str(args.max_train_steps)] if args.max_train_steps else []
     schedule = schedule or args.schedule
-    argv += ["--lr_scheduler_type", "constant_with_warmup" if schedule == "constant" else "cosine"]
+    argv += [] if schedule == "linear" else ["--lr_scheduler_type", SCHEDULERS[schedule]]
     name = name or ("brillm" if first is None else f"brillm-{Path(preset).stem}")
     return argv + ["--torch_threads", str(args.threads), "--num_generations", "0",
                    "--output_dir", str(Path(args.output_dir) / name)]
@@ -616,7 +626,7 @@ def run(args) -> dict:
     argv0 = brillm_argv(args, args.config, points)
     pretrain_data, first, accelerator = shared_data(argv0)
     device = accelerator.device
-    data = harness_data(pretrain_data, first, accelerator, args.batch_size)
+    data = harness_data(pretrain_data, first, accelerator, gpt2_batch(args))
     tok = data["tokenizer"]
     held_targets = int(target_mask(data["held"][1]).sum())
     print(f"data: {pretrain_data.description}")
@@ -638,6 +648,7 @@ def run(args) -> dict:
              for b in sorted(args.budgets)}
     results = dict(
         settings=dict(budgets=sorted(args.budgets), curve_points=points, batch_size=args.batch_size,
+                      gpt2_batch_size=gpt2_batch(args),
                       threads=args.threads, device=str(device), seed=args.seed, config=args.config,
                       max_train_steps=args.max_train_steps, gpt2_lr=args.gpt2_lr, gpt2_warmup=args.gpt2_warmup,
                       schedule=schedule_text(args), order="one model after the other",

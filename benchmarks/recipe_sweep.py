@@ -187,8 +187,7 @@ def variant_argv(args, name: str, settings: dict, points) -> list[str]:
         argv = fixed_steps_argv(args, name)
         argv += ["--lr_scheduler_type", SCHEDULES[schedule]] if schedule else []
     else:
-        argv = quality.brillm_argv(args, args.config, points, name=name)
-        argv[argv.index("--lr_scheduler_type") + 1] = SCHEDULES[schedule or "constant"]
+        argv = quality.brillm_argv(args, args.config, points, name=name, schedule=schedule or "constant")
     for key, value in settings.items():
         flag = KEYS[key][0]
         if flag is None:

@@ -90,14 +90,16 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
 
 def test_a_brillm_row_is_the_pretrain_command_it_prints(tmp_path):
     """The losses and the final held-out figure of a quality.py BriLLM row equal those of its printed pretrain.py
-    command run on its own."""
+    command run on its own (at a constant rate: a decay follows the training clock, so its losses depend on the
+    timing of the steps)."""
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"model": {"node_size": 8, "signal_dropout": 0.1},
                                   "training": {"min_bigram_count": 2}}))
     out = tmp_path / "q"
     argv = tiny_files(tmp_path) + ["--config", str(recipe), "--budgets", "1", "3", "--curve_points", "2",
-                                   "--gpt2", "none", "--max_train_steps", "6", "--no-wait-quiet",
-                                   "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
+                                   "--gpt2", "none", "--max_train_steps", "6", "--schedule", "constant",
+                                   "--no-wait-quiet", "--output_dir", str(out),
+                                   "--results_dir", str(tmp_path / "records")]
     assert quality.main(argv) == 0
     row = json.loads((out / "quality.json").read_text())["models"][0]
     assert_row_is_its_command(row, out / "brillm", tmp_path / "alone", steps=6)
@@ -402,11 +404,13 @@ def test_recipe_sweep_fixed_step_bad_input_is_one_clear_line(argv, message, tmp_
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
-def test_cosine_schedule_follows_the_training_clock():
+@pytest.mark.parametrize("schedule, at_1s", [("cosine", 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.1))),
+                                             ("linear", 0.1 + 0.9 * 0.9)])
+def test_a_decay_follows_the_training_clock(schedule, at_1s):
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=1.0)
     clock = quality.TrainingClock()
-    sched = quality.clock_schedule(opt, 2, "cosine", horizon=10.0, min_ratio=0.1, clock=clock)
+    sched = quality.clock_schedule(opt, 2, schedule, horizon=10.0, min_ratio=0.1, clock=clock)
     seen = []
     for seconds in (0.0, 1.0, 5.0, 10.0, 20.0):
         clock.seconds = seconds
@@ -415,8 +419,19 @@ def test_cosine_schedule_follows_the_training_clock():
         sched.step()
     assert seen[0] == pytest.approx(0.5)  # warmup step 1 of 2
     assert seen[1] == pytest.approx(1.0)  # warmup done, clock 0 when this lr was set
-    assert seen[2] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.1)))
+    assert seen[2] == pytest.approx(at_1s)
     assert seen[4] == pytest.approx(0.1)
+
+
+def test_by_default_a_brillm_row_is_pretrain_py_with_its_own_batch_and_schedule():
+    args = quality.parse_args(["--budgets", "60", "600", "--vocab_size", "2000"])
+    argv = quality.brillm_argv(args, None, quality.curve_points(args.budgets, 2))
+    assert "--per_device_train_batch_size" not in argv and "--lr_scheduler_type" not in argv  # the recipe's
+    assert argv[argv.index("--max_train_time") + 1] == "600" and quality.gpt2_batch(args) == quality.GPT2_BATCH
+    constant = quality.parse_args(["--schedule", "constant", "--batch_size", "16"])
+    argv = quality.brillm_argv(constant, None, [30.0, 90.0])
+    assert argv[argv.index("--lr_scheduler_type") + 1] == "constant_with_warmup"
+    assert argv[argv.index("--per_device_train_batch_size") + 1] == "16" and quality.gpt2_batch(constant) == 16
 
 
 def test_step_timing_is_the_pace_not_the_first_compiles(monkeypatch):
