@@ -5,7 +5,7 @@
     python benchmarks/quality.py --train_file train.txt --validation_file valid.txt --output_dir outputs/q
     python benchmarks/quality.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
-        --budgets 60 600 --schedule cosine --more_brillm configuration/models/demo-release.json
+        --budgets 60 600 --schedule constant --more_brillm configuration/models/demo-release.json
 
 Every BriLLM row IS an examples/pretrain.py run: the script's own `run()` in this process (the data prepared once
 and shared), with `--max_train_time` the largest budget and the curve points as `--eval_seconds`; the equivalent
@@ -21,15 +21,18 @@ What is the same for every model (the fairness rules):
 - the training step: the pretraining code's TrainStep (token-weighted loss, gradient clipping, optimizer and
   scheduler step) for every model;
 - the training batches and their order: pretrain.py's seeded loader (a permutation of the training blocks per
-  epoch, seed + epoch); GPT-2 draws the same permutations (BatchOrder);
+  epoch, seed + epoch); GPT-2 draws the same permutations (BatchOrder). The batch is --batch_size blocks for every
+  model when given; by default each model's own: BriLLM's recipe (what pretrain.py chooses) and 64 for GPT-2;
 - the score: the pretraining code's evaluator (training.loop.evaluate): token-weighted held-out perplexity
   exp(sum of NLL / number of targets) over the same target tokens (a real token after a real token in a block),
   the full softmax over all V nodes for BriLLM, over its LM head's V for GPT-2;
 - the budget: seconds of training (the steps; evaluation is not counted), on the same torch thread count
   (--threads), in one process. One run per model up to the largest budget; the held-out perplexity is taken
-  whenever the training clock passes a curve point, and at the end, so every budget's figure comes from a run whose
-  schedule does not depend on that budget (constant learning rate after a warmup counted in steps; with --schedule
-  cosine, every model's rate follows one cosine over the training clock to zero at the largest budget). The models
+  whenever the training clock passes a curve point, and at the end. After a warmup counted in steps every model's
+  rate follows one rule over the training clock: by default pretrain.py's linear decay to zero at the largest
+  budget, so a smaller budget's figure comes from a run not yet annealed (a run given that budget alone would
+  decay within it); --schedule constant holds the rate, so every budget's figure comes from a run whose schedule
+  does not depend on that budget; --schedule cosine decays along a cosine. The models
   train one after the other (a BriLLM row is a pretrain.py run of its own, so the models cannot take turns): run
   it on a quiet machine; the load other processes put on it during each run is reported per model.
 - --max_train_steps caps every model's steps (a short run whose figures do not depend on the machine's pace).
@@ -587,7 +590,8 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
                 pretrain_argv=argv, output_dir=str(out),
                 parameters_note=f"{config['num_edges']:,} edges of {config['node_size']}x{config['node_size']} (+ the "
                 "shared edge); a step touches only the edges leaving the batch's tokens",
-                optimizer=pargs.optimizer, lr=pargs.learning_rate, weight_decay=pargs.weight_decay,
+                batch_size=pargs.per_device_train_batch_size, optimizer=pargs.optimizer, lr=pargs.learning_rate,
+                weight_decay=pargs.weight_decay,
                 warmup_steps=pargs.num_warmup_steps, lazy_weight_decay=pargs.lazy_weight_decay,
                 shared_edge_lr_scale=pargs.shared_edge_lr_scale, node_lr_scale=pargs.node_lr_scale,
                 min_bigram_count=pargs.min_bigram_count, planned_epochs=round(pargs.planned_epochs, 3),

@@ -56,7 +56,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     assert results["models"][2]["lr"] == 2e-3
     second = results["models"][1]
     assert second["label"] == "BriLLM d=16 (recipe)" and second["lazy_weight_decay"] and second["non_edge_bias"]
-    assert second["min_bigram_count"] == 3 and "cosine" in second["schedule"]
+    assert second["min_bigram_count"] == 3 and "cosine" in second["schedule"] and second["batch_size"] == 8
     assert results["settings"]["budgets"] == [0.4, 1.0]
     for model in results["models"]:
         curve = model["curve"]
