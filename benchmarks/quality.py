@@ -75,7 +75,7 @@ RESULTS_NAME = "quality.json"
 PLOT_NAME = "quality.png"
 DEFAULT_GPT2 = ["2x64", "4x128", "4x256@1e-3"]  # learning rates: the best of a sweep at fixed steps
 GPT2_BATCH = 64  # GPT-2's blocks per step unless --batch_size is given
-SCHEDULERS = {"constant": "constant_with_warmup", "cosine": "cosine"}  # pretrain.py's name; linear is its default
+SCHEDULERS = {"linear": "linear", "constant": "constant_with_warmup", "cosine": "cosine"}  # pretrain.py's names
 GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?(?:@([0-9.eE+-]+))?$")  # layers x width [x heads] [@lr]
 
 
@@ -519,7 +519,8 @@ def brillm_argv(args, preset, points, first=None, name=None, schedule=None) -> l
     argv += ["--eval_seconds", *(f"{p:.6g}" for p in points if p < top)] if any(p < top for p in points) else []
     argv += ["--max_train_steps", str(args.max_train_steps)] if args.max_train_steps else []
     schedule = schedule or args.schedule
-    argv += [] if schedule == "linear" else ["--lr_scheduler_type", SCHEDULERS[schedule]]
+    if schedule != "linear" or preset:  # linear is pretrain.py's default; a preset may name another
+        argv += ["--lr_scheduler_type", SCHEDULERS[schedule]]
     name = name or ("brillm" if first is None else f"brillm-{Path(preset).stem}")
     return argv + ["--torch_threads", str(args.threads), "--num_generations", "0",
                    "--output_dir", str(Path(args.output_dir) / name)]

@@ -432,6 +432,8 @@ def test_by_default_a_brillm_row_is_pretrain_py_with_its_own_batch_and_schedule(
     argv = quality.brillm_argv(constant, None, [30.0, 90.0])
     assert argv[argv.index("--lr_scheduler_type") + 1] == "constant_with_warmup"
     assert argv[argv.index("--per_device_train_batch_size") + 1] == "16" and quality.gpt2_batch(constant) == 16
+    preset = quality.brillm_argv(args, "demo", [30.0, 90.0])  # a preset's own schedule gives way to the rule
+    assert preset[preset.index("--lr_scheduler_type") + 1] == "linear"
 
 
 def test_step_timing_is_the_pace_not_the_first_compiles(monkeypatch):
