@@ -80,7 +80,6 @@ KEYS = {"lr": ("--learning_rate", float), "wd": ("--weight_decay", float),
 PROBE = {"recurrence": "recurrence", "probe_runs": "runs", "probe_every": "probe_every"}  # key -> probe_bigrams'
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}  # key value -> pretrain.py's
 BAR = 2.0  # a change counts where it passes this many times the seed-to-seed spread
 
 
@@ -185,7 +184,7 @@ def variant_argv(args, name: str, settings: dict, points) -> list[str]:
     schedule = settings.get("schedule")
     if args.eval_steps:
         argv = fixed_steps_argv(args, name)
-        argv += ["--lr_scheduler_type", SCHEDULES[schedule]] if schedule else []
+        argv += ["--lr_scheduler_type", quality.SCHEDULERS[schedule]] if schedule else []
     else:
         argv = quality.brillm_argv(args, args.config, points, name=name, schedule=schedule or "constant")
     for key, value in settings.items():
