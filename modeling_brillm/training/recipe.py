@@ -88,55 +88,52 @@ LIBRARY = "the library's default (transformers, torch)"
 
 RULES = (
     # the graph: which bigrams get an edge (--min_bigram_count auto)
-    Rule("min_bigram_count", "auto", "an edge is d²+d parameters trained only on its bigram; rare bigrams of one "
-         "document do not come back and predict better through the back-off (every bigram an edge: 13-22% higher)",
+    Rule("min_bigram_count", "auto", "an edge is d²+d parameters trained only on its bigram, and a rare bigram of one "
+         "document does not come back (every bigram an edge: 13-22% higher)",
          f"{ABLATION}; {PROBE}",
-         sets="training.min_bigram_count", formula="the count the probe and the run's length choose (rules below)"),
-    Rule("RUNS, PROBE_EVERY", (RUNS, PROBE_EVERY), "a tenth held out, as a validation split, in runs of "
-         "consecutive blocks so that the probe is other documents; not tuned: single blocks, 50 or 200 runs, every "
-         "5th or 20th run chose within the noise on five corpora", PROBE,
-         formula="the training blocks cut into 100 runs, every 10th one the probe", tuned=False),
-    Rule("RECURRENCE", RECURRENCE, "a count class that comes back in other documents is the pair's, not one "
-         "document's; ν at c₀ tells familiar text (3.0%, 3.7%) from straying text (9.3% and up on 15 corpora), ν "
-         "at a fixed count 1 or 2 does not; where a long run grows the count from c₀, c₀ = 1 was 3.6% higher, the "
-         "floor (2 or 1) −4.6% to +4.4%", PROBE,
-         formula="the data count c₀: the smallest c whose class c..2c−1 comes back at this share of its expected "
-         "rate"),
+         sets="training.min_bigram_count", formula="chosen by the probe and the run's length (below)"),
+    Rule("RUNS, PROBE_EVERY", (RUNS, PROBE_EVERY), "a tenth held out in runs of blocks, so the probe is other "
+         "documents; single blocks, 50 or 200 runs, every 5th or 20th: within the noise on five corpora", PROBE,
+         formula="100 runs of the training blocks, every 10th the probe", tuned=False),
+    Rule("RECURRENCE", RECURRENCE, "a count class that comes back in other documents is the pair's; ν at c₀ tells "
+         "familiar text (3.0%, 3.7%) from straying text (≥ 9.3% on 15 corpora), at a fixed count it does not; "
+         "c₀ = 1: 3.6% higher in a long run", PROBE,
+         formula="c₀: the smallest c whose class c..2c−1 comes back at this share of its expected rate"),
     Rule("MIN_VISITS", MIN_VISITS, "an edge that was a target once is little more than its random start; where text "
-         "strays one occurrence of one document is too little to learn from", ABLATION,
-         formula="smallest c ≥ c₀ with c · E(c) ≥ 2, and c ≥ 2 where novelty ≥ NOVEL (with a time budget a "
-         "sparser graph buys more epochs E(c))"),
+         "strays, one document's occurrence is too little", ABLATION,
+         formula="smallest c ≥ c₀ with c · E(c) ≥ 2 (a sparser graph trains more epochs in a time budget); c ≥ 2 "
+         "where ν ≥ NOVEL"),
     Rule("NOVEL", NOVEL, "on familiar text a document's particulars come back: the demo's manual (3.7%) was 5-26% "
-         "higher with the floor, the growth or the dropout", LONG, formula="the novelty ν (held-out bigrams with no "
-         "edge at c₀) past which text strays; weight s = clamp(ν / NOVEL − 1, 0, 1)"),
-    Rule("FIT_EPOCHS", FIT_EPOCHS, "past its first passes a run learns its training documents' particulars: at "
-         "6-8 planned epochs 32-74% higher without the dropout, 5-9% higher without the growth", LONG,
+         "higher with the floor, the growth or the dropout", LONG, formula="the novelty ν past which text strays; "
+         "s = clamp(ν / NOVEL − 1, 0, 1)"),
+    Rule("FIT_EPOCHS", FIT_EPOCHS, "past the first passes a run learns its documents' particulars: at 6-8 planned "
+         "epochs 32-74% higher without the dropout, 5-9% without the growth", LONG,
          formula="past it the count grows, c ≥ c₀ · (1 + s · (E / 2 − 1)), and the signal drops"),
-    Rule("signal_dropout", "auto", "the longer the run and the more held-out text strays, the more of the signal is "
+    Rule("signal_dropout", "auto", "the longer the run and the more the text strays, the more of the signal is "
          "particular to the training documents", LONG, sets="model.signal_dropout",
          formula="MAX_DROPOUT · s · (1 − FIT_EPOCHS / E), 0 up to FIT_EPOCHS"),
     Rule("MAX_DROPOUT", MAX_DROPOUT, "the dropout a very long run on straying text tends to", LONG),
-    Rule("signal_dropout_warmup_epochs", 0.0, "none: the dropout grown over the first epoch moved held-out "
-         "perplexity by less than the noise", LONG, sets="training.signal_dropout_warmup_epochs",
-         formula="the dropout grows linearly from 0 over these epochs", tuned=False),
+    Rule("signal_dropout_warmup_epochs", 0.0, "none: grown over the first epoch, it stayed within the noise", LONG,
+         sets="training.signal_dropout_warmup_epochs",
+         formula="the dropout grows from 0 over these epochs", tuned=False),
     Rule("learning_rate", RATE, "one rate, with or without dropout; half of it was 2.6-16.6% higher on six corpora, "
          "twice it 4.3% higher on one and 4.5% lower on another", f"{ABLATION}; {LONG}", sets="training.learning_rate"),
     # rates per parameter, schedule, regularisation
-    Rule("node_lr_scale", 1.0, "one rate for every parameter: ×2 here, ×0.5 on the shared edge and no clipping "
-         "stayed within the noise", ABLATION,
-         sets="training.node_lr_scale", formula="rate multiplier of the per-node parameters", tuned=False),
+    Rule("node_lr_scale", 1.0, "one rate for every parameter: ×2 here or ×0.5 on the shared edge stayed within "
+         "the noise", ABLATION,
+         sets="training.node_lr_scale", formula="the per-node parameters' rate multiplier", tuned=False),
     Rule("shared_edge_lr_scale", 1.0, "as node_lr_scale", ABLATION, sets="training.shared_edge_lr_scale",
-         formula="rate multiplier of the shared edge (SparseAdamW)", tuned=False),
-    Rule("num_warmup_steps", 0, "transformers' default; a warm-up of 10 steps moved held-out perplexity by less "
-         "than the noise", ABLATION, sets="training.num_warmup_steps", tuned=False),
-    Rule("lr_scheduler_type", "linear", "the rate falls to zero at the run's end (at the budget under "
-         "--max_train_time); held constant instead, held-out perplexity was 3-28% higher on six corpora",
+         formula="the shared edge's (SparseAdamW)", tuned=False),
+    Rule("num_warmup_steps", 0, "transformers' default; a warm-up of 10 steps stayed within the noise", ABLATION,
+         sets="training.num_warmup_steps", tuned=False),
+    Rule("lr_scheduler_type", "linear", "the rate falls to zero at the run's end (or its time budget); held constant: "
+         "3-28% higher on six corpora",
          SHAPE, sets="training.lr_scheduler_type", tuned=False),
-    Rule("weight_decay", 0.1, "the usual decay of LM pretraining (GPT-3, LLaMA); without it held-out perplexity "
-         "was 1.9-3.9% higher in all six runs on four corpora", f"{ABLATION}; {LONG}", sets="training.weight_decay",
+    Rule("weight_decay", 0.1, "the usual decay of LM pretraining (GPT-3, LLaMA); without it 1.9-3.9% higher in "
+         "all six runs on four corpora", f"{ABLATION}; {LONG}", sets="training.weight_decay",
          tuned=False),
-    Rule("lazy_weight_decay", False, "a step decays only the rows it updates, as torch.optim.SparseAdam and "
-         "LazyAdam update only those", LIBRARY, sets="training.lazy_weight_decay", tuned=False),
+    Rule("lazy_weight_decay", False, "a step decays only the rows it updates, as SparseAdam updates only those",
+         LIBRARY, sets="training.lazy_weight_decay", tuned=False),
     Rule("max_grad_norm", 1.0, "transformers' default; with no clipping the run ended within the noise",
          ABLATION, sets="training.max_grad_norm", tuned=False),
     Rule("moment_dtype", None, "16-bit moments pay on a GPU, not on a CPU", 'docs/gpu.md §"Mixed precision"',
@@ -149,16 +146,16 @@ RULES = (
          sets="model.graph"),
     Rule("loss_type", "exact", "the paper's loss: a softmax over every node's energy; the extensions below need "
          "it", PAPER, sets="model.loss_type", tuned=False),
-    Rule("non_edge_bias", False, "off: meant to tell unseen continuations apart, it moved held-out perplexity by "
-         "less than the noise on all six corpora (±0.3%) and at 8.2-8.4 passes", ABLATION, sets="model.non_edge_bias",
-         formula="on: shared edge + a learned energy offset per node for the pairs without an edge", tuned=False),
+    Rule("non_edge_bias", False, "off: within the noise on six corpora (±0.3%) and at 8.2-8.4 passes", ABLATION,
+         sets="model.non_edge_bias",
+         formula="on: shared edge + a learned offset per node for pairs without an edge", tuned=False),
     Rule("node_readout", True, "r_v learns from every occurrence of v, an edge only from its bigram's: without it "
-         "6.8-15% higher on all six corpora", ABLATION, sets="model.node_readout", formula="logit + ⟨x, r_v⟩"),
-    Rule("edge_backoff", False, "off: meant to start a rare edge from what the common ones learned, it was never "
-         "worth twice the noise on six corpora, and 4.3% lower without it on `small`", ABLATION,
+         "6.8-15% higher on six corpora", ABLATION, sets="model.node_readout", formula="logit + ⟨x, r_v⟩"),
+    Rule("edge_backoff", False, "off: never worth twice the noise on six corpora, 4.3% lower without it on "
+         "`small`", ABLATION,
          sets="model.edge_backoff", formula="on: x·(edge_base + W[u→v])", tuned=False),
-    Rule("node_embedding", True, "the mix carries which tokens came last, learned from every occurrence of each "
-         "token: without it 15-23% higher on all six corpora", ABLATION, sets="model.node_embedding",
+    Rule("node_embedding", True, "the mix carries which tokens came last, learned from every occurrence: without it "
+         "15-23% higher on six corpora", ABLATION, sets="model.node_embedding",
          formula="edge output + e_v"),
     Rule("count_prior", True, "the counts read every training token at once; the edges learn what they miss "
          "(without it 2-10% higher)", ABLATION, sets="model.count_prior",
@@ -170,16 +167,16 @@ RULES = (
          sets="model.position_recency", formula="position weights start at 1 + 0.2·k (~the last 5 edges)"),
     # the data: one sentence per block, the paper's batch and tokenizer
     Rule("block_mode", "sentence", "the paper's: one sentence per block", PAPER, sets="training.block_mode"),
-    Rule("block_size", 64, "a sentence is cut at block_size − 1 tokens, and a model never learns what it does not "
-         "see: cut at 31 (the paper's blocks of 32), held-out perplexity was 4.4-19.8% higher on four of six corpora",
+    Rule("block_size", 64, "a sentence is cut at block_size − 1 tokens: cut at 31 (the paper's blocks of 32), "
+         "4.4-19.8% higher on four of six corpora",
          SHAPE, sets="training.block_size", formula="tokens per block: `<s>`, the sentence, `</s>`, padding"),
-    Rule("per_device_train_batch_size", 32, "the paper's batch: at the same epochs it was within the noise of batch "
-         "64 on four of six corpora, 3.8-4.4% lower on two", SHAPE, sets="training.per_device_train_batch_size",
+    Rule("per_device_train_batch_size", 32, "the paper's: at the same epochs within the noise of batch 64 on four "
+         "of six corpora, 3.8-4.4% lower on two", SHAPE, sets="training.per_device_train_batch_size",
          tuned=False),
     Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "32 × 32 tokens leave a GPU idle: 76,494 tokens/s at the paper's "
          "shape, 1,526,444 at 1024 × 64 (20×)", GPU_RECORD,
-         formula=f"on a CUDA device, unless a flag, preset or recipe file sets it: batch = {GPU_STEP_TOKENS:,} // "
-         f"block_size (at most the blocks per process), halved until the step fits {FREE_SHARE} of the free memory"),
+         formula=f"on CUDA, unless set: batch = {GPU_STEP_TOKENS:,} // block_size, halved until the step fits "
+         f"{FREE_SHARE} of the free memory"),
     Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", PAPER,
          sets="tokenizer.kind"),
     Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", PAPER,
