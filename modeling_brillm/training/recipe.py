@@ -89,8 +89,7 @@ LIBRARY = "the library's default (transformers, torch)"
 RULES = (
     # the graph: which bigrams get an edge (--min_bigram_count auto)
     Rule("min_bigram_count", "auto", "an edge is d²+d parameters trained only on its bigram, and a rare bigram of one "
-         "document does not come back (every bigram an edge: 13-22% higher)",
-         f"{ABLATION}; {PROBE}",
+         "document does not come back (every bigram an edge: 13-22% higher)", f"{ABLATION}; {PROBE}",
          sets="training.min_bigram_count", formula="chosen by the probe and the run's length (below)"),
     Rule("RUNS, PROBE_EVERY", (RUNS, PROBE_EVERY), "a tenth held out in runs of blocks, so the probe is other "
          "documents; single blocks, 50 or 200 runs, every 5th or 20th: within the noise on five corpora", PROBE,
@@ -114,24 +113,22 @@ RULES = (
          formula="MAX_DROPOUT · s · (1 − FIT_EPOCHS / E), 0 up to FIT_EPOCHS"),
     Rule("MAX_DROPOUT", MAX_DROPOUT, "the dropout a very long run on straying text tends to", LONG),
     Rule("signal_dropout_warmup_epochs", 0.0, "none: grown over the first epoch, it stayed within the noise", LONG,
-         sets="training.signal_dropout_warmup_epochs",
-         formula="the dropout grows from 0 over these epochs", tuned=False),
+         sets="training.signal_dropout_warmup_epochs", formula="the dropout grows from 0 over these epochs",
+         tuned=False),
     Rule("learning_rate", RATE, "one rate, with or without dropout; half of it was 2.6-16.6% higher on six corpora, "
          "twice it 4.3% higher on one and 4.5% lower on another", f"{ABLATION}; {LONG}", sets="training.learning_rate"),
     # rates per parameter, schedule, regularisation
     Rule("node_lr_scale", 1.0, "one rate for every parameter: ×2 here or ×0.5 on the shared edge stayed within "
-         "the noise", ABLATION,
-         sets="training.node_lr_scale", formula="the per-node parameters' rate multiplier", tuned=False),
+         "the noise", ABLATION, sets="training.node_lr_scale", formula="the per-node parameters' rate multiplier",
+         tuned=False),
     Rule("shared_edge_lr_scale", 1.0, "as node_lr_scale", ABLATION, sets="training.shared_edge_lr_scale",
          formula="the shared edge's (SparseAdamW)", tuned=False),
     Rule("num_warmup_steps", 0, "transformers' default; a warm-up of 10 steps stayed within the noise", ABLATION,
          sets="training.num_warmup_steps", tuned=False),
     Rule("lr_scheduler_type", "linear", "the rate falls to zero at the run's end (or its time budget); held constant: "
-         "3-28% higher on six corpora",
-         SHAPE, sets="training.lr_scheduler_type", tuned=False),
+         "3-28% higher on six corpora", SHAPE, sets="training.lr_scheduler_type", tuned=False),
     Rule("weight_decay", 0.1, "the usual decay of LM pretraining (GPT-3, LLaMA); without it 1.9-3.9% higher in "
-         "all six runs on four corpora", f"{ABLATION}; {LONG}", sets="training.weight_decay",
-         tuned=False),
+         "all six runs on four corpora", f"{ABLATION}; {LONG}", sets="training.weight_decay", tuned=False),
     Rule("lazy_weight_decay", False, "a step decays only the rows it updates, as SparseAdam updates only those",
          LIBRARY, sets="training.lazy_weight_decay", tuned=False),
     Rule("max_grad_norm", 1.0, "transformers' default; with no clipping the run ended within the noise",
@@ -147,13 +144,12 @@ RULES = (
     Rule("loss_type", "exact", "the paper's loss: a softmax over every node's energy; the extensions below need "
          "it", PAPER, sets="model.loss_type", tuned=False),
     Rule("non_edge_bias", False, "off: within the noise on six corpora (±0.3%) and at 8.2-8.4 passes", ABLATION,
-         sets="model.non_edge_bias",
-         formula="on: shared edge + a learned offset per node for pairs without an edge", tuned=False),
+         sets="model.non_edge_bias", formula="on: shared edge + a learned offset per node for pairs without an edge",
+         tuned=False),
     Rule("node_readout", True, "r_v learns from every occurrence of v, an edge only from its bigram's: without it "
          "6.8-15% higher on six corpora", ABLATION, sets="model.node_readout", formula="logit + ⟨x, r_v⟩"),
     Rule("edge_backoff", False, "off: never worth twice the noise on six corpora, 4.3% lower without it on "
-         "`small`", ABLATION,
-         sets="model.edge_backoff", formula="on: x·(edge_base + W[u→v])", tuned=False),
+         "`small`", ABLATION, sets="model.edge_backoff", formula="on: x·(edge_base + W[u→v])", tuned=False),
     Rule("node_embedding", True, "the mix carries which tokens came last, learned from every occurrence: without it "
          "15-23% higher on six corpora", ABLATION, sets="model.node_embedding",
          formula="edge output + e_v"),
@@ -168,8 +164,8 @@ RULES = (
     # the data: one sentence per block, the paper's batch and tokenizer
     Rule("block_mode", "sentence", "the paper's: one sentence per block", PAPER, sets="training.block_mode"),
     Rule("block_size", 64, "a sentence is cut at block_size − 1 tokens: cut at 31 (the paper's blocks of 32), "
-         "4.4-19.8% higher on four of six corpora",
-         SHAPE, sets="training.block_size", formula="tokens per block: `<s>`, the sentence, `</s>`, padding"),
+         "4.4-19.8% higher on four of six corpora", SHAPE, sets="training.block_size",
+         formula="tokens per block: `<s>`, the sentence, `</s>`, padding"),
     Rule("per_device_train_batch_size", 32, "the paper's: at the same epochs within the noise of batch 64 on four "
          "of six corpora, 3.8-4.4% lower on two", SHAPE, sets="training.per_device_train_batch_size",
          tuned=False),
