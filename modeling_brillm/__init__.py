@@ -10,6 +10,7 @@ from .graph import BigramGraph, build_sparse_graph, count_bigrams, graph_from_ed
 from .interpretability import EnergyTrace, energy_trace, plot_energy_path
 from .model_card import write_model_card
 from .modeling_brillm import BriLLMForCausalLM, BriLLMModel, BriLLMPreTrainedModel, positional_encoding
+from .selfcheck import report_checks  # noqa: F401  (registers the kernels' self-checks with ops)
 from .state import BriLLMState
 
 AutoConfig.register("brillm", BriLLMConfig, exist_ok=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from .backend import current_backend
+from .state import BriLLMState
 
 
 def _signature(model, device) -> tuple:
@@ -41,39 +42,40 @@ def _signature(model, device) -> tuple:
             tensors.append(model.prior_table())
     return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
             cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
-            model.decode_max_degree())
+            model.graph_view().max_degree)
 
 
 class _Graph:
     def __init__(self, model, tokens, state, signature, pool):
         self.signature = signature
         device = tokens.device
-        max_degree = model.decode_max_degree()
+        width = model.graph_view().max_degree
         self.tokens = tokens.detach().clone()
-        self.state = [t.detach().clone() for t in state.tensors()]
+        self.state = state.clone()
         # warm up on a side stream (Triton compiles its kernels, caches fill), then record
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                model.decode_step(self.tokens, self.state, max_degree)
+                model.decode_step(self.tokens, self.state, width)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.logits, new_state = model.decode_step(self.tokens, self.state, max_degree)
-            for buffer, value in zip(self.state, new_state):
+            self.logits, new_state = model.decode_step(self.tokens, self.state, width)
+            for buffer, value in zip(self.state.tensors(), new_state.tensors()):
                 buffer.copy_(value)  # the state advances in place: its next step reads it where it is
 
     def owns(self, state) -> bool:
-        return all(t is buffer for t, buffer in zip(state.tensors(), self.state))
+        return all(t is buffer for t, buffer in zip(state.tensors(), self.state.tensors()))
 
     def step(self, tokens, state):
         self.tokens.copy_(tokens)
         if not self.owns(state):
-            for t, buffer in zip(state.tensors(), self.state):
+            for t, buffer in zip(state.tensors(), self.state.tensors()):
                 buffer.copy_(t)
         self.graph.replay()
-        return self.logits, tuple(self.state)
+        longest = None if state.longest is None else state.longest + 1
+        return self.logits, BriLLMState.of(self.state.tensors(), state.seen + 1, longest)
 
 
 class DecodeGraphs:
@@ -84,7 +86,7 @@ class DecodeGraphs:
         self.pool = None
 
     def step(self, model, tokens: torch.Tensor, state):
-        """Logits (B, V) and the new state tensors for `tokens` (B,) on top of `state` (see the module contract)."""
+        """Logits (B, V) and the new state (its tensors the graph's buffers) for `tokens` (B,) on top of `state`."""
         signature = _signature(model, tokens.device)
         B = tokens.shape[0]
         graph = self.graphs.get(B)
@@ -95,7 +97,9 @@ class DecodeGraphs:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = self.graphs[B] = _Graph(model, tokens, state, signature, self.pool)
-        return graph.step(tokens, state)
+        logits, new_state = graph.step(tokens, state)
+        new_state.graph_owned = True
+        return logits, new_state
 
     def clear(self):
         self.graphs.clear()

@@ -54,6 +54,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from .generation import Decoding, decode_loop, finish_check_every
+
 __all__ = ["EnergyGenerateOutput", "EnergyStep", "SelfLoopBan", "energy_generate", "save_custom_generate"]
 
 
@@ -149,12 +151,6 @@ class SelfLoopBan(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         return scores.scatter(1, input_ids[:, -1:], float("-inf"))
-
-
-def _finish_check_every(device: torch.device) -> int:
-    """How many steps the loop runs between two reads of "has every row finished?" from the device: 8 on a GPU (a
-    read waits for the queued work), 1 elsewhere (a read is free, an extra step is not)."""
-    return 8 if device.type == "cuda" else 1
 
 
 def _empty_prompt_message(config) -> str:
@@ -288,42 +284,30 @@ def _path(raw, probabilities, sources, tokens, k: int) -> dict:
 
 
 def _decode(model, input_ids, mask, start, config, processors, criteria, generator, streamer, k):
-    """Greedy decoding or sampling on the model's recurrent state. Finished rows are fed the pad token, as
-    `generate()` does: a full batch keeps the model on its one-token decoding path. Returns the energy-path fields
-    (batch, steps[, k]) and the step mask; steps run after every row had finished are dropped."""
+    """Greedy decoding or sampling on the model's recurrent state, in the loop `generate()` runs (`decode_loop`).
+    Finished rows are fed the pad token, as `generate()` does. Returns the energy-path fields (batch, steps[, k])
+    and the step mask; steps run after every row had finished are dropped."""
     B, T = input_ids.shape
-    pad = torch.tensor(config.pad_token_id, device=input_ids.device)
-    sequences = torch.cat([input_ids, pad.expand(B, config.max_new_tokens)], 1)
     host_reads = config.no_repeat_ngram_size or streamer is not None  # they wait for the device every step anyway
-    check_every = 1 if host_reads else _finish_check_every(input_ids.device)
-    active, steps = torch.ones(B, dtype=torch.bool, device=input_ids.device), []
     if streamer is not None:
         streamer.put(input_ids.cpu())
     out = model(input_ids, attention_mask=None if bool(mask.all()) else mask.long(), use_cache=True,
                 logits_to_keep=1, **start)
-    for s in range(config.max_new_tokens):
-        raw = out.logits[:, -1, :].float()  # every node's energy as the successor of the current node
-        scores = processors(sequences[:, :T + s], raw)
-        probabilities = scores.softmax(-1)
-        if config.do_sample:
-            chosen = torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
-        else:
-            chosen = scores.argmax(-1)
-        chosen = torch.where(active, chosen, pad)
-        sequences[:, T + s] = chosen
-        steps.append((_path(raw, probabilities, sequences[:, T + s - 1], chosen, k), active))
-        active = active & ~criteria(sequences[:, :T + s + 1], None)
-        if streamer is not None:
-            streamer.put(chosen.cpu())
-        if s + 1 == config.max_new_tokens or ((s + 1) % check_every == 0 and not bool(active.any())):
-            break
-        out = model(chosen.unsqueeze(1), cache=out.state, use_cache=True, logits_to_keep=1, generation_step=True)
+    steps, last = [], [input_ids[:, -1]]
+
+    def record(raw, scores, tokens, unfinished):
+        steps.append((_path(raw, scores.softmax(-1), last[0], tokens, k), unfinished))
+        last[0] = tokens
+
+    run = Decoding(processors, criteria, T + config.max_new_tokens, config.do_sample,
+                   torch.tensor(config.pad_token_id, device=input_ids.device), generator, streamer, record,
+                   1 if host_reads else finish_check_every(input_ids.device))
+    _, _, ran = decode_loop(input_ids, out.logits[:, -1, :].float(), out.state, model.loop_step(input_ids), run)
     if streamer is not None:
         streamer.end()
-    step_mask = torch.stack([a for _, a in steps], 1)
-    ran = int(step_mask.any(0).sum())  # the active steps are a prefix
-    fields = {name: torch.stack([f[name] for f, _ in steps[:ran]], 1) for name in steps[0][0]}
-    return fields, step_mask[:, :ran]
+    steps = steps[:ran]
+    fields = {name: torch.stack([f[name] for f, _ in steps], 1) for name in steps[0][0]}
+    return fields, torch.stack([a for _, a in steps], 1)
 
 
 def _beam_search(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, streamer, k):
@@ -516,7 +500,12 @@ def save_custom_generate(output_dir) -> str:
 
     folder = os.path.join(os.fspath(output_dir), "custom_generate")
     os.makedirs(folder, exist_ok=True)
-    source = inspect.getsource(inspect.getmodule(energy_generate))
+    # a standalone file: the decoding loop it shares with the model's generate() goes in by its source
+    loop = "\n\n".join(inspect.getsource(obj) for obj in (finish_check_every, Decoding, decode_loop))
+    source = inspect.getsource(inspect.getmodule(energy_generate)).replace(
+        "from .generation import Decoding, decode_loop, finish_check_every\n",
+        "import inspect\nimport torch.nn.functional as F\nfrom dataclasses import dataclass\n"
+        "from transformers import MaxLengthCriteria\n\n" + loop + "\n")
     path = os.path.join(folder, "generate.py")
     with open(path, "w", encoding="utf-8") as f:
         f.write(source + _CUSTOM_GENERATE_WRAPPER)

@@ -386,91 +386,51 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_e
     return logits.index_put((plan.entry_position, plan.entry_target), energies)
 
 
-def successor_logits(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
-                     non_edge_bias=None) -> torch.Tensor:
-    """(N, V) energies of every node as the successor of each position, in the given order; inference only.
+def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.Tensor:
+    """(N, V) energies of every node as the successor of each position (the decode step's), computed in float32 for
+    tables of 16 bits or float32 (in float64 for float64 ones). `x`, `pe` (N, d); `edges` a `tables.EdgeTable`, `graph` a
+    `tables.GraphView`; `sources` (N,) the positions' nodes.
 
-    The decoding hot path: no plan or autograd for a single position (one `baddbmm` over its source's block,
-    written into a row of shared energies); several positions go through the grouped path. `x`, `pe` (N, d);
-    `sources` (N,) current nodes; `indices=None` means a dense graph. Equals `scatter_logits` of
-    `candidate_energies` (un-sorted).
-    """
-    with torch.no_grad():
-        N = x.shape[0]
-        if N == 1:
-            u = int(sources[0])
-            return block_logits(x, pe, weights, biases, int(indptr[u]), int(indptr[u + 1]), indices, vocab_size,
-                                non_edge_bias)
-        plan = make_torch_plan(sources, indptr, indices, vocab_size)
-        energies, shared = candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan)
-        logits = torch.empty(N, vocab_size, dtype=energies.dtype, device=x.device)
-        logits[plan.order] = scatter_logits(energies, shared, plan, vocab_size, non_edge_bias)
-        return logits
-
-
-def block_logits(x, pe, weights, biases, a: int, b: int, indices, vocab_size: int, non_edge_bias=None):
-    """(1, V) energies of every node after one position whose source's real edges are CSR entries a..b−1 (host
-    ints; edge rows a+1..b): one `baddbmm` over the block, written into a row of shared energies. `x`, `pe` (1, d);
-    `biases` (P, 1, d); `indices=None` means a dense graph. Inference only."""
-    return block_outputs(x, pe, weights, biases, a, b, indices, vocab_size, non_edge_bias)[0]
-
-
-def block_outputs(x, pe, weights, biases, a: int, b: int, indices, vocab_size: int, non_edge_bias=None):
-    """`block_logits` with the edge outputs GeLU(x·W + b + PE) it computes on the way: (logits (1, V), the
-    successors' (b − a, d), the shared edge's (1, d) or None for a dense graph). The one-row decode step keeps them:
-    the next token crosses one of these edges."""
-    with torch.no_grad():
-        d, n = x.shape[1], b - a
-        shared = None
-        if indices is None:
-            logits = x.new_empty(1, vocab_size)
-        else:
-            shared, energy = _energy(torch.addmm(biases[0] + pe, x, weights[0]))
-            logits = energy.expand(1, vocab_size).clone()
-            if non_edge_bias is not None:
-                logits += non_edge_bias.to(logits.dtype)
-        h = torch.baddbmm(biases[a + 1:b + 1], x.expand(n, 1, d), weights[a + 1:b + 1]).view(n, d)
-        h += pe
-        successors, energies = _energy(h)
-        if indices is None:
-            logits[0, :n] = energies
-        else:
-            logits[0].index_copy_(0, indices[a:b], energies)
-        return logits, successors, shared
-
-
-def successor_logits_static(x, pe, weights, biases, sources, indptr, indices, vocab_size: int,
-                            max_degree: int, non_edge_bias=None) -> torch.Tensor:
-    """`successor_logits` with no host synchronisation and shapes fixed by (N, max_degree): the decode step that
-    `decode_capture` records into a CUDA graph (and that runs on `device="meta"`). `max_degree` is the graph's largest
-    number of real successors (`graph_max_degree`, V for a dense graph); `non_edge_bias` (V,) is added to the
-    non-successors' shared energy when given.
-
-    Every position gathers `max_degree` edge rows from the start of its block (rows past its degree are computed
-    and dropped into a spare column), so it reads N · max_degree · d² weights: meant for small batches, the meta
-    check and GPUs without Triton (the kernel path, `ops.successor_logits`, is one launch over a static grid).
-    """
+    `width` is how many successors each position computes: the graph's largest degree (`GraphView.max_degree`)
+    gives shapes fixed by (N, width) and no host read, what a CUDA graph records (and what runs on `device="meta"`);
+    None reads the positions' own degrees from the host (one position: its block of edges read in place, as a
+    slice). A position gathers `width` edge rows from the start of its block; those past its degree are computed
+    and dropped into a spare column."""
     with torch.no_grad():
         N, d = x.shape
-        P = weights.shape[0]
-        b2 = biases.reshape(P, d)
-        if indices is None:
-            logits = x.new_zeros(N, vocab_size + 1)  # every column is a real successor
-        else:
-            shared = _energy(torch.addmm(b2[0] + pe, x, weights[0]))[1]
-            logits = shared.unsqueeze(1).expand(N, vocab_size + 1).contiguous()
-            if non_edge_bias is not None:
-                logits[:, :vocab_size] += non_edge_bias.to(logits.dtype)
-        if max_degree and P > 1:
-            first = indptr[sources]
-            j = torch.arange(max_degree, device=x.device)
-            real = j < (indptr[sources + 1] - first).unsqueeze(1)  # (N, K)
-            edge = torch.where(real, first.unsqueeze(1) + j, torch.zeros_like(j))  # CSR index; 0 where not real
-            h = torch.matmul(x[:, None, None, :], weights[edge + 1]).squeeze(2) + b2[edge + 1] + pe.unsqueeze(1)
-            energies = _energy(h)[1]  # (N, K)
-            target = j.expand(N, max_degree) if indices is None else indices[edge]
-            logits.scatter_(1, torch.where(real, target, vocab_size), energies)
-        return logits[:, :vocab_size]
+        V, weights, indices = graph.vocab_size, edges.weights, graph.indices
+        ct = torch.promote_types(weights.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
+        x, pe, b2 = x.to(ct), pe.to(ct), edges.biases.reshape(weights.shape[0], d)
+        logits = x.new_zeros(N, V + 1)  # a dense graph: every column is a real successor
+        if indices is not None:  # every other node gets the shared edge's energy (+ its own offset)
+            shared = _energy(torch.addmm(b2[0].to(ct) + pe, x, weights[0].to(ct)))[1]
+            logits = shared.unsqueeze(1).expand(N, V + 1).contiguous()
+            if edges.non_edge_bias is not None:
+                logits[:, :V] += edges.non_edge_bias.to(ct)
+        first = graph.indptr[sources]
+        degree = graph.indptr[sources + 1] - first
+        if N == 1 and not _capturing(x):  # one position: its block of edges read in place, no copy of their rows
+            a, n = int(first), int(degree)
+            W, b = weights[a + 1:a + 1 + n].to(ct), b2[a + 1:a + 1 + n].to(ct)
+            energies = _energy(torch.baddbmm(b.unsqueeze(1), x.expand(n, 1, d), W).view(n, d) + pe)[1]
+            target = torch.arange(n, device=x.device) if indices is None else indices[a:a + n]
+            return logits[:, :V].index_copy(1, target, energies.unsqueeze(0))
+        if width is None:
+            width = int(degree.max()) if N else 0
+        if width == 0:
+            return logits[:, :V]
+        j = torch.arange(width, device=x.device)
+        real = j < degree.unsqueeze(1)  # (N, width)
+        edge = torch.where(real, first.unsqueeze(1) + j, torch.zeros_like(j))  # CSR index; 0 where not real
+        h = torch.matmul(x[:, None, None, :], weights[edge + 1].to(ct)).squeeze(2) + b2[edge + 1].to(ct)
+        energies = _energy(h + pe.unsqueeze(1))[1]  # (N, width)
+        target = j.expand(N, width) if indices is None else indices[edge]
+        return logits.scatter(1, torch.where(real, target, V), energies)[:, :V]
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether `x` lives where no host read may happen: a CUDA graph being recorded, or the meta device."""
+    return x.device.type == "meta" or (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.Tensor:
@@ -551,10 +511,7 @@ __all__ = [
     "candidate_energies",
     "gather_edges",
     "scatter_logits",
-    "block_logits",
-    "block_outputs",
     "successor_logits",
-    "successor_logits_static",
     "exact_log_partition",
     "non_edge_log_mass",
     "target_energies",

@@ -28,18 +28,6 @@ def shift_labels(labels: torch.Tensor, attention_mask, column: torch.Tensor, voc
     return targets
 
 
-def frequency_table(indptr: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, width: int) -> torch.Tensor:
-    """(V, width) successors of every node by descending bigram count (ties by target id), padded with −1."""
-    V = indptr.numel() - 1
-    src = torch.repeat_interleave(torch.arange(V, device=indptr.device), indptr.diff())
-    order = torch.argsort(src * (counts.max() + 1 if counts.numel() else 1) - counts, stable=True)
-    rank = torch.arange(order.numel(), device=indptr.device) - indptr[src[order]]
-    table = torch.full((V, width), -1, dtype=torch.long, device=indptr.device)
-    keep = rank < width
-    table[src[order][keep], rank[keep]] = indices[order][keep]
-    return table
-
-
 def sampled_loss(logits, shared, sources, targets, num_negatives: int, negative_sampling: str,
                  successors_by_count=None) -> torch.Tensor:
     """Per-position cross-entropy over the true target (first) and K negatives of the source.
@@ -76,4 +64,4 @@ def position_losses(energies, shared, plan, sources, targets, target_rows, block
                         successors_by_count)
 
 
-__all__ = ["frequency_table", "position_losses", "sampled_loss", "shift_labels"]
+__all__ = ["position_losses", "sampled_loss", "shift_labels"]

@@ -1,4 +1,4 @@
-"""BriLLM: a language model that is a fully connected directed graph of tokens.
+"""BriLLM: a language model that is a directed graph of tokens (the equations: naive.py, which this computes fast).
 
 Every token u is a node; every edge u→v is a d×d matrix W[u→v] plus a bias b[u→v]. A signal (a d-vector) flows
 along the path of the input tokens u_0, u_1, ...:
@@ -8,22 +8,18 @@ along the path of the input tokens u_0, u_1, ...:
     x_i     = Σ_{k≤i} softmax_k(p_k) · c_k                               a softmax(position weights p) mix of edges
     E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              energy delivered to every candidate v
 
-(x_0 = e_0.) The energies are the logits: the next token is the node whose incoming edge delivers the most energy.
-A sparse graph keeps real edges only for the bigrams seen in training; every other pair u→v shares edge row 0 (plus
-a learned per-node offset with `config.non_edge_bias`). With `config.node_readout` every node also reads the signal
-directly: logit(v) = E_i(v) + ⟨x_i, r_v⟩. With `config.edge_backoff` every edge adds one shared learned matrix to its
-own, W[u→v] → edge_base + W[u→v] (`recurrence.plus_edge_base`). With `config.node_embedding` every node adds its own
-learned vector to the edge output it passes on, c_i → c_i + e[u_i], so the mix carries the recent tokens themselves.
-With `config.count_prior` every logit adds a fixed smoothed bigram model of the training text, + log p(v | u_i)
-(`count_prior.py`).
-docs/model.md tells the whole story, with the checkpoint format and the original release's numbers.
+(x_0 = e_0.) The energies are the logits. A sparse graph keeps real edges only for the bigrams seen in training;
+every other pair shares edge row 0. The extensions (`BriLLMConfig`: non-edge bias, node readout, the edges' shared
+matrix, node vectors, count prior, learned start signals, signal dropout) are each a marked line of naive.py.
 
     BriLLMModel          the parameters, the graph, and the recurrence (returns the signals x_i)
-    BriLLMForCausalLM    holds a BriLLMModel; the energies as logits, the loss, and `generate()`
+    BriLLMForCausalLM    the energies as logits, the loss, and `generate()`
 
-The heavy lifting (the recurrence's scan, the candidate energies, the decode step) is in `ops.py`, which runs each
-op as Triton kernels on a GPU or as its torch reference anywhere.
+The hot operations (the scan, the candidate energies, the one-token step) are in ops.py, which runs each as a
+Triton kernel on a GPU or in torch anywhere; docs/model.md tells the whole story.
 """
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -34,29 +30,14 @@ from transformers import initialization as init
 from .backend import exact_precision
 from .configuration_brillm import BriLLMConfig
 from .count_prior import add_count_prior
-from .decoding import energy_generate
 from .energy import RowView
 from .generation import BriLLMGenerationMixin
 from .graph_editing import GraphMethods
-from .interpretability import energy_trace
 from .losses import position_losses, shift_labels
-from .ops import (
-    EdgeGradLink,
-    candidate_energies,
-    check_dropout_rows,
-    draw_dropout_seed,
-    edge_update,
-    graph_max_degree,
-    make_plan,
-    scatter_logits,
-    signal_scan,
-    successor_logits,
-)
-from .ops import decode_step as sync_free_step
-from .outputs import BriLLMCausalLMOutput, BriLLMModelOutput, Signals
-from .recurrence import plus_edge_base
-from .state import CACHE, BriLLMState, given_state
-from .tables import DerivedTables
+from .ops import EdgeGradLink, candidate_energies, decode_step, graph_max_degree, make_plan, scatter_logits, signal_scan
+from .recurrence import plus_edge_base, scan_dropout_mask
+from .state import CACHE, BriLLMCausalLMOutput, BriLLMModelOutput, BriLLMState, Columns, Mix, Signals, given_state
+from .tables import DerivedTables, EdgeTable, GraphView
 from .validation import check_inputs, check_labels, check_signal_ids, compact_real_tokens, too_long
 
 # isort: split
@@ -65,9 +46,7 @@ from .validation import check_inputs, check_labels, check_signal_ids, compact_re
 from .decode_capture import DecodeGraphs  # noqa: F401
 from .graph import edge_keys  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
-from .row_adamw import adamw_rows  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
-from .triton_optim import sparse_adamw_rows  # noqa: F401
 from .triton_recurrence import unsupported_reason  # noqa: F401
 
 
@@ -207,19 +186,13 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         self.weights = nn.Parameter(torch.empty(P, d, d))
         self.biases = nn.Parameter(torch.empty(P, 1, d))
         self.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1))
-        # start_signal="learned": the signal the first node starts from, one d-vector per task (1/d = the release)
-        self.start_signals = None
-        if config.start_signal == "learned":
-            self.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d))
-        # non_edge_bias=True: a non-successor v of any node gets the shared energy + non_edge_bias[v] (0 = release)
-        self.non_edge_bias = None
-        if config.non_edge_bias and config.graph == "sparse":
-            self.non_edge_bias = nn.Parameter(torch.zeros(V))
-        # node_readout=True: node v's logit also reads the signal directly, + <x, node_readout[v]> (0 = release)
+        # the extensions, each None when off (naive.py marks where each acts)
+        learned = config.start_signal == "learned"
+        self.start_signals = nn.Parameter(torch.full((config.num_start_signals, d), 1.0 / d)) if learned else None
+        sparse_bias = config.non_edge_bias and config.graph == "sparse"
+        self.non_edge_bias = nn.Parameter(torch.zeros(V)) if sparse_bias else None
         self.node_readout = nn.Parameter(torch.zeros(V, d)) if config.node_readout else None
-        # edge_backoff=True: every edge's matrix is edge_base + its own table row (0 = release)
         self.edge_base = nn.Parameter(torch.zeros(d, d)) if config.edge_backoff else None
-        # node_embedding=True: every node adds its own d-vector to the edge output it passes on (0 = release)
         self.node_embedding = nn.Parameter(torch.zeros(V, d)) if config.node_embedding else None
         if config.graph == "sparse":
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
@@ -239,7 +212,14 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         self.reset_caches()
         self.post_init()
 
-    # ------------------------------------------------------------------------------ the positional encoding
+    # ------------------------------------------------------------------------------ what the steps read
+    def edge_table(self) -> EdgeTable:
+        return EdgeTable(self.weights, self.biases, self.edge_base, self.non_edge_bias, self._sparse_gradients)
+
+    def graph_view(self) -> GraphView:
+        indptr, indices = self.csr()
+        return GraphView(indptr, indices, self.edge_keys(), self.config.vocab_size)
+
     def position_table(self, device) -> torch.Tensor:
         """PE rows 0..max_position_embeddings (float32), built once per device and config."""
         cfg = self.config
@@ -271,58 +251,53 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
                     edge_fetch=None, dropout_rows=None, dropout_seed: int | None = None) -> Signals:
-        """Run the recurrence over a batch (from `state` when given). `edge_fetch(rows)`, when given, returns the
-        edge rows (w (B, L, d, d), b (B, L, d)) of the (B, L) global row ids in place of this model's tables (the
+        """The recurrence over a batch, from `state` when given: 1. each row's real tokens, 2. the start signal,
+        3. the scan over every edge the signal crosses. `edge_fetch(rows)`, when given, returns the edge rows
+        (w (B, L, d, d), b (B, L, d)) of the (B, L) global row ids in place of this model's tables (the
         source-sharded table, see sharding.py). `dropout_rows` / `dropout_seed`: the signal dropout's mask (see
         `BriLLMForCausalLM.forward`)."""
         cfg = self.config
         mask = check_inputs(input_ids, attention_mask, state, cfg.vocab_size)
-        # the start signal only matters for a sequence's first token: with a state it is already consumed
-        if state is None:
+        if state is None:  # the start signal only matters for a sequence's first token
             signal_ids = check_signal_ids(signal_ids, cfg, input_ids.shape[0], input_ids.device)
-        if state is not None and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and bool(mask.all()):
-            return self._one_token(input_ids[:, 0], state)
+        # 1. each row's real tokens moved to the front, with their positions in their sequences
         tokens, valid, column, lengths = compact_real_tokens(input_ids, mask)
         B, L = tokens.shape
         if L == 0:
             raise ValueError("every token of this call is padding (attention_mask 0): there is nothing to run; leave "
                              "the call out, or give each row at least one real token.")
-        start, last, seen, carried = self._carried(state, tokens)
-        index = start.unsqueeze(1) + torch.arange(L, device=tokens.device)  # absolute position of every token
+        if state is None:
+            start, last, seen, mix = torch.zeros_like(lengths), tokens[:, 0], 0, \
+                Mix.empty(B, cfg.node_size, tokens.device)
+        else:
+            start, last, seen, mix = state.length, state.last_token, state.seen, state.mix
+        index = start.unsqueeze(1) + torch.arange(L, device=tokens.device)
         if not self.extends_positions:
             longest = int((index * valid).max()) + 1
             if longest > cfg.max_position_embeddings:
                 raise too_long(longest, cfg.max_position_embeddings)
-        # every edge the signal crosses (token j−1 → token j); the first token of a sequence has none
+        # 2. e_0 = GeLU(s + b_node[u_0] + PE_0) for the rows whose first real token starts their sequence
+        mix = self._start(tokens, valid & (index == 0), state, signal_ids, mix)
+        # 3. every edge the signal crosses (token j−1 → token j; a sequence's first token has none)
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
-        signal = self._start(tokens, index, valid, state, signal_ids, carried[0])
+        columns = Columns(rows, has_edge, self.position_encoding(index).to(self.weights.dtype),
+                          self.mix_weights(index), self.node_add(tokens),
+                          self._dropout_mask(index, dropout_rows, dropout_seed))
         # the link hands the scan's edge gradients to the candidate energies' backward (one gradient per table)
         link = EdgeGradLink() if torch.is_grad_enabled() and edge_fetch is None else None
-        dropout_rows = check_dropout_rows(dropout_rows, B, tokens.device)
-        signals, *carried = self._scan(signal, carried[1:], index, rows, has_edge, edge_fetch, link, tokens,
-                                       dropout_rows, dropout_seed)
+        signals, mix = self._scan(mix, columns, edge_fetch, link)
         last_real = tokens[torch.arange(B, device=tokens.device), (lengths - 1).clamp_min(0)]
-        final_token = torch.where(lengths > 0, last_real, last)
-        new_state = BriLLMState(*carried, start + lengths, final_token, seen + input_ids.shape[1])
+        new_state = BriLLMState(mix, start + lengths, torch.where(lengths > 0, last_real, last),
+                                seen + input_ids.shape[1])
         return Signals(tokens, valid, column, index, signals, new_state, link)
 
-    def _carried(self, state, tokens):
-        """(start position, node the signal sits on, columns seen, (signal, mix_sum, mix_norm, mix_max))."""
-        if state is not None:
-            return state.length, state.last_token, state.seen, state.tensors()[:4]
-        B, d, device = tokens.shape[0], self.config.node_size, tokens.device
-        zeros = torch.zeros(B, dtype=torch.float32, device=device)
-        carried = (torch.zeros(B, d, device=device), torch.zeros(B, d, device=device), zeros,
-                   torch.full((B,), float("-inf"), device=device))
-        return torch.zeros(B, dtype=torch.long, device=device), tokens[:, 0], 0, carried
-
-    def _start(self, tokens, index, valid, state, signal_ids, signal):
-        """e_0 = GeLU(s + b_node[u_0] + PE_0) for the rows whose first real token is their sequence's first."""
-        first = valid[:, 0] & (index[:, 0] == 0)
+    def _start(self, tokens, first, state, signal_ids, mix: Mix) -> Mix:
+        """`mix` with the start signal e_0 as the signal of the rows in `first` (B, L)[:, 0]."""
+        first = first[:, 0]
         if state is not None and not bool(first.any()):  # without a state every row starts here: no device read
-            return signal
+            return mix
         d = self.config.node_size
         start_pe = self.position_encoding(torch.zeros(1, dtype=torch.long, device=tokens.device))
         rows = RowView.apply(self.node_bias, (self.node_bias.shape[0], d))
@@ -331,59 +306,44 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         if self.start_signals is not None:
             ids = signal_ids if signal_ids is not None else torch.zeros_like(tokens[:, 0])
             start = self.start_signals.float()[ids]
-        return torch.where(first.unsqueeze(1), F.gelu(start + node_bias.float() + start_pe), signal)
+        e0 = F.gelu(start + node_bias.float() + start_pe)
+        return Mix(torch.where(first.unsqueeze(1), e0, mix.signal), mix.mix_sum, mix.mix_norm, mix.mix_max)
 
-    def _checkpointing(self) -> bool:
-        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+    def _dropout_mask(self, index, dropout_rows, dropout_seed) -> torch.Tensor | None:
+        """The signal dropout's mask (B, L + 1, d) of columns at positions `index` (B, L) in training, else None:
+        entry j on the signal entering column j, a function of (seed, each row's index in the global batch,
+        position, dimension), so a row drops the same entries in any batch on any process."""
+        p = self.config.signal_dropout * self.signal_dropout_scale if self.training else 0.0
+        if not p:
+            return None
+        seed = draw_dropout_seed() if dropout_seed is None else int(dropout_seed)
+        rows = check_dropout_rows(dropout_rows, index.shape[0], index.device)
+        return scan_dropout_mask(p, seed, rows, index[:, 0], index.shape, self.config.node_size, index.device)
 
-    def _scan(self, signal, mix, index, rows, has_edge, edge_fetch, link, tokens, dropout_rows=None,
-              dropout_seed=None):
-        """The edges along every path (`ops.signal_scan`): (signals (B, L, d), signal, mix_sum, mix_norm, mix_max).
-        `tokens` (B, L): the node each column's edge enters; the dropout mask keys on `dropout_rows` (B,) and
-        `dropout_seed`, drawn here when None (a recomputing backward must see the same seed)."""
-        pe = self.position_encoding(index).to(self.weights.dtype)  # PE[i+1] of edge i, (B, L, d)
-        dropout = self.config.signal_dropout * self.signal_dropout_scale if self.training else 0.0
-        weights, biases, sparse = self.weights, self.biases, self._sparse_gradients
+    def _scan(self, mix: Mix, columns: Columns, edge_fetch, link):
+        """The edges along every path (`ops.signal_scan`), recomputed in the backward under gradient checkpointing."""
+        edges = self.edge_table()
         if edge_fetch is not None:  # the fetched rows are the table: row b·L + j is column j of row b
-            B, L = rows.shape
-            w, b = edge_fetch(rows)
-            weights, biases, sparse = w.reshape(B * L, *w.shape[2:]), b.reshape(B * L, 1, -1), False
-            rows = torch.arange(B * L, device=rows.device).view(B, L)
-        args = (signal, *mix, self.mix_weights(index), weights, biases, rows, has_edge, pe, sparse, link, dropout,
-                self.edge_base, self.node_add(tokens))
-        if dropout:
-            seed = draw_dropout_seed() if dropout_seed is None else int(dropout_seed)
-            args += (seed, dropout_rows, index[:, 0])
-        if self._checkpointing():  # keep no signals for the backward: recompute the scan there
-            return self._gradient_checkpointing_func(signal_scan, *args)
-        return signal_scan(*args)
+            B, L = columns.rows.shape
+            w, b = edge_fetch(columns.rows)
+            edges = EdgeTable(w.reshape(B * L, *w.shape[2:]), b.reshape(B * L, 1, -1), self.edge_base)
+            columns.rows = torch.arange(B * L, device=w.device).view(B, L)
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpointed(self._gradient_checkpointing_func, signal_scan, (mix, columns, edges), link)
+        return signal_scan(mix, columns, edges, link)
 
-    def _one_token(self, tokens: torch.Tensor, state: BriLLMState) -> Signals:
-        """One new token per row on top of `state` (the general decoding path): one edge step, no plan."""
-        M = self.config.max_position_embeddings
-        if not self.extends_positions and int(state.length.max()) >= M:
-            raise too_long(int(state.length.max()) + 1, M)
-        length, wdtype = state.length, self.weights.dtype
-        rows = self.edge_rows(state.last_token, tokens)
-        pe = plus_edge_base(self.position_encoding(length).to(wdtype), state.signal, self.edge_base)
-        mix = edge_update(state.signal, self.weights[rows], self.biases[rows, 0], pe, self.mix_weights(length),
-                          *state.tensors()[1:4], self.node_add(tokens))
-        signal = mix[0] / mix[1].unsqueeze(1)
-        new_state = BriLLMState(signal, *mix, length + 1, tokens, state.seen + 1)
-        ones = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(1)
-        return Signals(tokens.unsqueeze(1), ones, torch.zeros_like(tokens).unsqueeze(1), length.unsqueeze(1),
-                       signal.unsqueeze(1), new_state)
-
-    def decode_step(self, tokens, state_tensors, max_degree: int):
-        """The sync-free step (`ops.decode_step`): logits (B, V) of every node after `tokens` (B,) and the state
-        tensors after them, with fixed shapes and no reads of the device (what a CUDA graph records)."""
-        length = state_tensors[4]
-        indptr, indices = self.csr()
-        logits, state = sync_free_step(tokens, *state_tensors, self.weights, self.biases, self.positions,
-                                       self.position_encoding(length), self.position_encoding(length + 1), indptr,
-                                       indices, self.edge_keys(), self.config.vocab_size, max_degree,
-                                       self.non_edge_bias, self.edge_base, self.node_add(tokens))
-        return self.read_out(logits, state[0], tokens), state
+    # ------------------------------------------------------------------------------ one token, fixed shapes
+    def decode_step(self, tokens: torch.Tensor, state: BriLLMState, width: int | None = None):
+        """The one-token step: (logits (B, V) of every node after `tokens` (B,) on top of `state`, the new state).
+        1. the edge last_token → token joins the mix, 2. every successor's energy, 3. the read-out. `width`: the
+        successors each row computes (`energy.successor_logits`): None reads them from the host; a fixed one (the
+        graph's largest degree) reads nothing from the device, what a CUDA graph records."""
+        length = state.length
+        at = (state.last_token, self.position_encoding(length), self.position_encoding(length + 1),
+              self.mix_weights(length), self.node_add(tokens))
+        logits, mix = decode_step(tokens, state.mix, at, self.edge_table(), self.graph_view(), width)
+        longest = None if state.longest is None else state.longest + 1
+        return self.read_out(logits, mix.signal, tokens), BriLLMState(mix, length + 1, tokens, state.seen + 1, longest)
 
     def read_out(self, logits: torch.Tensor, signal: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
         """`logits` (N, V) of the successors of `sources` (N,) plus what every node reads of the signal (N, d)
@@ -404,6 +364,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         builds all V logits of every position (the energies alone give non-successors one shared value)."""
         return self.node_readout is not None or self.config.count_prior
 
+    # ------------------------------------------------------------------------------------- the energies
     def score(self, x, sources, next_index, targets=None, *, want_logits=False, loss_type=None, link=None,
               csr=None, row_offset=None):
         """The energies E_i(v) of positions with signals `x` (N, d) sitting on `sources` (N,), their next token at
@@ -493,7 +454,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
         signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
             from (`start_signal="learned"`; default 0). Ignored with a `cache` (the start is consumed).
-        generation_step (`bool`): set by the decoding loops (generate(), energy_generate) for their one-token steps:
+        generation_step (`bool`): set by the decoding loop (generate(), energy_generate) for its one-token steps:
             the new column of `attention_mask` is all ones and the ids are the model's own picks (or a finished row's
             pad token), so the step skips the checks that read the device and may be replayed from a CUDA graph.
         dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's index in the global batch,
@@ -511,43 +472,28 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         input_ids, attention_mask, labels, signal_ids = self.to_input_device(input_ids, attention_mask, labels,
                                                                              signal_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        one_token = (state is not None and labels is None and return_logits and not output_hidden_states
-                     and not torch.is_grad_enabled() and isinstance(input_ids, torch.Tensor)
-                     and input_ids.dim() == 2 and input_ids.shape[1] == 1)
-        stepped = None
-        if one_token and self.sync_free_decoding(input_ids):
+        # 1. one new token per row on a state, nothing to learn: the one-token step (generation.py)
+        if (state is not None and labels is None and return_logits and not output_hidden_states
+                and not torch.is_grad_enabled() and self.steps_one_token(input_ids)):
             stepped = self.generation_step(input_ids, attention_mask, state, generation_step)
-        elif one_token and self.host_decoding(input_ids, signal_ids):
-            stepped = self.host_step(input_ids, attention_mask, state, generation_step)
-        if stepped is not None:
-            logits, new_state = stepped
-            return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: new_state if use_cache else None})
+            if stepped is not None:
+                logits, new_state = stepped
+                return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: new_state if use_cache else None})
+        # 2. the start signal and the scan over every edge of every path
         run = self.brillm.run_signals(input_ids, attention_mask, state, signal_ids, dropout_rows=dropout_rows,
                                       dropout_seed=dropout_seed)
         T = input_ids.shape[1]
-        if one_token and run.signals.shape[1] == 1 and bool(run.valid.all()):
-            logits = self._successor_logits(run)  # decoding: every node's energy as the successor, no plan
-            return BriLLMCausalLMOutput(logits=logits.unsqueeze(1), **{CACHE: run.state if use_cache else None})
         targets = None
         if labels is not None:
             check_labels(labels, input_ids)
             targets = shift_labels(labels, attention_mask, run.column, self.config.vocab_size)
+        # 3. the energies of every candidate (4. and the loss, where there are targets)
         keep_from = T - logits_to_keep if logits_to_keep and logits_to_keep < T else 0
         loss, logits = self._energies(run, targets, keep_from if return_logits else None, T,
                                       kwargs.get("num_items_in_batch"))
         hidden = (run.scatter(T),) if output_hidden_states else None
         return BriLLMCausalLMOutput(loss=loss, logits=logits, hidden_states=hidden,
                                     **{CACHE: run.state if use_cache else None})
-
-    def _successor_logits(self, run: Signals) -> torch.Tensor:
-        """(B, V) energies of every node as the successor of each row's one new token."""
-        base, wdtype = self.brillm, self.brillm.weights.dtype
-        indptr, indices = self.csr()
-        x = run.signals[:, 0]
-        pe = plus_edge_base(base.position_encoding(run.index[:, 0] + 1).to(wdtype), x, base.edge_base)
-        logits = successor_logits(x.to(wdtype), pe, base.weights, base.biases, run.tokens[:, 0],
-                                      indptr, indices, self.config.vocab_size, base.non_edge_bias)
-        return base.read_out(logits.float(), x, run.tokens[:, 0])
 
     def _energies(self, run: Signals, targets, keep_from: int | None, width: int, num_items=None):
         """Candidate energies of the positions that need them: (loss or None, logits (B, T − keep_from, V) or None).
@@ -578,16 +524,57 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             out = out.index_put((b_idx[keep], column[keep] - keep_from), logits[keep])
         return loss, out
 
-    # ------------------------------------------------------------------------------ BriLLM's own decoding
+    # ------------------------------------------------------------------------------ BriLLM's own tools
     def energy_generate(self, input_ids, attention_mask=None, **kwargs):
-        """BriLLM's own decoding loop: the next node is the one whose incoming edge delivers the most energy
-        (self-loops excluded by default, as in the release), with the energy path recorded. Arguments and result:
-        see `decoding.energy_generate`. The standard `generate()` is unchanged."""
-        return energy_generate(self, input_ids, attention_mask=attention_mask, **kwargs)
+        """BriLLM's own decoding rule with its energy path recorded (`modeling_brillm.energy_generate`, a tool of
+        the package, not of a saved model's code). The standard `generate()` is unchanged."""
+        return _tool("energy_generate")(self, input_ids, attention_mask=attention_mask, **kwargs)
 
     def energy_trace(self, text_or_ids, tokenizer=None, top_k: int = 5):
-        """Per-step energies, ranks and runner-up nodes of a text's path (see `interpretability.energy_trace`)."""
-        return energy_trace(self, text_or_ids, tokenizer=tokenizer, top_k=top_k)
+        """Per-step energies, ranks and runner-up nodes of a text's path (`modeling_brillm.energy_trace`)."""
+        return _tool("energy_trace")(self, text_or_ids, tokenizer=tokenizer, top_k=top_k)
+
+
+def _tool(name: str):
+    """One of the package's tools: they work on any BriLLM, but a saved model's code does not carry them."""
+    try:
+        import modeling_brillm
+    except ImportError:
+        raise ImportError(f"model.{name} is a tool of the brillm package, which a saved model's code does not carry: "
+                          "pip install brillm (or clone the repository and pip install -e .).") from None
+    return getattr(modeling_brillm, name)
+
+
+def check_dropout_rows(rows, batch: int, device) -> torch.Tensor | None:
+    """`dropout_rows` as (B,) long on `device` (None stays None): each row's index in the global batch."""
+    if rows is None:
+        return None
+    rows = torch.as_tensor(rows, device=device)
+    if rows.is_floating_point() or rows.dtype == torch.bool or tuple(rows.shape) != (batch,):
+        raise ValueError(f"dropout_rows must be integer row indices of shape (batch,) = ({batch},), got "
+                         f"{tuple(rows.shape)} {rows.dtype}: pass each row's index in the global batch.")
+    return rows.long()
+
+
+def draw_dropout_seed() -> int:
+    """A mask seed from torch's generator: what a call that names none uses (reproducible under manual_seed)."""
+    return int(torch.randint(-(1 << 63), (1 << 63) - 1, ()))
+
+
+def checkpointed(checkpoint, fn, structs, link):
+    """`fn(*structs, link)` through the checkpoint function `checkpoint`, every tensor of the dataclasses `structs`
+    passed to it as an argument of its own (a reentrant checkpoint tracks the gradients of those only)."""
+    names = [[f.name for f in dataclasses.fields(s)] for s in structs]
+    flat = [getattr(s, n) for s, ns in zip(structs, names) for n in ns]
+
+    def run(*values):
+        it = iter(values)
+        rebuilt = [dataclasses.replace(s, **{n: next(it) for n in ns}) for s, ns in zip(structs, names)]
+        signals, mix = fn(*rebuilt, link)
+        return (signals, *mix.tensors())
+
+    signals, *mix = checkpoint(run, *flat)
+    return signals, Mix(*mix)
 
 
 __all__ = ["BriLLMPreTrainedModel", "BriLLMModel", "BriLLMForCausalLM", "BriLLMState", "Signals",

@@ -48,7 +48,7 @@ State per parameter, as in AdamW: `step` (float32 scalar tensor), `exp_avg`, `ex
 on the parameter's first gradient), so `state_dict()` / `load_state_dict()` (checkpoint resume, accelerate) work
 unchanged and a dense-trained checkpoint resumes with sparse gradients and back.
 
-Speed: the row update is `ops.adamw_rows`, which runs one fused Triton pass where the kernel backend picks Triton
+Speed: the row update is `adamw_rows`, which runs one fused Triton pass where the kernel backend picks Triton
 (`backend.use_triton`: CUDA tensors by default; triton_optim.py: one pass over p, m, v and the values, duplicates
 summed and row 0's `first_row_lr_scale` applied inside it, no host synchronisation) and the torch reference
 elsewhere (row_adamw.py): torch's fused AdamW over views of contiguous row ranges of the parameter, its moments and
@@ -64,8 +64,10 @@ import math
 import torch
 from torch.optim import Optimizer
 
-from .ops import adamw_rows
+from .ops import kernel_enabled
+from .row_adamw import adamw_rows as ref_adamw_rows
 from .row_adamw import coalesce_rows, rounding_bits, stochastic_round_bf16  # noqa: F401  (public here too)
+from .triton_optim import sparse_adamw_rows as kernel_adamw_rows
 
 try:  # the same functional update torch.optim.AdamW runs
     from torch.optim.adam import adam as _adam_functional
@@ -75,6 +77,14 @@ except ImportError:  # pragma: no cover
 __all__ = ["SparseAdamW", "parameter_groups"]
 
 MOMENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, *, unique: bool = False,
+               first_row_scale: float = 1.0):
+    """Lazy AdamW on the listed rows of `param` ((n_rows, W) views of it and its moments), in place: one fused pass
+    (triton_optim.sparse_adamw_rows) where the kernel backend picks Triton, else torch (row_adamw.adamw_rows)."""
+    update = kernel_adamw_rows if kernel_enabled("adamw_rows", param) else ref_adamw_rows
+    update(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique, first_row_scale=first_row_scale)
 
 
 def group_moment_dtype(group) -> torch.dtype:
@@ -194,7 +204,7 @@ class SparseAdamW(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One AdamW step: sparse gradients through their rows (ops.adamw_rows), dense ones as AdamW."""
+        """One AdamW step: sparse gradients through their rows (`adamw_rows`), dense ones as AdamW."""
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -1,28 +1,29 @@
-"""The signal recurrence in torch: the reference that the Triton scan (triton_recurrence.py) and the fused decode
-step (triton_energy.decode_step) compute too, and the path every device without them runs.
+"""The signal recurrence in torch: the scan over a batch's columns and the fixed-shape decode step, for every device
+(ops.py runs the Triton kernels instead where they apply; naive.py is the definition both are tested against).
 
 One edge step: the signal x leaving token u crosses the edge u→v (edge-table row r) and gives the edge output
-c = GeLU(x·W[r] + b[r] + PE) (plus v's own vector e[v] with config.node_embedding); the signal leaving v is the
-softmax mix of every edge output so far, weighted by the position weight logits p, kept as a running (sum S,
-norm N, max M) so it costs O(d) a token:
+c = GeLU(x·W[r] + b[r] + PE) (plus v's own vector with config.node_embedding); the signal leaving v is the softmax mix
+of every edge output so far, weighted by the position weight logits p, kept as a running (sum S, norm N, max M):
 
     M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'
-
-(docs/model.md has the model's math). `ops.py` picks this module or the kernels; the model calls ops.
 """
 
 import torch
 import torch.nn.functional as F
 
-from .energy import gather_edges, successor_logits_static
+from .energy import gather_edges, successor_logits
 from .graph import edge_rows_from_keys
+from .state import Columns, Mix
+from .tables import EdgeTable, GraphView
 
 
-def mix_in(out, weight_logit, mix_sum, mix_norm, mix_max):
-    """Add edge output `out` (B, d) with position weight logit (B,) to the running softmax mix."""
-    new_max = torch.maximum(mix_max, weight_logit)
-    decay, weight = torch.exp(mix_max - new_max), torch.exp(weight_logit - new_max)
-    return mix_sum * decay.unsqueeze(1) + weight.unsqueeze(1) * out, mix_norm * decay + weight, new_max
+def mix_in(mix: Mix, out: torch.Tensor, weight_logit: torch.Tensor) -> Mix:
+    """`mix` with edge output `out` (B, d) of position weight logit `weight_logit` (B,) added."""
+    new_max = torch.maximum(mix.mix_max, weight_logit)
+    decay, weight = torch.exp(mix.mix_max - new_max), torch.exp(weight_logit - new_max)
+    total = mix.mix_sum * decay.unsqueeze(1) + weight.unsqueeze(1) * out
+    norm = mix.mix_norm * decay + weight
+    return Mix(total / norm.unsqueeze(1), total, norm, new_max)
 
 
 def plus_edge_base(pe, x, edge_base):
@@ -30,77 +31,55 @@ def plus_edge_base(pe, x, edge_base):
     return pe if edge_base is None else pe + x.to(edge_base.dtype) @ edge_base
 
 
-def edge_update(signal, w, b, pe, weight_logit, mix_sum, mix_norm, mix_max, node_add=None):
-    """One edge step of every row: the edge output GeLU(x·W + b + PE) in the edge table's dtype (`w` (B, d, d),
-    `b` and `pe` (B, d)), plus the entered node's vector `node_add` (B, d) where given (config.node_embedding),
-    mixed (float32) into the running softmax mix; returns the new (sum, norm, max).
-    The one place the step is written: the column loop, the decode step and its reference all call it."""
-    out = F.gelu(torch.bmm(signal.to(w.dtype).unsqueeze(1), w).squeeze(1) + b + pe).float()
+def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
+    """One edge step of every row: the output GeLU(x·W + b + PE) of the edges `w` (B, d, d), `b`, `pe` (B, d) (in
+    float32 for tables of 16 bits), plus the entered node's vector `node_add` (B, d) where given, mixed into `mix`. `x` is the signal
+    entering the edges (the mix's own, or a dropped-out copy); the one place the step is written."""
+    ct = torch.promote_types(w.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
+    h = torch.bmm(x.to(ct).unsqueeze(1), w.to(ct)).squeeze(1) + b.to(ct) + pe.to(ct)
+    out = F.gelu(h).float()
     if node_add is not None:  # outside the GeLU: the mix carries the recent nodes' vectors as they are
         out = out + node_add.float()
-    return mix_in(out, weight_logit, mix_sum, mix_norm, mix_max)
+    return mix_in(mix, out, weight_logit)
 
 
-def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None, keep=None, edge_base=None, node_add=None):
-    """The recurrence over all columns, one column at a time; returns (signals, signal, mix_sum, mix_norm, mix_max).
+def signal_scan(mix: Mix, columns: Columns, edges: EdgeTable, link=None) -> tuple[torch.Tensor, Mix]:
+    """The recurrence over all columns, one column at a time: (signals (B, L, d), the mix after the last column).
 
-    `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
-    `mix_weight` (B, L): each column's position weight logit; `weights` (P, d, d), `biases` (P, 1, d): the edge
-    table; `rows` (B, L): each column's edge row (any valid row where `has_edge` (B, L) is False); `pe` (B, L, d):
-    each column's PE row in the table's dtype. `sparse_grad` / `link`: as `energy.gather_edges`. `keep` (B, L + 1,
-    d), optional: a dropout mask (0, or 1/(1−p)) on the signal where it is used; entry j multiplies the signal
-    entering column j's edge, entry j + 1 the one leaving it, which is also what token j's candidates see
-    (`signals`); the state and the returned `signal` keep the undropped one. `edge_base` (d, d), optional: the
-    matrix every edge adds to its own (config.edge_backoff). `node_add` (B, L, d), optional: the vector of the node
-    each column's edge enters, added to its output (config.node_embedding).
-    """
-    L = rows.shape[1]
-    w_steps, b_steps = gather_edges(weights, biases, rows, sparse_grad, link)
-    w_steps, b_steps = w_steps.unbind(1), b_steps.unbind(1)
-    pe, mix_weight = pe.unbind(1), mix_weight.unbind(1)
-    signals = []
-    edge_cols = has_edge.any(0).tolist()
-    for j in range(L):
-        if edge_cols[j]:
-            feed = signal if keep is None else signal * keep[:, j]
-            edge_input = plus_edge_base(pe[j], feed, edge_base)
-            new_sum, new_norm, new_max = edge_update(feed, w_steps[j], b_steps[j], edge_input, mix_weight[j], mix_sum,
-                                                     mix_norm, mix_max, None if node_add is None else node_add[:, j])
-            step = has_edge[:, j]
-            mix_sum = torch.where(step.unsqueeze(1), new_sum, mix_sum)
-            mix_norm = torch.where(step, new_norm, mix_norm)
-            mix_max = torch.where(step, new_max, mix_max)
-            signal = torch.where(step.unsqueeze(1), mix_sum / mix_norm.clamp_min(1e-30).unsqueeze(1), signal)
-        signals.append(signal)
-    stacked = torch.stack(signals, 1) if signals else signal.new_zeros(signal.shape[0], 0, signal.shape[1])
-    if keep is not None:
-        stacked = stacked * keep[:, 1:]
-    return stacked, signal, mix_sum, mix_norm, mix_max
+    `signals[:, j]` is the signal leaving token j, what its candidates see (dropped out with `columns.keep`, whose
+    entry j + 1 is on it); the returned mix keeps the undropped one. `link`: as `energy.gather_edges`."""
+    w_steps, b_steps = gather_edges(edges.weights, edges.biases, columns.rows, edges.sparse_grad, link)
+    keep, node_add = columns.keep, columns.node_add
+    out = []
+    for j, crosses in enumerate(columns.has_edge.any(0).tolist()):
+        if crosses:
+            x = mix.signal if keep is None else mix.signal * keep[:, j]
+            pe = plus_edge_base(columns.pe[:, j], x, edges.edge_base)
+            step = edge_update(mix, x, w_steps[:, j], b_steps[:, j], pe, columns.weight[:, j],
+                               None if node_add is None else node_add[:, j])
+            mix = step.where(columns.has_edge[:, j], mix)
+        out.append(mix.signal)
+    signals = torch.stack(out, 1) if out else mix.signal.new_zeros(mix.signal.shape[0], 0, mix.signal.shape[1])
+    return (signals if keep is None else signals * keep[:, 1:]), mix
 
 
 @torch.no_grad()
-def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, biases, positions, pe_now,
-                pe_next, indptr, indices, edge_keys, vocab_size: int, max_degree: int, non_edge_bias=None,
-                edge_base=None, node_add=None):
-    """One token per row with no host read and shapes fixed by (B, max_degree): the edge last_token→tokens, the mix,
-    then every node's energy as the successor of `tokens`. Returns ((B, V) float32 logits, (signal, mix_sum,
-    mix_norm, mix_max, length + 1, tokens)). `positions` is the model's (1, M, 1) weight logits (a position past
-    them uses the last), `pe_now` / `pe_next` the PE rows of `length` / `length + 1`, `edge_keys` as
-    `graph.edge_rows_from_keys` (None: dense), `edge_base` the matrix every edge adds to its own (or None),
-    `node_add` (B, d) the vector of the node each row enters, `node_embedding[tokens]` (or None)."""
-    wdtype = weights.dtype
-    M = positions.numel()
-    rows = edge_rows_from_keys(edge_keys, last_token, tokens, vocab_size)
-    weight = positions.view(-1).float()[(length - 1).clamp(0, M - 1)]
-    mix_sum, mix_norm, mix_max = edge_update(signal, weights[rows], biases.reshape(weights.shape[0], -1)[rows],
-                                             plus_edge_base(pe_now.to(wdtype), signal, edge_base), weight, mix_sum,
-                                             mix_norm, mix_max, node_add)
-    signal = mix_sum / mix_norm.unsqueeze(1)
-    pe_next = plus_edge_base(pe_next.to(wdtype), signal, edge_base)
-    logits = successor_logits_static(signal.to(wdtype), pe_next, weights, biases, tokens, indptr, indices, vocab_size,
-                                     max_degree, non_edge_bias)
-    return logits.float(), (signal, mix_sum, mix_norm, mix_max, length + 1, tokens)
+def decode_step(tokens, mix: Mix, at, edges: EdgeTable, graph: GraphView, width: int | None):
+    """One token per row: the edge last→token, the mix, then every node's energy as the successor of `tokens` (B,).
+
+    `at` = (last (B,) the node the signal sits on, pe_now, pe_next (B, d) the PE rows of the edge's position and of
+    the next, weight (B,) the edge's position weight logit, node_add (B, d) or None). `width`: successors computed
+    per row, `energy.successor_logits`'s (the graph's largest degree gives fixed shapes and no host read: what a
+    CUDA graph records). Returns (float32 logits (B, V), the new mix)."""
+    last, pe_now, pe_next, weight, node_add = at
+    rows = edge_rows_from_keys(graph.keys, last, tokens, graph.vocab_size)
+    x = mix.signal
+    P = edges.weights.shape[0]
+    b = edges.biases.reshape(P, -1)
+    mix = edge_update(mix, x, edges.weights[rows], b[rows], plus_edge_base(pe_now, x, edges.edge_base),
+                      weight, node_add)
+    pe = plus_edge_base(pe_next, mix.signal, edges.edge_base)
+    return successor_logits(mix.signal, pe, edges, tokens, graph, width), mix
 
 
 # ------------------------------------------------------------------------------------- signal dropout masks
@@ -139,9 +118,9 @@ def _fmix64_(x: torch.Tensor) -> torch.Tensor:
 def dropout_mask(p: float, seed: int, rows: torch.Tensor, positions: torch.Tensor, d: int) -> torch.Tensor:
     """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept (probability 1 − p), else 0.
 
-    Entry (b, c, k) hashes (`seed`, `rows[b]`, `positions[b, c]`, k): `rows` (B,) are the rows' indices in the
-    global batch, `positions` (B, C) the positions whose signals the columns carry. The same arguments give the
-    same mask on any device and in any batch the row sits in."""
+    Entry (b, c, k) hashes (`seed`, `rows[b]`, `positions[b, c]`, k): `rows` (B,) are the rows' indices in the global
+    batch, `positions` (B, C) the positions of the signals the columns carry (the signal leaving token t is at
+    t + 1). The same arguments give the same mask on any device and in any batch the row sits in."""
     if not 0 < p < 1:
         raise ValueError(f"dropout_mask: p must be in (0, 1), got {p!r}.")
     key = _fmix64_(rows.long() * _int64(_GOLDEN) + _int64(seed + _GOLDEN))  # each row's own stream
@@ -155,4 +134,14 @@ def dropout_mask(p: float, seed: int, rows: torch.Tensor, positions: torch.Tenso
     return torch.where(bits >= threshold, keep, torch.zeros((), dtype=torch.float32, device=rows.device))
 
 
-__all__ = ["decode_step", "dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan"]
+def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -> torch.Tensor:
+    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns: entry j on the signal entering column j (j = L:
+    leaving the last one), hashed at position start + j. `rows` (B,) or None (0..B−1): each row's index in the global
+    batch; `start` (B,) or None (0): the first column's position."""
+    B, L = shape
+    rows = torch.arange(B, device=device) if rows is None else rows.to(device)
+    start = torch.zeros(B, dtype=torch.long, device=device) if start is None else start.to(device)
+    return dropout_mask(p, seed, rows, start.unsqueeze(1) + torch.arange(L + 1, device=device), d)
+
+
+__all__ = ["decode_step", "dropout_mask", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan"]

@@ -18,9 +18,15 @@ import time
 
 import torch
 
-from . import ops
+from . import ops, optimization
 from .backend import HAVE_TRITON, current_backend, interpreting, kernel_backend
+from .energy import successor_logits as ref_successor_logits
 from .graph import graph_from_edges
+from .plans import make_kernel_plan, make_torch_plan
+from .recurrence import decode_step as ref_decode_step
+from .recurrence import signal_scan as ref_signal_scan
+from .state import Columns, Mix
+from .tables import EdgeTable, GraphView
 
 
 def _versions(device) -> list[str]:
@@ -48,6 +54,130 @@ def _pick_device(requested: str | None):
     return None, ("No CUDA GPU found: BriLLM runs its torch path on this machine, so there are no kernels to time. "
                   "To check the kernels' arithmetic on the CPU anyway (slow), run\n"
                   "    TRITON_INTERPRET=1 BRILLM_BACKEND=triton python -m modeling_brillm.selfcheck")
+
+
+# ------------------------------------------------------------------------------------- the checks
+def _problem(device, V=9, d=8, seed=0):
+    """A random sparse graph (one node with no successor, one with every node) and float32 edge tables."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(V, V, generator=g) < 0.5
+    mask[V - 1], mask[0] = False, True
+    src, tgt = mask.nonzero(as_tuple=True)
+    graph = graph_from_edges(src, tgt, V)
+    P = graph.num_edges + 1
+    weights = (torch.randn(P, d, d, generator=g) * 0.5).to(device)
+    biases = (torch.randn(P, 1, d, generator=g) * 0.5).to(device)
+    indptr, indices = graph.indptr.to(device), graph.indices.to(device)
+    return g, GraphView(indptr, indices, ops.edge_keys(indptr, indices, V), V), weights, biases
+
+
+def _randn(g, *shape, device, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(device)
+
+
+def _energies_outputs(kernel: bool, device):
+    """Loss (log Z − target + logits), logits and every gradient of one exact-loss step on either path."""
+    g, graph, weights, biases = _problem(device)
+    V, d = graph.vocab_size, weights.shape[-1]
+    sources, targets = (torch.randint(0, V, (12,), generator=g).to(device) for _ in range(2))
+    leaves = [t.clone().requires_grad_() for t in (_randn(g, 12, d, device=device), _randn(g, 12, d, device=device),
+                                                   weights, biases, _randn(g, V, device=device))]
+    x, pe, weights, biases, bias = leaves  # PE: where x·edge_base goes
+    plan = (make_kernel_plan if kernel else make_torch_plan)(sources, graph.indptr, graph.indices, V)
+    src, tgt = sources[plan.order], targets[plan.order]
+    energies, shared = ops.candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, True, None, bias)
+    rows = ops.edge_rows_from_keys(graph.keys, src, tgt, V)
+    true = ops.target_energies(energies, shared, plan, tgt, rows, graph.indptr[src] + 1, bias)
+    logits = ops.scatter_logits(energies, shared, plan, V, bias)
+    loss = (ops.exact_log_partition(energies, shared, plan, V, bias) - true).mean()
+    (loss + (logits * torch.linspace(-1, 1, V, device=device)).mean()).backward()
+    return [loss, logits] + [t.grad for t in leaves]
+
+
+def _successor_outputs(kernel: bool, device):
+    """One-token logits of 5 positions with a non-edge bias, on either path."""
+    g, graph, weights, biases = _problem(device, seed=1)
+    V, d = graph.vocab_size, weights.shape[-1]
+    sources = torch.randint(0, V, (5,), generator=g).to(device)
+    x, pe = _randn(g, 5, d, device=device), _randn(g, 5, d, device=device)
+    edges = EdgeTable(weights, biases, non_edge_bias=_randn(g, V, device=device))
+    with torch.no_grad():
+        run = ops.kernel_successor_logits if kernel else ref_successor_logits
+        return [run(x, pe, edges, sources, graph, graph.max_degree)]
+
+
+def _scan_outputs(kernel: bool, device):
+    """A plain scan, and one with the matrix every edge shares, signal dropout and the nodes' own vectors."""
+    return _one_scan(kernel, device, False) + _one_scan(kernel, device, True)
+
+
+def _one_scan(kernel: bool, device, options: bool):
+    """Signals, final mix and every gradient of a (3, 6) scan with a padded column and a first token."""
+    g, _, weights, biases = _problem(device, seed=2)
+    P, d, B, L = weights.shape[0], weights.shape[-1], 3, 6
+    rows = torch.randint(0, P, (B, L), generator=g).to(device)
+    has_edge = (torch.rand(B, L, generator=g) < 0.8).to(device)
+    signal, norm = torch.randn(B, d, generator=g), torch.rand(B, generator=g) + 1
+    mix = [signal, signal * norm.unsqueeze(1), norm, torch.randn(B, generator=g)]  # signal = sum / norm
+    leaves = [t.to(device).requires_grad_() for t in (*mix, torch.randn(B, L, generator=g))]
+    leaves += [weights.clone().requires_grad_(), biases.clone().requires_grad_()]
+    pe = _randn(g, B, L, d, device=device)  # fixed sinusoids in the model: no gradient (the kernel returns none)
+    base = node_add = keep = None
+    if options:
+        base = _randn(g, d, d, device=device, scale=0.5).requires_grad_()
+        node_add = _randn(g, B, L, d, device=device, scale=0.5).requires_grad_()
+        leaves += [base, node_add]
+        keep = ((torch.rand(B, L + 1, d, generator=g) > 0.25).float() / 0.75).to(device)  # dropout p = 0.25
+    columns = Columns(rows, has_edge, pe, leaves[4], node_add, keep)
+    edges = EdgeTable(leaves[5], leaves[6], base)
+    signals, mix = (ops.kernel_signal_scan if kernel else ref_signal_scan)(Mix(*leaves[:4]), columns, edges)
+    outputs = [signals, *mix.tensors()]
+    sum(o.mul(torch.linspace(-1, 1, o.numel(), device=device).view(o.shape)).sum() for o in outputs).backward()
+    return outputs + [t.grad for t in leaves]
+
+
+def _decode_outputs(kernel: bool, device):
+    """A decode step without and with the matrix every edge shares and the nodes' own vectors."""
+    return _one_decode(kernel, device, False) + _one_decode(kernel, device, True)
+
+
+def _one_decode(kernel: bool, device, options: bool):
+    """Logits and mix of one decode step of 4 rows: a real edge, a non-edge, a node without successors."""
+    g, graph, weights, biases = _problem(device, seed=3)
+    V, d, B = graph.vocab_size, weights.shape[-1], 4
+    tokens = torch.randint(0, V, (B,), generator=g).to(device)
+    last = torch.tensor([0, V - 1, 2, 3], device=device)
+    mix = Mix(_randn(g, B, d, device=device), torch.rand(B, d, generator=g).to(device),
+              (torch.rand(B, generator=g) + 1).to(device), _randn(g, B, device=device))
+    pe_now, pe_next, weight = _randn(g, B, d, device=device), _randn(g, B, d, device=device), _randn(g, B, device=device)
+    base = _randn(g, d, d, device=device, scale=0.5) if options else None
+    node_add = _randn(g, B, d, device=device, scale=0.5) if options else None
+    edges = EdgeTable(weights, biases, base, _randn(g, V, device=device))
+    with torch.no_grad():
+        run = ops.kernel_decode_step if kernel else ref_decode_step
+        logits, mix = run(tokens, mix, (last, pe_now, pe_next, weight, node_add), edges, graph, graph.max_degree)
+    return [logits, *mix.tensors()]
+
+
+def _adamw_outputs(kernel: bool, device):
+    """Parameter and moments after one update of 7 rows (duplicates, row 0 at half the learning rate)."""
+    g = torch.Generator().manual_seed(4)
+    param = _randn(g, 12, 16, device=device)
+    exp_avg, exp_avg_sq = _randn(g, 12, 16, device=device, scale=0.1), (torch.rand(12, 16, generator=g) * 0.01).to(device)
+    rows = torch.tensor([5, 0, 3, 5, 11, 0, 2], device=device)
+    values = _randn(g, 7, 16, device=device)
+    run = optimization.kernel_adamw_rows if kernel else optimization.ref_adamw_rows
+    run(param, exp_avg, exp_avg_sq, rows, values, torch.tensor(3.0), (1e-2, 0.9, 0.999, 1e-8, 0.1), first_row_scale=0.5)
+    return [param, exp_avg, exp_avg_sq]
+
+
+ops.CHECKS.update({  # kernel name -> (what is compared, the outputs of one small problem on either path)
+    "candidate_energies": ("energies forward/backward, log Z, target, logits", _energies_outputs),
+    "successor_logits": ("one-token logits", _successor_outputs),
+    "signal_scan": ("recurrence scan forward/backward", _scan_outputs),
+    "decode_step": ("decode step logits and state", _decode_outputs),
+    "adamw_rows": ("SparseAdamW fused row update", _adamw_outputs),
+})
 
 
 def report_checks(device) -> bool:
@@ -80,25 +210,18 @@ def _timed(fn, device, repeats: int = 10) -> float:
     return statistics.median(times)
 
 
-def _graph(V: int, degree: int, d: int, device, seed: int = 0):
-    """A random sparse graph with `degree` successors per node and its edge tables on `device`."""
-    g = torch.Generator().manual_seed(seed)
+def _loss_step(V=2048, degree=32, d=32, N=2048, device="cuda"):
+    """One exact-loss forward and backward of the candidate energies (a training step's costly part)."""
+    g = torch.Generator().manual_seed(0)
     src = torch.arange(V).repeat_interleave(degree)
     tgt = torch.stack([torch.randperm(V, generator=g)[:degree] for _ in range(V)]).view(-1)
     graph = graph_from_edges(src, tgt, V)
-    P = graph.num_edges + 1
-    weights = (torch.randn(P, d, d, generator=g) * 0.2).to(device)
-    biases = (torch.randn(P, 1, d, generator=g) * 0.2).to(device)
-    return g, graph.indptr.to(device), graph.indices.to(device), weights, biases
-
-
-def _loss_step(V=2048, degree=32, d=32, N=2048, device="cuda"):
-    """One exact-loss forward and backward of the candidate energies (a training step's costly part)."""
-    g, indptr, indices, weights, biases = _graph(V, degree, d, device)
+    indptr, indices = graph.indptr.to(device), graph.indices.to(device)
+    weights = (torch.randn(graph.num_edges + 1, d, d, generator=g) * 0.2).to(device).requires_grad_()
+    biases = (torch.randn(graph.num_edges + 1, 1, d, generator=g) * 0.2).to(device)
     sources = torch.randint(0, V, (N,), generator=g).to(device)
     targets = indices[indptr[sources]]  # each position's first real successor
     x, pe = (torch.randn(N, d, generator=g).to(device) for _ in range(2))
-    weights.requires_grad_()
     ops.graph_max_degree(indptr)
 
     def step():
@@ -118,40 +241,34 @@ def _scan_step(B=32, L=64, d=32, device="cuda"):
     """The recurrence forward and backward over a (B, L) batch."""
     g = torch.Generator().manual_seed(1)
     P = 4096
-    weights = (torch.randn(P, d, d, generator=g) * 0.2).to(device).requires_grad_()
-    biases = torch.zeros(P, 1, d, device=device, requires_grad=True)
-    rows = torch.randint(0, P, (B, L), generator=g).to(device)
-    has_edge = torch.ones(B, L, dtype=torch.bool, device=device)
-    pe, mix_weight = torch.randn(B, L, d, device=device), torch.randn(B, L, device=device)
-    zeros = torch.zeros(B, d, device=device)
+    edges = EdgeTable((torch.randn(P, d, d, generator=g) * 0.2).to(device).requires_grad_(),
+                      torch.zeros(P, 1, d, device=device, requires_grad=True))
+    columns = Columns(torch.randint(0, P, (B, L), generator=g).to(device), torch.ones(B, L, dtype=torch.bool,
+                      device=device), torch.randn(B, L, d, device=device), torch.randn(B, L, device=device))
+    mix = Mix.empty(B, d, device)
+    mix.signal += 1 / d
 
     def step():
         """One timed call."""
-        out = ops.signal_scan(zeros + 1 / d, zeros, zeros[:, 0], zeros[:, 0] - float("inf"), mix_weight, weights,
-                              biases, rows, has_edge, pe)
-        out[0].square().sum().backward()
-        weights.grad = biases.grad = None
+        ops.signal_scan(mix, columns, edges)[0].square().sum().backward()
+        edges.weights.grad = edges.biases.grad = None
 
     return step
 
 
 def _decode(B=32, V=2048, degree=32, d=32, device="cuda"):
-    """One sync-free decode step of B rows."""
-    g, indptr, indices, weights, biases = _graph(V, degree, d, device, seed=2)
-    keys = ops.edge_keys(indptr, indices, V)
-    tokens = torch.randint(0, V, (B,), generator=g).to(device)
-    signal = torch.full((B, d), 1 / d, device=device)
-    state = (signal, signal.clone(), torch.ones(B, device=device), torch.zeros(B, device=device))
-    length = torch.full((B,), 5, device=device)
-    positions = torch.ones(1, 512, 1, device=device)
+    """One fixed-shape decode step of B rows."""
+    _, graph, weights, biases = _problem(device, V=V, d=d, seed=2)
+    tokens = torch.randint(0, V, (B,), device=device)
+    mix = Mix(torch.full((B, d), 1 / d, device=device), torch.full((B, d), 1 / d, device=device),
+              torch.ones(B, device=device), torch.zeros(B, device=device))
     pe = torch.randn(B, d, device=device)
-    max_degree = ops.graph_max_degree(indptr)
+    at = (tokens, pe, pe, torch.zeros(B, device=device), None)
+    edges, width = EdgeTable(weights, biases), graph.max_degree
 
     def step():
         """One timed call."""
-        with torch.no_grad():
-            ops.decode_step(tokens, *state, length, tokens, weights, biases, positions, pe, pe, indptr, indices, keys,
-                            V, max_degree)
+        ops.decode_step(tokens, mix, at, edges, graph, width)
 
     return step
 
@@ -166,7 +283,7 @@ def _adamw(rows=50_000, width=1024, device="cuda"):
 
     def run():
         """One timed call."""
-        ops.adamw_rows(param, m, v, touched, values, step, (1e-3, 0.9, 0.999, 1e-8, 0.0))
+        optimization.adamw_rows(param, m, v, touched, values, step, (1e-3, 0.9, 0.999, 1e-8, 0.0))
 
     return run
 

@@ -1,95 +1,100 @@
-"""What a sequence needs to go on: BriLLM's recurrent state, O(d) per sequence whatever its length.
+"""What BriLLM's steps pass around: the running mix (`Mix`), a sequence's state (`BriLLMState`), the columns a scan
+crosses (`Columns`), a batch after the recurrence (`Signals`) and transformers' output classes around them.
 
 The signal entering the next edge is a softmax(position weights)-weighted mean of every earlier edge output, kept
-as running sums with a running maximum for stability: x = mix_sum / mix_norm, both scaled by exp(-mix_max).
-transformers' generation loop carries it where a Transformer's key/value cache goes: under the name `CACHE`.
+as running sums with a running maximum for stability: x = mix_sum / mix_norm, both scaled by exp(−mix_max). So the
+state needed to continue a sequence is O(d) numbers whatever its length; transformers' generation loop carries it
+where a Transformer's key/value cache goes, under the name `CACHE`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 # transformers calls the generation cache `past_key_values` up to 5.23 and `cache` from 5.24 (in model outputs,
-# generate()'s model kwargs and forward arguments; the old name then still works, with a deprecation warning). The
-# model speaks the installed release's name; its forward() accepts either.
+# generate()'s model kwargs and forward arguments). The model speaks the installed release's name and takes either.
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 TENSORS = ("signal", "mix_sum", "mix_norm", "mix_max", "length", "last_token")
 
 
-class BriLLMState:
-    """The recurrent state of a batch of sequences (see the module docstring)."""
+@dataclass
+class Mix:
+    """The running softmax mix of a batch's edge outputs."""
 
-    def __init__(self, signal, mix_sum, mix_norm, mix_max, length, last_token, seen: int, longest: int | None = None):
-        self.signal = signal  # (B, d) signal leaving the last token
-        self.mix_sum = mix_sum  # (B, d) Σ exp(p_k − max) · c_k
-        self.mix_norm = mix_norm  # (B,)  Σ exp(p_k − max)
-        self.mix_max = mix_max  # (B,)  max p_k so far (−inf before the first edge)
-        self.length = length  # (B,)  real tokens consumed
-        self.last_token = last_token  # (B,)  node the signal sits on
-        self.seen = seen  # input columns consumed, padding included (what generate() slices by)
-        # host-side bound on length.max() (None = not known yet): a decode step checks the position range with it
-        # without reading the device
-        self.longest = longest
-        self.graph_owned = False  # True: the tensors are a captured decode step's buffers (see decode_capture.py)
-        # a one-row CPU step's own (generation.HostStep): the step, reused for the next tokens, and the outputs of the
-        # edges leaving last_token, which the next step crosses one of
-        self.step = self.next_edges = None
+    signal: torch.Tensor  # (B, d) the signal leaving the last token: mix_sum / mix_norm
+    mix_sum: torch.Tensor  # (B, d) Σ exp(p_k − mix_max) · c_k
+    mix_norm: torch.Tensor  # (B,)  Σ exp(p_k − mix_max)
+    mix_max: torch.Tensor  # (B,)  max p_k so far (−inf before the first edge)
+
+    @classmethod
+    def empty(cls, batch: int, d: int, device) -> Mix:
+        zeros = torch.zeros(batch, device=device)
+        return cls(torch.zeros(batch, d, device=device), torch.zeros(batch, d, device=device), zeros,
+                   torch.full((batch,), float("-inf"), device=device))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.signal, self.mix_sum, self.mix_norm, self.mix_max
+
+    def where(self, rows: torch.Tensor, other: Mix) -> Mix:
+        """This mix in `rows` (B,) bool, `other` elsewhere."""
+        pick = [torch.where(rows.unsqueeze(1) if a.dim() == 2 else rows, a, b)
+                for a, b in zip(self.tensors(), other.tensors())]
+        return Mix(*pick)
+
+
+@dataclass
+class BriLLMState:
+    """The recurrent state of a batch of sequences: the mix, and where each sequence stands."""
+
+    mix: Mix
+    length: torch.Tensor  # (B,) real tokens consumed
+    last_token: torch.Tensor  # (B,) the node the signal sits on
+    seen: int  # input columns consumed, padding included (what generate() slices its inputs by)
+    # a host-side bound on length.max() (None: not known yet): the fixed-shape step checks the position range with it
+    longest: int | None = None
+    graph_owned: bool = False  # the tensors are a captured decode step's buffers (decode_capture.py)
+
+    signal = property(lambda self: self.mix.signal)
+    mix_sum = property(lambda self: self.mix.mix_sum)
+    mix_norm = property(lambda self: self.mix.mix_norm)
+    mix_max = property(lambda self: self.mix.mix_max)
+
+    @classmethod
+    def of(cls, tensors, seen: int, longest: int | None = None) -> BriLLMState:
+        """The state of `tensors` in `TENSORS` order."""
+        return cls(Mix(*tensors[:4]), tensors[4], tensors[5], seen, longest)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The state's tensors in `TENSORS` order (what a decode step reads and returns)."""
-        return tuple(getattr(self, name) for name in TENSORS)
+        return (*self.mix.tensors(), self.length, self.last_token)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
 
-    def reorder_cache(self, beam_idx: torch.LongTensor):
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> BriLLMState:
         """Beam search: keep the rows `beam_idx` (in place)."""
-        for name, tensor in zip(TENSORS, self.tensors()):
-            setattr(self, name, tensor.index_select(0, beam_idx.to(tensor.device)))
+        picked = [t.index_select(0, beam_idx.to(t.device)) for t in self.tensors()]
+        self.mix, self.length, self.last_token = Mix(*picked[:4]), picked[4], picked[5]
         return self
 
+    def map(self, fn) -> BriLLMState:
+        """A state whose tensors are `fn` of these (detach, clone)."""
+        return replace(BriLLMState.of([fn(t) for t in self.tensors()], self.seen, self.longest), graph_owned=False)
+
     def detach(self) -> BriLLMState:
-        return BriLLMState(*(t.detach() for t in self.tensors()), seen=self.seen, longest=self.longest)
+        return self.map(torch.Tensor.detach)
 
     def clone(self) -> BriLLMState:
-        """A copy that owns its tensors (a state returned by a captured decode step lives in the graph's buffers,
-        which the next replay overwrites)."""
-        return BriLLMState(*(t.clone() for t in self.tensors()), seen=self.seen, longest=self.longest)
+        """A copy that owns its tensors (a captured step's state lives in buffers the next replay overwrites)."""
+        return self.map(torch.Tensor.clone)
 
     @property
     def batch_size(self) -> int:
         return self.length.shape[0]
-
-
-class HostState(BriLLMState):
-    """A one-row state that the CPU's host step (generation.HostStep) returned. Its length, last token, mix norm and
-    mix max are Python numbers as well (`host`), which the next host step reads instead of four tensors; the tensors
-    are made only when something else asks for them."""
-
-    def __init__(self, signal, mix_sum, last_token, host: tuple, seen: int, step, next_edges):
-        self._scalars = {}
-        self.signal, self.mix_sum, self.last_token = signal, mix_sum, last_token
-        self.host = host  # (length, last token, mix norm, mix max)
-        self.seen, self.longest, self.graph_owned = seen, None, False
-        self.step, self.next_edges = step, next_edges
-
-    def _scalar(name: str, index: int, dtype: torch.dtype):
-        def get(self):
-            if name not in self._scalars:
-                self._scalars[name] = torch.tensor([self.host[index]], dtype=dtype)
-            return self._scalars[name]
-
-        def put(self, value):
-            self._scalars[name] = value
-            self.step = None  # set from outside (a reorder): `host` no longer holds, the next step reads the tensors
-        return property(get, put)
-
-    length = _scalar("length", 0, torch.long)
-    mix_norm = _scalar("mix_norm", 2, torch.float32)
-    mix_max = _scalar("mix_max", 3, torch.float32)
-    del _scalar
 
 
 def given_state(cache, past_key_values) -> BriLLMState | None:
@@ -100,4 +105,54 @@ def given_state(cache, past_key_values) -> BriLLMState | None:
     return cache if cache is not None else past_key_values
 
 
-__all__ = ["BriLLMState", "CACHE", "HostState", "TENSORS", "given_state"]
+@dataclass
+class Columns:
+    """The edges a batch's signal crosses in a scan, one per compacted column (B, L)."""
+
+    rows: torch.Tensor  # (B, L) edge-table row of each column's edge (any valid row where has_edge is False)
+    has_edge: torch.Tensor  # (B, L) the column crosses an edge (not a sequence's first token, not padding)
+    pe: torch.Tensor  # (B, L, d) PE of each column's position, in the edge table's dtype
+    weight: torch.Tensor  # (B, L) the position weight logit of each column's edge
+    node_add: torch.Tensor | None = None  # (B, L, d) the entered node's vector (config.node_embedding)
+    keep: torch.Tensor | None = None  # (B, L + 1, d) signal dropout: entry j on the signal entering column j
+
+
+@dataclass
+class Signals:
+    """A batch after the recurrence, compacted: the real tokens of each row moved to the front."""
+
+    tokens: torch.Tensor  # (B, L) node ids
+    valid: torch.Tensor  # (B, L) real token
+    column: torch.Tensor  # (B, L) original input column of each compacted token
+    index: torch.Tensor  # (B, L) absolute position of the token in its sequence
+    signals: torch.Tensor  # (B, L, d) signal leaving each token
+    state: BriLLMState
+    link: object | None = None  # the EdgeGradLink that hands the recurrence's edge gradients to the energies
+
+    def scatter(self, width: int) -> torch.Tensor:
+        """The signals back in their input columns, (B, width, d), zero at padding."""
+        out = self.signals.new_zeros(self.tokens.shape[0], width, self.signals.shape[-1])
+        out[self.valid.nonzero(as_tuple=True)[0], self.column[self.valid]] = self.signals[self.valid]
+        return out
+
+
+class _CarriesState:
+    """transformers' output classes with the cache read as `.state` on every version."""
+
+    @property
+    def state(self) -> BriLLMState | None:
+        return getattr(self, CACHE)
+
+
+@dataclass
+class BriLLMModelOutput(_CarriesState, BaseModelOutputWithPast):
+    """Signals x_t entering the edge that leaves token t (last_hidden_state, (B, T, d)) and the state."""
+
+
+@dataclass
+class BriLLMCausalLMOutput(_CarriesState, CausalLMOutputWithPast):
+    """`logits[:, t]` are the energies of every node as the successor of token t (they predict token t+1)."""
+
+
+__all__ = ["BriLLMCausalLMOutput", "BriLLMModelOutput", "BriLLMState", "CACHE", "Columns", "Mix", "Signals",
+           "TENSORS", "given_state"]

@@ -1,15 +1,54 @@
-"""The tables a BriLLM derives from its graph and config, built on demand and cached per version of what they read:
-the real edges' sorted keys, the count prior as a dense table, the successors by count (the sampled loss's
-negatives) and the largest out-degree (the decode step's static shape). The positional encoding's table stays with
-its formula in modeling_brillm.py."""
+"""The tables the steps read (`EdgeTable`, `GraphView`), and those a BriLLM derives from its graph and config, built on
+demand and cached per version of what they read: the real edges' sorted keys, the count prior as a dense table, the
+successors by count (the sampled loss's negatives)."""
 
-import numpy as np
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 import torch
 
 from .count_prior import DENSE_TABLE_MAX, dense_table
 from .graph import edge_keys
-from .losses import frequency_table
-from .ops import graph_max_degree
+from .plans import graph_max_degree
+
+
+@dataclass
+class EdgeTable:
+    """The edges as a step reads them: row 0 of the tables is the shared edge, rows 1.. the real edges in CSR order."""
+
+    weights: torch.Tensor  # (P, d, d)
+    biases: torch.Tensor  # (P, 1, d)
+    edge_base: torch.Tensor | None = None  # (d, d) every edge adds it to its own matrix (config.edge_backoff)
+    non_edge_bias: torch.Tensor | None = None  # (V,) a non-successor's offset on the shared energy
+    sparse_grad: bool = False  # the tables get sparse COO gradients over the touched rows
+
+
+@dataclass
+class GraphView:
+    """The graph as a step reads it: CSR by source (successors of u are `indices[indptr[u]:indptr[u + 1]]`)."""
+
+    indptr: torch.Tensor  # (V + 1,); a dense graph's is arange(V + 1)·V
+    indices: torch.Tensor | None  # (E,) targets, None for a dense graph (every node is every node's successor)
+    keys: torch.Tensor | None  # (E,) sorted source·V + target of the real edges (None: dense)
+    vocab_size: int
+
+    @property
+    def max_degree(self) -> int:
+        """The largest number of real successors of any node (one host read per graph)."""
+        return self.vocab_size if self.indices is None else graph_max_degree(self.indptr)
+
+
+def frequency_table(indptr: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, width: int) -> torch.Tensor:
+    """(V, width) successors of every node by descending bigram count (ties by target id), padded with −1."""
+    V = indptr.numel() - 1
+    src = torch.repeat_interleave(torch.arange(V, device=indptr.device), indptr.diff())
+    order = torch.argsort(src * (counts.max() + 1 if counts.numel() else 1) - counts, stable=True)
+    rank = torch.arange(order.numel(), device=indptr.device) - indptr[src[order]]
+    table = torch.full((V, width), -1, dtype=torch.long, device=indptr.device)
+    keep = rank < width
+    table[src[order][keep], rank[keep]] = indices[order][keep]
+    return table
 
 
 class DerivedTables:
@@ -17,7 +56,7 @@ class DerivedTables:
 
     def reset_caches(self):
         """Forget the tables derived from the graph and the config (after the graph grows)."""
-        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = self._host_csr_cache = None
+        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = None
 
     def edge_keys(self) -> torch.Tensor | None:
         """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
@@ -28,15 +67,6 @@ class DerivedTables:
         if self._edge_key_cache is None or self._edge_key_cache[0] != key:
             self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
         return self._edge_key_cache[1]
-
-    def host_csr(self) -> tuple[list[int], np.ndarray]:
-        """The sparse graph's CSR as the host step reads it: indptr as a list, indices as a NumPy view (a CPU graph);
-        cached per graph version."""
-        indptr, indices = self.graph_indptr, self.graph_indices
-        key = (indptr.data_ptr(), indptr._version, indices.data_ptr(), indices._version)
-        if self._host_csr_cache is None or self._host_csr_cache[0] != key:
-            self._host_csr_cache = (key, (indptr.tolist(), indices.numpy()))
-        return self._host_csr_cache[1]
 
     def prior_table(self) -> torch.Tensor | None:
         """The count prior as a dense (V, V) table, when it is small enough (`count_prior.DENSE_TABLE_MAX`) and
@@ -57,11 +87,5 @@ class DerivedTables:
             self._freq_cache = (key, frequency_table(self.graph_indptr, indices, counts, width))
         return self._freq_cache[1]
 
-    def decode_max_degree(self) -> int:
-        """Largest real out-degree (static shape of the sync-free step); read from the device once per graph."""
-        if self.config.graph == "dense":
-            return self.config.vocab_size
-        return graph_max_degree(self.graph_indptr)
 
-
-__all__ = ["DerivedTables"]
+__all__ = ["DerivedTables", "EdgeTable", "GraphView"]

@@ -302,10 +302,10 @@ if triton is not None:
 
     @triton.jit
     def _decode_state_kernel(
-        tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr, length_ptr,
+        tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr,
         w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr, non_edge_ptr, base_ptr,
-        node_ptr, new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, new_length_ptr, logits_ptr, new_pe_ptr,
-        d, V, M,
+        node_ptr, new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, logits_ptr, new_pe_ptr,
+        d, V,
         D: tl.constexpr, SEARCH_STEPS: tl.constexpr, HAS_INDICES: tl.constexpr, HAS_SHARED: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_BASE: tl.constexpr, HAS_NODE: tl.constexpr, FILL: tl.constexpr,
     ):
@@ -347,8 +347,7 @@ if triton is not None:
         out = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
         if HAS_NODE:
             out += tl.load(node_ptr + r * d + k, mask=kmask, other=0.0).to(tl.float32)
-        length = tl.load(length_ptr + r)
-        logit = tl.load(weight_logit_ptr + tl.minimum(tl.maximum(length - 1, 0), M - 1)).to(tl.float32)
+        logit = tl.load(weight_logit_ptr + r).to(tl.float32)
         old_max = tl.load(mix_max_ptr + r)
         new_max = tl.maximum(old_max, logit)
         decay = tl.exp(old_max - new_max)
@@ -360,7 +359,6 @@ if triton is not None:
         tl.store(new_sum_ptr + r * d + k, mix_sum, mask=kmask)
         tl.store(new_norm_ptr + r, mix_norm)
         tl.store(new_max_ptr + r, new_max)
-        tl.store(new_length_ptr + r, length + 1)
         if HAS_BASE:
             pe_next = tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0) + tl.sum(signal[:, None] * E, axis=0)
             tl.store(new_pe_ptr + r * d + k, pe_next, mask=kmask)
@@ -797,72 +795,71 @@ def scatter_logits(part, shared, plan, non_edge_bias=None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int,
-                     non_edge_bias=None) -> torch.Tensor:
+def successor_logits(x, pe, edges, sources, graph, width: int) -> torch.Tensor:
     """(N, V) logits in the positions' own order (inference, one token per row): the shared energy (torch, one
-    (N × d)·(d × d) product; plus `non_edge_bias[v]` when given) everywhere, then the real successors' by
-    `decode_successor_logits`."""
+    (N × d)·(d × d) product; plus `non_edge_bias[v]`) everywhere, then the real successors' by
+    `decode_successor_logits` over a static (N, ceil(width / 32)) grid. `edges` a `tables.EdgeTable`, `graph` a
+    `tables.GraphView`."""
     N, d = x.shape
-    if indices is not None:
+    V, weights = graph.vocab_size, edges.weights
+    b2 = edges.biases.reshape(weights.shape[0], d)
+    if graph.indices is not None:
         shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())[2]
-        if non_edge_bias is None:
-            out = shared.unsqueeze(1).expand(N, vocab_size).contiguous()
+        if edges.non_edge_bias is None:
+            out = shared.unsqueeze(1).expand(N, V).contiguous()
         else:
-            out = shared.unsqueeze(1) + non_edge_bias.float().unsqueeze(0)
+            out = shared.unsqueeze(1) + edges.non_edge_bias.float().unsqueeze(0)
     else:
-        out = torch.empty(N, vocab_size, dtype=torch.float32, device=x.device)  # every column is a successor
-    return decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size, max_degree, out)
+        out = torch.empty(N, V, dtype=torch.float32, device=x.device)  # every column is a successor
+    return decode_successor_logits(x, pe, weights, b2, sources, graph, width, out)
 
 DECODE_TILE_SUCCESSORS = 32  # successors per program of the decode kernel (sub-tiles of BLOCK_SUCCESSORS)
 
 
-def decode_successor_logits(x, pe, weights, b2, sources, indptr, indices, vocab_size: int, max_degree: int,
-                            out: torch.Tensor) -> torch.Tensor:
+def decode_successor_logits(x, pe, weights, b2, sources, graph, width: int, out: torch.Tensor) -> torch.Tensor:
     """Write every real successor's energy into `out` (N, V) (prefilled with the shared energies): one launch over a
-    static (N, ceil(max_degree / 32)) grid, no plan, no host read."""
+    static (N, ceil(width / 32)) grid, no plan, no host read."""
     N, d = x.shape
-    tiles = -(-max_degree // DECODE_TILE_SUCCESSORS)
+    tiles = -(-width // DECODE_TILE_SUCCESSORS)
+    indices = graph.indices
     if N and tiles:
         launch(_decode_successors_kernel, (N, tiles),
-            x.contiguous(), pe.contiguous(), weights, b2, sources, indptr,
-            indices if indices is not None else indptr, out, d, vocab_size,
+            x.contiguous(), pe.contiguous(), weights, b2, sources, graph.indptr,
+            indices if indices is not None else graph.indptr, out, d, graph.vocab_size,
             D=padded_width(d), BN=BLOCK_SUCCESSORS, NSUB=DECODE_TILE_SUCCESSORS // BLOCK_SUCCESSORS,
             HAS_INDICES=indices is not None, num_warps=4)
     return out
 
 
 @torch.no_grad()
-def decode_step(tokens, signal, mix_sum, mix_norm, mix_max, length, last_token, weights, b2, position_logits,
-                pe_in, pe_out, indptr, indices, vocab_size: int, max_degree: int, non_edge_bias=None,
-                edge_base=None, node_add=None):
+def decode_step(tokens, mix, at, edges, graph, width: int):
     """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
-    the successors): `recurrence.decode_step`'s math, `edge_base` (d, d) or None the matrix every edge adds to its
-    own, `node_add` (B, d) or None the entered nodes' vectors. Returns the (B, V) float32 logits and the new state
-    tensors."""
-    B, d = signal.shape
-    V = vocab_size
-    logits = torch.empty(B, V, dtype=torch.float32, device=signal.device)
-    new_signal, new_sum = torch.empty_like(signal), torch.empty_like(mix_sum)
-    new_norm, new_max, new_length = torch.empty_like(mix_norm), torch.empty_like(mix_max), torch.empty_like(length)
-    has_bias = non_edge_bias is not None and indices is not None  # the bias offsets non-successors only
+    the successors): `recurrence.decode_step`'s math and arguments. Returns the (B, V) float32 logits and the new
+    `state.Mix`."""
+    last, pe_in, pe_out, weight, node_add = at
+    B, d = mix.signal.shape
+    V, weights, indices = graph.vocab_size, edges.weights, graph.indices
+    b2 = edges.biases.reshape(weights.shape[0], d)
+    logits = torch.empty(B, V, dtype=torch.float32, device=mix.signal.device)
+    new = [torch.empty_like(t) for t in mix.tensors()]
+    has_bias = edges.non_edge_bias is not None and indices is not None  # the bias offsets non-successors only
     # with the shared matrix the successors read PE + new signal·edge_base, which the state kernel writes
-    pe_next = torch.empty(B, d, dtype=torch.float32, device=signal.device) if edge_base is not None else pe_out
+    pe_next = torch.empty(B, d, dtype=torch.float32, device=logits.device) if edges.edge_base is not None else pe_out
     if B:
+        unused = mix.mix_norm  # any tensor, for the pointers the flags leave unread
         launch(_decode_state_kernel, (B,),
-            tokens, last_token, signal.contiguous(), mix_sum.contiguous(), mix_norm, mix_max, length,
-            weights, b2, position_logits, pe_in.contiguous(), pe_out.contiguous(), indptr,
-            indices if indices is not None else indptr,
-            non_edge_bias.contiguous() if has_bias else mix_norm,
-            edge_base.contiguous() if edge_base is not None else mix_norm,
-            node_add.contiguous() if node_add is not None else mix_norm,
-            new_signal, new_sum, new_norm, new_max, new_length, logits, pe_next,
-            d, V, position_logits.numel(),
-            D=padded_width(d), SEARCH_STEPS=max(1, max_degree.bit_length()), HAS_INDICES=indices is not None,
-            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, HAS_BASE=edge_base is not None,
-            HAS_NODE=node_add is not None, FILL=1024,
-            num_warps=4)
-        decode_successor_logits(new_signal, pe_next, weights, b2, tokens, indptr, indices, V, max_degree, logits)
-    return logits, (new_signal, new_sum, new_norm, new_max, new_length, tokens)
+            tokens, last, *(t.contiguous() for t in mix.tensors()), weights, b2, weight.float().contiguous(),
+            pe_in.float().contiguous(), pe_out.float().contiguous(), graph.indptr,
+            indices if indices is not None else graph.indptr,
+            edges.non_edge_bias.contiguous() if has_bias else unused,
+            edges.edge_base.contiguous() if edges.edge_base is not None else unused,
+            node_add.contiguous() if node_add is not None else unused,
+            *new, logits, pe_next, d, V,
+            D=padded_width(d), SEARCH_STEPS=max(1, width.bit_length()), HAS_INDICES=indices is not None,
+            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, HAS_BASE=edges.edge_base is not None,
+            HAS_NODE=node_add is not None, FILL=1024, num_warps=4)
+        decode_successor_logits(new[0], pe_next, weights, b2, tokens, graph, width, logits)
+    return logits, type(mix)(*new)
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""SparseAdamW's update of the touched rows as one fused Triton pass (chosen by ops.adamw_rows).
+"""SparseAdamW's update of the touched rows as one fused Triton pass (chosen by optimization.adamw_rows).
 
 Semantics: exactly `SparseAdamW`'s lazy AdamW for a sparse row gradient (see optimization.py): for every listed
 row r, with the gradient g[r] summed over duplicate entries,

@@ -440,21 +440,17 @@ class _SignalScan(torch.autograd.Function):
         return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None, g_base, None, g_node
 
 
-def signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                sparse_grad: bool = False, link=None, edge_base=None, keep=None, node_add=None):
-    """Run the recurrence over all columns; returns (signals (B, L, d), mix_sum, mix_norm, mix_max) after the last.
-
-    `signal`, `mix_sum` (B, d), `mix_norm`, `mix_max` (B,): the state before the first column (float32);
-    `mix_weight` (B, L): the position weight logit of each column's edge; `weights` (P, d, d), `biases` (P, 1, d)
-    or (P, d): the edge table; `rows` (B, L) int64: each column's edge row (any valid row where `has_edge` (B, L)
-    is False); `pe` (B, L, d): each column's PE row. `sparse_grad` / `link`: as `energy.gather_edges`.
-    `edge_base` (d, d), optional: the matrix every edge adds to its own (config.edge_backoff). `keep` (B, L, d),
-    optional: a dropout mask on the signal entering each column's edge (the returned signals are undropped).
-    `node_add` (B, L, d), optional: the vector of the node each column enters, added to its edge output
-    (config.node_embedding).
-    """
-    return _SignalScan.apply(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                             sparse_grad, link, edge_base, keep, node_add)
+def signal_scan(mix, columns, edges, link=None):
+    """Run the recurrence over all columns: (signals (B, L, d), the `state.Mix` after the last), as
+    `recurrence.signal_scan` (`columns` a `state.Columns`, `edges` a `tables.EdgeTable`; `link` as
+    `energy.gather_edges`). The kernel reads the dropout mask of the signal entering each edge; the signals it
+    returns are undropped, and those the candidates see are multiplied by the next mask here."""
+    keep = columns.keep
+    signals, *rest = _SignalScan.apply(*mix.tensors(), columns.weight, edges.weights, edges.biases, columns.rows,
+                                       columns.has_edge, columns.pe, edges.sparse_grad, link, edges.edge_base,
+                                       None if keep is None else keep[:, :-1], columns.node_add)
+    final = signals[:, -1] if signals.shape[1] else mix.signal.float()
+    return (signals if keep is None else signals * keep[:, 1:]), type(mix)(final, *rest)
 
 
 __all__ = ["MAX_NODE_SIZE", "signal_scan", "unsupported_reason"]

@@ -96,8 +96,7 @@ def variants():
     from modeling_brillm import triton_energy as E
 
     state = {a: "*fp32" for a in E._decode_state_kernel.arg_names if a.endswith("_ptr")}
-    state.update(tokens_ptr="*i64", last_ptr="*i64", length_ptr="*i64", new_length_ptr="*i64", indptr_ptr="*i64",
-                 indices_ptr="*i64", d="i32", V="i32", M="i32")
+    state.update(tokens_ptr="*i64", last_ptr="*i64", indptr_ptr="*i64", indices_ptr="*i64", d="i32", V="i32")
     for bias, base, node in ((False, False, False), (True, False, False), (True, True, False), (True, True, True)):
         yield (f"decode state d=32 non_edge_bias={bias} shared matrix={base} node vectors={node}",
                E._decode_state_kernel, state, dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True,

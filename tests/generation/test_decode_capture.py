@@ -9,7 +9,7 @@ capture itself needs a GPU: its test is skipped here and runs on a CUDA machine.
 import pytest
 import torch
 from _tiny import make_model, make_tokenizer
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList
 
 from modeling_brillm import decoding, generation
 from modeling_brillm.modeling_brillm import BriLLMState
@@ -126,7 +126,7 @@ def test_energy_generate_reads_finished_rows_lazily_with_the_same_result(models,
     eos = min(first, key=first.get)
     kwargs["eos_token_id"] = eos
     ref = model.energy_generate(enc["input_ids"], **kwargs)
-    monkeypatch.setattr(decoding, "_finish_check_every", lambda device: 8)
+    monkeypatch.setattr(decoding, "finish_check_every", lambda device: 8)
     got = _run(model, "eager", lambda: model.energy_generate(enc["input_ids"], **kwargs))
     assert ref.num_steps < 20 and ref.num_steps % 8  # all rows ended, between two reads
     assert got.num_steps == ref.num_steps
@@ -140,19 +140,20 @@ def test_the_step_runs_on_meta_tensors(models, tok, dense):
     data-dependent size, hence nothing that waits for the GPU (the tables it reads are built before, once)."""
     model = models[dense]
     B = 4
-    max_degree = model.base_model.decode_max_degree()
+    max_degree = model.base_model.graph_view().max_degree
     keys = model.base_model.edge_keys()  # built once per graph from the device
     meta = make_model(tok, dense=dense, node_size=6, seed=3).to("meta").base_model
     if not dense:  # carry the key table over to the meta copy
         meta.edge_keys = lambda: keys.to("meta")
     d = model.config.node_size
-    state = [torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), torch.empty(B, device="meta"),
-             torch.empty(B, device="meta"), torch.empty(B, dtype=torch.long, device="meta"),
-             torch.empty(B, dtype=torch.long, device="meta")]
+    state = BriLLMState.of([torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"),
+                            torch.empty(B, device="meta"), torch.empty(B, device="meta"),
+                            torch.empty(B, dtype=torch.long, device="meta"),
+                            torch.empty(B, dtype=torch.long, device="meta")], seen=3, longest=3)
     with torch.no_grad():
         logits, new_state = meta.decode_step(torch.empty(B, dtype=torch.long, device="meta"), state, max_degree)
     assert logits.shape == (B, model.config.vocab_size) and logits.device.type == "meta"
-    assert [t.shape for t in new_state] == [t.shape for t in state]
+    assert [t.shape for t in new_state.tensors()] == [t.shape for t in state.tensors()]
 
 
 def test_a_failed_capture_falls_back_to_the_eager_step(tok, monkeypatch, caplog):
@@ -230,7 +231,8 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
     """A model with `non_edge_bias` decodes through the sync-free step too (shared + bias[v] for non-successors):
     the general path's logits and tokens, and the step's torch version still runs on `meta`."""
     from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-    from modeling_brillm.energy import successor_logits_static
+    from modeling_brillm.energy import successor_logits
+    from modeling_brillm.tables import EdgeTable, GraphView
 
     base = make_model(tok, node_size=6, seed=3)
     model = BriLLMForCausalLM(BriLLMConfig(**{**base.config.to_dict(), "non_edge_bias": True}))
@@ -262,18 +264,21 @@ def test_non_edge_bias_sync_free_step_equals_the_general_path(tok):
                                                     return_dict_in_generate=True))
     assert not torch.allclose(plain.logits[0], off[0].logits[0])
     B, d, V, P = 4, 6, model.config.vocab_size, model.base_model.weights.shape[0]
-    logits = successor_logits_static(
-        torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), torch.empty(P, d, d, device="meta"),
-        torch.empty(P, 1, d, device="meta"), torch.empty(B, dtype=torch.long, device="meta"),
-        torch.empty(V + 1, dtype=torch.long, device="meta"), torch.empty(P - 1, dtype=torch.long, device="meta"), V,
-        model.base_model.decode_max_degree(), torch.empty(V, device="meta"))
+    edges = EdgeTable(torch.empty(P, d, d, device="meta"), torch.empty(P, 1, d, device="meta"),
+                      non_edge_bias=torch.empty(V, device="meta"))
+    graph = GraphView(torch.empty(V + 1, dtype=torch.long, device="meta"),
+                      torch.empty(P - 1, dtype=torch.long, device="meta"), None, V)
+    logits = successor_logits(torch.empty(B, d, device="meta"), torch.empty(B, d, device="meta"), edges,
+                              torch.empty(B, dtype=torch.long, device="meta"), graph,
+                              model.base_model.graph_view().max_degree)
     assert logits.shape == (B, V) and logits.device.type == "meta"
 
 
 @pytest.mark.parametrize("dense", [False, True])
-def test_one_row_on_the_cpu_takes_the_host_step(models, tok, dense, monkeypatch):
-    """One row on the CPU ("auto") decodes through `host_step`, built once per decoding loop: generate (greedy,
-    sampling) and energy_generate give the general path's tokens, and its logits within float32 rounding."""
+def test_one_row_on_the_cpu_takes_the_one_token_step(models, tok, dense, monkeypatch):
+    """One row on the CPU ("auto") decodes through the one-token step, each row's successors read from the host:
+    generate (greedy, sampling) and energy_generate give the general path's tokens, and its logits within float32
+    rounding."""
     model = models[dense]
     enc = tok(["a dog saw"], return_tensors="pt")
 
@@ -285,13 +290,13 @@ def test_one_row_on_the_cpu_takes_the_host_step(models, tok, dense, monkeypatch)
         return g, e, s
 
     off = _run(model, "off", decode)
-    calls, built = [], []
-    original, build = generation.HostStep.__call__, generation.HostStep.__init__
-    monkeypatch.setattr(generation.HostStep, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
-    monkeypatch.setattr(generation.HostStep, "__init__", lambda self, m: built.append(1) or build(self, m))
+    widths = []
+    original = type(model.base_model).decode_step
+    monkeypatch.setattr(type(model.base_model), "decode_step",
+                        lambda self, tokens, state, width=None: widths.append(width) or original(self, tokens, state,
+                                                                                               width))
     auto = _run(model, "auto", decode)
-    assert len(calls) >= 14, "one-row decoding did not take the host step"
-    assert len(built) == 3, "each decoding loop builds its step once"
+    assert len(widths) >= 14 and set(widths) == {None}, "one-row decoding did not take the one-token step"
     assert torch.equal(auto[0].sequences, off[0].sequences)
     torch.testing.assert_close(torch.stack(auto[0].logits), torch.stack(off[0].logits), rtol=1e-5, atol=1e-5)
     assert torch.equal(auto[1].sequences, off[1].sequences)
@@ -305,10 +310,9 @@ def test_one_row_on_the_cpu_takes_the_host_step(models, tok, dense, monkeypatch)
      torch.float32),
     (dict(node_embedding=True, edge_backoff=True, non_edge_bias=True, node_readout=True), torch.bfloat16),
 ], ids=["released", "extensions", "bfloat16"])
-def test_the_host_step_mixes_in_the_edge_output_its_previous_step_computed(tok, extensions, dtype):
-    """After its first token the host step takes the output of the edge it crosses from the previous step's block
-    (or its shared edge, for a pair without an edge) instead of computing it: a row of edges and non-edges, direct
-    calls, gives the teacher-forced logits at every position (in a bfloat16 model, to bfloat16's rounding)."""
+def test_one_row_steps_give_the_teacher_forced_logits(tok, extensions, dtype):
+    """A row of edges and non-edges through the one-token step, direct calls, gives the teacher-forced logits at
+    every position (in a bfloat16 model, to bfloat16's rounding), and its state the general path's."""
     model = make_model(tok, node_size=6, seed=4, **extensions).to(dtype)
     tolerance = 1e-5 if dtype == torch.float32 else 5e-2
     graph_rows = model.base_model.edge_rows(torch.arange(20).repeat_interleave(20), torch.arange(20).repeat(20))
@@ -319,19 +323,14 @@ def test_the_host_step_mixes_in_the_edge_output_its_previous_step_computed(tok, 
     full = model(row).logits
     with torch.no_grad():
         state = model(row[:, :2], use_cache=True).state
-        assert state.next_edges is None  # the general path's state: the first step computes its edge
         for t in range(2, row.shape[1]):
             out = model(row[:, t:t + 1], cache=state, use_cache=True)
             torch.testing.assert_close(out.logits[:, 0], full[:, t], rtol=tolerance, atol=tolerance)
             state = out.state
-            assert state.next_edges is not None and state.step is not None
-        # the state's scalars, kept on the host, read as the general path's tensors
         reference = model(row, use_cache=True).state
         for name, got, want in zip(TENSORS, state.tensors(), reference.tensors()):
             assert got.dtype == want.dtype and got.shape == want.shape, name
             torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
-        state.reorder_cache(torch.tensor([0]))  # set from outside: the next step reads the tensors again
-        assert state.step is None
 
 
 def test_the_host_step_checks_ids_positions_and_padding(models, tok):
@@ -432,13 +431,15 @@ def test_the_one_row_loop_ends_at_eos_on_the_host(models, tok):
         assert got[0, -1].item() == eos or "stopping_criteria" in kwargs
 
 
-def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok, monkeypatch):
-    """Hidden states, a batch of rows on the CPU and use_cache=False go through transformers' loop."""
+def test_the_loop_leaves_what_it_does_not_do_to_transformers(models, tok, monkeypatch):
+    """Hidden states and use_cache=False go through transformers' loop; a batch of rows and one row through ours."""
     model = models[False]
     entered = []
-    original = type(model)._loop_step
-    monkeypatch.setattr(type(model), "_loop_step", lambda self, *a: entered.append(original(self, *a) is not None)
-                        or original(self, *a))
+    original = generation.decode_loop
+    monkeypatch.setattr(generation, "decode_loop", lambda *a: entered.append(True) or original(*a))
+    transformers_loop = GenerationMixin._sample
+    monkeypatch.setattr(GenerationMixin, "_sample",
+                        lambda self, *a, **k: entered.append(False) or transformers_loop(self, *a, **k))
     one = tok(["the cat"], return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**one, max_new_tokens=3, do_sample=False, output_hidden_states=True,
@@ -446,7 +447,7 @@ def test_the_one_row_loop_leaves_what_it_does_not_do_to_transformers(models, tok
         model.generate(**_enc(tok), max_new_tokens=3, do_sample=False)
         uncached = model.generate(**one, max_new_tokens=3, do_sample=False, use_cache=False)
         cached = model.generate(**one, max_new_tokens=3, do_sample=False)
-    assert entered == [False, False, False, True] and out.hidden_states is not None
+    assert entered == [False, True, False, True] and out.hidden_states is not None
     assert torch.equal(uncached, cached)
 
 
@@ -463,7 +464,7 @@ def test_the_sync_free_loop_reads_finished_rows_every_few_steps(models, tok, mon
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
     ref = _run(model, "off", lambda: model.generate(**enc, **kwargs))
     steps = []
-    monkeypatch.setattr(generation, "_finish_check_every", lambda device: 8)
+    monkeypatch.setattr(generation, "finish_check_every", lambda device: 8)
     original = type(model).generation_step
     monkeypatch.setattr(type(model), "generation_step", lambda self, *a: steps.append(1) or original(self, *a))
     got = _run(model, "eager", lambda: model.generate(**enc, **kwargs))

@@ -5,8 +5,7 @@ part of it; the statistics of `F.dropout`; the model's `dropout_rows` / `dropout
 import pytest
 import torch
 
-from modeling_brillm.ops import scan_dropout_mask
-from modeling_brillm.recurrence import dropout_mask, mix64
+from modeling_brillm.recurrence import dropout_mask, mix64, scan_dropout_mask
 from tests._tiny import corpus_ids, make_model, make_tokenizer
 
 

@@ -251,13 +251,18 @@ def test_large_groups_and_empty_input(device):
 @pytest.mark.parametrize("n", [1, 6])
 def test_successor_logits_equals_the_grouped_path(dense, n, device):
     from modeling_brillm.energy import successor_logits
+    from modeling_brillm.graph import edge_keys
+    from modeling_brillm.tables import EdgeTable, GraphView
 
     weights, biases, indptr, indices, sources, x, pe, V = setup(dense=dense, N=n, seed=8, device=device)
+    graph = GraphView(indptr, indices, None if dense else edge_keys(indptr, indices, V), V)
+    edges = EdgeTable(weights, biases)
     expected = reference(x, pe, weights, biases, sources, indptr, indices, V)
-    torch.testing.assert_close(successor_logits(x, pe, weights, biases, sources, indptr, indices, V), expected)
+    for width in (None, graph.max_degree):  # each row's own degree, read from the host; the fixed shape
+        torch.testing.assert_close(successor_logits(x, pe, edges, sources, graph, width), expected)
     if not dense:  # a source without real successors: every node gets the shared energy
         empty = torch.tensor([V - 1], device=device)
-        got = successor_logits(x[:1], pe[:1], weights, biases, empty, indptr, indices, V)
+        got = successor_logits(x[:1], pe[:1], edges, empty, graph, None)
         torch.testing.assert_close(got, reference(x[:1], pe[:1], weights, biases, empty, indptr, indices, V))
 
 

@@ -7,9 +7,11 @@ import warnings
 import pytest
 import torch
 
-from modeling_brillm import ops, selfcheck
+from modeling_brillm import ops, optimization, selfcheck
 from modeling_brillm.backend import kernel_backend
 from modeling_brillm.plans import CandidatePlan, KernelPlan
+from modeling_brillm.state import Columns, Mix
+from modeling_brillm.tables import EdgeTable
 
 pytest.importorskip("triton")
 
@@ -47,8 +49,16 @@ def _scan_inputs():
     state = (signal, signal.clone(), torch.ones(B), torch.zeros(B))
     tables = (torch.randn(P, d, d, generator=g) * 0.5, torch.randn(P, 1, d, generator=g))
     rows = torch.randint(0, P, (B, L), generator=g)
-    return [t.to(DEVICE) for t in (*state, torch.randn(B, L, generator=g), *tables, rows,
-                                   torch.ones(B, L, dtype=torch.bool), torch.randn(B, L, d, generator=g))]
+    state, mix_weight, tables, rows = [t.to(DEVICE) for t in state], torch.randn(B, L, generator=g).to(DEVICE), \
+        [t.to(DEVICE) for t in tables], rows.to(DEVICE)
+    columns = Columns(rows, torch.ones(B, L, dtype=torch.bool, device=DEVICE),
+                      torch.randn(B, L, d, generator=g).to(DEVICE), mix_weight)
+    return Mix(*state), columns, EdgeTable(*tables)
+
+
+def _outputs(result):
+    signals, mix = result
+    return [signals, *mix.tensors()]
 
 
 @pytest.mark.parametrize("failure", ["raises", "wrong numbers"])
@@ -57,11 +67,15 @@ def test_a_failing_scan_is_switched_off_alone(monkeypatch, failure):
     if failure == "raises":
         monkeypatch.setattr(ops, "kernel_signal_scan", _raise)
     else:  # 1% off: beyond the tolerance
-        monkeypatch.setattr(ops, "kernel_signal_scan", lambda *a, **k: tuple(t * 1.01 for t in kernel(*a, **k)))
+        def wrong(*a, **k):
+            signals, mix = kernel(*a, **k)
+            return signals * 1.01, Mix(*(t * 1.01 for t in mix.tensors()))
+
+        monkeypatch.setattr(ops, "kernel_signal_scan", wrong)
     inputs = _scan_inputs()
     with kernel_backend("triton"):
         with pytest.warns(RuntimeWarning, match="signal_scan is switched off") as caught:
-            got = ops.signal_scan(*inputs)  # the first kernel call on the device runs the check
+            got = _outputs(ops.signal_scan(*inputs))  # the first kernel call on the device runs the check
         assert len(caught) == 1
         message = str(caught[0].message)
         assert "python -m modeling_brillm.selfcheck" in message and "BRILLM_BACKEND=torch" in message
@@ -69,11 +83,11 @@ def test_a_failing_scan_is_switched_off_alone(monkeypatch, failure):
         assert set(ops.disabled_kernels(DEVICE)) == {"signal_scan"}
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once: no second warning
-            again = ops.signal_scan(*inputs)
+            again = _outputs(ops.signal_scan(*inputs))
             assert isinstance(ops.make_plan(torch.tensor([0], device=DEVICE), torch.tensor([0, 1], device=DEVICE),
                                             torch.tensor([0], device=DEVICE), 1), KernelPlan)  # the others stay on
     with kernel_backend("torch"):
-        expected = ops.signal_scan(*inputs)
+        expected = _outputs(ops.signal_scan(*inputs))
     for a, b, c in zip(got, again, expected):
         assert torch.equal(a, c) and torch.equal(b, c)
 
@@ -88,13 +102,13 @@ def test_a_failing_energy_kernel_switches_the_plans_to_torch(monkeypatch):
 
 
 def test_a_failing_optimizer_kernel_leaves_the_torch_update(monkeypatch):
-    kernel = ops.kernel_adamw_rows
+    kernel = optimization.kernel_adamw_rows
 
     def wrong(param, *args, **kwargs):
         kernel(param, *args, **kwargs)
         param.add_(1e-3)
 
-    monkeypatch.setattr(ops, "kernel_adamw_rows", wrong)
+    monkeypatch.setattr(optimization, "kernel_adamw_rows", wrong)
     start = torch.randn(6, 4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     rows, values = torch.tensor([4, 1, 4], device=DEVICE), torch.randn(3, 4, device=DEVICE)
     results = []
@@ -102,7 +116,7 @@ def test_a_failing_optimizer_kernel_leaves_the_torch_update(monkeypatch):
         state = [start.clone(), torch.zeros_like(start), torch.zeros_like(start)]
         with kernel_backend(backend), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ops.adamw_rows(*state, rows, values, torch.tensor(1.0), (0.1, 0.9, 0.999, 1e-8, 0.0))
+            optimization.adamw_rows(*state, rows, values, torch.tensor(1.0), (0.1, 0.9, 0.999, 1e-8, 0.0))
         results.append((state, [str(w.message) for w in caught]))
     (got, messages), (expected, _) = results
     assert len(messages) == 1 and "adamw_rows is switched off" in messages[0]

@@ -26,7 +26,8 @@ from modeling_brillm.ops import (
     target_energies,
 )
 from modeling_brillm.plans import make_kernel_plan
-from modeling_brillm.state import TENSORS
+from modeling_brillm.state import TENSORS, Mix
+from modeling_brillm.tables import EdgeTable, GraphView
 
 pytest.importorskip("triton")
 
@@ -67,6 +68,18 @@ def setup(V=9, N=12, seed=0, dense=False, hot=0):
     pe = torch.randn(sources.numel(), D, generator=g)
     indices = None if indices is None else indices.to(DEVICE)
     return (*(t.to(DEVICE) for t in (weights, biases, indptr)), indices, *(t.to(DEVICE) for t in (sources, x, pe)), V)
+
+
+def views(weights, biases, indptr, indices, V, bias=None, edge_base=None):
+    """The `EdgeTable` and `GraphView` a step reads of these tables and graph."""
+    keys = None if indices is None else ops.edge_keys(indptr, indices, V)
+    return EdgeTable(weights, biases, edge_base, bias), GraphView(indptr, indices, keys, V)
+
+
+def successors(x, pe, weights, biases, sources, indptr, indices, V, bias=None, width=None):
+    """`ops.successor_logits` of these tables and graph; `width` None: each row's own degree."""
+    edges, graph = views(weights, biases, indptr, indices, V, bias)
+    return successor_logits(x, pe, edges, sources, graph, width)
 
 
 def rows_of(sources, targets, indptr, indices, V):
@@ -161,7 +174,7 @@ def test_logits_and_their_gradients_match_torch(dense):
             logits = scatter_logits(energies, shared, plan, V)
             inv = torch.argsort(plan.order)
             (logits[inv] * probe).sum().backward()
-            direct = successor_logits(x, pe, weights, biases, sources, indptr, indices, V)
+            direct = successors(x, pe, weights, biases, sources, indptr, indices, V)
         out[backend] = (logits[inv].detach(), direct, w.grad, b.grad, xx.grad)
     for a, c, name in zip(out["triton"], out["torch"], ("logits", "successor logits", "grad w", "grad b", "grad x")):
         close(a, c, name)
@@ -284,14 +297,15 @@ def test_generate_tokens_equal_torch(tiny):
     assert torch.equal(outs["triton"][1], outs["torch"][1])
 
 
-def decode_step_matches_torch(model, tokens, tensors):
-    """One sync-free decode step through the kernels equals the torch reference: logits and every state tensor."""
+def decode_step_matches_torch(model, tokens, state):
+    """One fixed-shape decode step through the kernels equals the torch step: logits and every state tensor."""
     out = {}
+    base = model.base_model
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
-            out[backend] = model.base_model.decode_step(tokens, tensors, model.base_model.decode_max_degree())
+            out[backend] = base.decode_step(tokens, state, base.graph_view().max_degree)
     close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], TENSORS):
+    for a, b, name in zip(out["triton"][1].tensors(), out["torch"][1].tensors(), TENSORS):
         close(a.float(), b.float(), name)
 
 
@@ -310,8 +324,7 @@ def test_decode_step_kernels_equal_the_torch_step(tiny, dense):
         successors = set(indices[int(indptr[last[1]]):int(indptr[last[1] + 1])].tolist())
         tokens[1] = min(set(range(model.config.vocab_size)) - successors)
         assert model.edge_rows(state.last_token, tokens)[:2].tolist()[1] == 0
-    tensors = list(state.tensors())
-    decode_step_matches_torch(model, tokens, tensors)
+    decode_step_matches_torch(model, tokens, state)
     model.decode_mode = "eager"
     try:
         seqs = {}
@@ -413,9 +426,9 @@ def biased_loss(backend, tensors, bias, sources, targets, indptr, indices, V, sp
         logits = scatter_logits(energies, shared, plan, V, nb)
         ((log_z - true).mean() + (logits * probe).sum()).backward()
         inv = torch.argsort(plan.order)
-        direct = successor_logits(x, pe, weights, biases, sources, indptr, indices, V, nb.detach())
-        static = ops.successor_logits_static(x, pe, weights, biases, sources, indptr, indices, V,
-                                                V if indices is None else ops.graph_max_degree(indptr), nb.detach())
+        direct = successors(x, pe, weights, biases, sources, indptr, indices, V, nb.detach())
+        static = successors(x, pe, weights, biases, sources, indptr, indices, V, nb.detach(),
+                            V if indices is None else ops.graph_max_degree(indptr))
     grad_nb = nb.grad if nb.grad is not None else torch.zeros_like(nb)  # dense: no non-successor anywhere
     return (log_z.detach(), true.detach(), logits.detach()[inv], direct, static, weights.grad, biases.grad, x.grad,
             pe.grad, grad_nb)
@@ -521,9 +534,8 @@ def test_non_edge_bias_decoding_equals_torch(tiny, variant, request):
     model = request.getfixturevalue(variant)
     ids, mask = _batch(tok, "left")
     state = model(ids, attention_mask=mask, use_cache=True).state
-    tensors = list(state.tensors())
     tokens = torch.tensor([5, 9, 4], device=DEVICE)
-    decode_step_matches_torch(model, tokens, tensors)
+    decode_step_matches_torch(model, tokens, state)
     with kernel_backend("torch"):
         model.decode_mode = "off"
         try:
@@ -558,18 +570,19 @@ def test_ops_decode_step_kernel_equals_the_reference(dense, biased, shared_matri
         tokens[0] = indices[int(indptr[1]) - 1]
     signal, norm = torch.randn(B, D, generator=g), torch.rand(B, generator=g) + 1
     state = [signal, signal * norm.unsqueeze(1), norm, torch.randn(B, generator=g)]
-    state = [t.to(DEVICE) for t in state]
+    mix = Mix(*(t.to(DEVICE) for t in state))
     length = torch.tensor([0, 3, 7, 12], device=DEVICE)  # 0: a first token; 12: past the 10 position weights
     positions = torch.randn(1, 10, 1, generator=g).to(DEVICE)
     pe_now, pe_next = (torch.randn(B, D, generator=g).to(DEVICE) for _ in range(2))
     bias = torch.randn(V, generator=g).to(DEVICE) if biased else None
     edge_base = (torch.randn(D, D, generator=g) * 0.5).to(DEVICE) if shared_matrix else None
-    max_degree = V if dense else ops.graph_max_degree(indptr)
+    at = (last, pe_now, pe_next, positions.view(-1)[(length - 1).clamp(0, 9)], None)
+    edges, graph = views(weights, biases, indptr, indices, V, bias, edge_base)
+    assert graph.keys is None if dense else torch.equal(graph.keys, keys)
     out = {}
     for backend in ("torch", "triton"):
         with torch.no_grad(), kernel_backend(backend):
-            out[backend] = ops.decode_step(tokens, *state, length, last, weights, biases, positions, pe_now, pe_next,
-                                           indptr, indices, keys, V, max_degree, bias, edge_base)
+            out[backend] = ops.decode_step(tokens, mix, at, edges, graph, graph.max_degree)
     close(out["triton"][0], out["torch"][0], "logits")
-    for a, b, name in zip(out["triton"][1], out["torch"][1], ("signal", "sum", "norm", "max", "length", "tokens")):
+    for a, b, name in zip(out["triton"][1].tensors(), out["torch"][1].tensors(), ("signal", "sum", "norm", "max")):
         close(a.float(), b.float(), name)

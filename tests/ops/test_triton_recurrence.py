@@ -15,6 +15,9 @@ import torch
 from modeling_brillm import BriLLMForCausalLM, BriLLMModel, graph_from_edges, ops
 from modeling_brillm.backend import HAVE_TRITON, kernel_backend
 from modeling_brillm.energy import gather_edges
+from modeling_brillm.recurrence import scan_dropout_mask
+from modeling_brillm.state import Columns, Mix
+from modeling_brillm.tables import EdgeTable
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (pip install .[gpu])")
 
@@ -292,6 +295,16 @@ def test_scan_is_chosen_only_where_it_applies(monkeypatch):
             assert picks_kernel(half)  # bf16 inference: the scan (float32 arithmetic)
 
 
+def run_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe, sparse=False,
+             dropout=0.0, edge_base=None, node_add=None):
+    """`ops.signal_scan` of these tensors: (signals, signal, mix_sum, mix_norm, mix_max), dropout's mask seeded 7."""
+    keep = scan_dropout_mask(dropout, 7, None, None, rows.shape, pe.shape[-1], pe.device) if dropout else None
+    signals, mix = ops.signal_scan(Mix(signal, mix_sum, mix_norm, mix_max),
+                                   Columns(rows, has_edge, pe, mix_weight, node_add, keep),
+                                   EdgeTable(weights, biases, edge_base, None, sparse))
+    return (signals, *mix.tensors())
+
+
 def scan_inputs(seed, B=3, L=6, P=11, fetched=False):
     """A consistent random state (signal = sum / norm), rows, a padded column and a sequence start."""
     g = torch.Generator().manual_seed(seed)
@@ -332,10 +345,9 @@ def test_ops_signal_scan_kernel_equals_the_reference(sparse, fetched, shared_mat
         if node_vectors:
             node_add = torch.randn(*rows.shape, D, generator=torch.Generator().manual_seed(6)).to(DEVICE)
             leaves.append(node_add.requires_grad_())
-        torch.manual_seed(7)  # the same dropout mask on both paths
-        with kernel_backend(backend):
-            out = ops.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
-                                  sparse, dropout=dropout, edge_base=edge_base, node_add=node_add)
+        with kernel_backend(backend):  # the same dropout mask on both paths
+            out = run_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge, pe,
+                           sparse, dropout=dropout, edge_base=edge_base, node_add=node_add)
         loss = sum((o * torch.linspace(-1, 1, o.numel(), device=DEVICE).view(o.shape)).sum()
                    for o in out if o.requires_grad)
         loss.backward()
@@ -355,6 +367,6 @@ def test_ops_signal_scan_torch_reference_is_the_model_loop_bit_for_bit():
     """The reference is the column loop as the model ran it: dropout off, the final signal the last column's."""
     (signal, mix_sum, mix_norm, mix_weight, weights, biases), mix_max, rows, has_edge, pe = scan_inputs(4)
     with kernel_backend("torch"), torch.no_grad():
-        signals, last, *_ = ops.signal_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows,
-                                            has_edge, pe)
+        signals, last, *_ = run_scan(signal, mix_sum, mix_norm, mix_max, mix_weight, weights, biases, rows, has_edge,
+                                     pe)
     assert torch.equal(signals[:, -1], last)
