@@ -84,10 +84,14 @@ class DecodeGraphs:
     def __init__(self):
         self.graphs: dict[int, _Graph] = {}
         self.pool = None
+        self.tables = self.signature = None  # the decoding loop's step tables, and the signature read with them
 
-    def step(self, model, tokens: torch.Tensor, state):
-        """Logits (B, V) and the new state (its tensors the graph's buffers) for `tokens` (B,) on top of `state`."""
-        signature = _signature(model, tokens.device)
+    def step(self, model, tokens: torch.Tensor, state, tables):
+        """Logits (B, V) and the new state (its tensors the graph's buffers) for `tokens` (B,) on top of `state`.
+        `tables`: the loop's `step_tables()`; the signature is read once per loop (it reads the config)."""
+        if tables is not self.tables:
+            self.tables, self.signature = tables, _signature(model, tokens.device)
+        signature = self.signature
         B = tokens.shape[0]
         graph = self.graphs.get(B)
         if graph is None or graph.signature != signature:
@@ -103,7 +107,7 @@ class DecodeGraphs:
 
     def clear(self):
         self.graphs.clear()
-        self.pool = None
+        self.pool = self.tables = self.signature = None
 
 
 __all__ = ["DecodeGraphs"]

@@ -29,6 +29,10 @@ backward adds its rows into them in place, returning no gradient of its own: one
 """
 
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -388,44 +392,75 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_e
 
 def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.Tensor:
     """(N, V) energies of every node as the successor of each position (the decode step's), computed in float32 for
-    tables of 16 bits or float32 (in float64 for float64 ones). `x`, `pe` (N, d); `edges` a `tables.EdgeTable`, `graph` a
-    `tables.GraphView`; `sources` (N,) the positions' nodes.
+    tables of 16 bits or float32 (in float64 for float64 ones); inference only. `x`, `pe` (N, d); `edges` a
+    `tables.EdgeTable`, `graph` a `tables.GraphView`; `sources` (N,) the positions' nodes.
 
     `width` is how many successors each position computes: the graph's largest degree (`GraphView.max_degree`)
     gives shapes fixed by (N, width) and no host read, what a CUDA graph records (and what runs on `device="meta"`);
-    None reads the positions' own degrees from the host (one position: its block of edges read in place, as a
-    slice). A position gathers `width` edge rows from the start of its block; those past its degree are computed
-    and dropped into a spare column."""
-    with torch.no_grad():
-        N, d = x.shape
-        V, weights, indices = graph.vocab_size, edges.weights, graph.indices
-        ct = torch.promote_types(weights.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
-        x, pe, b2 = x.to(ct), pe.to(ct), edges.biases.reshape(weights.shape[0], d)
-        logits = x.new_zeros(N, V + 1)  # a dense graph: every column is a real successor
-        if indices is not None:  # every other node gets the shared edge's energy (+ its own offset)
-            shared = _energy(torch.addmm(b2[0].to(ct) + pe, x, weights[0].to(ct)))[1]
-            logits = shared.unsqueeze(1).expand(N, V + 1).contiguous()
-            if edges.non_edge_bias is not None:
-                logits[:, :V] += edges.non_edge_bias.to(ct)
-        first = graph.indptr[sources]
-        degree = graph.indptr[sources + 1] - first
-        if N == 1 and not _capturing(x):  # one position: its block of edges read in place, no copy of their rows
-            a, n = int(first), int(degree)
-            W, b = weights[a + 1:a + 1 + n].to(ct), b2[a + 1:a + 1 + n].to(ct)
-            energies = _energy(torch.baddbmm(b.unsqueeze(1), x.expand(n, 1, d), W).view(n, d) + pe)[1]
-            target = torch.arange(n, device=x.device) if indices is None else indices[a:a + n]
-            return logits[:, :V].index_copy(1, target, energies.unsqueeze(0))
-        if width is None:
-            width = int(degree.max()) if N else 0
-        if width == 0:
-            return logits[:, :V]
-        j = torch.arange(width, device=x.device)
-        real = j < degree.unsqueeze(1)  # (N, width)
-        edge = torch.where(real, first.unsqueeze(1) + j, torch.zeros_like(j))  # CSR index; 0 where not real
-        h = torch.matmul(x[:, None, None, :], weights[edge + 1].to(ct)).squeeze(2) + b2[edge + 1].to(ct)
-        energies = _energy(h + pe.unsqueeze(1))[1]  # (N, width)
-        target = j.expand(N, width) if indices is None else indices[edge]
-        return logits.scatter(1, torch.where(real, target, V), energies)[:, :V]
+    None reads the positions' own degrees from the host (one position: `row_energies`). A position gathers `width`
+    edge rows from the start of its block; those past its degree are computed and dropped into a spare column."""
+    N, d = x.shape
+    if N == 1 and not _capturing(x):
+        return row_energies(x, pe, RowTables.of(edges), graph, int(sources))[0]
+    V, weights, indices = graph.vocab_size, edges.weights, graph.indices
+    ct = torch.promote_types(weights.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
+    x, pe, b2 = x.to(ct), pe.to(ct), edges.biases.reshape(weights.shape[0], d)
+    logits = x.new_zeros(N, V + 1)  # a dense graph: every column is a real successor
+    if indices is not None:  # every other node gets the shared edge's energy (+ its own offset)
+        shared = _energy(torch.addmm(b2[0].to(ct) + pe, x, weights[0].to(ct)))[1]
+        logits = shared.unsqueeze(1).expand(N, V + 1).contiguous()
+        if edges.non_edge_bias is not None:
+            logits[:, :V] += edges.non_edge_bias.to(ct)
+    first = graph.indptr[sources]
+    degree = graph.indptr[sources + 1] - first
+    if width is None:
+        width = int(degree.max()) if N else 0
+    if width == 0:
+        return logits[:, :V]
+    j = torch.arange(width, device=x.device)
+    real = j < degree.unsqueeze(1)  # (N, width)
+    edge = torch.where(real, first.unsqueeze(1) + j, torch.zeros_like(j))  # CSR index; 0 where not real
+    h = torch.matmul(x[:, None, None, :], weights[edge + 1].to(ct)).squeeze(2) + b2[edge + 1].to(ct)
+    energies = _energy(h + pe.unsqueeze(1))[1]  # (N, width)
+    target = j.expand(N, width) if indices is None else indices[edge]
+    return logits.scatter(1, torch.where(real, target, V), energies)[:, :V]
+
+
+def row_energies(x, pe, tables, graph, u: int):
+    """`successor_logits` of one position on node `u` (host int), its block of edges read in place (no copy of their
+    rows); with the edge outputs GeLU(x·W + b + PE) it computed on the way, for the next step, which crosses one:
+    (logits (1, V), (the successors' (n, d), the shared edge's (1, d) or None, the block's first entry)). `tables`:
+    `RowTables` of the edges."""
+    a, e = graph.block(u)
+    W, b = tables.weights[a + 1:e + 1], tables.biases[a + 1:e + 1]
+    if W.dtype != tables.dtype:
+        W, b = W.to(tables.dtype), b.to(tables.dtype)
+    outputs, energies = _energy(torch.baddbmm(b + pe, x.expand(e - a, 1, x.shape[1]), W).squeeze(1))
+    if graph.indices is None:
+        return energies.unsqueeze(0), (outputs, None, a)
+    shared, energy = _energy(torch.addmm(tables.shared_bias + pe, x, tables.shared_weight))
+    logits = energy.expand(1, graph.vocab_size).clone()
+    if tables.non_edge_bias is not None:
+        logits += tables.non_edge_bias
+    return logits.index_copy_(1, graph.indices[a:e], energies.unsqueeze(0)), (outputs, shared, a)
+
+
+@dataclass
+class RowTables:
+    """The edge tables as one row's step on the CPU reads them, its float32 (or float64) parts made once per loop."""
+
+    weights: torch.Tensor  # (P, d, d) as stored
+    biases: torch.Tensor  # (P, 1, d) as stored
+    dtype: torch.dtype  # what the step computes in: float32 for tables of 16 bits
+    shared_weight: torch.Tensor  # (d, d) row 0 in `dtype`
+    shared_bias: torch.Tensor  # (1, d)
+    non_edge_bias: torch.Tensor | None  # (V,)
+
+    @classmethod
+    def of(cls, edges) -> RowTables:
+        ct = torch.promote_types(edges.weights.dtype, torch.float32)
+        bias = None if edges.non_edge_bias is None else edges.non_edge_bias.to(ct)
+        return cls(edges.weights, edges.biases, ct, edges.weights[0].to(ct), edges.biases[0].to(ct), bias)
 
 
 def _capturing(x: torch.Tensor) -> bool:
@@ -511,6 +546,7 @@ __all__ = [
     "candidate_energies",
     "gather_edges",
     "scatter_logits",
+    "row_energies",
     "successor_logits",
     "exact_log_partition",
     "non_edge_log_mass",

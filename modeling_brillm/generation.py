@@ -143,48 +143,52 @@ class BriLLMGenerationMixin(GenerationMixin):
         width = base.graph_view().max_degree
         return input_ids.shape[0] * width * d * d * base.weights.element_size() <= self.padded_decode_bytes
 
-    def generation_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool):
+    def generation_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool, tables=None):
         """One token per row: (logits (B, V), new state), or None to hand the call to the general path (a padded
-        new column). `trusted`: the ids are the decoding loop's own picks (a finished row's pad id is clamped)."""
+        new column). `trusted`: the ids are the decoding loop's own picks (a finished row's pad id is clamped).
+        `tables`: the model's `step_tables()`, which a decoding loop gathers once."""
         if not isinstance(state, BriLLMState):
             raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
-        tokens = self._step_tokens(input_ids, attention_mask, state, trusted)
+        base = self.base_model
+        tables = base.step_tables() if tables is None else tables
+        tokens = self._step_tokens(input_ids, attention_mask, state, trusted, tables.graph.vocab_size)
         if tokens is None:
             return None
-        M = self.config.max_position_embeddings
+        M = tables.positions.trained
         if state.longest is None:
             state.longest = int(state.length.max()) if state.batch_size else 0  # once; then tracked on the host
-        if not self.extends_positions and state.longest >= M:
+        if tables.positions.formula is None and state.longest >= M:  # (a formula: position_overflow="extend")
             raise too_long(state.longest + 1, M)
-        base = self.base_model
-        if trusted and self.decode_mode == "auto" and input_ids.is_cuda:
-            replayed = self._replay_decode_graph(tokens, state)
+        if trusted and input_ids.is_cuda and self.decode_mode == "auto":
+            replayed = self._replay_decode_graph(tokens, state, tables)
             if replayed is not None:
                 return replayed
         # on the CPU the host reads each row's degree (free there); elsewhere the shapes stay fixed
-        width = None if input_ids.device.type == "cpu" else base.graph_view().max_degree
-        return base.decode_step(tokens, state, width)
+        width = None if input_ids.device.type == "cpu" else tables.graph.max_degree
+        return base.decode_step(tokens, state, width, tables)
 
-    def _step_tokens(self, input_ids, attention_mask, state, trusted: bool):
+    def _step_tokens(self, input_ids, attention_mask, state, trusted: bool, vocab_size: int):
         """The (B,) ids of a one-token step, or None when its column holds padding (the general path's case)."""
         B = input_ids.shape[0]
         if trusted:
             if state.batch_size != B:
                 raise ValueError(f"the cache holds {state.batch_size} sequences but input_ids has {B} rows.")
+            if state.row is not None:  # one row on the CPU, never filled with the pad token: its own picks
+                return input_ids[0]
             # Only a finished row can be fed an id the model did not pick (the pad token, which may lie outside the
             # vocabulary); its state and logits are never used again, so clamping keeps every index in range.
-            return input_ids[:, 0].clamp(0, self.config.vocab_size - 1)
-        mask = check_inputs(input_ids, attention_mask, state, self.config.vocab_size)
+            return input_ids[:, 0].clamp(0, vocab_size - 1)
+        mask = check_inputs(input_ids, attention_mask, state, vocab_size)
         return input_ids[:, 0] if bool(mask.all()) else None
 
-    def _replay_decode_graph(self, tokens, state):
+    def _replay_decode_graph(self, tokens, state, tables):
         """The step from its CUDA graph (decode_capture.py): (logits, new state); None where capturing fails, said
         once: this model then decodes with the same step uncaptured (decode_mode becomes "eager")."""
         if getattr(self, "_decode_graphs", None) is None:
             self._decode_graphs = DecodeGraphs()
         try:
-            return self._decode_graphs.step(self.base_model, tokens, state)
+            return self._decode_graphs.step(self.base_model, tokens, state, tables)
         except RuntimeError as error:  # the capture never ran on this GPU / driver / triton before: keep decoding
             self._decode_graphs.clear()
             self.decode_mode = "eager"
@@ -199,9 +203,12 @@ class BriLLMGenerationMixin(GenerationMixin):
         """`step(tokens (B,), state) -> (float32 logits (B, V), state)` of the decoding loop: the one-token step
         where it applies, else the general path through `forward`."""
         if self.steps_one_token(input_ids[:, -1:]):
+            tables = self.base_model.step_tables()
+
             def one_token(tokens, state):
-                logits, state = self.generation_step(tokens[:, None], None, state, True)
-                return logits.to(copy=True, dtype=torch.float32), state  # a replayed graph's buffer: copy it out
+                logits, state = self.generation_step(tokens[:, None], None, state, True, tables)
+                # a replayed graph's logits are its buffer, which the next replay overwrites: copy them out
+                return (logits.clone() if state.graph_owned else logits), state
             return one_token
 
         def general(tokens, state):

@@ -29,15 +29,14 @@ from transformers import initialization as init
 
 from .backend import exact_precision
 from .configuration_brillm import BriLLMConfig
-from .count_prior import add_count_prior
 from .energy import RowView
 from .generation import BriLLMGenerationMixin
 from .graph_editing import GraphMethods
 from .losses import position_losses, shift_labels
 from .ops import EdgeGradLink, candidate_energies, decode_step, graph_max_degree, make_plan, scatter_logits, signal_scan
-from .recurrence import plus_edge_base, scan_dropout_mask
+from .recurrence import plus_edge_base, row_step, scan_dropout_mask
 from .state import CACHE, BriLLMCausalLMOutput, BriLLMModelOutput, BriLLMState, Columns, Mix, Signals, given_state
-from .tables import DerivedTables, EdgeTable, GraphView
+from .tables import DerivedTables, EdgeTable, GraphView, Positions, ReadOut, StepTables, positional_encoding
 from .validation import check_inputs, check_labels, check_signal_ids, compact_real_tokens, too_long
 
 # isort: split
@@ -48,28 +47,6 @@ from .graph import edge_keys  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
 from .triton_recurrence import unsupported_reason  # noqa: F401
-
-
-def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
-    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32.
-
-    "released" multiplies by 10000^(2j/d) (the original release's formula); "sinusoidal" divides (the textbook
-    one). Computed with the release's exact float32 steps: the angles reach pos·5.6e3, so an equal formula that
-    rounds the frequency differently (e.g. exp(2j·ln(10000)/d)) moves them by up to 0.25 rad and released
-    checkpoints no longer see the values they were trained on.
-    """
-    if positions.is_floating_point() or positions.is_complex():
-        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; pass e.g. torch.arange(n).")
-    if variant not in ("released", "sinusoidal"):
-        raise ValueError(f"variant must be 'released' or 'sinusoidal', got {variant!r}.")
-    exponent = torch.arange(0, d, 2, device=positions.device) / d  # int64 / int → float32 (true division)
-    freq = 10000.0 ** exponent  # float32 power, as the release
-    pos = positions.to(torch.int64).unsqueeze(-1)
-    angle = pos * freq if variant == "released" else pos / freq  # int64 with float32 → float32, (..., ceil(d/2))
-    pe = torch.empty(*positions.shape, d, dtype=torch.float32, device=positions.device)
-    pe[..., 0::2] = torch.sin(angle)
-    pe[..., 1::2] = torch.cos(angle[..., : d // 2])
-    return pe
 
 
 def initial_positions(config: BriLLMConfig, device=None) -> torch.Tensor:
@@ -218,7 +195,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     def graph_view(self) -> GraphView:
         indptr, indices = self.csr()
-        return GraphView(indptr, indices, self.edge_keys(), self.config.vocab_size)
+        host = self.host_csr() if indptr.device.type == "cpu" else None
+        return GraphView(indptr, indices, self.edge_keys(), self.config.vocab_size, host)
 
     def position_table(self, device) -> torch.Tensor:
         """PE rows 0..max_position_embeddings (float32), built once per device and config."""
@@ -229,20 +207,19 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             self._pe_cache = (key, positional_encoding(positions, cfg.node_size, cfg.position_encoding))
         return self._pe_cache[1]
 
+    def positions_view(self, device) -> Positions:
+        cfg = self.config
+        formula = (cfg.node_size, cfg.position_encoding) if self.extends_positions else None
+        return Positions(self.position_table(device), self.positions.view(-1).float(), formula)
+
     def position_encoding(self, index: torch.Tensor) -> torch.Tensor:
-        """PE rows (float32) for integer positions: from the table within range; past it (position_overflow=
-        "extend") computed by the same formula, so the cost per row stays flat at any length."""
-        cfg, M = self.config, self.config.max_position_embeddings
-        table = self.position_table(index.device)
-        if not self.extends_positions:
-            return table[index]
-        # no host sync: both paths (teacher forcing, one-token decoding) compute rows past M the same way
-        beyond = positional_encoding(index, cfg.node_size, cfg.position_encoding)
-        return torch.where((index > M).unsqueeze(-1), beyond, table[index.clamp_max(M)])
+        """PE rows (float32) for integer positions (past the trained range: the formula, position_overflow=
+        "extend")."""
+        return self.positions_view(index.device).pe(index)
 
     def mix_weights(self, index: torch.Tensor) -> torch.Tensor:
         """Position weight logits p of the edges entering positions `index` (past the range: the last one)."""
-        return self.positions.view(-1).float()[(index - 1).clamp(0, self.config.max_position_embeddings - 1)]
+        return self.positions_view(index.device).weight(index)
 
     def node_add(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The vectors the nodes `tokens` add to the edge outputs entering them (config.node_embedding), or None."""
@@ -333,30 +310,39 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         return signal_scan(mix, columns, edges, link)
 
     # ------------------------------------------------------------------------------ one token, fixed shapes
-    def decode_step(self, tokens: torch.Tensor, state: BriLLMState, width: int | None = None):
+    def step_tables(self) -> StepTables:
+        """What the one-token step reads, gathered once (per decoding loop; the config's values included)."""
+        return StepTables(self.edge_table(), self.graph_view(), self.positions_view(self.weights.device),
+                          self.node_embedding, self.read_out_tables())
+
+    def decode_step(self, tokens: torch.Tensor, state: BriLLMState, width: int | None = None,
+                    tables: StepTables | None = None):
         """The one-token step: (logits (B, V) of every node after `tokens` (B,) on top of `state`, the new state).
         1. the edge last_token → token joins the mix, 2. every successor's energy, 3. the read-out. `width`: the
         successors each row computes (`energy.successor_logits`): None reads them from the host; a fixed one (the
-        graph's largest degree) reads nothing from the device, what a CUDA graph records."""
-        length = state.length
-        at = (state.last_token, self.position_encoding(length), self.position_encoding(length + 1),
-              self.mix_weights(length), self.node_add(tokens))
-        logits, mix = decode_step(tokens, state.mix, at, self.edge_table(), self.graph_view(), width)
-        longest = None if state.longest is None else state.longest + 1
-        return self.read_out(logits, mix.signal, tokens), BriLLMState(mix, length + 1, tokens, state.seen + 1, longest)
+        graph's largest degree) reads nothing from the device, what a CUDA graph records. One row on the CPU makes
+        its lookups on the host (`recurrence.row_step`). `tables`: `step_tables()`, a decoding loop gathers it once."""
+        tables = self.step_tables() if tables is None else tables
+        if tables.graph.host is not None and tokens.numel() == 1:
+            logits, new_state = row_step(tokens, state, tables)
+        else:
+            logits, mix = decode_step(tokens, state.mix, tables.at(state, tokens), tables.edges, tables.graph, width)
+            new_state = state.advanced(mix, tokens)
+        return tables.read_out(logits, new_state.signal, tokens), new_state
+
+    def read_out_tables(self) -> ReadOut:
+        """What every node adds to its energy: the read of the signal (config.node_readout), the count prior."""
+        prior = None
+        if self.config.count_prior:
+            table = self.prior_table()
+            prior = (table,) if table is not None else (self.prior_node, self.prior_indptr, self.prior_indices,
+                                                        self.prior_values, graph_max_degree(self.prior_indptr))
+        return ReadOut(self.node_readout, prior)
 
     def read_out(self, logits: torch.Tensor, signal: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
         """`logits` (N, V) of the successors of `sources` (N,) plus what every node reads of the signal (N, d)
         directly (config.node_readout) and the count prior's log p(v | source) (config.count_prior)."""
-        if self.node_readout is not None:
-            logits = logits + (signal.to(self.node_readout.dtype) @ self.node_readout.t()).to(logits.dtype)
-        if self.config.count_prior:
-            table = self.prior_table()
-            if table is not None:
-                return logits + table[sources]
-            logits = add_count_prior(logits, sources, self.prior_node, self.prior_indptr, self.prior_indices,
-                                     self.prior_values, graph_max_degree(self.prior_indptr))
-        return logits
+        return self.read_out_tables()(logits, signal, sources)
 
     @property
     def scores_every_node(self) -> bool:

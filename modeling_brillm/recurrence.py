@@ -8,21 +8,23 @@ of every edge output so far, weighted by the position weight logits p, kept as a
     M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from .energy import gather_edges, successor_logits
+from .energy import gather_edges, row_energies, successor_logits
 from .graph import edge_rows_from_keys
-from .state import Columns, Mix
-from .tables import EdgeTable, GraphView
+from .state import BriLLMState, Columns, Mix, RowCache
+from .tables import EdgeTable, GraphView, StepAt
 
 
 def mix_in(mix: Mix, out: torch.Tensor, weight_logit: torch.Tensor) -> Mix:
     """`mix` with edge output `out` (B, d) of position weight logit `weight_logit` (B,) added."""
     new_max = torch.maximum(mix.mix_max, weight_logit)
     decay, weight = torch.exp(mix.mix_max - new_max), torch.exp(weight_logit - new_max)
-    total = mix.mix_sum * decay.unsqueeze(1) + weight.unsqueeze(1) * out
-    norm = mix.mix_norm * decay + weight
+    total = torch.addcmul(mix.mix_sum * decay.unsqueeze(1), weight.unsqueeze(1), out)
+    norm = torch.addcmul(weight, mix.mix_norm, decay)
     return Mix(total / norm.unsqueeze(1), total, norm, new_max)
 
 
@@ -33,10 +35,12 @@ def plus_edge_base(pe, x, edge_base):
 
 def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
     """One edge step of every row: the output GeLU(x·W + b + PE) of the edges `w` (B, d, d), `b`, `pe` (B, d) (in
-    float32 for tables of 16 bits), plus the entered node's vector `node_add` (B, d) where given, mixed into `mix`. `x` is the signal
-    entering the edges (the mix's own, or a dropped-out copy); the one place the step is written."""
+    float32 for tables of 16 bits), plus the entered node's vector `node_add` (B, d) where given, mixed into `mix`.
+    `x` is the signal entering the edges (the mix's own, or a dropped-out copy); the one place the step is written."""
     ct = torch.promote_types(w.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
-    h = torch.bmm(x.to(ct).unsqueeze(1), w.to(ct)).squeeze(1) + b.to(ct) + pe.to(ct)
+    if w.dtype != ct:
+        w, b = w.to(ct), b.to(ct)
+    h = torch.baddbmm((b + pe).to(ct).unsqueeze(1), x.to(ct).unsqueeze(1), w).squeeze(1)
     out = F.gelu(h).float()
     if node_add is not None:  # outside the GeLU: the mix carries the recent nodes' vectors as they are
         out = out + node_add.float()
@@ -63,23 +67,65 @@ def signal_scan(mix: Mix, columns: Columns, edges: EdgeTable, link=None) -> tupl
     return (signals if keep is None else signals * keep[:, 1:]), mix
 
 
-@torch.no_grad()
-def decode_step(tokens, mix: Mix, at, edges: EdgeTable, graph: GraphView, width: int | None):
-    """One token per row: the edge last→token, the mix, then every node's energy as the successor of `tokens` (B,).
+def decode_step(tokens, mix: Mix, at: StepAt, edges: EdgeTable, graph: GraphView, width: int | None):
+    """One token per row, inference only: the edge last→token, the mix, then every node's energy as the successor of
+    `tokens` (B,). `width`: successors computed per row, `energy.successor_logits`'s (the graph's largest degree
+    gives fixed shapes and no host read: what a CUDA graph records). Returns (float32 logits (B, V), the new mix)."""
+    with _without_onednn(tokens):
+        rows = edge_rows_from_keys(graph.keys, at.last, tokens, graph.vocab_size)
+        b = edges.biases.reshape(edges.weights.shape[0], -1)
+        x = mix.signal
+        mix = edge_update(mix, x, edges.weights[rows], b[rows], plus_edge_base(at.pe_now, x, edges.edge_base),
+                          at.weight, at.node_add)
+        pe = plus_edge_base(at.pe_next, mix.signal, edges.edge_base)
+        return successor_logits(mix.signal, pe, edges, tokens, graph, width), mix
 
-    `at` = (last (B,) the node the signal sits on, pe_now, pe_next (B, d) the PE rows of the edge's position and of
-    the next, weight (B,) the edge's position weight logit, node_add (B, d) or None). `width`: successors computed
-    per row, `energy.successor_logits`'s (the graph's largest degree gives fixed shapes and no host read: what a
-    CUDA graph records). Returns (float32 logits (B, V), the new mix)."""
-    last, pe_now, pe_next, weight, node_add = at
-    rows = edge_rows_from_keys(graph.keys, last, tokens, graph.vocab_size)
-    x = mix.signal
-    P = edges.weights.shape[0]
-    b = edges.biases.reshape(P, -1)
-    mix = edge_update(mix, x, edges.weights[rows], b[rows], plus_edge_base(pe_now, x, edges.edge_base),
-                      weight, node_add)
-    pe = plus_edge_base(pe_next, mix.signal, edges.edge_base)
-    return successor_logits(mix.signal, pe, edges, tokens, graph, width), mix
+
+def row_step(tokens, state: BriLLMState, tables):
+    """`decode_step` of one row on the CPU, its lookups made on the host (`state.RowCache`): the crossed edge's output
+    is the one the previous step computed to score that very edge (the same signal at the same position), and the
+    mix's two scalars are updated on the host. (float32 logits (1, V), the new state)."""
+    v, edges, graph, positions = int(tokens), tables.edges, tables.graph, tables.positions
+    row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm),
+                                float(state.mix_max))
+    with _without_onednn(tokens):
+        edge = graph.edge_row(row.node, v)
+        if row.successors is not None:
+            out = row.successors[edge - 1 - row.first:edge - row.first] if edge else row.shared
+        else:  # the first step after the general path
+            x, pe = state.signal, positions.row(row.length)
+            bias = edges.biases[edge].to(x.dtype) + plus_edge_base(pe, x, edges.edge_base)
+            out = F.gelu(torch.addmm(bias, x, edges.weights[edge].to(x.dtype)))
+        if tables.node_embedding is not None:
+            out = out + tables.node_embedding[v:v + 1].float()
+        p = tables.host_logits[min(max(row.length - 1, 0), positions.trained - 1)]  # the edge's weight logit
+        top = max(row.top, p)
+        decay, weight = math.exp(row.top - top), math.exp(p - top)
+        total = torch.add(state.mix_sum if decay == 1.0 else state.mix_sum * decay, out.float(), alpha=weight)
+        norm = row.norm * decay + weight
+        signal = total / norm
+        pe = plus_edge_base(positions.row(row.length + 1), signal, edges.edge_base)
+        logits, (successors, shared, first) = row_energies(signal, pe, tables.row_tables, graph, v)
+    mix = Mix(signal, total, torch.full((1,), norm), torch.full((1,), top))
+    cache = RowCache(v, row.length + 1, norm, top, successors, shared, first)
+    return logits, BriLLMState(mix, torch.full((1,), row.length + 1), tokens, state.seen + 1,
+                               None if state.longest is None else state.longest + 1, row=cache)
+
+
+class _without_onednn:
+    """oneDNN off while a step runs on the CPU: its GeLU costs ~10 µs a call however small the tensor, torch's own
+    ~1.5 µs, and a step makes three."""
+
+    def __init__(self, tensor):
+        self.off = tensor.device.type == "cpu"
+
+    def __enter__(self):
+        self.onednn = torch.backends.mkldnn.enabled
+        if self.off:
+            torch.backends.mkldnn.enabled = False
+
+    def __exit__(self, *exc):
+        torch.backends.mkldnn.enabled = self.onednn
 
 
 # ------------------------------------------------------------------------------------- signal dropout masks
@@ -144,4 +190,4 @@ def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -
     return dropout_mask(p, seed, rows, start.unsqueeze(1) + torch.arange(L + 1, device=device), d)
 
 
-__all__ = ["decode_step", "dropout_mask", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan"]
+__all__ = ["decode_step", "dropout_mask", "row_step", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan"]

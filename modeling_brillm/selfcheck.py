@@ -26,7 +26,7 @@ from .plans import make_kernel_plan, make_torch_plan
 from .recurrence import decode_step as ref_decode_step
 from .recurrence import signal_scan as ref_signal_scan
 from .state import Columns, Mix
-from .tables import EdgeTable, GraphView
+from .tables import EdgeTable, GraphView, StepAt
 
 
 def _versions(device) -> list[str]:
@@ -155,7 +155,8 @@ def _one_decode(kernel: bool, device, options: bool):
     edges = EdgeTable(weights, biases, base, _randn(g, V, device=device))
     with torch.no_grad():
         run = ops.kernel_decode_step if kernel else ref_decode_step
-        logits, mix = run(tokens, mix, (last, pe_now, pe_next, weight, node_add), edges, graph, graph.max_degree)
+        logits, mix, *_ = run(tokens, mix, StepAt(last, pe_now, pe_next, weight, node_add), edges, graph,
+                              graph.max_degree)
     return [logits, *mix.tensors()]
 
 
@@ -263,7 +264,7 @@ def _decode(B=32, V=2048, degree=32, d=32, device="cuda"):
     mix = Mix(torch.full((B, d), 1 / d, device=device), torch.full((B, d), 1 / d, device=device),
               torch.ones(B, device=device), torch.zeros(B, device=device))
     pe = torch.randn(B, d, device=device)
-    at = (tokens, pe, pe, torch.zeros(B, device=device), None)
+    at = StepAt(tokens, pe, pe, torch.zeros(B, device=device))
     edges, width = EdgeTable(weights, biases), graph.max_degree
 
     def step():

@@ -57,6 +57,7 @@ class BriLLMState:
     # a host-side bound on length.max() (None: not known yet): the fixed-shape step checks the position range with it
     longest: int | None = None
     graph_owned: bool = False  # the tensors are a captured decode step's buffers (decode_capture.py)
+    row: RowCache | None = None  # one row decoding on the CPU: what its last step left on the host for the next
 
     signal = property(lambda self: self.mix.signal)
     mix_sum = property(lambda self: self.mix.mix_sum)
@@ -71,6 +72,11 @@ class BriLLMState:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The state's tensors in `TENSORS` order (what a decode step reads and returns)."""
         return (*self.mix.tensors(), self.length, self.last_token)
+
+    def advanced(self, mix: Mix, tokens: torch.Tensor, row: RowCache | None = None) -> BriLLMState:
+        """The state after one more token per row, `tokens` (B,), with `mix` the new mix."""
+        longest = None if self.longest is None else self.longest + 1
+        return BriLLMState(mix, self.length + 1, tokens, self.seen + 1, longest, row=row)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
@@ -95,6 +101,21 @@ class BriLLMState:
     @property
     def batch_size(self) -> int:
         return self.length.shape[0]
+
+
+@dataclass
+class RowCache:
+    """One row decoding on the CPU: what its last step left on the host for the next (a read there is free, while a
+    torch op on a one-element tensor costs microseconds). The tensors of the state stay the truth."""
+
+    node: int  # the node the signal sits on
+    length: int  # real tokens consumed
+    norm: float  # the mix's norm and max
+    top: float
+    # the outputs of the edges leaving `node`, which the step computed to score them: the next step crosses one
+    successors: torch.Tensor | None = None  # (n, d) in CSR order, successors[k] the edge of CSR entry first + k
+    shared: torch.Tensor | None = None  # (1, d) the shared edge's (None: a dense graph)
+    first: int = 0
 
 
 def given_state(cache, past_key_values) -> BriLLMState | None:
@@ -154,5 +175,5 @@ class BriLLMCausalLMOutput(_CarriesState, CausalLMOutputWithPast):
     """`logits[:, t]` are the energies of every node as the successor of token t (they predict token t+1)."""
 
 
-__all__ = ["BriLLMCausalLMOutput", "BriLLMModelOutput", "BriLLMState", "CACHE", "Columns", "Mix", "Signals",
-           "TENSORS", "given_state"]
+__all__ = ["BriLLMCausalLMOutput", "BriLLMModelOutput", "BriLLMState", "CACHE", "Columns", "Mix", "RowCache",
+           "Signals", "TENSORS", "given_state"]

@@ -4,12 +4,14 @@ successors by count (the sampled loss's negatives)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .count_prior import DENSE_TABLE_MAX, dense_table
-from .graph import edge_keys
+from .count_prior import DENSE_TABLE_MAX, add_count_prior, dense_table
+from .energy import RowTables
+from .graph import edge_keys, edge_row
 from .plans import graph_max_degree
 
 
@@ -32,11 +34,144 @@ class GraphView:
     indices: torch.Tensor | None  # (E,) targets, None for a dense graph (every node is every node's successor)
     keys: torch.Tensor | None  # (E,) sorted source·V + target of the real edges (None: dense)
     vocab_size: int
+    # a CPU graph on the host, where one row's step looks its edges up: (indptr as a list, indices as a NumPy view),
+    # (None, None) for a dense graph; None on other devices
+    host: tuple | None = None
 
     @property
     def max_degree(self) -> int:
         """The largest number of real successors of any node (one host read per graph)."""
         return self.vocab_size if self.indices is None else graph_max_degree(self.indptr)
+
+    def block(self, u: int) -> tuple[int, int]:
+        """Entries first..last−1 of the real successors of node `u` (edge rows first+1..last), read on the host."""
+        if self.indices is None:
+            return u * self.vocab_size, (u + 1) * self.vocab_size
+        return (self.host[0][u], self.host[0][u + 1]) if self.host else (int(self.indptr[u]), int(self.indptr[u + 1]))
+
+    def edge_row(self, u: int, v: int) -> int:
+        """The edge table's row of u→v, on the host (0: the shared edge): one binary search in u's block."""
+        return edge_row(None if self.host[0] is None else self.host, u, v, self.vocab_size)
+
+
+def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
+    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32.
+
+    "released" multiplies by 10000^(2j/d) (the original release's formula); "sinusoidal" divides (the textbook
+    one). Computed with the release's exact float32 steps: the angles reach pos·5.6e3, so an equal formula that
+    rounds the frequency differently (e.g. exp(2j·ln(10000)/d)) moves them by up to 0.25 rad and released
+    checkpoints no longer see the values they were trained on.
+    """
+    if positions.is_floating_point() or positions.is_complex():
+        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; pass e.g. torch.arange(n).")
+    if variant not in ("released", "sinusoidal"):
+        raise ValueError(f"variant must be 'released' or 'sinusoidal', got {variant!r}.")
+    exponent = torch.arange(0, d, 2, device=positions.device) / d  # int64 / int → float32 (true division)
+    freq = 10000.0 ** exponent  # float32 power, as the release
+    pos = positions.to(torch.int64).unsqueeze(-1)
+    angle = pos * freq if variant == "released" else pos / freq  # int64 with float32 → float32, (..., ceil(d/2))
+    pe = torch.empty(*positions.shape, d, dtype=torch.float32, device=positions.device)
+    pe[..., 0::2] = torch.sin(angle)
+    pe[..., 1::2] = torch.cos(angle[..., : d // 2])
+    return pe
+
+
+@dataclass
+class Positions:
+    """The positional encoding's rows and the mix's position weights, read by position."""
+
+    table: torch.Tensor  # (M + 1, d) float32 PE of positions 0..M
+    logits: torch.Tensor  # (M,) float32 position weight logits
+    formula: tuple | None = None  # (d, variant): positions past M follow the formula (position_overflow="extend")
+
+    def pe(self, index: torch.Tensor) -> torch.Tensor:
+        if self.formula is None:
+            return self.table[index]
+        # no host sync: both paths (teacher forcing, one-token decoding) compute rows past M the same way
+        M = self.trained
+        beyond = positional_encoding(index, *self.formula)
+        return torch.where((index > M).unsqueeze(-1), beyond, self.table[index.clamp_max(M)])
+
+    @property
+    def trained(self) -> int:
+        """The trained range, max_position_embeddings: positions 0..M have PE rows, the edges into 1..M weights."""
+        return self.table.shape[0] - 1
+
+    def row(self, at: int) -> torch.Tensor:
+        """PE (1, d) of position `at`, a host int: a slice of the table within range."""
+        if at <= self.trained:
+            return self.table[at:at + 1]
+        return self.pe(torch.tensor([at], device=self.table.device))
+
+    def weight(self, index: torch.Tensor) -> torch.Tensor:
+        """The logit of the edge entering position `index`: p[index − 1] (past the range: the last one)."""
+        return self.logits[(index - 1).clamp(0, self.trained - 1)]
+
+
+@dataclass
+class ReadOut:
+    """What every node adds to its energy: ⟨x, node_readout[v]⟩ (config.node_readout) and the count prior's
+    log p(v | u) (config.count_prior: `(dense (V, V) table,)`, or its CSR parts and largest degree)."""
+
+    node_readout: torch.Tensor | None = None
+    prior: tuple | None = None
+
+    def __call__(self, logits: torch.Tensor, signal: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+        """`logits` (N, V) of the successors of `sources` (N,), plus what every node reads of the signal (N, d)."""
+        if self.node_readout is not None:
+            r = self.node_readout
+            logits = logits + (signal.to(r.dtype) @ r.t()).to(logits.dtype)
+        if self.prior is not None:
+            if len(self.prior) == 1:
+                return logits + self.prior[0][sources]
+            return add_count_prior(logits, sources, *self.prior)
+        return logits
+
+
+@dataclass
+class StepAt:
+    """Where one decode step happens, per row."""
+
+    last: torch.Tensor  # (B,) the node the signal sits on
+    pe_now: torch.Tensor  # (B, d) PE of the crossed edge's position
+    pe_next: torch.Tensor  # (B, d) PE of the next position, where the new node's successors are scored
+    weight: torch.Tensor  # (B,) the crossed edge's position weight logit
+    node_add: torch.Tensor | None = None  # (B, d) the entered nodes' vectors (config.node_embedding)
+
+
+@dataclass
+class StepTables:
+    """What the one-token step reads of a model, gathered once per decoding loop: a transformers config answers an
+    attribute in microseconds, and a step would ask for dozens."""
+
+    edges: EdgeTable
+    graph: GraphView
+    positions: Positions
+    node_embedding: torch.Tensor | None
+    read_out: Callable
+    _host_logits: list | None = None
+    _row_tables: object | None = None
+
+    def at(self, state, tokens) -> StepAt:
+        """Where the step of `tokens` (B,) on `state` happens."""
+        length, positions = state.length, self.positions
+        pe = positions.pe(torch.stack([length, length + 1], 1))
+        node_add = None if self.node_embedding is None else self.node_embedding[tokens]
+        return StepAt(state.last_token, pe[:, 0], pe[:, 1], positions.weight(length), node_add)
+
+    @property
+    def row_tables(self):
+        """The edge tables as one row's step on the CPU reads them (`energy.RowTables`), made once."""
+        if self._row_tables is None:
+            self._row_tables = RowTables.of(self.edges)
+        return self._row_tables
+
+    @property
+    def host_logits(self) -> list[float]:
+        """The position weight logits on the host (one row's step on the CPU reads them there), read once."""
+        if self._host_logits is None:
+            self._host_logits = self.positions.logits.tolist()
+        return self._host_logits
 
 
 def frequency_table(indptr: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, width: int) -> torch.Tensor:
@@ -56,7 +191,7 @@ class DerivedTables:
 
     def reset_caches(self):
         """Forget the tables derived from the graph and the config (after the graph grows)."""
-        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = None
+        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = self._host_cache = None
 
     def edge_keys(self) -> torch.Tensor | None:
         """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
@@ -67,6 +202,17 @@ class DerivedTables:
         if self._edge_key_cache is None or self._edge_key_cache[0] != key:
             self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
         return self._edge_key_cache[1]
+
+    def host_csr(self) -> tuple:
+        """A CPU graph's CSR as one row's step reads it on the host: (indptr as a list, indices as a NumPy view),
+        (None, None) for a dense graph; cached per graph version."""
+        if self.config.graph == "dense":
+            return None, None
+        indptr, indices = self.graph_indptr, self.graph_indices
+        key = (indptr.data_ptr(), indptr._version, indices.data_ptr(), indices._version)
+        if self._host_cache is None or self._host_cache[0] != key:
+            self._host_cache = (key, (indptr.tolist(), indices.numpy()))
+        return self._host_cache[1]
 
     def prior_table(self) -> torch.Tensor | None:
         """The count prior as a dense (V, V) table, when it is small enough (`count_prior.DENSE_TABLE_MAX`) and
@@ -88,4 +234,5 @@ class DerivedTables:
         return self._freq_cache[1]
 
 
-__all__ = ["DerivedTables", "EdgeTable", "GraphView"]
+__all__ = ["DerivedTables", "EdgeTable", "GraphView", "Positions", "ReadOut", "StepAt", "StepTables",
+           "positional_encoding"]

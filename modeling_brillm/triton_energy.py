@@ -836,7 +836,7 @@ def decode_step(tokens, mix, at, edges, graph, width: int):
     """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
     the successors): `recurrence.decode_step`'s math and arguments. Returns the (B, V) float32 logits and the new
     `state.Mix`."""
-    last, pe_in, pe_out, weight, node_add = at
+    last, pe_in, pe_out, weight, node_add = at.last, at.pe_now, at.pe_next, at.weight, at.node_add
     B, d = mix.signal.shape
     V, weights, indices = graph.vocab_size, edges.weights, graph.indices
     b2 = edges.biases.reshape(weights.shape[0], d)

@@ -172,7 +172,7 @@ def test_a_failed_capture_falls_back_to_the_eager_step(tok, monkeypatch, caplog)
         state = model(**enc, use_cache=True).state
         tokens = torch.tensor([5, 6, 7])
         with caplog.at_level("WARNING"):
-            assert model._replay_decode_graph(tokens, state) is None
+            assert model._replay_decode_graph(tokens, state, model.base_model.step_tables()) is None
         assert model.decode_mode == "eager" and not model._decode_graphs.graphs
         assert "capturing the decode step into a CUDA graph failed (RuntimeError: CUDA error: operation not " \
                "permitted when stream is capturing)" in caplog.text and "more detail" not in caplog.text
@@ -293,8 +293,8 @@ def test_one_row_on_the_cpu_takes_the_one_token_step(models, tok, dense, monkeyp
     widths = []
     original = type(model.base_model).decode_step
     monkeypatch.setattr(type(model.base_model), "decode_step",
-                        lambda self, tokens, state, width=None: widths.append(width) or original(self, tokens, state,
-                                                                                               width))
+                        lambda self, tokens, state, width=None, tables=None: widths.append(width)
+                        or original(self, tokens, state, width, tables))
     auto = _run(model, "auto", decode)
     assert len(widths) >= 14 and set(widths) == {None}, "one-row decoding did not take the one-token step"
     assert torch.equal(auto[0].sequences, off[0].sequences)

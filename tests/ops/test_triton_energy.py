@@ -27,7 +27,7 @@ from modeling_brillm.ops import (
 )
 from modeling_brillm.plans import make_kernel_plan
 from modeling_brillm.state import TENSORS, Mix
-from modeling_brillm.tables import EdgeTable, GraphView
+from modeling_brillm.tables import EdgeTable, GraphView, StepAt
 
 pytest.importorskip("triton")
 
@@ -576,7 +576,7 @@ def test_ops_decode_step_kernel_equals_the_reference(dense, biased, shared_matri
     pe_now, pe_next = (torch.randn(B, D, generator=g).to(DEVICE) for _ in range(2))
     bias = torch.randn(V, generator=g).to(DEVICE) if biased else None
     edge_base = (torch.randn(D, D, generator=g) * 0.5).to(DEVICE) if shared_matrix else None
-    at = (last, pe_now, pe_next, positions.view(-1)[(length - 1).clamp(0, 9)], None)
+    at = StepAt(last, pe_now, pe_next, positions.view(-1)[(length - 1).clamp(0, 9)])
     edges, graph = views(weights, biases, indptr, indices, V, bias, edge_base)
     assert graph.keys is None if dense else torch.equal(graph.keys, keys)
     out = {}
