@@ -51,7 +51,7 @@ def remove_dir(path: Path):
 def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, tokenizer, limit: int | None,
                     write_extra=None) -> Path:
     """accelerator.save_state into a temporary folder, then one rename: step_N is complete or absent.
-    `write_extra(tmp)`, called on every process before the rename, adds files (the edge shards of a sharded run)."""
+    `write_extra(tmp)`, called on every process before the rename, adds files (the recipe, a sharded run's shards)."""
     final = Path(output_dir) / f"step_{step}"
     tmp = Path(output_dir) / f"{TMP_PREFIX}step_{step}"
     if accelerator.is_main_process and tmp.exists():
@@ -110,8 +110,7 @@ def prepare_output_dir(output_dir, checkpoint: Path | None, resume_requested: bo
 
 
 def load_checkpoint(accelerator, checkpoint: Path) -> dict:
-    """Restore model, optimizer, scheduler and RNG states (`accelerator.load_state`); return the train state
-    ({"completed_steps", "epoch", "batches_in_epoch", "signature"})."""
+    """Restore model, optimizer, scheduler and RNG states (`accelerator.load_state`); return the train state."""
     try:
         accelerator.load_state(str(checkpoint))
     except Exception as err:
@@ -123,7 +122,7 @@ def load_checkpoint(accelerator, checkpoint: Path) -> dict:
 
 
 def read_train_state(checkpoint) -> dict:
-    """A checkpoint's train state ({"completed_steps", "epoch", "batches_in_epoch", "signature"})."""
+    """A checkpoint's train state: its position, clock, planned epochs, signature and best model."""
     with open(Path(checkpoint) / STATE_NAME, encoding="utf-8") as handle:
         return json.load(handle)
 

@@ -37,9 +37,8 @@ _NO_LANGUAGE = re.compile(r"([!-/:-@\[-`{-~])\1{3,}|[-=~^*#]{4,}|[~^]{2,}")
 
 
 def doc_paragraphs(text: str) -> list[str]:
-    """The paragraphs (blank-line separated) of reST-derived documentation text, with the lines that hold no
-    language removed (_NO_LANGUAGE); paragraphs left empty are dropped. Grid-table borders
-    (+----+) and code are kept: they are part of the text a user reads."""
+    """The paragraphs of reST-derived documentation text without the lines that hold no language (_NO_LANGUAGE);
+    grid-table borders and code stay: they are part of the text a user reads."""
     out = []
     for paragraph in re.split(r"\n[ \t]*\n", text):
         lines = [line for line in paragraph.split("\n")
@@ -51,9 +50,8 @@ def doc_paragraphs(text: str) -> list[str]:
 
 
 def embedded_corpus() -> list[str]:
-    """The English documentation text inside every CPython install (`pydoc_data.topics`), one paragraph per
-    text, in a fixed order: a corpus that exists offline on any machine (whose reST markup differs by version:
-    `doc_paragraphs` cleans what any of them holds)."""
+    """The English documentation text inside every CPython install (`pydoc_data.topics`), one paragraph per text in
+    a fixed order: a corpus that exists offline on any machine."""
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip pydoc_data
@@ -142,9 +140,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|(?<=[。！？])")
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences of a text. Paragraphs (split at blank lines) have their wrapped lines joined and are cut after
-    . ! ? (followed by white space) or 。！？; a paragraph whose lines are all indented (code, grammar
-    listings) gives one sentence per line."""
+    """Sentences of a text: paragraphs with their wrapped lines joined, cut after . ! ? (and white space) or 。！？;
+    a paragraph whose lines are all indented (code, grammar listings) gives one sentence per line."""
     sentences = []
     for paragraph in re.split(r"\n[ \t]*\n", text):
         lines = [line for line in paragraph.splitlines() if line.strip()]
@@ -159,9 +156,8 @@ def split_sentences(text: str) -> list[str]:
 
 
 class TokenIds:
-    """texts -> their token-id lists, exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]`. A fast
-    tokenizer that keeps the base class's encoding is called through its Rust backend in one batch, without the
-    offsets and per-text dicts the wrapper builds (most of tokenization's time besides the Rust work)."""
+    """texts -> their token-id lists, exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]`, through the
+    Rust backend in one batch where the wrapper adds nothing (its offsets and dicts cost most of the time)."""
 
     def __init__(self, tokenizer):
         from transformers import PreTrainedTokenizerFast
@@ -193,9 +189,8 @@ def _ragged_arange(lengths):
 
 
 class SentenceBlocks:
-    """datasets.map function: every sentence of at least two tokens becomes one block
-    `<s> tokens </s>` truncated to `block_size`, right-padded with `<pad>` (attention_mask 0). Rows are lists, or
-    with `arrays` one (blocks, block_size) int64 array per column (what datasets stores fastest)."""
+    """datasets.map function: every sentence of at least two tokens becomes one block `<s> tokens </s>` truncated to
+    `block_size`, right-padded with `<pad>` (attention_mask 0); with `arrays`, one int64 array per column."""
 
     def __init__(self, tokenizer, text_column: str, block_size: int, arrays: bool = False):
         self.encode, self.text_column, self.block_size = TokenIds(tokenizer), text_column, block_size
@@ -243,8 +238,8 @@ class DocumentTokens:
 
 
 class ContiguousBlocks:
-    """datasets.map function: concatenate token lists and cut full blocks of `block_size` (the tail of each
-    map batch that does not fill a block is dropped, as in run_clm). Takes lists or an arrow-formatted batch."""
+    """datasets.map function: concatenate token lists (or an arrow batch) and cut full blocks of `block_size` (a map
+    batch's tail that fills no block is dropped, as in run_clm)."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
@@ -268,8 +263,7 @@ BYTES_PER_WORKER = 2_000_000
 
 
 def map_workers(dataset, requested: int | None) -> int | None:
-    """`--preprocessing_num_workers`, else one process per usable core but no more than one per
-    BYTES_PER_WORKER of the split's data (None: this process)."""
+    """`--preprocessing_num_workers`, else a process per core but at most one per BYTES_PER_WORKER (None: this one)."""
     if requested:
         return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -280,8 +274,8 @@ def map_workers(dataset, requested: int | None) -> int | None:
 
 
 class _SerialTokenizers:
-    """Inside: the `tokenizers` library runs one thread per process (the map's processes share the cores), and
-    does not warn that it was forked after using threads; the setting before is restored after."""
+    """Inside, `tokenizers` runs one thread per process (the map's processes share the cores) and does not warn of
+    the fork; the setting before is restored after."""
 
     def __enter__(self):
         self.before = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -302,8 +296,8 @@ def _map(dataset, function, workers, args, desc, **kw):
 
 
 def tokenize_splits(raw, tokenizer, args, accelerator):
-    """Blocks of every split: DatasetDict of input_ids / attention_mask rows of length block_size. Tokenizing runs
-    on `map_workers` processes; contiguous blocks are cut in this process, so they are the same for any count."""
+    """Blocks of every split (input_ids / attention_mask rows of block_size), tokenized on `map_workers` processes;
+    contiguous blocks are cut in this process, so they are the same for any count."""
     import datasets
 
     if args.block_mode == "sentence":
@@ -338,8 +332,7 @@ def text_stats(dataset, text_column) -> tuple[int, int]:
 
 
 def block_sequences(dataset, pad_id):
-    """The real tokens of every block (padding dropped), as int64 tensors, for bigram counting: views of one tensor
-    per 4096 blocks, read from arrow without a Python object or a numpy call per block."""
+    """The real tokens of every block (padding dropped) as int64 tensors: views of one tensor per 4096 blocks."""
     import numpy as np
     import pyarrow.compute as pc
     import torch
@@ -367,8 +360,8 @@ def count_targets(batch):
 
 
 def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator):
-    """`--tokenizer_name`, else the tokenizer saved in the checkpoint being resumed, else one trained on the
-    training texts (main process, saved into `out_dir`, then loaded by the others). Returns (tokenizer, line)."""
+    """`--tokenizer_name`, else the resumed checkpoint's, else one trained on the training texts (main process,
+    saved into `out_dir`, then loaded by the others). Returns (tokenizer, line)."""
     from transformers import AutoTokenizer
 
     if args.tokenizer_name:
@@ -405,8 +398,8 @@ def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerat
 
 
 def prepare_blocks(raw, tokenizer, args, accelerator):
-    """(training blocks, validation blocks or None, a line describing them): the blocks of every split, with the
-    cases that leave nothing to train on refused and the validation set cut to `--max_eval_samples`."""
+    """(training blocks, validation blocks or None, a line describing them); nothing to train on is refused, the
+    validation set cut to `--max_eval_samples`."""
     blocks = tokenize_splits(raw, tokenizer, args, accelerator)
     train_blocks = blocks["train"]
     if len(train_blocks) == 0:
