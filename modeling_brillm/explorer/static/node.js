@@ -55,7 +55,7 @@ function nodeView(root) {
       any = true;
       out.appendChild(document.createTextNode((p.kind === "trace" ? "text" : "generation") + " step" + (at.length > 1 ? "s " : " ")));
       at.slice(0, 20).forEach(function (i) {
-        var a = el("a", { href: "#", className: "steplink", text: String(i), data: { step: i } });
+        var a = el("a", { href: "#", className: "steplink", text: String(i), data: { step: i, view: name } });
         a.addEventListener("click", function (ev) { ev.preventDefault(); show(name); pathViews[name].select(i); });
         out.appendChild(a); out.appendChild(document.createTextNode(" "));
       });
