@@ -171,7 +171,7 @@ def explore(model, text=None, tokenizer=None, *, prompt=None, max_new_tokens: in
     facts = _model_facts(model)
     data = {"title": title or f"BriLLM explorer: {facts['name']}", "model": facts,
             **_token_data(texts, paths, _used(paths, hoods)), "positions": position_logits(model), "paths": paths,
-            "nodes": {str(u): h for u, h in hoods.items()}, "focus": extra[0] if extra else None}
+            "nodes": {str(u): h for u, h in hoods.items()}, "added": extra, "focus": extra[0] if extra else None}
     return Explorer(data)
 
 
@@ -212,6 +212,6 @@ def compare(model_a, model_b, text, tokenizer=None, tokenizer_b=None, *, names=N
     tokens = _token_data(texts, paths, _used(paths, {}))
     tokens["labels"] = {**_token_data(texts_b, paths, _used(paths, {}))["labels"], **tokens["labels"]}
     data = {"title": title or f"BriLLM diff: {names[0]} \u2192 {names[1]}", "model": facts[0], **tokens,
-            "positions": paths[0]["positions"], "paths": paths, "nodes": {}, "focus": None,
+            "positions": paths[0]["positions"], "paths": paths, "nodes": {}, "added": [], "focus": None,
             "diff": {"names": names, "models": facts, "changed": _changed(*paths)}}
     return Explorer(data)

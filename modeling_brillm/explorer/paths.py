@@ -3,6 +3,7 @@ the characters its tokens make together and the signal's mix weights."""
 
 from __future__ import annotations
 
+import codecs
 import math
 
 import torch
@@ -44,16 +45,26 @@ def _text_parts(tokens: list[int], texts: TokenText) -> tuple[dict, list[bytes]]
     return groups, pending(pieces)
 
 
+def _after(waiting: bytes, data: bytes | None) -> str:
+    """What a token's bytes make after the unfinished bytes of a character: the character(s) it completes, that it
+    goes on with the character (still unfinished), or that no character begins with those bytes."""
+    if data is None:
+        return "no character: a special token"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        text = decoder.decode(waiting + data)
+    except UnicodeDecodeError:
+        return "no character: bytes that cannot follow"
+    if decoder.getstate()[0]:
+        return (label(text) + " " if text else "") + "\u2026 (the character goes on)"
+    return label(text)
+
+
 def _in_context(waiting: bytes, candidates, texts: TokenText) -> dict:
-    """What each candidate token would make after the unfinished bytes `waiting` (the characters it completes)."""
+    """What each candidate token would make after the unfinished bytes `waiting` of the path's last character."""
     if not waiting:
         return {}
-    out = {}
-    for t in candidates:
-        data = texts.bytes(t)
-        if data is not None:
-            out[str(int(t))] = label(decode(waiting + data))
-    return out
+    return {str(int(t)): _after(waiting, texts.bytes(t)) for t in candidates}
 
 
 def trace_path(trace, texts: TokenText) -> dict:

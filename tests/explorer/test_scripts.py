@@ -60,7 +60,8 @@ def test_visualize_writes_the_page_without_library_noise(visualize, folder, tmp_
     assert "wrote " + str(page) in out
     data = embedded(page)
     assert [p["kind"] for p in data["paths"]] == ["trace", "generation"] and len(data["paths"][1]["steps"]) == 5
-    assert data["labels"][str(data["focus"])] == "d" and "7" in data["nodes"]  # a token, and a node by its id
+    assert data["labels"][str(data["focus"])] == "d" and data["added"][1:] == [7]  # a token, and a node by its id
+    assert "7" in data["nodes"]
     assert data["title"] == "BriLLM explorer: tiny"  # the folder's name, not its path
     compared = tmp_path / "diff.html"
     code, out, err = run(visualize, ["--model", folder, "--compare", folder, "--text", "the cat", "--html",

@@ -4,7 +4,9 @@ var pathViews = {}; // view name -> the path view (its select), so a node's visi
 // The Node view: a node's real outgoing edges ranked by the energy each delivered, apart from the shared edge,
 // whose tied targets make one row each with their count.
 function nodeView(root) {
-  var ids = Object.keys(DATA.nodes).map(Number), listed = ids.filter(function (u) { return DATA.nodes[u].count > 0 || u === DATA.focus; });
+  var added = {};
+  (DATA.added || []).forEach(function (u) { added[u] = true; });
+  var ids = Object.keys(DATA.nodes).map(Number), listed = ids.filter(function (u) { return DATA.nodes[u].count > 0 || added[u]; });
   listed.sort(function (a, b) { return DATA.nodes[b].count - DATA.nodes[a].count || a - b; });
   root.appendChild(el("p", { className: "hint", text: "A node's real outgoing edges, ranked by the mean energy each " +
     "edge u\u2192v delivered over the steps where the signal sat on u in the text(s) (for a node they never visit: " +

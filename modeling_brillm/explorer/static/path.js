@@ -164,7 +164,8 @@ function legend(isTrace) {
 // the strongest alternatives and the signal's mix.
 function stepDetails(path, st, i, group, positions) {
   var isTrace = path.kind === "trace", box = el("div");
-  box.appendChild(el("h3", {}, ["Step " + i + ": ", tok(st.src), " \u2192 ", tok(st.tgt)]));
+  box.appendChild(el("h3", {}, ["Step " + i + ": ", tok(st.src), " \u2192 ", tok(st.tgt),
+    group ? el("span", { className: "hint", text: "  part of " + group[2] }) : null]));
   var table = el("table", { className: "facts" });
   table.appendChild(row("signal sits on", "source", nodeLink(st.src)));
   table.appendChild(row(isTrace ? "true next token" : "chosen token", "target", nodeLink(st.tgt)));
