@@ -40,9 +40,11 @@ def display_name(name_or_path) -> str:
 
 
 def looks_local(name: str) -> bool:
-    """Whether `name` can only be a path (absolute, relative to . or ~, more than one '/', a backslash)."""
+    """Whether `name` is meant as a path: it can only be one (absolute, relative to . or ~, more than one '/', a
+    backslash), or it reads "folder/name" where the folder exists here (a mistyped outputs/demo)."""
+    head = name.split("/", 1)[0]
     return (os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1
-            or not _HUB_ID.match(name))
+            or not _HUB_ID.match(name) or ("/" in name and os.path.isdir(head)))
 
 
 def _first_line(error: BaseException) -> str:

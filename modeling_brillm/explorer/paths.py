@@ -46,17 +46,17 @@ def _text_parts(tokens: list[int], texts: TokenText) -> tuple[dict, list[bytes]]
 
 
 def _after(waiting: bytes, data: bytes | None) -> str:
-    """What a token's bytes make after the unfinished bytes of a character: the character(s) it completes, that it
-    goes on with the character (still unfinished), or that no character begins with those bytes."""
+    """What a token's bytes make after the unfinished bytes of a character: the character(s) it completes, that the
+    character goes on (still unfinished), or that those bytes cannot follow."""
     if data is None:
-        return "no character: a special token"
+        return "a special token"
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
         text = decoder.decode(waiting + data)
     except UnicodeDecodeError:
-        return "no character: bytes that cannot follow"
+        return "cannot follow"
     if decoder.getstate()[0]:
-        return (label(text) + " " if text else "") + "\u2026 (the character goes on)"
+        return (label(text) + " " if text else "") + "\u2026 goes on"
     return label(text)
 
 

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     try:
         shoot(browser, page, out / "explorer-text.png", step=13)
         shoot(browser, page, out / "explorer-generation.png", view="generation")
-        shoot(browser, page, out / "explorer-node.png", view="node", height=700)
+        shoot(browser, page, out / "explorer-node.png", view="node", height=820)
         shoot(browser, chinese, out / "explorer-chinese.png", step=2)
         shoot(browser, diff, out / "explorer-diff.png", height=820)
     finally:

@@ -216,8 +216,9 @@ def test_a_diff_page_is_both_models_traces(tiny):
         compare(model, other, text, tokenizer, changed)
 
 
-def test_bad_input_gets_a_one_line_message(tiny, tmp_path):
+def test_bad_input_gets_a_one_line_message(tiny, tmp_path, monkeypatch):
     model, tokenizer = tiny
+    monkeypatch.chdir(tmp_path.parent)
     cases = [
         (lambda: explore(model, "", tokenizer), "the text is empty"),
         (lambda: explore(model), "nothing to show"),
@@ -231,6 +232,7 @@ def test_bad_input_gets_a_one_line_message(tiny, tmp_path):
         (lambda: load_model(str(tmp_path)), "is not a BriLLM model folder"),
         (lambda: load_model(str(tmp_path / "missing" / "model")), "no such folder"),
         (lambda: load_model("../mistyped"), "no such folder"),
+        (lambda: load_model(f"{tmp_path.name}/dmeo"), "no such folder"),  # a folder here: a path, not a Hub id
     ]
     (tmp_path / "gpt").mkdir()
     (tmp_path / "gpt" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))

@@ -194,7 +194,7 @@ function alternatives(st, isTrace) {
   function add(content, energy, cls, id) {
     var cells = [el("td", {}, [content]), el("td", { className: "num e", text: fmt(energy) }),
       el("td", { className: "barcell" }, [bar(energy === null ? 0 : energy, top || 1)])];
-    if (ctx) cells.push(el("td", { className: "tok ctx", text: ctx[String(id)] || "" }));
+    if (ctx) cells.push(el("td", { className: "ctx", text: ctx[String(id)] || "" }));
     var r = el("tr", { className: cls }, cells);
     if (cls === "alt") r.dataset.token = id;
     table.appendChild(r);
