@@ -67,8 +67,10 @@ class ShardedBriLLM(nn.Module):
         for name in ("non_edge_bias", "node_readout", "edge_base", "node_embedding"):  # zero: the release's
             if getattr(m, name) is not None:
                 setattr(m, name, nn.Parameter(torch.zeros(getattr(m, name).shape, device=device)))
-        for name, buf in list(model.named_buffers(recurse=False)):
-            model.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))
+        for module in model.modules():  # the graph's and the count prior's tables: filled by set_graph
+            for name, buf in list(module.named_buffers(recurse=False)):
+                module.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device),
+                                       persistent=name not in module._non_persistent_buffers_set)
         if graph is not None:
             model.set_graph(graph)
         sharded = cls(model, owners=owners, group=group, source_counts=source_counts)
