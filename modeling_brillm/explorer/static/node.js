@@ -20,76 +20,81 @@ function nodeView(root) {
   root.appendChild(el("label", { text: "node " }, [pick]));
   var box = el("div", { className: "details", style: "margin-top:8px" });
   root.appendChild(box);
-
   function select(u) {
-    var h = DATA.nodes[String(u)];
     box.textContent = "";
     box.dataset.node = u;
     box.appendChild(el("h3", {}, [tok(u), "  (node " + u + ")"]));
-    if (!h) {
-      box.appendChild(el("p", { className: "missing", text: "This page holds no edges for node " + u + ": write the page " +
-        "with --node " + u + " (in Python: nodes=[" + u + "]) to add them." }));
-      return;
-    }
     if (pick.querySelector('option[value="' + u + '"]')) pick.value = String(u);
-    box.appendChild(el("p", { className: "hint", text: h.measure + " \u00b7 " + h.degree + " real outgoing edge" +
-      (h.degree === 1 ? "" : "s") + " of " + M.vocab_size + " nodes" }));
-    box.appendChild(visits(u));
-    box.appendChild(el("h4", { text: "real edges, strongest first" }));
-    box.appendChild(realTable(h));
-    if (h.shared.length) {
-      box.appendChild(el("h4", { text: "the shared edge (every target without a real edge)" }));
-      box.appendChild(sharedTable(h));
-      var best = h.real.length ? h.real[0][1] : null;
-      if (best === null || h.shared[0][0] > best) box.appendChild(el("p", { className: "note", text: "The shared edge " +
-        "delivers more than " + (best === null ? "any real edge (this node has none)" : "this node's best real edge (" +
-        fmt(h.shared[0][0]) + " > " + fmt(best) + ")") + ": its strongest targets are " + h.shared[0][1] +
-        " node(s) it has no edge to" + (h.shared[0][1] > 1 ? ", tied." : ".") }));
-    }
+    nodeDetails(box, u, DATA.nodes[String(u)]);
   }
-  function visits(u) {
-    var out = el("p", { className: "visits hint" }, ["the signal sits here at "]), any = false;
-    DATA.paths.forEach(function (p, k) {
-      var name = p.kind === "trace" ? (DATA.diff ? (k ? "b" : "a") : "trace") : "generation";
-      var at = [];
-      p.steps.forEach(function (st, i) { if (st.src === u) at.push(i); });
-      if (!at.length) return;
-      any = true;
-      out.appendChild(document.createTextNode((p.kind === "trace" ? "text" : "generation") + " step" + (at.length > 1 ? "s " : " ")));
-      at.slice(0, 20).forEach(function (i) {
-        var a = el("a", { href: "#", className: "steplink", text: String(i), data: { step: i, view: name } });
-        a.addEventListener("click", function (ev) { ev.preventDefault(); show(name); pathViews[name].select(i); });
-        out.appendChild(a); out.appendChild(document.createTextNode(" "));
-      });
-      if (at.length > 20) out.appendChild(document.createTextNode("\u2026 "));
-    });
-    if (!any) out.textContent = "no step of the page's paths leaves this node";
-    return out;
-  }
-  function realTable(h) {
-    if (!h.real.length) return el("p", { className: "hint", text: "no real outgoing edges: every target is served by the shared edge." });
-    var table = el("table", { className: "edges" }, [head(["#", "target", h.count ? "mean energy" : "energy", "rank of " + M.vocab_size, ""])]);
-    var top = Math.max(h.real[0][1] || 0, h.shared.length ? h.shared[0][0] || 0 : 0) || 1;
-    h.real.forEach(function (e, r) {
-      table.appendChild(el("tr", { className: "edge", data: { token: e[0] } }, [el("td", { className: "num", text: String(r + 1) }),
-        el("td", {}, [nodeLink(e[0])]), el("td", { className: "num e", text: fmt(e[1]) }),
-        el("td", { className: "num rank", text: String(e[2]) }), el("td", { className: "barcell" }, [bar(e[1] === null ? 0 : e[1], top)])]));
-    });
-    return table;
-  }
-  function sharedTable(h) {
-    var table = el("table", { className: "shared-edge" }, [head([h.count ? "mean energy" : "energy", "targets", "rank of " + M.vocab_size, "e.g."])]);
-    h.shared.forEach(function (s) {
-      var examples = el("td", {}, []);
-      s[3].forEach(function (v) { examples.appendChild(nodeLink(v)); examples.appendChild(document.createTextNode(" ")); });
-      if (s[1] > s[3].length) examples.appendChild(document.createTextNode("\u2026"));
-      table.appendChild(el("tr", { className: "tie", data: { count: s[1] } }, [el("td", { className: "num e", text: fmt(s[0]) }),
-        el("td", { className: "num count", text: s[1] === 1 ? "1 node" : s[1] + " nodes tie" }),
-        el("td", { className: "num rank", text: String(s[2]) }), examples]));
-    });
-    return table;
-  }
-  if (listed.length) select(DATA.focus !== null && DATA.focus !== undefined ? DATA.focus : listed[0]);
-  else if (ids.length) select(ids[0]);
+  var first = DATA.focus !== null && DATA.focus !== undefined ? DATA.focus : listed.length ? listed[0] : ids[0];
+  if (first !== undefined) select(first);
   return { select: select };
+}
+
+function nodeDetails(box, u, h) {
+  if (!h) {
+    box.appendChild(el("p", { className: "missing", text: "This page holds no edges for node " + u + ": write the page " +
+      "with --node " + u + " (in Python: nodes=[" + u + "]) to add them." }));
+    return;
+  }
+  box.appendChild(el("p", { className: "hint", text: h.measure + " \u00b7 " + h.degree + " real outgoing edge" +
+    (h.degree === 1 ? "" : "s") + " of " + M.vocab_size + " nodes" }));
+  box.appendChild(nodeVisits(u));
+  box.appendChild(el("h4", { text: "real edges, strongest first" }));
+  box.appendChild(realTable(h));
+  if (!h.shared.length) return;
+  box.appendChild(el("h4", { text: "the shared edge (every target without a real edge)" }));
+  box.appendChild(sharedTable(h));
+  var best = h.real.length ? h.real[0][1] : null, top = h.shared[0];
+  if (best === null || top[0] > best) box.appendChild(el("p", { className: "note", text: "The shared edge delivers " +
+    "more than " + (best === null ? "any real edge (this node has none)" : "this node's best real edge (" + fmt(top[0]) +
+    " > " + fmt(best) + ")") + ": its strongest targets are " + top[1] + " node(s) it has no edge to" +
+    (top[1] > 1 ? ", tied." : ".") }));
+}
+
+// The steps of the page's paths where the signal sits on u, each a link to its step.
+function nodeVisits(u) {
+  var out = el("p", { className: "visits hint" }, ["the signal sits here at "]), any = false;
+  DATA.paths.forEach(function (p) {
+    var name = p.kind === "trace" ? "trace" : "generation", at = [];
+    p.steps.forEach(function (st, i) { if (st.src === u) at.push(i); });
+    if (!at.length) return;
+    any = true;
+    out.appendChild(document.createTextNode((p.kind === "trace" ? "text" : "generation") + " step" + (at.length > 1 ? "s " : " ")));
+    at.slice(0, 20).forEach(function (i) {
+      var a = el("a", { href: "#", className: "steplink", text: String(i), data: { step: i, view: name } });
+      a.addEventListener("click", function (ev) { ev.preventDefault(); show(name); pathViews[name].select(i); });
+      out.appendChild(a);
+      out.appendChild(document.createTextNode(" "));
+    });
+    if (at.length > 20) out.appendChild(document.createTextNode("\u2026 "));
+  });
+  if (!any) out.textContent = "no step of the page's paths leaves this node";
+  return out;
+}
+
+function realTable(h) {
+  if (!h.real.length) return el("p", { className: "hint", text: "no real outgoing edges: every target is served by the shared edge." });
+  var table = el("table", { className: "edges" }, [head(["#", "target", h.count ? "mean energy" : "energy", "rank of " + M.vocab_size, ""])]);
+  var top = Math.max(h.real[0][1] || 0, h.shared.length ? h.shared[0][0] || 0 : 0) || 1;
+  h.real.forEach(function (e, r) {
+    table.appendChild(el("tr", { className: "edge", data: { token: e[0] } }, [el("td", { className: "num", text: String(r + 1) }),
+      el("td", {}, [nodeLink(e[0])]), el("td", { className: "num e", text: fmt(e[1]) }),
+      el("td", { className: "num rank", text: String(e[2]) }), el("td", { className: "barcell" }, [bar(e[1] === null ? 0 : e[1], top)])]));
+  });
+  return table;
+}
+
+function sharedTable(h) {
+  var table = el("table", { className: "shared-edge" }, [head([h.count ? "mean energy" : "energy", "targets", "rank of " + M.vocab_size, "e.g."])]);
+  h.shared.forEach(function (s) {
+    var examples = el("td", {}, []);
+    s[3].forEach(function (v) { examples.appendChild(nodeLink(v)); examples.appendChild(document.createTextNode(" ")); });
+    if (s[1] > s[3].length) examples.appendChild(document.createTextNode("\u2026"));
+    table.appendChild(el("tr", { className: "tie", data: { count: s[1] } }, [el("td", { className: "num e", text: fmt(s[0]) }),
+      el("td", { className: "num count", text: s[1] === 1 ? "1 node" : s[1] + " nodes tie" }),
+      el("td", { className: "num rank", text: String(s[2]) }), examples]));
+  });
+  return table;
 }

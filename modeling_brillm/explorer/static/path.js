@@ -9,146 +9,161 @@ function keepVisible(box, node) {
   else if (bottom > box.scrollTop + box.clientHeight) box.scrollTop = bottom - box.clientHeight;
 }
 
-// A path's view: the text as prose coloured by rank, the energy chart, the steps as chips (paged), one step's details.
-function pathView(path, root, name) {
-  var steps = path.steps, isTrace = path.kind === "trace", s = path.summary;
-  var offset = isTrace ? 1 : path.prompt_length; // step i's target is token i + offset
-  var groupOf = groupIndex(path), positions = path.positions || DATA.positions;
-  var state = { page: 0, selected: 0, unfold: false };
-  root.appendChild(el("div", { className: "summary", text: (path.name ? path.name + ": " : "") + (isTrace
-    ? steps.length + " steps \u00b7 perplexity " + fmt(s.perplexity) + " \u00b7 top-1 " + pct(s.top1_accuracy) +
-      " \u00b7 mean rank " + fmt(s.mean_rank, 2)
-    : "prompt of " + path.prompt_length + " token(s), " + steps.length + " generated") }));
-  root.appendChild(legend(isTrace));
-  if (!steps.length) { root.appendChild(el("p", { className: "hint", text: "no steps (nothing was generated)." })); return null; }
-  var prose = el("div", { className: "prose", lang: "und" });
-  root.appendChild(el("div", { className: "prose-box" }, [el("h4", { text: isTrace ? "the text" : "the continuation" }), prose]));
-  var layout = el("div", { className: "layout" }), left = el("div"), details = el("div", { className: "details" });
-  layout.appendChild(left); layout.appendChild(details); root.appendChild(layout);
-  var chart = energyChart([{ steps: steps }], function (i) { select(i); });
-  left.appendChild(chart.svg);
-  var pages = Math.ceil(steps.length / PAGE);
+// The words of a path as prose from token `first` on, into `box`: one span per token, or one per run of tokens that
+// make a character together; `decorate(span, steps)` styles a span whose tokens are the targets of those steps.
+function proseWords(box, path, groupOf, first, offset, decorate) {
+  for (var t = first; t < path.tokens.length;) {
+    var g = groupOf[t], last = g ? g[1] : t, own = [];
+    for (var u = t; u <= last; u++) if (u - offset >= 0 && u - offset < path.steps.length) own.push(u - offset);
+    var span = el("span", { className: "w" + (!g && SPECIAL[path.tokens[t]] ? " special" : ""), text: g ? g[3] : proseOf(path.tokens[t]) });
+    if (own.length) decorate(span, own); else span.classList.add("context");
+    box.appendChild(span);
+    t = last + 1;
+  }
+}
+
+// What a path view's parts share: the path, where its steps' targets sit among its tokens, the pinned step and page,
+// whether the prompt is unfolded, and the view's own hover and select (set by pathView).
+function pathContext(path) {
+  var isTrace = path.kind === "trace";
+  return { path: path, steps: path.steps, isTrace: isTrace, offset: isTrace ? 1 : path.prompt_length,
+    groupOf: groupIndex(path), positions: path.positions || DATA.positions,
+    state: { page: 0, selected: 0, unfold: false }, hover: null, select: null, refold: null,
+    stepOf: function (t) { var i = t - this.offset; return i >= 0 && i < this.steps.length ? i : null; } };
+}
+function hoverable(P, node, i) {
+  node.addEventListener("mouseenter", function () { node.classList.add("hovered"); P.hover(i); });
+  node.addEventListener("mouseleave", function () { node.classList.remove("hovered"); P.hover(P.state.selected); });
+  node.addEventListener("click", function () { P.select(i); });
+}
+
+// The text as prose coloured by rank (a Generation view folds its prompt to the last FOLD tokens).
+function proseView(P) {
+  var box = el("div", { className: "prose", lang: "und" }), spans = {};
+  function draw() {
+    box.textContent = "";
+    spans = {};
+    var first = 0, n = P.path.prompt_length;
+    if (!P.isTrace && n > FOLD) {
+      var fold = el("button", { type: "button", className: "fold", text: P.state.unfold ? "\u25be fold the prompt"
+        : "\u25b8 " + (n - FOLD) + " earlier prompt tokens" });
+      fold.addEventListener("click", function () { P.state.unfold = !P.state.unfold; P.refold(); });
+      box.appendChild(fold);
+      if (!P.state.unfold) first = n - FOLD;
+    }
+    proseWords(box, P.path, P.groupOf, first, P.offset, function (span, own) {
+      var worst = own.reduce(function (a, b) { return P.steps[b].rank > P.steps[a].rank ? b : a; });
+      span.dataset.step = worst;
+      span.title = "step " + worst + " \u00b7 rank " + P.steps[worst].rank;
+      if (own.some(function (i) { return !P.steps[i].real; })) span.classList.add("shared");
+      own.forEach(function (i) { spans[i] = span; });
+      hoverable(P, span, worst);
+    });
+    repaint();
+  }
+  function repaint() { Object.keys(spans).forEach(function (i) { paint(spans[i], P.steps[+spans[i].dataset.step].rank); }); }
+  function mark(i) { if (spans[i]) { spans[i].classList.add("selected"); keepVisible(box, spans[i]); } }
+  draw();
+  return { box: box, draw: draw, repaint: repaint, mark: mark };
+}
+
+// One box per step, the tokens of a character grouped under it; the start or the prompt's last tokens before them.
+function chipFor(P, t, chips) {
+  var i = P.stepOf(t), id = P.path.tokens[t];
+  if (i === null) return el("span", { className: "step prompt", title: "node " + id + (P.isTrace ? " (the start)" : " (prompt)") },
+    [el("span", { className: "tok", text: lab(id) })]);
+  var st = P.steps[i];
+  var c = el("span", { className: "step" + (st.real ? "" : " shared"), data: { step: i },
+    title: "step " + i + ": " + lab(st.src) + " \u2192 " + lab(st.tgt) + " \u00b7 rank " + st.rank + (st.real ? "" : " \u00b7 shared edge") },
+    [el("span", { className: "tok", text: lab(st.tgt) }), el("span", { className: "e", text: fmt(st.e) })]);
+  paint(c, st.rank);
+  hoverable(P, c, i);
+  chips[i] = c;
+  return c;
+}
+function fillStrip(P, strip, lo, hi, chips) {
+  var t = lo > 0 ? lo + P.offset : P.isTrace || P.state.unfold ? 0 : Math.max(0, P.path.prompt_length - 3), end = hi + P.offset;
+  if (lo === 0 && !P.isTrace && t > 0) {
+    var fold = el("span", { className: "step prompt fold", text: "\u2026 " + t + " prompt tokens", title: "show the whole prompt" });
+    fold.addEventListener("click", function () { P.state.unfold = true; P.refold(); });
+    strip.appendChild(fold);
+  }
+  while (t < end) {
+    var g = P.groupOf[t];
+    if (!g) { strip.appendChild(chipFor(P, t, chips)); t++; continue; }
+    var last = Math.min(g[1], end - 1), pieces = el("span", { className: "pieces" });
+    for (var u = t; u <= last; u++) pieces.appendChild(chipFor(P, u, chips));
+    strip.appendChild(el("span", { className: "group", title: "tokens " + g[0] + "\u2013" + g[1] + " make " + g[2] },
+      [el("span", { className: "char", text: g[2] }), pieces]));
+    t = last + 1;
+  }
+}
+
+// The steps, PAGE to a page, with the pager: "prev" / "next" move the pinned step onto the page they show.
+function stripView(P) {
+  var steps = P.steps, pages = Math.ceil(steps.length / PAGE), chips = {};
   var prev = el("button", { type: "button", className: "prev", text: "\u2039 prev" });
   var next = el("button", { type: "button", className: "next", text: "next \u203a" });
-  var where = el("span", { className: "where" });
+  var where = el("span", { className: "where" }), strip = el("div", { className: "strip" });
   var go = el("input", { type: "number", min: "0", max: String(steps.length - 1), className: "goto", placeholder: "step" });
-  prev.addEventListener("click", function () { turn(state.page - 1); });
-  next.addEventListener("click", function () { turn(state.page + 1); });
-  go.addEventListener("change", function () { var i = parseInt(go.value, 10); if (i >= 0 && i < steps.length) select(i); });
-  left.appendChild(el("div", { className: "pager" }, [prev, where, next, el("label", { text: "go to step " }, [go]),
-    el("span", { className: "hint", text: "\u2190 / \u2192 step" })]));
-  var strip = el("div", { className: "strip" });
-  left.appendChild(strip);
-  var proseSpans = {}, chips = {};
-
-  function stepOf(t) { var i = t - offset; return i >= 0 && i < steps.length ? i : null; }
-  function hover(node, i) {
-    node.addEventListener("mouseenter", function () { node.classList.add("hovered"); render(i); });
-    node.addEventListener("mouseleave", function () { node.classList.remove("hovered"); render(state.selected); });
-    node.addEventListener("click", function () { select(i); });
-  }
-  function drawProse() {
-    prose.textContent = "";
-    proseSpans = {};
-    var first = 0;
-    if (!isTrace && path.prompt_length > FOLD) {
-      var fold = el("button", { type: "button", className: "fold", text: state.unfold ? "\u25be fold the prompt"
-        : "\u25b8 " + (path.prompt_length - FOLD) + " earlier prompt tokens" });
-      fold.addEventListener("click", function () { state.unfold = !state.unfold; drawProse(); setPage(state.page); });
-      prose.appendChild(fold);
-      if (!state.unfold) first = path.prompt_length - FOLD;
-    }
-    for (var t = first; t < path.tokens.length;) {
-      var g = groupOf[t], last = g ? g[1] : t, own = [];
-      for (var u = t; u <= last; u++) if (stepOf(u) !== null) own.push(stepOf(u));
-      var special = !g && SPECIAL[path.tokens[t]];
-      var span = el("span", { className: "w" + (special ? " special" : ""), text: g ? g[3] : proseOf(path.tokens[t]) });
-      if (own.length) {
-        var worst = own.reduce(function (a, b) { return steps[b].rank > steps[a].rank ? b : a; });
-        span.dataset.step = worst;
-        span.title = "step " + worst + " \u00b7 rank " + steps[worst].rank;
-        if (own.some(function (i) { return !steps[i].real; })) span.classList.add("shared");
-        own.forEach(function (i) { proseSpans[i] = span; });
-        hover(span, worst);
-      } else span.classList.add("context");
-      prose.appendChild(span);
-      t = last + 1;
-    }
-    paintProse();
-  }
-  function paintProse() {
-    Object.keys(proseSpans).forEach(function (i) { var sp = proseSpans[i]; paint(sp, steps[+sp.dataset.step].rank); });
-  }
-  function chip(t) {
-    var i = stepOf(t), id = path.tokens[t];
-    if (i === null) return el("span", { className: "step prompt", title: "node " + id + (isTrace ? " (the start)" : " (prompt)") },
-      [el("span", { className: "tok", text: lab(id) })]);
-    var st = steps[i];
-    var c = el("span", { className: "step" + (st.real ? "" : " shared"), data: { step: i },
-      title: "step " + i + ": " + lab(st.src) + " \u2192 " + lab(st.tgt) + " \u00b7 rank " + st.rank + (st.real ? "" : " \u00b7 shared edge") },
-      [el("span", { className: "tok", text: lab(st.tgt) }), el("span", { className: "e", text: fmt(st.e) })]);
-    paint(c, st.rank);
-    hover(c, i);
-    chips[i] = c;
-    return c;
-  }
-  function firstToken(page) {
-    if (page > 0) return page * PAGE + offset;
-    if (isTrace || state.unfold) return 0;
-    return Math.max(0, path.prompt_length - 3);
-  }
+  function turn(p) { P.select(Math.max(0, Math.min(pages - 1, p)) * PAGE); }
+  prev.addEventListener("click", function () { turn(P.state.page - 1); });
+  next.addEventListener("click", function () { turn(P.state.page + 1); });
+  go.addEventListener("change", function () { var i = parseInt(go.value, 10); if (i >= 0 && i < steps.length) P.select(i); });
+  var pager = el("div", { className: "pager" }, [prev, where, next, el("label", { text: "go to step " }, [go]),
+    el("span", { className: "hint", text: "\u2190 / \u2192 step" })]);
   function setPage(p) {
-    state.page = Math.max(0, Math.min(pages - 1, p));
+    P.state.page = Math.max(0, Math.min(pages - 1, p));
     strip.textContent = "";
     chips = {};
-    var lo = state.page * PAGE, hi = Math.min(steps.length, lo + PAGE), t = firstToken(state.page);
-    if (state.page === 0 && !isTrace && t > 0) {
-      var fold = el("span", { className: "step prompt fold", text: "\u2026 " + t + " prompt tokens", title: "show the whole prompt" });
-      fold.addEventListener("click", function () { state.unfold = true; drawProse(); setPage(0); });
-      strip.appendChild(fold);
-    }
-    while (t < hi + offset) {
-      var g = groupOf[t];
-      if (!g) { strip.appendChild(chip(t)); t++; continue; }
-      var end = Math.min(g[1], hi + offset - 1), pieces = el("span", { className: "pieces" });
-      for (var u = t; u <= end; u++) pieces.appendChild(chip(u));
-      strip.appendChild(el("span", { className: "group", title: "tokens " + g[0] + "\u2013" + g[1] + " make " + g[2] },
-        [el("span", { className: "char", text: g[2] }), pieces]));
-      t = end + 1;
-    }
-    where.textContent = "steps " + lo + "\u2013" + (hi - 1) + " of " + steps.length + " (page " + (state.page + 1) + "/" + pages + ")";
-    prev.disabled = state.page === 0; next.disabled = state.page === pages - 1;
-    mark();
+    var lo = P.state.page * PAGE, hi = Math.min(steps.length, lo + PAGE);
+    fillStrip(P, strip, lo, hi, chips);
+    where.textContent = "steps " + lo + "\u2013" + (hi - 1) + " of " + steps.length + " (page " + (P.state.page + 1) + "/" + pages + ")";
+    prev.disabled = P.state.page === 0; next.disabled = P.state.page === pages - 1;
   }
-  function turn(p) { // paging moves the pinned step onto the page shown
-    p = Math.max(0, Math.min(pages - 1, p));
-    select(p * PAGE);
-  }
-  function mark() {
-    Array.prototype.forEach.call(root.querySelectorAll(".selected"), function (c) { c.classList.remove("selected"); });
-    var c = chips[state.selected];
-    if (c) { c.classList.add("selected"); keepVisible(strip, c); }
-    if (proseSpans[state.selected]) { proseSpans[state.selected].classList.add("selected"); keepVisible(prose, proseSpans[state.selected]); }
-    chart.mark(state.selected);
-  }
-  function select(i) {
-    state.selected = i;
-    if (Math.floor(i / PAGE) !== state.page || !strip.firstChild) setPage(Math.floor(i / PAGE)); else mark();
-    render(i);
-  }
+  return { pager: pager, box: strip, setPage: setPage,
+    shows: function (i) { return strip.firstChild !== null && Math.floor(i / PAGE) === P.state.page; },
+    mark: function (i) { if (chips[i]) { chips[i].classList.add("selected"); keepVisible(strip, chips[i]); } },
+    repaint: function () { Object.keys(chips).forEach(function (i) { paint(chips[i], steps[i].rank); }); } };
+}
+
+// A path's view: the text as prose coloured by rank, the energy chart, the steps (paged), one step's details.
+function pathView(path, root, name) {
+  var P = pathContext(path), steps = path.steps;
+  root.appendChild(summaryLine(path));
+  root.appendChild(legend(P.isTrace));
+  if (!steps.length) { root.appendChild(el("p", { className: "hint", text: "no steps (nothing was generated)." })); return null; }
+  var layout = el("div", { className: "layout" }), left = el("div"), details = el("div", { className: "details" });
   function render(i) {
     details.textContent = "";
     details.dataset.step = i;
-    details.appendChild(stepDetails(path, steps[i], i, groupOf[i + offset], positions));
+    details.appendChild(stepDetails(path, steps[i], i, P.groupOf[i + P.offset], P.positions));
   }
-  drawProse();
-  repainters.push(function () {
-    Object.keys(chips).forEach(function (i) { paint(chips[i], steps[i].rank); });
-    paintProse(); chart.repaint();
-  });
-  stepper[name] = function (delta) { select(Math.max(0, Math.min(steps.length - 1, state.selected + delta))); };
+  function select(i) {
+    P.state.selected = i;
+    if (!strip.shows(i)) strip.setPage(Math.floor(i / PAGE));
+    Array.prototype.forEach.call(root.querySelectorAll(".selected"), function (c) { c.classList.remove("selected"); });
+    strip.mark(i); prose.mark(i); chart.mark(i);
+    render(i);
+  }
+  P.hover = render; P.select = select;
+  P.refold = function () { prose.draw(); strip.setPage(P.state.page); select(P.state.selected); };
+  var prose = proseView(P), strip = stripView(P), chart = energyChart([{ steps: steps }], select);
+  root.appendChild(el("div", { className: "prose-box" }, [el("h4", { text: P.isTrace ? "the text" : "the continuation" }), prose.box]));
+  [chart.svg, strip.pager, strip.box].forEach(function (n) { left.appendChild(n); });
+  layout.appendChild(left); layout.appendChild(details); root.appendChild(layout);
+  repainters.push(function () { strip.repaint(); prose.repaint(); chart.repaint(); });
+  stepper[name] = function (delta) { select(Math.max(0, Math.min(steps.length - 1, P.state.selected + delta))); };
   select(worstStep(steps));
   return { select: select };
+}
+
+function summaryLine(path) {
+  var s = path.summary, n = path.steps.length;
+  return el("div", { className: "summary", text: (path.name ? path.name + ": " : "") + (path.kind === "trace"
+    ? n + " steps \u00b7 perplexity " + fmt(s.perplexity) + " \u00b7 top-1 " + pct(s.top1_accuracy) +
+      " \u00b7 mean rank " + fmt(s.mean_rank, 2)
+    : "prompt of " + path.prompt_length + " token(s), " + n + " generated") });
 }
 
 function legend(isTrace) {
