@@ -18,15 +18,18 @@ Steps (the Hugging Face way, then BriLLM's own):
   4. perplexity before/after on held-out new text (all tokens, and the new tokens as targets) and on held-out old
      text; then save, reload with `from_pretrained` and as remote code, and check the logits.
 
-New text: `--new_text` (one text per line), by default a short built-in text on plant biology whose words the
-demo's tokenizer (trained on Python's documentation) splits into pieces. Every 4th line is held out. Old text:
-`--old_text`, by default the demo's own validation split of the built-in corpus (every 20th paragraph, its
-sentences cut to 32 tokens as in training), and for the replay the rest of it (`--old_train_text` otherwise).
-New tokens: `--add_tokens`, by default the `--num_new_tokens` most frequent words of the new text that the
-tokenizer splits into 2 or more pieces and the old text never uses. The code: modeling_brillm/training/growing.py.
+New text: `--new_text` (one text per line), by default `grow_graph_text.txt` beside this script, a short text on
+plant biology whose words the demo's tokenizer (trained on Python's documentation) splits into pieces. Every 4th
+line is held out. Old text: `--old_text`, by default the demo's own validation split of the built-in corpus (every
+20th paragraph, its sentences cut to 32 tokens as in training), and for the replay the rest of it
+(`--old_train_text` otherwise). New tokens: `--add_tokens`, by default the `--num_new_tokens` most frequent words of
+the new text that the tokenizer splits into 2 or more pieces and the old text never uses. The code:
+modeling_brillm/training/growing.py.
 """
+
+from pathlib import Path
 
 from modeling_brillm.training.growing import main
 
 if __name__ == "__main__":
-    main()
+    main(default_new_text=Path(__file__).with_name("grow_graph_text.txt"))

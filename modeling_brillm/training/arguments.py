@@ -10,7 +10,7 @@ import os
 from .data import file_builder
 from .errors import UsageError
 from .optimizers import MOMENT_DTYPES, OPTIMIZERS
-from .presets import known_presets
+from .presets import flag_of, known_presets
 from .recipe import DEFAULT_PRESET
 from .sharded import EDGE_SHARDINGS
 
@@ -48,172 +48,117 @@ positive_rate = number_in(lambda r: 0 < r < float("inf"), "a positive learning r
 probability_or_auto = number_in(lambda p: 0 <= p < 1, "a probability in [0, 1)", auto=True)
 
 
-def default(key: str) -> str:
-    """The default preset's value of a setting, for a flag's help."""
-    return f" [{DEFAULT_PRESET[key].value}]"
+def setting(group, key: str, text: str, **kwargs):
+    """A flag that sets one setting of the run; its help ends with the default preset's value and rule."""
+    rule = DEFAULT_PRESET[key]
+    group.add_argument(f"--{flag_of(key)}", help=f"{text} [default: {rule.value!r}, rule {rule.name}]", **kwargs)
 
 
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
-    p = argparse.ArgumentParser(
-        description="Pretrain BriLLM (a graph language model) with accelerate. Values not given on the command "
-        "line come from --config (a preset), then from the default preset (the paper's model with a recipe sized by "
-        "the data: docs/training.md).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    S = argparse.SUPPRESS
+    p = argparse.ArgumentParser(description="Pretrain BriLLM (a graph language model) with accelerate. A setting not "
+                                "given on the command line comes from --config (a preset) or --recipe, else from the "
+                                "default preset (docs/training.md).")
+    S, boolean = argparse.SUPPRESS, argparse.BooleanOptionalAction
     g = p.add_argument_group("data")
     g.add_argument("--dataset_name", help="A dataset on the Hugging Face Hub (needs network access).")
     g.add_argument("--dataset_config_name", help="Its configuration name.")
     g.add_argument("--train_file", help="Training text: .txt/.text (one text per line), .json/.jsonl, .csv.")
     g.add_argument("--validation_file", help="Validation text, same formats as --train_file.")
     g.add_argument("--text_column", default="text", help="Column/field holding the text in json/csv/hub data.")
-    g.add_argument("--validation_split_percentage", type=float, help="Share of the training texts held out for "
-                   "validation when there is no validation set (every k-th text)."
-                   + default("training.validation_split_percentage"))
-    g.add_argument("--max_eval_samples", type=int, help="Evaluate on at most this many blocks.")
+    setting(g, "training.validation_split_percentage", "Share of the training texts held out (every k-th) when "
+            "there is no validation set.", type=float)
+    setting(g, "training.max_eval_samples", "Evaluate on at most this many blocks.", type=int)
     g.add_argument("--preprocessing_num_workers", type=int, help="Processes for datasets.map.")
     g.add_argument("--overwrite_cache", action="store_true", help="Recompute the tokenized datasets.")
-    g.add_argument("--block_size", type=int, help="Tokens per training block (the paper: 32)."
-                   + default("training.block_size"))
+    setting(g, "training.block_size", "Tokens per training block (the paper: 32).", type=int)
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--sentence_blocks", dest="block_mode", action="store_const", const="sentence", default=None,
-                      help="One sentence per block: <s> sentence </s>, truncated to --block_size, padding masked "
-                      "(the paper's setup; the default).")
+    mode.add_argument("--sentence_blocks", dest="block_mode", action="store_const", const="sentence",
+                      help="One sentence per block: <s> sentence </s>, truncated, padding masked (the default).")
     mode.add_argument("--contiguous_blocks", dest="block_mode", action="store_const", const="contiguous",
                       help="Concatenate all texts (<s> text </s> ...) and cut blocks of --block_size tokens.")
-
     g = p.add_argument_group("tokenizer")
     g.add_argument("--tokenizer_name", help="A saved Hugging Face tokenizer folder; else one is trained.")
-    g.add_argument("--tokenizer_kind", choices=["bpe", "char"], help="Tokenizer to train: byte-level BPE "
-                   "(English) or characters (Chinese)." + default("tokenizer.kind"))
-    g.add_argument("--vocab_size", type=int, help="Vocabulary (= graph nodes) to train."
-                   + default("tokenizer.vocab_size"))
-    g.add_argument("--tokenizer_min_frequency", type=int, help="Min count of a merge/character."
-                   + default("tokenizer.min_frequency"))
+    setting(g, "tokenizer.kind", "Tokenizer to train: byte-level BPE or characters.", choices=["bpe", "char"])
+    setting(g, "tokenizer.vocab_size", "Vocabulary (= graph nodes) to train.", type=int)
+    setting(g, "tokenizer.min_frequency", "Min count of a merge/character.", type=int)
 
     g = p.add_argument_group("model")
     g.add_argument("--config", help=f"A preset name ({', '.join(known_presets())}) or a JSON path.")
-    g.add_argument("--recipe", metavar="FILE",
-                   help="A recipe.json an earlier run saved (in its output folder or a checkpoint): apply its "
-                   "settings verbatim (no probing of the data), in place of the default preset and a preset.")
-    g.add_argument("--node_size", type=int, help="Neurons per node, d (the paper: 32).")
+    g.add_argument("--recipe", metavar="FILE", help="A recipe.json an earlier run saved: apply its settings "
+                   "verbatim (no probing of the data) in place of a preset.")
+    setting(g, "model.node_size", "Neurons per node, d.", type=int)
     graph = g.add_mutually_exclusive_group()
-    graph.add_argument("--min_bigram_count", type=count_or_auto,
-                       help="Sparse graph: real edges for the bigrams seen at least this often; auto: the smallest "
-                       "count whose bigrams recur in held-back training text (at least 2 where that text strays), "
-                       "raised if need be until every edge is a training target at least twice in the planned "
-                       "epochs (printed at start-up)." + default("training.min_bigram_count"))
+    setting(graph, "training.min_bigram_count", "Sparse graph: real edges for the bigrams seen at least this often; "
+            "auto: chosen from held-back training text and the planned epochs (printed).", type=count_or_auto)
     graph.add_argument("--dense_graph", action="store_true", default=None,
                        help="Every ordered pair of nodes is a real edge (V^2 edges: 16.9B parameters at V=4000).")
-    g.add_argument("--loss", choices=["exact", "sampled"],
-                   help="exact: cross-entropy over all V nodes; sampled: the release's (true + K negatives).")
-    g.add_argument("--num_negatives", type=int, help="K negatives of the sampled loss."
-                   + default("model.num_negatives"))
-    g.add_argument("--negatives", choices=["frequency", "uniform"],
-                   help="Negatives of the sampled loss: most frequent successors, or uniform.")
-    g.add_argument("--signal_dropout", type=probability_or_auto,
-                   help="Dropout on the signal leaving every token, training only (config.signal_dropout); auto: "
-                   "0 up to 2 planned epochs E, then 0.5 x (1 - 2 / E) (docs/training.md)."
-                   + default("model.signal_dropout"))
-    g.add_argument("--non_edge_bias", action=argparse.BooleanOptionalAction,
-                   help="A learned energy offset per node for non-successors, so unseen continuations differ "
-                   "(config.non_edge_bias; exact loss, sparse graph). [off]")
-    g.add_argument("--node_readout", action=argparse.BooleanOptionalAction,
-                   help="Every node also reads the signal directly: its logit adds <x, r_v>, a learned d-vector per "
-                   "node (config.node_readout; exact loss). [on; off with --loss sampled]")
-    g.add_argument("--edge_backoff", action=argparse.BooleanOptionalAction,
-                   help="Every edge adds a learned matrix all edges share to its own, so rare edges inherit what the "
-                   "common ones learn (config.edge_backoff). [off]")
-    g.add_argument("--node_embedding", action=argparse.BooleanOptionalAction,
-                   help="Every node adds a learned d-vector to the edge output it passes on, so the signal carries "
-                   "the recent tokens themselves (config.node_embedding). [on]")
-    g.add_argument("--count_prior", action=argparse.BooleanOptionalAction,
-                   help="Add a fixed smoothed bigram model of the training text to every logit, so the learned parts "
-                   "model what the counts miss (config.count_prior; exact loss, sparse graph). [on; off with --loss "
-                   "sampled or --dense_graph]")
-    g.add_argument("--position_recency", type=float,
-                   help="Position weights start at 1 + this x k, so the signal's mix starts weighted to the latest "
-                   "edges (config.position_recency; 0 = the paper's all ones)." + default("model.position_recency"))
+    setting(g, "model.loss_type", "exact: cross-entropy over all V nodes; sampled: the release's (true + K "
+            "negatives).", choices=["exact", "sampled"])
+    setting(g, "model.num_negatives", "K negatives of the sampled loss.", type=int)
+    setting(g, "model.negative_sampling", "Negatives of the sampled loss.", choices=["frequency", "uniform"])
+    setting(g, "model.signal_dropout", "Dropout on the signal leaving every token, training only; auto: 0 up to 2 "
+            "planned epochs E, then 0.5 x s x (1 - 2 / E).", type=probability_or_auto)
+    setting(g, "model.non_edge_bias", "A learned energy offset per node for non-successors.", action=boolean)
+    setting(g, "model.node_readout", "Every logit adds <x, r_v>, a learned d-vector per node (exact loss; off with "
+            "--loss sampled).", action=boolean)
+    setting(g, "model.edge_backoff", "Every edge adds a matrix all edges share to its own.", action=boolean)
+    setting(g, "model.node_embedding", "Every node adds a learned d-vector to the edge output it passes on.",
+            action=boolean)
+    setting(g, "model.count_prior", "Add a fixed smoothed bigram model of the training text to every logit (off "
+            "with --loss sampled or --dense_graph).", action=boolean)
+    setting(g, "model.position_recency", "Position weights start at 1 + this x k (0: the paper's).", type=float)
 
     g = p.add_argument_group("training")
-    g.add_argument("--per_device_train_batch_size", type=int,
-                   help="Blocks per process. [32; on a GPU 65,536 tokens // --block_size, halved until the step fits "
-                   "its free memory (docs/gpu.md)]")
-    g.add_argument("--per_device_eval_batch_size", type=int, help=default("training.per_device_eval_batch_size"))
-    g.add_argument("--learning_rate", type=positive_rate, help="Peak learning rate (the paper: 5e-2)."
-                   + default("training.learning_rate"))
-    g.add_argument("--weight_decay", type=float, help="AdamW weight decay on edge matrices."
-                   + default("training.weight_decay"))
-    g.add_argument("--num_train_epochs", type=int, help=default("training.num_train_epochs"))
-    g.add_argument("--max_train_steps", type=int, help="Optimizer steps; overrides epochs.")
-    g.add_argument("--max_train_time", type=float, metavar="SECONDS",
-                   help="A training-time budget: train until the training clock (seconds of steps: data, forward, "
-                   "backward, optimizer step; evaluations and checkpoints not counted) passes it, or --max_train_steps "
-                   "if that comes first. The epochs it buys are timed on a few throwaway steps before the run and "
-                   "planned where --num_train_epochs would be (the auto choices read them); past its warmup the "
-                   "learning-rate schedule follows the clock to the budget.")
-    g.add_argument("--gradient_accumulation_steps", type=int, help=default("training.gradient_accumulation_steps"))
-    g.add_argument("--lr_scheduler_type", choices=SCHEDULERS, help=default("training.lr_scheduler_type"))
-    g.add_argument("--num_warmup_steps", type=int, help="Linear warmup steps." + default("training.num_warmup_steps"))
-    g.add_argument("--max_grad_norm", type=float, help="Clip the gradient norm (0: off)."
-                   + default("training.max_grad_norm"))
-    g.add_argument("--lazy_weight_decay", action=argparse.BooleanOptionalAction,
-                   help="SparseAdamW: decay every edge row as dense AdamW would, applied when the row is next touched "
-                   "(off: only touched rows decay, once per step they are touched). [off]")
-    g.add_argument("--shared_edge_lr_scale", type=float, help="Learning-rate multiplier of the shared edge (row 0 of "
-                   "the edge tables; SparseAdamW)." + default("training.shared_edge_lr_scale"))
-    g.add_argument("--node_lr_scale", type=float, help="Learning-rate multiplier of the per-node parameters "
-                   "(node_bias, non_edge_bias)." + default("training.node_lr_scale"))
-    g.add_argument("--signal_dropout_warmup_epochs", type=float,
-                   help="The signal dropout grows linearly from 0 to --signal_dropout over this many epochs (0: the "
-                   "full dropout from the first step)." + default("training.signal_dropout_warmup_epochs"))
-    g.add_argument("--moment_dtype", choices=MOMENT_DTYPES,
-                   help="SparseAdamW's moments: bfloat16 stores them with stochastic rounding (half their memory and "
-                   "bytes). [bfloat16 under --mixed_precision bf16 with SparseAdamW on a GPU, else float32]")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
-                   help="auto: sparse_adamw in one process, adamw with several; adamw: torch AdamW (fused) on "
-                   "dense gradients; sparse_adamw: modeling_brillm.optimization.SparseAdamW on sparse edge "
-                   "gradients, updating only the touched rows (one process, or with --edge_sharding source, where auto "
-                   "picks it). All clip to --max_grad_norm (the global norm, also sharded).")
-    g.add_argument("--edge_sharding", choices=EDGE_SHARDINGS, default="none",
-                   help="none: every process holds the whole model (DDP with several processes); source: each "
-                   "process owns the edge blocks of a set of source nodes and their AdamW state, exchanging "
-                   "signals and edge rows instead of gradients (modeling_brillm/sharding.py).")
-    g.add_argument("--seed", type=int, help="Seed of initialisation and data order." + default("training.seed"))
-    g.add_argument("--torch_threads", type=int,
-                   help="CPU threads per process (torch.set_num_threads). BriLLM's steps are many small matrix "
-                   "products, which extra threads barely speed up and slow down a lot on a busy machine. "
-                   "[torch's default]")
-    g.add_argument("--eval_steps", type=int, help="Validate every N optimizer steps.")
+    setting(g, "training.per_device_train_batch_size", "Blocks per process (on a GPU, unless given: 65,536 tokens "
+            "// --block_size, halved until the step fits).", type=int)
+    setting(g, "training.per_device_eval_batch_size", "Blocks per process and validation batch.", type=int)
+    setting(g, "training.learning_rate", "Peak learning rate (the paper: 5e-2).", type=positive_rate)
+    setting(g, "training.weight_decay", "AdamW weight decay on edge matrices.", type=float)
+    setting(g, "training.num_train_epochs", "Epochs.", type=int)
+    setting(g, "training.max_train_steps", "Optimizer steps; overrides epochs.", type=int)
+    g.add_argument("--max_train_time", type=float, metavar="SECONDS", help="A training-time budget: train until the "
+                   "training clock (the steps, not evaluations or checkpoints) passes it, or --max_train_steps first; "
+                   "the epochs it buys are timed on throwaway steps, and the schedule follows the clock.")
+    setting(g, "training.gradient_accumulation_steps", "Micro-batches per optimizer step.", type=int)
+    setting(g, "training.lr_scheduler_type", "The learning-rate schedule.", choices=SCHEDULERS)
+    setting(g, "training.num_warmup_steps", "Linear warmup steps.", type=int)
+    setting(g, "training.max_grad_norm", "Clip the gradient norm (0: off).", type=float)
+    setting(g, "training.lazy_weight_decay", "SparseAdamW: decay every edge row as dense AdamW would, when the row "
+            "is next touched.", action=boolean)
+    setting(g, "training.shared_edge_lr_scale", "Rate multiplier of the shared edge (SparseAdamW).", type=float)
+    setting(g, "training.node_lr_scale", "Rate multiplier of the per-node parameters.", type=float)
+    setting(g, "training.signal_dropout_warmup_epochs", "The dropout grows from 0 over this many epochs.", type=float)
+    setting(g, "training.moment_dtype", "SparseAdamW's moments (bfloat16: stochastic rounding, half the bytes; "
+            "none: bfloat16 under bf16 on a GPU).", choices=MOMENT_DTYPES)
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto", help="auto: sparse_adamw (only the touched edge "
+                   "rows) in one process and with --edge_sharding source, adamw (fused, dense) with several [auto]")
+    g.add_argument("--edge_sharding", choices=EDGE_SHARDINGS, default="none", help="source: each process owns the "
+                   "edge blocks of a set of source nodes and their AdamW state (modeling_brillm/sharding.py) [none]")
+    setting(g, "training.seed", "Seed of initialisation and data order.", type=int)
+    setting(g, "training.torch_threads", "CPU threads per process (none: torch's default).", type=int)
+    setting(g, "training.eval_steps", "Validate every N optimizer steps.", type=int)
     g.add_argument("--eval_seconds", type=float, nargs="+", metavar="S",
-                   help="Validate whenever the training clock passes one of these seconds (train_log.jsonl records "
-                   "each with its train_seconds and train_tokens).")
-    g.add_argument("--keep_best_model", action=argparse.BooleanOptionalAction, default=True,
-                   help="With validation data: keep the weights of the evaluation with the lowest validation loss "
-                   "and save those at the end (as Trainer's load_best_model_at_end), not the last step's. The best "
-                   "so far is part of every checkpoint. --no-keep_best_model (or --no_keep_best) saves the last.")
+                   help="Validate whenever the training clock passes one of these seconds.")
+    g.add_argument("--keep_best_model", action=boolean, default=True, help="Save the weights of the evaluation "
+                   "with the lowest validation loss, not the last step's (--no_keep_best: the last) [on]")
     g.add_argument("--no_keep_best", dest="keep_best_model", action="store_false", help=S)
-    g.add_argument("--checkpointing_steps",
-                   help="Save the training state every N steps, or 'epoch' at the end of every epoch.")
-    g.add_argument("--checkpoints_total_limit", type=int, help="Keep only the last N checkpoints.")
+    setting(g, "training.checkpointing_steps", "Save the training state every N steps, or 'epoch'.")
+    setting(g, "training.checkpoints_total_limit", "Keep only the last N checkpoints.", type=int)
     g.add_argument("--resume_from_checkpoint", help="A checkpoint folder, or 'latest' (newest in --output_dir).")
     g.add_argument("--output_dir", default="outputs/pretrain", help="Where the model, tokenizer, logs go.")
     g.add_argument("--with_tracking", action="store_true", help="Log to experiment trackers (--report_to).")
     g.add_argument("--report_to", default="all", help="Trackers: tensorboard, wandb, ... or 'all'.")
 
     g = p.add_argument_group("after training")
-    g.add_argument("--num_generations", type=int, help="Prompts to continue at the end."
-                   + default("training.num_generations"))
-    g.add_argument("--max_new_tokens", type=int, help="Tokens per continuation." + default("training.max_new_tokens"))
+    setting(g, "training.num_generations", "Prompts to continue at the end.", type=int)
+    setting(g, "training.max_new_tokens", "Tokens per continuation.", type=int)
     g.add_argument("--prompts", nargs="+", help="Prompts to continue (default: built in or from validation).")
     g.add_argument("--push_to_hub", action="store_true", help="Upload the final folder to the Hub.")
     g.add_argument("--hub_model_id", help="Repository name for --push_to_hub (default: output_dir's name).")
     g.add_argument("--hub_token", help="Token for --push_to_hub.")
-
-    g.add_argument("--no_malloc_tuning", action="store_true",
-                   help="On CPU (Linux/glibc) the script makes malloc keep freed memory (mallopt), which avoids "
-                   "page-faulting the step's large temporaries back in every step; this turns that off.")
-    # Hidden: for tests. Pretend this much memory is available; sleep after every optimizer step.
-    p.add_argument("--available_memory_gb", type=float, default=None, help=S)
-    p.add_argument("--step_sleep", type=float, default=0.0, help=S)
+    g.add_argument("--no_malloc_tuning", action="store_true", help="Do not make glibc keep freed memory (CPU).")
+    p.add_argument("--available_memory_gb", type=float, help=S)  # tests: pretend this much memory is free
+    p.add_argument("--step_sleep", type=float, default=0.0, help=S)  # tests: sleep after every optimizer step
     return p.parse_args(argv)
 
 

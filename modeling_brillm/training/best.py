@@ -11,6 +11,10 @@ import os
 import shutil
 from pathlib import Path
 
+from safetensors.torch import load_file, save_file
+
+from .fsdp import full_state_dict
+
 BEST_FILE = "best_model.safetensors"
 
 
@@ -31,10 +35,6 @@ class BestModel:
         model's weights is collective). True when this step became the best."""
         if not self.enabled or not eval_loss < self.eval_loss:  # NaN never wins
             return False
-        from safetensors.torch import save_file
-
-        from .fsdp import full_state_dict
-
         gather = getattr(model, "full_state_dict", None)  # a source-sharded model gathers its own table
         state_dict = gather() if gather is not None else full_state_dict(self.accelerator, model)
         if self.accelerator.is_main_process:
@@ -70,8 +70,6 @@ class BestModel:
 
     def load_into(self, unwrapped, prepared=None):
         """Put the best weights back into the model (on every process; `prepared`: the FSDP-wrapped model)."""
-        from safetensors.torch import load_file
-
         if prepared is not None:  # FSDP: the main process reads, torch broadcasts into every shard
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 

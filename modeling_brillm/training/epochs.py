@@ -1,9 +1,5 @@
-"""The epoch loop of a pretraining run, and the training clock and schedule every model of a time budget shares
-(BriLLM here, GPT-2 in benchmarks/quality.py).
-
-`Job` holds what the loop runs on (the prepared model, optimizer, scheduler and loaders, the step and evaluation
-functions); `Position` is where a run stands in its data and on its training clock (what a checkpoint stores);
-`train_epochs` runs from a position to `max_train_steps` or until the clock passes `max_train_time`.
+"""The epoch loop of a pretraining run (`train_epochs` over a `Job`, from a `Position`: what a checkpoint stores), and
+the one training clock and schedule every model of a time budget shares (BriLLM here, GPT-2 in benchmarks/quality.py).
 """
 
 from __future__ import annotations
@@ -13,6 +9,10 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
 
 from .checkpoints import load_checkpoint, save_checkpoint
 from .optimizers import apply_pending_weight_decay
@@ -62,11 +62,8 @@ CLOCK_STEPS = 1_000_000
 
 def make_schedule(optimizer, name: str, warmup_steps: int, total_steps: int | None = None,
                   clock: TrainingClock | None = None):
-    """transformers' schedule `name` over `total_steps` optimizer steps or, given a clock with a budget, over the
-    training clock past its warmup (still counted in steps): its progress is the clock's share of the budget, so the
-    schedule ends when the budget does whatever the pace of the steps."""
-    from transformers import get_scheduler
-
+    """transformers' schedule `name` over `total_steps`, or past its warmup (in steps) over a budgeted clock: its
+    progress is the clock's share of the budget, so it ends with the budget whatever the pace of the steps."""
     if clock is None or clock.budget is None:
         return get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
     scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps,
@@ -128,10 +125,7 @@ def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position
 
 def evaluate_now(job: Job, step: int, train_loss: float | None = None, write=print, seconds: float = 0.0,
                  tokens: int = 0) -> tuple[float, float]:
-    """Validate (lazily decayed rows brought up to date first), log it with the training clock and tokens so far,
-    and offer the model as the best."""
-    import torch
-
+    """Validate (lazily decayed rows brought up to date first), log it on the clock, offer the model as the best."""
     apply_pending_weight_decay(job.optimizer)
     device = job.accelerator.device
     # the loader draws its seed from the global generator: kept as it was, the training after an evaluation (the
@@ -153,8 +147,7 @@ def eval_record(step: int, loss: float, ppl: float, count: int, seconds: float, 
 
 
 def checkpoint_now(job: Job, args, position: Position, write=print):
-    """Save the training state (with the best model so far, the training clock and the planned epochs) as
-    `<output_dir>/step_N`."""
+    """Save the training state (the best model so far, the clock, the planned epochs) as `<output_dir>/step_N`."""
     state = {"completed_steps": position.completed_steps, "epoch": position.epoch,
              "batches_in_epoch": position.batches_in_epoch, "train_seconds": position.train_seconds,
              "train_tokens": position.train_tokens, "planned_epochs": getattr(args, "planned_epochs", None),
@@ -186,8 +179,7 @@ def _epoch_batches(job: Job, epoch: int, start: Position):
 
 
 def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
-    """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout: set on the
-    BriLLMModel inside `model` (a BriLLMForCausalLM, or the ShardedBriLLM that wraps one)."""
+    """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout to the BriLLMModel."""
     scale = min(1.0, epochs_trained / warmup_epochs) if warmup_epochs > 0 else 1.0
     for module in model.modules():
         if hasattr(module, "signal_dropout_scale"):
@@ -199,8 +191,6 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
     `args.max_train_time`: log every step, validate every `eval_steps` and whenever the clock passes one of
     `eval_seconds` (not at the last step: the caller evaluates the final model), checkpoint every
     `checkpointing_steps` (or 'epoch'). The signal dropout warms up over `signal_dropout_warmup_epochs`."""
-    from tqdm.auto import tqdm
-
     acc = job.accelerator
     progress = tqdm(total=args.max_train_steps, initial=start.completed_steps, desc="train",
                     disable=not acc.is_local_main_process, dynamic_ncols=True)
@@ -251,8 +241,7 @@ def _count_step(job: Job, args, stats: TrainStats, result, epoch: int, elapsed: 
 
 
 def _validate_and_checkpoint(job: Job, args, stats: TrainStats, at: Position, progress):
-    """Validate when an --eval_steps step or an --eval_seconds point is reached (not at the last step), and save a
-    checkpoint when one is due."""
+    """Validate at an --eval_steps step or --eval_seconds point (not the last step); checkpoint when due."""
     steps, done = stats.completed_steps, _done(args, stats)
     passed = bool(stats.pending) and stats.train_time >= stats.pending[0]
     stats.pending = [s for s in stats.pending if s > stats.train_time]

@@ -1,6 +1,6 @@
-"""Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only: what `examples/finetune.py`
-runs (`run`). `--train_only` trains every parameter, the edges the data crosses, the node biases or the start signal
-(prompt tuning); frozen parameters stay bit for bit as they were."""
+"""Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: what
+examples/finetune.py runs). `--train_only` trains every parameter, the edges the data crosses, the node biases or the
+start signal (prompt tuning); frozen parameters stay bit for bit as they were."""
 
 from __future__ import annotations
 
@@ -14,7 +14,18 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, get_scheduler
+
+from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+from modeling_brillm.model_card import write_model_card
+
 from .errors import UsageError
+from .launch import make_accelerator
+from .loop import TrainStep, evaluate
+from .optimizers import build_optimizer, choose_optimizer
+from .sft_data import builtin_pairs, collate_sft, load_records, split_records, tokenize_records
 
 TRAIN_ONLY = ("all", "touched_edges", "node_bias", "start_signal")
 # Peak learning rates by what is trained (--learning_rate overrides): a few d-numbers move far less per step than
@@ -29,38 +40,33 @@ HOW = {"node_bias": "Only the node biases were trained.",
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
     p = argparse.ArgumentParser(description="Fine-tune a saved (or converted) BriLLM model on prompt/completion "
                                 "data, with the loss on the completion only.",
-                                formatter_class=argparse.RawTextHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model_name_or_path", required=True, help="A saved or converted BriLLM folder (or Hub id).")
     p.add_argument("--tokenizer_name", help="Its tokenizer, if not saved beside the model.")
-    p.add_argument("--train_file", help=".jsonl/.json prompt/completion (or text) records, or .txt plain text. "
-                                        "Default: the built-in topic/summary pairs.")
-    p.add_argument("--validation_file", help="Held-out records, same formats. Default: a split of the training data.")
-    p.add_argument("--validation_split_percentage", type=float, default=20.0,
-                   help="Records held out for validation when there is no --validation_file. [20]")
-    p.add_argument("--train_only", default="all", help=f"What to train: {', '.join(TRAIN_ONLY)}. [all]")
-    p.add_argument("--signal_id", type=int, default=0,
-                   help="The start signal of records without a signal_id field (learned start signals). [0]")
-    p.add_argument("--max_length", type=int, default=None,
-                   help="Tokens per sequence (longer ones are cut). [the model's max_position_embeddings]")
-    p.add_argument("--per_device_train_batch_size", type=int, default=16, help="[16]")
-    p.add_argument("--per_device_eval_batch_size", type=int, default=32, help="[32]")
-    p.add_argument("--learning_rate", type=float, default=None,
+    p.add_argument("--train_file", help=".jsonl/.json prompt/completion (or text) records, or .txt plain text; "
+                   "none: the built-in topic/summary pairs.")
+    p.add_argument("--validation_file", help="Held-out records, same formats; none: a split of the training data.")
+    p.add_argument("--validation_split_percentage", type=float, default=20.0, help="Records held out without one.")
+    p.add_argument("--train_only", default="all", help=f"What to train: {', '.join(TRAIN_ONLY)}.")
+    p.add_argument("--signal_id", type=int, default=0, help="The start signal of records without a signal_id.")
+    p.add_argument("--max_length", type=int, help="Tokens per sequence. [the model's max_position_embeddings]")
+    p.add_argument("--per_device_train_batch_size", type=int, default=16)
+    p.add_argument("--per_device_eval_batch_size", type=int, default=32)
+    p.add_argument("--learning_rate", type=float,
                    help="Peak learning rate. [" + ", ".join(f"{k}: {v:g}" for k, v in DEFAULT_LR.items()) + "]")
-    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on edge matrices. [0]")
-    p.add_argument("--num_train_epochs", type=int, default=10, help="[10]")
-    p.add_argument("--max_train_steps", type=int, default=None, help="Optimizer steps; overrides epochs.")
-    p.add_argument("--gradient_accumulation_steps", type=int, default=1, help="[1]")
-    p.add_argument("--lr_scheduler_type", default="linear", help="transformers scheduler name. [linear]")
-    p.add_argument("--num_warmup_steps", type=int, default=0, help="[0]")
-    p.add_argument("--max_grad_norm", type=float, default=1.0, help="Clip the gradient norm (0: off). [1.0]")
-    p.add_argument("--optimizer", default="adamw", help="adamw, or sparse_adamw (sparse edge-row gradients, "
-                                                         "one process). [adamw]")
-    p.add_argument("--seed", type=int, default=42, help="[42]")
-    p.add_argument("--torch_threads", type=int, default=None, help="torch CPU threads.")
-    p.add_argument("--num_samples", type=int, default=3,
-                   help="Validation prompts to complete greedily before and after (0: none). [3]")
-    p.add_argument("--max_new_tokens", type=int, default=32, help="Tokens per sample completion. [32]")
-    p.add_argument("--logging_steps", type=int, default=10, help="Print the loss every N optimizer steps. [10]")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on edge matrices.")
+    p.add_argument("--num_train_epochs", type=int, default=10)
+    p.add_argument("--max_train_steps", type=int, help="Optimizer steps; overrides epochs.")
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--lr_scheduler_type", default="linear", help="A transformers scheduler name.")
+    p.add_argument("--num_warmup_steps", type=int, default=0)
+    p.add_argument("--max_grad_norm", type=float, default=1.0, help="Clip the gradient norm (0: off).")
+    p.add_argument("--optimizer", default="adamw", help="adamw, or sparse_adamw (sparse edge-row gradients).")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--torch_threads", type=int, help="torch CPU threads.")
+    p.add_argument("--num_samples", type=int, default=3, help="Validation prompts completed before and after.")
+    p.add_argument("--max_new_tokens", type=int, default=32, help="Tokens per sample completion.")
+    p.add_argument("--logging_steps", type=int, default=10, help="Print the loss every N optimizer steps.")
     p.add_argument("--output_dir", default="outputs/finetune", help="Where the fine-tuned folder goes.")
     p.add_argument("--with_tracking", action="store_true", help="Log to experiment trackers (--report_to).")
     p.add_argument("--report_to", default="all", help="Trackers: tensorboard, wandb, ... or 'all'.")
@@ -72,11 +78,9 @@ def check_args(args):
     if args.train_only not in TRAIN_ONLY:
         raise UsageError(f"--train_only {args.train_only!r} is unknown: choose one of {', '.join(TRAIN_ONLY)}.")
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs",
-                 "gradient_accumulation_steps", "logging_steps"):
-        if getattr(args, name) <= 0:
+                 "gradient_accumulation_steps", "logging_steps", "max_train_steps"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
-    if args.max_train_steps is not None and args.max_train_steps <= 0:
-        raise UsageError(f"--max_train_steps must be a positive integer, got {args.max_train_steps}.")
     if args.max_length is not None and args.max_length < 2:
         raise UsageError("--max_length must be at least 2 (a prompt token and a completion token).")
     if args.signal_id < 0:
@@ -94,8 +98,6 @@ def check_args(args):
 
 def run(args) -> int:
     """The whole job: data and model, the completions and perplexity before, training, after, the saved folder."""
-    from .launch import make_accelerator
-
     check_args(args)
     accelerator, setup_line = make_accelerator(args)
     say = accelerator.print
@@ -143,10 +145,6 @@ def main(argv=None) -> int:
 # ------------------------------------------------------------------------------------------------- model
 def load_model_and_tokenizer(args, signal_ids: set[int]):
     """The model (with a learned start signal when one is used) and its tokenizer."""
-    from transformers import AutoTokenizer
-
-    from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
-
     path = args.model_name_or_path
     try:
         config = BriLLMConfig.from_pretrained(path)
@@ -174,19 +172,14 @@ def load_model_and_tokenizer(args, signal_ids: set[int]):
 
 def grow_start_signals(model, count: int):
     """Add learned start signals (initialised to 1/d, the uniform start) up to `count`."""
-    import torch
-
     old = model.base_model.start_signals.data
-    new = torch.full((count, old.shape[1]), 1.0 / model.config.node_size, dtype=old.dtype, device=old.device)
-    new[: old.shape[0]] = old
+    new = torch.cat([old, old.new_full((count - old.shape[0], old.shape[1]), 1.0 / model.config.node_size)])
     model.base_model.start_signals = torch.nn.Parameter(new)
     model.config.num_start_signals = count
 
 
 def touched_edge_rows(model, rows: list[dict]):
     """Sorted edge-table rows of every real edge the sequences cross (consecutive pairs; the shared row 0 left out)."""
-    import torch
-
     found = []
     for r in rows:
         ids = torch.tensor(r["input_ids"], device=model.input_device)
@@ -221,8 +214,6 @@ def mask_untouched_rows(model, touched, optimizer=None):
     """Train only the edge rows `touched`: their gradients are masked as each is accumulated (so clipping sees the
     masked gradient) and again before every `optimizer` step (so nothing that rewrites gradients in between, e.g.
     DDP's all-reduce, can move an untouched row)."""
-    import torch
-
     weights, biases = model.base_model.weights, model.base_model.biases
     allowed = torch.zeros(weights.shape[0], dtype=torch.bool, device=weights.device)
     allowed[touched.to(allowed.device)] = True
@@ -240,8 +231,6 @@ def mask_untouched_rows(model, touched, optimizer=None):
 
 def _row_mask_hook(allowed):
     """After a gradient is accumulated: keep only the rows in `allowed` (dense: zero the rest; sparse: drop them)."""
-    import torch
-
     def hook(param):
         nonlocal allowed
         grad = param.grad
@@ -262,8 +251,6 @@ def _row_mask_hook(allowed):
 # -------------------------------------------------------------------------------------------------- data
 def load_data(args):
     """(train records, validation records, a line describing them)."""
-    from .sft_data import builtin_pairs, load_records, split_records
-
     if args.train_file:
         records = load_records(args.train_file)
         if args.validation_file:
@@ -277,8 +264,6 @@ def load_data(args):
 
 def load_everything(args, accelerator):
     """Records, model and tokenizer (on the training device), and the tokenized training / validation rows."""
-    from .sft_data import tokenize_records
-
     train_records, val_records, data_line = load_data(args)
     signal_ids = {r.get("signal_id", args.signal_id) for r in train_records + val_records}
     model, tokenizer = load_model_and_tokenizer(args, signal_ids)
@@ -299,24 +284,15 @@ def load_everything(args, accelerator):
                            pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
 
 
-def make_loader(rows, batch_size, pad_id, shuffle, with_signal_ids, seed):
-    import torch
-    from torch.utils.data import DataLoader
+def make_loader(rows, batch_size, data, shuffle: bool, seed: int):
 
-    from .sft_data import collate_sft
-
-    generator = torch.Generator().manual_seed(seed)
-    return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                      collate_fn=lambda batch: collate_sft(batch, pad_id, with_signal_ids))
+    return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, generator=torch.Generator().manual_seed(seed),
+                      collate_fn=lambda batch: collate_sft(batch, data.pad_id, data.learned))
 
 
 # --------------------------------------------------------------------------------------- train, evaluate
 def prepare_training(args, data, accelerator):
     """Optimizer (over what --train_only leaves trainable), loaders and schedule, prepared by accelerate."""
-    from transformers import get_scheduler
-
-    from .optimizers import build_optimizer, choose_optimizer
-
     model = data.model
     lr = args.learning_rate or DEFAULT_LR[args.train_only]
     plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm,
@@ -326,10 +302,9 @@ def prepare_training(args, data, accelerator):
     total = sum(p.numel() for p in model.parameters())
     accelerator.print(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} "
                       f"numbers ({trainable / total:.4%})")
-    train_loader = make_loader(data.train_rows, args.per_device_train_batch_size, data.pad_id, True, data.learned,
-                               args.seed)
-    val_loader = make_loader(data.val_rows, args.per_device_eval_batch_size, data.pad_id, False, data.learned,
-                             args.seed) if data.val_rows else None
+    train_loader = make_loader(data.train_rows, args.per_device_train_batch_size, data, True, args.seed)
+    val_loader = make_loader(data.val_rows, args.per_device_eval_batch_size, data, False, args.seed) \
+        if data.val_rows else None
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps,
@@ -344,8 +319,6 @@ def prepare_training(args, data, accelerator):
 
 def train(args, data, job, accelerator) -> tuple[int, list[float], float]:
     """Optimizer steps to --max_train_steps (or the epochs); returns (steps, losses, seconds)."""
-    from .loop import TrainStep
-
     step = TrainStep(accelerator, job.model, job.optimizer, job.scheduler,
                      per_device_batch_size=args.per_device_train_batch_size, block_size=data.max_length,
                      max_grad_norm=args.max_grad_norm, clip=job.plan.clip, learning_rate=job.lr)
@@ -366,8 +339,6 @@ def train(args, data, job, accelerator) -> tuple[int, list[float], float]:
 
 def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
     """Greedy completions of the prompts of `records`, computed where the model is: its inputs follow it."""
-    import torch
-
     device, out = model.input_device, []
     model.eval()
     for record in records:
@@ -384,11 +355,7 @@ def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
 
 
 def evaluate_completions(model, loader, accelerator) -> dict:
-    from .loop import evaluate
-
-    if loader is None:
-        return {"loss": float("nan"), "perplexity": float("nan"), "tokens": 0}
-    loss, ppl, n = evaluate(model, loader, accelerator)
+    loss, ppl, n = evaluate(model, loader, accelerator) if loader is not None else (float("nan"), float("nan"), 0)
     return {"loss": loss, "perplexity": ppl, "tokens": n}
 
 
@@ -436,8 +403,6 @@ def save_folder(accelerator, model, tokenizer, out_dir: Path, results: dict, dat
 
 def write_card(folder, model, tokenizer, results: dict, data_line: str):
     """The fine-tuned folder's model card: what was trained, on what, the completion perplexity before and after."""
-    from modeling_brillm.model_card import write_model_card
-
     before, after = results["before"]["perplexity"], results["after"]["perplexity"]
     signal = f"; generate with `signal_ids=torch.tensor([{results['signal_id']}])`." if results["signal_id"] else "."
     how = HOW.get(results["train_only"], "Only the learned start signal was trained (prompt tuning, d numbers per "

@@ -12,6 +12,12 @@ import json
 import sys
 import time
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+
+import modeling_brillm  # noqa: F401  (registers the brillm model type)
+from modeling_brillm.decoding import energy_generate
+
 
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
     p = argparse.ArgumentParser(description="Generate text with a saved BriLLM. Modes: energy (energy_generate: the "
@@ -48,8 +54,6 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
 
 
 def main(argv=None) -> int:
-    import torch
-
     args = parse_args(argv)
     try:
         model, tokenizer = load_for_run(args)
@@ -73,11 +77,6 @@ def main(argv=None) -> int:
 
 def load_for_run(args):
     """The model and tokenizer (the installed package registers the brillm type), with --extend and --seed."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import modeling_brillm  # noqa: F401  (registers the brillm model type)
-
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     if args.extend:
@@ -122,10 +121,6 @@ def encode(tokenizer, prompts: list[str]):
 
 def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
     """Tokens per second of energy_generate and of generate() (best of 3 after a warm-up), and whether they agree."""
-    import torch
-
-    from modeling_brillm.decoding import energy_generate
-
     enc, lengths = encode(tokenizer, [prompt])
     n = fit_new_tokens(lengths, n, model.config.max_position_embeddings, reads_past_range(model))
     ids = enc["input_ids"]
@@ -153,7 +148,6 @@ def make_streamer(args, tokenizer):
         return None
     if len(args.prompt) != 1:
         raise ValueError("--stream prints one sequence: give a single prompt.")
-    from transformers import TextStreamer
     return TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
 
 
@@ -170,10 +164,6 @@ def decoding_options(args) -> dict:
 
 def run_energy(args, model, tokenizer, enc, max_new, streamer, options):
     """--mode energy: `energy_generate`, the texts, the energy paths (--show_path) and the --json record."""
-    import torch
-
-    from modeling_brillm.decoding import energy_generate
-
     generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
     out = energy_generate(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new,
                           repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,

@@ -14,52 +14,20 @@ from collections import Counter
 from types import SimpleNamespace
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from modeling_brillm import BriLLMForCausalLM
 from modeling_brillm.graph_editing import NODE_ROWS
 
 from .data import embedded_corpus, held_out_indices, split_sentences
 
-BUILTIN_NEW_TEXT = """Photosynthesis turns light into chemical energy inside the chloroplast.
-The chloroplast holds chlorophyll, which absorbs red and blue light.
-Chlorophyll gives leaves their green colour.
-During photosynthesis the plant takes carbon dioxide in through the stomata.
-The stomata close when the leaf loses too much water.
-Glucose is the sugar that photosynthesis makes from carbon dioxide and water.
-The plant stores glucose as starch in its roots and seeds.
-Oxygen leaves the leaf through the stomata as a product of photosynthesis.
-Each chloroplast contains stacks of thylakoid membranes.
-The thylakoid membranes hold the chlorophyll that captures light.
-Light reactions happen in the thylakoid, and the Calvin cycle happens in the stroma.
-The Calvin cycle fixes carbon dioxide into glucose.
-Without chlorophyll a plant cannot perform photosynthesis.
-Guard cells open and close the stomata.
-When the stomata open, water vapour escapes from the leaf.
-The roots take up water, which travels to the leaf through the xylem.
-Sugars such as glucose travel from the leaf to the roots through the phloem.
-The xylem carries water up and the phloem carries sugar down.
-Photosynthesis needs light, water, carbon dioxide and chlorophyll.
-The stroma is the fluid that surrounds the thylakoid inside the chloroplast.
-Plants in bright light make more glucose than plants in the shade.
-The leaf is thin so that light reaches every chloroplast.
-Respiration breaks glucose down again to release energy.
-Respiration happens in every cell, photosynthesis only in cells with chloroplasts.
-A leaf cell may hold dozens of chloroplasts.
-The chlorophyll molecule contains a magnesium atom at its centre.
-In autumn the chlorophyll breaks down and other colours appear.
-The Calvin cycle uses energy from the light reactions in the thylakoid.
-Carbon dioxide enters through the stomata and reaches the stroma.
-Water from the xylem is split in the thylakoid and releases oxygen.
-Glucose made by photosynthesis feeds the whole plant through the phloem.
-The xylem and the phloem form the veins of a leaf.
-"""
 
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):  # a flag list: exempt from the function length
+    p = argparse.ArgumentParser(description="Grow a trained BriLLM: add tokens (nodes) and edges, then fine-tune "
+                                "only what is new.")
     p.add_argument("--model", required=True, help="a saved BriLLM folder (model + tokenizer), e.g. outputs/demo")
     p.add_argument("--output_dir", help="where to save the grown model (default: <model>-grown)")
-    p.add_argument("--new_text", help="file, one text per line (default: a built-in text on plant biology)")
+    p.add_argument("--new_text", help="file, one text per line (default: examples/grow_graph_text.txt)")
     p.add_argument("--old_text", help="held-out text of the original domain, one text per line (default: the demo "
                                       "validation split of the built-in corpus)")
     p.add_argument("--old_train_text", help="old training text for the replay, one text per line (default: the "
@@ -76,6 +44,45 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def main(argv=None, default_new_text=None) -> dict:
+    """The five steps; returns the figures (and writes them to --json). `default_new_text`: the file read without
+    --new_text."""
+    args = parse_args(argv)
+    args.new_text = args.new_text or default_new_text
+    if args.new_text is None:
+        raise SystemExit("error: give --new_text FILE (one text per line).")
+    torch.manual_seed(args.seed)
+    model = BriLLMForCausalLM.from_pretrained(args.model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    old = {"vocab": model.config.vocab_size, "edges": model.config.num_edges}
+    texts = load_texts(args, tokenizer, pad_id)
+    probe_before = logits_of(model, *texts.probe)
+    ppl_old_before = perplexity(model, texts.old_seqs, pad_id)[0]
+
+    nodes = add_nodes(args, model, tokenizer, texts, probe_before)  # 1. nodes
+    grown = add_edges(args, model, tokenizer, texts, pad_id, nodes["probe"])  # 2. edges
+    before = {**measure(model, grown, texts, pad_id, nodes["new_ids"]), "old": ppl_old_before}
+    tuned = fine_tune_new(args, model, texts, grown, pad_id, old["vocab"])  # 3. fine-tune
+    after = measure(model, grown, texts, pad_id, nodes["new_ids"])  # 4. measure
+    old_change = report(args, before, after, nodes, grown, tuned, texts, model, old)
+    saved = save_and_reload(args, model, tokenizer, grown["held_seqs"], pad_id)  # 5. save, reload
+    result = {
+        "new_tokens": nodes["new_tokens"], "vocab": [old["vocab"], model.config.vocab_size],
+        "edges": [old["edges"], model.config.num_edges], "nodes_exact": nodes["nodes_exact"],
+        "edges_exact": grown["edges_exact"], "edges_max_diff": grown["edges_diff"],
+        "edges_same_argmax": grown["same_argmax"], "train": args.train, "steps": args.steps,
+        "loss": [tuned["losses"][0], tuned["losses"][-1]], "old_rows_unchanged": tuned["old_rows_unchanged"],
+        "ppl_new_held": [before["new"], after["new"]], "ppl_new_tokens_held": [before["focus"], after["focus"]],
+        "ppl_new_train": [before["train"], after["train"]], "ppl_old_held": [before["old"], after["old"]],
+        "old_change": old_change, **saved}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- text
 def read_lines(path):
     with open(path, encoding="utf-8") as f:
         return [line.strip() for line in f if line.strip()]
@@ -83,7 +90,7 @@ def read_lines(path):
 
 def builtin_old_text():
     """The demo's (validation, training) texts: every 20th paragraph of the built-in corpus and the rest, split
-    into sentences as pretrain.py does."""
+    into sentences as pretraining splits them."""
     corpus = embedded_corpus()
     held = set(held_out_indices(len(corpus), 5))
     validation = [s for i in sorted(held) for s in split_sentences(corpus[i])]
@@ -91,7 +98,25 @@ def builtin_old_text():
     return validation, training
 
 
+def load_texts(args, tokenizer, pad_id):
+    """The new text (training / held-out lines: every 4th held out), the old held-out text and replay lines,
+    tokenized before the tokenizer grows, and a probe batch of old text."""
+    new_texts = read_lines(args.new_text)
+    if args.old_text:
+        old_texts = read_lines(args.old_text)
+        old_train_texts = read_lines(args.old_train_text) if args.old_train_text else []
+    else:
+        old_texts, old_train_texts = builtin_old_text()
+    old_seqs = encode(tokenizer, old_texts, args.max_length)
+    return SimpleNamespace(
+        new=new_texts, new_train=[t for i, t in enumerate(new_texts) if i % 4 != 3],
+        new_held=[t for i, t in enumerate(new_texts) if i % 4 == 3], old=old_texts, old_train=old_train_texts,
+        old_seqs=old_seqs, replay=encode(tokenizer, old_train_texts, args.max_length) if args.replay else [],
+        probe=batch_of(old_seqs[:32], pad_id))
+
+
 def pick_new_tokens(tokenizer, texts, count, old_texts):
+    """The most frequent words of the new text the tokenizer splits into 2 or more pieces and old text never uses."""
     old_words = {w for t in old_texts for w in re.findall(r"[a-z]+", t.lower())}
     words = Counter(w for t in texts for w in re.findall(r"[A-Za-z]{5,}", t.lower()))
     split = [w for w, _ in words.most_common()
@@ -100,19 +125,20 @@ def pick_new_tokens(tokenizer, texts, count, old_texts):
 
 
 def encode(tokenizer, texts, max_length):
-    eos = tokenizer.eos_token_id
-    seqs = []
-    for text in texts:
-        ids = tokenizer(text).input_ids[: max_length - 1] + ([eos] if eos is not None else [])
-        if len(ids) >= 2:
-            seqs.append(torch.tensor(ids))
-    return seqs
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    seqs = [tokenizer(text).input_ids[: max_length - 1] + eos for text in texts]
+    return [torch.tensor(ids) for ids in seqs if len(ids) >= 2]
 
 
 def batch_of(seqs, pad_id):
     ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
     mask = (torch.arange(ids.shape[1]) < torch.tensor([len(s) for s in seqs]).unsqueeze(1)).long()
     return ids, mask
+
+
+@torch.no_grad()
+def logits_of(model, ids, mask):
+    return model(ids, attention_mask=mask).logits
 
 
 @torch.no_grad()
@@ -125,79 +151,14 @@ def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
         logp = torch.log_softmax(model(ids, attention_mask=mask).logits[:, :-1], -1)
         target, real = ids[:, 1:], mask[:, 1:].bool()
         nll = -logp.gather(2, target.unsqueeze(2)).squeeze(2)
-        total += float(nll[real].sum())
-        count += int(real.sum())
+        total, count = total + float(nll[real].sum()), count + int(real.sum())
         if focus_t is not None:
             hit = real & torch.isin(target, focus_t)
-            focus_total += float(nll[hit].sum())
-            focus_count += int(hit.sum())
+            focus_total, focus_count = focus_total + float(nll[hit].sum()), focus_count + int(hit.sum())
     return math.exp(total / count), (math.exp(focus_total / focus_count) if focus_count else None)
 
 
-def fine_tune(model, seqs, pad_id, steps, lr, trainable_rows, old_vocab, train_all, replay=(), replay_size=0):
-    """AdamW on the new text. With train_all False only the new edge rows and the new nodes' rows (start bias, and
-    with the recipe's options their non-successor offset and readout) get gradients; weight decay 0 and Adam's
-    zero moments then leave every old row, and every parameter shared by all nodes, exactly as it was."""
-    base = model.base_model
-    model.train()
-    new_rows = rows_of_new(trainable_rows, old_vocab)
-    params = dict(base.named_parameters())
-    if not train_all:
-        params = {name: p for name, p in params.items() if name in new_rows}
-    optimizer = torch.optim.AdamW(params.values(), lr=lr, weight_decay=0.0)
-    masks = {name: new_row_mask(p, new_rows[name]) for name, p in params.items() if not train_all}
-    losses = []
-    for _ in range(steps):
-        batch = list(seqs)
-        if replay_size and len(replay):
-            batch += [replay[i] for i in torch.randperm(len(replay))[:replay_size].tolist()]
-        ids, mask = batch_of(batch, pad_id)
-        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
-        optimizer.zero_grad()
-        loss.backward()
-        for name, keep in masks.items():
-            params[name].grad[~keep] = 0
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
-
-
-def rows_of_new(edge_rows, old_vocab: int) -> dict:
-    """Parameter name -> its rows that growing added: the new edges' table rows, the new nodes' rows."""
-    nodes = slice(old_vocab, None)
-    return {"weights": edge_rows, "biases": edge_rows, "node_bias": nodes, **{name: nodes for name in NODE_ROWS}}
-
-
-def new_row_mask(param, rows) -> torch.Tensor:
-    """(rows of `param`,) True for the rows that `rows` (indices or a slice) names."""
-    keep = torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
-    keep[rows] = True
-    return keep
-
-
-def logits_of(model, ids, mask):
-    with torch.no_grad():
-        return model(ids, attention_mask=mask).logits
-
-
-def load_texts(args, tokenizer, pad_id):
-    """The new text (training / held-out lines), the old held-out text and replay lines, tokenized before the
-    tokenizer grows, and a probe batch of old text."""
-    new_texts = read_lines(args.new_text) if args.new_text else BUILTIN_NEW_TEXT.strip().splitlines()
-    if args.old_text:
-        old_texts = read_lines(args.old_text)
-        old_train_texts = read_lines(args.old_train_text) if args.old_train_text else []
-    else:
-        old_texts, old_train_texts = builtin_old_text()
-    old_seqs = encode(tokenizer, old_texts, args.max_length)  # tokenized before the tokenizer grows
-    return SimpleNamespace(
-        new=new_texts, new_train=[t for i, t in enumerate(new_texts) if i % 4 != 3],
-        new_held=[t for i, t in enumerate(new_texts) if i % 4 == 3], old=old_texts, old_train=old_train_texts,
-        old_seqs=old_seqs, replay=encode(tokenizer, old_train_texts, args.max_length) if args.replay else [],
-        probe=batch_of(old_seqs[:32], pad_id))
-
-
+# ---------------------------------------------------------------------------------------------------- steps
 def add_nodes(args, model, tokenizer, texts, probe_before) -> dict:
     """Step 1: new tokens become new nodes; the old nodes' logits must not move."""
     old_vocab = model.config.vocab_size
@@ -211,8 +172,8 @@ def add_nodes(args, model, tokenizer, texts, probe_before) -> dict:
 
 
 def add_edges(args, model, tokenizer, texts, pad_id, probe_nodes) -> dict:
-    """Step 2: the new text's bigrams become real edges (copies of the shared edge): no energy may move. With
-    `non_edge_bias` a new pair u→v no longer adds v's non-successor offset, so its logit moves by exactly that."""
+    """Step 2: the new text's bigrams become real edges (copies of the shared edge): no energy may move, except that
+    with `non_edge_bias` a new pair u→v no longer adds v's non-successor offset."""
     train_seqs = encode(tokenizer, texts.new_train, args.max_length)
     held_seqs = encode(tokenizer, texts.new_held, args.max_length)
     rows = model.add_edges_from_sequences(train_seqs, ignore_ids=[pad_id])
@@ -238,13 +199,50 @@ def lost_offsets(model, rows, ids) -> torch.Tensor | float:
     return offsets.scatter_add_(-1, targets.expand_as(hit), hit * bias.detach()[targets])
 
 
+def rows_of_new(edge_rows, old_vocab: int) -> dict:
+    """Parameter name -> its rows that growing added: the new edges' table rows, the new nodes' rows."""
+    nodes = slice(old_vocab, None)
+    return {"weights": edge_rows, "biases": edge_rows, "node_bias": nodes, **{name: nodes for name in NODE_ROWS}}
+
+
+def new_row_mask(param, rows) -> torch.Tensor:
+    """(rows of `param`,) True for the rows that `rows` (indices or a slice) names."""
+    keep = torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
+    keep[rows] = True
+    return keep
+
+
+def fine_tune(model, seqs, pad_id, args, new_rows: dict, replay=()):
+    """AdamW on the new text (and `args.replay` old lines a step). With --train new only the rows growing added
+    get gradients; weight decay 0 and Adam's zero moments then leave every old row exactly as it was."""
+    params = dict(model.base_model.named_parameters())
+    if args.train != "all":
+        params = {name: p for name, p in params.items() if name in new_rows}
+    optimizer = torch.optim.AdamW(params.values(), lr=args.lr, weight_decay=0.0)
+    masks = {name: new_row_mask(p, new_rows[name]) for name, p in params.items() if args.train != "all"}
+    losses = []
+    model.train()
+    for _ in range(args.steps):
+        batch = list(seqs) + ([replay[i] for i in torch.randperm(len(replay))[:args.replay].tolist()]
+                              if args.replay and len(replay) else [])
+        ids, mask = batch_of(batch, pad_id)
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
+        optimizer.zero_grad()
+        loss.backward()
+        for name, keep in masks.items():
+            params[name].grad[~keep] = 0
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
 def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
     """Step 3: fine-tune, and check that (with --train new) no old row of any parameter moved."""
     base = model.base_model
     before = {name: p.detach().clone() for name, p in base.named_parameters()}
-    losses = fine_tune(model, grown["train_seqs"], pad_id, args.steps, args.lr, grown["rows"], old_vocab,
-                       args.train == "all", texts.replay, args.replay)
     new_rows = rows_of_new(grown["rows"], old_vocab)
+    losses = fine_tune(model, grown["train_seqs"], pad_id, args, new_rows, texts.replay)
     unchanged = True
     for name, p in base.named_parameters():
         old = ~new_row_mask(p, new_rows[name]) if name in new_rows else slice(None)
@@ -252,19 +250,24 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
     return {"losses": losses, "old_rows_unchanged": unchanged}
 
 
+def measure(model, grown, texts, pad_id, new_ids) -> dict:
+    """Step 4: perplexity of the held-out new text (all tokens, and the new tokens as targets), its training lines,
+    and the held-out old text."""
+    new, focus = perplexity(model, grown["held_seqs"], pad_id, new_ids)
+    return {"new": new, "focus": focus, "train": perplexity(model, grown["train_seqs"], pad_id)[0],
+            "old": perplexity(model, texts.old_seqs, pad_id)[0]}
+
+
 def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
     """Step 5: save; reload with the package class and as remote code; the logits must be the same."""
-    from transformers import AutoModelForCausalLM
-
     output_dir = args.output_dir or args.model.rstrip("/") + "-grown"
     model.save_pretrained(output_dir)
     tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(output_dir)
     ids, mask = batch_of(held_seqs, pad_id)
     expected = logits_of(model, ids, mask)
-    reloaded = BriLLMForCausalLM.from_pretrained(output_dir).eval()
+    reload_ok = torch.equal(logits_of(BriLLMForCausalLM.from_pretrained(output_dir).eval(), ids, mask), expected)
     remote = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
-    reload_ok = torch.equal(logits_of(reloaded, ids, mask), expected)
     remote_ok = torch.equal(logits_of(remote, ids, mask), expected)
     # in this process the installed package's registered class answers; tests load the folder's own code alone
     print(f"saved to {output_dir}; BriLLMForCausalLM.from_pretrained gives the same logits: {reload_ok}; "
@@ -273,7 +276,7 @@ def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
 
 
 def report(args, before: dict, after: dict, nodes: dict, grown: dict, tuned: dict, texts, model, old):
-    """The lines the run prints about steps 1-4."""
+    """The lines the run prints about steps 1-4; returns the held-out old text's relative change."""
     losses, old_change = tuned["losses"], after["old"] / before["old"] - 1
     print(f"added {nodes['added']} tokens ({', '.join(nodes['new_tokens'])}): V {old['vocab']} -> "
           f"{model.config.vocab_size}; {len(grown['rows'])} edges: {old['edges']:,} -> {model.config.num_edges:,} "
@@ -292,49 +295,3 @@ def report(args, before: dict, after: dict, nodes: dict, grown: dict, tuned: dic
     print(f"old text, held out ({len(texts.old_seqs)} texts): perplexity {before['old']:.3f} -> {after['old']:.3f} "
           f"({100 * old_change:+.2f}%)")
     return old_change
-
-
-def measure(model, grown, texts, pad_id, new_ids) -> dict:
-    """Perplexity of the held-out new text (all tokens, and the new tokens as targets), its training lines, and
-    the held-out old text."""
-    new, focus = perplexity(model, grown["held_seqs"], pad_id, new_ids)
-    return {"new": new, "focus": focus, "train": perplexity(model, grown["train_seqs"], pad_id)[0],
-            "old": perplexity(model, texts.old_seqs, pad_id)[0]}
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    from transformers import AutoTokenizer
-
-    torch.manual_seed(args.seed)
-    model = BriLLMForCausalLM.from_pretrained(args.model).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    old = {"vocab": model.config.vocab_size, "edges": model.config.num_edges}
-    texts = load_texts(args, tokenizer, pad_id)
-    probe_before = logits_of(model, *texts.probe)
-    ppl_old_before = perplexity(model, texts.old_seqs, pad_id)[0]
-
-    nodes = add_nodes(args, model, tokenizer, texts, probe_before)  # 1. nodes
-    grown = add_edges(args, model, tokenizer, texts, pad_id, nodes["probe"])  # 2. edges
-    before = {**measure(model, grown, texts, pad_id, nodes["new_ids"]), "old": ppl_old_before}
-    tuned = fine_tune_new(args, model, texts, grown, pad_id, old["vocab"])  # 3. fine-tune
-    after = measure(model, grown, texts, pad_id, nodes["new_ids"])  # 4. measure
-    old_change = report(args, before, after, nodes, grown, tuned, texts, model, old)
-    saved = save_and_reload(args, model, tokenizer, grown["held_seqs"], pad_id)  # 5. save, reload
-
-    result = {
-        "new_tokens": nodes["new_tokens"], "vocab": [old["vocab"], model.config.vocab_size],
-        "edges": [old["edges"], model.config.num_edges], "nodes_exact": nodes["nodes_exact"],
-        "edges_exact": grown["edges_exact"], "edges_max_diff": grown["edges_diff"],
-        "edges_same_argmax": grown["same_argmax"], "train": args.train, "steps": args.steps,
-        "loss": [tuned["losses"][0], tuned["losses"][-1]], "old_rows_unchanged": tuned["old_rows_unchanged"],
-        "ppl_new_held": [before["new"], after["new"]], "ppl_new_tokens_held": [before["focus"], after["focus"]],
-        "ppl_new_train": [before["train"], after["train"]], "ppl_old_held": [before["old"], after["old"]],
-        "old_change": old_change, **saved,
-    }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return result
-

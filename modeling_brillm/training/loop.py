@@ -12,6 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
+
+from modeling_brillm.recurrence import mix64
+
 from .data import count_targets, split_sentences
 from .fsdp import reshard
 
@@ -26,8 +31,6 @@ def _extra_inputs(batch) -> dict:
 
 def step_seed(seed: int, step: int) -> int:
     """The dropout masks' seed of optimizer step `step` (0-based) of a run seeded `seed`, on every process."""
-    from modeling_brillm.recurrence import mix64
-
     return mix64(seed, step)
 
 
@@ -35,8 +38,6 @@ def dropout_inputs(accelerator, seed: int, micro: int, per_device_batch_size: in
     """The model's `dropout_rows` / `dropout_seed` for micro-batch `micro` of a step on this process. Accelerate deals
     batch k to process k mod W from one order of the blocks, so local row i is row (micro · W + rank) · batch + i of
     the step's global batch: the index the same block has with one process and W times the batch."""
-    import torch
-
     first = (micro * accelerator.num_processes + accelerator.process_index) * per_device_batch_size
     return {"dropout_rows": torch.arange(first, first + rows, device=accelerator.device), "dropout_seed": seed}
 
@@ -46,8 +47,6 @@ class StepKeys:
     micro-batches into the next; `seed` the run's (None: torch's initial seed, read so a run keeps its stream)."""
 
     def keys_from(self, accelerator, per_device_batch_size: int, seed: int | None):
-        import torch
-
         self.keys_accelerator, self.per_device_batch_size = accelerator, per_device_batch_size
         self.seed = torch.initial_seed() if seed is None else seed
         self.steps = self.micro = 0
@@ -74,8 +73,6 @@ class StepResult:
 def _coalesced(grad):
     """A sparse row gradient with its duplicate rows summed. Autograd marks a sum uncoalesced even when its rows are
     unique and increasing (the usual case); then only the flag is set, not a sorted copy of most of the table."""
-    import torch
-
     if grad.is_coalesced():
         return grad
     rows = grad._indices()[0]
@@ -96,8 +93,6 @@ def _square_sum(tensor, chunk: int = 1 << 22):
 def clip_grad_norm_(params, max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` (L2, in place, returns the norm before clipping) that also takes sparse COO
     gradients, coalesced first so the norm is the dense gradient's."""
-    import torch
-
     squares = []
     for p in params:
         grad = p.grad
@@ -127,8 +122,6 @@ class TrainStep(StepKeys):
 
     def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
                  max_grad_norm: float | None, clip: bool, learning_rate: float, seed: int | None = None):
-        import torch
-
         self.accelerator, self.model, self.optimizer, self.lr_scheduler = accelerator, model, optimizer, lr_scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.keys_from(accelerator, per_device_batch_size, seed)
@@ -141,8 +134,6 @@ class TrainStep(StepKeys):
     def __call__(self, batch, step: int | None = None) -> StepResult | None:
         """One micro-batch of optimizer step `step` (the steps completed before it, which key its dropout masks); a
         StepResult when it completed that step, else None."""
-        import torch
-
         acc, model = self.accelerator, self.model
         totals = None
         with acc.accumulate(model):
@@ -182,9 +173,6 @@ class TrainStep(StepKeys):
 def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
     """(mean loss, perplexity, scored tokens) over the validation blocks: the full softmax over all V nodes
     (whatever the training loss), token-weighted, gathered over processes."""
-    import torch
-    import torch.nn.functional as F
-
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for batch in dataloader:
@@ -226,8 +214,6 @@ def choose_prompts(args, raw_validation, used_builtin: bool) -> list[str]:
 
 
 def generate_samples(model, tokenizer, prompts, args, device) -> list[dict]:
-    import torch
-
     out = []
     for i, prompt in enumerate(prompts):
         enc = tokenizer(prompt, return_tensors="pt").to(device)

@@ -8,7 +8,15 @@ import os
 import sys
 from typing import Callable
 
+import psutil
+import torch
+from accelerate.utils import DistributedType
+
+from modeling_brillm.backend import HAVE_TRITON, current_backend
+from modeling_brillm.sharding import sharded_memory
+
 from .errors import UsageError
+from .fsdp import fsdp_on_cpu
 
 MEMORY_ENV = "BRILLM_AVAILABLE_MEMORY_GB"  # pretend this much memory is available (tests, containers)
 
@@ -43,8 +51,6 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
 def sharded_training_memory(config, world_size: int, tokens_per_process: int, moment_bytes: int = 8) -> dict:
     """Bytes one process needs with `--edge_sharding source` (`modeling_brillm.sharding.sharded_memory`, +10%), and
     `whole_model`: the model built whole before sharding (when that does not fit, each process builds its own)."""
-    from modeling_brillm.sharding import sharded_memory
-
     parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size, moment_bytes=moment_bytes)
     parts.pop("total")
     steady = sum(parts.values())
@@ -69,8 +75,6 @@ def keep_freed_memory() -> bool:
 
 def available_memory(accelerator, override_gb: float | None) -> tuple[float, str]:
     """(bytes this process may use, where the figure comes from)."""
-    import torch
-
     if override_gb is None and os.environ.get(MEMORY_ENV):
         try:
             override_gb = float(os.environ[MEMORY_ENV])
@@ -82,7 +86,6 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return float(free), f"free memory of {torch.cuda.get_device_name(device)}"
-    import psutil  # an accelerate dependency
 
     avail, source = psutil.virtual_memory().available, "available RAM (psutil)"
     local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes if accelerator.num_processes else 1))
@@ -94,10 +97,6 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
 def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
     """`training_memory` (or `sharded_training_memory`, over `tokens` per process: by default batch x block) for this
     run's processes, strategy and moments: {"total", "parts"}."""
-    from accelerate.utils import DistributedType
-
-    from .fsdp import fsdp_on_cpu
-
     dist = accelerator.distributed_type
     fsdp = dist == DistributedType.FSDP or fsdp_on_cpu(accelerator)  # on the CPU the script shards (fsdp.py)
     strategy = "fsdp" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
@@ -111,8 +110,6 @@ def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
 
 def check_memory(config, accelerator, args) -> str:
     """Refuse (UsageError) a model whose training state cannot fit; return a line describing the estimate."""
-    import torch
-
     P = config.num_parameters_formula()
     need = state_memory(config, accelerator, args)
     have, source = available_memory(accelerator, args.available_memory_gb)
@@ -142,8 +139,6 @@ CANDIDATE_COPIES = 4  # (candidates, d) float32 buffers of the torch path's cand
 
 def device_facts(device) -> tuple[str, float | None]:
     """(the device's type, the bytes free on it, counting what torch's allocator holds unused; None off CUDA)."""
-    import torch
-
     if device.type != "cuda":
         return device.type, None
     free, _total = torch.cuda.mem_get_info(device)
@@ -154,8 +149,6 @@ def device_facts(device) -> tuple[str, float | None]:
 def successors_per_token(config, graph=None) -> float:
     """The successors a training token's source scores, on average over tokens (the degree weighted by the bigram
     counts; V on a dense graph; the mean degree without counts)."""
-    import torch
-
     V = config.vocab_size
     if config.graph == "dense":
         return float(V)
@@ -178,8 +171,6 @@ def activation_memory(config, tokens: int, successors: float, kernels: bool) -> 
 
 def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
     """blocks -> the bytes one process needs to train with a batch of `blocks`: the state and the activations."""
-    from modeling_brillm.backend import HAVE_TRITON, current_backend
-
     kernels = accelerator.device.type == "cuda" and HAVE_TRITON and current_backend() != "torch"
     successors = successors_per_token(config, graph)
     sharded = getattr(args, "edge_sharding", "none") == "source"
@@ -196,6 +187,5 @@ def agreed_free(accelerator, free: float | None) -> float | None:
     """The least free memory over the processes, so that every process chooses the same batch."""
     if free is None or accelerator.num_processes == 1:
         return free
-    import torch
 
     return float(accelerator.gather(torch.tensor([free], dtype=torch.float64, device=accelerator.device)).min())

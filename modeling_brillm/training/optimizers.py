@@ -95,7 +95,6 @@ def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_dec
                     lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
                     moment_dtype: str = "float32"):
     """The optimizer of `plan` over `model` (before accelerator.prepare); sets model.sparse_gradients to match."""
-
     model.sparse_gradients = plan.sparse_gradients
     if plan.name != "sparse_adamw" and shared_edge_lr_scale != 1.0:
         raise UsageError("--shared_edge_lr_scale needs sparse edge gradients (--optimizer sparse_adamw, or auto in one "

@@ -11,6 +11,12 @@ import argparse
 import json
 import sys
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+import modeling_brillm  # noqa: F401  (registers brillm with AutoModelForCausalLM, for the metric too)
+from modeling_brillm.evaluation import per_text_perplexity, perplexity
+
 
 def read_texts(args) -> list[str]:
     texts = list(args.text or [])
@@ -32,8 +38,6 @@ def read_texts(args) -> list[str]:
 
 def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer, in_process=False):
     """(result, source): the Hub metric when it can be loaded, else (or with in_process) the same steps in-process."""
-    from modeling_brillm.evaluation import per_text_perplexity
-
     if in_process:
         return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
     try:
@@ -45,7 +49,6 @@ def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer
               f"{str(error).splitlines()[0] if str(error) else ''}); it is downloaded from the Hub at run time. "
               "Running the metric's steps in-process instead (same numbers).", file=sys.stderr)
         return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
-    import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = metric.compute(predictions=texts, model_id=model_dir, batch_size=batch_size, add_start_token=True,
@@ -90,11 +93,6 @@ def main(argv=None) -> int:
 
 def score(args) -> dict:
     """Both perplexities of the texts, printed; the --json record."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    import modeling_brillm  # noqa: F401  (registers brillm with AutoModelForCausalLM, for the metric too)
-    from modeling_brillm.evaluation import perplexity
-
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     texts = read_texts(args)

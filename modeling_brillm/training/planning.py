@@ -6,8 +6,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import torch
+from torch.utils.data import DataLoader
+
+from modeling_brillm import BriLLMForCausalLM
+
 from . import memory
 from .checkpoints import read_train_state
+from .data import collate
 from .epochs import seconds_per_step
 from .fsdp import is_fsdp
 from .loop import TrainStep
@@ -53,8 +59,7 @@ def plan_model(args, resolved, data, accelerator, checkpoint=None):
 
 
 def device_batch(args, data, accelerator, checkpoint):
-    """On a CUDA device with no batch given, the batch GPU_STEP_TOKENS chooses (presets.choose_step_batch), before
-    the run's length is planned from it; and the device's free memory (None off a CUDA device)."""
+    """The batch GPU_STEP_TOKENS chooses on a CUDA device where none is given, and the free memory (None off CUDA)."""
     device_type, free = memory.device_facts(accelerator.device)
     saved = read_train_state(checkpoint).get("signature", {}) if checkpoint is not None else {}
     step = choose_step_batch(args, device_type, len(data.train), accelerator.num_processes, saved.get("global_batch"))
@@ -85,9 +90,8 @@ def plan_length_and_config(args, resolved, data, accelerator, checkpoint, step, 
 
 
 def plan_config(args, resolved, data, accelerator, budgeted: bool):
-    """The recipe of this data and run (its auto values) and the config and graph it gives: (config, graph, the
-    graph's count). The training values are the flags' as the plan left them (a GPU's batch, the moments' dtype);
-    sets the rate and `args.recipe_choice`."""
+    """(config, graph, count) of the recipe's auto values for this data and run, with the training values as the
+    plan left them on `args` (a GPU's batch, the moments' dtype); sets `args.recipe_choice`."""
     base = dataclasses.replace(resolved, settings={key: dataclasses.replace(s, value=getattr(args, s.name))
                                                    if s.section == "training" else s
                                                    for key, s in resolved.settings.items()})
@@ -120,8 +124,6 @@ def epochs_in_budget(args, resolved, data, accelerator, step=None, free=None) ->
     """The epochs --max_train_time buys (at most --max_train_steps'): a few steps of the run's batches timed on a
     throwaway model of the data's graph at no planned length (the slowest process's pace), without touching the
     run's random state. A batch the device chose (`step`) is first fitted to the device's `free` memory."""
-    import torch
-
     device = accelerator.device
     config, graph, _ = build_config_and_graph(resolved, data.tokenizer, data.train)
     fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
@@ -139,12 +141,6 @@ def epochs_in_budget(args, resolved, data, accelerator, step=None, free=None) ->
 
 def _time_steps(args, config, graph, data, accelerator) -> float:
     """Seconds per optimizer step of a throwaway model (unprepared: no gradient exchange) on the run's batches."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    from modeling_brillm import BriLLMForCausalLM
-
-    from .data import collate
 
     device = accelerator.device
     plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm, fsdp=is_fsdp(accelerator))

@@ -14,9 +14,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from modeling_brillm import BriLLMConfig, build_sparse_graph
+
+from .data import block_sequences
 from .errors import UsageError
 from .memory import human_bytes
-from .pruning import choose_signal_dropout, decide_min_count
+from .pruning import choose_signal_dropout, decide_min_count, probe_bigrams
 from .recipe import DEFAULT_PRESET, FREE_SHARE, GIVES_WAY, GPU_STEP_TOKENS, RecipeChoice, RunPlan, Setting, load_recipe
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
@@ -176,9 +179,6 @@ def _count_rule(pruned) -> str:
 def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | None = None, say=None):
     """(the choice with its auto values, the blocks' token sequences or None): the probe runs where a count or a
     dropout is "auto" (then the sequences it read come back for the graph). `say` gets what the data chose."""
-    from .data import block_sequences
-    from .pruning import probe_bigrams
-
     auto = (_get(choice, "model.graph") != "dense" and _get(choice, "training.min_bigram_count") == "auto"
             or _get(choice, "model.signal_dropout") == "auto")
     probe = sequences = None
@@ -198,10 +198,6 @@ def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | N
 def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=None):
     """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary and
     special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count."""
-    from modeling_brillm import BriLLMConfig, build_sparse_graph
-
-    from .data import block_sequences
-
     V = len(tokenizer)
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id, unk_token_id=tokenizer.unk_token_id)

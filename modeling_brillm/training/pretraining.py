@@ -1,14 +1,6 @@
-"""Pretraining BriLLM with accelerate: what `examples/pretrain.py` runs, as one sequence of named steps (`run`).
-
-1. settings: the default preset < `--config` (or `--recipe`) < the flags (presets.resolve_settings), checked;
-2. data: `--train_file`/`--validation_file`, `--dataset_name`, or the text embedded in every CPython install; the
-   tokenizer (loaded or trained); blocks of `--block_size` tokens (data.py);
-3. the plan: the batch on a GPU, the run's length, the recipe's auto values for it, the config and graph, the
-   memory check (planning.py);
-4. the model, its optimizer and loaders prepared by accelerate (DDP, FSDP) or sharded by source node;
-5. the epoch loop with validation, the best model and atomic checkpoints that resume exactly (epochs.py);
-6. the final validation, the Hugging Face folder with its model card and recipe.json, a few continuations,
-   `--push_to_hub`.
+"""Pretraining BriLLM with accelerate: what examples/pretrain.py runs, one sequence of named steps (`run`): the
+settings (presets.resolve_settings), the data and tokenizer (data.py), the plan (planning.py), the model prepared by
+accelerate or sharded by source node, the epoch loop (epochs.py), the final folder, its card and `--push_to_hub`.
 """
 
 from __future__ import annotations
@@ -17,7 +9,13 @@ import json
 import math
 import os
 import sys
+import time
 from types import SimpleNamespace
+
+import torch
+from torch.utils.data import DataLoader
+
+from modeling_brillm import BriLLMForCausalLM
 
 from .arguments import check_args, parse_args
 from .best import BestModel
@@ -89,8 +87,7 @@ def main(argv=None) -> int:
 
 # ---------------------------------------------------------------------------------------------- the steps
 def settle(args):
-    """The run's settings (presets.resolve_settings), the checks that need no data, the optimizer name the
-    sharding allows; returns the resolved settings (their auto values still to choose)."""
+    """The run's settings (their auto values still to choose), checked where no data is needed."""
     args.shared_rate_from_preset = args.shared_edge_lr_scale is None  # a preset or default rate yields to dense AdamW
     resolved = resolve_settings(args)
     check_args(args, resolved.value("model", "max_position_embeddings"))
@@ -129,8 +126,6 @@ def load_data(args, resolved, accelerator, out_dir, checkpoint):
 
 def build_model(args, config, graph, accelerator):
     """The model on every process, or None when a sharded run must build each process's shard directly."""
-    from modeling_brillm import BriLLMForCausalLM
-
     if args.sharding and not whole_model_fits(config, accelerator, args):
         accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
                           "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
@@ -141,8 +136,6 @@ def build_model(args, config, graph, accelerator):
 
 def make_loaders(args, data, accelerator):
     """Training loader (shuffled, whole batches) and validation loader (None without validation blocks)."""
-    from torch.utils.data import DataLoader
-
     W = accelerator.num_processes
     if len(data.train) < args.per_device_train_batch_size * W:
         raise UsageError(f"{len(data.train)} training blocks cannot fill one global batch of "
@@ -157,8 +150,6 @@ def make_loaders(args, data, accelerator):
 
 def prepare_model_and_optimizer(args, model, plan, loaders, config, graph, checkpoint, accelerator):
     """The optimizer, and everything handed to accelerate (or sharded by source node)."""
-    import torch
-
     train_loader, eval_loader = loaders
     options = dict(lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
                    shared_edge_lr_scale=args.shared_edge_lr_scale, moment_dtype=args.moment_dtype)
@@ -266,8 +257,6 @@ def start_summary(args, config, data, accelerator) -> dict:
 
 def evaluate_before(job: Job, summary: dict):
     """Validation of the untrained model (step 0 of the log and the card's 'before' figure)."""
-    import time
-
     started = time.time()
     loss0, ppl0, n0 = job.evaluate(job.model, job.eval_loader, job.accelerator)
     job.accelerator.print(f"step 0: validation loss {loss0:.4f}, perplexity {ppl0:,.1f} ({n0:,} tokens, "

@@ -8,6 +8,11 @@ import argparse
 import os
 import sys
 
+from huggingface_hub import HfApi
+from huggingface_hub.constants import HF_HUB_OFFLINE
+
+from modeling_brillm.model_card import check_hub_ready, write_model_card
+
 from .checkpoints import TMP_PREFIX
 from .data import HELD_OUT
 from .errors import UsageError
@@ -41,8 +46,6 @@ def write_training_card(out_dir, model, tokenizer, args, summary: dict, descript
                         optimizer: str | None = None) -> str:
     """README.md of a trained folder: metadata (library_name, pipeline_tag, tags, datasets, the final validation
     perplexity as a model-index metric), the run's facts and a usage snippet. Returns its path."""
-    from modeling_brillm.model_card import write_model_card
-
     ids, text, held = data_facts(args, description)
     metrics = {"perplexity": round(summary["perplexity"], 4)} if "perplexity" in summary else None
     training = {
@@ -66,8 +69,6 @@ def write_training_card(out_dir, model, tokenizer, args, summary: dict, descript
 def push_folder(out_dir, repo_id: str, token: str | None, message: str, before_upload=None) -> str:
     """Create (or reuse) the Hub repository and upload `out_dir` without its checkpoints; returns the full repo
     id. `before_upload(repo_id)` runs once the full id (with namespace) is known, e.g. to rewrite the card."""
-    from huggingface_hub import HfApi
-
     try:
         api = HfApi(token=token)
         repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
@@ -123,8 +124,6 @@ def push_main(argv=None) -> int:
 
 def prepare_folder(args):
     """The model card written where the folder has none (or --rewrite_card); ValueError unless it is Hub-ready."""
-    from modeling_brillm.model_card import check_hub_ready, write_model_card
-
     folder = args.model
     if not os.path.isdir(folder):
         raise ValueError(f"{folder} is not a folder: save the model with save_pretrained first.")
@@ -148,9 +147,6 @@ def prepare_folder(args):
 
 
 def upload(args) -> int:
-    from huggingface_hub import HfApi
-    from huggingface_hub.constants import HF_HUB_OFFLINE
-
     if HF_HUB_OFFLINE:
         print("error: offline (HF_HUB_OFFLINE is set): nothing uploaded. The folder is Hub-ready; run again with "
               "network access.", file=sys.stderr)
