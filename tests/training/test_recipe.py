@@ -92,6 +92,20 @@ def test_every_number_is_defined_once_and_listed():
     assert all(rule.why and rule.evidence for rule in RULES)
 
 
+def test_a_preset_states_only_what_it_changes_and_why():
+    """Every shipped preset states settings that differ from the default preset, each with a reason; a stated batch
+    may equal the default's, since stating it also keeps a GPU from choosing its own (GPU_STEP_TOKENS)."""
+    for name in presets.known_presets():
+        data = json.loads((presets.PRESET_DIR / f"{name}.json").read_text(encoding="utf-8"))
+        for section in ("model", "tokenizer", "training"):
+            values = data.get(section, {})
+            stated = {k: v for k, v in values.items() if not k.startswith("_")}
+            assert set(values.get("_why", {})) == set(stated), (name, section)
+            for key, value in stated.items():
+                full = f"{section}.{key}"
+                assert full == presets.STEP_BATCH or recipe.DEFAULT_PRESET[full].value != value, (name, full)
+
+
 def test_the_released_model_is_the_config_default_and_the_recipe_turns_on_the_extensions_that_earn_their_place():
     from modeling_brillm import BriLLMConfig
 
