@@ -80,8 +80,7 @@ def _shared_tensors(sharded, optimizer) -> dict:
 
 def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
     """(owners (V,), process count) a checkpoint was saved with, or None for a folder without a sharded one."""
-    path = os.path.join(directory, SHARED_FILE)
-    if not os.path.exists(path):
+    if not os.path.exists(path := os.path.join(directory, SHARED_FILE)):
         return None
     with safe_open(path, "pt") as f:
         return f.get_tensor("owners"), int((f.metadata() or {}).get("world_size", "0"))
@@ -105,8 +104,13 @@ def load_shard(sharded, directory, optimizer=None):
         targets = [(n, getattr(m, n)) for n in names] + [
             (f"{n}.{k}", v) for n in names for k, v in states.get(n, {}).items() if k in ROW_STATE]
         _read_rows(sharded.table, files, targets, directory)
+    # the state where SparseAdamW keeps it: the step and lazy decay on the CPU, the moments in the group's dtype
     for name, st in states.items():
-        _install_state(optimizer, getattr(m, name), st)
+        p = getattr(m, name)
+        group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+        st["step"] = st["step"].to(p.device if group.get("fused") else "cpu")
+        optimizer.state[p] = {k: (v.to(p.device, group_moment_dtype(group)) if k in MOMENTS else v)
+                              for k, v in st.items()}
 
 
 def _read_shared(sharded, directory) -> tuple[dict, int]:
@@ -172,15 +176,6 @@ def _copy_blocks(targets, slices, blocks):
     for key, t in targets:
         for first, n, local in blocks:
             t[local:local + n].copy_(slices[key][first:first + n])
-
-
-def _install_state(optimizer, p, st: dict):
-    """The state where SparseAdamW keeps it: the step and lazy-decay state on the CPU, the moments in the group's
-    dtype (bfloat16 moments were saved as such: exact)."""
-    group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
-    st["step"] = st["step"].to(p.device if group.get("fused") else "cpu")
-    moment = group_moment_dtype(group)
-    optimizer.state[p] = {k: (v.to(p.device, moment) if k in MOMENTS else v) for k, v in st.items()}
 
 
 def load_full_state_dict(sharded, path):

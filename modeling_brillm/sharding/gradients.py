@@ -28,10 +28,6 @@ def reduce_gradients(base_model, row_names, transport):
         done(summed)
 
 
-def _flag(p, value: bool) -> torch.Tensor:
-    return torch.tensor([float(value)], device=p.device)
-
-
 def _sparse(p, rows, values, **kw) -> torch.Tensor:  # rows valid by construction
     return torch.sparse_coo_tensor(rows.view(1, -1), values, p.shape, check_invariants=False, **kw)
 
@@ -42,29 +38,23 @@ def _shared_row(p, parts: list, finish: list):
     g = p.grad
     if g is not None and not g.is_sparse:
         raise RuntimeError("ShardedBriLLM expects sparse gradients for its edge table.")
-    pos = (g._indices()[0] == 0).nonzero().flatten() if g is not None else None
-    hit = pos is not None and bool(pos.numel())
-    total = g._values().index_select(0, pos).sum(0) if hit else torch.zeros(p.shape[1:], device=p.device)
-    parts.append(torch.cat([total.reshape(-1).float(), _flag(p, hit)]))
-    finish.append(lambda summed: _put_shared_row(p, summed[:-1], pos if hit else None, float(summed[-1]) > 0))
+    pos = (g._indices()[0] == 0).nonzero().flatten() if g is not None else torch.zeros(0, dtype=torch.long)
+    total = g._values().index_select(0, pos).sum(0) if pos.numel() else torch.zeros(p.shape[1:], device=p.device)
+    parts.append(torch.cat([total.reshape(-1).float(), torch.tensor([float(pos.numel() > 0)], device=p.device)]))
 
+    def done(summed):
+        row, g = summed[:-1].view(1, *p.shape[1:]), p.grad
+        if pos.numel():  # the first row-0 entry holds the global sum, the others (duplicates) become zero
+            g._values()[pos[0]].copy_(row[0])
+            g._values().index_fill_(0, pos[1:], 0.0)
+        elif float(summed[-1]) > 0:  # touched elsewhere: row 0 first keeps sorted rows sorted (SparseAdamW's fast path)
+            zero = torch.zeros(1, dtype=torch.long, device=p.device)
+            p.grad = _sparse(p, zero, row) if g is None else _sparse(
+                p, torch.cat([zero, g._indices()[0]]), torch.cat([row, g._values()]), is_coalesced=g.is_coalesced())
+        elif g is None:  # every table counts every step, as one process's does: an empty gradient
+            p.grad = _sparse(p, torch.zeros(0, dtype=torch.long, device=p.device), row[:0])
 
-def _put_shared_row(p, summed: torch.Tensor, pos: torch.Tensor | None, touched_anywhere: bool):
-    g = p.grad
-    if pos is not None:  # the first row-0 entry holds the global sum, the others (duplicates) become zero
-        values = g._values()
-        values[pos[0]].copy_(summed.view_as(values[0]))
-        if pos.numel() > 1:
-            values.index_fill_(0, pos[1:], 0.0)
-    elif touched_anywhere:  # row 0 first keeps sorted rows sorted (SparseAdamW's fast path)
-        rows, values = [torch.zeros(1, dtype=torch.long, device=p.device)], [summed.view(1, *p.shape[1:])]
-        if g is not None:
-            rows.append(g._indices()[0])
-            values.append(g._values())
-        p.grad = _sparse(p, torch.cat(rows), torch.cat(values), is_coalesced=g is None or g.is_coalesced())
-    elif g is None:  # every table counts every step, as one process's does: an empty gradient
-        p.grad = _sparse(p, torch.zeros(0, dtype=torch.long, device=p.device),
-                         torch.zeros(0, *p.shape[1:], device=p.device))
+    finish.append(done)
 
 
 def _sparse_rows(p, parts: list, finish: list):
@@ -73,9 +63,8 @@ def _sparse_rows(p, parts: list, finish: list):
     dense = torch.zeros(V, k + 1, device=p.device)
     if p.grad is not None:
         g = p.grad.coalesce()
-        idx = g._indices()[0]
-        dense[:, :k].index_add_(0, idx, g._values().reshape(-1, k))
-        dense[idx, k] = 1.0
+        dense[:, :k].index_add_(0, g._indices()[0], g._values().reshape(-1, k))
+        dense[g._indices()[0], k] = 1.0
     parts.append(dense)
 
     def done(summed):
@@ -89,30 +78,25 @@ def _sparse_rows(p, parts: list, finish: list):
 
 def _dense(p, parts: list, finish: list):
     """A replicated parameter whose one-process gradient is dense: its sum wherever any process had one."""
-    has = p.grad is not None
-    parts.append(torch.cat([(p.grad.reshape(-1) if has else torch.zeros(p.numel(), device=p.device)).float(),
-                            _flag(p, has)]))
+    grad = p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device)
+    parts.append(torch.cat([grad.float(), torch.tensor([float(p.grad is not None)], device=p.device)]))
     finish.append(lambda summed: setattr(p, "grad", summed[:-1].view_as(p).to(p.dtype).clone()
                                          if float(summed[-1]) > 0 else None))
 
 
 def clip_grad_norm_(base_model, row_names, transport, parameters, max_norm: float) -> float:
-    """Clip every gradient by the global L2 norm as `torch.nn.utils.clip_grad_norm_` does in one process; returns
-    that norm (before clipping), the same on every process. Each owner adds its own rows' squared norms, rank 0
-    the replicated parameters' (identical everywhere after the reduction); one all-reduce of that scalar."""
+    """`torch.nn.utils.clip_grad_norm_` of one process: each owner's rows' squared norms, rank 0's replicated ones
+    (the same everywhere once reduced), one all-reduce; returns the norm before clipping, the same everywhere."""
     owned = torch.zeros((), dtype=torch.float64, device=base_model.node_bias.device)
     replicated = torch.zeros_like(owned)
     for name in row_names:
-        grad = getattr(base_model, name).grad
-        if grad is not None:
-            rows, squares = _row_squares(grad)
+        if getattr(base_model, name).grad is not None:
+            rows, squares = _row_squares(getattr(base_model, name).grad)
             replicated += squares[rows == 0].sum()
             owned += squares[rows != 0].sum()
     for _, p in replicated_parameters(base_model, row_names):
-        if p.grad is not None:
-            replicated += _row_squares(p.grad)[1].sum()
-    total = owned + replicated if transport.rank == 0 else owned
-    norm = float(transport.all_reduce(total.reshape(1))[0].sqrt())
+        replicated += _row_squares(p.grad)[1].sum() if p.grad is not None else 0.0
+    norm = float(transport.all_reduce((owned + replicated if transport.rank == 0 else owned).reshape(1))[0].sqrt())
     coef = min(max_norm / (norm + 1e-6), 1.0)
     if coef < 1.0:
         for p in parameters:
@@ -126,8 +110,7 @@ def _row_squares(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not grad.is_sparse:
         flat = grad.detach().reshape(grad.shape[0], -1) if grad.dim() else grad.detach().reshape(1, 1)
         return torch.arange(flat.shape[0], device=grad.device), _squares(flat)
-    rows = grad._indices()[0]
-    values = grad._values().detach().reshape(rows.numel(), -1)
+    rows, values = grad._indices()[0], grad._values().detach().reshape(grad._nnz(), -1)
     squares = _squares(values)
     if rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all()):
         return rows, squares

@@ -1,6 +1,5 @@
-"""`ShardedBriLLM`. Its forward is the model's own code through two hooks: `BriLLMModel.run_signals(...,
-edge_fetch=...)` (the recurrence, the rows fetched from their owners) and `BriLLMModel.score(...)` (on the owner of
-each position's source, over its local blocks: the energies, readout, count prior and loss of one process)."""
+"""`ShardedBriLLM`: the model's own code through two hooks, `BriLLMModel.run_signals(..., edge_fetch=...)` (the rows
+fetched from their owners) and `BriLLMModel.score(...)` (on the owner of each position's source, its local blocks)."""
 
 from __future__ import annotations
 
@@ -23,14 +22,10 @@ from .transport import Transport
 
 @dataclass
 class ShardedOutput:
-    """`loss`: the token-weighted mean over the global batch (its gradient: this process's share); `num_targets`:
-    scored positions in the global batch, `local_targets` in this process's sequences, `owned_targets` scored
-    here, as the owner of their sources."""
-
-    loss: torch.Tensor
-    num_targets: int
-    local_targets: int
-    owned_targets: int = 0
+    loss: torch.Tensor  # the token-weighted mean over the global batch (its gradient: this process's share)
+    num_targets: int  # scored positions in the global batch
+    local_targets: int  # of them, in this process's sequences
+    owned_targets: int = 0  # scored here, as the owner of their sources
 
 
 class ShardedBriLLM(nn.Module):
@@ -53,9 +48,8 @@ class ShardedBriLLM(nn.Module):
     @classmethod
     def from_config(cls, config, graph=None, owners=None, group=None, seed: int = 0, source_counts=None,
                     device=None) -> "ShardedBriLLM":
-        """A freshly initialised sharded model that never builds the full edge table (for graphs that do not fit
-        one process). Every source's block is drawn from a generator seeded by (seed, source), so the
-        initialisation is the same for any process count (but not the one of `BriLLMForCausalLM(config)`)."""
+        """A fresh sharded model that never builds the whole edge table: each source's block drawn from a generator
+        seeded by (seed, source), the same for any process count (not `BriLLMForCausalLM(config)`'s)."""
         with torch.device("meta"):
             model = BriLLMForCausalLM(config)
         m, device, r, d = model.base_model, torch.device(device or "cpu"), config.initializer_range, config.node_size
@@ -112,11 +106,18 @@ class ShardedBriLLM(nn.Module):
     @exact_precision
     def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None,
                 signal_ids=None, dropout_rows=None, dropout_seed: int | None = None) -> ShardedOutput:
-        """The loss of the global batch: every process passes its own sequences, as often as the others. `loss_type`
-        overrides the config's; `signal_ids`, `dropout_rows` (the rows' indices in the global batch) and
-        `dropout_seed` as in `BriLLMForCausalLM.forward`."""
+        """The loss of the global batch, every process passing its own sequences as often as the others; the keywords
+        as in `BriLLMForCausalLM.forward` (`dropout_rows`: the rows' indices in the global batch)."""
         m, loss_type = self.model.base_model, loss_type or self.config.loss_type
-        self._check(labels, input_ids, loss_type)
+        if labels is None:
+            raise ValueError("ShardedBriLLM computes the training loss only: pass labels (for logits or generation, "
+                             "use export_model() on rank 0).")
+        if loss_type not in ("exact", "sampled"):
+            raise ValueError(f"loss_type must be 'exact' or 'sampled', got {loss_type!r}.")
+        if loss_type == "sampled" and m.non_edge_bias is not None:  # BriLLMConfig.check's refusal
+            raise ValueError("non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the "
+                             "non-successors).")
+        check_labels(labels, input_ids)
         self._link = EdgeGradLink() if torch.is_grad_enabled() else None
         self._unreduced = self._unreduced or torch.is_grad_enabled()
         anchors = []
@@ -142,17 +143,6 @@ class ShardedBriLLM(nn.Module):
         return ShardedOutput(loss=loss, num_targets=int(totals[1]), local_targets=int(b_idx.numel()),
                              owned_targets=int(meta.shape[0]))
 
-    def _check(self, labels, input_ids, loss_type: str):
-        if labels is None:
-            raise ValueError("ShardedBriLLM computes the training loss only: pass labels (for logits or generation, "
-                             "use export_model() on rank 0).")
-        if loss_type not in ("exact", "sampled"):
-            raise ValueError(f"loss_type must be 'exact' or 'sampled', got {loss_type!r}.")
-        if loss_type == "sampled" and self.model.base_model.non_edge_bias is not None:  # as BriLLMConfig.check
-            raise ValueError("non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the "
-                             "non-successors).")
-        check_labels(labels, input_ids)
-
     def _owner_loss(self, x: torch.Tensor, meta: torch.Tensor, loss_type: str) -> torch.Tensor:
         """Sum of the losses of the positions whose sources this process owns: the model's own scoring over the
         owned blocks."""
@@ -168,8 +158,7 @@ class ShardedBriLLM(nn.Module):
         self._unreduced = False
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip every gradient by the global L2 norm as one process clips (after `reduce_gradients()`); returns the
-        norm before clipping, the same on every process."""
+        """Clip by the global norm, as one process clips (after `reduce_gradients()`); returns the norm."""
         if self._unreduced:
             raise RuntimeError("ShardedBriLLM.clip_grad_norm_: call reduce_gradients() first (after backward): the "
                                "replicated gradients are still this process's share, not the global sum.")

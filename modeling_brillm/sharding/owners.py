@@ -19,18 +19,15 @@ def graph_csr(model) -> tuple[torch.Tensor, torch.Tensor | None]:
 def source_costs(model, source_counts: torch.Tensor | None = None) -> torch.Tensor:
     """Expected work of every source node, float64 (V,): (uses + 1) x (real successors + 1), the uses from
     `source_counts` (V,) when given, else the graph's bigram counts (a dense graph without counts: all alike)."""
-    V = model.config.vocab_size
-    indptr, _ = graph_csr(model)
-    degree = indptr.diff()
+    V, degree = model.config.vocab_size, graph_csr(model)[0].diff()
+    uses = torch.zeros(V, dtype=torch.float64)
     if source_counts is not None:
         uses = torch.as_tensor(source_counts, dtype=torch.float64).cpu()
         if uses.shape != (V,):
             raise ValueError(f"source_counts must have shape ({V},), got {tuple(uses.shape)}.")
     elif model.config.graph == "sparse":
         src = torch.repeat_interleave(torch.arange(V), degree)
-        uses = torch.zeros(V, dtype=torch.float64).index_add_(0, src, model.base_model.graph_counts.cpu().double())
-    else:
-        uses = torch.zeros(V, dtype=torch.float64)
+        uses.index_add_(0, src, model.base_model.graph_counts.cpu().double())
     return (uses + 1) * (degree.double() + 1)
 
 
@@ -74,9 +71,8 @@ def check_assignment(owners: torch.Tensor, degree: torch.Tensor, world_size: int
 
 def sharded_memory(config, world_size: int, global_tokens: int = 8192, imbalance: float = 1.25,
                    optimizer_state: bool = True, moment_bytes: int = 8) -> dict:
-    """Bytes per process of the source-sharded path in fp32, by part: an upper estimate for the busiest process,
-    whose share of the positions is the global batch's (`global_tokens`) / world size x `imbalance`.
-    `moment_bytes`: the two AdamW moments per parameter (8 in float32, 4 in bfloat16)."""
+    """Bytes per process in fp32, by part, for the busiest one (its positions: `global_tokens` / world size x
+    `imbalance`); `moment_bytes`: the two AdamW moments per parameter (8 in float32, 4 in bfloat16)."""
     V, d, P = config.vocab_size, config.node_size, config.num_edge_rows
     row = 4 * (d * d + d)
     degree = V if config.graph == "dense" else max(1, (P - 1) // max(V, 1))

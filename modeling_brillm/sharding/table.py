@@ -78,9 +78,8 @@ class LocalTable(nn.Module):
             setattr(base_model, name, nn.Parameter(rows))
 
     def fetch(self, base_model, transport, rows: torch.Tensor, link, anchors: list) -> list[torch.Tensor]:
-        """`edge_fetch` for the recurrence: of the (B, L) global `rows`, one (B, L, *row shape) tensor per
-        row-indexed parameter, from their owners (unique rows: ids there, rows back; their gradients back the same
-        way). `anchors` collects what was received, for the loss to keep in the graph."""
+        """`edge_fetch`: one (B, L, *row shape) tensor per row-indexed parameter of the (B, L) global `rows`, from their
+        owners (ids there, rows back, gradients back again); `anchors` collects what arrived, for the loss's graph."""
         params = [getattr(base_model, name) for name in self.names]
         uniq, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
         dest = torch.where(uniq > 0, self.owners[self.source_of_rows(uniq.clamp_min(1))],

@@ -35,16 +35,6 @@ def is_fsdp(accelerator, environ=os.environ) -> bool:
     return accelerator.distributed_type.value == "FSDP" or fsdp_on_cpu(accelerator, environ)
 
 
-def fsdp_plugin(accelerator):
-    """accelerate's FSDP plugin of the launch's `fsdp_config` (FSDP_* variables), with its mixed precision."""
-    from accelerate.utils import FullyShardedDataParallelPlugin
-
-    plugin = FullyShardedDataParallelPlugin()
-    if accelerator.mixed_precision != "no":
-        plugin.set_mixed_precision(accelerator.mixed_precision)
-    return plugin
-
-
 def shard_model(model, plugin, num_processes: int):
     """`fully_shard` the modules the plugin's wrap policy picks (none under NO_WRAP), then the whole model, over a
     CPU mesh of `num_processes`, as accelerate's `fsdp2_prepare_model` does on GPUs; in place."""
@@ -67,8 +57,11 @@ def prepare_on_cpu(accelerator, model, make_optimizer, train_loader, eval_loader
     """Shard `model` with FSDP2 on the CPU, build its optimizer (`make_optimizer(model)`) over the shards, prepare
     the loaders, hook both into the accelerator's checkpoints: (model, optimizer, train_loader, eval_loader)."""
     from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import FullyShardedDataParallelPlugin
 
-    plugin = fsdp_plugin(accelerator)
+    plugin = FullyShardedDataParallelPlugin()  # the launch's fsdp_config, from the FSDP_* variables
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
     shard_model(model, plugin, accelerator.num_processes)
     held = sum(p.to_local().numel() for p in model.parameters())
     accelerator.print(f"FSDP2 on the CPU (torch's fully_shard over {accelerator.num_processes} processes): the main "

@@ -15,6 +15,7 @@ from .memory import available_memory, sharded_training_memory
 from .optimizers import BETAS, EPS
 
 EDGE_SHARDINGS = ("none", "source")
+_EVAL_KEYS = ("input_ids", "attention_mask", "labels", "signal_ids")
 
 
 def resolve_optimizer(edge_sharding: str, optimizer: str | None) -> str:
@@ -55,9 +56,8 @@ def whole_model_fits(config, accelerator, args) -> bool:
 
 
 def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, seed: int = 0):
-    """Shard `model` (built identically on every process) by source node, or with `model=None` build the shards
-    from `config` / `graph` (`ShardedBriLLM.from_config`). A checkpoint saved with this process count keeps its
-    assignment; another count gets a fresh balanced one."""
+    """Shard `model` (the same on every process), or with `model=None` build the shards from `config` / `graph`; a
+    checkpoint of this process count keeps its assignment, another count gets a fresh balanced one."""
     owners = None
     if checkpoint is not None:
         saved = ShardedBriLLM.saved_assignment(checkpoint)
@@ -73,8 +73,7 @@ def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, 
 
 def build_sharded_optimizer(sharded, learning_rate: float, weight_decay: float, *, moment_dtype: str = "float32",
                             **options):
-    """SparseAdamW over the shards with the one-process optimizer's groups and recipe options (`options`:
-    lazy_weight_decay, shared_edge_lr_scale, node_lr_scale)."""
+    """SparseAdamW over the shards with one process's groups and recipe options (`parameter_groups`)."""
     return SparseAdamW(sharded.parameter_groups(weight_decay, learning_rate, **options), lr=learning_rate,
                        betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
 
@@ -91,10 +90,9 @@ def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
 
 
 class ShardedTrainStep(StepKeys):
-    """`loop.TrainStep` for a `ShardedBriLLM`: every process backpropagates (global mean of this micro-batch) x
-    (its global targets) / ref; at the last micro-batch the replicated gradients are all-reduced, every gradient
-    is multiplied by ref / (the accumulation's targets), giving the gradient of the global batch's mean, and
-    clipped by the global norm to `max_grad_norm` (None or 0: no clipping), as `TrainStep` in one process."""
+    """`loop.TrainStep` for a `ShardedBriLLM`: each micro-batch backpropagates its global mean x its targets / ref; the
+    last one's step all-reduces the replicated gradients, rescales every gradient to the mean over the global batch
+    (x ref / the accumulation's targets) and clips them by the global norm (`max_grad_norm`; None or 0: no)."""
 
     def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int,
                  block_size: int, learning_rate: float, max_grad_norm: float | None = None,
@@ -144,28 +142,22 @@ class ShardedTrainStep(StepKeys):
 
 
 def evaluate_sharded(sharded, dataloader, accelerator) -> tuple[float, float, int]:
-    """(mean loss, perplexity, scored tokens) over the validation blocks, as `loop.evaluate`. `dataloader` is not
-    prepared: every process reads every batch and scores its share of the rows (a process left without rows, where
-    a batch has fewer rows than processes, scores a one-token row with no target), so no block counts twice."""
-    W, rank = accelerator.num_processes, accelerator.process_index
-    total, count = 0.0, 0
+    """(mean loss, perplexity, scored tokens) as `loop.evaluate`, from an unprepared `dataloader`: each process scores
+    its share of every batch's rows (with none, where a batch has fewer rows than processes, a row with no target)."""
+    total, count, dev = 0.0, 0, accelerator.device
     sharded.eval()
     for batch in dataloader:
-        rows = torch.arange(batch["input_ids"].shape[0]).tensor_split(W)[rank]
-        ids, mask, labels = (batch[k][rows] for k in ("input_ids", "attention_mask", "labels"))
-        extra = {k: v[rows] for k, v in _extra_inputs(batch).items()}
+        rows = torch.arange(batch["input_ids"].shape[0]).tensor_split(accelerator.num_processes)
+        rows = rows[accelerator.process_index]
+        part = {k: v[rows] for k, v in batch.items() if k in _EVAL_KEYS}  # the model's inputs (`_extra_inputs`)
         if rows.numel() == 0:
-            ids, mask = batch["input_ids"][:1, :1], batch["attention_mask"][:1, :1].clamp_min(1)
-            labels = torch.full_like(ids, -100)
-            extra = {k: v[:1] for k, v in _extra_inputs(batch).items()}
-        dev = accelerator.device
+            part = {k: v[:1, :1] if v.dim() > 1 else v[:1] for k, v in batch.items() if k in _EVAL_KEYS}
+            part["attention_mask"] = part["attention_mask"].clamp_min(1)
+            part["labels"] = torch.full_like(part["labels"], -100)
         with torch.no_grad():
-            out = sharded(ids.to(dev), mask.to(dev), labels=labels.to(dev), loss_type="exact",
-                          **{k: v.to(dev) for k, v in extra.items()})
-        total += float(out.loss) * out.num_targets
-        count += out.num_targets
+            out = sharded(loss_type="exact", **{k: v.to(dev) for k, v in part.items()})
+        total, count = total + float(out.loss) * out.num_targets, count + out.num_targets
     sharded.train()
     if count == 0:
         return float("nan"), float("nan"), 0
-    loss = total / count
-    return loss, math.exp(min(loss, 700.0)), count
+    return total / count, math.exp(min(total / count, 700.0)), count
