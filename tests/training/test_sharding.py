@@ -1,4 +1,4 @@
-"""Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
+"""Source-sharded training (modeling_brillm/sharding/): same losses and parameters as one process with
 SparseAdamW and gradient clipping on the same global batch (learned start signals too; the whole recipe:
 non_edge_bias, node readout, edge back-off, node vectors, the count prior, node and shared-edge learning-rate
 scales, lazy weight decay), checkpoints that resume on another process count, clear errors.
