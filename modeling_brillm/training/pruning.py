@@ -85,9 +85,8 @@ class BigramProbe:
 
 def probe_bigrams(sequences, vocab_size: int, runs: int = RUNS, probe_every: int = PROBE_EVERY,
                   recurrence: float = RECURRENCE) -> BigramProbe:
-    """The held-out estimate (steps 1 to 3 of the module) and the bigram counts of these training sequences (int64
-    token tensors in data order). `runs`, `probe_every`, `recurrence`: the probe's numbers (an ablation varies
-    them; the recipe keeps recipe.py's)."""
+    """The held-out estimate and the bigram counts of these training sequences (int64 token tensors in data order);
+    an ablation varies the probe's numbers, the recipe keeps recipe.py's."""
     sequences = list(sequences)
     keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
     held_out = _held_out_choice(sequences, vocab_size, runs, probe_every, recurrence)
@@ -96,15 +95,14 @@ def probe_bigrams(sequences, vocab_size: int, runs: int = RUNS, probe_every: int
 
 def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = None,
                      epochs_grow_with_pruning: bool = False) -> PruningChoice:
-    """The `min_bigram_count` for these training sequences (int64 token tensors in data order); see the module.
-    `planned_epochs`: the run's length in epochs (None: not known, taken as one pass); with
-    `epochs_grow_with_pruning` it is the length of a run with a time budget at the least count the rule allows."""
+    """`decide_min_count` of the probe of these training sequences."""
     return decide_min_count(probe_bigrams(sequences, vocab_size), planned_epochs, epochs_grow_with_pruning)
 
 
 def decide_min_count(probe: BigramProbe, planned_epochs: float | None = None,
                      epochs_grow_with_pruning: bool = False) -> PruningChoice:
-    """`choose_min_count` from the probe of the sequences."""
+    """The count for a run of `planned_epochs` (None: not known, one pass); `epochs_grow_with_pruning`: a time
+    budget's run, whose epochs are those at the least count the rule allows."""
     if planned_epochs is not None and planned_epochs <= 0:
         raise ValueError(f"planned_epochs must be positive, got {planned_epochs}")
     held, keys, counts = probe.held_out, probe.keys, probe.counts
@@ -146,7 +144,7 @@ def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int
 
 def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: int,
                      recurrence: float) -> PruningChoice:
-    """The held-out estimate of the module docstring (steps 1 to 3)."""
+    """The held-out estimate: the data count c0, the recurrence of each count class, the novelty at c0."""
     n = len(sequences)
     run = max(1, -(-n // runs))
     fit = [s for i, s in enumerate(sequences) if (i // run) % probe_every != probe_every - 1]

@@ -8,8 +8,7 @@ import argparse
 import os
 import sys
 
-from huggingface_hub import HfApi
-from huggingface_hub.constants import HF_HUB_OFFLINE
+import huggingface_hub  # read at call time: HfApi and HF_HUB_OFFLINE as they are then
 
 from modeling_brillm.model_card import check_hub_ready, write_model_card
 
@@ -70,7 +69,7 @@ def push_folder(out_dir, repo_id: str, token: str | None, message: str, before_u
     """Create (or reuse) the Hub repository and upload `out_dir` without its checkpoints; returns the full repo
     id. `before_upload(repo_id)` runs once the full id (with namespace) is known, e.g. to rewrite the card."""
     try:
-        api = HfApi(token=token)
+        api = huggingface_hub.HfApi(token=token)
         repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
         if before_upload is not None:
             before_upload(repo_id)
@@ -147,11 +146,11 @@ def prepare_folder(args):
 
 
 def upload(args) -> int:
-    if HF_HUB_OFFLINE:
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
         print("error: offline (HF_HUB_OFFLINE is set): nothing uploaded. The folder is Hub-ready; run again with "
               "network access.", file=sys.stderr)
         return 2
-    api = HfApi(token=args.token)
+    api = huggingface_hub.HfApi(token=args.token)
     try:
         url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
         api.upload_folder(folder_path=args.model, repo_id=args.repo_id, repo_type="model",

@@ -1,16 +1,9 @@
-"""Every setting of a pretraining run as one table (`RULES`), the default preset generated from it, and what a run
-chose (`RecipeChoice`, saved as `recipe.json`).
-
-A run's settings come in two layers: one fully resolved preset (`DEFAULT_PRESET`, every setting with the rule that
-gives it, overlaid with a preset file's changes or a saved recipe) and the flags (`presets.resolve_settings`), then
-the "auto" values the data probe and the run's length choose (`presets.choose_auto`). Each setting is printed with
-the rule, preset, recipe file or flag that set it. `BriLLMConfig()` is the released model (BriLLM0.5); the default
-preset turns on the extensions that earn their place and sizes the graph and the dropout to the data.
-
-A row's `evidence` is a `benchmarks/results/*.json` record, a section of `docs/ablations.md` (§"...") or another
-source; `tuned=False` marks the paper's, the literature's, a library's or the run's own value. `run=True` marks a
-setting of the run (its length, evaluation, output), which a preset may set but `recipe.json` does not replay.
-docs/training.md's rule table is `recipe_table_markdown()` (a test keeps the two equal).
+"""Every setting of a pretraining run as one table (`RULES`, docs/training.md's rule table), the default preset
+generated from it, and what a run chose (`RecipeChoice`, saved as `recipe.json`). A rule's `evidence` is a
+`benchmarks/results/*.json` record, a section of `docs/ablations.md` (§"...") or another source; `tuned=False` marks
+the paper's, the literature's, a library's or the run's own value; `run=True` a setting of the run (its length,
+evaluation, output) that a preset may set but `recipe.json` does not replay. `BriLLMConfig()` is the released model;
+the default preset turns on the extensions that earn their place and sizes the graph and the dropout to the data.
 """
 
 from __future__ import annotations
@@ -44,8 +37,8 @@ GPU_RECORD = "benchmarks/results/gpu_throughput-20261126T164207Z.json"
 
 @dataclass(frozen=True)
 class Rule:
-    """One number or setting: `value` is what the code uses; `sets` the setting it is the default of
-    ("model.node_size"); `when` ((field, value) of the model section) makes it a default that gives way."""
+    """One number or setting: `sets` names the setting it is the default of ("model.node_size"); `when` ((field,
+    value) of the model section) makes it a default that gives way."""
     name: str
     value: object
     why: str
@@ -236,8 +229,8 @@ def recipe_table_markdown() -> str:
 # ------------------------------------------------------------------------------------------ a run's choice
 @dataclass
 class RunPlan:
-    """What the run is: its length in epochs (None: not known) and whether a time budget lets a sparser graph train
-    more of them; the rest is recorded with the choice."""
+    """The run's length in epochs (None: not known), whether a time budget lets a sparser graph train more of them,
+    and what is recorded with the choice."""
     planned_epochs: float | None = None
     epochs_grow_with_pruning: bool = False
     max_train_steps: int | None = None
