@@ -16,6 +16,7 @@ STATE_NAME = "train_state.json"
 CHECKPOINT_RE = re.compile(r"^step_(\d+)$")
 TMP_PREFIX = ".tmp-"
 
+
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     """Complete checkpoints (step_N folders holding train_state.json), oldest first."""
     found = []
@@ -84,29 +85,31 @@ def read_log(path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-
 def prepare_output_dir(output_dir, checkpoint: Path | None, resume_requested: bool, accelerator) -> Path:
     """Create `output_dir` and clear the debris of killed saves. A run that does not resume removes the
     checkpoints and the log of an earlier run there (they would mix with this one's)."""
     out_dir = Path(output_dir)
-    say = accelerator.print
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         for entry in out_dir.glob(TMP_PREFIX + "*"):  # debris of a run killed while saving
             shutil.rmtree(entry, ignore_errors=True)
         if resume_requested and checkpoint is None:
-            say(f"--resume_from_checkpoint latest: no checkpoint in {out_dir}, starting from scratch.")
+            accelerator.print(f"--resume_from_checkpoint latest: no checkpoint in {out_dir}, starting from scratch.")
         if checkpoint is None:
-            stale = list_checkpoints(out_dir)
-            if stale:
-                say(f"removing {len(stale)} checkpoint(s) of an earlier run in {out_dir} (this run starts over; "
-                    "use --resume_from_checkpoint latest to continue one).")
-                for _, path in stale:
-                    remove_dir(path)
-            if os.path.exists(out_dir / LOG_NAME):
-                os.remove(out_dir / LOG_NAME)
+            _clear_earlier_run(out_dir, accelerator.print)
     accelerator.wait_for_everyone()
     return out_dir
+
+
+def _clear_earlier_run(out_dir: Path, say):
+    stale = list_checkpoints(out_dir)
+    if stale:
+        say(f"removing {len(stale)} checkpoint(s) of an earlier run in {out_dir} (this run starts over; use "
+            "--resume_from_checkpoint latest to continue one).")
+    for _, path in stale:
+        remove_dir(path)
+    if os.path.exists(out_dir / LOG_NAME):
+        os.remove(out_dir / LOG_NAME)
 
 
 def load_checkpoint(accelerator, checkpoint: Path) -> dict:
