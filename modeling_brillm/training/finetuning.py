@@ -9,7 +9,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +20,7 @@ from transformers import AutoTokenizer, get_scheduler
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.model_card import write_model_card
 
-from .errors import UsageError
+from .errors import UsageError, run_cli
 from .launch import make_accelerator
 from .loop import TrainStep, evaluate
 from .optimizers import build_optimizer, choose_optimizer
@@ -133,13 +132,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except UsageError as err:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
+    return run_cli(parse_args, run, argv)
 
 
 # ------------------------------------------------------------------------------------------------- model

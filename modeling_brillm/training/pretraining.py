@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 import time
 from types import SimpleNamespace
 
@@ -22,7 +20,7 @@ from .best import BestModel
 from .checkpoints import TrainLog, prepare_output_dir, resolve_checkpoint
 from .data import collate, load_raw_data, load_tokenizer, prepare_blocks, text_stats
 from .epochs import Job, Position, TrainingClock, eval_record, make_schedule, resume, train_epochs
-from .errors import UsageError
+from .errors import UsageError, run_cli
 from .fsdp import fsdp_on_cpu, full_state_dict, is_fsdp, own_class, prepare_on_cpu
 from .launch import make_accelerator
 from .loop import TrainStep, choose_prompts, generate_samples
@@ -76,13 +74,7 @@ def run(args, data=None) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except UsageError as err:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
+    return run_cli(parse_args, run, argv)
 
 
 # ---------------------------------------------------------------------------------------------- the steps
