@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -100,9 +99,7 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=8_000_000, help="characters of the synthetic corpus")
     parser.add_argument("--seconds", type=float, default=60.0, help="training time (pretrain.py --max_train_time)")
     args = add_results_dir(parser).parse_args(argv)
-    spec = importlib.util.spec_from_file_location("brillm_pretrain_script", ROOT / "examples" / "pretrain.py")
-    pretrain = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pretrain)
+    from modeling_brillm.training import pretraining as pretrain  # what examples/pretrain.py runs
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp:
         corpus, out = Path(tmp) / "corpus.txt", Path(tmp) / "run"

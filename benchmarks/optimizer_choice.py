@@ -18,7 +18,6 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import add_results_dir, write_record  # noqa: E402
 
@@ -32,7 +31,6 @@ def main():
     torch.set_num_threads(1)
 
     from accelerate import Accelerator
-    from pretrain import parse_args
     from torch.utils.data import DataLoader
 
     from modeling_brillm import BriLLMForCausalLM
@@ -41,18 +39,19 @@ def main():
     from modeling_brillm.training.memory import keep_freed_memory
     from modeling_brillm.training.optimizers import build_optimizer, choose_optimizer
     from modeling_brillm.training.presets import build_config_and_graph, resolve_settings
+    from modeling_brillm.training.pretraining import parse_args
 
     keep_freed_memory()  # as pretrain.py does on CPU
     args = parse_args(["--config", "demo", "--per_device_train_batch_size", str(a.batch)])
-    model_fields, tok_settings = resolve_settings(args)
+    settings = resolve_settings(args)
     acc = Accelerator(cpu=True)
     raw, _ = load_raw_data(args)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer, _ = load_tokenizer(args, tok_settings, raw, tmp, None, acc)
+        tokenizer, _ = load_tokenizer(args, settings.section("tokenizer"), raw, tmp, None, acc)
     train_blocks, _, _ = prepare_blocks(raw, tokenizer, args, acc)
-    config, graph, _ = build_config_and_graph(model_fields, tokenizer, train_blocks, args.min_bigram_count)
+    config, graph, _ = build_config_and_graph(settings, tokenizer, train_blocks)
     torch.manual_seed(0)
     base = BriLLMForCausalLM.from_graph(graph, config=config)
     runs = {}

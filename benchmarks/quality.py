@@ -7,12 +7,12 @@
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
         --budgets 60 600 --schedule constant --more_brillm configuration/models/demo-release.json
 
-Every BriLLM row IS an examples/pretrain.py run: the script's own `run()` in this process (the data prepared once
-and shared), with `--max_train_time` the largest budget and the curve points as `--eval_seconds`; the equivalent
-command line is printed for each row and stored in quality.json (`pretrain_command`), and running it gives the same
-losses and held-out figures (up to the timing of the steps: the budget stops the run and, with `auto` choices, plans
-its epochs). The row's folder (`<output_dir>/brillm`, `brillm-<preset>`) holds what pretrain.py writes: the model,
-train_log.jsonl (the curve), pretrain_summary.json.
+Every BriLLM row IS an examples/pretrain.py run: its `run()` (modeling_brillm.training.pretraining) in this process
+(the data prepared once and shared), with `--max_train_time` the largest budget and the curve points as
+`--eval_seconds`; the equivalent command line is printed for each row and stored in quality.json
+(`pretrain_command`), and running it gives the same losses and held-out figures (up to the timing of the steps: the
+budget stops the run and, with `auto` choices, plans its epochs). The row's folder (`<output_dir>/brillm`,
+`brillm-<preset>`) holds what pretrain.py writes: the model, train_log.jsonl (the curve), pretrain_summary.json.
 
 What is the same for every model (the fairness rules):
 - data, tokenizer and blocks come from examples/pretrain.py's own preparation with its built-in defaults or a
@@ -30,7 +30,8 @@ What is the same for every model (the fairness rules):
   (--threads), in one process. One run per model up to the largest budget; the held-out perplexity is taken
   whenever the training clock passes a curve point, and at the end. After a warmup counted in steps every model's
   rate follows one rule over the training clock: by default pretrain.py's linear decay to zero at the largest
-  budget, so a smaller budget's figure comes from a run not yet annealed (a run given that budget alone would
+  budget (the package's one training clock and schedule, modeling_brillm.training.epochs: TrainingClock,
+  make_schedule), so a smaller budget's figure comes from a run not yet annealed (a run given that budget alone would
   decay within it); --schedule constant holds the rate, so every budget's figure comes from a run whose schedule
   does not depend on that budget; --schedule cosine decays along a cosine. The models
   train one after the other (a BriLLM row is a pretrain.py run of its own, so the models cannot take turns): run
@@ -58,7 +59,6 @@ Exit status 2 with a one-line message on bad input.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -79,15 +79,9 @@ SCHEDULERS = {"linear": "linear", "constant": "constant_with_warmup", "cosine": 
 GPT2_SIZE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?(?:@([0-9.eE+-]+))?$")  # layers x width [x heads] [@lr]
 
 
-def load_pretrain():
-    """examples/pretrain.py as a module (as tests/training/test_pretrain.py loads it): its flags and their checks."""
-    spec = importlib.util.spec_from_file_location("brillm_pretrain_script", ROOT / "examples" / "pretrain.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from modeling_brillm.training import pretraining as pretrain  # noqa: E402  (pretrain.py's flags, checks and run)
+from modeling_brillm.training.epochs import TrainingClock, make_schedule  # noqa: E402  (the one clock and schedule)
 
-
-pretrain = load_pretrain()
 UsageError = pretrain.UsageError
 
 
@@ -238,31 +232,6 @@ def make_gpt2(data, size, seed: int):
     return model
 
 
-class TrainingClock:
-    """Training seconds of one run, read by a schedule over the clock (BudgetRun sets it before every step)."""
-
-    def __init__(self):
-        self.seconds = 0.0
-
-
-def clock_schedule(optimizer, warmup_steps: int, schedule: str, horizon: float, min_ratio: float, clock: TrainingClock):
-    """LambdaLR: linear warmup over `warmup_steps` steps, then constant, or a linear or cosine decay over the training
-    clock from the peak down to `min_ratio` of it at `horizon` seconds (and flat after)."""
-    from torch.optim.lr_scheduler import LambdaLR
-
-    def factor(step: int) -> float:
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, clock.seconds / horizon)
-        if schedule == "linear":
-            return min_ratio + (1 - min_ratio) * (1 - progress)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return LambdaLR(optimizer, factor)
-
-
 def gpt2_batch(args) -> int:
     return args.batch_size or GPT2_BATCH
 
@@ -290,15 +259,16 @@ def schedule_text(args) -> str:
 
 def gpt2_trainer(model, lr: float, warmup: int, data, args, accelerator, device):
     """GPT-2's usual recipe: fused AdamW (weight decay 0.01 on matrices), linear warmup then --schedule, gradient
-    norm clipped to 1.0; the step itself is the pretraining code's TrainStep, as pretrain.py's for BriLLM."""
+    norm clipped to 1.0; the step, the clock and the schedule are the pretraining code's, as pretrain.py's for
+    BriLLM (TrainStep, epochs.TrainingClock, epochs.make_schedule)."""
     import torch
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type in ("cpu", "cuda"))
-    clock = TrainingClock()
-    scheduler = clock_schedule(optimizer, warmup, args.schedule, max(args.budgets), 0.0, clock)
+    clock = TrainingClock(max(args.budgets))
+    scheduler = make_schedule(optimizer, SCHEDULERS[args.schedule], warmup, clock=clock)
     step = package_step(accelerator, model, optimizer, scheduler, args, data["pargs"].block_size, 1.0)
     info = dict(optimizer="adamw (fused)", lr=lr, weight_decay=0.01, warmup_steps=warmup,
                 schedule=schedule_text(args), grad_clip=1.0)
@@ -352,11 +322,11 @@ class BudgetRun:
         from common import CpuMonitor
 
         self.label, self.model, self.step, self.data, self.args, self.device = label, model, step, data, args, device
-        self.clock_ref = clock  # a TrainingClock told the training seconds before every step (a schedule over it)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.batches = iter(BatchOrder(len(data["train"][0]), gpt2_batch(args), args.seed))
         self.pending = list(points)
-        self.clock, self.steps, self.tokens, self.targets = 0.0, 0, 0, 0
+        self.clock = clock or TrainingClock()  # its seconds: what the schedule over the clock reads
+        self.steps, self.tokens, self.targets = 0, 0, 0
         self.loss_sum, self.loss_steps = 0.0, 0
         self.monitor, self.load_seconds, self.wall_seconds = CpuMonitor(), 0.0, 0.0
         model.to(device).train()
@@ -368,11 +338,11 @@ class BudgetRun:
                                    self.data["accelerator"])
         nll = total / count
         last = self.loss_sum / self.loss_steps if self.loss_steps else None
-        point = dict(train_seconds=round(self.clock, 3), steps=self.steps, train_tokens=self.tokens,
+        point = dict(train_seconds=round(self.clock.seconds, 3), steps=self.steps, train_tokens=self.tokens,
                      train_targets=self.targets, train_loss=last, eval_nll=nll, perplexity=math.exp(min(nll, 700.0)),
                      eval_tokens=count, eval_seconds=round(time.perf_counter() - started, 3))
         self.loss_sum, self.loss_steps = 0.0, 0
-        print(f"  {self.label:>18} {self.clock:8.1f}s step {self.steps:6d}  held-out perplexity "
+        print(f"  {self.label:>18} {self.clock.seconds:8.1f}s step {self.steps:6d}  held-out perplexity "
               f"{point['perplexity']:10.2f}" + (f"  (train loss {last:.3f})" if last is not None else ""))
         return point
 
@@ -387,11 +357,9 @@ class BudgetRun:
             self.sync()
             started = time.perf_counter()
             ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
-            if self.clock_ref is not None:
-                self.clock_ref.seconds = self.clock
             loss = float(self.step(ids, mask))
             self.sync()
-            self.clock += time.perf_counter() - started
+            self.clock.seconds += time.perf_counter() - started
             self.steps += 1
             self.tokens += int(mask.sum())
             self.targets += int(target_mask(mask).sum())
@@ -399,8 +367,8 @@ class BudgetRun:
             if not math.isfinite(loss):
                 raise RuntimeError(f"{self.label}: the training loss is {loss} at step {self.steps}; lower its "
                                    "learning rate.")
-            if self.clock >= self.pending[0]:
-                while self.pending and self.clock >= self.pending[0]:
+            if self.clock.seconds >= self.pending[0]:
+                while self.pending and self.clock.seconds >= self.pending[0]:
                     self.pending.pop(0)
                 self.curve.append(self.evaluate())
         if self.pending and self.curve[-1]["steps"] < self.steps:  # stopped by the step cap: its final evaluation
@@ -410,8 +378,8 @@ class BudgetRun:
         self.wall_seconds = wall
 
     def result(self) -> dict:
-        return dict(curve=self.curve, steps=self.steps, train_seconds=round(self.clock, 3),
-                    tokens_per_second=round(self.tokens / max(self.clock, 1e-9), 1),
+        return dict(curve=self.curve, steps=self.steps, train_seconds=round(self.clock.seconds, 3),
+                    tokens_per_second=round(self.tokens / max(self.clock.seconds, 1e-9), 1),
                     other_cpu_load=round(self.load_seconds / max(self.wall_seconds, 1e-9), 3))
 
 
@@ -546,14 +514,15 @@ def shared_data(argv):
     from modeling_brillm.training.launch import make_accelerator as pretrain_accelerator
 
     pargs = parse_pretrain(argv)
-    _, tok_settings = pretrain.settle_flags(pargs)
+    resolved = pretrain.settle(pargs)
+    tok_settings = resolved.section("tokenizer")
     # what a --more_brillm row is told so that it prepares the same data (brillm_argv)
     pargs.vocab_size, pargs.tokenizer_kind = tok_settings["vocab_size"], tok_settings["kind"]
     pargs.tokenizer_min_frequency = tok_settings["min_frequency"]
     accelerator, _ = pretrain_accelerator(pargs, shards_on_cpu=True)
     out = Path(pargs.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = pretrain.load_data(pargs, tok_settings, accelerator, out, None)
+    data = pretrain.load_data(pargs, resolved, accelerator, out, None)
     if data.eval is None:
         raise UsageError("no held-out text: give --validation_file, or more training texts (every 20th is held out).")
     return data, pargs, accelerator

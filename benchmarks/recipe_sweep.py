@@ -434,7 +434,7 @@ def run(args) -> dict:
     points = quality.curve_points([args.budget], args.curve_points)
     argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
     # every variant checked by pretrain.py's own rules before any of them trains
-    fields = [quality.pretrain.settle_flags(quality.parse_pretrain(argv))[0] for argv in argvs]
+    fields = [quality.pretrain.settle(quality.parse_pretrain(argv)).section("model") for argv in argvs]
     pretrain_data, first, accelerator = quality.shared_data(argvs[0])  # no variant key changes the data
     probe_of = Prober(pretrain_data)
     epochs = quality.pretrain.planned_epochs(first, pretrain_data, accelerator)

@@ -121,22 +121,12 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
     """
     if data is None:
         raise ValueError("perplexity needs data: a list of texts, a file path, a dataset, or token ids.")
-    config = model.config
-    V, max_positions = int(config.vocab_size), int(config.max_position_embeddings)
-    extends = getattr(config, "position_overflow", "error") == "extend"
-    block_size = max_positions if block_size is None else int(block_size)
-    whole = extends and block_size == 0  # one block per text, however long
-    if not whole and block_size < 2:
-        raise ValueError(f"block_size must be at least 2, got {block_size}"
-                         + (" (0 scores every text whole)." if extends else "."))
-    if not extends and block_size > max_positions:
-        raise ValueError(f"block_size={block_size} is beyond max_position_embeddings={max_positions} of this model; "
-                         f"use at most {max_positions}, or set model.config.position_overflow=\"extend\" to read "
-                         "past the trained range (the last position weight is reused there).")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
-    items = load_texts(data, text_column)
-    sequences = _encode(items, tokenizer, add_special_tokens, add_eos)
+    config = model.config
+    block_size, whole = _block_size(config, block_size)
+    sequences = _encode(load_texts(data, text_column), tokenizer, add_special_tokens, add_eos)
+    V = int(config.vocab_size)
     for seq in sequences:
         if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= V):
             bad = int(seq.min()) if int(seq.min()) < 0 else int(seq.max())
@@ -151,38 +141,53 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
     if num_tokens == 0:
         raise ValueError("nothing to score: every text is empty or a single token (perplexity needs at least two "
                          "tokens in a text, e.g. BOS plus one).")
-
-    device = torch.device(device) if device is not None else getattr(model, "device", torch.device("cpu"))
-    pad_id = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
     blocks.sort(key=lambda b: -b.numel())
-    was_training = model.training
-    loss_type = getattr(config, "loss_type", "exact")
+    device = torch.device(device) if device is not None else getattr(model, "device", torch.device("cpu"))
+    nll = _summed_nll(model, blocks, batch_size, device) / num_tokens
+    return PerplexityResult(perplexity=math.exp(nll), nll=nll, num_tokens=num_tokens, num_sequences=len(sequences),
+                            num_blocks=len(blocks), block_size=block_size)
+
+
+def _block_size(config, block_size: int | None) -> tuple[int, bool]:
+    """(the block size, whether every text is scored whole), checked against the model's range."""
+    max_positions = int(config.max_position_embeddings)
+    extends = getattr(config, "position_overflow", "error") == "extend"
+    block_size = max_positions if block_size is None else int(block_size)
+    whole = extends and block_size == 0  # one block per text, however long
+    if not whole and block_size < 2:
+        raise ValueError(f"block_size must be at least 2, got {block_size}"
+                         + (" (0 scores every text whole)." if extends else "."))
+    if not extends and block_size > max_positions:
+        raise ValueError(f"block_size={block_size} is beyond max_position_embeddings={max_positions} of this model; "
+                         f"use at most {max_positions}, or set model.config.position_overflow=\"extend\" to read "
+                         "past the trained range (the last position weight is reused there).")
+    return block_size, whole
+
+
+def _summed_nll(model, blocks, batch_size: int, device) -> float:
+    """The exact loss's summed NLL over the blocks' next tokens (the model in eval mode, its loss type exact)."""
+    config = model.config
+    pad_id = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
+    was_training, loss_type = model.training, getattr(config, "loss_type", "exact")
     model.eval()
     total = torch.zeros((), dtype=torch.float64)
     try:
-        if loss_type != "exact":
-            config.loss_type = "exact"
+        config.loss_type = "exact" if loss_type != "exact" else loss_type
         for start in range(0, len(blocks), batch_size):
             batch = blocks[start:start + batch_size]
             lengths = torch.tensor([b.numel() for b in batch])
-            width = int(lengths.max())
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            for r, b in enumerate(batch):
-                ids[r, : b.numel()] = b
-            mask = (torch.arange(width) < lengths.unsqueeze(1)).long()
+            ids = torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=pad_id)
+            mask = (torch.arange(ids.shape[1]) < lengths.unsqueeze(1)).long()
             labels = ids.masked_fill(mask == 0, -100)
             ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
             out = model(ids, attention_mask=None if bool(mask.all()) else mask, labels=labels, use_cache=False,
                         return_logits=False)
             total += out.loss.double().cpu() * int((lengths - 1).sum())
     finally:
-        if loss_type != "exact":
-            config.loss_type = loss_type
+        config.loss_type = loss_type
         if was_training:
             model.train()
-    nll = float(total) / num_tokens
-    return PerplexityResult(perplexity=math.exp(nll), nll=nll, num_tokens=num_tokens, num_sequences=len(sequences),
-                            num_blocks=len(blocks), block_size=block_size)
+    return float(total)
 
 
 @torch.no_grad()

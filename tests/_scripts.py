@@ -1,8 +1,9 @@
-"""The example and benchmark scripts as modules, and their flag checks run in the test's own process."""
+"""The benchmark scripts as modules, and a training command line's flag checks run in the test's own process."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,10 +22,11 @@ def _past_the_checks(args):
 
 
 def refused(script, argv, monkeypatch, capsys) -> str:
-    """The `error: ...` line `script.main(argv)` prints for a command line its flag checks refuse. Those checks run
-    before any data, accelerator or process group, so this runs in the test's process and spares starting Python,
-    torch and transformers again; the subprocess tests cover the same printing through a real launch."""
-    monkeypatch.setattr(script, "start_run", _past_the_checks)
+    """The `error: ...` line `script.main(argv)` prints for a command line its flag checks refuse (`script`: a module
+    whose `main` is modeling_brillm.training.pretraining's). Those checks run before any data, accelerator or process
+    group, so this runs in the test's process and spares starting Python, torch and transformers again; the
+    subprocess tests cover the same printing through a real launch."""
+    monkeypatch.setattr(sys.modules[script.main.__module__], "start_run", _past_the_checks)
     try:
         code = script.main([str(a) for a in argv])
     except SystemExit as stop:  # argparse's own errors

@@ -1,19 +1,15 @@
-"""Building blocks of the training scripts (examples/pretrain.py and others). Not part of the model's remote
-code: nothing in modeling_brillm.py imports this subpackage.
+"""The applications behind examples/ and their building blocks. Not the model's remote code: nothing in
+modeling_brillm.py imports this subpackage.
 
-Modules:
-  errors       UsageError, the one-line error of a bad flag, file or size.
-  presets      configuration/models/*.json presets, defaults < preset < flags, the config and graph they give.
-  data         files, the Hub or the embedded corpus; validation split; sentence and contiguous blocks;
-               the tokenizer; collate and target counting.
-  memory       the training-memory estimate, available memory, the check before allocating, malloc tuning.
-  checkpoints  step_N checkpoints (atomic save, resolve, resume), the output folder, the jsonl train log.
-  launch       the Accelerator of a run and the checks on how it was launched.
-  optimizers   which optimizer (and gradient layout) a run uses, and building it.
-  loop         the training step (TrainStep), evaluation, prompts and sample generation.
-  epochs       the epoch loop of a pretraining run: steps, the log, periodic validation, checkpoints, resume.
-  best         the best model by validation loss, kept on disk and in every checkpoint.
-  publishing   the model card of the final save, the upload to the Hub.
+  pretraining  examples/pretrain.py: `run` (the whole job as named steps), `main`; arguments: its flags and checks;
+               planning: the run's length, auto values and memory before the model exists.
+  recipe       every setting's rule (RULES) and the default preset; presets: a preset's changes and the flags
+               resolved in one function, the auto values, the config and graph; pruning: the data probe.
+  data, memory, launch, optimizers, loop (the step, evaluation), epochs (the loop, the one training clock and
+               schedule), checkpoints, best, sharded, fsdp: the pieces of a run.
+  finetuning   examples/finetune.py; sft_data: its records; sft: BriLLMSFTTrainer for TRL.
+  generate_cli, perplexity_cli, growing, publishing (push_main): examples/generate.py, perplexity.py, grow_graph.py,
+               push_to_hub.py.
 """
 
 

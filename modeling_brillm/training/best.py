@@ -1,12 +1,7 @@
-"""Keep the best model by held-out loss, as transformers' `Trainer(load_best_model_at_end=True)` does.
-
-At every evaluation during training the validation loss is compared with the best so far; a better one writes the
-model's weights to `<output_dir>/best_model.safetensors` (a temporary file, then one rename: the file is always a
-whole model). Every checkpoint carries a copy of that file (a hard link where the file system allows) and the
-best step and loss in its train state, so a resumed run knows the same best model as an uninterrupted one. At the
-end the best weights go back into the model before it is saved, so the final folder holds the model that scored
-best on held-out text, not a later one that memorised the training text. The untrained model (step 0) never
-counts.
+"""Keep the best model by held-out loss, as transformers' `Trainer(load_best_model_at_end=True)` does: a better
+evaluation writes the weights to `<output_dir>/best_model.safetensors` (atomically), every checkpoint carries a copy
+and the best step and loss (so a resumed run knows the same best model), and at the end the best weights go back into
+the model before it is saved. The untrained model (step 0) never counts.
 """
 
 from __future__ import annotations
@@ -15,6 +10,10 @@ import math
 import os
 import shutil
 from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from .fsdp import full_state_dict
 
 BEST_FILE = "best_model.safetensors"
 
@@ -32,14 +31,10 @@ class BestModel:
         return None if self.step is None else {"step": self.step, "eval_loss": self.eval_loss}
 
     def update(self, model, step: int, eval_loss: float) -> bool:
-        """Record an evaluation; write the weights when it is the best so far. Called on every process (gathering
-        a sharded model's weights is collective). True when this step became the best."""
+        """Record an evaluation; write the weights when it is the best so far (on every process: gathering a sharded
+        model's weights is collective). True when this step became the best."""
         if not self.enabled or not eval_loss < self.eval_loss:  # NaN never wins
             return False
-        from safetensors.torch import save_file
-
-        from .fsdp import full_state_dict
-
         gather = getattr(model, "full_state_dict", None)  # a source-sharded model gathers its own table
         state_dict = gather() if gather is not None else full_state_dict(self.accelerator, model)
         if self.accelerator.is_main_process:
@@ -74,10 +69,7 @@ class BestModel:
         self.step, self.eval_loss = int(state["step"]), float(state["eval_loss"])
 
     def load_into(self, unwrapped, prepared=None):
-        """Put the best weights back into the model (on every process). `prepared`: the FSDP-wrapped model, whose
-        shards take the full state dict that the main process read."""
-        from safetensors.torch import load_file
-
+        """Put the best weights back into the model (on every process; `prepared`: the FSDP-wrapped model)."""
         if prepared is not None:  # FSDP: the main process reads, torch broadcasts into every shard
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 

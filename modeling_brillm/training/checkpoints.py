@@ -16,6 +16,7 @@ STATE_NAME = "train_state.json"
 CHECKPOINT_RE = re.compile(r"^step_(\d+)$")
 TMP_PREFIX = ".tmp-"
 
+
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     """Complete checkpoints (step_N folders holding train_state.json), oldest first."""
     found = []
@@ -51,7 +52,7 @@ def remove_dir(path: Path):
 def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, tokenizer, limit: int | None,
                     write_extra=None) -> Path:
     """accelerator.save_state into a temporary folder, then one rename: step_N is complete or absent.
-    `write_extra(tmp)`, called on every process before the rename, adds files (the edge shards of a sharded run)."""
+    `write_extra(tmp)`, called on every process before the rename, adds files (the recipe, a sharded run's shards)."""
     final = Path(output_dir) / f"step_{step}"
     tmp = Path(output_dir) / f"{TMP_PREFIX}step_{step}"
     if accelerator.is_main_process and tmp.exists():
@@ -84,34 +85,35 @@ def read_log(path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-
 def prepare_output_dir(output_dir, checkpoint: Path | None, resume_requested: bool, accelerator) -> Path:
     """Create `output_dir` and clear the debris of killed saves. A run that does not resume removes the
     checkpoints and the log of an earlier run there (they would mix with this one's)."""
     out_dir = Path(output_dir)
-    say = accelerator.print
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         for entry in out_dir.glob(TMP_PREFIX + "*"):  # debris of a run killed while saving
             shutil.rmtree(entry, ignore_errors=True)
         if resume_requested and checkpoint is None:
-            say(f"--resume_from_checkpoint latest: no checkpoint in {out_dir}, starting from scratch.")
+            accelerator.print(f"--resume_from_checkpoint latest: no checkpoint in {out_dir}, starting from scratch.")
         if checkpoint is None:
-            stale = list_checkpoints(out_dir)
-            if stale:
-                say(f"removing {len(stale)} checkpoint(s) of an earlier run in {out_dir} (this run starts over; "
-                    "use --resume_from_checkpoint latest to continue one).")
-                for _, path in stale:
-                    remove_dir(path)
-            if os.path.exists(out_dir / LOG_NAME):
-                os.remove(out_dir / LOG_NAME)
+            _clear_earlier_run(out_dir, accelerator.print)
     accelerator.wait_for_everyone()
     return out_dir
 
 
+def _clear_earlier_run(out_dir: Path, say):
+    stale = list_checkpoints(out_dir)
+    if stale:
+        say(f"removing {len(stale)} checkpoint(s) of an earlier run in {out_dir} (this run starts over; use "
+            "--resume_from_checkpoint latest to continue one).")
+    for _, path in stale:
+        remove_dir(path)
+    if os.path.exists(out_dir / LOG_NAME):
+        os.remove(out_dir / LOG_NAME)
+
+
 def load_checkpoint(accelerator, checkpoint: Path) -> dict:
-    """Restore model, optimizer, scheduler and RNG states (`accelerator.load_state`); return the train state
-    ({"completed_steps", "epoch", "batches_in_epoch", "signature"})."""
+    """Restore model, optimizer, scheduler and RNG states (`accelerator.load_state`); return the train state."""
     try:
         accelerator.load_state(str(checkpoint))
     except Exception as err:
@@ -123,7 +125,7 @@ def load_checkpoint(accelerator, checkpoint: Path) -> dict:
 
 
 def read_train_state(checkpoint) -> dict:
-    """A checkpoint's train state ({"completed_steps", "epoch", "batches_in_epoch", "signature"})."""
+    """A checkpoint's train state: its position, clock, planned epochs, signature and best model."""
     with open(Path(checkpoint) / STATE_NAME, encoding="utf-8") as handle:
         return json.load(handle)
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import math
@@ -12,6 +11,12 @@ import re
 import sys
 import time
 
+import datasets
+import numpy as np
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from tokenization import build_tokenizer
 from tokenization.text_files import utf8_problem
 
 from .errors import UsageError
@@ -30,36 +35,27 @@ def file_builder(path: str, flag: str) -> str:
     return FILE_BUILDERS[extension]
 
 
-# A line of the documentation text that holds no language, whole: a reST section adornment (an underline or overline
-# is one punctuation character repeated, any of reST's 32), a rule mixing the usual adornment characters (=-=-),
-# or the ~~^~~ markers under a traceback's code line (the docs of newer Pythons show them: 3.13.0 has two).
+# A line of documentation text that holds no language: a reST adornment (one of reST's 32 punctuation characters
+# repeated), a rule mixing the usual ones (=-=-), or the ~~^~~ markers under a traceback's code line (newer Pythons).
 _NO_LANGUAGE = re.compile(r"([!-/:-@\[-`{-~])\1{3,}|[-=~^*#]{4,}|[~^]{2,}")
 
 
 def doc_paragraphs(text: str) -> list[str]:
-    """The paragraphs (blank-line separated) of reST-derived documentation text, with the lines that hold no
-    language removed (_NO_LANGUAGE); paragraphs left empty are dropped. Grid-table borders
-    (+----+) and code are kept: they are part of the text a user reads."""
-    out = []
-    for paragraph in re.split(r"\n[ \t]*\n", text):
-        lines = [line for line in paragraph.split("\n")
-                 if not _NO_LANGUAGE.fullmatch(line.strip())]
-        paragraph = "\n".join(lines).strip("\n")
-        if paragraph.strip():
-            out.append(paragraph)
-    return out
+    """The paragraphs of reST-derived documentation text without the lines that hold no language (_NO_LANGUAGE);
+    grid-table borders and code stay: they are part of the text a user reads."""
+    kept = ("\n".join(line for line in paragraph.split("\n") if not _NO_LANGUAGE.fullmatch(line.strip())).strip("\n")
+            for paragraph in re.split(r"\n[ \t]*\n", text))
+    return [paragraph for paragraph in kept if paragraph.strip()]
 
 
 def embedded_corpus() -> list[str]:
-    """The English documentation text inside every CPython install (`pydoc_data.topics`), one paragraph per
-    text, in a fixed order: a corpus that exists offline on any machine (whose reST markup differs by version:
-    `doc_paragraphs` cleans what any of them holds)."""
+    """The English documentation text inside every CPython install (`pydoc_data.topics`), one paragraph per text in
+    a fixed order: a corpus that exists offline on any machine."""
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip pydoc_data
-        raise UsageError(
-            "no data given and this Python has no pydoc_data (the built-in corpus); pass --train_file."
-        ) from None
+        raise UsageError("no data given and this Python has no pydoc_data (the built-in corpus); pass --train_file.") \
+            from None
     return [paragraph for key in sorted(topics) for paragraph in doc_paragraphs(topics[key])]
 
 
@@ -75,61 +71,18 @@ def split_validation(dataset, percentage: float):
     held = held_out_indices(len(dataset), percentage)
     if not held:
         return dataset, None
-    held_set = set(held)
-    rest = [i for i in range(len(dataset)) if i not in held_set]
+    rest = sorted(set(range(len(dataset))) - set(held))
     return dataset.select(rest), dataset.select(held)
 
 
 def load_raw_data(args):
-    """(DatasetDict with "train" and "validation" (may be missing), a sentence naming the data)."""
-    import datasets
-
-    if args.dataset_name:
-        try:
-            raw = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
-        except Exception as err:  # offline, unknown name, ...: say so in one line
-            raise UsageError(
-                f"could not load the dataset {args.dataset_name!r}"
-                + (f" ({args.dataset_config_name})" if args.dataset_config_name else "")
-                + f": {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Without network access "
-                "pass --train_file, or no data flag for the built-in corpus."
-            ) from None
-        if "train" not in raw:
-            raise UsageError(f"dataset {args.dataset_name!r} has no 'train' split (splits: {list(raw)}).")
-        description = (f"Hub dataset {args.dataset_name}"
-                       + (f"/{args.dataset_config_name}" if args.dataset_config_name else ""))
-    elif args.train_file:
-        files = {"train": args.train_file}
-        if args.validation_file:
-            files["validation"] = args.validation_file
-        builder = file_builder(args.train_file, "train_file")
-        if args.validation_file and file_builder(args.validation_file, "validation_file") != builder:
-            raise UsageError("--train_file and --validation_file must have the same format.")
-        try:
-            raw = datasets.load_dataset(builder, data_files=files)
-        except Exception as err:
-            for path in files.values():  # the usual cause, found only on failure: name the file, line and byte
-                problem = utf8_problem(path)
-                if problem:
-                    raise UsageError(problem) from None
-            raise UsageError(
-                f"could not read {', '.join(files.values())} as {builder}: {type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''}"
-            ) from None
-        description = (f"file {args.train_file}"
-                       + (f" (validation: {args.validation_file})" if args.validation_file else ""))
-    else:
-        texts = embedded_corpus()
-        raw = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})})
-        description = (f"the built-in corpus: Python's documentation text (pydoc_data.topics, {len(texts)} paragraphs, "
-                       f"{sum(map(len, texts)):,} characters, Python {sys.version.split()[0]})")
-
+    """(DatasetDict with "train" and maybe "validation", a sentence naming the data): the Hub, files or the
+    built-in corpus, the validation texts held out of the training ones where none are given."""
+    raw, description = _hub_data(args) if args.dataset_name else _file_data(args) if args.train_file else _builtin()
     for split in list(raw):
         if args.text_column not in raw[split].column_names:
-            raise UsageError(
-                f"the {split} data has no {args.text_column!r} column (columns: {raw[split].column_names}); "
-                "pass --text_column NAME."
-            )
+            raise UsageError(f"the {split} data has no {args.text_column!r} column (columns: "
+                             f"{raw[split].column_names}); pass --text_column NAME.")
     if "validation" not in raw:
         train, validation = split_validation(raw["train"], args.validation_split_percentage)
         raw = datasets.DatasetDict({"train": train, **({"validation": validation} if validation is not None else {})})
@@ -138,13 +91,50 @@ def load_raw_data(args):
     return raw, description
 
 
+def _first_line(err) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def _hub_data(args):
+    name, config = args.dataset_name, args.dataset_config_name
+    try:
+        raw = datasets.load_dataset(name, config)
+    except Exception as err:  # offline, unknown name, ...: say so in one line
+        raise UsageError(f"could not load the dataset {name!r}" + (f" ({config})" if config else "")
+                         + f": {_first_line(err)}. Without network access pass --train_file, or no data flag for "
+                         "the built-in corpus.") from None
+    if "train" not in raw:
+        raise UsageError(f"dataset {name!r} has no 'train' split (splits: {list(raw)}).")
+    return raw, f"Hub dataset {name}" + (f"/{config}" if config else "")
+
+
+def _file_data(args):
+    files = {"train": args.train_file, **({"validation": args.validation_file} if args.validation_file else {})}
+    builder = file_builder(args.train_file, "train_file")
+    if args.validation_file and file_builder(args.validation_file, "validation_file") != builder:
+        raise UsageError("--train_file and --validation_file must have the same format.")
+    try:
+        raw = datasets.load_dataset(builder, data_files=files)
+    except Exception as err:  # the usual cause, found only on failure: name the file, line and byte
+        problem = next(filter(None, map(utf8_problem, files.values())), None)
+        raise UsageError(problem or f"could not read {', '.join(files.values())} as {builder}: "
+                         f"{_first_line(err)}") from None
+    return raw, f"file {args.train_file}" + (f" (validation: {args.validation_file})" if args.validation_file else "")
+
+
+def _builtin():
+    texts = embedded_corpus()
+    raw = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})})
+    return raw, (f"the built-in corpus: Python's documentation text (pydoc_data.topics, {len(texts)} paragraphs, "
+                 f"{sum(map(len, texts)):,} characters, Python {sys.version.split()[0]})")
+
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|(?<=[。！？])")
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences of a text. Paragraphs (split at blank lines) have their wrapped lines joined and are cut after
-    . ! ? (followed by white space) or 。！？; a paragraph whose lines are all indented (code, grammar
-    listings) gives one sentence per line."""
+    """Sentences of a text: paragraphs with their wrapped lines joined, cut after . ! ? (and white space) or 。！？;
+    a paragraph whose lines are all indented (code, grammar listings) gives one sentence per line."""
     sentences = []
     for paragraph in re.split(r"\n[ \t]*\n", text):
         lines = [line for line in paragraph.splitlines() if line.strip()]
@@ -159,13 +149,10 @@ def split_sentences(text: str) -> list[str]:
 
 
 class TokenIds:
-    """texts -> their token-id lists, exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]`. A fast
-    tokenizer that keeps the base class's encoding is called through its Rust backend in one batch, without the
-    offsets and per-text dicts the wrapper builds (most of tokenization's time besides the Rust work)."""
+    """texts -> their token-id lists, exactly `tokenizer(texts, add_special_tokens=False)["input_ids"]`, through the
+    Rust backend in one batch where the wrapper adds nothing (its offsets and dicts cost most of the time)."""
 
     def __init__(self, tokenizer):
-        from transformers import PreTrainedTokenizerFast
-
         self.tokenizer, self.backend = tokenizer, None
         base = getattr(PreTrainedTokenizerFast, "_encode_plus", None)
         if getattr(tokenizer, "is_fast", False) and base is not None and type(tokenizer)._encode_plus is base:
@@ -186,16 +173,13 @@ class TokenIds:
 
 def _ragged_arange(lengths):
     """0..n-1 for every n of `lengths`, concatenated (numpy)."""
-    import numpy as np
-
     ends = np.cumsum(lengths)
     return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
 
 
 class SentenceBlocks:
-    """datasets.map function: every sentence of at least two tokens becomes one block
-    `<s> tokens </s>` truncated to `block_size`, right-padded with `<pad>` (attention_mask 0). Rows are lists, or
-    with `arrays` one (blocks, block_size) int64 array per column (what datasets stores fastest)."""
+    """datasets.map function: every sentence of at least two tokens becomes one block `<s> tokens </s>` truncated to
+    `block_size`, right-padded with `<pad>` (attention_mask 0); with `arrays`, one int64 array per column."""
 
     def __init__(self, tokenizer, text_column: str, block_size: int, arrays: bool = False):
         self.encode, self.text_column, self.block_size = TokenIds(tokenizer), text_column, block_size
@@ -203,8 +187,6 @@ class SentenceBlocks:
         self.bos, self.eos, self.pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
 
     def __call__(self, batch):
-        import numpy as np
-
         T = self.block_size
         sentences = [s for text in batch[self.text_column] if text for s in split_sentences(text)]
         encoded = [tokens for tokens in self.encode(sentences) if len(tokens) >= 2]  # shorter: no bigram of its own
@@ -243,15 +225,14 @@ class DocumentTokens:
 
 
 class ContiguousBlocks:
-    """datasets.map function: concatenate token lists and cut full blocks of `block_size` (the tail of each
-    map batch that does not fill a block is dropped, as in run_clm). Takes lists or an arrow-formatted batch."""
+    """datasets.map function: concatenate token lists (or an arrow batch) and cut full blocks of `block_size` (a map
+    batch's tail that fills no block is dropped, as in run_clm)."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
 
     def __call__(self, batch):
-        import numpy as np
-        import pyarrow.compute as pc
+        import pyarrow.compute as pc  # with datasets
 
         T = self.block_size
         column = batch["input_ids"]
@@ -268,8 +249,7 @@ BYTES_PER_WORKER = 2_000_000
 
 
 def map_workers(dataset, requested: int | None) -> int | None:
-    """`--preprocessing_num_workers`, else one process per usable core but no more than one per
-    BYTES_PER_WORKER of the split's data (None: this process)."""
+    """`--preprocessing_num_workers`, else a process per core but at most one per BYTES_PER_WORKER (None: this one)."""
     if requested:
         return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -279,40 +259,29 @@ def map_workers(dataset, requested: int | None) -> int | None:
     return workers if workers > 1 else None
 
 
-class _SerialTokenizers:
-    """Inside: the `tokenizers` library runs one thread per process (the map's processes share the cores), and
-    does not warn that it was forked after using threads; the setting before is restored after."""
-
-    def __enter__(self):
-        self.before = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-
-    def __exit__(self, *exc):
-        if self.before is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = self.before
-
-
 def _map(dataset, function, workers, args, desc, **kw):
-    """`dataset.map(function, batched=True)` on `workers` processes (None: this one)."""
-    with _SerialTokenizers() if workers else contextlib.nullcontext():
+    """`dataset.map(function, batched=True)` on `workers` processes (None: this one), where `tokenizers` runs one
+    thread per process (they share the cores) and does not warn of the fork."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    if workers:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
         return dataset.map(function, batched=True, num_proc=workers, load_from_cache_file=not args.overwrite_cache,
                            remove_columns=dataset.column_names, desc=desc, **kw)
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
 def tokenize_splits(raw, tokenizer, args, accelerator):
-    """Blocks of every split: DatasetDict of input_ids / attention_mask rows of length block_size. Tokenizing runs
-    on `map_workers` processes; contiguous blocks are cut in this process, so they are the same for any count."""
-    import datasets
-
-    if args.block_mode == "sentence":
+    """Blocks of every split (input_ids / attention_mask rows of block_size), tokenized on `map_workers` processes;
+    contiguous blocks are cut in this process, so they are the same for any count."""
+    if args.block_mode == "sentence" and tokenizer.pad_token is None:
         missing = [name for name in ("bos_token", "eos_token", "pad_token") if getattr(tokenizer, name) is None]
-        if tokenizer.pad_token is None:
-            raise UsageError(
-                f"sentence blocks need a tokenizer with a pad token (this one lacks {missing}); use "
-                "--contiguous_blocks or a tokenizer built by tokenization.build_tokenizer."
-            )
+        raise UsageError(f"sentence blocks need a tokenizer with a pad token (this one lacks {missing}); use "
+                         "--contiguous_blocks or a tokenizer built by tokenization.build_tokenizer.")
     blocks = {}
     with accelerator.main_process_first():
         for split, dataset in raw.items():
@@ -330,19 +299,14 @@ def tokenize_splits(raw, tokenizer, args, accelerator):
 def text_stats(dataset, text_column) -> tuple[int, int]:
     """(texts, non-blank texts) of a raw split."""
     n = nonblank = 0
-    for batch in dataset.iter(batch_size=1000):
-        for text in batch[text_column]:
-            n += 1
-            nonblank += bool(text and text.strip())
+    for text in (text for batch in dataset.iter(batch_size=1000) for text in batch[text_column]):
+        n, nonblank = n + 1, nonblank + bool(text and text.strip())
     return n, nonblank
 
 
 def block_sequences(dataset, pad_id):
-    """The real tokens of every block (padding dropped), as int64 tensors, for bigram counting: views of one tensor
-    per 4096 blocks, read from arrow without a Python object or a numpy call per block."""
-    import numpy as np
+    """The real tokens of every block (padding dropped) as int64 tensors: views of one tensor per 4096 blocks."""
     import pyarrow.compute as pc
-    import torch
 
     for batch in dataset.with_format("arrow").iter(batch_size=4096):
         ids = np.asarray(pc.list_flatten(batch["input_ids"]), dtype=np.int64)
@@ -351,8 +315,6 @@ def block_sequences(dataset, pad_id):
 
 
 def collate(rows):
-    import torch
-
     input_ids = torch.tensor([r["input_ids"] for r in rows], dtype=torch.long)
     attention_mask = torch.tensor([r["attention_mask"] for r in rows], dtype=torch.long)
     labels = input_ids.masked_fill(attention_mask == 0, -100)  # padding is never a target
@@ -367,10 +329,8 @@ def count_targets(batch):
 
 
 def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator):
-    """`--tokenizer_name`, else the tokenizer saved in the checkpoint being resumed, else one trained on the
-    training texts (main process, saved into `out_dir`, then loaded by the others). Returns (tokenizer, line)."""
-    from transformers import AutoTokenizer
-
+    """`--tokenizer_name`, else the resumed checkpoint's, else one trained on the training texts (main process,
+    saved into `out_dir`, then loaded by the others). Returns (tokenizer, line)."""
     if args.tokenizer_name:
         try:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
@@ -380,49 +340,35 @@ def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerat
     if checkpoint is not None and (checkpoint / "tokenizer").is_dir():
         tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
         return tokenizer, f"tokenizer: from the checkpoint {checkpoint} ({len(tokenizer)} tokens)"
-
-    from tokenization import build_tokenizer
-
-    line = None
     with accelerator.main_process_first():
-        if accelerator.is_main_process:
-            started = time.time()
-            try:
-                # no model_max_length: tokenization's default is kept (the model enforces its own
-                # max_position_embeddings), so tokenizing a long text with the saved tokenizer does not warn
-                tokenizer = build_tokenizer(
-                    raw["train"], kind=tok_settings["kind"], vocab_size=tok_settings["vocab_size"],
-                    output_dir=str(out_dir), text_column=args.text_column,
-                    min_frequency=tok_settings["min_frequency"],
-                )
-            except (ValueError, TypeError) as err:
-                raise UsageError(f"could not train the tokenizer: {err}") from None
-            line = (f"tokenizer: trained {tok_settings['kind']} with {len(tokenizer)} tokens (asked "
-                    f"{tok_settings['vocab_size']}) in {time.time() - started:.1f}s, saved to {out_dir}")
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(out_dir)
-    return tokenizer, line
+        if not accelerator.is_main_process:
+            return AutoTokenizer.from_pretrained(out_dir), None
+        started = time.time()
+        try:  # no model_max_length: the model enforces its own max_position_embeddings, a long text does not warn
+            tokenizer = build_tokenizer(raw["train"], kind=tok_settings["kind"], vocab_size=tok_settings["vocab_size"],
+                                        output_dir=str(out_dir), text_column=args.text_column,
+                                        min_frequency=tok_settings["min_frequency"])
+        except (ValueError, TypeError) as err:
+            raise UsageError(f"could not train the tokenizer: {err}") from None
+    return tokenizer, (f"tokenizer: trained {tok_settings['kind']} with {len(tokenizer)} tokens (asked "
+                       f"{tok_settings['vocab_size']}) in {time.time() - started:.1f}s, saved to {out_dir}")
 
 
 def prepare_blocks(raw, tokenizer, args, accelerator):
-    """(training blocks, validation blocks or None, a line describing them): the blocks of every split, with the
-    cases that leave nothing to train on refused and the validation set cut to `--max_eval_samples`."""
+    """(training blocks, validation blocks or None, a line describing them); nothing to train on is refused, the
+    validation set cut to `--max_eval_samples`."""
     blocks = tokenize_splits(raw, tokenizer, args, accelerator)
     train_blocks = blocks["train"]
+    if len(train_blocks) == 0 and args.block_mode == "contiguous":
+        raise UsageError(f"the training data gives no block of {args.block_size} tokens: every text is shorter than "
+                         f"two tokens or all of them together are shorter than --block_size {args.block_size}.")
     if len(train_blocks) == 0:
-        if args.block_mode == "contiguous":
-            raise UsageError(
-                f"the training data gives no block of {args.block_size} tokens: every text is shorter than two "
-                f"tokens or all of them together are shorter than --block_size {args.block_size}."
-            )
-        raise UsageError(
-            "every training text is shorter than two tokens: there is no bigram to learn from. Give longer texts."
-        )
+        raise UsageError("every training text is shorter than two tokens: there is no bigram to learn from. Give "
+                         "longer texts.")
     eval_blocks = blocks["validation"] if "validation" in blocks else None
     if eval_blocks is not None and args.max_eval_samples:
         eval_blocks = eval_blocks.select(range(min(args.max_eval_samples, len(eval_blocks))))
-    if eval_blocks is not None and len(eval_blocks) == 0:
-        eval_blocks = None
+    eval_blocks = eval_blocks if eval_blocks is not None and len(eval_blocks) else None
     real_tokens = sum(int(b["attention_mask"].sum()) for b in train_blocks.with_format("numpy").iter(batch_size=4096))
     line = (f"blocks: {len(train_blocks):,} training blocks of {args.block_size} ({args.block_mode} mode, "
             f"{real_tokens:,} real tokens, {1 - real_tokens / (len(train_blocks) * args.block_size):.0%} padding), "

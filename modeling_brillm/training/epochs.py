@@ -1,13 +1,5 @@
-"""The epoch loop of a pretraining run: optimizer steps, the train log, periodic validation (which also keeps the
-best model, `best.BestModel`), checkpoints, and the exact resume position.
-
-`Job` holds what the loop runs on (accelerate-prepared model, optimizer, scheduler and loaders, the step and
-evaluation functions); `Position` is where a run stands in its data and on its training clock (what a checkpoint
-stores); `train_epochs` runs from a position to `max_train_steps` or until the training clock passes
-`max_train_time` and returns the throughput figures.
-
-The training clock counts the seconds of the steps (data, forward, backward, optimizer step), not evaluations or
-checkpoints. `seconds_per_step` times a few throwaway steps: what a time budget plans its epochs from.
+"""The epoch loop of a pretraining run (`train_epochs` over a `Job`, from a `Position`: what a checkpoint stores), and
+the one training clock and schedule every model of a time budget shares (BriLLM here, GPT-2 in benchmarks/quality.py).
 """
 
 from __future__ import annotations
@@ -17,6 +9,10 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
 
 from .checkpoints import load_checkpoint, save_checkpoint
 from .optimizers import apply_pending_weight_decay
@@ -36,8 +32,8 @@ class Job:
     best: object  # best.BestModel
     tokenizer: object
     signature: dict  # what must match for a resume to be an exact continuation
+    clock: TrainingClock = field(default_factory=lambda: TrainingClock())  # with the time budget, if any
     write_extra: Callable | None = None  # adds files to a checkpoint's temporary folder (the edge shards)
-    clock: TrainingClock | None = None  # read by a schedule that follows the training clock (follow_clock)
 
 
 @dataclass
@@ -51,8 +47,9 @@ class Position:
 
 @dataclass
 class TrainingClock:
-    """Seconds of training so far, out of a budget; the loop sets `seconds` before every step."""
-    budget: float
+    """Seconds of training steps (data, forward, backward, optimizer step; not evaluations or checkpoints), out of
+    an optional budget. The loop sets `seconds` before every step; a schedule over the clock reads it."""
+    budget: float | None = None
     seconds: float = 0.0
 
     def fraction(self) -> float:
@@ -63,21 +60,25 @@ class TrainingClock:
 CLOCK_STEPS = 1_000_000
 
 
-def follow_clock(scheduler, clock: TrainingClock, warmup_steps: int):
-    """Make a LambdaLR built for `warmup_steps + CLOCK_STEPS` steps (transformers' get_scheduler) follow the
-    training clock after its warmup: its progress is the clock's share of the budget, so the schedule ends when the
-    budget does whatever the pace of the steps. The warmup stays counted in steps."""
+def make_schedule(optimizer, name: str, warmup_steps: int, total_steps: int | None = None,
+                  clock: TrainingClock | None = None):
+    """transformers' schedule `name` over `total_steps`, or past its warmup (in steps) over a budgeted clock: its
+    progress is the clock's share of the budget, so it ends with the budget whatever the pace of the steps."""
+    if clock is None or clock.budget is None:
+        return get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+    scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps,
+                              num_training_steps=warmup_steps + CLOCK_STEPS)
+
     def following(factor):
         return lambda step: factor(step if step < warmup_steps else warmup_steps + clock.fraction() * CLOCK_STEPS)
 
     scheduler.lr_lambdas = [following(factor) for factor in scheduler.lr_lambdas]
+    return scheduler
 
 
 def seconds_per_step(step: Callable, sync: Callable = lambda: None, warmup: int = 2, timed: int = 5) -> float:
-    """The median time of `timed` calls of `step`, after `warmup` untimed ones. The first steps are not the run's:
-    the first allocates the optimizer's moments, and on a GPU the first two compile kernels (Triton compiles an
-    integer argument equal to 1, the optimizer's first step, apart from the others); the median keeps one more
-    slow step (a late compile, another process) from passing for the run's pace."""
+    """The median time of `timed` calls of `step`, after `warmup` untimed ones: the first steps allocate the
+    optimizer's moments and compile kernels, and the median keeps one more slow step from passing for the pace."""
     for _ in range(warmup):
         step()
     times = []
@@ -96,7 +97,7 @@ class TrainStats:
     train_time: float = 0.0
     train_tokens: int = 0
     last_loss: float = float("nan")
-    evaluations: list = field(default_factory=list)
+    pending: list = field(default_factory=list)  # the --eval_seconds points the clock has not passed yet
 
 
 def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position:
@@ -124,10 +125,7 @@ def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position
 
 def evaluate_now(job: Job, step: int, train_loss: float | None = None, write=print, seconds: float = 0.0,
                  tokens: int = 0) -> tuple[float, float]:
-    """Validate (lazily decayed rows brought up to date first), log it with the training clock and tokens so far,
-    and offer the model as the best."""
-    import torch
-
+    """Validate (lazily decayed rows brought up to date first), log it on the clock, offer the model as the best."""
     apply_pending_weight_decay(job.optimizer)
     device = job.accelerator.device
     # the loader draws its seed from the global generator: kept as it was, the training after an evaluation (the
@@ -149,8 +147,7 @@ def eval_record(step: int, loss: float, ppl: float, count: int, seconds: float, 
 
 
 def checkpoint_now(job: Job, args, position: Position, write=print):
-    """Save the training state (with the best model so far, the training clock and the planned epochs) as
-    `<output_dir>/step_N`."""
+    """Save the training state (the best model so far, the clock, the planned epochs) as `<output_dir>/step_N`."""
     state = {"completed_steps": position.completed_steps, "epoch": position.epoch,
              "batches_in_epoch": position.batches_in_epoch, "train_seconds": position.train_seconds,
              "train_tokens": position.train_tokens, "planned_epochs": getattr(args, "planned_epochs", None),
@@ -182,8 +179,7 @@ def _epoch_batches(job: Job, epoch: int, start: Position):
 
 
 def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
-    """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout: set on the
-    BriLLMModel inside `model` (a BriLLMForCausalLM, or the ShardedBriLLM that wraps one)."""
+    """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout to the BriLLMModel."""
     scale = min(1.0, epochs_trained / warmup_epochs) if warmup_epochs > 0 else 1.0
     for module in model.modules():
         if hasattr(module, "signal_dropout_scale"):
@@ -192,59 +188,67 @@ def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
 
 def train_epochs(job: Job, args, start: Position) -> TrainStats:
     """Train from `start` to `args.max_train_steps` (None: no step limit) or until the training clock passes
-    `args.max_train_time` (when set): log every step, validate every `eval_steps` and whenever the clock passes one
-    of `eval_seconds` (not at the last step: the caller evaluates the final model), checkpoint every
-    `checkpointing_steps` (or 'epoch'). The signal dropout warms up linearly over the first
-    `signal_dropout_warmup_epochs`."""
-    from tqdm.auto import tqdm
-
+    `args.max_train_time`: log every step, validate every `eval_steps` and whenever the clock passes one of
+    `eval_seconds` (not at the last step: the caller evaluates the final model), checkpoint every
+    `checkpointing_steps` (or 'epoch'). The signal dropout warms up over `signal_dropout_warmup_epochs`."""
     acc = job.accelerator
-    limit, budget = args.max_train_steps, getattr(args, "max_train_time", None)
-    progress = tqdm(total=limit, initial=start.completed_steps, desc="train",
+    progress = tqdm(total=args.max_train_steps, initial=start.completed_steps, desc="train",
                     disable=not acc.is_local_main_process, dynamic_ncols=True)
     stats = TrainStats(start.completed_steps, start.train_seconds, start.train_tokens)
-    pending = [s for s in sorted(getattr(args, "eval_seconds", None) or []) if s > start.train_seconds]
+    stats.pending = [s for s in sorted(getattr(args, "eval_seconds", None) or []) if s > start.train_seconds]
     model = acc.unwrap_model(job.model)
     job.model.train()
     epochs = range(start.epoch, args.num_train_epochs) if args.num_train_epochs else itertools.count(start.epoch)
-    done = limit is not None and stats.completed_steps >= limit or budget is not None and stats.train_time >= budget
     for epoch in epochs:
-        if done:
+        if _done(args, stats):
             break
         loader, batches = _epoch_batches(job, epoch, start)
         step_started = time.time()
         for batch in loader:
             warm_signal_dropout(model, epoch + batches / len(job.train_loader), args.signal_dropout_warmup_epochs)
-            if job.clock is not None:
-                job.clock.seconds = stats.train_time
+            job.clock.seconds = stats.train_time
             result = job.train_step(batch, stats.completed_steps)  # the step keys its dropout masks
             batches += 1
             if result is None:  # a micro-batch of an accumulation: no optimizer step yet
                 continue
-            stats.completed_steps += 1
-            steps, elapsed = stats.completed_steps, time.time() - step_started
-            stats.last_loss, stats.train_time = result.loss, stats.train_time + elapsed
-            stats.train_tokens += result.tokens
-            job.log({"step": steps, "loss": result.loss, "lr": result.lr, "tokens": result.targets,
-                     "epoch": epoch, "seconds": round(elapsed, 4), "train_seconds": round(stats.train_time, 4)})
-            progress.update(1)
-            progress.set_postfix(loss=f"{result.loss:.3f}", refresh=False,
-                                 tok_s=f"{stats.train_tokens / max(stats.train_time, 1e-9):,.0f}")
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
-            done = limit is not None and steps >= limit or budget is not None and stats.train_time >= budget
-            passed = bool(pending) and stats.train_time >= pending[0]
-            pending = [s for s in pending if s > stats.train_time]
-            due = passed or bool(args.eval_steps) and steps % args.eval_steps == 0
-            if due and job.eval_loader is not None and not done:
-                evaluate_now(job, steps, result.loss, write=progress.write, seconds=stats.train_time,
-                             tokens=stats.train_tokens)
-            if _checkpoint_due(args, steps, batches >= len(job.train_loader)):
-                checkpoint_now(job, args, Position(steps, epoch, batches, stats.train_time, stats.train_tokens),
-                               write=progress.write)
+            _count_step(job, args, stats, result, epoch, time.time() - step_started, progress)
+            _validate_and_checkpoint(job, args, stats, Position(stats.completed_steps, epoch, batches), progress)
             step_started = time.time()
-            if done:
+            if _done(args, stats):
                 break
     progress.close()
     warm_signal_dropout(model, 1.0, 0.0)  # the model leaves the loop with its configured dropout
     return stats
+
+
+def _done(args, stats: TrainStats) -> bool:
+    limit, budget = args.max_train_steps, getattr(args, "max_train_time", None)
+    return limit is not None and stats.completed_steps >= limit or budget is not None and stats.train_time >= budget
+
+
+def _count_step(job: Job, args, stats: TrainStats, result, epoch: int, elapsed: float, progress):
+    """The step's figures into the stats, the train log and the progress bar."""
+    stats.completed_steps += 1
+    stats.last_loss, stats.train_time = result.loss, stats.train_time + elapsed
+    stats.train_tokens += result.tokens
+    job.log({"step": stats.completed_steps, "loss": result.loss, "lr": result.lr, "tokens": result.targets,
+             "epoch": epoch, "seconds": round(elapsed, 4), "train_seconds": round(stats.train_time, 4)})
+    progress.update(1)
+    progress.set_postfix(loss=f"{result.loss:.3f}", refresh=False,
+                         tok_s=f"{stats.train_tokens / max(stats.train_time, 1e-9):,.0f}")
+    if args.step_sleep:
+        time.sleep(args.step_sleep)
+
+
+def _validate_and_checkpoint(job: Job, args, stats: TrainStats, at: Position, progress):
+    """Validate at an --eval_steps step or --eval_seconds point (not the last step); checkpoint when due."""
+    steps, done = stats.completed_steps, _done(args, stats)
+    passed = bool(stats.pending) and stats.train_time >= stats.pending[0]
+    stats.pending = [s for s in stats.pending if s > stats.train_time]
+    due = passed or bool(args.eval_steps) and steps % args.eval_steps == 0
+    if due and job.eval_loader is not None and not done:
+        evaluate_now(job, steps, stats.last_loss, write=progress.write, seconds=stats.train_time,
+                     tokens=stats.train_tokens)
+    if _checkpoint_due(args, steps, at.batches_in_epoch >= len(job.train_loader)):
+        position = Position(steps, at.epoch, at.batches_in_epoch, stats.train_time, stats.train_tokens)
+        checkpoint_now(job, args, position, write=progress.write)

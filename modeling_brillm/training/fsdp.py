@@ -1,27 +1,21 @@
 """FSDP2 for pretraining: accelerate's on GPUs, torch's `fully_shard` applied by the script on the CPU.
 
-accelerate forms FSDP only on GPU-type devices. On the CPU a launch with `distributed_type: FSDP`
-(configuration/accelerate/cpu_2_fsdp.yaml) gets a MULTI_CPU run (gloo) and accelerate ignores `fsdp_config`; there
-`prepare_on_cpu` shards the model with the pieces accelerate's FSDP2 is made of:
-
-- the launch's `fsdp_config`, read from the environment `accelerate launch` set, by accelerate's
-  `FullyShardedDataParallelPlugin` (wrap policy, reshard after forward, mixed precision, state dict type);
-- torch's `fully_shard` over a CPU device mesh of every process: parameters become DTensors sharded on dim 0,
-  gathered whole for each forward and backward; gradients are reduce-scattered (averaged, as DDP's all-reduce);
-- the optimizer built over the sharded parameters, in accelerate's `AcceleratedOptimizer` (it skips the steps of
-  gradient accumulation), but not registered with the accelerator, whose `save_state` would save rank 0's shards;
-- checkpoints through accelerate's `save_fsdp_model` / `save_fsdp_optimizer` (torch.distributed.checkpoint, the
-  same folders a GPU FSDP run writes), hooked into `accelerator.save_state` / `load_state`, which keep saving the
-  scheduler, the data position and the random states.
-
-Everything after preparation is shared with the GPU path: `is_fsdp` tells the script either kind, and
-`full_state_dict` gathers the whole weights on the main process (the final save, the best model).
+accelerate forms FSDP only on GPUs; on the CPU an FSDP launch (configuration/accelerate/cpu_2_fsdp.yaml) gets a
+MULTI_CPU run and `prepare_on_cpu` shards the model with the pieces accelerate's FSDP2 is made of: the launch's
+`fsdp_config` (accelerate's plugin), torch's `fully_shard` over a CPU mesh (parameters sharded on dim 0, padded
+where it does not divide by the process count), the optimizer in an `AcceleratedOptimizer`, and checkpoints through
+accelerate's `save_fsdp_model` / `save_fsdp_optimizer` hooked into `save_state` / `load_state`. After preparation
+the path is the GPU one: `is_fsdp` tells either kind, `full_state_dict` gathers the weights on the main process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 FSDP_ENV = "ACCELERATE_USE_FSDP"
 
@@ -41,23 +35,11 @@ def is_fsdp(accelerator, environ=os.environ) -> bool:
     return accelerator.distributed_type.value == "FSDP" or fsdp_on_cpu(accelerator, environ)
 
 
-def fsdp_plugin(accelerator):
-    """accelerate's FSDP plugin of the launch's `fsdp_config` (FSDP_* variables), with its mixed precision."""
-    from accelerate.utils import FullyShardedDataParallelPlugin
-
-    plugin = FullyShardedDataParallelPlugin()
-    if accelerator.mixed_precision != "no":
-        plugin.set_mixed_precision(accelerator.mixed_precision)
-    return plugin
-
-
 def shard_model(model, plugin, num_processes: int):
     """`fully_shard` the modules the plugin's wrap policy picks (none under NO_WRAP), then the whole model, over a
-    CPU mesh of `num_processes`, as accelerate's `fsdp2_prepare_model` does on GPUs. In place; returns the model."""
+    CPU mesh of `num_processes`, as accelerate's `fsdp2_prepare_model` does on GPUs; in place."""
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
     from accelerate.utils.other import get_module_children_bottom_up
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cpu", (num_processes,))
     kwargs = dict(mesh=mesh, mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
@@ -72,26 +54,28 @@ def shard_model(model, plugin, num_processes: int):
 
 
 def prepare_on_cpu(accelerator, model, make_optimizer, train_loader, eval_loader=None):
-    """Shard `model` with FSDP2 on the CPU, build its optimizer (`make_optimizer(model)`) over the sharded
-    parameters, prepare the loaders with accelerate, and hook the sharded model and optimizer into the
-    accelerator's checkpoints. Returns (model, optimizer, train_loader, eval_loader) as `accelerator.prepare`."""
+    """Shard `model` with FSDP2 on the CPU, build its optimizer (`make_optimizer(model)`) over the shards, prepare
+    the loaders, hook both into the accelerator's checkpoints: (model, optimizer, train_loader, eval_loader)."""
     from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import FullyShardedDataParallelPlugin
 
-    plugin = fsdp_plugin(accelerator)
+    plugin = FullyShardedDataParallelPlugin()  # the launch's fsdp_config, from the FSDP_* variables
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
     shard_model(model, plugin, accelerator.num_processes)
     held = sum(p.to_local().numel() for p in model.parameters())
     accelerator.print(f"FSDP2 on the CPU (torch's fully_shard over {accelerator.num_processes} processes): the main "
                       f"process holds {held:,} of the {sum(p.numel() for p in model.parameters()):,} parameters")
     optimizer = AcceleratedOptimizer(make_optimizer(model), device_placement=False)
     hook_checkpoints(accelerator, plugin, model, optimizer.optimizer)
-    if eval_loader is None:
-        return model, optimizer, accelerator.prepare(train_loader), None
-    return (model, optimizer, *accelerator.prepare(train_loader, eval_loader))
+    loaders = accelerator.prepare(train_loader, eval_loader) if eval_loader is not None else (
+        accelerator.prepare(train_loader), None)
+    return (model, optimizer, *loaders)
 
 
 def hook_checkpoints(accelerator, plugin, model, optimizer):
-    """`accelerator.save_state` / `load_state` also save / restore the sharded model and optimizer, on every
-    process, with accelerate's own FSDP functions (torch.distributed.checkpoint under SHARDED_STATE_DICT)."""
+    """`accelerator.save_state` / `load_state` also save / restore the sharded model and optimizer on every
+    process, with accelerate's own FSDP functions (torch.distributed.checkpoint)."""
     from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 
     def save(_models, _weights, output_dir):
@@ -109,38 +93,26 @@ def hook_checkpoints(accelerator, plugin, model, optimizer):
 
 
 def reshard(model):
-    """Shard again the parameters FSDP2 left gathered: the root keeps them after a forward without backward
-    (evaluation, generation), and torch's state-dict functions read the parameters as they are registered, so a
-    full state dict loaded then meets gathered tensors where it expects shards. A no-op on other models."""
-    from torch.distributed.fsdp import FSDPModule
-
+    """Shard again the parameters FSDP2 left gathered after a forward without backward (evaluation, generation),
+    where torch's state-dict functions expect shards. A no-op on other models."""
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
 
 
 def full_state_dict(accelerator, model) -> dict:
-    """The whole model's weights on the main process (an empty dict elsewhere under FSDP); called on every process:
-    gathering FSDP shards is collective. Other runs: `accelerator.get_state_dict`."""
-    from torch.distributed.fsdp import FSDPModule
-
+    """The whole model's weights on the main process (under FSDP an empty dict elsewhere; call on every process)."""
     if not isinstance(model, FSDPModule):
         return accelerator.get_state_dict(model)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    reshard(model)
-    # as accelerate's get_state_dict under FSDP2
+    reshard(model)  # then as accelerate's get_state_dict under FSDP2
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                                                 cpu_offload=True))
 
 
 @contextlib.contextmanager
 def own_class(model):
-    """The model shown as its own class while transformers saves it. `fully_shard` turns a model's class into
-    torch's subclass FSDP<Name>, defined in a torch module: `save_pretrained` would copy that module's files as the
-    model's remote code (and name its class in `auto_map`) instead of modeling_brillm.py."""
-    from torch.distributed.fsdp import FSDPModule
-
+    """The model shown as its own class while transformers saves it: `fully_shard` makes it torch's FSDP<Name>,
+    whose module `save_pretrained` would otherwise copy as the model's remote code."""
     sharded = type(model)
     if isinstance(model, FSDPModule):
         model.__class__ = next(c for c in sharded.__mro__ if not issubclass(c, FSDPModule))

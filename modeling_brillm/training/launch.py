@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import os
 
+import accelerate
+import datasets
+import torch
+import transformers
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+
 from .errors import UsageError
 from .fsdp import fsdp_on_cpu, is_fsdp, truthy
 from .memory import keep_freed_memory
@@ -11,8 +18,6 @@ from .memory import keep_freed_memory
 
 def visible_gpus() -> int:
     """Accelerator devices this process can see (CUDA, or torch's current accelerator type), 0 on a CPU machine."""
-    import torch
-
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: whichever accelerator type torch was built for
     if accelerator is not None and accelerator.is_available():
         return accelerator.device_count()
@@ -20,14 +25,9 @@ def visible_gpus() -> int:
 
 
 def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
-    """Whether a multi-process launch (WORLD_SIZE > 1) trains on the CPU, deciding from what the launch asked for:
-
-    - the CPU: `ACCELERATE_USE_CPU` (accelerate's --cpu, or set by hand), or a launch config that hides every GPU
-      (configuration/accelerate/cpu_2.yaml: `gpu_ids: "-1,-1"` sets CUDA_VISIBLE_DEVICES to no device). It runs
-      on the CPU whatever the machine has: a CPU config on a GPU machine does not try to put rank k on cuda:k.
-    - GPUs, one per process (any other multi-process config): refused with a clear error, before any work, when
-      this machine runs more processes than it has visible GPUs (rank k would ask for a cuda:k that does not exist).
-    """
+    """Whether a multi-process launch trains on the CPU: `ACCELERATE_USE_CPU`, or a config that hides every GPU
+    (cpu_2.yaml), whatever the machine has. A GPU launch with more processes on this machine than visible GPUs is
+    refused before any work (rank k would ask for a cuda:k that does not exist)."""
     if truthy(environ.get("ACCELERATE_USE_CPU")):
         return True
     gpus = visible_gpus() if gpus is None else gpus
@@ -42,8 +42,7 @@ def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
             f"this launch asks for GPUs, one per process, and starts {local} processes on this machine, but {seen}"
             f"{f' (CUDA_VISIBLE_DEVICES={hidden})' if hidden is not None else ''}"
             f": {fix}train on the CPU with `accelerate launch --config_file configuration/accelerate/cpu_2.yaml` "
-            "(or ACCELERATE_USE_CPU=1)."
-        )
+            "(or ACCELERATE_USE_CPU=1).")
     return False
 
 
@@ -62,14 +61,11 @@ CPU_FSDP_LIMITS = (
 
 
 def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False) -> str | None:
-    """The error when the launch asked for FSDP (`distributed_type: FSDP`) but no FSDP run can follow. accelerate
-    forms FSDP only for multi-process runs on GPU-type devices; on the CPU (configuration/accelerate/cpu_2_fsdp.yaml)
-    it forms MULTI_CPU (gloo) and ignores `fsdp_config`. A script that shards the model itself there
-    (`shards_on_cpu`: examples/pretrain.py, through training/fsdp.py) runs FSDP2 when the config's settings allow it;
-    any other would train on silently as DDP, hiding that the FSDP path (its sharded state, its memory) never ran."""
+    """The error when the launch asked for FSDP but no FSDP run can follow: accelerate forms FSDP only on GPU-type
+    devices; on the CPU a script that shards the model itself (`shards_on_cpu`: pretraining, fsdp.py) runs FSDP2 where
+    the config allows it, any other would silently train as DDP."""
     if not truthy(environ.get("ACCELERATE_USE_FSDP")) or accelerator.distributed_type.value == "FSDP":
         return None
-    import accelerate
 
     formed = (f"this launch asks for FSDP (distributed_type: FSDP) but accelerate {accelerate.__version__} formed a "
               f"{accelerator.distributed_type.value} run on {accelerator.device.type}")
@@ -92,62 +88,46 @@ def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False
             "or on the CPU (configuration/accelerate/cpu_2_fsdp.yaml).")
 
 
-def make_accelerator(args, project_name: str | None = None, shards_on_cpu: bool = False):
-    """An Accelerator for a training script (`args`: gradient_accumulation_steps, seed, output_dir, with_tracking,
-    report_to, torch_threads, no_malloc_tuning), with the launch checked, logging quieted on non-main
-    processes, the seed set, and the CPU tuned. `shards_on_cpu`: the script applies FSDP itself where accelerate
-    forms a CPU run under an FSDP launch (training/fsdp.py). Returns (accelerator, a line describing the setup)."""
-    import datasets
-    import torch
-    import transformers
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
-
-    # Several processes: CPU (gloo) or one GPU each, as the launch asked (launch_on_cpu), checked before accelerate
-    # binds rank k to cuda:k. A CPU launch needs cpu=True: without it accelerate would start every process as an
-    # independent single-process run.
+def make_accelerator(args, shards_on_cpu: bool = False):
+    """The Accelerator of a training script, with the launch checked, logging quieted on other processes, the seed
+    set and the CPU tuned (`shards_on_cpu`: the script applies FSDP itself on the CPU). Returns (it, a line)."""
+    # A CPU launch of several processes needs cpu=True: without it accelerate would start independent runs.
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
     accelerator = Accelerator(
         cpu=multi and launch_on_cpu(),
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=args.gradient_accumulation_steps),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
         step_scheduler_with_optimizer=False,  # stepped by hand, once per optimizer step, whatever the processes
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
-    )
-    if multi and accelerator.num_processes == 1:
-        raise UsageError("WORLD_SIZE > 1 but accelerate did not form a process group.")
-    if (os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") and os.environ.get("MASTER_PORT")
-            and not multi and "LOCAL_RANK" not in os.environ):
-        # accelerate's CPU launcher sets MASTER_PORT when asked for several processes but starts them only through
-        # mpirun; without it this is one process, and silently training with a smaller global batch is worse.
-        raise UsageError(
-            "`accelerate launch --cpu --num_processes N` (N > 1) started ONE process: accelerate starts several CPU "
-            "processes only through mpirun. Use `accelerate launch --config_file configuration/accelerate/cpu_2.yaml "
-            "...` (torchrun + gloo), or `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`."
-        )
-    fsdp_error = fsdp_not_formed(accelerator, shards_on_cpu=shards_on_cpu)
-    if fsdp_error:
-        raise UsageError(fsdp_error)
-    if accelerator.is_main_process:
-        datasets.utils.logging.set_verbosity_warning()
-        transformers.utils.logging.set_verbosity_warning()
-    else:
-        datasets.utils.logging.set_verbosity_error()
+        log_with=args.report_to if args.with_tracking else None, project_dir=args.output_dir)
+    check_launch(accelerator, multi, shards_on_cpu)
+    for library in (datasets.utils.logging, transformers.utils.logging):
+        (library.set_verbosity_warning if accelerator.is_main_process else library.set_verbosity_error)()
+    if not accelerator.is_main_process:
         datasets.disable_progress_bars()
-        transformers.utils.logging.set_verbosity_error()
     set_seed(args.seed)
     if args.torch_threads and accelerator.device.type == "cpu":
         torch.set_num_threads(args.torch_threads)
     kept = accelerator.device.type == "cpu" and not args.no_malloc_tuning and keep_freed_memory()
-
     kind = ("MULTI_CPU, sharded by the script with torch's FSDP2" if fsdp_on_cpu(accelerator)
             else accelerator.distributed_type.value)
     line = (f"{accelerator.num_processes} process(es) [{kind}] on {accelerator.device}"
             + (f" ({torch.get_num_threads()} threads{', malloc keeps freed memory' if kept else ''})"
-               if accelerator.device.type == "cpu" else "") + ", "
-            f"mixed precision {accelerator.mixed_precision}")
+               if accelerator.device.type == "cpu" else "") + f", mixed precision {accelerator.mixed_precision}")
     # autocast does not reach BriLLM's math (exact_precision); FSDP's policy casts the gathered parameters instead
     if accelerator.mixed_precision in ("bf16", "fp16") and not is_fsdp(accelerator):
         line += " (autocast does not reach BriLLM's float32 math: see docs/gpu.md, 'Mixed precision')"
     return accelerator, line
+
+
+def check_launch(accelerator, multi: bool, shards_on_cpu: bool):
+    if multi and accelerator.num_processes == 1:
+        raise UsageError("WORLD_SIZE > 1 but accelerate did not form a process group.")
+    if truthy(os.environ.get("ACCELERATE_USE_CPU")) and os.environ.get("MASTER_PORT") and not multi \
+            and "LOCAL_RANK" not in os.environ:  # accelerate's --cpu launcher starts several processes only via mpirun
+        raise UsageError(
+            "`accelerate launch --cpu --num_processes N` (N > 1) started ONE process: accelerate starts several CPU "
+            "processes only through mpirun. Use `accelerate launch --config_file configuration/accelerate/cpu_2.yaml "
+            "...` (torchrun + gloo), or `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`.")
+    fsdp_error = fsdp_not_formed(accelerator, shards_on_cpu=shards_on_cpu)
+    if fsdp_error:
+        raise UsageError(fsdp_error)

@@ -1,16 +1,21 @@
 """The training step, evaluation and sample generation.
 
-`TrainStep` is one call per micro-batch: forward, backward with the token-weighted rescale to the global mean,
-and on the last micro-batch of an accumulation the gradient clipping, optimizer and scheduler step. The loss
-of a step is the token-weighted mean over the whole global batch, the same number whatever the process count.
-The signal dropout masks are too: each row is keyed by its index in the step's global batch and the step's seed
-(`dropout_inputs`), so one process, DDP, FSDP and source sharding drop the same entries.
+`TrainStep` is one call per micro-batch: forward, backward with the token-weighted rescale to the global mean, and on
+the last micro-batch of an accumulation the clipping, optimizer and scheduler step, so a step's loss and gradient are
+those of the mean over the whole global batch whatever the process count. The signal dropout masks are keyed by each
+row's index in the step's global batch and the step's seed, so one process, DDP, FSDP and source sharding drop the
+same entries.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from modeling_brillm.recurrence import mix64
 
 from .data import count_targets, split_sentences
 from .fsdp import reshard
@@ -25,39 +30,28 @@ def _extra_inputs(batch) -> dict:
 
 
 def step_seed(seed: int, step: int) -> int:
-    """The signal dropout masks' seed of optimizer step `step` (0-based) of a run seeded `seed`: the same on every
-    process, and again on a resume (the checkpoint holds both)."""
-    from modeling_brillm.recurrence import mix64
-
+    """The dropout masks' seed of optimizer step `step` (0-based) of a run seeded `seed`, on every process."""
     return mix64(seed, step)
 
 
 def dropout_inputs(accelerator, seed: int, micro: int, per_device_batch_size: int, rows: int) -> dict:
-    """The model's `dropout_rows` / `dropout_seed` for micro-batch `micro` of a step (its `rows` rows) on this
-    process. Accelerate deals the loader's batches round-robin (batch k to process k mod W) from one order of the
-    blocks whatever the batch size, so local row i is row (micro · W + rank) · per_device_batch_size + i of the
-    step's global batch: the index the same block has in one process with W times the batch, or more
-    accumulation."""
-    import torch
-
+    """The model's `dropout_rows` / `dropout_seed` for micro-batch `micro` of a step on this process. Accelerate deals
+    batch k to process k mod W from one order of the blocks, so local row i is row (micro · W + rank) · batch + i of
+    the step's global batch: the index the same block has with one process and W times the batch."""
     first = (micro * accelerator.num_processes + accelerator.process_index) * per_device_batch_size
     return {"dropout_rows": torch.arange(first, first + rows, device=accelerator.device), "dropout_seed": seed}
 
 
 class StepKeys:
     """Where a training step object stands, for the dropout masks: `steps` optimizer steps completed, `micro`
-    micro-batches into the next; `seed` the run's (None: the seed torch's generator was last given, a script's
-    --seed after accelerate's set_seed; read, not drawn, so a run without dropout keeps its random stream)."""
+    micro-batches into the next; `seed` the run's (None: torch's initial seed, read so a run keeps its stream)."""
 
     def keys_from(self, accelerator, per_device_batch_size: int, seed: int | None):
-        import torch
-
         self.keys_accelerator, self.per_device_batch_size = accelerator, per_device_batch_size
         self.seed = torch.initial_seed() if seed is None else seed
         self.steps = self.micro = 0
 
     def dropout_inputs(self, batch, step: int | None) -> dict:
-        """This micro-batch's dropout keywords (`dropout_inputs`) in optimizer step `step` (None: `steps`)."""
         seed = step_seed(self.seed, self.steps if step is None else step)
         return dropout_inputs(self.keys_accelerator, seed, self.micro, self.per_device_batch_size,
                               batch["input_ids"].shape[0])
@@ -77,12 +71,8 @@ class StepResult:
 
 
 def _coalesced(grad):
-    """A sparse row gradient with its duplicate rows summed. Autograd marks a gradient it added up as uncoalesced
-    even when its rows are already unique and increasing (the usual case here); then the flag is set without
-    touching the values, where `coalesce()` would sort and copy every row of a gradient that may cover most of a
-    large edge table."""
-    import torch
-
+    """A sparse row gradient with its duplicate rows summed. Autograd marks a sum uncoalesced even when its rows are
+    unique and increasing (the usual case); then only the flag is set, not a sorted copy of most of the table."""
     if grad.is_coalesced():
         return grad
     rows = grad._indices()[0]
@@ -93,8 +83,7 @@ def _coalesced(grad):
 
 
 def _square_sum(tensor, chunk: int = 1 << 22):
-    """The sum of squares of a tensor, in slices of `chunk` elements: squaring a gradient that covers most of a large
-    edge table at once would allocate a copy as large as the table."""
+    """The sum of squares, in slices: squaring a gradient of most of a large table at once would copy it whole."""
     flat = tensor.reshape(-1)
     if flat.numel() <= chunk:
         return flat.float().pow(2).sum()
@@ -103,10 +92,7 @@ def _square_sum(tensor, chunk: int = 1 << 22):
 
 def clip_grad_norm_(params, max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` (L2, in place, returns the norm before clipping) that also takes sparse COO
-    gradients. An uncoalesced sparse gradient (accumulated micro-batches, embedding rows) is coalesced first: its
-    duplicate rows sum, so the norm is the norm of the dense gradient it stands for."""
-    import torch
-
+    gradients, coalesced first so the norm is the dense gradient's."""
     squares = []
     for p in params:
         grad = p.grad
@@ -121,28 +107,21 @@ def clip_grad_norm_(params, max_norm: float) -> float:
     total = float(torch.stack(squares).sum().sqrt())
     coef = min(max_norm / (total + 1e-6), 1.0)  # as torch: clamped, applied to every gradient
     if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                if p.grad.is_sparse:
-                    p.grad._values().mul_(coef)
-                else:
-                    p.grad.mul_(coef)
+        for p in (p for p in params if p.grad is not None):
+            (p.grad._values() if p.grad.is_sparse else p.grad).mul_(coef)
     return total
 
 
 class TrainStep(StepKeys):
     """The single-process / DDP / FSDP step over `accelerator.prepare`d model, optimizer and scheduler.
 
-    Every process backpropagates (sum of its token losses) / ref, ref = per-device batch x block size (keeps the
-    backward near the mean's scale); when gradients sync, the gradients are multiplied by G x W x ref / (global
-    targets), which undoes accelerate's division by the G accumulation steps and DDP's average over W processes:
-    the step's gradient is that of the mean loss over every target of the global batch.
+    Every process backpropagates (sum of its token losses) / ref, ref = per-device batch x block size; when gradients
+    sync they are multiplied by G x W x ref / (global targets), undoing accelerate's division by the G accumulation
+    steps and DDP's average over W processes: the gradient of the mean loss over every target of the global batch.
     """
 
     def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
                  max_grad_norm: float | None, clip: bool, learning_rate: float, seed: int | None = None):
-        import torch
-
         self.accelerator, self.model, self.optimizer, self.lr_scheduler = accelerator, model, optimizer, lr_scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.keys_from(accelerator, per_device_batch_size, seed)
@@ -153,10 +132,8 @@ class TrainStep(StepKeys):
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
 
     def __call__(self, batch, step: int | None = None) -> StepResult | None:
-        """Process one micro-batch of optimizer step `step` (0-based: the steps completed before it, which key its
-        dropout masks); a StepResult when it completed that step, else None."""
-        import torch
-
+        """One micro-batch of optimizer step `step` (the steps completed before it, which key its dropout masks); a
+        StepResult when it completed that step, else None."""
         acc, model = self.accelerator, self.model
         totals = None
         with acc.accumulate(model):
@@ -164,22 +141,13 @@ class TrainStep(StepKeys):
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                         labels=batch["labels"], return_logits=False, **_extra_inputs(batch),
                         **self.dropout_inputs(batch, step))
-            # backward of (sum of this batch's token losses) / ref; rescaled below to / (global targets)
-            acc.backward(out.loss * (n_local / self.ref))
+            acc.backward(out.loss * (n_local / self.ref))  # rescaled below to / (global targets)
             self.sums += torch.stack([out.loss.detach().double() * n_local, n_local.double(),
                                       batch["attention_mask"].sum().double()])
             if acc.sync_gradients:
                 totals = acc.reduce(self.sums.clone(), reduction="sum")
-                # accelerate divided by G, DDP averaged over W: undo both and divide by the global targets
-                scale = acc.gradient_accumulation_steps * acc.num_processes * self.ref / max(float(totals[1]), 1.0)
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
-                if self.max_grad_norm:
-                    if self.sparse_gradients:  # one process (optimizers.choose_optimizer): no collective needed
-                        clip_grad_norm_(self.params, self.max_grad_norm)
-                    else:
-                        acc.clip_grad_norm_(self.params, self.max_grad_norm)
+                self._scale_and_clip(acc.gradient_accumulation_steps * acc.num_processes * self.ref
+                                     / max(float(totals[1]), 1.0))
             self.optimizer.step()
             if acc.sync_gradients and not acc.optimizer_step_was_skipped:
                 self.lr_used = self.lr_scheduler.get_last_lr()[0]
@@ -192,13 +160,19 @@ class TrainStep(StepKeys):
         return StepResult(loss=float(totals[0] / totals[1].clamp_min(1)), targets=int(totals[1]),
                           tokens=int(totals[2]), lr=self.lr_used)
 
+    def _scale_and_clip(self, scale: float):
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        if self.max_grad_norm and self.sparse_gradients:  # one process (optimizers.choose_optimizer): no collective
+            clip_grad_norm_(self.params, self.max_grad_norm)
+        elif self.max_grad_norm:
+            self.accelerator.clip_grad_norm_(self.params, self.max_grad_norm)
+
 
 def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
     """(mean loss, perplexity, scored tokens) over the validation blocks: the full softmax over all V nodes
     (whatever the training loss), token-weighted, gathered over processes."""
-    import torch
-    import torch.nn.functional as F
-
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for batch in dataloader:
@@ -221,27 +195,25 @@ def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
 
 
 def choose_prompts(args, raw_validation, used_builtin: bool) -> list[str]:
+    """--prompts, the built-in ones for the embedded corpus, or the first words of validation sentences."""
     if args.prompts:
         return args.prompts[: max(args.num_generations, len(args.prompts))]
     if used_builtin:
         return DEFAULT_PROMPTS[: args.num_generations]
+    texts = raw_validation[args.text_column] if raw_validation is not None else []
     prompts = []
-    if raw_validation is not None:
-        for text in raw_validation[args.text_column]:
-            for sentence in split_sentences(text or ""):
-                words = sentence.split()
-                if len(words) >= 4:
-                    prompts.append(" ".join(words[:3]))
-                elif len(sentence) >= 4 and len(words) == 1:  # e.g. Chinese: the first characters
-                    prompts.append(sentence[:4])
-                if len(prompts) >= args.num_generations:
-                    return prompts
+    for sentence in (s for text in texts for s in split_sentences(text or "")):
+        words = sentence.split()
+        if len(words) >= 4:
+            prompts.append(" ".join(words[:3]))
+        elif len(sentence) >= 4 and len(words) == 1:  # e.g. Chinese: the first characters
+            prompts.append(sentence[:4])
+        if len(prompts) >= args.num_generations:
+            break
     return prompts
 
 
 def generate_samples(model, tokenizer, prompts, args, device) -> list[dict]:
-    import torch
-
     out = []
     for i, prompt in enumerate(prompts):
         enc = tokenizer(prompt, return_tensors="pt").to(device)
@@ -252,10 +224,6 @@ def generate_samples(model, tokenizer, prompts, args, device) -> list[dict]:
             torch.manual_seed(args.seed + i)
             sampled = model.generate(**enc, do_sample=True, top_k=40, temperature=0.8, **common)
         n = enc["input_ids"].shape[1]
-        out.append({
-            "prompt": prompt,
-            "greedy": tokenizer.decode(greedy[0, n:], skip_special_tokens=True),
-            "sampled": tokenizer.decode(sampled[0, n:], skip_special_tokens=True),
-        })
+        out.append({"prompt": prompt, "greedy": tokenizer.decode(greedy[0, n:], skip_special_tokens=True),
+                    "sampled": tokenizer.decode(sampled[0, n:], skip_special_tokens=True)})
     return out
-

@@ -8,7 +8,15 @@ import os
 import sys
 from typing import Callable
 
+import psutil
+import torch
+from accelerate.utils import DistributedType
+
+from modeling_brillm.backend import HAVE_TRITON, current_backend
+from modeling_brillm.sharding import sharded_memory
+
 from .errors import UsageError
+from .fsdp import fsdp_on_cpu
 
 MEMORY_ENV = "BRILLM_AVAILABLE_MEMORY_GB"  # pretend this much memory is available (tests, containers)
 
@@ -22,16 +30,9 @@ def human_bytes(n: float) -> str:
 
 def training_memory(num_params: int, strategy: str = "single", world_size: int = 1,
                     mixed_precision: str = "no", moment_bytes: int = 8) -> dict:
-    """Bytes one process needs to train a model of `num_params` fp32 parameters with AdamW.
-
-    single: parameters (4 B) + gradients (4 B) + AdamW's two moments (8 B) = 16 B per parameter.
-    ddp:    the same plus DDP's gradient buckets (4 B).
-    fsdp:   the 16 B sharded over `world_size` processes, plus the parameters and gradients gathered whole
-            for the forward/backward (BriLLM is one module: the whole edge table is gathered), in the compute
-            dtype (2 B with fp16/bf16, else 4 B).
-    `moment_bytes`: AdamW's two moments per parameter (8 in float32, 4 with SparseAdamW's bfloat16 moments).
-    10% is added for activations and allocator slack.
-    """
+    """Bytes one process needs to train `num_params` fp32 parameters with AdamW, +10%: parameters, gradients and
+    the moments (`moment_bytes`: 8, or 4 in bfloat16); DDP adds its buckets; FSDP shards those over `world_size`
+    and gathers the whole table's parameters and gradients (BriLLM is one module) in the compute dtype."""
     parts = {}
     if strategy == "fsdp":
         parts["sharded params+grads+AdamW"] = (8 + moment_bytes) * num_params / max(world_size, 1)
@@ -48,12 +49,8 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
 
 
 def sharded_training_memory(config, world_size: int, tokens_per_process: int, moment_bytes: int = 8) -> dict:
-    """Bytes one process needs with `--edge_sharding source`: its share of the edge table, that share's AdamW
-    moments and row gradient, the candidate workspace and the replicated parameters
-    (`modeling_brillm.sharding.sharded_memory`), +10%. `whole_model`: the model built whole before sharding
-    (4 B per parameter); when that does not fit, each process initialises only its own blocks."""
-    from modeling_brillm.sharding import sharded_memory
-
+    """Bytes one process needs with `--edge_sharding source` (`modeling_brillm.sharding.sharded_memory`, +10%), and
+    `whole_model`: the model built whole before sharding (when that does not fit, each process builds its own)."""
     parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size, moment_bytes=moment_bytes)
     parts.pop("total")
     steady = sum(parts.values())
@@ -61,12 +58,9 @@ def sharded_training_memory(config, world_size: int, tokens_per_process: int, mo
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory in the process instead of returning it to the OS.
-
-    A BriLLM step allocates and frees the same large temporaries (candidate energies and their gradients, tens
-    of MB) every step; above glibc's mmap threshold each is a fresh mmap, page-faulted in and unmapped again.
-    On the demo that put ~40% of the wall time in the kernel (6.3M page faults in 40 steps); with these two
-    settings the same run takes 16 s instead of 26 s. Linux/glibc only; elsewhere nothing changes."""
+    """Ask glibc to keep freed memory in the process: a step allocates and frees the same large temporaries every
+    step, each above the mmap threshold a fresh mmap page-faulted in again (~40% of the demo's wall time in the
+    kernel; 16 s instead of 26 s with these settings). Linux/glibc only."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -81,8 +75,6 @@ def keep_freed_memory() -> bool:
 
 def available_memory(accelerator, override_gb: float | None) -> tuple[float, str]:
     """(bytes this process may use, where the figure comes from)."""
-    import torch
-
     if override_gb is None and os.environ.get(MEMORY_ENV):
         try:
             override_gb = float(os.environ[MEMORY_ENV])
@@ -94,23 +86,8 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return float(free), f"free memory of {torch.cuda.get_device_name(device)}"
-    try:
-        import psutil
 
-        avail = psutil.virtual_memory().available
-        source = "available RAM (psutil)"
-    except ImportError:
-        avail = None
-        try:
-            with open("/proc/meminfo") as handle:
-                for line in handle:
-                    if line.startswith("MemAvailable:"):
-                        avail = int(line.split()[1]) * 1024
-            source = "MemAvailable (/proc/meminfo)"
-        except OSError:
-            pass
-        if avail is None:
-            return float("inf"), "unknown (no psutil, no /proc/meminfo): not checked"
+    avail, source = psutil.virtual_memory().available, "available RAM (psutil)"
     local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes if accelerator.num_processes else 1))
     if local > 1:
         return avail / local, f"{source} shared by {local} processes on this machine"
@@ -118,13 +95,8 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
 
 
 def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
-    """`training_memory` (or `sharded_training_memory` with --edge_sharding source, whose workspace is the step's
-    over `tokens` per process, by default the run's batch x block) for this run's processes, strategy and moments:
-    {"total", "parts"}."""
-    from accelerate.utils import DistributedType
-
-    from .fsdp import fsdp_on_cpu
-
+    """`training_memory` (or `sharded_training_memory`, over `tokens` per process: by default batch x block) for this
+    run's processes, strategy and moments: {"total", "parts"}."""
     dist = accelerator.distributed_type
     fsdp = dist == DistributedType.FSDP or fsdp_on_cpu(accelerator)  # on the CPU the script shards (fsdp.py)
     strategy = "fsdp" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
@@ -138,8 +110,6 @@ def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
 
 def check_memory(config, accelerator, args) -> str:
     """Refuse (UsageError) a model whose training state cannot fit; return a line describing the estimate."""
-    import torch
-
     P = config.num_parameters_formula()
     need = state_memory(config, accelerator, args)
     have, source = available_memory(accelerator, args.available_memory_gb)
@@ -168,10 +138,7 @@ CANDIDATE_COPIES = 4  # (candidates, d) float32 buffers of the torch path's cand
 
 
 def device_facts(device) -> tuple[str, float | None]:
-    """(the device's type, the bytes free on it): what the step's size is chosen from. On a CUDA device the free
-    memory counts what torch's allocator holds unused (a throwaway model's blocks); elsewhere it is None."""
-    import torch
-
+    """(the device's type, the bytes free on it, counting what torch's allocator holds unused; None off CUDA)."""
     if device.type != "cuda":
         return device.type, None
     free, _total = torch.cuda.mem_get_info(device)
@@ -180,10 +147,8 @@ def device_facts(device) -> tuple[str, float | None]:
 
 
 def successors_per_token(config, graph=None) -> float:
-    """The successors a training token's source scores, on average over tokens: frequent sources have more, so the
-    edges' bigram counts weight each node's degree (V on a dense graph; the mean degree without counts)."""
-    import torch
-
+    """The successors a training token's source scores, on average over tokens (the degree weighted by the bigram
+    counts; V on a dense graph; the mean degree without counts)."""
     V = config.vocab_size
     if config.graph == "dense":
         return float(V)
@@ -196,21 +161,16 @@ def successors_per_token(config, graph=None) -> float:
 
 
 def activation_memory(config, tokens: int, successors: float, kernels: bool) -> float:
-    """Bytes of a training step's activations over `tokens` (batch x block) per process, an upper estimate of the
-    exact loss: per token, LOGIT_COPIES float32 rows of all V logits, the candidate energies of its source's
-    `successors` (CANDIDATE_COPIES (successors, d) buffers on the torch path; an energy and its gradient each with
-    the kernels, which read the edges in place) and the edge row it crosses with its gradient."""
+    """Bytes of a step's activations over `tokens` per process, an upper estimate of the exact loss: per token,
+    LOGIT_COPIES rows of V logits, its source's candidate energies (CANDIDATE_COPIES (successors, d) buffers on the
+    torch path, an energy and its gradient with the kernels) and the edge row it crosses with its gradient."""
     d = config.node_size
     candidates = 4 * successors * (2 if kernels else CANDIDATE_COPIES * d)
     return tokens * (4 * LOGIT_COPIES * config.vocab_size + candidates + 2 * 4 * (d * d + d))
 
 
 def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
-    """Bytes one process needs to train with a batch of `blocks` x --block_size: the training state
-    (`state_memory`) and the step's activations (`activation_memory`; a source-sharded run's workspace is in its
-    state), +10%. Returns that function of `blocks`."""
-    from modeling_brillm.backend import HAVE_TRITON, current_backend
-
+    """blocks -> the bytes one process needs to train with a batch of `blocks`: the state and the activations."""
     kernels = accelerator.device.type == "cuda" and HAVE_TRITON and current_backend() != "torch"
     successors = successors_per_token(config, graph)
     sharded = getattr(args, "edge_sharding", "none") == "source"
@@ -227,6 +187,5 @@ def agreed_free(accelerator, free: float | None) -> float | None:
     """The least free memory over the processes, so that every process chooses the same batch."""
     if free is None or accelerator.num_processes == 1:
         return free
-    import torch
 
     return float(accelerator.gather(torch.tensor([free], dtype=torch.float64, device=accelerator.device)).min())

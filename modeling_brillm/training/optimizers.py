@@ -1,18 +1,8 @@
-"""Which optimizer a run uses, and building it.
+"""Which optimizer a run uses (`choose_optimizer`, which says why) and building it (`build_optimizer`).
 
-Paths (`--optimizer`):
-  auto          the default: sparse_adamw in one process, adamw with several (DDP/FSDP all-reduce dense
-                gradients; sparse ones would need their own exchange) and under FSDP with any process count.
-  adamw         `torch.optim.AdamW` (torch's fused kernel where it has one) on dense gradients.
-  sparse_adamw  `modeling_brillm.optimization.SparseAdamW` on sparse row gradients of the edge tables
-                (`model.sparse_gradients = True`): only the touched rows are read and updated. One process only.
-
-Both clip the global gradient norm to `--max_grad_norm` (loop.clip_grad_norm_ takes the norm of sparse
-gradients over their coalesced rows, the same number as over the dense gradient).
-
-`choose_optimizer` decides (and says why), `build_optimizer` builds; the training step (loop.TrainStep) works
-with either. Another path, e.g. a sharded edge table with its own optimizer and step, adds a name here and its
-own step class beside TrainStep.
+`--optimizer auto` picks SparseAdamW (modeling_brillm.optimization: only the edge rows a step touches are read and
+updated) in one process, torch's fused AdamW on dense gradients with several processes and under FSDP. Both clip the
+global gradient norm (loop.clip_grad_norm_ takes a sparse gradient's over its coalesced rows).
 """
 
 from __future__ import annotations
@@ -39,9 +29,8 @@ class OptimizerPlan:
 
 def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | None,
                      fsdp: bool = False) -> OptimizerPlan:
-    """The optimizer for `--optimizer requested` with `num_processes` processes; UsageError if it cannot run.
-    Under FSDP (`fsdp`, any process count) the gradients are dense: FSDP flattens and shards every parameter and
-    its gradient, which a sparse row gradient cannot be, so auto picks AdamW and sparse_adamw is refused."""
+    """The optimizer for `--optimizer requested` with `num_processes` processes; UsageError if it cannot run. FSDP
+    shards dense gradients only, with any process count."""
     clip = bool(max_grad_norm)
     if fsdp:
         if requested == "sparse_adamw":
@@ -55,29 +44,16 @@ def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | 
         if num_processes > 1:
             return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients "
                                  "DDP/FSDP all-reduce")
-        if not _have_sparse_adamw():
-            return OptimizerPlan("adamw", False, clip, "auto: this installation has no SparseAdamW")
         return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches "
                              "are read and updated")
     if requested == "adamw":
         return OptimizerPlan("adamw", False, clip, "--optimizer adamw")
     if requested == "sparse_adamw":
-        if not _have_sparse_adamw():
-            raise UsageError("--optimizer sparse_adamw needs modeling_brillm.optimization.SparseAdamW, "
-                             "which this installation lacks; use --optimizer adamw.")
         if num_processes > 1:
             raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw "
                              "(or auto).")
         return OptimizerPlan("sparse_adamw", True, clip, "--optimizer sparse_adamw")
     raise UsageError(f"--optimizer {requested!r}: choose one of {', '.join(OPTIMIZERS)}.")
-
-
-def _have_sparse_adamw() -> bool:
-    try:
-        from modeling_brillm.optimization import SparseAdamW  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 MOMENT_DTYPES = ("float32", "bfloat16")
@@ -86,8 +62,7 @@ MOMENT_DTYPES = ("float32", "bfloat16")
 def resolve_moment_dtype(requested: str | None, plan: OptimizerPlan, mixed_precision: str,
                          device_type: str = "cuda") -> str:
     """The dtype of the AdamW moments: `--moment_dtype` if given, else bfloat16 under `--mixed_precision bf16` with
-    SparseAdamW on a GPU (the 16-bit scheme that pays for BriLLM there: docs/gpu.md, "Mixed
-    precision"), else float32 (on a CPU the torch path's rounding costs more time than the bytes it saves)."""
+    SparseAdamW on a GPU (docs/gpu.md, "Mixed precision"), else float32."""
     if requested is None:
         wanted = mixed_precision == "bf16" and plan.name == "sparse_adamw" and device_type == "cuda"
         return "bfloat16" if wanted else "float32"
@@ -109,8 +84,7 @@ def describe_optimizer(plan: OptimizerPlan, max_grad_norm: float | None, moment_
 
 
 def apply_pending_weight_decay(optimizer):
-    """Bring lazily decayed rows up to date (SparseAdamW's lazy_weight_decay) before the weights are read: evaluation,
-    saving. A no-op for any other optimizer; accepts accelerate's wrapper."""
+    """Bring lazily decayed rows up to date (SparseAdamW's lazy_weight_decay) before the weights are read."""
     inner = getattr(optimizer, "optimizer", optimizer)
     flush = getattr(inner, "apply_pending_weight_decay", None)
     if flush is not None:
@@ -121,7 +95,6 @@ def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_dec
                     lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
                     moment_dtype: str = "float32"):
     """The optimizer of `plan` over `model` (before accelerator.prepare); sets model.sparse_gradients to match."""
-
     model.sparse_gradients = plan.sparse_gradients
     if plan.name != "sparse_adamw" and shared_edge_lr_scale != 1.0:
         raise UsageError("--shared_edge_lr_scale needs sparse edge gradients (--optimizer sparse_adamw, or auto in one "

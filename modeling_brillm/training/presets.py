@@ -1,80 +1,37 @@
-"""Presets (configuration/models/*.json) and how their sections, the flags and the built-in defaults combine.
+"""A run's settings: the default preset (recipe.DEFAULT_PRESET) with a preset file's changes or a saved recipe, then
+the flags, resolved in one function (`resolve_settings`); the "auto" values the data probe and the run's length choose
+(`choose_auto`); the config and graph they give; the batch on a GPU.
 
-A preset has three sections: "model" (fields of BriLLMConfig), "tokenizer" (the tokenizer to train) and
-"training" (flag values). Precedence: built-in defaults < preset < command-line flags.
+A preset file (configuration/models/*.json) has the sections "model" (fields of BriLLMConfig), "tokenizer" (the
+tokenizer to train) and "training" (flag values) and states only what it changes, with the reason in each section's
+"_why" object (keys starting with "_" are comments).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from modeling_brillm import BriLLMConfig, build_sparse_graph
+
+from .data import block_sequences
 from .errors import UsageError
 from .memory import human_bytes
-from .pruning import choose_signal_dropout, decide_min_count
-from .recipe import (
-    FREE_SHARE,
-    GPU_STEP_TOKENS,
-    MODEL_DEFAULTS,
-    OVERRIDES,
-    TOKENIZER_DEFAULTS,
-    TRAINING_RECIPE,
-    RecipeChoice,
-    RunPlan,
-    Setting,
-    default_rule,
-)
-
-__all__ = ["MODEL_DEFAULTS", "MODEL_FIELDS", "TOKENIZER_DEFAULTS", "TRAINING_DEFAULTS", "StepBatch",
-           "build_config_and_graph", "build_from_recipe", "choose_step_batch", "fit_step_batch", "known_presets",
-           "load_preset", "plan_recipe", "resolve_settings"]
+from .pruning import choose_signal_dropout, decide_min_count, probe_bigrams
+from .recipe import DEFAULT_PRESET, FREE_SHARE, GIVES_WAY, GPU_STEP_TOKENS, RecipeChoice, RunPlan, Setting, load_recipe
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configuration" / "models"
+SECTIONS = ("model", "training", "tokenizer")
+# the flags whose names are not their setting's (every other setting's flag is --NAME; --dense_graph sets the graph)
+FLAG_OF = {"model.loss_type": "loss", "model.negative_sampling": "negatives", "tokenizer.kind": "tokenizer_kind",
+           "tokenizer.min_frequency": "tokenizer_min_frequency"}
+STEP_BATCH = "training.per_device_train_batch_size"
 
-# Fields of BriLLMConfig a preset may set (vocab_size, num_edges and the special ids come from the tokenizer and graph).
-MODEL_FIELDS = {
-    "node_size", "max_position_embeddings", "graph", "position_encoding", "initializer_range", "loss_type",
-    "num_negatives", "negative_sampling", "signal_dropout", "non_edge_bias", "node_readout", "position_recency",
-    "edge_backoff", "node_embedding", "count_prior",
-}
-TOKENIZER_FIELDS = {"kind", "vocab_size", "min_frequency"}
-# Flags a preset may set in its "training" section, with the value used when neither preset nor flag sets them.
-TRAINING_DEFAULTS = {
-    "per_device_eval_batch_size": 32,
-    "num_train_epochs": 1,
-    "max_train_steps": None,
-    "gradient_accumulation_steps": 1,
-    "validation_split_percentage": 5,
-    "max_eval_samples": None,
-    "eval_steps": None,
-    "checkpointing_steps": None,
-    "checkpoints_total_limit": None,
-    "num_generations": 3,
-    "max_new_tokens": 20,
-    "seed": 42,
-    "torch_threads": None,
-    **TRAINING_RECIPE,  # the recipe's training values (recipe.py)
-}
-# Flags that override a field of the preset's "model" / "tokenizer" section: flag -> (section, field).
-FLAG_TO_FIELD = {
-    "node_size": ("model", "node_size"),
-    "loss": ("model", "loss_type"),
-    "num_negatives": ("model", "num_negatives"),
-    "negatives": ("model", "negative_sampling"),
-    "signal_dropout": ("model", "signal_dropout"),
-    "non_edge_bias": ("model", "non_edge_bias"),
-    "node_readout": ("model", "node_readout"),
-    "position_recency": ("model", "position_recency"),
-    "edge_backoff": ("model", "edge_backoff"),
-    "node_embedding": ("model", "node_embedding"),
-    "count_prior": ("model", "count_prior"),
-    "vocab_size": ("tokenizer", "vocab_size"),
-    "tokenizer_kind": ("tokenizer", "kind"),
-    "tokenizer_min_frequency": ("tokenizer", "min_frequency"),
-}
+
+def flag_of(key: str) -> str:
+    return FLAG_OF.get(key, key.split(".", 1)[1])
 
 
 def known_presets() -> list[str]:
@@ -82,10 +39,10 @@ def known_presets() -> list[str]:
 
 
 def load_preset(name_or_path: str | None) -> dict:
-    """The preset's sections {"model", "tokenizer", "training"}; `name_or_path` is a name in
-    configuration/models/ or a path to a JSON file."""
+    """The preset's sections {"model", "tokenizer", "training"}: what it changes in the default preset. `name_or_path`
+    is a name in configuration/models/ or a path to a JSON file."""
     if name_or_path is None:
-        return {"model": {}, "tokenizer": {}, "training": {}}
+        return {section: {} for section in SECTIONS}
     path = Path(name_or_path)
     if not (path.suffix == ".json" and path.is_file()):
         path = PRESET_DIR / f"{name_or_path}.json"
@@ -95,178 +52,121 @@ def load_preset(name_or_path: str | None) -> dict:
             f"(in {PRESET_DIR}), or pass the path of a JSON file."
         )
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise UsageError(f"preset {path} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise UsageError(f"preset {path} must hold a JSON object with 'model', 'tokenizer' and 'training' sections.")
-    allowed = {"model": MODEL_FIELDS, "tokenizer": TOKENIZER_FIELDS, "training": set(TRAINING_DEFAULTS)}
-    preset = {}
+    preset = {section: {} for section in SECTIONS}
     for key, value in data.items():
         if key.startswith("_"):
             continue  # comments
-        if key not in allowed:
-            raise UsageError(f"preset {path}: unknown section {key!r}; sections are {sorted(allowed)}.")
+        if key not in preset:
+            raise UsageError(f"preset {path}: unknown section {key!r}; sections are {sorted(preset)}.")
         if not isinstance(value, dict):
             raise UsageError(f"preset {path}: section {key!r} must be a JSON object.")
-        unknown = sorted(k for k in value if not k.startswith("_") and k not in allowed[key])
+        allowed = {name.split(".", 1)[1] for name in DEFAULT_PRESET if name.startswith(key + ".")}
+        unknown = sorted(k for k in value if not k.startswith("_") and k not in allowed)
         if unknown:
-            raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed[key])}.")
+            raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed)}.")
         preset[key] = {k: v for k, v in value.items() if not k.startswith("_")}
-    for key in allowed:
-        preset.setdefault(key, {})
     return preset
 
 
-def resolve_settings(args: argparse.Namespace) -> tuple[dict, dict]:
-    """Merge built-in defaults < preset (or `--recipe FILE`) < flags. Fills the training flags on `args` in place,
-    `args.setting_rules` ("section.name" -> who set it, where not the recipe's default) and
-    `args.tokenizer_settings`; returns the model config fields and the tokenizer settings."""
-    preset, rules = _preset_or_recipe(args)
-    model = {**MODEL_DEFAULTS, **preset["model"]}
-    tokenizer = {**TOKENIZER_DEFAULTS, **preset["tokenizer"]}
-    sections = {"model": model, "tokenizer": tokenizer}
-    for flag, (section, field) in FLAG_TO_FIELD.items():
-        value = getattr(args, flag)
+def resolve_settings(args) -> RecipeChoice:
+    """Every setting of the run: the default preset < a preset's changes (or `--recipe FILE`) < the flags; a default
+    the setup cannot train gives way (recipe.GIVES_WAY). Fills the training flags on `args` and sets
+    `args.recipe_choice`; returns it ("auto" values still to choose)."""
+    choice = _preset_or_recipe(args)
+    for key in list(choice.settings):
+        flag = flag_of(key)
+        value = getattr(args, flag, None)
         if value is not None:
-            sections[section][field] = value
-            rules[f"{section}.{field}"] = f"flag --{flag}"
-    if args.dense_graph:
-        model["graph"] = "dense"
-        rules["model.graph"] = "flag --dense_graph"
-    # A built-in default this setup cannot train gives way; a preset's or a flag's value stays (and is refused).
-    off = [rule for rule in OVERRIDES if rule.when(model)]
-    for rule in off:
-        field = rule.sets.split(".", 1)[1]
-        if field not in preset["model"] and getattr(args, field) is None:
-            model[field] = rule.value
-            rules[rule.sets] = rule.name
-    for name, default in TRAINING_DEFAULTS.items():
-        if getattr(args, name) is not None:
-            rules[f"training.{name}"] = f"flag --{name}"
-        else:
-            setattr(args, name, preset["training"].get(name, default))
-    args.setting_rules, args.tokenizer_settings = rules, tokenizer
-    return model, tokenizer
+            _set(choice, key, value, f"flag --{flag}")
+    if getattr(args, "dense_graph", None):
+        _set(choice, "model.graph", "dense", "flag --dense_graph")
+    for rule in GIVES_WAY:
+        field, value = rule.when
+        if choice.value("model", field) == value and rule.sets not in choice.given:
+            _set(choice, rule.sets, rule.value, rule.name, given=False)
+    for setting in choice.settings.values():
+        if setting.section == "training":
+            setattr(args, setting.name, setting.value)
+    args.recipe_choice = choice
+    return choice
 
 
-def _preset_or_recipe(args) -> tuple[dict, dict]:
-    """The preset's sections, or a saved recipe's settings in their place; and who set each value they hold."""
-    path = getattr(args, "recipe", None)
+def _set(choice: RecipeChoice, key: str, value, rule: str, given: bool = True):
+    section, name = key.split(".", 1)
+    choice.add(Setting(section, name, value, rule))
+    if given:
+        choice.given.add(key)
+
+
+def default_choice() -> RecipeChoice:
+    """The default preset as a choice: every setting with the rule that gives it (model, training, tokenizer)."""
+    choice = RecipeChoice()
+    for section in SECTIONS:
+        for key, rule in DEFAULT_PRESET.items():
+            if key.startswith(section + "."):
+                _set(choice, key, rule.value, rule.name, given=False)
+    return choice
+
+
+def _preset_or_recipe(args) -> RecipeChoice:
+    """The default preset with the preset's changes, or with a saved recipe's settings in their place."""
+    choice, path = default_choice(), getattr(args, "recipe", None)
     if path is None:
-        preset = load_preset(args.config)
-        return preset, {f"{section}.{name}": f"preset {args.config}" for section, values in preset.items()
-                        for name in values}
+        for section, values in load_preset(args.config).items():
+            for name, value in values.items():
+                _set(choice, f"{section}.{name}", value, f"preset {args.config}")
+        return choice
     if args.config is not None:
         raise UsageError("--recipe and --config both give the settings: pass one of them.")
-    from .recipe import load_recipe
-
-    saved = load_recipe(path)
-    preset = {section: saved.section(section) for section in ("model", "tokenizer", "training")}
-    flags = {**FLAG_TO_FIELD, **{name: ("training", name) for name in preset["training"]}}
-    for flag, (section, field) in flags.items():
-        given = getattr(args, flag, None)
-        if given is not None and field in preset[section] and given != preset[section][field]:
-            raise UsageError(f"--{flag} {given} differs from the recipe's {field}={preset[section][field]!r} "
+    for key, setting in load_recipe(path).settings.items():
+        given = getattr(args, flag_of(key), None)
+        if given is not None and given != setting.value:
+            raise UsageError(f"--{flag_of(key)} {given} differs from the recipe's {setting.name}={setting.value!r} "
                              f"({path}): drop the flag to reproduce the run, or drop --recipe.")
-    if args.dense_graph and preset["model"].get("graph") != "dense":
+        _set(choice, key, setting.value, setting.rule)
+    if getattr(args, "dense_graph", None) and choice.value("model", "graph") != "dense":
         raise UsageError(f"--dense_graph differs from the recipe's sparse graph ({path}): drop one of them.")
-    return preset, {key: setting.rule for key, setting in saved.settings.items()}
+    return choice
 
 
-def plan_recipe(model_fields: dict, tokenizer, train_blocks, training: dict, plan: RunPlan | None = None,
-                tokenizer_settings: dict | None = None, rules: dict | None = None, say=None):
-    """(RecipeChoice, the blocks' token sequences or None): the recipe's every setting for these training blocks
-    and this run (`choose_recipe`); the probe runs where a count or a dropout is "auto" (then the sequences
-    it read come back for the graph). `say` gets what the data chose."""
-    from .data import block_sequences
-    from .pruning import probe_bigrams
-    say = say or (lambda line: None)
-    sparse = model_fields["graph"] != "dense"
-    probe = sequences = None
-    if (sparse and training.get("min_bigram_count") == "auto") or model_fields.get("signal_dropout") == "auto":
-        sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))  # the graph below reuses them
-        probe = probe_bigrams(sequences, len(tokenizer))
-    requested = {"model": dict(model_fields), "training": dict(training), "tokenizer": dict(tokenizer_settings or {})}
-    try:
-        choice = choose_recipe(requested, rules or {}, probe, plan)
-    except (ValueError, TypeError) as err:
-        raise UsageError(str(err)) from None
-    for key in ("training.min_bigram_count", "model.signal_dropout"):
-        if key in choice.settings and choice.settings[key].why:
-            say(choice.settings[key].why)
-    return choice, sequences
-
-
-def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=None):
-    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary and
-    special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count."""
-    from modeling_brillm import BriLLMConfig, build_sparse_graph
-
-    from .data import block_sequences
-
-    V = len(tokenizer)
-    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id, unk_token_id=tokenizer.unk_token_id)
-    fields = {k: v for k, v in choice.section("model").items() if k != "graph"}
-    try:
-        if choice.value("model", "graph") == "dense":
-            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None
-        try:
-            if sequences is None:  # a fixed count streams the blocks: a large corpus is never held in memory
-                sequences = block_sequences(train_blocks, tokenizer.pad_token_id)
-            graph = build_sparse_graph(sequences, V, min_count=choice.value("training", "min_bigram_count"),
-                                       ignore_ids=() if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,),
-                                       with_prior=bool(fields.get("count_prior")))
-        except ValueError as err:
-            raise UsageError(f"cannot build the graph: {err}") from None
-        prior = {"count_prior_bigrams": graph.prior.num_bigrams} if graph.prior is not None else {}
-        config = BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **prior, **special)
-        return config, graph
-    except (ValueError, TypeError) as err:
-        if isinstance(err, UsageError):
-            raise
-        raise UsageError(str(err)) from None
-
-
-def build_config_and_graph(model_fields: dict, tokenizer, train_blocks, min_bigram_count: int | str,
-                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False,
-                           say=None):
-    """(BriLLMConfig, the sparse BigramGraph or None for a dense graph, the count used: the `PruningChoice` where
-    it was "auto", which can describe itself): `plan_recipe` and `build_from_recipe` for a count and the model
-    fields alone. `say` gets what the data chose."""
-    plan = RunPlan(planned_epochs, epochs_grow_with_pruning)
-    choice, sequences = plan_recipe(model_fields, tokenizer, train_blocks, {"min_bigram_count": min_bigram_count},
-                                    plan, say=say)
-    config, graph = build_from_recipe(choice, tokenizer, train_blocks, sequences)
-    if graph is None:
-        return config, None, None
-    return config, graph, choice.pruning or choice.value("training", "min_bigram_count")
+# ------------------------------------------------------------------------------------------ the auto values
+def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
+    """A copy of `choice` with the count and the dropout decided where they are "auto": `probe` is
+    `pruning.probe_bigrams` of the training blocks, `plan` the run's length."""
+    plan = plan or RunPlan()
+    out = RecipeChoice(dict(choice.settings), {"plan": asdict(plan), "probe": probe.summary() if probe else None},
+                       given=set(choice.given))
+    sparse = _get(choice, "model.graph") != "dense"
+    if sparse and _get(choice, "training.min_bigram_count") == "auto":
+        pruned = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
+        out.pruning = pruned
+        out.add(Setting("training", "min_bigram_count", pruned.min_count, _count_rule(pruned), pruned.describe()))
+    if _get(choice, "model.signal_dropout") == "auto":
+        # the epochs planned at the least count: what a sparser graph buys depends on the machine (pruning.py)
+        p, why = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
+        out.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "FIT_EPOCHS", why))
+    return out
 
 
 def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
-    """Every setting of the run. `requested`: {"model": ..., "tokenizer": ..., "training": ...} as defaults <
-    preset < flags left them ("auto" where the recipe decides); `rules`: "section.name" -> who set a value (default:
-    its rule of RULES); `probe`: `pruning.probe_bigrams` of the training blocks (needed for an "auto" count on a
-    sparse graph or an "auto" dropout); `plan`: the run's length. The count and the dropout are decided here."""
-    plan = plan or RunPlan()
-    choice = RecipeChoice(inputs={"plan": asdict(plan), "probe": probe.summary() if probe is not None else None})
+    """`choose_auto` over settings given as {"model": ..., "tokenizer": ..., "training": ...}, each set by
+    `rules["section.name"]` (default: its rule of the default preset)."""
+    choice = RecipeChoice()
     for section, values in requested.items():
         for name, value in values.items():
-            rule = rules.get(f"{section}.{name}") or default_rule(section, name) or "default"
-            choice.add(Setting(section, name, value, rule))
-    model, training = requested["model"], requested["training"]
-    sparse = model.get("graph") != "dense"
-    if sparse and training.get("min_bigram_count") == "auto":
-        pruned = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
-        choice.pruning = pruned
-        choice.add(Setting("training", "min_bigram_count", pruned.min_count, _count_rule(pruned), pruned.describe()))
-    if model.get("signal_dropout") == "auto":
-        # the epochs planned at the least count: what a sparser graph buys depends on the machine (pruning.py)
-        p, why = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
-        choice.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "FIT_EPOCHS", why))
-    return choice
+            key = f"{section}.{name}"
+            default = DEFAULT_PRESET[key].name if key in DEFAULT_PRESET else "default"
+            choice.add(Setting(section, name, value, rules.get(key) or default))
+    return choose_auto(choice, probe, plan)
+
+
+def _get(choice: RecipeChoice, key: str):
+    return choice.settings[key].value if key in choice.settings else None
 
 
 def _count_rule(pruned) -> str:
@@ -276,10 +176,68 @@ def _count_rule(pruned) -> str:
     return "FIT_EPOCHS" if pruned.grown else "MIN_VISITS"  # the floor where text strays, or the visits
 
 
+def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | None = None, say=None):
+    """(the choice with its auto values, the blocks' token sequences or None): the probe runs where a count or a
+    dropout is "auto" (then the sequences it read come back for the graph). `say` gets what the data chose."""
+    auto = (_get(choice, "model.graph") != "dense" and _get(choice, "training.min_bigram_count") == "auto"
+            or _get(choice, "model.signal_dropout") == "auto")
+    probe = sequences = None
+    if auto:
+        sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))  # the graph below reuses them
+        probe = probe_bigrams(sequences, len(tokenizer))
+    try:
+        chosen = choose_auto(choice, probe, plan)
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from None
+    for key in ("training.min_bigram_count", "model.signal_dropout"):
+        if key in chosen.settings and chosen.settings[key].why and say is not None:
+            say(chosen.settings[key].why)
+    return chosen, sequences
+
+
+def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=None):
+    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary and
+    special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count."""
+    V = len(tokenizer)
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, unk_token_id=tokenizer.unk_token_id)
+    fields = {k: v for k, v in choice.section("model").items() if k != "graph"}
+    try:
+        if choice.value("model", "graph") == "dense":
+            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None
+        if sequences is None:  # a fixed count streams the blocks: a large corpus is never held in memory
+            sequences = block_sequences(train_blocks, tokenizer.pad_token_id)
+        ignore = () if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,)
+        try:
+            graph = build_sparse_graph(sequences, V, min_count=choice.value("training", "min_bigram_count"),
+                                       ignore_ids=ignore, with_prior=bool(fields.get("count_prior")))
+        except ValueError as err:
+            raise UsageError(f"cannot build the graph: {err}") from None
+        prior = {"count_prior_bigrams": graph.prior.num_bigrams} if graph.prior is not None else {}
+        return BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **prior,
+                            **special), graph
+    except (ValueError, TypeError) as err:
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(str(err)) from None
+
+
+def build_config_and_graph(choice: RecipeChoice, tokenizer, train_blocks, min_bigram_count=None,
+                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False, say=None):
+    """(BriLLMConfig, the sparse graph or None for a dense one, the count used: the `PruningChoice` where it was
+    "auto"): `plan_recipe` and `build_from_recipe` with the count `min_bigram_count` (default: the choice's)."""
+    if min_bigram_count is not None:
+        choice = RecipeChoice(dict(choice.settings), given=set(choice.given))
+        _set(choice, "training.min_bigram_count", min_bigram_count, "given")
+    plan = RunPlan(planned_epochs, epochs_grow_with_pruning)
+    chosen, sequences = plan_recipe(choice, tokenizer, train_blocks, plan, say=say)
+    config, graph = build_from_recipe(chosen, tokenizer, train_blocks, sequences)
+    if graph is None:
+        return config, None, None
+    return config, graph, chosen.pruning or chosen.value("training", "min_bigram_count")
+
+
 # ------------------------------------------------------------------------------------- the step on a GPU
-STEP_BATCH = "training.per_device_train_batch_size"
-
-
 @dataclass
 class StepBatch:
     """The batch GPU_STEP_TOKENS chose for a CUDA device: `rule_batch` blocks per process before the memory check;
@@ -291,21 +249,21 @@ class StepBatch:
 
 def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
                       checkpoint_global_batch: int | None = None) -> StepBatch | None:
-    """GPU_STEP_TOKENS: on a CUDA device where no flag, preset or recipe file gave the batch (`args.setting_rules`
-    has no rule for it), the blocks per process that make GPU_STEP_TOKENS tokens a step, at most the training blocks
-    per process; a resumed run keeps its checkpoint's. Sets `args.per_device_train_batch_size` and its rule before
-    the run's length is planned from it; None (nothing changed) elsewhere."""
-    if device_type != "cuda" or STEP_BATCH in args.setting_rules:
+    """GPU_STEP_TOKENS on a CUDA device where no preset, recipe file or flag gave the batch: the blocks per process
+    that make GPU_STEP_TOKENS tokens a step, at most the training blocks per process; a resumed run keeps its
+    checkpoint's. Sets the batch on `args` and in its choice; None (nothing changed) elsewhere."""
+    choice = args.recipe_choice
+    if device_type != "cuda" or STEP_BATCH in choice.given:
         return None
     per_step = processes * args.gradient_accumulation_steps
     if checkpoint_global_batch and checkpoint_global_batch % per_step == 0:
-        args.setting_rules[STEP_BATCH] = "the checkpoint's batch"
         args.per_device_train_batch_size = checkpoint_global_batch // per_step
+        _set(choice, STEP_BATCH, args.per_device_train_batch_size, "the checkpoint's batch")
         return StepBatch(args.per_device_train_batch_size, resumed=True)
-    args.setting_rules[STEP_BATCH] = "GPU_STEP_TOKENS"
     rule = GPU_STEP_TOKENS // args.block_size
     batch = max(1, min(rule, train_blocks // max(processes, 1)))
     args.per_device_train_batch_size = batch
+    _set(choice, STEP_BATCH, batch, "GPU_STEP_TOKENS")
     return StepBatch(batch, capped=batch < rule)
 
 
@@ -319,7 +277,7 @@ def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], f
     if step is None or step.resumed:
         if need(batch) <= free:
             return None
-        given = args.setting_rules.get(STEP_BATCH, "the batch given")
+        given = args.recipe_choice.rule(STEP_BATCH)
         return (f"warning: batch {batch} x {L} would need ~{size(need(batch))}, {size(free)} free: it may run out "
                 f"of memory (kept as {given} set it; lower --per_device_train_batch_size to fit)")
     while batch > 1 and need(batch) > FREE_SHARE * free:

@@ -1,33 +1,12 @@
-"""Which bigrams get their own edge (`--min_bigram_count auto`) and how much of the signal drops
-(`--signal_dropout auto`): chosen from held-out parts of the training text and the run's planned epochs E. The numbers
-are defined in recipe.py, with why and evidence (docs/training.md's table).
+"""The data probe behind the "auto" values: which bigrams get their own edge (`--min_bigram_count auto`) and how much
+of the signal drops (`--signal_dropout auto`), from held-out parts of the training text and the run's planned epochs
+E. The numbers and their formulas are rows of recipe.RULES (docs/training.md's rule table, with a worked example).
 
-A real edge is d²+d parameters trained only on the occurrences of its bigram. A bigram seen once or twice in the
-training text is often particular to the document it came from: its edge learns to predict it there, where it will
-not come back, while a pair without an edge backs off to the shared edge and the learned `non_edge_bias`, which every
-position trains. So the rule asks the training text itself which counts come back in text the counts were not taken
-from (a held-out estimate, as Church and Gale's for bigram frequencies):
-
-1. cut the training blocks, in their order, into `RUNS` runs and set every `PROBE_EVERY`-th run aside (runs of
-   consecutive blocks keep a document's sentences together, so the probe is other documents, as a validation set is);
-2. count the bigrams of the other runs; for the bigrams seen c..2c−1 times there, compare how often they occur in the
-   probe with how often their counts predict (scaled by the sizes);
-3. the data count c₀ is the smallest c whose bigrams come back at least `RECURRENCE` as often as predicted (classes
-   with no bigram are skipped: c₀ is one past the last class that fell short).
-
-The probe also says how far new text strays from the training text: its `novelty`, the share of the probe's bigram
-occurrences with no edge at c₀. Where held-out text is more of the same, a document's particulars come back in it;
-where it strays, they do not, and the rules below weigh in with s = clamp(novelty / `NOVEL` − 1, 0, 1): 0 up to
-NOVEL, 1 from twice NOVEL, linear between.
-
-The count has to fit the run: an edge is a training target at least `MIN_VISITS` times in the planned E epochs,
-c · E ≥ MIN_VISITS, and where text strays (novelty ≥ NOVEL) a bigram seen once keeps no edge, c ≥ MIN_VISITS.
-Past `FIT_EPOCHS` planned passes a run on straying text learns its training documents' particulars, and every
-pass fits an edge to the same few occurrences again: the count grows, c ≥ c₀ · (1 + s · (E / FIT_EPOCHS − 1)),
-and the signal drops, p = MAX_DROPOUT · s · (1 − FIT_EPOCHS / E). Both grow smoothly with the passes and the
-novelty. With a time budget a sparser graph scores fewer successors per token and so buys more epochs
-(`epochs_grow_with_pruning`); the growth and the dropout read the epochs planned at the least count, since counting
-those a sparser graph buys would feed the count back into itself.
+The probe cuts the training blocks, in order, into RUNS runs and holds every PROBE_EVERY-th run out (other documents,
+as a validation set is); the data count c0 is the smallest c whose count class c..2c-1 comes back in the held-out
+runs at RECURRENCE of its expected rate, and the novelty is the share of the held-out bigram occurrences without an
+edge at c0. The count then fits the run (MIN_VISITS, FIT_EPOCHS) and the dropout follows the run's length
+(MAX_DROPOUT).
 """
 
 from __future__ import annotations
@@ -46,9 +25,6 @@ from .recipe import (  # the numbers of the recipe are defined in recipe.py, wit
     RECURRENCE,
     RUNS,
 )
-
-__all__ = ["FIT_EPOCHS", "MAX_DROPOUT", "MIN_VISITS", "NOVEL", "RECURRENCE", "BigramProbe", "PruningChoice",
-           "choose_min_count", "choose_signal_dropout", "decide_min_count", "probe_bigrams", "straying"]
 
 
 @dataclass
@@ -109,9 +85,8 @@ class BigramProbe:
 
 def probe_bigrams(sequences, vocab_size: int, runs: int = RUNS, probe_every: int = PROBE_EVERY,
                   recurrence: float = RECURRENCE) -> BigramProbe:
-    """The held-out estimate (steps 1 to 3 of the module) and the bigram counts of these training sequences (int64
-    token tensors in data order). `runs`, `probe_every`, `recurrence`: the probe's numbers (an ablation varies
-    them; the recipe keeps recipe.py's)."""
+    """The held-out estimate and the bigram counts of these training sequences (int64 token tensors in data order);
+    an ablation varies the probe's numbers, the recipe keeps recipe.py's."""
     sequences = list(sequences)
     keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
     held_out = _held_out_choice(sequences, vocab_size, runs, probe_every, recurrence)
@@ -120,15 +95,14 @@ def probe_bigrams(sequences, vocab_size: int, runs: int = RUNS, probe_every: int
 
 def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = None,
                      epochs_grow_with_pruning: bool = False) -> PruningChoice:
-    """The `min_bigram_count` for these training sequences (int64 token tensors in data order); see the module.
-    `planned_epochs`: the run's length in epochs (None: not known, taken as one pass); with
-    `epochs_grow_with_pruning` it is the length of a run with a time budget at the least count the rule allows."""
+    """`decide_min_count` of the probe of these training sequences."""
     return decide_min_count(probe_bigrams(sequences, vocab_size), planned_epochs, epochs_grow_with_pruning)
 
 
 def decide_min_count(probe: BigramProbe, planned_epochs: float | None = None,
                      epochs_grow_with_pruning: bool = False) -> PruningChoice:
-    """`choose_min_count` from the probe of the sequences."""
+    """The count for a run of `planned_epochs` (None: not known, one pass); `epochs_grow_with_pruning`: a time
+    budget's run, whose epochs are those at the least count the rule allows."""
     if planned_epochs is not None and planned_epochs <= 0:
         raise ValueError(f"planned_epochs must be positive, got {planned_epochs}")
     held, keys, counts = probe.held_out, probe.keys, probe.counts
@@ -170,7 +144,7 @@ def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int
 
 def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: int,
                      recurrence: float) -> PruningChoice:
-    """The held-out estimate of the module docstring (steps 1 to 3)."""
+    """The held-out estimate: the data count c0, the recurrence of each count class, the novelty at c0."""
     n = len(sequences)
     run = max(1, -(-n // runs))
     fit = [s for i, s in enumerate(sequences) if (i // run) % probe_every != probe_every - 1]

@@ -1,8 +1,16 @@
-"""The end of a training run: the model card written at the final save, and the upload to the Hub."""
+"""Publishing: the model card written at a training run's final save, the upload to the Hub, and the command line
+of `examples/push_to_hub.py` (`push_main`): check a saved folder is Hub-ready, write a model card when it has none,
+upload it (nothing of it offline, exit code 2)."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+
+import huggingface_hub  # read at call time: HfApi and HF_HUB_OFFLINE as they are then
+
+from modeling_brillm.model_card import check_hub_ready, write_model_card
 
 from .checkpoints import TMP_PREFIX
 from .data import HELD_OUT
@@ -37,8 +45,6 @@ def write_training_card(out_dir, model, tokenizer, args, summary: dict, descript
                         optimizer: str | None = None) -> str:
     """README.md of a trained folder: metadata (library_name, pipeline_tag, tags, datasets, the final validation
     perplexity as a model-index metric), the run's facts and a usage snippet. Returns its path."""
-    from modeling_brillm.model_card import write_model_card
-
     ids, text, held = data_facts(args, description)
     metrics = {"perplexity": round(summary["perplexity"], 4)} if "perplexity" in summary else None
     training = {
@@ -62,10 +68,8 @@ def write_training_card(out_dir, model, tokenizer, args, summary: dict, descript
 def push_folder(out_dir, repo_id: str, token: str | None, message: str, before_upload=None) -> str:
     """Create (or reuse) the Hub repository and upload `out_dir` without its checkpoints; returns the full repo
     id. `before_upload(repo_id)` runs once the full id (with namespace) is known, e.g. to rewrite the card."""
-    from huggingface_hub import HfApi
-
     try:
-        api = HfApi(token=token)
+        api = huggingface_hub.HfApi(token=token)
         repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
         if before_upload is not None:
             before_upload(repo_id)
@@ -75,3 +79,85 @@ def push_folder(out_dir, repo_id: str, token: str | None, message: str, before_u
         raise UsageError(f"push to the Hub ({repo_id}) failed: {type(err).__name__}: {err}. The model is "
                          f"saved in {out_dir}.") from None
     return repo_id
+
+
+def parse_push_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Publish a saved BriLLM folder on the Hugging Face Hub.")
+    p.add_argument("--model", required=True, help="saved model folder (save_pretrained of model and tokenizer)")
+    p.add_argument("--repo_id", required=True, help="namespace/name on the Hub")
+    p.add_argument("--private", action="store_true")
+    p.add_argument("--token", default=None)
+    p.add_argument("--dataset", action="append", help="training dataset id for the card (repeatable)")
+    p.add_argument("--metric", action="append", help="name=value for the card (repeatable)")
+    p.add_argument("--rewrite_card", action="store_true", help="write README.md even if the folder has one")
+    p.add_argument("--commit_message", default="Upload BriLLM model")
+    p.add_argument("--dry_run", action="store_true", help="prepare and check the folder, upload nothing")
+    return p.parse_args(argv)
+
+
+def parse_metrics(items) -> dict:
+    metrics = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--metric takes name=value, got {item!r}.")
+        try:
+            metrics[name] = float(value)
+        except ValueError:
+            metrics[name] = value
+    return metrics
+
+
+def push_main(argv=None) -> int:
+    args = parse_push_args(argv)
+    try:
+        prepare_folder(args)
+        if args.dry_run:
+            print(f"{args.model} is Hub-ready; dry run, nothing uploaded.")
+            return 0
+        return upload(args)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def prepare_folder(args):
+    """The model card written where the folder has none (or --rewrite_card); ValueError unless it is Hub-ready."""
+    folder = args.model
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder} is not a folder: save the model with save_pretrained first.")
+    readme = os.path.join(folder, "README.md")
+    if args.rewrite_card or not os.path.exists(readme):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        import modeling_brillm  # noqa: F401
+
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError):
+            tokenizer = None
+        write_model_card(folder, model, tokenizer, datasets=args.dataset, metrics=parse_metrics(args.metric) or None,
+                         repo_id=args.repo_id)
+        print(f"wrote the model card {readme}")
+    problems = check_hub_ready(folder)
+    if problems:
+        raise ValueError("the folder is not Hub-ready:\n  - " + "\n  - ".join(problems))
+
+
+def upload(args) -> int:
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        print("error: offline (HF_HUB_OFFLINE is set): nothing uploaded. The folder is Hub-ready; run again with "
+              "network access.", file=sys.stderr)
+        return 2
+    api = huggingface_hub.HfApi(token=args.token)
+    try:
+        url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
+        api.upload_folder(folder_path=args.model, repo_id=args.repo_id, repo_type="model",
+                          commit_message=args.commit_message, ignore_patterns=HUB_IGNORE + ["*.bin", ".git/*"])
+    except Exception as error:  # network, auth, permission: say what happened, upload nothing further
+        print(f"error: upload to {args.repo_id} failed ({type(error).__name__}: {error}). Check the network and "
+              "your token (`hf auth login` or HF_TOKEN).", file=sys.stderr)
+        return 2
+    print(f"uploaded {args.model} to {url}")
+    return 0

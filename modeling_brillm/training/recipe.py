@@ -1,25 +1,9 @@
-"""The default recipe of `examples/pretrain.py` as data: every tuned number and switch it uses (`RULES`), and what
-a run chose (`RecipeChoice`, saved as `recipe.json`). `presets.choose_recipe` decides a run's settings from its
-data and plan with these rules.
-
-What `BriLLMConfig()` means, and what the recipe adds
------------------------------------------------------
-`BriLLMConfig()` is the released model (BriLLM0.5): a sparse graph, no signal dropout, position weights at one, and
-none of the five extensions (non-edge bias, node readout, shared edge matrix, node vectors, count prior), so a saved
-config keeps meaning the model it was trained as. The recipe (`MODEL_DEFAULTS`: what pretrain.py trains with no
-preset) turns on the three that earn their place (node readout, node vectors, count prior), starts the position
-weights at 1 + 0.2·k, and sizes the graph (`min_bigram_count`), the signal dropout and the learning rate to the data
-and the run's length; its training values (`TRAINING_RECIPE`) keep transformers' defaults. A preset such as
-`brillm-en` or `demo-release` goes back to the release.
-
-Each row of `RULES` is one number or switch, with the value the code uses (`pruning.py` and `presets.py` import it
-from here; `count_prior.DISCOUNT` is listed by reference, since saved models ship that module), a one-line why and
-its evidence: a `benchmarks/results/*.json` record, a section of `docs/ablations.md` (§"...") or another source.
-A row marked `tuned=False` holds the paper's, the literature's or a library's value, or the neutral one, and is not
-counted among the tuned numbers (`tuned_numbers()`). `presets.choose_recipe` returns a `RecipeChoice`: every
-setting, its value and the rule (or preset, flag, recipe file) that produced it; pretrain.py prints it and saves it
-as `recipe.json`, and `--recipe recipe.json` applies it again verbatim. docs/training.md's rule table is
-`recipe_table_markdown()` (a test keeps the two equal).
+"""Every setting of a pretraining run as one table (`RULES`, docs/training.md's rule table), the default preset
+generated from it, and what a run chose (`RecipeChoice`, saved as `recipe.json`). A rule's `evidence` is a
+`benchmarks/results/*.json` record, a section of `docs/ablations.md` (§"...") or another source; `tuned=False` marks
+the paper's, the literature's, a library's or the run's own value; `run=True` a setting of the run (its length,
+evaluation, output) that a preset may set but `recipe.json` does not replay. `BriLLMConfig()` is the released model;
+the default preset turns on the extensions that earn their place and sizes the graph and the dropout to the data.
 """
 
 from __future__ import annotations
@@ -27,7 +11,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..count_prior import DISCOUNT
 from .errors import UsageError
@@ -54,16 +37,17 @@ GPU_RECORD = "benchmarks/results/gpu_throughput-20261126T164207Z.json"
 
 @dataclass(frozen=True)
 class Rule:
-    """One tuned number or switch: `value` is what the code uses; `sets` the setting it is the default of
-    ("model.node_size", "training.learning_rate"); `when` (an override) the resolved model fields it applies to."""
+    """One number or setting: `sets` names the setting it is the default of ("model.node_size"); `when` ((field,
+    value) of the model section) makes it a default that gives way."""
     name: str
     value: object
     why: str
     evidence: str
     sets: str | None = None
     formula: str | None = None  # how the value acts, where the number alone does not say
-    when: Callable[[dict], bool] | None = None
-    tuned: bool = True  # False: the paper's, the literature's or transformers' value, or the neutral one
+    when: tuple | None = None
+    tuned: bool = True  # False: the paper's, the literature's, a library's or the run's value, or the neutral one
+    run: bool = False  # a setting of the run, not of the recipe: not saved in recipe.json
 
     @property
     def numbers(self) -> int:
@@ -85,6 +69,12 @@ PROBE = '§"The probe"'
 SHAPE = '§"Schedule, batch and block"'
 PAPER = "the paper"
 LIBRARY = "the library's default (transformers, torch)"
+RUN = "the run's own (run_clm_no_trainer's flags)"
+
+
+def _run(name, value, why):
+    return Rule(name, value, why, RUN, sets=f"training.{name}", tuned=False, run=True)
+
 
 RULES = (
     # the graph: which bigrams get an edge (--min_bigram_count auto)
@@ -161,6 +151,11 @@ RULES = (
          tuned=False),
     Rule("position_recency", 0.2, "left at one, training did not find recency: 3-9% higher", ABLATION,
          sets="model.position_recency", formula="position weights start at 1 + 0.2·k (~the last 5 edges)"),
+    Rule("position_encoding", "released", "the release's position weights", PAPER, sets="model.position_encoding"),
+    Rule("initializer_range", 0.5, "the release's initialisation", PAPER, sets="model.initializer_range"),
+    Rule("num_negatives", 400, "the release's sampled loss (--loss sampled)", PAPER, sets="model.num_negatives"),
+    Rule("negative_sampling", "frequency", "the release's negatives: the most frequent successors", PAPER,
+         sets="model.negative_sampling"),
     # the data: one sentence per block, the paper's batch and tokenizer
     Rule("block_mode", "sentence", "the paper's: one sentence per block", PAPER, sets="training.block_mode"),
     Rule("block_size", 64, "a sentence is cut at block_size − 1 tokens: cut at 31 (the paper's blocks of 32), "
@@ -178,30 +173,36 @@ RULES = (
     Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", PAPER,
          sets="tokenizer.vocab_size"),
     Rule("tokenizer min_frequency", 2, "the paper's tokenizer", PAPER, sets="tokenizer.min_frequency"),
-    # a setup that cannot train a built-in default turns it off (a preset's or a flag's value stays and is refused)
+    # a setup that cannot train a default turns it off (a preset's or a flag's value stays and is refused)
     Rule("sampled loss: no node_readout", False, "the sampled loss scores a few nodes, the readout all",
-         "docs/model.md", sets="model.node_readout", when=lambda m: m["loss_type"] == "sampled"),
+         "docs/model.md", sets="model.node_readout", when=("loss_type", "sampled")),
     Rule("sampled loss: no count_prior", False, "the prior changes every node's logit", "docs/model.md",
-         sets="model.count_prior", when=lambda m: m["loss_type"] == "sampled"),
+         sets="model.count_prior", when=("loss_type", "sampled")),
     Rule("dense graph: no count_prior", False, "the prior is built with a sparse graph's bigrams", "docs/model.md",
-         sets="model.count_prior", when=lambda m: m["graph"] == "dense"),
+         sets="model.count_prior", when=("graph", "dense")),
+    # the run: its length, evaluation and output (a preset may set them; recipe.json does not replay them)
+    _run("num_train_epochs", 1, "one pass unless told"),
+    _run("max_train_steps", None, "from the epochs unless given"),
+    _run("gradient_accumulation_steps", 1, "one micro-batch per step"),
+    _run("per_device_eval_batch_size", 32, "the training batch's"),
+    _run("validation_split_percentage", 5, "run_clm's held-out share"),
+    _run("max_eval_samples", None, "every validation block"),
+    _run("eval_steps", None, "validate before and after training only"),
+    _run("checkpointing_steps", None, "no checkpoints unless asked"),
+    _run("checkpoints_total_limit", None, "keep every checkpoint"),
+    _run("num_generations", 3, "a few continuations at the end"),
+    _run("max_new_tokens", 20, "tokens per continuation"),
+    _run("seed", 42, "transformers' seed"),
+    _run("torch_threads", None, "torch's thread count"),
 )
-OVERRIDES = tuple(rule for rule in RULES if rule.when is not None)
+GIVES_WAY = tuple(rule for rule in RULES if rule.when is not None)
+DEFAULT_PRESET = {rule.sets: rule for rule in RULES if rule.sets and rule.when is None}  # "section.name" -> rule
+RUN_SETTINGS = frozenset(key for key, rule in DEFAULT_PRESET.items() if rule.run)
 
 
-def _defaults(section: str) -> dict:
-    return {r.sets.split(".", 1)[1]: r.value for r in RULES if r.when is None and r.sets and
-            r.sets.startswith(section + ".")}
-
-
-MODEL_DEFAULTS = _defaults("model")  # the recipe's model: BriLLMConfig's fields it sets
-TRAINING_RECIPE = _defaults("training")  # the recipe's training flags (presets.TRAINING_DEFAULTS adds the rest)
-TOKENIZER_DEFAULTS = _defaults("tokenizer")
-
-
-def default_rule(section: str, name: str) -> str | None:
-    """The name of the rule whose value is the recipe's default of `section.name`, if any."""
-    return next((r.name for r in RULES if r.when is None and r.sets == f"{section}.{name}"), None)
+def defaults(section: str) -> dict:
+    """The default preset's values of one section: {"node_size": 32, ...}."""
+    return {key.split(".", 1)[1]: rule.value for key, rule in DEFAULT_PRESET.items() if key.startswith(section + ".")}
 
 
 def tuned_numbers() -> int:
@@ -210,25 +211,26 @@ def tuned_numbers() -> int:
 
 
 def recipe_table_markdown() -> str:
-    """docs/training.md's rule table: one row per rule of `RULES`, the paper's settings together in the last."""
+    """docs/training.md's rule table: one row per rule, the paper's settings and the run's each in one row."""
     rows = [f"{tuned_numbers()} tuned numbers:", "", "| rule | value or formula | why | evidence (§: ablations.md) |",
             "|---|---|---|---|"]
-    paper = []
+    grouped = {PAPER: [], RUN: []}
     for rule in RULES:
-        if rule.evidence == PAPER:
-            paper.append(f"`{rule.name}` {rule.value!r}")
+        if rule.evidence in grouped:
+            grouped[rule.evidence].append(f"`{rule.name}` {rule.value!r}")
             continue
         name = f"`{rule.name}`" + (f" (`{rule.sets}`)" if rule.sets and rule.sets.split(".")[1] != rule.name else "")
         rows.append(f"| {name} | {rule.shown} | {rule.why} | {rule.evidence} |")
-    rows.append(f"| the paper's shape | {', '.join(paper)} | as published | {PAPER} |")
+    rows.append(f"| the paper's shape | {', '.join(grouped[PAPER])} | as published | {PAPER} |")
+    rows.append(f"| the run | {', '.join(grouped[RUN])} | not the recipe: `recipe.json` leaves them out | {RUN} |")
     return "\n".join(rows) + "\n"
 
 
 # ------------------------------------------------------------------------------------------ a run's choice
 @dataclass
 class RunPlan:
-    """What the run is: its length in epochs (None: not known) and whether a time budget lets a sparser graph train
-    more of them; the rest is recorded with the choice."""
+    """The run's length in epochs (None: not known), whether a time budget lets a sparser graph train more of them,
+    and what is recorded with the choice."""
     planned_epochs: float | None = None
     epochs_grow_with_pruning: bool = False
     max_train_steps: int | None = None
@@ -243,16 +245,17 @@ class Setting:
     section: str  # "model", "training" or "tokenizer"
     name: str
     value: object
-    rule: str  # the rule of RULES that chose it, or "preset NAME", "flag --NAME", "recipe file"
+    rule: str  # the rule of RULES that chose it, or "preset NAME", "flag --NAME", the recipe file's rule
     why: str = ""  # what the data said, where the rule read it
 
 
 @dataclass
 class RecipeChoice:
-    """Every setting the recipe decided for a run, with the rule behind it, and the inputs it read."""
+    """Every setting of a run with the rule behind it, and the inputs the choice read."""
     settings: dict = field(default_factory=dict)  # "section.name" -> Setting
     inputs: dict = field(default_factory=dict)
     pruning: object = None  # the PruningChoice of `min_bigram_count auto` (not saved)
+    given: set = field(default_factory=set)  # the keys a preset, a recipe file or a flag set (not saved)
 
     def add(self, setting: Setting):
         self.settings[f"{setting.section}.{setting.name}"] = setting
@@ -260,18 +263,29 @@ class RecipeChoice:
     def value(self, section: str, name: str):
         return self.settings[f"{section}.{name}"].value
 
+    def rule(self, key: str) -> str:
+        return self.settings[key].rule
+
     def section(self, section: str) -> dict:
-        return {s.name: s.value for s in self.settings.values() if s.section == section}
+        return {s.name: s.value for key, s in self.settings.items() if s.section == section and key not in RUN_SETTINGS}
 
     def describe(self) -> str:
         width = max((len(key) for key in self.settings), default=0)
+        recipe = [key for key in self.settings if key not in RUN_SETTINGS]
         lines = [f"the recipe (saved as {RECIPE_NAME}; --recipe FILE applies it again):"]
-        lines += [f"  {key:<{width}} = {s.value!r:<8} [{s.rule}]" for key, s in self.settings.items()]
+        lines += [self._line(key, width) for key in recipe]
+        run = [key for key in self.settings if key in RUN_SETTINGS]
+        if run:
+            lines += ["the run (not part of the recipe):"] + [self._line(key, width) for key in run]
         return "\n".join(lines)
 
+    def _line(self, key: str, width: int) -> str:
+        s = self.settings[key]
+        return f"  {key:<{width}} = {s.value!r:<8} [{s.rule}]"
+
     def to_json(self) -> dict:
-        return {"format": RECIPE_FORMAT, "settings": [asdict(s) for s in self.settings.values()],
-                "inputs": self.inputs}
+        saved = [asdict(s) for key, s in self.settings.items() if key not in RUN_SETTINGS]
+        return {"format": RECIPE_FORMAT, "settings": saved, "inputs": self.inputs}
 
     def save(self, folder) -> Path:
         path = Path(folder) / RECIPE_NAME

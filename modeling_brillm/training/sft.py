@@ -1,20 +1,10 @@
-"""Supervised fine-tuning with TRL: `BriLLMSFTTrainer`, a `trl.SFTTrainer` whose loss and metrics come from BriLLM's
-own forward.
+"""`BriLLMSFTTrainer`: TRL's `SFTTrainer` with its loss and metrics from BriLLM's own forward.
 
-TRL's `SFTTrainer` computes its loss through a fused LM head: the backbone's `last_hidden_state` times
-`get_output_embeddings().weight`. BriLLM has no linear head (its logits are the energies of the graph's edges), so
-this trainer leaves the model's forward as it is and computes
-
-* the loss: BriLLM's own loss on the labels TRL builds (-100 outside the completion, or outside the assistant turns
-  with `assistant_only_loss`), summed and divided by `num_items_in_batch` like TRL's, so gradient accumulation
-  weighs every token once;
-* the logged `entropy` and `mean_token_accuracy`: from BriLLM's logits at the same positions.
-
-Everything else (dataset formats: language modeling, prompt/completion, conversational with a chat template;
-tokenization, truncation to `max_length`, collation, logging, saving) is TRL's. Packing and padding-free batches are
-refused: BriLLM's signal runs through a whole row, so packed documents would feed each other.
-
-This module imports `trl`; `modeling_brillm.training` exports the class lazily, so the package imports without it.
+TRL computes its loss through a fused linear LM head, which BriLLM (its logits are edge energies) does not have: this
+trainer keeps the model's forward, takes BriLLM's loss on TRL's labels, summed over `num_items_in_batch` as TRL does
+(so accumulation weighs every token once), and logs `entropy` and `mean_token_accuracy` from its logits. The rest
+(dataset formats, tokenization, collation, logging, saving) is TRL's. Packing is refused: BriLLM's signal runs
+through a whole row, so packed documents would feed each other. `modeling_brillm.training` imports it lazily (trl).
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ __all__ = ["BriLLMSFTTrainer", "scored_positions"]
 
 
 def scored_positions(labels: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """(B, T-1) bool: the positions t whose logits BriLLM scores against `labels[:, t + 1]` (the label is not -100,
-    and both tokens are real)."""
+    """(B, T-1) bool: the positions t whose logits BriLLM scores against `labels[:, t + 1]`."""
     scored = labels[:, 1:] != -100
     if attention_mask is not None:
         real = attention_mask != 0
@@ -40,11 +29,7 @@ def scored_positions(labels: torch.Tensor, attention_mask: torch.Tensor | None) 
 
 
 class BriLLMSFTTrainer(SFTTrainer):
-    """`trl.SFTTrainer` for BriLLM models (also loaded as remote code): same arguments, same datasets, same logs.
-
-    TRL's default `gradient_checkpointing=True` needs a model that supports gradient checkpointing; pass
-    `SFTConfig(gradient_checkpointing=False)` where it does not.
-    """
+    """`trl.SFTTrainer` for BriLLM models (also loaded as remote code): same arguments, datasets and logs."""
 
     def __init__(self, model, args=None, *pos, **kwargs):
         if args is not None and (getattr(args, "packing", False) or getattr(args, "padding_free", False)):

@@ -1,16 +1,7 @@
-"""Fine-tuning data: prompt/completion records (TRL's SFT convention) or plain text, tokenized with the loss on the
-completion only, and a small built-in prompt/completion set made from Python's own documentation.
-
-Records (one JSON object per line of a .jsonl file, a list of them in a .json file, or one text per line of a .txt):
-  {"prompt": "...", "completion": "..."}   loss on the completion tokens only (and the end-of-sequence token)
-  {"text": "..."}                          plain text: loss on every token after the first
-Either kind may carry `"signal_id": k` (the learned start signal of its task; `start_signal="learned"` models).
-
-The prompt and the completion are joined as TRL does (prompt + completion, then EOS), but each part is tokenized
-on its own: the prompt gives exactly the tokens a user's prompt gives at generation time and the boundary between
-the two is exact (TRL tokenizes the joined text and only warns when a merge crosses the boundary). Labels are the
-input ids with -100 on the prompt; the model shifts them inside, so the first scored transition is the last prompt
-token → the first completion token.
+"""Fine-tuning data: {"prompt", "completion"} records (TRL's SFT convention; the loss on the completion and EOS) or
+{"text"} records (every token), in .jsonl, .json or .txt files, each optionally with a "signal_id"; and a built-in
+prompt/completion set from Python's documentation. The prompt and the completion are tokenized apart, so the prompt
+gives the tokens a user's prompt gives at generation time and the boundary is exact.
 """
 
 from __future__ import annotations
@@ -18,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+
+import torch
 
 from .errors import UsageError
 
@@ -35,12 +28,8 @@ _SENTENCE_END = re.compile(r"(?<=[a-z0-9)\"'][.!?])\s+(?=[A-Z\"'(])")
 
 
 def builtin_pairs() -> list[dict]:
-    """Topic/summary pairs from `pydoc_data.topics` (shipped with CPython, so no download): for every section
-    heading of the documentation, the prompt names the heading and the completion is the first sentence of the
-    prose under it (5 to 40 words). Deterministic: sorted topics, document order, repeated headings dropped.
-
-        {"prompt": "Topic: The assert statement\\nSummary:", "completion": " Assert statements are a convenient ..."}
-    """
+    """Topic/summary pairs from `pydoc_data.topics` (no download): the prompt names a section heading, the completion
+    is the first sentence (5 to 40 words) of the prose under it; sorted topics, repeated headings dropped."""
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip pydoc_data
@@ -88,38 +77,45 @@ def _first_sentence(lines: list[str]) -> str | None:
 
 # ------------------------------------------------------------------------------------------- user records
 def load_records(path) -> list[dict]:
-    """Records from a .jsonl / .json / .txt file (see the module docstring), checked with `check_records`."""
+    """Records from a .jsonl / .json / .txt file, checked with `check_records`."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise SFTDataError(f"{path}: no such file.")
     extension = os.path.splitext(path)[1].lower()
+    readers = {".txt": _text_records, ".text": _text_records, ".jsonl": _jsonl_records, ".json": _json_records}
+    if extension not in readers:
+        raise SFTDataError(f"{path}: unknown file extension {extension or '(none)'!r}; use .jsonl (one "
+                           "{\"prompt\": ..., \"completion\": ...} object per line), .json (a list of them) "
+                           "or .txt (one plain text per line).")
     with open(path, encoding="utf-8") as f:
-        if extension in (".txt", ".text"):
-            records = [{"text": line.rstrip("\n")} for line in f if line.strip()]
-        elif extension == ".jsonl":
-            records = []
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise SFTDataError(f"{path}, line {number}: not valid JSON ({err.msg}); a .jsonl file holds one "
-                                       "JSON object per line.") from None
-        elif extension == ".json":
-            try:
-                records = json.load(f)
-            except json.JSONDecodeError as err:
-                raise SFTDataError(f"{path}: not valid JSON ({err.msg}).") from None
-            if isinstance(records, dict) and isinstance(records.get("data"), list):
-                records = records["data"]
-            if not isinstance(records, list):
-                raise SFTDataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}).")
-        else:
-            raise SFTDataError(f"{path}: unknown file extension {extension or '(none)'!r}; use .jsonl (one "
-                               "{\"prompt\": ..., \"completion\": ...} object per line), .json (a list of them) "
-                               "or .txt (one plain text per line).")
-    return check_records(records, path)
+        return check_records(readers[extension](f, path), path)
+
+
+def _text_records(f, path) -> list[dict]:
+    return [{"text": line.rstrip("\n")} for line in f if line.strip()]
+
+
+def _jsonl_records(f, path) -> list[dict]:
+    records = []
+    for number, line in enumerate(f, 1):
+        try:
+            records += [json.loads(line)] if line.strip() else []
+        except json.JSONDecodeError as err:
+            raise SFTDataError(f"{path}, line {number}: not valid JSON ({err.msg}); a .jsonl file holds one "
+                               "JSON object per line.") from None
+    return records
+
+
+def _json_records(f, path) -> list[dict]:
+    try:
+        records = json.load(f)
+    except json.JSONDecodeError as err:
+        raise SFTDataError(f"{path}: not valid JSON ({err.msg}).") from None
+    if isinstance(records, dict) and isinstance(records.get("data"), list):
+        records = records["data"]
+    if not isinstance(records, list):
+        raise SFTDataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}).")
+    return records
 
 
 def check_records(records, source: str = "the data") -> list[dict]:
@@ -167,12 +163,8 @@ def split_records(records: list[dict], percentage: float) -> tuple[list[dict], l
 # ----------------------------------------------------------------------------------------------- tokenize
 def tokenize_records(records: list[dict], tokenizer, max_length: int, default_signal_id: int = 0
                      ) -> tuple[list[dict], int]:
-    """Token ids, completion-only labels and signal id of every record; (rows, records dropped).
-
-    prompt/completion: ids = tokenizer(prompt) (its special tokens, e.g. BOS) + tokenizer(completion, no special
-    tokens) + [EOS]; labels -100 on the prompt. text: ids = tokenizer(text) + [EOS], every token labelled.
-    Rows longer than `max_length` are cut at the end; a row left with no scored transition is dropped.
-    """
+    """Token ids (prompt with its special tokens + completion without + EOS), labels (-100 on the prompt) and signal
+    id of every record, cut to `max_length`; (rows, records dropped for want of a scored transition)."""
     eos = tokenizer.eos_token_id
     rows, dropped = [], 0
     for record in records:
@@ -194,8 +186,6 @@ def tokenize_records(records: list[dict], tokenizer, max_length: int, default_si
 
 def collate_sft(rows: list[dict], pad_id: int, with_signal_ids: bool = False) -> dict:
     """Right-padded batch: input_ids, attention_mask, labels (-100 on prompt and padding), optionally signal_ids."""
-    import torch
-
     width = max(len(r["input_ids"]) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)

@@ -1,23 +1,21 @@
-"""Training with the source-sharded edge table (`--edge_sharding source`, see modeling_brillm/sharding.py).
-
-The model is not handed to `accelerator.prepare` (no DDP, no dense all-reduce): each process keeps the blocks of
-the sources it owns, `ShardedTrainStep` runs the step (backward, the all-reduce of the replicated gradients, the
-clipping by the global gradient norm, SparseAdamW on the owned rows, with the recipe options `--node_lr_scale`,
-`--shared_edge_lr_scale` and `--lazy_weight_decay` as in one process), validation splits every batch over the
-processes, checkpoints add one shard file per process (written into the checkpoint's temporary folder before its
-one rename), and the final model is gathered on the main process for `save_pretrained`. Accelerate still prepares
-the training loader and the scheduler and forms the process group (gloo on CPU, NCCL on GPU).
-"""
+"""Training with the source-sharded edge table (`--edge_sharding source`, see modeling_brillm/sharding/): the model
+is not handed to `accelerator.prepare` (no DDP); accelerate prepares the training loader and the scheduler."""
 
 from __future__ import annotations
 
 import math
 
+import torch
+
+from ..optimization import SparseAdamW
+from ..sharding import SHARED_FILE, ShardedBriLLM
 from .errors import UsageError
 from .loop import StepKeys, StepResult, _extra_inputs
+from .memory import available_memory, sharded_training_memory
 from .optimizers import BETAS, EPS
 
 EDGE_SHARDINGS = ("none", "source")
+_EVAL_KEYS = ("input_ids", "attention_mask", "labels", "signal_ids")
 
 
 def resolve_optimizer(edge_sharding: str, optimizer: str | None) -> str:
@@ -36,8 +34,6 @@ def resolve_optimizer(edge_sharding: str, optimizer: str | None) -> str:
 
 def checkpoint_kind_error(checkpoint, sharded: bool) -> UsageError | None:
     """A clear error when a checkpoint was saved by the other kind of run (sharded or not)."""
-    from modeling_brillm.sharding import SHARED_FILE
-
     is_sharded = (checkpoint / SHARED_FILE).is_file()
     if is_sharded and not sharded:
         return UsageError(f"{checkpoint} was saved by a run with --edge_sharding source: resume it with "
@@ -49,12 +45,8 @@ def checkpoint_kind_error(checkpoint, sharded: bool) -> UsageError | None:
 
 
 def whole_model_fits(config, accelerator, args) -> bool:
-    """Whether every process can build the whole model before sharding it (the same initialisation as one
-    process); else each process initialises only its own sources' blocks."""
-    import torch
-
-    from .memory import available_memory, sharded_training_memory
-
+    """Whether every process can build the whole model before sharding it (one process's initialisation); else
+    each initialises only its own sources' blocks. The same answer on every process."""
     need = sharded_training_memory(config, accelerator.num_processes,
                                    args.per_device_train_batch_size * args.block_size)["whole_model"]
     have, _ = available_memory(accelerator, args.available_memory_gb)
@@ -64,11 +56,8 @@ def whole_model_fits(config, accelerator, args) -> bool:
 
 
 def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, seed: int = 0):
-    """Shard `model` (built identically on every process) by source node, or with `model=None` build the shards
-    directly from `config` / `graph` (`ShardedBriLLM.from_config`). A checkpoint saved with this process count
-    keeps its assignment; another count gets a fresh balanced one (the rows are re-read by owner)."""
-    from modeling_brillm.sharding import ShardedBriLLM
-
+    """Shard `model` (the same on every process), or with `model=None` build the shards from `config` / `graph`; a
+    checkpoint of this process count keeps its assignment, another count gets a fresh balanced one."""
     owners = None
     if checkpoint is not None:
         saved = ShardedBriLLM.saved_assignment(checkpoint)
@@ -82,21 +71,16 @@ def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, 
         raise UsageError(f"--edge_sharding source: {err}") from None
 
 
-def build_sharded_optimizer(sharded, learning_rate: float, weight_decay: float, *, lazy_weight_decay: bool = False,
-                            shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
-                            moment_dtype: str = "float32"):
-    """SparseAdamW over the shards with the groups (and recipe options) of the one-process optimizer
-    (`optimizers.build_optimizer`): on each process it updates the rows it owns exactly as one process would."""
-    from modeling_brillm.optimization import SparseAdamW
-
-    groups = sharded.parameter_groups(weight_decay, learning_rate, lazy_weight_decay=lazy_weight_decay,
-                                      shared_edge_lr_scale=shared_edge_lr_scale, node_lr_scale=node_lr_scale)
-    return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
+def build_sharded_optimizer(sharded, learning_rate: float, weight_decay: float, *, moment_dtype: str = "float32",
+                            **options):
+    """SparseAdamW over the shards with one process's groups and recipe options (`parameter_groups`)."""
+    return SparseAdamW(sharded.parameter_groups(weight_decay, learning_rate, **options), lr=learning_rate,
+                       betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
 
 
 def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
-    """Rows, moments and step counts from the shards; the learning rate from the restored scheduler (the
-    optimizer is not registered with accelerate, whose load_state would otherwise restore it)."""
+    """Rows, moments and step counts from the shards; the learning rate from the restored scheduler (accelerate
+    does not know this optimizer)."""
     try:
         sharded.load_shard(checkpoint, optimizer)
     except ValueError as err:
@@ -106,32 +90,22 @@ def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
 
 
 class ShardedTrainStep(StepKeys):
-    """`loop.TrainStep` for a `ShardedBriLLM`: the same token-weighted global mean and StepResult.
-
-    Every process backpropagates (global mean of this micro-batch) x (its global targets) / ref; at the last
-    micro-batch of an accumulation the replicated gradients are all-reduced and every gradient is multiplied by
-    ref / (targets of the whole accumulation), which gives the gradient of the mean over every target of the
-    global batch; then, as `TrainStep` in one process, the gradients are clipped to `max_grad_norm` by their global
-    norm (`ShardedBriLLM.clip_grad_norm_`: one all-reduce of the owners' squared norms; None or 0: no clipping).
-    """
+    """`loop.TrainStep` for a `ShardedBriLLM`: each micro-batch backpropagates its global mean x its targets / ref; the
+    last one's step all-reduces the replicated gradients, rescales every gradient to the mean over the global batch
+    (x ref / the accumulation's targets) and clips them by the global norm (`max_grad_norm`; None or 0: no)."""
 
     def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int,
                  block_size: int, learning_rate: float, max_grad_norm: float | None = None,
                  seed: int | None = None):
-        import torch
-
         self.accelerator, self.sharded = accelerator, sharded
         self.keys_from(accelerator, per_device_batch_size, seed)
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self.ref = float(per_device_batch_size * block_size)
-        self.lr_used = learning_rate
+        self.ref, self.lr_used = float(per_device_batch_size * block_size), learning_rate
         self.max_grad_norm = max_grad_norm
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, own tokens
 
     def __call__(self, batch, step: int | None = None) -> StepResult | None:
         """As `TrainStep.__call__`."""
-        import torch
-
         acc, sharded = self.accelerator, self.sharded
         totals = None
         with acc.accumulate(sharded):
@@ -142,19 +116,7 @@ class ShardedTrainStep(StepKeys):
                                        float(batch["attention_mask"].sum())], dtype=torch.float64,
                                       device=self.sums.device)
             if acc.sync_gradients:
-                sharded.reduce_gradients()
-                scale = self.ref / max(float(self.sums[1]), 1.0)
-                for p in sharded.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
-                if self.max_grad_norm:
-                    sharded.clip_grad_norm_(self.max_grad_norm)
-                self.optimizer.step()
-                self.lr_used = self.lr_scheduler.get_last_lr()[0]
-                self.lr_scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                tokens = acc.reduce(self.sums[2:].clone(), reduction="sum")
-                totals = (float(self.sums[0]), float(self.sums[1]), int(tokens[0]))
+                totals = self._optimizer_step()
         self.advance(totals is not None)
         if totals is None:
             return None
@@ -162,32 +124,40 @@ class ShardedTrainStep(StepKeys):
         return StepResult(loss=totals[0] / max(totals[1], 1.0), targets=int(totals[1]), tokens=totals[2],
                           lr=self.lr_used)
 
+    def _optimizer_step(self) -> tuple[float, float, int]:
+        """Reduce, rescale, clip and step; (loss sum, targets, real tokens) of the global batch."""
+        self.sharded.reduce_gradients()
+        scale = self.ref / max(float(self.sums[1]), 1.0)
+        for p in self.sharded.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        if self.max_grad_norm:
+            self.sharded.clip_grad_norm_(self.max_grad_norm)
+        self.optimizer.step()
+        self.lr_used = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = self.accelerator.reduce(self.sums[2:].clone(), reduction="sum")
+        return float(self.sums[0]), float(self.sums[1]), int(tokens[0])
+
 
 def evaluate_sharded(sharded, dataloader, accelerator) -> tuple[float, float, int]:
-    """(mean loss, perplexity, scored tokens) over the validation blocks with the full softmax, as
-    `loop.evaluate`. `dataloader` is NOT prepared: every process reads every batch and scores its share of the
-    rows (a process left without rows scores a one-token row with no target), so no block counts twice."""
-    import torch
-
-    W, rank = accelerator.num_processes, accelerator.process_index
-    total, count = 0.0, 0
+    """(mean loss, perplexity, scored tokens) as `loop.evaluate`, from an unprepared `dataloader`: each process scores
+    its share of every batch's rows (with none, where a batch has fewer rows than processes, a row with no target)."""
+    total, count, dev = 0.0, 0, accelerator.device
     sharded.eval()
     for batch in dataloader:
-        rows = torch.arange(batch["input_ids"].shape[0]).tensor_split(W)[rank]
-        ids, mask, labels = (batch[k][rows] for k in ("input_ids", "attention_mask", "labels"))
-        extra = {k: v[rows] for k, v in _extra_inputs(batch).items()}
+        rows = torch.arange(batch["input_ids"].shape[0]).tensor_split(accelerator.num_processes)
+        rows = rows[accelerator.process_index]
+        part = {k: v[rows] for k, v in batch.items() if k in _EVAL_KEYS}  # the model's inputs (`_extra_inputs`)
         if rows.numel() == 0:
-            ids, mask = batch["input_ids"][:1, :1], batch["attention_mask"][:1, :1].clamp_min(1)
-            labels = torch.full_like(ids, -100)
-            extra = {k: v[:1] for k, v in _extra_inputs(batch).items()}
-        dev = accelerator.device
+            part = {k: v[:1, :1] if v.dim() > 1 else v[:1] for k, v in batch.items() if k in _EVAL_KEYS}
+            part["attention_mask"] = part["attention_mask"].clamp_min(1)
+            part["labels"] = torch.full_like(part["labels"], -100)
         with torch.no_grad():
-            out = sharded(ids.to(dev), mask.to(dev), labels=labels.to(dev), loss_type="exact",
-                          **{k: v.to(dev) for k, v in extra.items()})
-        total += float(out.loss) * out.num_targets
-        count += out.num_targets
+            out = sharded(loss_type="exact", **{k: v.to(dev) for k, v in part.items()})
+        total, count = total + float(out.loss) * out.num_targets, count + out.num_targets
     sharded.train()
     if count == 0:
         return float("nan"), float("nan"), 0
-    loss = total / count
-    return loss, math.exp(min(loss, 700.0)), count
+    return total / count, math.exp(min(total / count, 700.0)), count

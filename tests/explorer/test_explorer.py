@@ -1,23 +1,23 @@
-"""The explorer's page data (modeling_brillm/explorer.py): what it embeds is what energy_trace, energy_generate and
-the model's recurrence say; the page escapes every token; bad input gets a one-line message."""
+"""The explorer's page data (modeling_brillm/explorer): what it embeds is what energy_trace, energy_generate, the
+model's graph and its recurrence say; the Node view ranks real edges apart from the shared edge and counts every
+visit once; the page escapes every token; a diff page is both models' traces; bad input gets a one-line message."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
-import runpy
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _pages import TEXT, TRICKY, big_model, tricky_model
-from _tiny import save_tiny
+from _pages import TEXT, TRICKY, big_model, successors, tricky_model
+from _tiny import make_tokenizer, save_tiny
 
-from modeling_brillm.decoding import energy_generate
-from modeling_brillm.explorer import Explorer, explore, label, load_model, mix_weights, neighbourhoods
-from modeling_brillm.interpretability import energy_trace
+from modeling_brillm import energy_generate, energy_trace
+from modeling_brillm.explorer import Explorer, TooLong, compare, explore, label, load_model, mix_weights, neighbourhoods
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +56,7 @@ def test_the_trace_view_is_energy_trace(tiny, page):
     labels = page.data["labels"]
     for token, text in zip(trace.tokens.tolist(), trace.token_texts):
         assert labels[str(token)] == label(text)
+    assert page.data["title"] == "BriLLM explorer: BriLLM"  # a model built in memory has no folder name
 
 
 def test_the_generation_view_is_energy_generate(tiny, page):
@@ -70,6 +71,7 @@ def test_the_generation_view_is_energy_generate(tiny, page):
         assert got["i"] == step.position - 1
         assert got["e"] == pytest.approx(step.energy, rel=1e-5)
         assert [a for a, _ in got["alts"]] == [a for a, _ in step.alternatives]
+        assert got["real"] == (step.token in successors(model, step.source))
     assert len(path["steps"]) == len(out.path(0)) >= 1
 
 
@@ -90,11 +92,8 @@ def test_mix_weights_rebuild_the_models_signal(tiny):
         assert w.sum() == pytest.approx(1.0, abs=1e-6) and (i == 1 or float(w.max() - w.min()) > 1e-3)
         torch.testing.assert_close(w @ c[:i], x[i], rtol=1e-5, atol=1e-5)
     logits = base.positions.view(-1)[:5].detach()
-    assert page_mix(embedded_positions(model), 5) == pytest.approx(torch.softmax(logits, 0).tolist(), rel=1e-5)
-
-
-def embedded_positions(model):
-    return explore(model, [2, 5, 6]).data["positions"]
+    assert page_mix(explore(model, [2, 5, 6]).data["positions"], 5) == pytest.approx(
+        torch.softmax(logits, 0).tolist(), rel=1e-5)
 
 
 def page_mix(positions, i):
@@ -103,38 +102,67 @@ def page_mix(positions, i):
     return torch.softmax(logits, 0).tolist()
 
 
-def test_a_nodes_neighbourhood_is_its_mean_energy_over_its_visits(tiny, page):
+def visit_rows(model, node, trace_ids, gen_ids):
+    """Every energy row of a visit to `node`, each position once: the continuation's positions that repeat the
+    text's own prefix are the same visits."""
+    same = 0
+    while same < min(len(trace_ids), len(gen_ids)) and trace_ids[same] == gen_ids[same]:
+        same += 1
+    with torch.no_grad():
+        a, b = (model(torch.tensor([p])).logits[0] for p in (trace_ids, gen_ids))
+    rows = [a[t] for t, u in enumerate(trace_ids) if u == node] + [
+        b[t] for t, u in enumerate(gen_ids) if u == node and t >= same]
+    return torch.stack(rows)
+
+
+def test_a_nodes_real_edges_are_ranked_apart_from_the_shared_edge(tiny, page):
     model, tokenizer = tiny
     trace_ids, gen_ids = (p["tokens"] for p in page.data["paths"])
-    with torch.no_grad():
-        logits = [model(torch.tensor([p])).logits[0] for p in (trace_ids, gen_ids)]
-    node = tokenizer.convert_tokens_to_ids("t")
-    rows = torch.cat([lg[torch.tensor(p) == node] for lg, p in zip(logits, (trace_ids, gen_ids))])
-    hood = page.data["nodes"][str(node)]
-    assert hood["count"] == rows.shape[0] >= 2
-    top = torch.topk(rows.mean(0), 10)
-    assert [v for v, _, _ in hood["edges"]] == top.indices.tolist()
-    assert [e for _, e, _ in hood["edges"]] == pytest.approx(top.values.tolist(), rel=1e-5)
-    real = (model.edge_rows(torch.full((10,), node), top.indices) != 0).tolist()
-    assert [r for _, _, r in hood["edges"]] == real and any(real)
-    indptr, _ = model.csr()
-    assert hood["degree"] == int(indptr[node + 1] - indptr[node])
-    assert page.data["focus"] == tokenizer.convert_tokens_to_ids("y")
-    # a node no text visits: the energies after <BOS> u
-    z = next(u for u in range(len(tokenizer)) if u not in trace_ids + gen_ids)
-    hood = neighbourhoods(model, [trace_ids], [z], 4, tokenizer.bos_token_id)[z]
+    assert trace_ids[:5] == gen_ids[:5] and trace_ids[5] != gen_ids[5]  # "<s>the " is read by both paths
+    for node in (tokenizer.convert_tokens_to_ids("t"), tokenizer.convert_tokens_to_ids(" ")):
+        rows = visit_rows(model, node, trace_ids, gen_ids)
+        hood = page.data["nodes"][str(node)]
+        assert hood["count"] == rows.shape[0] >= 2
+        mean, real = rows.mean(0), sorted(successors(model, node))
+        assert hood["degree"] == len(real) and "mean over" in hood["measure"]
+        top = torch.topk(mean[real], min(10, len(real)))
+        assert [v for v, _, _ in hood["real"]] == [real[i] for i in top.indices.tolist()]
+        assert [e for _, e, _ in hood["real"]] == pytest.approx(top.values.tolist(), rel=1e-5)
+        assert [r for _, _, r in hood["real"]] == [1 + int((mean > e).sum()) for e in top.values]
+        others = torch.tensor([v for v in range(len(mean)) if v not in set(real)])
+        best = mean[others].max()
+        energy, ties, rank, examples = hood["shared"][0]
+        assert energy == pytest.approx(float(best), rel=1e-5) and rank == 1 + int((mean > best).sum())
+        assert ties == int((mean[others] == best).sum()) > 1  # the shared edge's targets tie: one row says so
+        assert all(v not in real and float(mean[v]) == float(best) for v in examples)
+
+
+def test_visits_are_counted_once_when_the_continuation_holds_its_prompt(tiny):
+    """The command line and the app trace a text and continue the same text: the prompt's positions are the
+    trace's, so a node in the prompt counts as many visits as the text holds it."""
+    model, tokenizer = tiny
+    text = "the cat sat on"
+    page = explore(model, text, tokenizer, prompt=text, max_new_tokens=6)
+    trace_ids, gen_ids = (p["tokens"] for p in page.data["paths"])
+    assert gen_ids[:len(trace_ids)] == trace_ids
+    for node in set(gen_ids):
+        assert page.data["nodes"][str(node)]["count"] == gen_ids.count(node)
+
+
+def test_nodes_the_tables_lead_to_have_their_own_edges(tiny, page):
+    model, tokenizer = tiny
+    nodes = page.data["nodes"]
+    led = {v for h in nodes.values() for v in [e[0] for e in h["real"]] + [x for s in h["shared"] for x in s[3]]}
+    assert led <= set(map(int, nodes))  # every token the Node view shows opens a node with its edges
+    z = next(u for u in map(int, nodes) if nodes[str(u)]["count"] == 0 and u != page.data["focus"])
     after = model(torch.tensor([[tokenizer.bos_token_id, z]])).logits[0, -1]
-    assert hood["count"] == 0 and "<BOS> u" in hood["measure"]
-    assert [v for v, _, _ in hood["edges"]] == torch.topk(after, 4).indices.tolist()
+    real = sorted(successors(model, z))
+    assert "<BOS> u" in nodes[str(z)]["measure"]
+    if real:
+        assert nodes[str(z)]["real"][0][0] == real[int(torch.argmax(after[real]))]
+    assert page.data["focus"] == tokenizer.convert_tokens_to_ids("y")
     with pytest.raises(ValueError, match="outside the vocabulary"):
         neighbourhoods(model, [], [10**6])
-
-
-def test_labels_show_every_character():
-    assert label(" ") == "\u2423" and label("  ") == "\u2423\u2423" and label(" the") == " the"
-    assert label("a\nb\tc\r") == "a\u21b5b\u21e5c\u240d" and label("\x07") == "\u2407" and label("\x7f") == "\u2421"
-    assert label("\u202eevil") == "\\u202eevil" and label("zero\u200bwidth") == "zero\\u200bwidth"
-    assert label("") == "\u2205" and label(None, 42) == "#42" and label("<b>") == "<b>"
 
 
 def test_the_page_embeds_tokens_as_data_not_markup(tiny, page, tmp_path):
@@ -149,30 +177,88 @@ def test_the_page_embeds_tokens_as_data_not_markup(tiny, page, tmp_path):
     assert Path(saved).read_text(encoding="utf-8") == html
     frame = page._repr_html_()  # the notebook view: the page in a sandboxed iframe, quotes escaped
     assert frame.startswith('<iframe class="brillm-explorer" sandbox="allow-scripts"') and "<script" not in frame
-    assert "import IPython" not in (ROOT / "modeling_brillm" / "explorer.py").read_text()
+    sources = [p.read_text() for p in (ROOT / "modeling_brillm" / "explorer").rglob("*.py")]
+    assert sources and not any("import IPython" in s for s in sources)
 
 
-def test_bad_input_gets_a_one_line_message(tiny, tmp_path):
+def test_the_explorer_is_no_part_of_a_saved_models_code(tmp_path):
+    """Nothing under modeling_brillm/ but the explorer itself (and the package's __init__) imports it, so a saved
+    folder's remote code never holds it."""
+    package = ROOT / "modeling_brillm"
+    importing = [str(p.relative_to(package)) for p in package.rglob("*.py") if "explorer" not in p.parts and
+                 re.search(r"^\s*(from\s+\S*explorer|import\s+\S*explorer)", p.read_text(), re.M)]
+    assert importing == []
+    save_tiny(tmp_path / "model")
+    assert not any("explorer" in p.name for p in (tmp_path / "model").iterdir())
+
+
+def test_a_diff_page_is_both_models_traces(tiny):
     model, tokenizer = tiny
+    other = tricky_model()[0]
+    with torch.no_grad():  # a second model: the same graph, the edges' matrices moved
+        other.brillm.weights.mul_(1.5)
+    text = "the cat sat on the mat"
+    page = compare(model, other, text, tokenizer, names=["before", "after"])
+    a, b = (energy_trace(m, text, tokenizer, top_k=5) for m in (model, other))
+    first, second = page.data["paths"]
+    assert page.data["diff"]["names"] == ["before", "after"]
+    assert page.data["title"] == "BriLLM diff: before \u2192 after"
+    for path, trace in ((first, a), (second, b)):
+        assert [s["rank"] for s in path["steps"]] == trace.ranks.tolist()
+        assert [s["e"] for s in path["steps"]] == pytest.approx(trace.energies.tolist(), rel=1e-5)
+        assert path["summary"]["perplexity"] == pytest.approx(trace.perplexity, rel=1e-5)
+    change = [abs(math.log(rb / ra)) for ra, rb in zip(a.ranks.tolist(), b.ranks.tolist())]
+    expected = sorted((i for i in range(len(change)) if change[i] > 0), key=lambda i: (-change[i], i))[:10]
+    assert page.data["diff"]["changed"] == expected and expected
+    changed = make_tokenizer()  # one more token: it reads "the" as one token where the original reads three
+    changed.add_tokens(["the"])
+    with pytest.raises(ValueError, match="different tokens"):
+        compare(model, other, text, tokenizer, changed)
+
+
+def test_bad_input_gets_a_one_line_message(tiny, tmp_path, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.chdir(tmp_path.parent)
     cases = [
         (lambda: explore(model, "", tokenizer), "the text is empty"),
         (lambda: explore(model), "nothing to show"),
-        (lambda: explore(model, "a" * 80, tokenizer), r"more than max_position_embeddings=64"),
-        (lambda: explore(model, prompt="the", max_new_tokens=70, tokenizer=tokenizer), "max_position_embeddings=64"),
+        (lambda: explore(model, [5], tokenizer), "the text makes 1 token and a trace needs two"),
+        (lambda: explore(model, "a" * 80, tokenizer), r"holds 81 tokens, more than the 64 positions .*extend=True"),
+        (lambda: explore(model, prompt="the", max_new_tokens=70, tokenizer=tokenizer), "position 74, past the 64"),
+        (lambda: explore(model, prompt="the", max_new_tokens=-3, tokenizer=tokenizer), "0 or more, got -3"),
         (lambda: explore(model, "the cat", tokenizer, nodes=["cat"]), "not one token"),
         (lambda: explore(model, "the cat", tokenizer, nodes=["Q"]), "not in the vocabulary"),
         (lambda: load_model(""), "no model given"),
         (lambda: load_model(str(tmp_path)), "is not a BriLLM model folder"),
+        (lambda: load_model(str(tmp_path / "missing" / "model")), "no such folder"),
+        (lambda: load_model("../mistyped"), "no such folder"),
+        (lambda: load_model(f"{tmp_path.name}/dmeo"), "no such folder"),  # a folder here: a path, not a Hub id
     ]
     (tmp_path / "gpt").mkdir()
     (tmp_path / "gpt" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    cases.append((lambda: load_model(str(tmp_path / "gpt")), "holds a 'gpt2' model, not a BriLLM"))
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    cases += [(lambda: load_model(str(tmp_path / "gpt")), "holds a 'gpt2' model, not a BriLLM"),
+              (lambda: load_model(str(tmp_path / "weights.bin")), "is a file, not a model folder")]
     for call, message in cases:
         with pytest.raises(ValueError, match=message) as error:
             call()
-        assert "\n" not in str(error.value)
+        assert "\n" not in str(error.value) and ".;" not in str(error.value)
+    with pytest.raises(TooLong) as error:
+        explore(model, "a" * 80, tokenizer)
+    assert error.value.problem == "the text holds 81 tokens, more than the 64 positions this model was trained on"
     page = Explorer.error("the text is <empty>")
     assert embedded(page.to_html()) == {"title": "BriLLM explorer", "error": "the text is <empty>"}
+
+
+def test_a_saved_folder_is_titled_by_its_name_and_loads_quietly(tmp_path, capfd):
+    save_tiny(tmp_path / "my-model")
+    capfd.readouterr()
+    model, tokenizer = load_model(str(tmp_path / "my-model"))
+    page = explore(model, "the cat", tokenizer)
+    assert page.data["title"] == "BriLLM explorer: my-model" and page.data["model"]["name"] == "my-model"
+    assert str(tmp_path) not in json.dumps(page.data)  # the server's path stays off the page
+    out, err = capfd.readouterr()
+    assert out == err == ""  # no progress bar, no warning
 
 
 def test_a_2000_token_text_over_4000_nodes_stays_small():
@@ -187,32 +273,3 @@ def test_a_2000_token_text_over_4000_nodes_stays_small():
     assert [s["rank"] for s in path["steps"]] == trace.ranks.tolist()
     assert len(html.encode()) < 2_000_000, len(html)
     assert seconds < 60
-
-
-def test_visualize_writes_the_page(tmp_path, capsys):
-    save_tiny(tmp_path / "model")
-    main = runpy.run_path(str(ROOT / "examples" / "visualize.py"))["main"]
-    out = tmp_path / "page.html"
-    args = ["--model", str(tmp_path / "model"), "--text", "the cat sat", "--html", str(out)]
-    assert main(args + ["--generate", "5", "--node", "d"]) == 0
-    assert "wrote " + str(out) in capsys.readouterr().out
-    data = embedded(out.read_text(encoding="utf-8"))
-    assert [p["kind"] for p in data["paths"]] == ["trace", "generation"] and len(data["paths"][1]["steps"]) == 5
-    assert data["labels"][str(data["focus"])] == "d"
-    long = ["--model", str(tmp_path / "model"), "--text", "the cat " * 10, "--html", str(out)]
-    assert main(long) == 2
-    assert "pass --extend" in capsys.readouterr().err
-    assert main(long + ["--extend"]) == 0
-    assert main(["--model", str(tmp_path), "--text", "the", "--html", str(out)]) == 2
-    assert "is not a BriLLM model folder" in capsys.readouterr().err
-
-
-def test_browser_tests_fail_under_ci_rather_than_skip(monkeypatch):
-    from _browser import missing
-
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI is set"):
-        missing("chromium")
-    monkeypatch.delenv("CI")
-    with pytest.raises(pytest.skip.Exception, match="need chromium"):
-        missing("chromium")

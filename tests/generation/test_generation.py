@@ -478,13 +478,9 @@ def test_pipeline_bad_input(pipe):
 
 
 def test_generate_example_script(saved, capsys, tmp_path):
-    import runpy
-    from pathlib import Path
+    from modeling_brillm.training.generate_cli import main  # what examples/generate.py runs
 
     directory, _, _ = saved
-    script = Path(__file__).resolve().parents[2] / "examples" / "generate.py"
-    module = runpy.run_path(str(script))
-    main = module["main"]
     M = 64
     assert main(["--model", str(directory), "--prompt", "the cat", "--max_new_tokens", "6", "--show_path",
                  "--json", str(tmp_path / "g.json")]) == 0
@@ -509,11 +505,9 @@ def test_generate_example_script(saved, capsys, tmp_path):
 def test_generate_example_extend_beams_and_stop_strings(saved, capsys, tmp_path):
     """examples/generate.py: with --extend nothing is cut at max_position_embeddings; energy mode runs beam search
     and stop strings with energy_generate's own results (texts, scores, one path per returned sequence)."""
-    import runpy
-    from pathlib import Path
+    from modeling_brillm.training.generate_cli import main  # what examples/generate.py runs
 
     directory, model, tokenizer = saved
-    main = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "generate.py"))["main"]
     long_prompt = "the cat sat on the mat " * 4  # 97 tokens with <s>, past the 64 positions
     assert main(["--model", str(directory), "--prompt", long_prompt, "--max_new_tokens", "5"]) == 2
     assert "--extend" in capsys.readouterr().err

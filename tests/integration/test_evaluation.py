@@ -196,15 +196,14 @@ def test_metric_contract_without_pad_token(saved, model):
 
 
 def test_perplexity_example_falls_back_offline(saved, tmp_path, capsys, monkeypatch):
-    import runpy
-
     import evaluate
 
     def offline(*args, **kwargs):
         raise ConnectionError("offline")
 
     monkeypatch.setattr(evaluate, "load", offline)
-    main = runpy.run_path(str(ROOT / "examples" / "perplexity.py"))["main"]
+    from modeling_brillm.training.perplexity_cli import main  # what examples/perplexity.py runs
+
     path = tmp_path / "texts.txt"
     path.write_text("\n".join(TEXTS[:4]), encoding="utf-8")
     assert main(["--model", str(saved), "--texts", str(path), "--json", str(tmp_path / "p.json")]) == 0
@@ -340,9 +339,8 @@ def test_model_card_states_the_length_the_config_allows(model, monkeypatch):
 
 
 def test_perplexity_example_extend_scores_whole_texts(saved, tmp_path, capsys):
-    import runpy
+    from modeling_brillm.training.perplexity_cli import main  # what examples/perplexity.py runs
 
-    main = runpy.run_path(str(ROOT / "examples" / "perplexity.py"))["main"]
     text = " ".join(CORPUS[:8])
     args = ["--model", str(saved), "--text", text, "--block_size", "0", "--json", str(tmp_path / "p.json")]
     assert main(args) == 2 and "block_size must be at least 2" in capsys.readouterr().err

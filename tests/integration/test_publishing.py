@@ -207,9 +207,9 @@ def test_loads_from_hub_cache_offline_without_the_package(repo, tmp_path):
 
 
 def push_main():
-    import runpy
+    from modeling_brillm.training.publishing import push_main  # what examples/push_to_hub.py runs
 
-    return runpy.run_path(str(ROOT / "examples" / "push_to_hub.py"))["main"]
+    return push_main
 
 
 def test_push_to_hub_example_offline(repo, tmp_path, capsys, monkeypatch):

@@ -1,8 +1,5 @@
 """Growing a trained graph: new nodes (resize_token_embeddings), new edges (add_edges), and a fine-tune of them."""
 
-import runpy
-from pathlib import Path
-
 import pytest
 import torch
 from _tiny import CORPUS, EOS, PAD, assert_same, corpus_ids, make_model, make_tokenizer, save_tiny
@@ -190,12 +187,12 @@ def test_grown_model_saves_and_loads_as_remote_code(trained, tmp_path):
 
 @pytest.mark.parametrize("options", [{}, RECIPE], ids=["release", "recipe"])
 def test_fine_tune_teaches_new_tokens_and_keeps_old_text(tmp_path, options):
-    """examples/grow_graph.py on a tiny model: the directions the README reports on the demo."""
+    """What examples/grow_graph.py runs, on a tiny model: the directions the README reports on the demo."""
+    from modeling_brillm.training.growing import main
+
     save_tiny(tmp_path / "tiny", **options)
     (tmp_path / "new.txt").write_text("\n".join(NEW_TEXT) + "\n")
     (tmp_path / "old.txt").write_text("\n".join(CORPUS) + "\n")
-    script = Path(__file__).resolve().parents[2] / "examples" / "grow_graph.py"
-    main = runpy.run_path(str(script))["main"]
     r = main(["--model", str(tmp_path / "tiny"), "--output_dir", str(tmp_path / "grown"), "--new_text",
               str(tmp_path / "new.txt"), "--old_text", str(tmp_path / "old.txt"), "--old_train_text",
               str(tmp_path / "old.txt"), "--replay", "10", "--add_tokens", *NEW_CHARS[:4], "--steps", "40",
@@ -210,7 +207,8 @@ def test_fine_tune_teaches_new_tokens_and_keeps_old_text(tmp_path, options):
 
 def test_grow_graph_splits_the_demos_text_like_pretraining():
     """Without --old_text the example reads the demo's own split of the built-in corpus."""
-    script = Path(__file__).resolve().parents[2] / "examples" / "grow_graph.py"
-    validation, training = runpy.run_path(str(script))["builtin_old_text"]()
+    from modeling_brillm.training.growing import builtin_old_text
+
+    validation, training = builtin_old_text()
     assert validation and len(training) > 10 * len(validation)
     assert len(set(validation) - set(training)) > 0.5 * len(set(validation))  # other paragraphs, mostly new text

@@ -225,14 +225,22 @@ def test_map_workers_default_follows_the_cores_and_the_data(monkeypatch):
 
 
 def test_serial_tokenizers_restores_the_setting(monkeypatch):
+    """A map on several processes runs `tokenizers` serially inside, and restores the setting after; one process
+    leaves it alone."""
+    from types import SimpleNamespace
+
+    seen = []
+    dataset = SimpleNamespace(column_names=[], map=lambda *a, **k: seen.append(data.os.environ.get(
+        "TOKENIZERS_PARALLELISM")))
+    args = SimpleNamespace(overwrite_cache=False)
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    with data._SerialTokenizers():
-        assert data.os.environ["TOKENIZERS_PARALLELISM"] == "false"
-    assert "TOKENIZERS_PARALLELISM" not in data.os.environ
+    data._map(dataset, None, 2, args, "test")
+    assert seen == ["false"] and "TOKENIZERS_PARALLELISM" not in data.os.environ
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
-    with data._SerialTokenizers():
-        pass
-    assert data.os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    data._map(dataset, None, 2, args, "test")
+    assert seen[-1] == "false" and data.os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    data._map(dataset, None, None, args, "test")
+    assert seen[-1] == "true"
 
 
 def test_block_sequences_and_graph_equal_the_per_block_code(texts, tokenizers):

@@ -17,12 +17,13 @@ from accelerate.utils import DistributedType
 from modeling_brillm import BriLLMConfig
 from modeling_brillm.graph import graph_from_edges
 from modeling_brillm.training import memory, presets, recipe
+from modeling_brillm.training import pretraining as pretrain
 from modeling_brillm.training.presets import StepBatch, choose_step_batch, fit_step_batch
 from modeling_brillm.training.recipe import FREE_SHARE, GPU_STEP_TOKENS, RULES
 from tests._scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-pretrain = load_script("examples/pretrain.py", "brillm_pretrain_script")
+KEY = "training.per_device_train_batch_size"
 BASE = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
         "--validation_split_percentage", "0"]
 TINY = [*BASE, "--max_train_steps", "2"]
@@ -42,7 +43,7 @@ def test_on_a_gpu_the_default_batch_makes_the_rule_s_tokens(block, batch):
     args = settled(["--block_size", block])
     step = choose_step_batch(args, "cuda", train_blocks=10 ** 6, processes=1)
     assert step == StepBatch(batch) and args.per_device_train_batch_size == batch
-    assert args.setting_rules["training.per_device_train_batch_size"] == "GPU_STEP_TOKENS"
+    assert args.recipe_choice.rule(KEY) == "GPU_STEP_TOKENS"
 
 
 def test_the_rule_is_capped_at_the_training_blocks_per_process():
@@ -62,7 +63,8 @@ def test_a_flag_or_a_preset_keeps_its_batch(argv):
 def test_on_the_cpu_nothing_changes():
     args = settled([])
     assert choose_step_batch(args, "cpu", train_blocks=10 ** 6, processes=1) is None
-    assert args.per_device_train_batch_size == 32 and "training.per_device_train_batch_size" not in args.setting_rules
+    assert args.per_device_train_batch_size == 32 and KEY not in args.recipe_choice.given
+    assert args.recipe_choice.rule(KEY) == "per_device_train_batch_size"  # the default preset's rule
     assert fit_step_batch(args, None, lambda blocks: float("inf"), None) is None
 
 
@@ -72,7 +74,7 @@ def test_a_resumed_run_keeps_its_checkpoint_s_batch():
     assert step.resumed and args.per_device_train_batch_size == 512
     line = fit_step_batch(args, step, lambda blocks: 100 * MB * blocks, free=1024 * MB)
     assert args.per_device_train_batch_size == 512 and "warning" in line and "kept as the checkpoint's batch" in line
-    assert args.setting_rules["training.per_device_train_batch_size"] == "the checkpoint's batch"
+    assert args.recipe_choice.rule(KEY) == "the checkpoint's batch"
 
 
 # ------------------------------------------------------------------------------------------- the memory check
@@ -126,7 +128,7 @@ def test_the_step_estimate_grows_with_the_batch_and_counts_the_logits():
 def test_the_rule_is_one_row_whose_figures_are_its_record_s():
     rows = [rule for rule in RULES if "GPU_STEP_TOKENS" in rule.name]
     assert len(rows) == 1 and rows[0].value == GPU_STEP_TOKENS == 65_536 and rows[0].sets is None
-    assert recipe.TRAINING_RECIPE["per_device_train_batch_size"] == 32  # the CPU's default is not the rule's
+    assert recipe.defaults("training")["per_device_train_batch_size"] == 32  # the CPU's default is not the rule's
     record = json.loads((ROOT / rows[0].evidence).read_text())
     train = {row["batch"]: row["triton_tokens_per_s"] for row in record["figures"]["train"]}
     small, large = train["32 × 32"], train["1024 × 64"]

@@ -1,6 +1,6 @@
-"""Fine-tuning: completion-only data (training/sft_data.py) and examples/finetune.py on a tiny saved model, run
-in-process: every --train_only mode trains what it says and leaves the rest bit for bit unchanged; bad input gets
-a one-line error."""
+"""Fine-tuning: completion-only data (training/sft_data.py) and what examples/finetune.py runs
+(training/finetuning.py) on a tiny saved model, in-process: every --train_only mode trains what it says and leaves
+the rest bit for bit unchanged; bad input gets a one-line error."""
 
 import copy
 import json
@@ -18,7 +18,6 @@ from modeling_brillm.training.sft_data import (
     split_records,
     tokenize_records,
 )
-from tests._scripts import load_script
 from tests._tiny import BOS, EOS, PAD, save_tiny
 
 PAIRS = [  # continuations the tiny model was not trained on (its corpus says "the cat sat on the mat")
@@ -33,7 +32,9 @@ PAIRS = [  # continuations the tiny model was not trained on (its corpus says "t
 
 @pytest.fixture(scope="module")
 def finetune():
-    return load_script("examples/finetune.py", "finetune_script")
+    from modeling_brillm.training import finetuning
+
+    return finetuning
 
 
 @pytest.fixture(scope="module")

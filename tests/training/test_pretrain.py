@@ -19,8 +19,9 @@ from types import SimpleNamespace
 import pytest
 
 from modeling_brillm.training import checkpoints, data, memory, optimizers, presets
+from modeling_brillm.training import pretraining as pretrain  # parse_args, main, SUMMARY_NAME
 from modeling_brillm.training.errors import UsageError
-from tests._scripts import load_script, refused
+from tests._scripts import refused
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "pretrain.py"
@@ -31,9 +32,6 @@ CPU2_FSDP = ROOT / "configuration" / "accelerate" / "cpu_2_fsdp.yaml"
 
 TINY = ["--vocab_size", "300", "--node_size", "8", "--block_size", "16", "--num_generations", "0",
         "--learning_rate", "0.05", "--num_warmup_steps", "2", "--eval_steps", "5"]
-
-
-pretrain = load_script("examples/pretrain.py", "brillm_pretrain_script")  # parse_args, main, SUMMARY_NAME
 
 
 def env(**extra):
@@ -635,20 +633,22 @@ def test_presets_load_and_flags_override():
         assert set(preset) == {"model", "tokenizer", "training"}
     args = pretrain.parse_args(["--config", "brillm-zh", "--node_size", "8", "--learning_rate", "0.01",
                                 "--dense_graph"])
-    model, tok = presets.resolve_settings(args)
+    choice = presets.resolve_settings(args)
+    model, tok = choice.section("model"), choice.section("tokenizer")
     assert tok == {"kind": "char", "vocab_size": 4000, "min_frequency": 1}
     assert model["node_size"] == 8 and model["graph"] == "dense"
     assert args.learning_rate == 0.01 and args.block_size == 32 and args.max_train_steps == 1500
     args = pretrain.parse_args([])
-    model, _ = presets.resolve_settings(args)
+    model = presets.resolve_settings(args).section("model")
     assert args.learning_rate == 2e-2 and args.block_mode == "sentence" and args.per_device_train_batch_size == 32
     assert model["node_readout"] and model["node_embedding"] and model["count_prior"]
     assert not model["non_edge_bias"] and not model["edge_backoff"]
     assert model["position_recency"] == 0.2
     assert model["signal_dropout"] == "auto"  # chosen from the data and the run's length
-    assert not any(presets.resolve_settings(pretrain.parse_args(["--config", "brillm-en"]))[0][k]
+    assert not any(presets.resolve_settings(pretrain.parse_args(["--config", "brillm-en"])).value("model", k)
                    for k in ("non_edge_bias", "node_readout", "position_recency", "signal_dropout", "count_prior"))
-    assert presets.resolve_settings(pretrain.parse_args(["--signal_dropout", "0.2"]))[0]["signal_dropout"] == 0.2
+    assert presets.resolve_settings(pretrain.parse_args(["--signal_dropout", "0.2"])).value("model", "signal_dropout") \
+        == 0.2
     for bad in ("1", "-0.1", "some"):
         with pytest.raises(SystemExit):
             pretrain.parse_args(["--signal_dropout", bad])
@@ -665,7 +665,7 @@ def test_presets_load_and_flags_override():
     (["--no-count_prior"], {"non_edge_bias", "count_prior"}),
 ])
 def test_defaults_that_a_setup_cannot_train_give_way(flags, off):
-    model, _ = presets.resolve_settings(pretrain.parse_args(flags))
+    model = presets.resolve_settings(pretrain.parse_args(flags)).section("model")
     assert {k for k in ("non_edge_bias", "node_readout", "count_prior") if not model[k]} == off
 
 

@@ -19,8 +19,7 @@ import torch
 from modeling_brillm.evaluation import perplexity
 from modeling_brillm.training import epochs
 from modeling_brillm.training.checkpoints import LOG_NAME, read_log
-from modeling_brillm.training.presets import TRAINING_DEFAULTS
-from modeling_brillm.training.recipe import RATE
+from modeling_brillm.training.recipe import RATE, defaults
 from tests._scripts import load_script
 from tests._tiny import CORPUS, PAD, corpus_ids, make_model, make_tokenizer
 
@@ -79,7 +78,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     assert "--max_train_time 1s:" in text  # the epochs the budget buys, timed as pretrain.py times them
     chosen = re.search(r"--signal_dropout auto chose ([0-9.]+)", text).group(1)
     assert results["models"][0]["signal_dropout"] == float(chosen)  # the data's choice, as pretrain.py makes it
-    assert results["models"][0]["lr"] == TRAINING_DEFAULTS["learning_rate"] == RATE  # pretrain.py's built-in rate
+    assert results["models"][0]["lr"] == defaults("training")["learning_rate"] == RATE  # pretrain.py's built-in rate
     for model in results["models"][:2]:  # every BriLLM row printed as the pretrain.py run it is
         assert model["pretrain_command"].startswith("python examples/pretrain.py ")
         assert model["pretrain_command"] in text
@@ -404,23 +403,24 @@ def test_recipe_sweep_fixed_step_bad_input_is_one_clear_line(argv, message, tmp_
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
-@pytest.mark.parametrize("schedule, at_1s", [("cosine", 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.1))),
-                                             ("linear", 0.1 + 0.9 * 0.9)])
-def test_a_decay_follows_the_training_clock(schedule, at_1s):
+@pytest.mark.parametrize("schedule, at", [("cosine", lambda f: 0.5 * (1 + math.cos(math.pi * f))),
+                                          ("linear", lambda f: 1 - f)])
+def test_a_decay_follows_the_training_clock(schedule, at):
+    """The one clock and schedule BriLLM (pretrain.py) and GPT-2 (quality.py) share: a warmup counted in steps, then
+    transformers' decay at the clock's share of the budget."""
+    assert quality.TrainingClock is epochs.TrainingClock and quality.make_schedule is epochs.make_schedule
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=1.0)
-    clock = quality.TrainingClock()
-    sched = quality.clock_schedule(opt, 2, schedule, horizon=10.0, min_ratio=0.1, clock=clock)
+    clock = epochs.TrainingClock(10.0)
+    sched = epochs.make_schedule(opt, quality.SCHEDULERS[schedule], 2, clock=clock)
     seen = []
     for seconds in (0.0, 1.0, 5.0, 10.0, 20.0):
         clock.seconds = seconds
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert seen[0] == pytest.approx(0.5)  # warmup step 1 of 2
-    assert seen[1] == pytest.approx(1.0)  # warmup done, clock 0 when this lr was set
-    assert seen[2] == pytest.approx(at_1s)
-    assert seen[4] == pytest.approx(0.1)
+    assert seen[:2] == pytest.approx([0.0, 0.5])  # warmup steps 0 and 1 of 2
+    assert seen[2:] == pytest.approx([at(0.1), at(0.5), 0.0])  # each rate set at the clock of the step before it
 
 
 def test_by_default_a_brillm_row_is_pretrain_py_with_its_own_batch_and_schedule():

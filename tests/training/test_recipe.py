@@ -16,18 +16,17 @@ import torch
 
 from modeling_brillm import count_prior
 from modeling_brillm.training import presets, pruning, recipe
+from modeling_brillm.training import pretraining as pretrain
 from modeling_brillm.training.errors import UsageError
 from modeling_brillm.training.presets import choose_recipe
 from modeling_brillm.training.pruning import BigramProbe, PruningChoice, probe_bigrams
 from modeling_brillm.training.recipe import RULES, RunPlan, load_recipe, recipe_table_markdown
-from tests._scripts import load_script
 from tests.training.test_pruning import WIDE, V, documents_of_their_own, documents_with_private_bigrams, repeated_text
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE = json.loads((Path(__file__).with_name("recipe_oracle.json")).read_text())
 TEXTS = {"repeated": (repeated_text, V), "private": (documents_with_private_bigrams, V),
          "own": (documents_of_their_own, WIDE)}
-pretrain = load_script("examples/pretrain.py", "brillm_pretrain_script")
 
 AUTO = {"model": {"graph": "sparse", "signal_dropout": "auto"}, "training": {"min_bigram_count": "auto"},
         "tokenizer": {}}
@@ -65,10 +64,16 @@ def test_the_dropout_on_a_grid_of_novelty_and_planned_epochs():
 
 @pytest.mark.parametrize("case", ORACLE["settings"], ids=lambda c: " ".join(c["flags"]) or "(none)")
 def test_defaults_presets_and_flags_resolve_as_before(case):
+    from modeling_brillm import BriLLMConfig
+
     args = pretrain.parse_args(case["flags"])
-    model, tokenizer = presets.resolve_settings(args)
-    assert model == case["model"] and tokenizer == case["tokenizer"]
-    assert {k: getattr(args, k) for k in presets.TRAINING_DEFAULTS} == case["training"]
+    choice = presets.resolve_settings(args)
+    model, tokenizer = choice.section("model"), choice.section("tokenizer")
+    assert {k: model[k] for k in case["model"]} == case["model"] and tokenizer == case["tokenizer"]
+    # the model fields the oracle leaves out were BriLLMConfig()'s; the default preset now lists them
+    assert all(model[k] == getattr(BriLLMConfig(), k) for k in set(model) - set(case["model"]))
+    assert {k: getattr(args, k) for k in case["training"]} == case["training"]
+    assert set(case["training"]) == {key.split(".")[1] for key in recipe.DEFAULT_PRESET if key.startswith("training")}
 
 
 # ------------------------------------------------------------------------------------------------ one table
@@ -79,10 +84,26 @@ def test_every_number_is_defined_once_and_listed():
     assert listed["RUNS, PROBE_EVERY"] == (recipe.RUNS, recipe.PROBE_EVERY)
     assert listed["learning_rate"] is recipe.RATE
     assert listed["count_prior.DISCOUNT"] is count_prior.DISCOUNT  # listed by reference: model code stays alone
-    assert presets.MODEL_DEFAULTS is recipe.MODEL_DEFAULTS
-    assert {k: presets.TRAINING_DEFAULTS[k] for k in recipe.TRAINING_RECIPE} == recipe.TRAINING_RECIPE
+    defaults = presets.default_choice()  # the default preset: every setting, each from its one rule
+    assert set(defaults.settings) == set(recipe.DEFAULT_PRESET)
+    assert all(defaults.rule(key) == rule.name and defaults.settings[key].value is rule.value
+               for key, rule in recipe.DEFAULT_PRESET.items())
     assert len({rule.name for rule in RULES}) == len(RULES)
     assert all(rule.why and rule.evidence for rule in RULES)
+
+
+def test_a_preset_states_only_what_it_changes_and_why():
+    """Every shipped preset states settings that differ from the default preset, each with a reason; a stated batch
+    may equal the default's, since stating it also keeps a GPU from choosing its own (GPU_STEP_TOKENS)."""
+    for name in presets.known_presets():
+        data = json.loads((presets.PRESET_DIR / f"{name}.json").read_text(encoding="utf-8"))
+        for section in ("model", "tokenizer", "training"):
+            values = data.get(section, {})
+            stated = {k: v for k, v in values.items() if not k.startswith("_")}
+            assert set(values.get("_why", {})) == set(stated), (name, section)
+            for key, value in stated.items():
+                full = f"{section}.{key}"
+                assert full == presets.STEP_BATCH or recipe.DEFAULT_PRESET[full].value != value, (name, full)
 
 
 def test_the_released_model_is_the_config_default_and_the_recipe_turns_on_the_extensions_that_earn_their_place():
@@ -92,8 +113,8 @@ def test_the_released_model_is_the_config_default_and_the_recipe_turns_on_the_ex
     on, off = ("node_readout", "node_embedding", "count_prior"), ("non_edge_bias", "edge_backoff")
     assert not any(getattr(released, name) for name in on + off)
     assert released.signal_dropout == 0 and released.position_recency == 0
-    assert all(recipe.MODEL_DEFAULTS[name] is True for name in on)
-    assert all(recipe.MODEL_DEFAULTS[name] is False for name in off)  # within the noise (docs/ablations.md)
+    assert all(recipe.defaults("model")[name] is True for name in on)
+    assert all(recipe.defaults("model")[name] is False for name in off)  # within the noise (docs/ablations.md)
 
 
 def test_docs_table_is_the_generated_one():
@@ -103,9 +124,12 @@ def test_docs_table_is_the_generated_one():
     table = docs.split(begin, 1)[1].split(end, 1)[0]
     assert table == recipe_table_markdown()
     paper = [rule for rule in RULES if rule.evidence == "the paper"]
-    assert paper and table.count("\n") == len(RULES) - len(paper) + 5  # the paper's settings share one row
+    run = [rule for rule in RULES if rule.run]
+    assert paper and run and all(rule.evidence == recipe.RUN for rule in run)
+    assert table.count("\n") == len(RULES) - len(paper) - len(run) + 6  # the paper's and the run's share a row each
     assert table.startswith(f"{recipe.tuned_numbers()} tuned numbers:")
-    assert all(f"`{rule.name}` {rule.value!r}" in table.splitlines()[-1] for rule in paper)
+    assert all(f"`{rule.name}` {rule.value!r}" in table.splitlines()[-2] for rule in paper)
+    assert all(f"`{rule.name}` {rule.value!r}" in table.splitlines()[-1] for rule in run)
 
 
 
@@ -153,7 +177,7 @@ def test_recipe_refuses_a_preset_and_a_flag_that_differs(tmp_path):
         presets.resolve_settings(pretrain.parse_args(["--recipe", saved, "--config", "demo"]))
     with pytest.raises(UsageError, match="--signal_dropout 0.1 differs from the recipe's signal_dropout=0.0"):
         presets.resolve_settings(pretrain.parse_args(["--recipe", saved, "--signal_dropout", "0.1"]))
-    model, _ = presets.resolve_settings(pretrain.parse_args(["--recipe", saved]))
+    model = presets.resolve_settings(pretrain.parse_args(["--recipe", saved])).section("model")
     assert model["signal_dropout"] == 0.0  # what the saved choice held, no probe
 
 

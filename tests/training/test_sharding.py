@@ -1,4 +1,4 @@
-"""Source-sharded training (modeling_brillm/sharding.py): same losses and parameters as one process with
+"""Source-sharded training (modeling_brillm/sharding/): same losses and parameters as one process with
 SparseAdamW and gradient clipping on the same global batch (learned start signals too; the whole recipe:
 non_edge_bias, node readout, edge back-off, node vectors, the count prior, node and shared-edge learning-rate
 scales, lazy weight decay), checkpoints that resume on another process count, clear errors.
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+from modeling_brillm import BigramGraph, BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.optimization import SparseAdamW
 from modeling_brillm.sharding import ShardedBriLLM, balance_sources, check_assignment, sharded_memory, source_costs
 from modeling_brillm.training.loop import clip_grad_norm_
@@ -277,6 +277,48 @@ def test_from_config_never_builds_the_full_table():
     with torch.no_grad():
         plain = extended.export_model()(ids, labels=ids).loss
         assert float(extended(ids, labels=ids).loss) == pytest.approx(float(plain), rel=1e-6)
+
+
+def test_from_config_builds_a_sparse_graph_too():
+    """The graph's buffers are filled, not left on the meta device: the shards score as the exported model."""
+    model = _model()
+    graph = BigramGraph(model.base_model.graph_indptr, model.base_model.graph_indices, model.base_model.graph_counts)
+    sharded = ShardedBriLLM.from_config(model.config, graph, seed=3)
+    assert torch.equal(sharded.model.base_model.graph_indices, graph.indices)
+    ids, mask = _batch(0)
+    with torch.no_grad():
+        want = sharded.export_model()(ids, attention_mask=mask, labels=ids).loss
+        assert float(sharded(ids, mask, labels=ids).loss) == pytest.approx(float(want), rel=1e-6)
+
+
+def test_the_local_table_fetch_and_checkpoints_follow_the_row_indexed_parameters(tmp_path):
+    """A model that lists another row-indexed parameter (as an edge variant would: any tensor whose first
+    dimension is the edge row) gets it cut to the local rows, fetched with sparse row gradients, checkpointed and
+    gathered, with no change to the sharding code."""
+    def with_extra(seed):
+        model = _model()
+        torch.manual_seed(seed)
+        model.base_model.edge_extra = torch.nn.Parameter(torch.randn(model.config.num_edge_rows, 3))
+        model.base_model.edge_row_parameters = ("weights", "biases", "edge_extra")
+        return model
+
+    full = with_extra(0).base_model.edge_extra.detach().clone()
+    sharded = ShardedBriLLM(with_extra(0))
+    m = sharded.model.base_model
+    assert m.edge_extra.shape == (m.weights.shape[0], 3)
+    rows = torch.tensor([[0, 5, 7], [7, 2, 0]])
+    anchors = []
+    w, b, extra = sharded.table.fetch(m, sharded.transport, rows, None, anchors)
+    assert w.shape == (2, 3, D, D) and b.shape == (2, 3, 1, D) and torch.equal(extra, full[rows])
+    (extra.sum() + w.sum()).backward()
+    assert m.edge_extra.grad.is_sparse and m.weights.grad.is_sparse
+    assert torch.equal(m.edge_extra.grad.to_dense()[7], torch.full((3,), 2.0))  # row 7 fetched twice
+    sharded.save_shard(tmp_path / "ckpt")
+    again = ShardedBriLLM(with_extra(1))
+    assert not torch.equal(again.model.base_model.edge_extra, m.edge_extra)
+    again.load_shard(tmp_path / "ckpt")
+    assert torch.equal(again.model.base_model.edge_extra, m.edge_extra)
+    assert torch.equal(again.full_state_dict()["edge_extra"], full)
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):

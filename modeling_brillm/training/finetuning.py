@@ -1,0 +1,408 @@
+"""Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: what
+examples/finetune.py runs). `--train_only` trains every parameter, the edges the data crosses, the node biases or the
+start signal (prompt tuning); frozen parameters stay bit for bit as they were."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, get_scheduler
+
+from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
+from modeling_brillm.model_card import write_model_card
+
+from .errors import UsageError, run_cli
+from .launch import make_accelerator
+from .loop import TrainStep, evaluate
+from .optimizers import build_optimizer, choose_optimizer
+from .sft_data import builtin_pairs, collate_sft, load_records, split_records, tokenize_records
+
+TRAIN_ONLY = ("all", "touched_edges", "node_bias", "start_signal")
+# Peak learning rates by what is trained (--learning_rate overrides): a few d-numbers move far less per step than
+# the whole graph, so the small parameter sets get larger steps.
+DEFAULT_LR = {"all": 1e-2, "touched_edges": 1e-2, "node_bias": 5e-2, "start_signal": 1e-1}
+RESULTS_NAME = "finetune_results.json"
+HOW = {"node_bias": "Only the node biases were trained.",
+       "touched_edges": "Only the edges the fine-tuning data crosses were trained.",
+       "all": "Every parameter was trained."}
+
+
+def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
+    p = argparse.ArgumentParser(description="Fine-tune a saved (or converted) BriLLM model on prompt/completion "
+                                "data, with the loss on the completion only.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model_name_or_path", required=True, help="A saved or converted BriLLM folder (or Hub id).")
+    p.add_argument("--tokenizer_name", help="Its tokenizer, if not saved beside the model.")
+    p.add_argument("--train_file", help=".jsonl/.json prompt/completion (or text) records, or .txt plain text; "
+                   "none: the built-in topic/summary pairs.")
+    p.add_argument("--validation_file", help="Held-out records, same formats; none: a split of the training data.")
+    p.add_argument("--validation_split_percentage", type=float, default=20.0, help="Records held out without one.")
+    p.add_argument("--train_only", default="all", help=f"What to train: {', '.join(TRAIN_ONLY)}.")
+    p.add_argument("--signal_id", type=int, default=0, help="The start signal of records without a signal_id.")
+    p.add_argument("--max_length", type=int, help="Tokens per sequence. [the model's max_position_embeddings]")
+    p.add_argument("--per_device_train_batch_size", type=int, default=16)
+    p.add_argument("--per_device_eval_batch_size", type=int, default=32)
+    p.add_argument("--learning_rate", type=float,
+                   help="Peak learning rate. [" + ", ".join(f"{k}: {v:g}" for k, v in DEFAULT_LR.items()) + "]")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on edge matrices.")
+    p.add_argument("--num_train_epochs", type=int, default=10)
+    p.add_argument("--max_train_steps", type=int, help="Optimizer steps; overrides epochs.")
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--lr_scheduler_type", default="linear", help="A transformers scheduler name.")
+    p.add_argument("--num_warmup_steps", type=int, default=0)
+    p.add_argument("--max_grad_norm", type=float, default=1.0, help="Clip the gradient norm (0: off).")
+    p.add_argument("--optimizer", default="adamw", help="adamw, or sparse_adamw (sparse edge-row gradients).")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--torch_threads", type=int, help="torch CPU threads.")
+    p.add_argument("--num_samples", type=int, default=3, help="Validation prompts completed before and after.")
+    p.add_argument("--max_new_tokens", type=int, default=32, help="Tokens per sample completion.")
+    p.add_argument("--logging_steps", type=int, default=10, help="Print the loss every N optimizer steps.")
+    p.add_argument("--output_dir", default="outputs/finetune", help="Where the fine-tuned folder goes.")
+    p.add_argument("--with_tracking", action="store_true", help="Log to experiment trackers (--report_to).")
+    p.add_argument("--report_to", default="all", help="Trackers: tensorboard, wandb, ... or 'all'.")
+    p.add_argument("--no_malloc_tuning", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def check_args(args):
+    if args.train_only not in TRAIN_ONLY:
+        raise UsageError(f"--train_only {args.train_only!r} is unknown: choose one of {', '.join(TRAIN_ONLY)}.")
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs",
+                 "gradient_accumulation_steps", "logging_steps", "max_train_steps"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    if args.max_length is not None and args.max_length < 2:
+        raise UsageError("--max_length must be at least 2 (a prompt token and a completion token).")
+    if args.signal_id < 0:
+        raise UsageError(f"--signal_id must be a non-negative integer, got {args.signal_id}.")
+    if args.learning_rate is not None and not args.learning_rate > 0:
+        raise UsageError(f"--learning_rate must be positive, got {args.learning_rate}.")
+    if not 0 <= args.validation_split_percentage < 100:
+        raise UsageError("--validation_split_percentage must be in [0, 100).")
+    if args.validation_file and not args.train_file:
+        raise UsageError("--validation_file needs --train_file too (the built-in set has its own split).")
+    if args.train_only == "touched_edges" and args.optimizer == "adamw" and args.weight_decay > 0:
+        raise UsageError("--train_only touched_edges with --optimizer adamw needs --weight_decay 0 (AdamW would decay "
+                         "every edge matrix); use --optimizer sparse_adamw, which decays the touched rows only.")
+
+
+def run(args) -> int:
+    """The whole job: data and model, the completions and perplexity before, training, after, the saved folder."""
+    check_args(args)
+    accelerator, setup_line = make_accelerator(args)
+    say = accelerator.print
+    say(f"fine-tuning: {setup_line}")
+    data = load_everything(args, accelerator)
+    sample_records = [r for r in data.val_records if "prompt" in r][: args.num_samples]
+    samples_before = complete(data.model, data.tokenizer, sample_records, args.signal_id, args.max_new_tokens) \
+        if accelerator.is_main_process else []
+    job = prepare_training(args, data, accelerator)
+
+    before = evaluate_completions(job.model, job.val_loader, accelerator)
+    say(f"before: completion perplexity {before['perplexity']:,.2f} (loss {before['loss']:.4f}, "
+        f"{before['tokens']:,} completion tokens)")
+    completed, losses, seconds = train(args, data, job, accelerator)
+    after = evaluate_completions(job.model, job.val_loader, accelerator)
+    say(f"after: completion perplexity {after['perplexity']:,.2f} (loss {after['loss']:.4f}); before "
+        f"{before['perplexity']:,.2f}; {completed} steps in {seconds:.1f}s")
+
+    samples = compare_samples(args, data, job, sample_records, samples_before, accelerator)
+    out_dir = Path(args.output_dir)
+    results = {
+        "base_model": args.model_name_or_path, "train_only": args.train_only, "trainable_parameters": job.trainable,
+        "total_parameters": job.total, "signal_id": args.signal_id if data.learned else None,
+        "learning_rate": job.lr, "steps": completed, "train_seconds": round(seconds, 2),
+        "train_sequences": len(data.train_rows), "validation_sequences": len(data.val_rows), "before": before,
+        "after": after, "final_train_loss": losses[-1] if losses else None, "samples": samples,
+    }
+    save_folder(accelerator, job.model, data.tokenizer, out_dir, results, data.line)
+    say(f"saved to {out_dir} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
+    if args.with_tracking:
+        accelerator.end_training()
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(parse_args, run, argv)
+
+
+# ------------------------------------------------------------------------------------------------- model
+def load_model_and_tokenizer(args, signal_ids: set[int]):
+    """The model (with a learned start signal when one is used) and its tokenizer."""
+    path = args.model_name_or_path
+    try:
+        config = BriLLMConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--model_name_or_path {path}: not a BriLLM model folder ({str(err).splitlines()[0]}).") \
+            from None
+    needed = max(signal_ids) + 1
+    overrides = {}
+    if (args.train_only == "start_signal" or needed > 1) and config.start_signal == "uniform":
+        # the release's uniform start as learned signals initialised to 1/d: the same model, now trainable
+        overrides = {"start_signal": "learned", "num_start_signals": needed}
+    model = BriLLMForCausalLM.from_pretrained(path, **overrides)
+    if model.base_model.start_signals is not None and model.config.num_start_signals < needed:
+        grow_start_signals(model, needed)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or path)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"no tokenizer at {args.tokenizer_name or path} ({str(err).splitlines()[0]}); pass "
+                         "--tokenizer_name.") from None
+    if len(tokenizer) > model.config.vocab_size:
+        raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {model.config.vocab_size} nodes: "
+                         "use the tokenizer the model was trained with (--tokenizer_name).")
+    return model, tokenizer
+
+
+def grow_start_signals(model, count: int):
+    """Add learned start signals (initialised to 1/d, the uniform start) up to `count`."""
+    old = model.base_model.start_signals.data
+    new = torch.cat([old, old.new_full((count - old.shape[0], old.shape[1]), 1.0 / model.config.node_size)])
+    model.base_model.start_signals = torch.nn.Parameter(new)
+    model.config.num_start_signals = count
+
+
+def touched_edge_rows(model, rows: list[dict]):
+    """Sorted edge-table rows of every real edge the sequences cross (consecutive pairs; the shared row 0 left out)."""
+    found = []
+    for r in rows:
+        ids = torch.tensor(r["input_ids"], device=model.input_device)
+        if ids.numel() > 1:
+            found.append(model.edge_rows(ids[:-1], ids[1:]))
+    touched = torch.cat(found).unique() if found else torch.zeros(0, dtype=torch.long)
+    return touched[touched > 0]
+
+
+def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=None) -> tuple[int, str]:
+    """Freeze what `train_only` leaves out; returns (trainable numbers, a line saying what is trained)."""
+    d = model.config.node_size
+    for p in model.parameters():
+        p.requires_grad_(train_only == "all")
+    if train_only == "all":
+        return sum(p.numel() for p in model.parameters()), "every parameter"
+    if train_only == "node_bias":
+        model.base_model.node_bias.requires_grad_(True)
+        return model.base_model.node_bias.numel(), f"the node biases ({model.config.vocab_size:,} x {d})"
+    if train_only == "start_signal":
+        model.base_model.start_signals.requires_grad_(True)
+        n = model.config.num_start_signals
+        return model.base_model.start_signals.numel(), f"the learned start signal{'s' if n > 1 else ''} ({n} x {d})"
+    touched = touched_edge_rows(model, train_rows)
+    mask_untouched_rows(model, touched, optimizer)
+    count = int(touched.numel()) * (d * d + d)
+    return count, (f"the {touched.numel():,} edges the data crosses, of {model.config.num_edges:,} "
+                   f"({touched.numel() / max(model.config.num_edges, 1):.1%})")
+
+
+def mask_untouched_rows(model, touched, optimizer=None):
+    """Train only the edge rows `touched`: their gradients are masked as each is accumulated (so clipping sees the
+    masked gradient) and again before every `optimizer` step (so nothing that rewrites gradients in between, e.g.
+    DDP's all-reduce, can move an untouched row)."""
+    weights, biases = model.base_model.weights, model.base_model.biases
+    allowed = torch.zeros(weights.shape[0], dtype=torch.bool, device=weights.device)
+    allowed[touched.to(allowed.device)] = True
+    mask = _row_mask_hook(allowed)
+    for param in (weights, biases):
+        param.requires_grad_(True)
+        param.register_post_accumulate_grad_hook(mask)
+    if optimizer is not None:
+        def before_step(*_):  # returns None: a pre-hook's return value would replace the step's arguments
+            mask(weights)
+            mask(biases)
+
+        optimizer.register_step_pre_hook(before_step)
+
+
+def _row_mask_hook(allowed):
+    """After a gradient is accumulated: keep only the rows in `allowed` (dense: zero the rest; sparse: drop them)."""
+    def hook(param):
+        nonlocal allowed
+        grad = param.grad
+        if grad is None:
+            return
+        if allowed.device != grad.device:  # the model was moved after the mask was made
+            allowed = allowed.to(grad.device)
+        if grad.is_sparse:
+            indices, values = grad._indices(), grad._values()
+            keep = allowed[indices[0]]
+            param.grad = torch.sparse_coo_tensor(indices[:, keep], values[keep], grad.shape, check_invariants=False)
+        else:
+            grad.masked_fill_(~allowed.view(-1, *([1] * (grad.dim() - 1))), 0)
+
+    return hook
+
+
+# -------------------------------------------------------------------------------------------------- data
+def load_data(args):
+    """(train records, validation records, a line describing them)."""
+    if args.train_file:
+        records = load_records(args.train_file)
+        if args.validation_file:
+            return records, load_records(args.validation_file), f"{args.train_file} + {args.validation_file}"
+        train, val = split_records(records, args.validation_split_percentage)
+        return train, val, f"{args.train_file} ({len(val)} of {len(records)} records held out)"
+    records = builtin_pairs()
+    train, val = split_records(records, args.validation_split_percentage)
+    return train, val, f"built-in topic/summary pairs of pydoc_data ({len(val)} of {len(records)} held out)"
+
+
+def load_everything(args, accelerator):
+    """Records, model and tokenizer (on the training device), and the tokenized training / validation rows."""
+    train_records, val_records, data_line = load_data(args)
+    signal_ids = {r.get("signal_id", args.signal_id) for r in train_records + val_records}
+    model, tokenizer = load_model_and_tokenizer(args, signal_ids)
+    # On the training device from here on, so every tensor made from the model (the samples before training, the
+    # touched-edge mask, the optimizer state) is made where the model trains; prepare() then moves nothing.
+    model.to(accelerator.device)
+    max_length = min(args.max_length or model.config.max_position_embeddings, model.config.max_position_embeddings)
+    train_rows, dropped = tokenize_records(train_records, tokenizer, max_length, args.signal_id)
+    val_rows, val_dropped = tokenize_records(val_records, tokenizer, max_length, args.signal_id)
+    if not train_rows:
+        raise UsageError(f"no training record keeps a completion token within --max_length {max_length}; raise it.")
+    accelerator.print(f"data: {data_line}: {len(train_rows)} training, {len(val_rows)} validation sequences"
+                      + (f" ({dropped + val_dropped} dropped: no completion token within {max_length} tokens)"
+                         if dropped + val_dropped else ""))
+    return SimpleNamespace(model=model, tokenizer=tokenizer, train_rows=train_rows, val_rows=val_rows,
+                           val_records=val_records, line=data_line, max_length=max_length,
+                           learned=model.base_model.start_signals is not None,
+                           pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+
+
+def make_loader(rows, batch_size, data, shuffle: bool, seed: int):
+
+    return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, generator=torch.Generator().manual_seed(seed),
+                      collate_fn=lambda batch: collate_sft(batch, data.pad_id, data.learned))
+
+
+# --------------------------------------------------------------------------------------- train, evaluate
+def prepare_training(args, data, accelerator):
+    """Optimizer (over what --train_only leaves trainable), loaders and schedule, prepared by accelerate."""
+    model = data.model
+    lr = args.learning_rate or DEFAULT_LR[args.train_only]
+    plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm,
+                            fsdp=accelerator.distributed_type.value == "FSDP")
+    optimizer = build_optimizer(model, plan, lr, args.weight_decay, accelerator)
+    trainable, what = restrict_training(model, args.train_only, data.train_rows, optimizer)
+    total = sum(p.numel() for p in model.parameters())
+    accelerator.print(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} "
+                      f"numbers ({trainable / total:.4%})")
+    train_loader = make_loader(data.train_rows, args.per_device_train_batch_size, data, True, args.seed)
+    val_loader = make_loader(data.val_rows, args.per_device_eval_batch_size, data, False, args.seed) \
+        if data.val_rows else None
+    steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
+    max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps,
+                              num_training_steps=max_steps)
+    model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
+    if val_loader is not None:
+        val_loader = accelerator.prepare(val_loader)
+    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, train_loader=train_loader,
+                           val_loader=val_loader, plan=plan, lr=lr, max_steps=max_steps,
+                           steps_per_epoch=steps_per_epoch, trainable=trainable, total=total)
+
+
+def train(args, data, job, accelerator) -> tuple[int, list[float], float]:
+    """Optimizer steps to --max_train_steps (or the epochs); returns (steps, losses, seconds)."""
+    step = TrainStep(accelerator, job.model, job.optimizer, job.scheduler,
+                     per_device_batch_size=args.per_device_train_batch_size, block_size=data.max_length,
+                     max_grad_norm=args.max_grad_norm, clip=job.plan.clip, learning_rate=job.lr)
+    accelerator.print(f"training: {job.max_steps} steps ({job.steps_per_epoch} per epoch), lr {job.lr:g} "
+                      f"({args.lr_scheduler_type}), optimizer {job.plan.name}")
+    job.model.train()
+    completed, started, losses = 0, time.perf_counter(), []
+    while completed < job.max_steps:
+        for result in filter(None, map(step, job.train_loader)):  # None: a micro-batch of an accumulation
+            completed += 1
+            losses.append(result.loss)
+            if completed % args.logging_steps == 0 or completed == job.max_steps:
+                accelerator.print(f"step {completed}: loss {result.loss:.4f}, lr {result.lr:.3g}")
+            if completed >= job.max_steps:
+                break
+    return completed, losses, time.perf_counter() - started
+
+
+def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
+    """Greedy completions of the prompts of `records`, computed where the model is: its inputs follow it."""
+    device, out = model.input_device, []
+    model.eval()
+    for record in records:
+        enc = tokenizer(record.get("prompt", ""), return_tensors="pt").to(device)
+        room = model.config.max_position_embeddings - enc["input_ids"].shape[1]
+        extra = {} if model.base_model.start_signals is None else {
+            "signal_ids": torch.tensor([record.get("signal_id", signal_id)], device=device)}
+        with torch.no_grad():
+            ids = model.generate(**enc, max_new_tokens=max(0, min(max_new_tokens, room)), do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
+        out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+    model.train()
+    return out
+
+
+def evaluate_completions(model, loader, accelerator) -> dict:
+    loss, ppl, n = evaluate(model, loader, accelerator) if loader is not None else (float("nan"), float("nan"), 0)
+    return {"loss": loss, "perplexity": ppl, "tokens": n}
+
+
+def compare_samples(args, data, job, sample_records, samples_before, accelerator) -> list[dict]:
+    """Greedy completions of validation prompts after training, beside those before and the references."""
+    samples = []
+    if accelerator.is_main_process and sample_records:
+        after_texts = complete(accelerator.unwrap_model(job.model), data.tokenizer, sample_records, args.signal_id,
+                               args.max_new_tokens)
+        accelerator.print("greedy completions of validation prompts (before | after | reference):")
+        for record, old, new in zip(sample_records, samples_before, after_texts):
+            accelerator.print(f"  {record['prompt']!r}\n    before: {old!r}\n    after : {new!r}\n"
+                              f"    ref   : {record['completion']!r}")
+            samples.append({"prompt": record["prompt"], "before": old, "after": new,
+                            "reference": record["completion"]})
+    return samples
+
+
+# ------------------------------------------------------------------------------------------------- save
+def save_folder(accelerator, model, tokenizer, out_dir: Path, results: dict, data_line: str):
+    """save_pretrained + tokenizer + model card + results into a temporary folder, then one rename."""
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.sparse_gradients = False
+    state_dict = accelerator.get_state_dict(model)
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    unwrapped.save_pretrained(tmp, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
+                              state_dict=state_dict, safe_serialization=True)
+    if accelerator.is_main_process:
+        tokenizer.model_max_length = unwrapped.config.max_position_embeddings
+        tokenizer.save_pretrained(tmp)
+        write_card(tmp, unwrapped, tokenizer, results, data_line)
+        with open(tmp / RESULTS_NAME, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        if out_dir.exists():
+            doomed = out_dir.with_name(f".tmp-delete-{out_dir.name}-{os.getpid()}")
+            os.replace(out_dir, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    accelerator.wait_for_everyone()
+
+
+def write_card(folder, model, tokenizer, results: dict, data_line: str):
+    """The fine-tuned folder's model card: what was trained, on what, the completion perplexity before and after."""
+    before, after = results["before"]["perplexity"], results["after"]["perplexity"]
+    signal = f"; generate with `signal_ids=torch.tensor([{results['signal_id']}])`." if results["signal_id"] else "."
+    how = HOW.get(results["train_only"], "Only the learned start signal was trained (prompt tuning, d numbers per "
+                  f"task){signal}")
+    description = (f"A **BriLLM** model fine-tuned from `{results['base_model']}` on {data_line}, with the loss "
+                   f"on the completions only. {how} Completion perplexity of the held-out pairs: "
+                   f"{before:,.2f} before, {after:,.2f} after.")
+    write_model_card(folder, model, tokenizer, metrics={"completion_perplexity": after,
+                                                        "completion_perplexity_before": before},
+                     description=description, tags=["fine-tuned"])

@@ -1,0 +1,297 @@
+"""Growing a trained BriLLM without retraining it (what `examples/grow_graph.py` runs): new tokens become nodes and
+the new text's bigrams edges, both starting from the shared edge so no old logit moves (checked exactly); a short
+fine-tune of what is new only (or of everything), with a replay of old training text; perplexity before and after on
+held-out new and old text; save and reload as remote code with the same logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections import Counter
+from types import SimpleNamespace
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from modeling_brillm import BriLLMForCausalLM
+from modeling_brillm.graph_editing import NODE_ROWS
+
+from .data import embedded_corpus, held_out_indices, split_sentences
+
+
+def parse_args(argv=None):  # a flag list: exempt from the function length
+    p = argparse.ArgumentParser(description="Grow a trained BriLLM: add tokens (nodes) and edges, then fine-tune "
+                                "only what is new.")
+    p.add_argument("--model", required=True, help="a saved BriLLM folder (model + tokenizer), e.g. outputs/demo")
+    p.add_argument("--output_dir", help="where to save the grown model (default: <model>-grown)")
+    p.add_argument("--new_text", help="file, one text per line (default: examples/grow_graph_text.txt)")
+    p.add_argument("--old_text", help="held-out text of the original domain, one text per line (default: the demo "
+                                      "validation split of the built-in corpus)")
+    p.add_argument("--old_train_text", help="old training text for the replay, one text per line (default: the "
+                                            "built-in corpus's training split when --old_text is not given)")
+    p.add_argument("--replay", type=int, default=256, help="old training texts per fine-tune step (0 = none)")
+    p.add_argument("--add_tokens", nargs="*", help="tokens to add (default: picked from the new text)")
+    p.add_argument("--num_new_tokens", type=int, default=12)
+    p.add_argument("--train", choices=["new", "all"], default="new", help="which parameters the fine-tune updates")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--max_length", type=int, default=32, help="tokens per text (as the demo's training blocks)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the figures here")
+    return p.parse_args(argv)
+
+
+def main(argv=None, default_new_text=None) -> dict:
+    """The five steps; returns the figures (and writes them to --json). `default_new_text`: the file read without
+    --new_text."""
+    args = parse_args(argv)
+    args.new_text = args.new_text or default_new_text
+    if args.new_text is None:
+        raise SystemExit("error: give --new_text FILE (one text per line).")
+    torch.manual_seed(args.seed)
+    model = BriLLMForCausalLM.from_pretrained(args.model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    old = {"vocab": model.config.vocab_size, "edges": model.config.num_edges}
+    texts = load_texts(args, tokenizer, pad_id)
+    probe_before = logits_of(model, *texts.probe)
+    ppl_old_before = perplexity(model, texts.old_seqs, pad_id)[0]
+
+    nodes = add_nodes(args, model, tokenizer, texts, probe_before)  # 1. nodes
+    grown = add_edges(args, model, tokenizer, texts, pad_id, nodes["probe"])  # 2. edges
+    before = {**measure(model, grown, texts, pad_id, nodes["new_ids"]), "old": ppl_old_before}
+    tuned = fine_tune_new(args, model, texts, grown, pad_id, old["vocab"])  # 3. fine-tune
+    after = measure(model, grown, texts, pad_id, nodes["new_ids"])  # 4. measure
+    old_change = report(args, before, after, nodes, grown, tuned, texts, model, old)
+    saved = save_and_reload(args, model, tokenizer, grown["held_seqs"], pad_id)  # 5. save, reload
+    result = {
+        "new_tokens": nodes["new_tokens"], "vocab": [old["vocab"], model.config.vocab_size],
+        "edges": [old["edges"], model.config.num_edges], "nodes_exact": nodes["nodes_exact"],
+        "edges_exact": grown["edges_exact"], "edges_max_diff": grown["edges_diff"],
+        "edges_same_argmax": grown["same_argmax"], "train": args.train, "steps": args.steps,
+        "loss": [tuned["losses"][0], tuned["losses"][-1]], "old_rows_unchanged": tuned["old_rows_unchanged"],
+        "ppl_new_held": [before["new"], after["new"]], "ppl_new_tokens_held": [before["focus"], after["focus"]],
+        "ppl_new_train": [before["train"], after["train"]], "ppl_old_held": [before["old"], after["old"]],
+        "old_change": old_change, **saved}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- text
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def builtin_old_text():
+    """The demo's (validation, training) texts: every 20th paragraph of the built-in corpus and the rest, split
+    into sentences as pretraining splits them."""
+    corpus = embedded_corpus()
+    held = set(held_out_indices(len(corpus), 5))
+    validation = [s for i in sorted(held) for s in split_sentences(corpus[i])]
+    training = [s for i in range(len(corpus)) if i not in held for s in split_sentences(corpus[i])]
+    return validation, training
+
+
+def load_texts(args, tokenizer, pad_id):
+    """The new text (training / held-out lines: every 4th held out), the old held-out text and replay lines,
+    tokenized before the tokenizer grows, and a probe batch of old text."""
+    new_texts = read_lines(args.new_text)
+    if args.old_text:
+        old_texts = read_lines(args.old_text)
+        old_train_texts = read_lines(args.old_train_text) if args.old_train_text else []
+    else:
+        old_texts, old_train_texts = builtin_old_text()
+    old_seqs = encode(tokenizer, old_texts, args.max_length)
+    return SimpleNamespace(
+        new=new_texts, new_train=[t for i, t in enumerate(new_texts) if i % 4 != 3],
+        new_held=[t for i, t in enumerate(new_texts) if i % 4 == 3], old=old_texts, old_train=old_train_texts,
+        old_seqs=old_seqs, replay=encode(tokenizer, old_train_texts, args.max_length) if args.replay else [],
+        probe=batch_of(old_seqs[:32], pad_id))
+
+
+def pick_new_tokens(tokenizer, texts, count, old_texts):
+    """The most frequent words of the new text the tokenizer splits into 2 or more pieces and old text never uses."""
+    old_words = {w for t in old_texts for w in re.findall(r"[a-z]+", t.lower())}
+    words = Counter(w for t in texts for w in re.findall(r"[A-Za-z]{5,}", t.lower()))
+    split = [w for w, _ in words.most_common()
+             if w not in old_words and len(tokenizer(w, add_special_tokens=False).input_ids) >= 2]
+    return split[:count]
+
+
+def encode(tokenizer, texts, max_length):
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    seqs = [tokenizer(text).input_ids[: max_length - 1] + eos for text in texts]
+    return [torch.tensor(ids) for ids in seqs if len(ids) >= 2]
+
+
+def batch_of(seqs, pad_id):
+    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    mask = (torch.arange(ids.shape[1]) < torch.tensor([len(s) for s in seqs]).unsqueeze(1)).long()
+    return ids, mask
+
+
+@torch.no_grad()
+def logits_of(model, ids, mask):
+    return model(ids, attention_mask=mask).logits
+
+
+@torch.no_grad()
+def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
+    """exp(mean NLL) over every next token, and over the next tokens whose id is in `focus` (or None)."""
+    total = count = focus_total = focus_count = 0.0
+    focus_t = torch.tensor(sorted(focus)) if focus else None
+    for i in range(0, len(seqs), batch_size):
+        ids, mask = batch_of(seqs[i:i + batch_size], pad_id)
+        logp = torch.log_softmax(model(ids, attention_mask=mask).logits[:, :-1], -1)
+        target, real = ids[:, 1:], mask[:, 1:].bool()
+        nll = -logp.gather(2, target.unsqueeze(2)).squeeze(2)
+        total, count = total + float(nll[real].sum()), count + int(real.sum())
+        if focus_t is not None:
+            hit = real & torch.isin(target, focus_t)
+            focus_total, focus_count = focus_total + float(nll[hit].sum()), focus_count + int(hit.sum())
+    return math.exp(total / count), (math.exp(focus_total / focus_count) if focus_count else None)
+
+
+# ---------------------------------------------------------------------------------------------------- steps
+def add_nodes(args, model, tokenizer, texts, probe_before) -> dict:
+    """Step 1: new tokens become new nodes; the old nodes' logits must not move."""
+    old_vocab = model.config.vocab_size
+    new_tokens = args.add_tokens or pick_new_tokens(tokenizer, texts.new, args.num_new_tokens,
+                                                    texts.old + texts.old_train)
+    added = tokenizer.add_tokens(new_tokens)
+    model.resize_token_embeddings(len(tokenizer))
+    probe = logits_of(model, *texts.probe)
+    return {"new_tokens": new_tokens, "added": added, "new_ids": set(range(old_vocab, len(tokenizer))),
+            "probe": probe, "nodes_exact": torch.equal(probe[..., :old_vocab], probe_before)}
+
+
+def add_edges(args, model, tokenizer, texts, pad_id, probe_nodes) -> dict:
+    """Step 2: the new text's bigrams become real edges (copies of the shared edge): no energy may move, except that
+    with `non_edge_bias` a new pair u→v no longer adds v's non-successor offset."""
+    train_seqs = encode(tokenizer, texts.new_train, args.max_length)
+    held_seqs = encode(tokenizer, texts.new_held, args.max_length)
+    rows = model.add_edges_from_sequences(train_seqs, ignore_ids=[pad_id])
+    probe = logits_of(model, *texts.probe)
+    expected = probe_nodes - lost_offsets(model, rows, texts.probe[0])
+    return {"rows": rows, "train_seqs": train_seqs, "held_seqs": held_seqs,
+            "edges_exact": bool(torch.allclose(probe, expected, rtol=0, atol=1e-5)),
+            "edges_diff": float((probe - expected).abs().max()),
+            "same_argmax": bool(torch.equal(probe.argmax(-1), probe_nodes.argmax(-1)))}
+
+
+def lost_offsets(model, rows, ids) -> torch.Tensor | float:
+    """(B, T, V) the non-successor offset each new edge's pair had before it became an edge (0 elsewhere)."""
+    bias = model.base_model.non_edge_bias
+    if bias is None or len(rows) == 0:
+        return 0.0
+    graph = model.get_graph()
+    edges = rows - 1  # edge-table row r is edge r - 1 in the graph's CSR order
+    sources = torch.searchsorted(graph.indptr, edges, right=True) - 1
+    targets = graph.indices[edges]
+    hit = (ids.unsqueeze(-1) == sources).float()  # (B, T, new edges): the position's node is the edge's source
+    offsets = torch.zeros(*ids.shape, model.config.vocab_size)
+    return offsets.scatter_add_(-1, targets.expand_as(hit), hit * bias.detach()[targets])
+
+
+def rows_of_new(edge_rows, old_vocab: int) -> dict:
+    """Parameter name -> its rows that growing added: the new edges' table rows, the new nodes' rows."""
+    nodes = slice(old_vocab, None)
+    return {"weights": edge_rows, "biases": edge_rows, "node_bias": nodes, **{name: nodes for name in NODE_ROWS}}
+
+
+def new_row_mask(param, rows) -> torch.Tensor:
+    """(rows of `param`,) True for the rows that `rows` (indices or a slice) names."""
+    keep = torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
+    keep[rows] = True
+    return keep
+
+
+def fine_tune(model, seqs, pad_id, args, new_rows: dict, replay=()):
+    """AdamW on the new text (and `args.replay` old lines a step). With --train new only the rows growing added
+    get gradients; weight decay 0 and Adam's zero moments then leave every old row exactly as it was."""
+    params = dict(model.base_model.named_parameters())
+    if args.train != "all":
+        params = {name: p for name, p in params.items() if name in new_rows}
+    optimizer = torch.optim.AdamW(params.values(), lr=args.lr, weight_decay=0.0)
+    masks = {name: new_row_mask(p, new_rows[name]) for name, p in params.items() if args.train != "all"}
+    losses = []
+    model.train()
+    for _ in range(args.steps):
+        batch = list(seqs) + ([replay[i] for i in torch.randperm(len(replay))[:args.replay].tolist()]
+                              if args.replay and len(replay) else [])
+        ids, mask = batch_of(batch, pad_id)
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
+        optimizer.zero_grad()
+        loss.backward()
+        for name, keep in masks.items():
+            params[name].grad[~keep] = 0
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
+    """Step 3: fine-tune, and check that (with --train new) no old row of any parameter moved."""
+    base = model.base_model
+    before = {name: p.detach().clone() for name, p in base.named_parameters()}
+    new_rows = rows_of_new(grown["rows"], old_vocab)
+    losses = fine_tune(model, grown["train_seqs"], pad_id, args, new_rows, texts.replay)
+    unchanged = True
+    for name, p in base.named_parameters():
+        old = ~new_row_mask(p, new_rows[name]) if name in new_rows else slice(None)
+        unchanged &= bool(torch.equal(p.detach()[old], before[name][old]))
+    return {"losses": losses, "old_rows_unchanged": unchanged}
+
+
+def measure(model, grown, texts, pad_id, new_ids) -> dict:
+    """Step 4: perplexity of the held-out new text (all tokens, and the new tokens as targets), its training lines,
+    and the held-out old text."""
+    new, focus = perplexity(model, grown["held_seqs"], pad_id, new_ids)
+    return {"new": new, "focus": focus, "train": perplexity(model, grown["train_seqs"], pad_id)[0],
+            "old": perplexity(model, texts.old_seqs, pad_id)[0]}
+
+
+def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
+    """Step 5: save; reload with the package class and as remote code; the logits must be the same."""
+    output_dir = args.output_dir or args.model.rstrip("/") + "-grown"
+    model.save_pretrained(output_dir)
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    tokenizer.save_pretrained(output_dir)
+    ids, mask = batch_of(held_seqs, pad_id)
+    expected = logits_of(model, ids, mask)
+    reload_ok = torch.equal(logits_of(BriLLMForCausalLM.from_pretrained(output_dir).eval(), ids, mask), expected)
+    remote = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
+    remote_ok = torch.equal(logits_of(remote, ids, mask), expected)
+    # in this process the installed package's registered class answers; tests load the folder's own code alone
+    print(f"saved to {output_dir}; BriLLMForCausalLM.from_pretrained gives the same logits: {reload_ok}; "
+          f"AutoModelForCausalLM.from_pretrained(trust_remote_code=True) too: {remote_ok}")
+    return {"reload_ok": reload_ok, "remote_ok": remote_ok, "output_dir": output_dir}
+
+
+def report(args, before: dict, after: dict, nodes: dict, grown: dict, tuned: dict, texts, model, old):
+    """The lines the run prints about steps 1-4; returns the held-out old text's relative change."""
+    losses, old_change = tuned["losses"], after["old"] / before["old"] - 1
+    print(f"added {nodes['added']} tokens ({', '.join(nodes['new_tokens'])}): V {old['vocab']} -> "
+          f"{model.config.vocab_size}; {len(grown['rows'])} edges: {old['edges']:,} -> {model.config.num_edges:,} "
+          "real edges")
+    print(f"old nodes' logits unchanged after adding nodes: {nodes['nodes_exact']}; after adding edges: logits equal "
+          f"{grown['edges_exact']} (largest difference {grown['edges_diff']:.2e}), greedy predictions equal "
+          f"{grown['same_argmax']}")
+    print(f"fine-tune ({args.train} parameters, {args.steps} steps of AdamW lr {args.lr} on {len(grown['train_seqs'])}"
+          f" new lines + {min(args.replay, len(texts.replay))} old ones per step): loss {losses[0]:.3f} -> "
+          f"{losses[-1]:.3f}; old rows unchanged: {tuned['old_rows_unchanged']}")
+    print(f"new text, held out ({len(grown['held_seqs'])} lines): perplexity {before['new']:.1f} -> "
+          f"{after['new']:.1f}")
+    if before["focus"] is not None:
+        print(f"new tokens as targets, held out: perplexity {before['focus']:.1f} -> {after['focus']:.1f}")
+    print(f"new text, training lines: perplexity {before['train']:.1f} -> {after['train']:.1f}")
+    print(f"old text, held out ({len(texts.old_seqs)} texts): perplexity {before['old']:.3f} -> {after['old']:.3f} "
+          f"({100 * old_change:+.2f}%)")
+    return old_change

@@ -1,0 +1,122 @@
+"""The command line of `examples/perplexity.py`: the built-in, token-weighted perplexity of a saved BriLLM
+(`modeling_brillm.evaluation.perplexity`) and the `evaluate` "perplexity" metric (the mean of per-text perplexities;
+its script comes from the Hub at run time, and offline the same steps run in-process,
+`modeling_brillm.evaluation.per_text_perplexity`). Importing `modeling_brillm` registers the brillm type, so the
+metric's `AutoModelForCausalLM.from_pretrained(model_id)` loads the model without trust_remote_code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+import modeling_brillm  # noqa: F401  (registers brillm with AutoModelForCausalLM, for the metric too)
+from modeling_brillm.evaluation import per_text_perplexity, perplexity
+
+
+def read_texts(args) -> list[str]:
+    texts = list(args.text or [])
+    if args.texts:
+        with open(args.texts, encoding="utf-8") as f:
+            texts += [line.rstrip("\r\n") for line in f if line.strip()]
+    if args.dataset:
+        import datasets
+
+        ds = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
+        texts += [t for t in ds[args.text_column] if t and t.strip()]
+    texts = [t for t in texts if t.strip()]
+    if args.limit:
+        texts = texts[: args.limit]
+    if not texts:
+        raise ValueError("no texts: give --text, --texts FILE or --dataset.")
+    return texts
+
+
+def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer, in_process=False):
+    """(result, source): the Hub metric when it can be loaded, else (or with in_process) the same steps in-process."""
+    if in_process:
+        return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
+    try:
+        import evaluate
+
+        metric = evaluate.load("perplexity", module_type="metric")
+    except Exception as error:  # offline, hub unreachable, or evaluate missing
+        print(f"note: the `evaluate` perplexity metric could not be loaded ({type(error).__name__}: "
+              f"{str(error).splitlines()[0] if str(error) else ''}); it is downloaded from the Hub at run time. "
+              "Running the metric's steps in-process instead (same numbers).", file=sys.stderr)
+        return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = metric.compute(predictions=texts, model_id=model_dir, batch_size=batch_size, add_start_token=True,
+                            max_length=max_length, device=device)
+    return {"perplexities": list(map(float, result["perplexities"])),
+            "mean_perplexity": float(result["mean_perplexity"])}, "evaluate"
+
+
+def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
+    p = argparse.ArgumentParser(description="Perplexity of a saved BriLLM: the built-in token-weighted one and the "
+                                "evaluate metric's mean of per-text perplexities.")
+    p.add_argument("--model", required=True, help="saved model folder (the metric needs a folder or Hub id)")
+    p.add_argument("--text", action="append", help="a text (repeatable)")
+    p.add_argument("--texts", help="file with one text per line")
+    p.add_argument("--dataset", help="a datasets id (needs the Hub or a local cache)")
+    p.add_argument("--dataset_config", default=None)
+    p.add_argument("--split", default="test")
+    p.add_argument("--text_column", default="text")
+    p.add_argument("--limit", type=int, default=None, help="score the first N texts only")
+    p.add_argument("--block_size", type=int, default=None,
+                   help="built-in: longest block (default: the model's max; with --extend any length, 0 = whole texts)")
+    p.add_argument("--extend", action="store_true",
+                   help='read past max_position_embeddings (sets config.position_overflow="extend" for this run)')
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--no_metric", action="store_true", help="skip the evaluate metric")
+    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        out = score(args)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(out, f, indent=1)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def score(args) -> dict:
+    """Both perplexities of the texts, printed; the --json record."""
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    texts = read_texts(args)
+    if args.extend:
+        model.config.position_overflow = "extend"
+    # a model that reads past its trained range is scored on whole texts by the metric (no cut)
+    extends = getattr(model.config, "position_overflow", "error") == "extend"
+    max_positions = None if extends else model.config.max_position_embeddings
+    if extends:  # the tokenizer's model_max_length (the trained range) would warn of indexing errors falsely
+        tokenizer.model_max_length = int(1e30)
+    built_in = perplexity(model, tokenizer, texts, block_size=args.block_size, batch_size=args.batch_size)
+    out = {"texts": len(texts), "built_in": built_in.to_dict()}
+    print(f"built-in perplexity: {built_in.perplexity:.4f} over {built_in.num_tokens} predicted tokens "
+          f"({built_in.num_blocks} blocks of at most {built_in.block_size} tokens)")
+    if args.no_metric:
+        return out
+    # the Hub metric loads the saved model itself, without this run's --extend: run its steps here instead
+    in_process = extends and getattr(AutoConfig.from_pretrained(args.model), "position_overflow", "error") != "extend"
+    if in_process:
+        print("note: --extend is set for this run only; the metric's steps run in-process (the Hub metric "
+              "would load the saved model, which stops at its max_position_embeddings).", file=sys.stderr)
+    result, source = metric_perplexity(args.model, texts, args.batch_size, max_positions, model, tokenizer, in_process)
+    out["metric"] = {"source": source, **result}
+    print(f"metric mean_perplexity ({source}): {result['mean_perplexity']:.4f} "
+          f"(mean of {len(result['perplexities'])} per-text perplexities, "
+          + (f"texts cut to {max_positions} tokens)" if max_positions else "whole texts)"))
+    return out
