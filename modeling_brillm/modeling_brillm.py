@@ -152,6 +152,9 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     graph also stores its edge list: `graph_indptr` (V+1,), `graph_indices` (E,), `graph_counts` (E,).
     """
 
+    # the parameters whose first dimension is the edge row (what the source-sharded trainer splits by source)
+    edge_row_parameters = ("weights", "biases")
+
     def __init__(self, config: BriLLMConfig):
         super().__init__(config)
         # A config builds without a graph (transformers' convention); a model needs its size. Fields may also
@@ -231,7 +234,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         """The recurrence over a batch, from `state` when given: 1. each row's real tokens, 2. the start signal,
         3. the scan over every edge the signal crosses. `edge_fetch(rows)`, when given, returns the edge rows
         (w (B, L, d, d), b (B, L, d)) of the (B, L) global row ids in place of this model's tables (the
-        source-sharded table, see sharding.py). `dropout_rows` / `dropout_seed`: the signal dropout's mask (see
+        source-sharded table, see sharding/). `dropout_rows` / `dropout_seed`: the signal dropout's mask (see
         `BriLLMForCausalLM.forward`)."""
         cfg = self.config
         mask = check_inputs(input_ids, attention_mask, state, cfg.vocab_size)

@@ -159,9 +159,10 @@ with torch.no_grad():
 generated = model.generate(**ids, max_new_tokens=8, do_sample=False)
 pipe = pipeline("text-generation", model=repo_id, trust_remote_code=True)
 text = pipe(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
-energy = None
-if hasattr(model, "energy_generate"):
+try:  # a tool of the package, not of the saved code: said in one line
     energy = model.energy_generate(ids.input_ids, max_new_tokens=8).sequences[0].tolist()
+except ImportError as error:
+    energy = str(error)
 print("RESULT " + json.dumps({
     "module": type(model).__module__,
     "pipe_module": type(pipe.model).__module__,
@@ -200,10 +201,8 @@ def test_loads_from_hub_cache_offline_without_the_package(repo, tmp_path):
     expected = model.generate(**ids, max_new_tokens=8, do_sample=False)[0]
     assert result["generated"] == expected.tolist()
     assert result["text"] == tokenizer.decode(expected, skip_special_tokens=True)
-    if result["energy"] is not None:  # once BriLLMForCausalLM.energy_generate ships with the remote code
-        from modeling_brillm.decoding import energy_generate
-
-        assert result["energy"] == energy_generate(model, ids.input_ids, max_new_tokens=8).sequences[0].tolist()
+    # energy_generate is a tool of the package, not of the saved code: without it, one line says how to get it
+    assert "pip install brillm" in result["energy"] and "\n" not in result["energy"]
 
 
 def push_main():
