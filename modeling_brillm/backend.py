@@ -99,6 +99,18 @@ def launch(kernel, grid, *args, **kwargs):
             "report it with your GPU, torch and triton versions.") from error
 
 
+def package_tool(module: str, feature: str):
+    """The package's module `module` (`modeling_brillm.<module>`), for a model method that is one of its tools: the
+    tools work on any BriLLM, a saved model's code included, but that code does not carry them."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"modeling_brillm.{module}")
+    except ImportError:
+        raise ImportError(f"model.{feature} is a tool of the brillm package, which a saved model's code does not "
+                          "carry: pip install brillm (or pip install -e . in the repository).") from None
+
+
 AUTOCAST_DEVICES = tuple(kind for kind in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(kind))
 
 
@@ -126,4 +138,4 @@ def exact_precision(forward):
 
 
 __all__ = ["BACKENDS", "HAVE_TRITON", "current_backend", "exact_precision", "kernel_backend", "interpreting",
-           "launch", "triton_modules", "use_triton"]
+           "launch", "package_tool", "triton_modules", "use_triton"]

@@ -55,25 +55,6 @@ def dense_table(node: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
     return out
 
 
-def count_prior(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, discount: float = DISCOUNT) -> CountPrior:
-    """The count prior of the bigrams with sorted keys u·V + v and their counts (`graph.count_bigrams`)."""
-    if not 0 < discount <= 1:
-        raise ValueError(f"discount must be in (0, 1], got {discount!r}.")
-    V = vocab_size
-    keys, counts = keys.long(), counts.double()
-    sources, targets = keys // V, keys % V
-    unigram = (torch.bincount(targets, counts, minlength=V) + 1) / (counts.sum() + V)
-    source_total = torch.bincount(sources, counts, minlength=V)
-    degree = torch.bincount(sources, minlength=V)  # seen successors of every source: λ's numerator and the CSR's rows
-    backoff = discount * degree.double() / source_total.clamp_min(1)  # λ(u), > 0 for every seen source
-    total, weight = source_total[sources], backoff[sources]
-    probability = (counts - discount).clamp_min(0) / total + weight * unigram[targets]
-    values = probability.log() - weight.log() - unigram[targets].log()
-    indptr = torch.zeros(V + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(degree, 0)
-    return CountPrior(unigram.log().float(), indptr, targets, values.float())
-
-
 def add_count_prior(logits: torch.Tensor, sources: torch.Tensor, node: torch.Tensor, indptr: torch.Tensor,
                     indices: torch.Tensor, values: torch.Tensor, max_degree: int) -> torch.Tensor:
     """`logits` (N, V) of the successors of `sources` (N,) plus the prior. Shapes are fixed by (N, max_degree), the

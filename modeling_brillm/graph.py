@@ -1,36 +1,23 @@
-"""The BriLLM graph: which edges u→v are real, stored as CSR by source (row 0 of the edge tables is shared).
+"""Building and growing BriLLM graphs: count the bigrams of token-id sequences, build the sparse graph and its count
+prior, add nodes for added tokens and real edges for new bigrams. Tools of the package: a saved model's code
+carries only what reading a graph needs (csr.py), and the models' methods (`from_token_sequences`, `add_edges`,
+`resize_token_embeddings`) call these.
 
-Edge table row of the j-th real edge (in (source, target) order) is j + 1; every pair u→v that is not a
-real edge uses row 0, the shared edge. A dense graph has every pair real: row of u→v is 1 + u·V + v.
+Growing keeps the existing energies: a new node joins a sparse graph through the shared edge, and a new edge starts
+as a copy of the shared edge that served its pair so far (with `non_edge_bias`, its pair loses its node's
+non-successor offset). The edge tables are replaced by larger tensors, so an optimizer must be created after growing.
 """
 
+from __future__ import annotations
+
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-import numpy as np
 import torch
+from torch import nn
 
-from .count_prior import CountPrior, count_prior
-
-
-@dataclass
-class BigramGraph:
-    """A sparse graph in CSR form: successors of u are `indices[indptr[u]:indptr[u+1]]`, sorted."""
-
-    indptr: torch.Tensor  # (V + 1,) int64
-    indices: torch.Tensor  # (E,) int64 target node of every real edge
-    counts: torch.Tensor  # (E,) int64 bigram count of every real edge (0 when unknown)
-    prior: CountPrior | None = None  # the count prior of every bigram seen, edge or not (config.count_prior)
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of nodes V."""
-        return self.indptr.numel() - 1
-
-    @property
-    def num_edges(self) -> int:
-        """Number of real edges E."""
-        return self.indices.numel()
+from .count_prior import DISCOUNT, CountPrior
+from .csr import BigramGraph, check_csr, edge_keys, edge_row, edge_rows_from_keys  # noqa: F401  (public here too)
+from .graph_editing import NODE_ROWS
 
 
 def count_bigrams(
@@ -148,56 +135,182 @@ def merge_edges(graph: BigramGraph, sources, targets, counts=None) -> tuple[Bigr
     return merged, position[:E], position[E:]
 
 
-def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name: str = "graph") -> str | None:
-    """Why a CSR edge list is malformed, or None when it is well formed (`name`: the buffers' prefix)."""
-    if indptr.numel() != vocab_size + 1:
-        return f"{name}_indptr has {indptr.numel()} entries, expected vocab_size + 1 = {vocab_size + 1}"
-    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
-        return f"{name}_indptr must run from 0 to num_edges={indices.numel()}, got {int(indptr[0])}..{int(indptr[-1])}"
-    if bool((indptr[1:] < indptr[:-1]).any()):
-        return f"{name}_indptr is not non-decreasing"
-    if indices.numel():
-        if int(indices.min()) < 0 or int(indices.max()) >= vocab_size:
-            return f"{name}_indices hold node ids outside [0, {vocab_size})"
-        sources = torch.repeat_interleave(torch.arange(vocab_size), indptr.diff())
-        keys = sources * vocab_size + indices
-        if bool((keys[1:] <= keys[:-1]).any()):
-            return f"{name}_indices are not sorted and unique within each source"
+def count_prior(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, discount: float = DISCOUNT) -> CountPrior:
+    """The count prior of the bigrams with sorted keys u·V + v and their counts (`graph.count_bigrams`)."""
+    if not 0 < discount <= 1:
+        raise ValueError(f"discount must be in (0, 1], got {discount!r}.")
+    V = vocab_size
+    keys, counts = keys.long(), counts.double()
+    sources, targets = keys // V, keys % V
+    unigram = (torch.bincount(targets, counts, minlength=V) + 1) / (counts.sum() + V)
+    source_total = torch.bincount(sources, counts, minlength=V)
+    degree = torch.bincount(sources, minlength=V)  # seen successors of every source: λ's numerator and the CSR's rows
+    backoff = discount * degree.double() / source_total.clamp_min(1)  # λ(u), > 0 for every seen source
+    total, weight = source_total[sources], backoff[sources]
+    probability = (counts - discount).clamp_min(0) / total + weight * unigram[targets]
+    values = probability.log() - weight.log() - unigram[targets].log()
+    indptr = torch.zeros(V + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum(degree, 0)
+    return CountPrior(unigram.log().float(), indptr, targets, values.float())
+
+
+def _replace_parameter(model, name: str, value: torch.Tensor):
+    old = getattr(model, name)
+    setattr(model, name, nn.Parameter(value, requires_grad=old.requires_grad))
+
+
+def _check_new_size(new_num_tokens, pad_to_multiple_of, V: int) -> int:
+    if not isinstance(new_num_tokens, int) or isinstance(new_num_tokens, bool):
+        raise TypeError(f"new_num_tokens must be an int (the tokenizer's len()), got {type(new_num_tokens).__name__}.")
+    if pad_to_multiple_of is not None:
+        if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}.")
+        new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+    if new_num_tokens < V:
+        raise ValueError(
+            f"resize_token_embeddings({new_num_tokens}) would drop nodes {new_num_tokens}..{V - 1} of this "
+            f"{V}-node graph with their edges; BriLLM can only add nodes. Pass at least {V} (len(tokenizer) of "
+            "the tokenizer the model was trained with, plus any added tokens)."
+        )
+    return new_num_tokens
+
+
+def _grow_dense_edges(model, V: int, new_V: int):
+    """Re-lay the V² edge rows (row 1 + u·V + v) for the new V; new pairs start like a fresh model's edges."""
+    d, r = model.config.node_size, model.config.initializer_range
+    old_w, old_b = model.weights[1:].view(V, V, d, d), model.biases[1:].view(V, V, 1, d)
+    weights = model.weights.new_empty(1 + new_V ** 2, d, d).uniform_(-r, r)
+    biases = model.biases.new_empty(1 + new_V ** 2, 1, d).uniform_(-r, r)
+    weights[0], biases[0] = model.weights[0], model.biases[0]
+    weights[1:].view(new_V, new_V, d, d)[:V, :V] = old_w
+    biases[1:].view(new_V, new_V, 1, d)[:V, :V] = old_b
+    _replace_parameter(model, "weights", weights)
+    _replace_parameter(model, "biases", biases)
+    model.config.num_edges = new_V ** 2
+
+
+def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: bool = True):
+    """Add nodes so the graph has one per token of a grown tokenizer (see `resize_token_embeddings`)."""
+    V = model.config.vocab_size
+    if new_num_tokens is None:
+        return None
+    new_V = _check_new_size(new_num_tokens, pad_to_multiple_of, V)
+    if new_V == V:
+        return None
+    d, r = model.config.node_size, model.config.initializer_range
+    with torch.no_grad():
+        bias = model.node_bias.new_empty(new_V, 1, d)
+        bias[:V] = model.node_bias
+        if mean_resizing:
+            bias[V:] = model.node_bias.mean(0, keepdim=True)
+        else:
+            bias[V:].uniform_(-r, r)
+        if model.config.graph == "dense":
+            _grow_dense_edges(model, V, new_V)
+        else:  # new nodes have no real successors yet: their CSR rows are empty
+            indptr = model.graph_indptr
+            model.graph_indptr = torch.cat([indptr, indptr[-1:].expand(new_V - V)])
+        _replace_parameter(model, "node_bias", bias)
+        if model.config.count_prior:  # a new token was never seen: the smallest unigram, and no seen successor
+            node = model.prior_node
+            model.prior_node = torch.cat([node, node.min().expand(new_V - V)])
+            model.prior_indptr = torch.cat([model.prior_indptr, model.prior_indptr[-1:].expand(new_V - V)])
+        for name in NODE_ROWS:  # a new node's offset and readout: the old nodes' mean (or zero, a plain node)
+            rows = getattr(model, name)
+            if rows is not None:
+                fill = rows.mean(0, keepdim=True) if mean_resizing else rows.new_zeros(1, *rows.shape[1:])
+                _replace_parameter(model, name, torch.cat([rows, fill.expand(new_V - V, *rows.shape[1:])]))
+    model.config.vocab_size = new_V
+    model.reset_caches()
     return None
 
 
-def edge_keys(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Sorted key source·V + target of every real edge of a CSR graph (key k's edge-table row is its index + 1):
-    the table `edge_rows_from_keys` searches."""
-    sources = torch.repeat_interleave(torch.arange(vocab_size, device=indices.device), indptr.diff())
-    return sources * vocab_size + indices
+def _as_pairs(pairs, device) -> torch.Tensor:
+    """(N, 2) long tensor of (source, target) pairs from a tensor or a list of pairs."""
+    if isinstance(pairs, torch.Tensor):
+        pairs = pairs.detach().to(device=device)
+        if pairs.is_floating_point() or pairs.dtype == torch.bool:
+            raise TypeError(f"add_edges: pairs must hold integer node ids, got dtype {pairs.dtype}.")
+    else:
+        pairs = list(pairs)
+        if any(not hasattr(p, "__len__") or len(p) != 2 for p in pairs):
+            raise ValueError("add_edges: pairs must be (source, target) node-id pairs, e.g. [(5, 7), (7, 9)].")
+        pairs = torch.tensor(pairs, device=device).reshape(-1, 2) if pairs else torch.zeros(0, 2, dtype=torch.long)
+        if pairs.is_floating_point() or pairs.dtype == torch.bool:
+            raise TypeError(f"add_edges: pairs must hold integer node ids, got {pairs.dtype} values.")
+    pairs = pairs.long()
+    if pairs.dim() != 2 or pairs.shape[1] != 2:
+        raise ValueError(f"add_edges: pairs must have shape (N, 2) (source, target), got {tuple(pairs.shape)}.")
+    return pairs
 
 
-def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, targets: torch.Tensor,
-                        vocab_size: int) -> torch.Tensor:
-    """Edge-table row of every pair source→target: its real edge's, or 0 (the shared edge).
-
-    `keys` is `edge_keys(...)` of a sparse graph, or None for a dense one (every pair real: row 1 + s·V + t). A pure
-    lookup with no host read, so the model, the decode step and its torch reference all map pairs the same way."""
-    if keys is None:
-        return 1 + sources * vocab_size + targets
-    if keys.numel() == 0:
-        return torch.zeros_like(sources)
-    query = sources * vocab_size + targets
-    pos = torch.searchsorted(keys, query).clamp_max(keys.numel() - 1)
-    return torch.where(keys[pos] == query, pos + 1, torch.zeros_like(pos))
-
-
-def edge_row(csr: tuple[list[int], np.ndarray] | None, source: int, target: int, vocab_size: int) -> int:
-    """`edge_rows_from_keys` for one pair, on the host: `csr` (indptr list, indices array sorted within each
-    source's block) of a sparse graph, None for a dense one. One binary search over the source's block."""
-    if csr is None:
-        return 1 + source * vocab_size + target
-    indptr, indices = csr
-    start, end = indptr[source], indptr[source + 1]
-    k = start + int(np.searchsorted(indices[start:end], target))
-    return k + 1 if k < end and indices[k] == target else 0
+def _check_new_pairs(model, pairs: torch.Tensor):
+    """Every pair names existing nodes, once, and is not a real edge yet."""
+    V = model.config.vocab_size
+    outside = (pairs < 0) | (pairs >= V)
+    if bool(outside.any()):
+        u, v = pairs[int(outside.any(1).nonzero()[0])].tolist()
+        raise ValueError(
+            f"add_edges: pair ({u}, {v}) names a node outside [0, {V}) of this graph; add the node first "
+            "(tokenizer.add_tokens([...]); model.resize_token_embeddings(len(tokenizer)))."
+        )
+    unique_keys, counts_of_key = torch.unique(pairs[:, 0] * V + pairs[:, 1], return_counts=True)
+    if bool((counts_of_key > 1).any()):
+        key = int(unique_keys[counts_of_key > 1][0])
+        raise ValueError(f"add_edges: pair ({key // V}, {key % V}) is listed more than once; list each pair once.")
+    real = model.edge_rows(pairs[:, 0], pairs[:, 1]) > 0
+    if bool(real.any()):
+        shown = ", ".join(f"({u}, {v})" for u, v in pairs[real][:5].tolist())
+        raise ValueError(
+            f"add_edges: {int(real.sum())} pair(s) already are real edges: {shown}"
+            f"{' ...' if int(real.sum()) > 5 else ''}. Drop them, or use add_edges_from_sequences, which skips them."
+        )
 
 
-__all__ = ["BigramGraph", "count_bigrams", "build_sparse_graph", "graph_from_edges", "merge_edges", "check_csr",
-           "edge_keys", "edge_row", "edge_rows_from_keys"]
+def add_edges(model, pairs, counts=None) -> torch.Tensor:
+    """Make the pairs u→v real edges of a sparse graph; returns their edge-table rows (see the models' method)."""
+    if model.config.graph != "sparse":
+        raise ValueError("add_edges: this graph is dense, so every pair u→v already is a real edge; there is "
+                         "nothing to add (only a sparse graph has non-edges).")
+    device = model.graph_indices.device
+    pairs = _as_pairs(pairs, device)
+    if pairs.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=device)
+    _check_new_pairs(model, pairs)
+    if counts is not None:
+        counts = torch.as_tensor(counts, dtype=torch.long, device=device).reshape(-1)
+        if counts.numel() != pairs.shape[0]:
+            raise ValueError(f"add_edges: counts has {counts.numel()} entries for {pairs.shape[0]} pairs.")
+    graph, old_at, new_at = merge_edges(model.get_graph(), pairs[:, 0], pairs[:, 1], counts)
+    E, N = model.config.num_edges, pairs.shape[0]
+    with torch.no_grad():
+        weights = model.weights.new_empty(1 + E + N, *model.weights.shape[1:])
+        biases = model.biases.new_empty(1 + E + N, *model.biases.shape[1:])
+        weights[0], biases[0] = model.weights[0], model.biases[0]
+        weights[1 + old_at], biases[1 + old_at] = model.weights[1:], model.biases[1:]
+        weights[1 + new_at], biases[1 + new_at] = model.weights[0], model.biases[0]  # copies of the shared edge
+        _replace_parameter(model, "weights", weights)
+        _replace_parameter(model, "biases", biases)
+        model.graph_indptr, model.graph_indices, model.graph_counts = graph.indptr, graph.indices, graph.counts
+    model.config.num_edges = E + N
+    model.reset_caches()
+    return 1 + new_at
+
+
+def add_edges_from_sequences(model, sequences, min_count: int = 1, ignore_ids=()) -> torch.Tensor:
+    """Make real every bigram of `sequences` seen `min_count` times that is not real yet (with its count)."""
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}.")
+    V = model.config.vocab_size
+    keys, counts = count_bigrams(sequences, V, ignore_ids)
+    keep = counts >= min_count
+    keys, counts = keys[keep].to(model.graph_indices.device), counts[keep].to(model.graph_indices.device)
+    if model.config.graph == "sparse" and keys.numel():
+        fresh = model.edge_rows(keys // V, keys % V) == 0
+        keys, counts = keys[fresh], counts[fresh]
+    return add_edges(model, torch.stack([keys // V, keys % V], 1), counts)
+
+
+__all__ = ["BigramGraph", "add_edges", "add_edges_from_sequences", "build_sparse_graph", "check_csr", "count_bigrams",
+           "count_prior", "edge_keys", "edge_row", "edge_rows_from_keys", "graph_from_edges", "merge_edges",
+           "resize_nodes"]

@@ -1,179 +1,18 @@
-"""The graph's methods, and growing a trained graph: new nodes for added tokens, new real edges for new bigrams.
-
-Both keep the existing energies: a new node joins a sparse graph through the shared edge, and a new edge starts
-as a copy of the shared edge that served its pair so far (with `non_edge_bias`, its pair loses its node's
-non-successor offset). The edge tables are replaced by larger tensors, so an
-optimizer must be created after growing. The functions act on a `BriLLMModel` (the models' methods call them).
-"""
+"""The graph's methods of the models: reading and storing the graph and its count prior; building a model from
+a graph. Growing a graph (new nodes, new real edges) and building one from text are tools of the package
+(graph.py), which the methods below call."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from .backend import package_tool
 from .count_prior import CountPrior
-from .graph import BigramGraph, build_sparse_graph, check_csr, count_bigrams, edge_rows_from_keys, merge_edges
+from .csr import BigramGraph, check_csr, edge_rows_from_keys
 
 # the recipe's per-node rows beside node_bias: a non-successor's offset, the node's readout of the signal, the
 # vector it adds to the signal it passes on
 NODE_ROWS = ("non_edge_bias", "node_readout", "node_embedding")
-
-
-def _replace_parameter(model, name: str, value: torch.Tensor):
-    old = getattr(model, name)
-    setattr(model, name, nn.Parameter(value, requires_grad=old.requires_grad))
-
-
-def _check_new_size(new_num_tokens, pad_to_multiple_of, V: int) -> int:
-    if not isinstance(new_num_tokens, int) or isinstance(new_num_tokens, bool):
-        raise TypeError(f"new_num_tokens must be an int (the tokenizer's len()), got {type(new_num_tokens).__name__}.")
-    if pad_to_multiple_of is not None:
-        if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}.")
-        new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
-    if new_num_tokens < V:
-        raise ValueError(
-            f"resize_token_embeddings({new_num_tokens}) would drop nodes {new_num_tokens}..{V - 1} of this "
-            f"{V}-node graph with their edges; BriLLM can only add nodes. Pass at least {V} (len(tokenizer) of "
-            "the tokenizer the model was trained with, plus any added tokens)."
-        )
-    return new_num_tokens
-
-
-def _grow_dense_edges(model, V: int, new_V: int):
-    """Re-lay the V² edge rows (row 1 + u·V + v) for the new V; new pairs start like a fresh model's edges."""
-    d, r = model.config.node_size, model.config.initializer_range
-    old_w, old_b = model.weights[1:].view(V, V, d, d), model.biases[1:].view(V, V, 1, d)
-    weights = model.weights.new_empty(1 + new_V ** 2, d, d).uniform_(-r, r)
-    biases = model.biases.new_empty(1 + new_V ** 2, 1, d).uniform_(-r, r)
-    weights[0], biases[0] = model.weights[0], model.biases[0]
-    weights[1:].view(new_V, new_V, d, d)[:V, :V] = old_w
-    biases[1:].view(new_V, new_V, 1, d)[:V, :V] = old_b
-    _replace_parameter(model, "weights", weights)
-    _replace_parameter(model, "biases", biases)
-    model.config.num_edges = new_V ** 2
-
-
-def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: bool = True):
-    """Add nodes so the graph has one per token of a grown tokenizer (see `resize_token_embeddings`)."""
-    V = model.config.vocab_size
-    if new_num_tokens is None:
-        return None
-    new_V = _check_new_size(new_num_tokens, pad_to_multiple_of, V)
-    if new_V == V:
-        return None
-    d, r = model.config.node_size, model.config.initializer_range
-    with torch.no_grad():
-        bias = model.node_bias.new_empty(new_V, 1, d)
-        bias[:V] = model.node_bias
-        if mean_resizing:
-            bias[V:] = model.node_bias.mean(0, keepdim=True)
-        else:
-            bias[V:].uniform_(-r, r)
-        if model.config.graph == "dense":
-            _grow_dense_edges(model, V, new_V)
-        else:  # new nodes have no real successors yet: their CSR rows are empty
-            indptr = model.graph_indptr
-            model.graph_indptr = torch.cat([indptr, indptr[-1:].expand(new_V - V)])
-        _replace_parameter(model, "node_bias", bias)
-        if model.config.count_prior:  # a new token was never seen: the smallest unigram, and no seen successor
-            node = model.prior_node
-            model.prior_node = torch.cat([node, node.min().expand(new_V - V)])
-            model.prior_indptr = torch.cat([model.prior_indptr, model.prior_indptr[-1:].expand(new_V - V)])
-        for name in NODE_ROWS:  # a new node's offset and readout: the old nodes' mean (or zero, a plain node)
-            rows = getattr(model, name)
-            if rows is not None:
-                fill = rows.mean(0, keepdim=True) if mean_resizing else rows.new_zeros(1, *rows.shape[1:])
-                _replace_parameter(model, name, torch.cat([rows, fill.expand(new_V - V, *rows.shape[1:])]))
-    model.config.vocab_size = new_V
-    model.reset_caches()
-    return None
-
-
-def _as_pairs(pairs, device) -> torch.Tensor:
-    """(N, 2) long tensor of (source, target) pairs from a tensor or a list of pairs."""
-    if isinstance(pairs, torch.Tensor):
-        pairs = pairs.detach().to(device=device)
-        if pairs.is_floating_point() or pairs.dtype == torch.bool:
-            raise TypeError(f"add_edges: pairs must hold integer node ids, got dtype {pairs.dtype}.")
-    else:
-        pairs = list(pairs)
-        if any(not hasattr(p, "__len__") or len(p) != 2 for p in pairs):
-            raise ValueError("add_edges: pairs must be (source, target) node-id pairs, e.g. [(5, 7), (7, 9)].")
-        pairs = torch.tensor(pairs, device=device).reshape(-1, 2) if pairs else torch.zeros(0, 2, dtype=torch.long)
-        if pairs.is_floating_point() or pairs.dtype == torch.bool:
-            raise TypeError(f"add_edges: pairs must hold integer node ids, got {pairs.dtype} values.")
-    pairs = pairs.long()
-    if pairs.dim() != 2 or pairs.shape[1] != 2:
-        raise ValueError(f"add_edges: pairs must have shape (N, 2) (source, target), got {tuple(pairs.shape)}.")
-    return pairs
-
-
-def _check_new_pairs(model, pairs: torch.Tensor):
-    """Every pair names existing nodes, once, and is not a real edge yet."""
-    V = model.config.vocab_size
-    outside = (pairs < 0) | (pairs >= V)
-    if bool(outside.any()):
-        u, v = pairs[int(outside.any(1).nonzero()[0])].tolist()
-        raise ValueError(
-            f"add_edges: pair ({u}, {v}) names a node outside [0, {V}) of this graph; add the node first "
-            "(tokenizer.add_tokens([...]); model.resize_token_embeddings(len(tokenizer)))."
-        )
-    unique_keys, counts_of_key = torch.unique(pairs[:, 0] * V + pairs[:, 1], return_counts=True)
-    if bool((counts_of_key > 1).any()):
-        key = int(unique_keys[counts_of_key > 1][0])
-        raise ValueError(f"add_edges: pair ({key // V}, {key % V}) is listed more than once; list each pair once.")
-    real = model.edge_rows(pairs[:, 0], pairs[:, 1]) > 0
-    if bool(real.any()):
-        shown = ", ".join(f"({u}, {v})" for u, v in pairs[real][:5].tolist())
-        raise ValueError(
-            f"add_edges: {int(real.sum())} pair(s) already are real edges: {shown}"
-            f"{' ...' if int(real.sum()) > 5 else ''}. Drop them, or use add_edges_from_sequences, which skips them."
-        )
-
-
-def add_edges(model, pairs, counts=None) -> torch.Tensor:
-    """Make the pairs u→v real edges of a sparse graph; returns their edge-table rows (see the models' method)."""
-    if model.config.graph != "sparse":
-        raise ValueError("add_edges: this graph is dense, so every pair u→v already is a real edge; there is "
-                         "nothing to add (only a sparse graph has non-edges).")
-    device = model.graph_indices.device
-    pairs = _as_pairs(pairs, device)
-    if pairs.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=device)
-    _check_new_pairs(model, pairs)
-    if counts is not None:
-        counts = torch.as_tensor(counts, dtype=torch.long, device=device).reshape(-1)
-        if counts.numel() != pairs.shape[0]:
-            raise ValueError(f"add_edges: counts has {counts.numel()} entries for {pairs.shape[0]} pairs.")
-    graph, old_at, new_at = merge_edges(model.get_graph(), pairs[:, 0], pairs[:, 1], counts)
-    E, N = model.config.num_edges, pairs.shape[0]
-    with torch.no_grad():
-        weights = model.weights.new_empty(1 + E + N, *model.weights.shape[1:])
-        biases = model.biases.new_empty(1 + E + N, *model.biases.shape[1:])
-        weights[0], biases[0] = model.weights[0], model.biases[0]
-        weights[1 + old_at], biases[1 + old_at] = model.weights[1:], model.biases[1:]
-        weights[1 + new_at], biases[1 + new_at] = model.weights[0], model.biases[0]  # copies of the shared edge
-        _replace_parameter(model, "weights", weights)
-        _replace_parameter(model, "biases", biases)
-        model.graph_indptr, model.graph_indices, model.graph_counts = graph.indptr, graph.indices, graph.counts
-    model.config.num_edges = E + N
-    model.reset_caches()
-    return 1 + new_at
-
-
-def add_edges_from_sequences(model, sequences, min_count: int = 1, ignore_ids=()) -> torch.Tensor:
-    """Make real every bigram of `sequences` seen `min_count` times that is not real yet (with its count)."""
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}.")
-    V = model.config.vocab_size
-    keys, counts = count_bigrams(sequences, V, ignore_ids)
-    keep = counts >= min_count
-    keys, counts = keys[keep].to(model.graph_indices.device), counts[keep].to(model.graph_indices.device)
-    if model.config.graph == "sparse" and keys.numel():
-        fresh = model.edge_rows(keys // V, keys % V) == 0
-        keys, counts = keys[fresh], counts[fresh]
-    return add_edges(model, torch.stack([keys // V, keys % V], 1), counts)
 
 
 class GraphMethods:
@@ -211,8 +50,9 @@ class GraphMethods:
         `count_prior=True` its count prior is every bigram of `sequences`."""
         if dense:
             return cls.from_graph(None, vocab_size=vocab_size, **config_kwargs)
-        graph = build_sparse_graph(sequences, vocab_size, min_count=min_count, ignore_ids=ignore_ids,
-                                   with_prior=bool(config_kwargs.get("count_prior")))
+        graph = package_tool("graph", "from_token_sequences").build_sparse_graph(
+            sequences, vocab_size, min_count=min_count, ignore_ids=ignore_ids,
+            with_prior=bool(config_kwargs.get("count_prior")))
         return cls.from_graph(graph, **config_kwargs)
 
     # -------------------------------------------------------------------------------------------- the graph
@@ -311,7 +151,8 @@ class GraphMethods:
         edges) cannot be removed. Parameters are replaced by larger tensors: create the optimizer after resizing.
         Returns None (BriLLM has no embedding module to return).
         """
-        return resize_nodes(self.base_model, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        return package_tool("graph", "resize_token_embeddings").resize_nodes(self.base_model, new_num_tokens,
+                                                                            pad_to_multiple_of, mean_resizing)
 
     def add_edges(self, pairs, counts=None) -> torch.Tensor:
         """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph.
@@ -325,13 +166,13 @@ class GraphMethods:
 
         Returns the edge-table rows of the new edges (in the order of `pairs`), e.g. to train only them.
         """
-        return add_edges(self.base_model, pairs, counts)
+        return package_tool("graph", "add_edges").add_edges(self.base_model, pairs, counts)
 
     def add_edges_from_sequences(self, sequences, min_count: int = 1, ignore_ids=()) -> torch.Tensor:
         """Make real every bigram of the token-id `sequences` seen `min_count` times that is not real yet (with
         its count); returns the new edges' rows (see `add_edges`). `ignore_ids` (padding, say) form no edge."""
-        return add_edges_from_sequences(self.base_model, sequences, min_count, ignore_ids)
+        return package_tool("graph", "add_edges_from_sequences").add_edges_from_sequences(
+            self.base_model, sequences, min_count, ignore_ids)
 
 
-
-__all__ = ["GraphMethods", "add_edges", "add_edges_from_sequences", "resize_nodes"]
+__all__ = ["GraphMethods", "NODE_ROWS"]

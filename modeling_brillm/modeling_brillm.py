@@ -27,7 +27,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
-from .backend import exact_precision
+from .backend import exact_precision, package_tool
 from .configuration_brillm import BriLLMConfig
 from .energy import RowView
 from .generation import BriLLMGenerationMixin
@@ -43,7 +43,7 @@ from .validation import check_inputs, check_labels, check_signal_ids, compact_re
 # transformers 5.4 copies a local folder's remote code one import deep: naming here the modules that the others
 # import makes every file of the model's code travel with it on every supported version.
 from .decode_capture import DecodeGraphs  # noqa: F401
-from .graph import edge_keys  # noqa: F401
+from .csr import edge_keys  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
 from .triton_recurrence import unsupported_reason  # noqa: F401
@@ -517,21 +517,13 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
     def energy_generate(self, input_ids, attention_mask=None, **kwargs):
         """BriLLM's own decoding rule with its energy path recorded (`modeling_brillm.energy_generate`, a tool of
         the package, not of a saved model's code). The standard `generate()` is unchanged."""
-        return _tool("energy_generate")(self, input_ids, attention_mask=attention_mask, **kwargs)
+        return package_tool("decoding", "energy_generate").energy_generate(self, input_ids,
+                                                                            attention_mask=attention_mask, **kwargs)
 
     def energy_trace(self, text_or_ids, tokenizer=None, top_k: int = 5):
         """Per-step energies, ranks and runner-up nodes of a text's path (`modeling_brillm.energy_trace`)."""
-        return _tool("energy_trace")(self, text_or_ids, tokenizer=tokenizer, top_k=top_k)
-
-
-def _tool(name: str):
-    """One of the package's tools: they work on any BriLLM, but a saved model's code does not carry them."""
-    try:
-        import modeling_brillm
-    except ImportError:
-        raise ImportError(f"model.{name} is a tool of the brillm package, which a saved model's code does not carry: "
-                          "pip install brillm (or clone the repository and pip install -e .).") from None
-    return getattr(modeling_brillm, name)
+        return package_tool("interpretability", "energy_trace").energy_trace(self, text_or_ids, tokenizer=tokenizer,
+                                                                             top_k=top_k)
 
 
 def check_dropout_rows(rows, batch: int, device) -> torch.Tensor | None:

@@ -30,7 +30,7 @@ from .energy import gather_edges, non_edge_log_mass, release_workspaces
 from .energy import scatter_logits as ref_scatter_logits
 from .energy import successor_logits as ref_successor_logits
 from .energy import target_energies as ref_target_energies
-from .graph import edge_keys, edge_rows_from_keys
+from .csr import edge_keys, edge_rows_from_keys
 from .plans import CandidatePlan, EdgeGradLink, KernelPlan, graph_max_degree, make_kernel_plan, make_torch_plan
 from .recurrence import decode_step as ref_decode_step
 from .recurrence import signal_scan as ref_signal_scan

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .energy import gather_edges, row_energies, successor_logits
-from .graph import edge_rows_from_keys
+from .csr import edge_rows_from_keys
 from .state import BriLLMState, Columns, Mix, RowCache
 from .tables import EdgeTable, GraphView, StepAt
 

@@ -11,7 +11,7 @@ import torch
 
 from .count_prior import DENSE_TABLE_MAX, add_count_prior, dense_table
 from .energy import RowTables
-from .graph import edge_keys, edge_row
+from .csr import edge_keys, edge_row
 from .plans import graph_max_degree
 
 

@@ -1,0 +1,87 @@
+"""The BriLLM graph as the model reads it: which edges u→v are real, stored as CSR by source.
+
+Edge table row of the j-th real edge (in (source, target) order) is j + 1; every pair u→v that is not a real edge
+uses row 0, the shared edge. A dense graph has every pair real: the row of u→v is 1 + u·V + v. Building and growing
+graphs is the package's (graph.py).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .count_prior import CountPrior
+
+
+@dataclass
+class BigramGraph:
+    """A sparse graph in CSR form: successors of u are `indices[indptr[u]:indptr[u+1]]`, sorted."""
+
+    indptr: torch.Tensor  # (V + 1,) int64
+    indices: torch.Tensor  # (E,) int64 target node of every real edge
+    counts: torch.Tensor  # (E,) int64 bigram count of every real edge (0 when unknown)
+    prior: CountPrior | None = None  # the count prior of every bigram seen, edge or not (config.count_prior)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of nodes V."""
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        """Number of real edges E."""
+        return self.indices.numel()
+
+
+def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name: str = "graph") -> str | None:
+    """Why a CSR edge list is malformed, or None when it is well formed (`name`: the buffers' prefix)."""
+    if indptr.numel() != vocab_size + 1:
+        return f"{name}_indptr has {indptr.numel()} entries, expected vocab_size + 1 = {vocab_size + 1}"
+    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
+        return f"{name}_indptr must run from 0 to num_edges={indices.numel()}, got {int(indptr[0])}..{int(indptr[-1])}"
+    if bool((indptr[1:] < indptr[:-1]).any()):
+        return f"{name}_indptr is not non-decreasing"
+    if indices.numel():
+        if int(indices.min()) < 0 or int(indices.max()) >= vocab_size:
+            return f"{name}_indices hold node ids outside [0, {vocab_size})"
+        sources = torch.repeat_interleave(torch.arange(vocab_size), indptr.diff())
+        keys = sources * vocab_size + indices
+        if bool((keys[1:] <= keys[:-1]).any()):
+            return f"{name}_indices are not sorted and unique within each source"
+    return None
+
+
+def edge_keys(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Sorted key source·V + target of every real edge of a CSR graph (key k's edge-table row is its index + 1):
+    the table `edge_rows_from_keys` searches."""
+    sources = torch.repeat_interleave(torch.arange(vocab_size, device=indices.device), indptr.diff())
+    return sources * vocab_size + indices
+
+
+def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, targets: torch.Tensor,
+                        vocab_size: int) -> torch.Tensor:
+    """Edge-table row of every pair source→target: its real edge's, or 0 (the shared edge).
+
+    `keys` is `edge_keys(...)` of a sparse graph, or None for a dense one (every pair real: row 1 + s·V + t). A pure
+    lookup with no host read, so the model, the decode step and its torch reference all map pairs the same way."""
+    if keys is None:
+        return 1 + sources * vocab_size + targets
+    if keys.numel() == 0:
+        return torch.zeros_like(sources)
+    query = sources * vocab_size + targets
+    pos = torch.searchsorted(keys, query).clamp_max(keys.numel() - 1)
+    return torch.where(keys[pos] == query, pos + 1, torch.zeros_like(pos))
+
+
+def edge_row(csr: tuple[list[int], np.ndarray] | None, source: int, target: int, vocab_size: int) -> int:
+    """`edge_rows_from_keys` for one pair, on the host: `csr` (indptr list, indices array sorted within each
+    source's block) of a sparse graph, None for a dense one. One binary search over the source's block."""
+    if csr is None:
+        return 1 + source * vocab_size + target
+    indptr, indices = csr
+    start, end = indptr[source], indptr[source + 1]
+    k = start + int(np.searchsorted(indices[start:end], target))
+    return k + 1 if k < end and indices[k] == target else 0
+
+
+__all__ = ["BigramGraph", "check_csr", "edge_keys", "edge_row", "edge_rows_from_keys"]
