@@ -9,17 +9,13 @@ these functions. naive.py defines what each computes; tests hold both paths to i
                              energy.py (CandidatePlan)             triton_energy.py (KernelPlan)
     successor_logits         energy.successor_logits               triton_energy.successor_logits
     signal_scan              recurrence.signal_scan                triton_recurrence.signal_scan
-    decode_step              recurrence.decode_step                triton_energy.decode_step
+    decode_step              the edge (signal_scan's math, one column), then successor_logits
 
-Kernel self-check. With the package installed (`modeling_brillm.selfcheck` registers the checks in `CHECKS`), the
-first time the Triton path meets a CUDA device in a process every kernel runs once on a small random problem
-beside its torch path. A kernel that fails to compile or launch, or disagrees beyond `TOLERANCE` relative to the
-torch path's largest value, is switched off on that device with one warning, and the torch path runs in its place.
+Kernel self-check: with the package installed, the first time the Triton path meets a CUDA device every kernel runs
+once beside its torch path (selfcheck.py); one that fails is switched off there with one warning.
 """
 
 import os
-import warnings
-from dataclasses import dataclass
 
 import torch
 
@@ -32,10 +28,10 @@ from .energy import successor_logits as ref_successor_logits
 from .energy import target_energies as ref_target_energies
 from .csr import edge_keys, edge_rows_from_keys
 from .plans import CandidatePlan, EdgeGradLink, KernelPlan, graph_max_degree, make_kernel_plan, make_torch_plan
-from .recurrence import decode_step as ref_decode_step
+from .recurrence import edge_update, plus_edge_base, without_onednn
 from .recurrence import signal_scan as ref_signal_scan
+from .state import Columns
 from .triton_energy import SUPPORTED_DTYPES, KernelEnergies
-from .triton_energy import decode_step as kernel_decode_step
 from .triton_energy import log_partition as kernel_log_partition
 from .triton_energy import scatter_logits as kernel_scatter_logits
 from .triton_energy import successor_logits as kernel_successor_logits
@@ -45,17 +41,13 @@ from .triton_recurrence import signal_scan as kernel_signal_scan
 from .triton_recurrence import unsupported_reason as scan_kernel_unsupported
 
 # ------------------------------------------------------------------------------------- which kernels run
-KERNELS = ("candidate_energies", "successor_logits", "signal_scan", "decode_step", "adamw_rows")
-# kernel name -> (what is compared, outputs(kernel: bool, device) of one small problem): selfcheck.py fills it
-CHECKS: dict = {}
 CHECK_DEVICE_TYPES = {"cuda"}  # devices whose first kernel call runs the self-check (Triton's interpreter: opt-in)
-TOLERANCE = 1e-5  # largest error allowed, relative to the torch path's largest value (the kernels' own tests')
-
+SELF_CHECK = None  # run_self_check(device): the package's (selfcheck.py registers it; a saved model's code has none)
 _checked: set = set()  # devices whose self-check has run
 _disabled: dict = {}  # device -> {kernel name: why it is off}
 
 
-def _device_key(device: torch.device) -> str:
+def device_key(device: torch.device) -> str:
     """A device's name with its index, so `cuda` and `cuda:0` share one check."""
     if device.type == "cuda" and device.index is None:
         return f"cuda:{torch.cuda.current_device()}"
@@ -64,97 +56,27 @@ def _device_key(device: torch.device) -> str:
 
 def kernel_enabled(name: str, tensor: torch.Tensor) -> bool:
     """Whether the Triton kernel `name` runs for `tensor`: the backend picks Triton for its device and the kernel
-    has not been switched off there. Runs the device's self-check on its first call (not while a CUDA graph is
+    has not been switched off there. The device's first call runs the self-check (not while a CUDA graph is
     recorded; `BRILLM_SELF_CHECK=0` skips it)."""
     if not use_triton(tensor):
         return False
-    key = _device_key(tensor.device)
-    capturing = tensor.is_cuda and torch.cuda.is_current_stream_capturing()
-    if (key not in _checked and tensor.device.type in CHECK_DEVICE_TYPES and not capturing
+    key = device_key(tensor.device)
+    if (SELF_CHECK is not None and key not in _checked and tensor.device.type in CHECK_DEVICE_TYPES
+            and not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
             and os.environ.get("BRILLM_SELF_CHECK", "1") != "0"):
-        run_self_check(tensor.device)
+        SELF_CHECK(tensor.device)
     return name not in _disabled.get(key, {})
 
 
 def disabled_kernels(device) -> dict:
     """{kernel name: reason} of the kernels switched off on `device`."""
-    return dict(_disabled.get(_device_key(torch.device(device)), {}))
+    return dict(_disabled.get(device_key(torch.device(device)), {}))
 
 
 def reset_self_check():
     """Forget every device's check and switch every kernel back on (the next kernel call checks again)."""
     _checked.clear()
     _disabled.clear()
-
-
-@dataclass
-class CheckResult:
-    """One kernel's self-check: whether it passed, its largest relative error, and the error it raised."""
-
-    name: str
-    ok: bool
-    error: float | None = None  # largest |kernel − torch| / largest |torch| over every output compared
-    failure: str | None = None  # the exception, when the kernel failed to compile or launch
-
-
-def _rel_error(pairs) -> float:
-    """Largest |a − b| / max |b| over the pairs (kernel, torch); inf when shapes or gradients differ."""
-    worst = 0.0
-    for a, b in pairs:
-        if a is None or b is None:  # no gradient on either path is agreement; on one only, not
-            if (a is None) != (b is None):
-                return float("inf")
-            continue
-        a, b = (t.to_dense().detach().double() if t.is_sparse else t.detach().double() for t in (a, b))
-        if a.shape != b.shape:
-            return float("inf")
-        if b.numel():
-            err, scale = float((a - b).abs().max()), float(b.abs().max())
-            worst = max(worst, err / max(scale, 1e-30) if err else 0.0)
-    return worst
-
-
-def check_kernel(name: str, device) -> CheckResult:
-    """Run kernel `name` and its torch path on one small random problem on `device`; compare."""
-    outputs = CHECKS[name][1]
-    with torch.random.fork_rng(devices=[]):
-        expected = outputs(False, device)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            got = outputs(True, device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as error:  # a kernel that cannot compile or launch here: the torch path takes over
-        detail = str(error).strip().splitlines()
-        return CheckResult(name, False, failure=f"{type(error).__name__}: {detail[-1] if detail else ''}")
-    err = _rel_error(zip(got, expected))
-    return CheckResult(name, err <= TOLERANCE, error=err)
-
-
-def run_self_check(device, names=None, warn: bool = True) -> list[CheckResult]:
-    """Check every registered kernel in `names` on `device` against its torch path; switch off (and warn about,
-    once) each one that fails. The result of every check, in order."""
-    device = torch.device(device)
-    key = _device_key(device)
-    _checked.add(key)
-    off = _disabled.setdefault(key, {})
-    results = []
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
-        for name in (KERNELS if names is None else names):
-            if name not in CHECKS:
-                continue
-            result = check_kernel(name, device)
-            results.append(result)
-            if not result.ok and name not in off:
-                off[name] = result.failure or f"error {result.error:.2e}"
-                if warn:
-                    why = result.failure or f"its results differ from the torch path by {result.error:.2e} (relative)"
-                    warnings.warn(
-                        f"BriLLM's Triton kernel {name} is switched off on {device}: {why}. The torch path runs in "
-                        "its place (the same math, slower). Please report this with the output of `python -m "
-                        "modeling_brillm.selfcheck` and your GPU, torch and triton versions; BRILLM_BACKEND=torch "
-                        "runs the torch path everywhere.", RuntimeWarning, stacklevel=3)
-    return results
 
 
 # ------------------------------------------------------------------------------------- candidate energies
@@ -250,17 +172,28 @@ def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
 
 
 def decode_step(tokens, mix, at, edges, graph, width: int | None):
-    """One token per row (`recurrence.decode_step`): ((B, V) float32 logits, the new mix). The kernel (two launches)
-    finds the edge by a search in the source's block; with a fixed `width` nothing reads the device."""
-    if _step_kernels("decode_step", tokens, edges.weights):
-        return kernel_decode_step(tokens, mix, at, edges, graph, graph.max_degree if width is None else width)
-    return ref_decode_step(tokens, mix, at, edges, graph, width)
+    """One token per row, inference only: 1. the edge last→token joins the mix (the scan's math, one column: the
+    Triton scan or `recurrence.edge_update`), 2. every node's energy as the successor of `tokens` (B,)
+    (`successor_logits`). ((B, V) float32 logits, the new mix.) With a fixed `width` (the graph's largest degree)
+    nothing reads the device: what a CUDA graph records."""
+    with without_onednn(tokens):
+        rows = edge_rows_from_keys(graph.keys, at.last, tokens, graph.vocab_size)
+        if kernel_enabled("signal_scan", edges.weights) and scan_kernel_unsupported(edges.weights, False) is None:
+            node_add = None if at.node_add is None else at.node_add[:, None]
+            columns = Columns(rows[:, None], torch.ones_like(rows[:, None], dtype=torch.bool),
+                              at.pe_now[:, None], at.weight[:, None], node_add)
+            mix = kernel_signal_scan(mix, columns, edges)[1]
+        else:
+            b, x = edges.biases.reshape(edges.weights.shape[0], -1), mix.signal
+            mix = edge_update(mix, x, edges.weights[rows], b[rows], plus_edge_base(at.pe_now, x, edges.edge_base),
+                              at.weight, at.node_add)
+        pe = plus_edge_base(at.pe_next, mix.signal, edges.edge_base)
+        return successor_logits(mix.signal, pe, edges, tokens, graph, width), mix
 
 
 __all__ = [
-    "CHECKS", "CandidatePlan", "CheckResult", "EdgeGradLink", "KERNELS", "KernelPlan", "TOLERANCE",
-    "candidate_energies", "check_kernel", "decode_step", "disabled_kernels", "edge_keys", "edge_rows_from_keys",
-    "exact_log_partition", "gather_edges", "graph_max_degree", "kernel_enabled", "make_plan", "non_edge_log_mass",
-    "release_workspaces", "reset_self_check", "run_self_check", "scatter_logits", "signal_scan", "successor_logits",
-    "target_energies",
+    "CandidatePlan", "EdgeGradLink", "KernelPlan", "candidate_energies", "decode_step", "disabled_kernels",
+    "edge_keys", "edge_rows_from_keys", "exact_log_partition", "gather_edges", "graph_max_degree", "kernel_enabled",
+    "make_plan", "non_edge_log_mass", "release_workspaces", "reset_self_check", "scatter_logits", "signal_scan",
+    "successor_logits", "target_energies",
 ]

@@ -13,10 +13,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .energy import gather_edges, row_energies, successor_logits
-from .csr import edge_rows_from_keys
+from .energy import gather_edges, row_energies
 from .state import BriLLMState, Columns, Mix, RowCache
-from .tables import EdgeTable, GraphView, StepAt
+from .tables import EdgeTable
 
 
 def mix_in(mix: Mix, out: torch.Tensor, weight_logit: torch.Tensor) -> Mix:
@@ -67,20 +66,6 @@ def signal_scan(mix: Mix, columns: Columns, edges: EdgeTable, link=None) -> tupl
     return (signals if keep is None else signals * keep[:, 1:]), mix
 
 
-def decode_step(tokens, mix: Mix, at: StepAt, edges: EdgeTable, graph: GraphView, width: int | None):
-    """One token per row, inference only: the edge last→token, the mix, then every node's energy as the successor of
-    `tokens` (B,). `width`: successors computed per row, `energy.successor_logits`'s (the graph's largest degree
-    gives fixed shapes and no host read: what a CUDA graph records). Returns (float32 logits (B, V), the new mix)."""
-    with _without_onednn(tokens):
-        rows = edge_rows_from_keys(graph.keys, at.last, tokens, graph.vocab_size)
-        b = edges.biases.reshape(edges.weights.shape[0], -1)
-        x = mix.signal
-        mix = edge_update(mix, x, edges.weights[rows], b[rows], plus_edge_base(at.pe_now, x, edges.edge_base),
-                          at.weight, at.node_add)
-        pe = plus_edge_base(at.pe_next, mix.signal, edges.edge_base)
-        return successor_logits(mix.signal, pe, edges, tokens, graph, width), mix
-
-
 def row_step(tokens, state: BriLLMState, tables):
     """`decode_step` of one row on the CPU, its lookups made on the host (`state.RowCache`): the crossed edge's output
     is the one the previous step computed to score that very edge (the same signal at the same position), and the
@@ -88,7 +73,7 @@ def row_step(tokens, state: BriLLMState, tables):
     v, edges, graph, positions = int(tokens), tables.edges, tables.graph, tables.positions
     row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm),
                                 float(state.mix_max))
-    with _without_onednn(tokens):
+    with without_onednn(tokens):
         edge = graph.edge_row(row.node, v)
         if row.successors is not None:
             out = row.successors[edge - 1 - row.first:edge - row.first] if edge else row.shared
@@ -112,7 +97,7 @@ def row_step(tokens, state: BriLLMState, tables):
                                None if state.longest is None else state.longest + 1, row=cache)
 
 
-class _without_onednn:
+class without_onednn:
     """oneDNN off while a step runs on the CPU: its GeLU costs ~10 µs a call however small the tensor, torch's own
     ~1.5 µs, and a step makes three."""
 
@@ -190,4 +175,4 @@ def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -
     return dropout_mask(p, seed, rows, start.unsqueeze(1) + torch.arange(L + 1, device=device), d)
 
 
-__all__ = ["decode_step", "dropout_mask", "row_step", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan"]
+__all__ = ["dropout_mask", "row_step", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan", "without_onednn"]

@@ -301,87 +301,6 @@ if triton is not None:
 
 
     @triton.jit
-    def _decode_state_kernel(
-        tokens_ptr, last_ptr, signal_ptr, mix_sum_ptr, mix_norm_ptr, mix_max_ptr,
-        w_ptr, b_ptr, weight_logit_ptr, pe_in_ptr, pe_out_ptr, indptr_ptr, indices_ptr, non_edge_ptr, base_ptr,
-        node_ptr, new_signal_ptr, new_sum_ptr, new_norm_ptr, new_max_ptr, logits_ptr, new_pe_ptr,
-        d, V,
-        D: tl.constexpr, SEARCH_STEPS: tl.constexpr, HAS_INDICES: tl.constexpr, HAS_SHARED: tl.constexpr,
-        HAS_BIAS: tl.constexpr, HAS_BASE: tl.constexpr, HAS_NODE: tl.constexpr, FILL: tl.constexpr,
-    ):
-        """One row of the decode step: the edge last→token (binary search in last's sorted block), its output
-        GeLU(x·W + b + PE[length]), the running softmax mix, the new signal; then the shared energy of the next
-        step's candidates (plus non_edge_bias[v] with HAS_BIAS) written over the row of logits (the successors'
-        kernel writes the real ones after). With HAS_BASE every edge's matrix is E + W (config.edge_backoff): the
-        next step's candidates see PE[length + 1] + signal·E, written to `new_pe_ptr` for the successors' kernel.
-        With HAS_NODE the entered node's vector (config.node_embedding, a (B, d) row each) joins the edge output."""
-        r = tl.program_id(0).to(tl.int64)
-        k = tl.arange(0, D)
-        kmask = k < d
-        token = tl.load(tokens_ptr + r)
-        last = tl.load(last_ptr + r)
-        e0 = tl.load(indptr_ptr + last)
-        degree = tl.load(indptr_ptr + last + 1) - e0
-        if HAS_INDICES:  # first position in [0, degree) whose target is >= token
-            lo = e0 * 0
-            hi = degree
-            for _ in tl.static_range(SEARCH_STEPS):
-                open_range = lo < hi
-                mid = (lo + hi) // 2
-                less = tl.load(indices_ptr + e0 + mid, mask=open_range, other=0) < token
-                lo, hi = tl.where(open_range & less, mid + 1, lo), tl.where(open_range & ~less, mid, hi)
-            found = (lo < degree) & (tl.load(indices_ptr + e0 + lo, mask=lo < degree, other=-1) == token)
-            row = tl.where(found, e0 + lo + 1, 0)
-        else:
-            row = e0 + token + 1
-        row = row.to(tl.int64)
-        x = tl.load(signal_ptr + r * d + k, mask=kmask, other=0.0)
-        w = tl.load(w_ptr + row * d * d + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
-                    other=0.0).to(tl.float32)
-        if HAS_BASE:
-            E = tl.load(base_ptr + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
-                        other=0.0).to(tl.float32)
-            w += E
-        h = tl.sum(x[:, None] * w, axis=0) + tl.load(b_ptr + row * d + k, mask=kmask, other=0.0).to(tl.float32)
-        h += tl.load(pe_in_ptr + r * d + k, mask=kmask, other=0.0)
-        out = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
-        if HAS_NODE:
-            out += tl.load(node_ptr + r * d + k, mask=kmask, other=0.0).to(tl.float32)
-        logit = tl.load(weight_logit_ptr + r).to(tl.float32)
-        old_max = tl.load(mix_max_ptr + r)
-        new_max = tl.maximum(old_max, logit)
-        decay = tl.exp(old_max - new_max)
-        weight = tl.exp(logit - new_max)
-        mix_sum = tl.load(mix_sum_ptr + r * d + k, mask=kmask, other=0.0) * decay + weight * out
-        mix_norm = tl.load(mix_norm_ptr + r) * decay + weight
-        signal = mix_sum / mix_norm
-        tl.store(new_signal_ptr + r * d + k, signal, mask=kmask)
-        tl.store(new_sum_ptr + r * d + k, mix_sum, mask=kmask)
-        tl.store(new_norm_ptr + r, mix_norm)
-        tl.store(new_max_ptr + r, new_max)
-        if HAS_BASE:
-            pe_next = tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0) + tl.sum(signal[:, None] * E, axis=0)
-            tl.store(new_pe_ptr + r * d + k, pe_next, mask=kmask)
-        if HAS_SHARED:  # every non-successor of `token` gets the shared edge's energy
-            w0 = tl.load(w_ptr + k[:, None] * d + k[None, :], mask=kmask[:, None] & kmask[None, :],
-                         other=0.0).to(tl.float32)
-            h0 = tl.sum(signal[:, None] * w0, axis=0) + tl.load(b_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            if HAS_BASE:
-                h0 += pe_next
-            else:
-                h0 += tl.load(pe_out_ptr + r * d + k, mask=kmask, other=0.0)
-            y0 = h0 * 0.5 * (1.0 + tl.math.erf(h0 * 0.7071067811865476))
-            shared = tl.sqrt(tl.sum(y0 * y0, axis=0))
-            cols = tl.arange(0, FILL)
-            c0 = 0
-            while c0 < V:  # (a while loop: Triton's interpreter cannot range() over a runtime bound)
-                fill = tl.zeros((FILL,), tl.float32) + shared
-                if HAS_BIAS:
-                    fill += tl.load(non_edge_ptr + c0 + cols, mask=c0 + cols < V, other=0.0).to(tl.float32)
-                tl.store(logits_ptr + r * V + c0 + cols, fill, mask=c0 + cols < V)
-                c0 += FILL
-
-    @triton.jit
     def _decode_successors_kernel(
         x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr,
         d, V,
@@ -831,44 +750,12 @@ def decode_successor_logits(x, pe, weights, b2, sources, graph, width: int, out:
     return out
 
 
-@torch.no_grad()
-def decode_step(tokens, mix, at, edges, graph, width: int):
-    """The whole one-token decode step in two launches (state update + shared energies (+ `non_edge_bias[v]`), then
-    the successors): `recurrence.decode_step`'s math and arguments. Returns the (B, V) float32 logits and the new
-    `state.Mix`."""
-    last, pe_in, pe_out, weight, node_add = at.last, at.pe_now, at.pe_next, at.weight, at.node_add
-    B, d = mix.signal.shape
-    V, weights, indices = graph.vocab_size, edges.weights, graph.indices
-    b2 = edges.biases.reshape(weights.shape[0], d)
-    logits = torch.empty(B, V, dtype=torch.float32, device=mix.signal.device)
-    new = [torch.empty_like(t) for t in mix.tensors()]
-    has_bias = edges.non_edge_bias is not None and indices is not None  # the bias offsets non-successors only
-    # with the shared matrix the successors read PE + new signal·edge_base, which the state kernel writes
-    pe_next = torch.empty(B, d, dtype=torch.float32, device=logits.device) if edges.edge_base is not None else pe_out
-    if B:
-        unused = mix.mix_norm  # any tensor, for the pointers the flags leave unread
-        launch(_decode_state_kernel, (B,),
-            tokens, last, *(t.contiguous() for t in mix.tensors()), weights, b2, weight.float().contiguous(),
-            pe_in.float().contiguous(), pe_out.float().contiguous(), graph.indptr,
-            indices if indices is not None else graph.indptr,
-            edges.non_edge_bias.contiguous() if has_bias else unused,
-            edges.edge_base.contiguous() if edges.edge_base is not None else unused,
-            node_add.contiguous() if node_add is not None else unused,
-            *new, logits, pe_next, d, V,
-            D=padded_width(d), SEARCH_STEPS=max(1, width.bit_length()), HAS_INDICES=indices is not None,
-            HAS_SHARED=indices is not None, HAS_BIAS=has_bias, HAS_BASE=edges.edge_base is not None,
-            HAS_NODE=node_add is not None, FILL=1024, num_warps=4)
-        decode_successor_logits(new[0], pe_next, weights, b2, tokens, graph, width, logits)
-    return logits, type(mix)(*new)
-
-
 __all__ = [
     "KernelCall",
     "KernelEnergies",
     "KernelLogPartition",
     "KernelLogits",
     "KernelTarget",
-    "decode_step",
     "decode_successor_logits",
     "forward_partials",
     "log_partition",

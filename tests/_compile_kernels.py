@@ -11,8 +11,8 @@ The first variant of each kernel and every optimizer variant compile a second ti
 at 1, as Triton's launcher passes such a value (a constant: the optimizer's first step once failed to compile so).
 Variants: the recurrence at the paper's d = 32, the tests' d = 8, d = 64 and the largest supported d = 128, and at
 d = 32 with the edges' shared matrix (config.edge_backoff); the optimizer's two row widths (an edge matrix, 1,024
-floats; a bias, 32) with and without duplicate rows, and with bfloat16 moments; the decode step's state kernel
-(sparse graph, d = 32) with and without `non_edge_bias` and the shared matrix, and its successors kernel; the
+floats; a bias, 32) with and without duplicate rows, and with bfloat16 moments; the decode step's successors
+kernel; the
 candidate energies' forward (log Z, logits, bf16 rows) and backward (sparse and dense gradients, PE's gradient, the
 logits' gradient) at d = 32.
 """
@@ -95,13 +95,6 @@ def variants():
                     BLOCK_W=1024), dict(num_warps=4))
     from modeling_brillm import triton_energy as E
 
-    state = {a: "*fp32" for a in E._decode_state_kernel.arg_names if a.endswith("_ptr")}
-    state.update(tokens_ptr="*i64", last_ptr="*i64", indptr_ptr="*i64", indices_ptr="*i64", d="i32", V="i32")
-    for bias, base, node in ((False, False, False), (True, False, False), (True, True, False), (True, True, True)):
-        yield (f"decode state d=32 non_edge_bias={bias} shared matrix={base} node vectors={node}",
-               E._decode_state_kernel, state, dict(D=32, SEARCH_STEPS=8, HAS_INDICES=True, HAS_SHARED=True,
-                                                   HAS_BIAS=bias, HAS_BASE=base, HAS_NODE=node, FILL=1024),
-               dict(num_warps=4))
     successors = {a: "*fp32" for a in E._decode_successors_kernel.arg_names if a.endswith("_ptr")}
     successors.update(sources_ptr="*i64", indptr_ptr="*i64", indices_ptr="*i64", d="i32", V="i32")
     yield ("decode successors d=32", E._decode_successors_kernel, successors,

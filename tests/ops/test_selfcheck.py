@@ -1,4 +1,4 @@
-"""The kernel self-check (ops.run_self_check, `python -m modeling_brillm.selfcheck`): every kernel passes it here
+"""The kernel self-check (selfcheck.run_self_check, `python -m modeling_brillm.selfcheck`): every kernel passes it here
 (Triton's interpreter on CPU tensors without a GPU), and a kernel that fails it, by raising or by returning wrong
 numbers, is switched off alone, with one warning, after which the results are the torch path's."""
 
@@ -31,10 +31,10 @@ def fresh_check(monkeypatch):
 def test_every_kernel_passes_its_check():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        results = ops.run_self_check(DEVICE)
-    assert [r.name for r in results] == list(ops.KERNELS)
+        results = selfcheck.run_self_check(DEVICE)
+    assert [r.name for r in results] == list(selfcheck.KERNELS)
     for r in results:
-        assert r.ok and r.failure is None and r.error <= ops.TOLERANCE, r
+        assert r.ok and r.failure is None and r.error <= selfcheck.TOLERANCE, r
     assert ops.disabled_kernels(DEVICE) == {}
 
 
@@ -127,9 +127,9 @@ def test_a_failing_optimizer_kernel_leaves_the_torch_update(monkeypatch):
 def test_the_command_line_report(capsys, monkeypatch):
     assert selfcheck.main(["--device", str(DEVICE), "--no-speed"]) == 0
     out = capsys.readouterr().out
-    for name in ops.KERNELS:
+    for name in selfcheck.KERNELS:
         assert f"{name} " in out
-    assert out.count(" ok, max relative error") == len(ops.KERNELS) and "triton" in out
+    assert out.count(" ok, max relative error") == len(selfcheck.KERNELS) and "triton" in out
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with kernel_backend("auto"):
