@@ -1,15 +1,8 @@
-"""Which implementation runs BriLLM's hot paths: torch (the reference) or Triton kernels (GPUs).
+"""Which implementation runs BriLLM's hot paths: torch (every device) or Triton kernels (CUDA tensors).
 
-    torch    energy.py, recurrence.py, row_adamw.py: every device, the math as written.
-    triton   fused kernels over the same math (triton_*.py beside this file): one launch per pass, for CUDA tensors.
-
-`auto` (the default) runs Triton for CUDA tensors when `triton` is importable and torch everywhere else. Choose
-with the environment variable `BRILLM_BACKEND=auto|torch|triton` or, inside a program, `with kernel_backend("torch"):`
-(benchmarks run both side by side). `triton` on CPU tensors needs Triton's interpreter (`TRITON_INTERPRET=1` set
-before triton is imported): that is how the kernels are checked on machines without a GPU.
-
-Both backends compute in the parameters' dtype under autocast too: the models' `forward` is `exact_precision`.
-"""
+`auto` (the default) runs Triton for CUDA tensors when `triton` is importable; choose with `BRILLM_BACKEND=auto|
+torch|triton` or `with kernel_backend("torch"):`. `triton` on CPU tensors needs Triton's interpreter
+(`TRITON_INTERPRET=1`), how the kernels are checked without a GPU."""
 
 from __future__ import annotations
 

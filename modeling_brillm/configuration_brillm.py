@@ -18,110 +18,48 @@ except ImportError as error:  # transformers 4.x calls it PretrainedConfig
 if not dataclasses.is_dataclass(PreTrainedConfig):  # 5.0-5.3: __post_init__ (defaults, checks) would never run
     raise ImportError(_TOO_OLD)
 
-GRAPHS = ("sparse", "dense")
-POSITION_ENCODINGS = ("released", "sinusoidal")
-LOSS_TYPES = ("exact", "sampled")
-NEGATIVE_SAMPLINGS = ("frequency", "uniform")
-START_SIGNALS = ("uniform", "learned")
-POSITION_OVERFLOWS = ("error", "extend")
+CHOICES = {"graph": ("sparse", "dense"), "position_encoding": ("released", "sinusoidal"),
+           "position_overflow": ("error", "extend"), "loss_type": ("exact", "sampled"),
+           "negative_sampling": ("frequency", "uniform"), "start_signal": ("uniform", "learned")}
+SWITCHES = ("non_edge_bias", "node_readout", "edge_backoff", "node_embedding", "count_prior")
+EXACT_ONLY = {  # the extensions the sampled loss cannot train, and why
+    "non_edge_bias": "the sampled loss's negatives do not cover the non-successors",
+    "node_readout": "a readout changes every node's logit, and the sampled loss scores only its negatives",
+    "count_prior": "the prior changes every node's logit, and the sampled loss scores only its negatives",
+}
 
 
 class BriLLMConfig(PreTrainedConfig):
     r"""
-    Configuration of [`BriLLMForCausalLM`]. Every token is a node of a directed graph; every edge u→v
-    is a `node_size × node_size` matrix plus a bias.
+    Configuration of [`BriLLMForCausalLM`]: every token is a node of a directed graph, every edge u→v a
+    `node_size × node_size` matrix plus a bias. docs/model.md explains each field; `naive.py` marks where each
+    extension acts. `BriLLMConfig()` with every extension off is the released BriLLM0.5.
 
     Args:
-        vocab_size (`int`, defaults to 4000):
-            Number of nodes V (one per token of the tokenizer).
-        node_size (`int`, defaults to 32):
-            Neurons per node, d. Every edge is a d×d matrix plus a length-d bias.
-        max_position_embeddings (`int`, defaults to 512):
-            Number of learned position weights of the energy mix (the trained range). What happens to
-            longer inputs is set by `position_overflow`.
-        position_overflow (`str`, defaults to `"error"`):
-            `"error"`: inputs (and generations) longer than `max_position_embeddings` raise a `ValueError`.
-            `"extend"`: any length is read. Edges past the trained range reuse the last learned position
-            weight and the positional encoding continues its formula; nothing changes inside the range.
-            The state stays O(d) per sequence, so decoding time per token and memory do not grow.
-        graph (`str`, defaults to `"sparse"`):
-            `"sparse"`: only `num_edges` edges are real (the ones seen in training data, stored in the
-            checkpoint in CSR order by source); every other pair u→v uses one shared edge.
-            `"dense"`: every ordered pair is a real edge (V² edges; 16.9B parameters at V=4000, d=32).
-        num_edges (`int`, *optional*):
-            Number of real edges of a sparse graph (at most V²); computed as V² when dense. A sparse config
-            without it still builds (every field has a default, as transformers expects of a config), but a
-            model cannot be built on it: `BriLLMModel` checks the graph's size (`check_graph_size`).
-        position_encoding (`str`, defaults to `"released"`):
-            `"released"`: `PE[pos, 2j] = sin(pos * 10000^(2j/d))`, `PE[pos, 2j+1] = cos(...)` exactly as
-            BriLLM0.5 was trained (note: it multiplies where the textbook formula divides).
-            `"sinusoidal"`: the textbook `pos / 10000^(2j/d)`.
-        initializer_range (`float`, defaults to 0.5):
-            Edge matrices, edge biases and node biases start uniform in `[-initializer_range,
-            initializer_range]`, as in the release. Position weights start at one (see `position_recency`).
-        loss_type (`str`, defaults to `"exact"`):
-            `"exact"`: cross-entropy over all V nodes (non-real successors share one energy, so the
-            cost follows the real successors). `"sampled"`: the release's objective, cross-entropy
-            over the true target and `num_negatives` negative targets of the same source.
-        num_negatives (`int`, defaults to 400):
-            K, the negatives per step of the sampled loss.
-        negative_sampling (`str`, defaults to `"frequency"`):
-            `"frequency"`: the K most frequent successors of the source in the training bigrams
-            (needs a sparse graph, which stores the counts). `"uniform"`: K nodes drawn uniformly.
-        start_signal (`str`, defaults to `"uniform"`):
-            The signal the first token's node starts from, before its node bias and PE[0]. `"uniform"`: every
-            neuron 1/d, as in the release. `"learned"`: a trainable d-vector (`start_signals`), initialised to
-            1/d so a fresh learned model computes exactly what the uniform one does; training only it is prompt
-            tuning for BriLLM (d numbers per task).
-        num_start_signals (`int`, defaults to 1):
-            Learned start signals (one per task), chosen per row by the `signal_ids` input (default 0). Only
-            with `start_signal="learned"`.
-        signal_dropout (`float`, defaults to 0.0):
-            Training only (`model.train()`): dropout with this probability on the signal leaving every token, i.e.
-            on the x that enters its outgoing edge and its candidate energies (the running mix keeps the undropped
-            edge outputs). 0 = the release. A regulariser: each of the many d×d edge matrices otherwise fits the few
-            signals that reach it.
-        non_edge_bias (`bool`, defaults to False):
-            Sparse graphs: give every node a learned energy offset `non_edge_bias[v]` (a V-vector, initialised to 0)
-            that a non-successor v adds to the shared energy, so unseen continuations u→v are no longer all alike
-            (the release: every non-successor of u gets the one shared energy). Real edges are unchanged; a fresh
-            model computes exactly the release's energies. The exact loss only (the sampled loss's negatives do not
-            cover the non-successors).
-        node_readout (`bool`, defaults to False):
-            Give every node v a learned d-vector `node_readout[v]` (initialised to 0) through which it reads the
-            signal x arriving at the current node directly: v's logit is the energy its incoming edge delivers plus
-            ⟨x, node_readout[v]⟩. An edge learns context only from its own bigram's occurrences; a node's readout
-            learns from every occurrence of the node, after any source, real edge or not. A fresh model computes
-            exactly the release's energies. The exact loss only (it scores all V nodes).
-        edge_backoff (`bool`, defaults to False):
-            Give the edges a shared part: edge u→v computes x·(edge_base + W[u→v]) + b[u→v] + PE, with `edge_base` a
-            learned d×d matrix (initialised to 0) that every edge (the shared edge too) adds to its own. An edge's own
-            matrix learns from its bigram's occurrences only; `edge_base` learns from every edge the signal crosses
-            and every candidate it scores, so a rare edge inherits how context moves energies, and the weight decay on
-            the edge matrices pulls each edge toward the shared matrix rather than toward zero. A fresh model
-            computes exactly the release's energies.
-        node_embedding (`bool`, defaults to False):
-            Give every node v a learned d-vector `node_embedding[v]` (initialised to 0) that it adds to the edge
-            output it passes on: the signal's mix then carries a recency-weighted bag of the recent tokens beside the
-            edges' outputs. An edge output is learned from its own bigram's occurrences; a node's vector from every
-            occurrence of the node, so the signal keeps what the last few tokens were even where their edges have
-            seen too little. A fresh model computes exactly the release's energies.
-        count_prior (`bool`, defaults to False):
-            Add to every logit a fixed bigram model of the training text: logit(v | u, x) = energy + readout +
-            log p(v | u), with p the interpolated absolute-discount (Kneser–Ney-style) bigram model of every bigram
-            seen in training, stored as buffers (`count_prior.py`). The learned parts then model what the counts
-            miss, from the first step on, and a bigram the pruned graph sends to the shared edge keeps its counts.
-            The exact loss only (the prior changes every node's logit). False = the release.
-        count_prior_bigrams (`int`, *optional*):
-            Number of seen bigrams the count prior stores (set when the prior is built from the data, like
-            `num_edges`).
-        position_recency (`float`, defaults to 0.0):
-            Where the position weights start: p_k = 1 + position_recency·k for the k-th edge, so the signal's
-            softmax mix starts weighted toward the latest edges (the weight of an edge k steps back falls by
-            e^(−position_recency·k)) instead of a plain average of all of them. 0 = the release's all ones. Only the
-            start: the weights are learned either way.
-        bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*):
-            Special token ids of the tokenizer the graph was built for.
+        vocab_size (`int`, defaults to 4000): nodes V, one per token of the tokenizer.
+        node_size (`int`, defaults to 32): neurons per node, d.
+        max_position_embeddings (`int`, defaults to 512): learned position weights of the mix (the trained range).
+        position_overflow (`str`, defaults to `"error"`): past the trained range `"error"` refuses, `"extend"` reads
+            on (the last position weight, the positional encoding's formula).
+        graph (`str`, defaults to `"sparse"`): `"sparse"`: `num_edges` real edges (the bigrams seen in training,
+            CSR by source), every other pair shares edge row 0; `"dense"`: every pair is a real edge.
+        num_edges (`int`, *optional*): real edges of a sparse graph (V² when dense); a model needs it.
+        position_encoding (`str`, defaults to `"released"`): `"released"` multiplies by 10000^(2j/d) (the release);
+            `"sinusoidal"` divides (the textbook).
+        initializer_range (`float`, defaults to 0.5): edges and node biases start uniform in [−r, r].
+        loss_type (`str`, defaults to `"exact"`): cross-entropy over all V nodes, or the release's `"sampled"` one
+            over the target and `num_negatives` negatives (`negative_sampling`: `"frequency"` or `"uniform"`).
+        start_signal (`str`, defaults to `"uniform"`): the first node starts from 1/d (the release) or from a
+            `"learned"` vector per task (`num_start_signals`; prompt tuning).
+        signal_dropout (`float`, defaults to 0.0): training only, dropout on the signal leaving every token.
+        non_edge_bias, node_readout, edge_backoff, node_embedding, count_prior (`bool`, default False): the
+            extensions: a non-successor's learned offset, every node's readout of the signal, a matrix every edge
+            adds to its own, every node's vector added to what it passes on, a fixed bigram model of the training
+            text added to every logit (`count_prior_bigrams` entries). Each starts at the release's energies.
+        position_recency (`float`, defaults to 0.0): the position weights start at 1 + position_recency·k.
+        edge_rank (`int`, defaults to 0): 0 gives every edge its own d×d matrix (the release); r > 0 makes each
+            edge_base + A·Bᵀ with d×r factors A, B (low_rank.py).
+        bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*): the tokenizer's special ids.
     """
 
     model_type = "brillm"
@@ -147,6 +85,7 @@ class BriLLMConfig(PreTrainedConfig):
     count_prior: bool = False
     count_prior_bigrams: int | None = None
     position_recency: float = 0.0
+    edge_rank: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -175,82 +114,57 @@ class BriLLMConfig(PreTrainedConfig):
         return self.num_edges + 1
 
     def num_parameters_formula(self) -> int:
-        """The paper's count: P·(d² + d) + V·d + max_positions, with P = real edges + 1 (+ d per learned start
-        signal)."""
-        d = self.node_size
+        """The paper's count: P·(d² + d) + V·d + max_positions, with P = real edges + 1, and the extensions'."""
+        d, r = self.node_size, self.edge_rank
         learned = self.num_start_signals * d if self.start_signal == "learned" else 0
         learned += self.vocab_size if self.non_edge_bias else 0
         learned += self.vocab_size * d if self.node_readout else 0
-        learned += d * d if self.edge_backoff else 0
+        learned += d * d if self.edge_backoff or r else 0
         learned += self.vocab_size * d if self.node_embedding else 0
-        return self.num_edge_rows * (d * d + d) + self.vocab_size * d + self.max_position_embeddings + learned
+        edge = 2 * d * r + d if r else d * d + d
+        return self.num_edge_rows * edge + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
         """Raise a `ValueError` naming the first invalid field and how to fix it. Checks what the config can be
         judged on by itself; `check_graph_size` adds the graph's size, which a model needs."""
-        need = _need  # short name for the many checks below
-
-        def positive_int(name):
+        for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives", "num_start_signals") + \
+                (("num_edges",) if self.num_edges is not None else ()):
             value = getattr(self, name)
-            need(_is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}.")
-
-        for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives", "num_start_signals"):
-            positive_int(name)
-        need(self.vocab_size >= 2, "vocab_size must be at least 2 (a graph needs two nodes).")
-        need(self.graph in GRAPHS, f"graph must be one of {GRAPHS}, got {self.graph!r}.")
-        if self.num_edges is not None:
-            positive_int("num_edges")
-        need(self.position_encoding in POSITION_ENCODINGS,
-             f"position_encoding must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}.")
-        need(self.position_overflow in POSITION_OVERFLOWS,
-             f"position_overflow must be one of {POSITION_OVERFLOWS}, got {self.position_overflow!r}.")
-        need(self.loss_type in LOSS_TYPES, f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}.")
-        need(self.negative_sampling in NEGATIVE_SAMPLINGS,
-             f"negative_sampling must be one of {NEGATIVE_SAMPLINGS}, got {self.negative_sampling!r}.")
-        need(self.start_signal in START_SIGNALS,
-             f"start_signal must be one of {START_SIGNALS}, got {self.start_signal!r}.")
-        need(self.start_signal == "learned" or self.num_start_signals == 1,
-             f"num_start_signals={self.num_start_signals} needs start_signal='learned' (the uniform start signal "
-             "is a single fixed vector).")
-        need(isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0,
-             f"initializer_range must be a positive number, got {self.initializer_range!r}.")
-        need(isinstance(self.signal_dropout, (int, float)) and not isinstance(self.signal_dropout, bool)
-             and 0 <= self.signal_dropout < 1,
-             f"signal_dropout must be a probability in [0, 1), got {self.signal_dropout!r}.")
-        need(isinstance(self.non_edge_bias, bool), f"non_edge_bias must be True or False, got {self.non_edge_bias!r}.")
-        need(not (self.non_edge_bias and self.loss_type == "sampled"),
-             "non_edge_bias needs loss_type='exact' (the sampled loss's negatives do not cover the non-successors).")
-        need(isinstance(self.node_readout, bool), f"node_readout must be True or False, got {self.node_readout!r}.")
-        need(not (self.node_readout and self.loss_type == "sampled"),
-             "node_readout needs loss_type='exact' (a readout changes every node's logit, and the sampled loss "
-             "scores only its negatives).")
-        need(isinstance(self.edge_backoff, bool), f"edge_backoff must be True or False, got {self.edge_backoff!r}.")
-        need(isinstance(self.node_embedding, bool),
-             f"node_embedding must be True or False, got {self.node_embedding!r}.")
-        need(isinstance(self.count_prior, bool), f"count_prior must be True or False, got {self.count_prior!r}.")
-        need(not (self.count_prior and self.graph == "dense"),
-             "count_prior needs a sparse graph (the prior is built with the graph from the training bigrams).")
-        need(not (self.count_prior and self.loss_type == "sampled"),
-             "count_prior needs loss_type='exact' (the prior changes every node's logit, and the sampled loss scores "
-             "only its negatives).")
+            _need(_is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}.")
+        _need(self.vocab_size >= 2, "vocab_size must be at least 2 (a graph needs two nodes).")
+        for name, choices in CHOICES.items():
+            _need(getattr(self, name) in choices, f"{name} must be one of {choices}, got {getattr(self, name)!r}.")
+        for name in SWITCHES:
+            _need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}.")
+        _need(self.start_signal == "learned" or self.num_start_signals == 1,
+              f"num_start_signals={self.num_start_signals} needs start_signal='learned' (the uniform start signal "
+              "is a single fixed vector).")
+        _need(_number(self.initializer_range) and self.initializer_range > 0,
+              f"initializer_range must be a positive number, got {self.initializer_range!r}.")
+        _need(_number(self.signal_dropout) and 0 <= self.signal_dropout < 1,
+              f"signal_dropout must be a probability in [0, 1), got {self.signal_dropout!r}.")
+        _need(_is_int(self.edge_rank) and 0 <= self.edge_rank <= self.node_size,
+              f"edge_rank must be an integer in [0, node_size={self.node_size}], got {self.edge_rank!r}.")
+        _need(_number(self.position_recency) and 0 <= self.position_recency <= 1,
+              f"position_recency must be a number in [0, 1], got {self.position_recency!r}.")
         if self.count_prior_bigrams is not None:
-            need(_is_int(self.count_prior_bigrams) and self.count_prior_bigrams >= 0,
-                 f"count_prior_bigrams must be a non-negative integer, got {self.count_prior_bigrams!r}.")
-        need(isinstance(self.position_recency, (int, float)) and not isinstance(self.position_recency, bool)
-             and 0 <= self.position_recency <= 1,
-             f"position_recency must be a number in [0, 1], got {self.position_recency!r}.")
+            _need(_is_int(self.count_prior_bigrams) and self.count_prior_bigrams >= 0,
+                  f"count_prior_bigrams must be a non-negative integer, got {self.count_prior_bigrams!r}.")
+        for name, why in EXACT_ONLY.items():
+            _need(not (getattr(self, name) and self.loss_type == "sampled"), f"{name} needs loss_type='exact' ({why}).")
+        _need(not (self.count_prior and self.graph == "dense"),
+              "count_prior needs a sparse graph (the prior is built with the graph from the training bigrams).")
         if self.loss_type == "sampled":
-            need(self.num_negatives < self.vocab_size,
-                 f"num_negatives={self.num_negatives} must be smaller than vocab_size={self.vocab_size}.")
-            need(not (self.negative_sampling == "frequency" and self.graph == "dense"),
-                 "frequency negatives need the bigram counts of a sparse graph; use "
-                 "negative_sampling='uniform' with a dense graph.")
+            _need(self.num_negatives < self.vocab_size,
+                  f"num_negatives={self.num_negatives} must be smaller than vocab_size={self.vocab_size}.")
+            _need(not (self.negative_sampling == "frequency" and self.graph == "dense"),
+                  "frequency negatives need the bigram counts of a sparse graph; use negative_sampling='uniform' "
+                  "with a dense graph.")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
             value = getattr(self, name, None)
-            ids = value if isinstance(value, (list, tuple)) else [value]
-            for token_id in ids:
-                need(token_id is None or (_is_int(token_id) and 0 <= token_id < self.vocab_size),
-                     f"{name}={value!r} is not a node id in [0, {self.vocab_size}).")
+            for token_id in value if isinstance(value, (list, tuple)) else [value]:
+                _need(token_id is None or (_is_int(token_id) and 0 <= token_id < self.vocab_size),
+                      f"{name}={value!r} is not a node id in [0, {self.vocab_size}).")
 
     def check_graph_size(self):
         """Raise a `ValueError` unless the config gives the size of a graph a model can be built on: a sparse
@@ -275,6 +189,10 @@ class BriLLMConfig(PreTrainedConfig):
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _need(ok: bool, message: str):

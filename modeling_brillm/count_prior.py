@@ -1,21 +1,10 @@
 """The count prior: a fixed bigram model of the training text that every logit adds (`config.count_prior`).
 
-    logit(v | u, x) = BriLLM's logit(v | u, x) + log p(v | u)
+    logit(v | u, x) = BriLLM's logit + log p(v | u),   p(v | u) = max(c(u, v) − D, 0) / c(u) + λ(u) · p_uni(v)
 
-p is the interpolated absolute-discount bigram model of the training bigrams (Kneser–Ney's discounting with a plain
-unigram below it):
-
-    p(v | u) = max(c(u, v) − D, 0) / c(u) + λ(u) · p_uni(v),     λ(u) = D · |{v : c(u, v) > 0}| / c(u)
-
-with c the bigram counts, c(u) = Σ_v c(u, v), and p_uni the add-one unigram of the bigrams' targets; a source never
-seen gets p_uni. The prior is fixed (buffers, not parameters): training cannot move it away from the counts, so the
-edges learn what the counts miss instead of relearning the counts, and every seen bigram keeps its statistics even
-where the pruned graph sends it to the shared edge.
-
-Stored without a V×V table: `node` (V,) = log p_uni, and CSR by source (`indptr` (V+1,), `indices` (K,), `values`
-(K,)) of every seen bigram's log p(v|u) − log λ(u) − log p_uni(v). Row u of `node` plus its seen entries is
-log p(·|u) − log λ(u): the log-probabilities up to one constant per row, which softmax and argmax ignore.
-"""
+the interpolated absolute-discount bigram model of the training bigrams (graph.count_prior builds it). Stored
+without a V×V table: `node` (V,) = log p_uni and, CSR by source, every seen bigram's log p(v|u) − log λ(u) −
+log p_uni(v): log p(·|u) up to one constant per row, which softmax and argmax ignore."""
 
 from dataclasses import dataclass
 

@@ -1,21 +1,10 @@
-"""CUDA graphs of BriLLM's one-token decoding step: captured once per batch size, replayed every token.
+"""CUDA graphs of the one-token step: captured once per batch size, replayed every token.
 
-A decode step is ~60 small kernels for ~0.1 ms of GPU work; launched one by one from Python it costs ~1.7 ms of host
-time (measured on an H100; docs/gpu.md). `BriLLMModel.decode_step` computes the step
-with fixed shapes and no host synchronisation (the position check uses a host-side bound kept in the state), so it
-can be recorded into a `torch.cuda.CUDAGraph` and replayed with one launch.
-
-Contract (why this is only used by generate(), energy_generate and pipeline, which pass `generation_step=True`):
-the returned state lives in the graph's input buffers, so the next replay advances it in place. The decoding loops
-keep only the newest state, which is what makes this safe; `BriLLMForCausalLM.generate` hands the user a copy
-(`BriLLMState.clone`). A state that is not the graph's own (the prompt's, or one reordered by beam search) is copied
-into the buffers first (six small copies). The logits are the graph's output buffer, valid until the next step
-(transformers copies them; energy_generate consumes them within the step).
-
-A graph reads the parameters (`non_edge_bias` included), the graph's CSR arrays, the position table and the
-edge-row keys by address: it is re-captured when any of them is re-allocated (resize_token_embeddings, add_edges,
-.to(), loading), never when they change in place (training between two generate() calls is fine).
-"""
+A step is ~60 small kernels for ~0.1 ms of GPU work; launched one by one from Python it costs ~1.7 ms of host time.
+With a fixed width the step reads nothing from the device (the position check uses a host-side bound), so it can be
+recorded and replayed with one launch. The returned state lives in the graph's buffers and the next replay
+advances it in place: the decoding loops keep only the newest state, and `generate()` hands the user a copy. A
+graph reads the tables by address: it is captured again when one is re-allocated (growing, `.to()`, loading)."""
 
 from __future__ import annotations
 

@@ -1,32 +1,11 @@
-"""Energies of every candidate edge: the costly part of BriLLM, computed block by block (the torch reference).
+"""Energies of every candidate edge in torch: the costly part of BriLLM, computed block by block (naive.py defines it).
 
-This is the math as written, for every device; `ops.py` decides when the Triton kernels (triton_energy.py) run
-the same functions instead, and is what the model calls.
-
-For a signal x at a position whose current node is u, every real successor v of u gets the energy
-E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, and every other node gets one shared energy from edge row 0 (plus its own
-learned offset `non_edge_bias[v]` when the model has `config.non_edge_bias`: the `non_edge_bias` arguments below).
-Positions are grouped by source node so each source's block of edge matrices (contiguous, CSR order) is
-read once per call; the backward writes gradients for the touched rows only (dense or sparse COO).
-
-Work layout. Entries are the (position, real successor) pairs. The *packed* order (what `candidate_energies`
-returns) is position-major: sorted position p owns entries `entry_start[p] .. entry_start[p] + degree[p]`.
-Inside the autograd function the entries of a group (the m positions of one source, its n successors) are
-computed successor-major, as one (n, m, d) chunk, so a group costs one in-place `baddbmm` forward and two
-products backward (outer products x⊗dE/dh into the gradient, and W·dE/dh for dE/dx) over its block of edge
-matrices read in place; everything elementwise (bias + PE, GeLU, norms, dE/dh, kept from the forward) runs
-once over all entries. Large per-step buffers are reused across steps (`_workspace`). A group's chunk covers the
-same entry range in both orders (the positions of a group are consecutive and share one degree), so the two
-orders differ by a transpose inside each chunk, and not at all when every source occurs once.
-
-Gradient hand-over with the recurrence (`EdgeGradLink`). The recurrence reads one edge row per token
-(`gather_edges`), a subset of the rows this function touches. Two sparse gradients for the same parameter
-would make autograd concatenate them (a copy of every touched row) and leave duplicates for the optimizer;
-two dense ones cost a second full-size zero tensor and an add. With a link, the candidate backward (which runs
-first) allocates the union of both row sets, hands its gradient buffers to the link, and the recurrence's
-backward adds its rows into them in place, returning no gradient of its own: one coalesced sparse gradient
-(or one dense one) per parameter, bit-for-bit the same sums.
-"""
+For a signal x on node u, every real successor v of u gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, every other node
+the shared edge's (row 0; plus `non_edge_bias[v]`). Positions are grouped by source so each source's block of edge
+matrices (contiguous, CSR order) is read once per call: a group of m positions and n successors is one (n, m, d)
+`baddbmm` forward and two products backward, over its block read in place; the backward writes gradients for the
+touched rows only (dense or sparse COO), into buffers reused across steps (`_workspace`). With an `EdgeGradLink`
+the recurrence's edge gradients are added into the same buffers: one coalesced gradient per table."""
 
 
 from __future__ import annotations
@@ -40,8 +19,7 @@ from .plans import CandidatePlan, EdgeGradLink, KernelPlan, edge_table_grads, ma
 
 
 class RowView(torch.autograd.Function):
-    """`tensor.view(shape)` keeping the first (row) dimension, whose backward also accepts sparse row gradients
-    (autograd's own view backward cannot reshape a sparse COO gradient)."""
+    """`tensor.view(shape)` keeping the rows, whose backward takes sparse row gradients too (autograd's cannot)."""
 
     @staticmethod
     def forward(ctx, tensor, shape):
@@ -76,14 +54,9 @@ _CACHE_MIN_BYTES = 1 << 20  # smaller buffers come from malloc's free lists anyw
 
 
 def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
-    """An uninitialised tensor of `shape` carved from a cached buffer, reused once nothing else holds it.
-
-    The gradient buffers of a step are hundreds of MB and the per-entry temporaries tens of MB; freshly
-    allocated, every page faults in on first write (glibc maps such blocks anew, or trims them back to the
-    OS after use), which on a VM costs more than the arithmetic (~1-5 GB/s). A buffer is reused only when its
-    storage has no other reference (the optimizer step and `zero_grad()` have released the sparse gradient
-    that borrowed it; the backward has released the saved tensors); otherwise a new one is made and cached.
-    """
+    """An uninitialised tensor of `shape` carved from a cached buffer, reused once nothing else holds it: a step's
+    gradient buffers are hundreds of MB, and freshly allocated every page faults in on first write (slower than the
+    arithmetic on a VM)."""
     numel = 1
     for s in shape:
         numel *= s
@@ -112,7 +85,6 @@ def release_workspaces():
 class _GatherEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weights, biases, rows, sparse_grad: bool, link):
-        """The autograd forward (see the class and module docstrings)."""
         P = weights.shape[0]
         flat = rows.reshape(-1)
         w = weights.view(P, -1).index_select(0, flat).view(*rows.shape, *weights.shape[1:])
@@ -127,7 +99,6 @@ class _GatherEdges(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_w, grad_b):
-        """The autograd backward: gradients of the forward's inputs."""
         (flat,) = ctx.saved_tensors
         link, ctx.link = ctx.link, None
         P = ctx.w_shape[0]
@@ -169,12 +140,9 @@ class _GatherEdges(torch.autograd.Function):
 
 
 def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGradLink | None = None):
-    """`weights[rows]` (..., d, d) and `biases[rows]` (..., d) for the recurrence, with gradients of the shape of
-    `weights` / `biases` (sparse COO over the distinct rows when `sparse_grad`, like `nn.Embedding(sparse=True)`).
-
-    With a `link` also passed to `candidate_energies` of the same forward, these rows' gradients are added into
-    the candidate gradient instead of forming a second tensor (see the module docstring).
-    """
+    """`weights[rows]` (..., d, d) and `biases[rows]` (..., d) for the recurrence, their gradients sparse over
+    the distinct rows with `sparse_grad`; with the `link` also given to `candidate_energies`, added into its
+    gradient instead of forming a second one."""
     return _GatherEdges.apply(weights, biases, rows, sparse_grad, link)
 
 
@@ -183,7 +151,6 @@ class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
         # x, pe: (N, d) in sorted order. Returns packed real-successor energies (M,) and shared energies (N,).
-        """The autograd forward (see the class and module docstrings)."""
         N, d = x.shape
         P = weights.shape[0]
         b2 = biases.reshape(P, d)
@@ -220,7 +187,6 @@ class _CandidateEnergies(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_energies, grad_shared):
-        """The autograd backward: gradients of the forward's inputs."""
         x, weights, v, h_shared, y_shared, shared = ctx.saved_tensors
         plan, groups, link = ctx.plan, ctx.groups, ctx.link
         ctx.link = None
@@ -271,8 +237,7 @@ class _CandidateEnergies(torch.autograd.Function):
 
 
 def _position_sums(plan, groups, gh, x) -> torch.Tensor:
-    """(N, d): every sorted position's sum of dE/dh over its candidates (grouped order: a group's chunk is (n, m, d),
-    so the sum over its n successors is one reduction per group, no scatter)."""
+    """(N, d): every sorted position's sum of dE/dh over its candidates (one reduction per group)."""
     out = torch.zeros_like(x)
     if gh is None:
         return out
@@ -284,11 +249,8 @@ def _position_sums(plan, groups, gh, x) -> torch.Tensor:
 
 def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block_grad: bool, gh_shared, dtype,
                    device):
-    """Where each block's rows go in a sparse gradient: (index, w_values, b_values, first_slots, shared_slot).
-
-    `index` holds the sorted edge rows of the values buffers (the candidate blocks, the shared row, and the rows
-    the recurrence read when a `link` says so); `first_slots[g]` is the buffer row of group g's first edge. The
-    buffers come from the workspace, zeroed where nothing will write them."""
+    """Where each block's rows go in a sparse gradient: (index, w_values, b_values, first_slots, shared_slot);
+    `index` the sorted rows (the blocks, the shared row, the rows the recurrence read), buffers from the workspace."""
     ns = [n for _, _, _, n in groups]
     r0s = [r0 for _, _, r0, _ in groups]
     shared_slot = 0
@@ -334,8 +296,8 @@ def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block
 
 
 def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, grad_x, need_w: bool, need_b: bool):
-    """The candidate blocks' share of the backward: x ⊗ dE/dh into the weight rows, W·dE/dh into dE/dx, dE/dh into
-    the bias rows (grouped order, one product per group over its block read in place)."""
+    """The blocks' share of the backward: x ⊗ dE/dh into the weight rows, W·dE/dh into dE/dx, dE/dh into the
+    bias rows (one product per group over its block read in place)."""
     d = x.shape[1]
     M = gh.shape[0]
     ms = [m for _, m, _, _ in groups]
@@ -369,19 +331,13 @@ def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, 
 
 def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False,
                        link: EdgeGradLink | None = None, non_edge_bias=None):
-    """Energies of every real successor (packed, see `CandidatePlan`) and the shared energy of every position.
-
-    `x` and `pe` are (N, d) in the plan's sorted order; `biases` is (P, d) or (P, 1, d). With `sparse_grad`, the
-    gradients of `weights` and `biases` are sparse COO tensors over the touched rows (coalesced), as
-    `nn.Embedding(sparse=True)` gives. `link`: see `gather_edges`. `non_edge_bias` is accepted for the signature
-    `ops.candidate_energies` shares with the kernels (whose backward returns its logits gradient); unused here.
-    """
+    """Energies of every real successor (packed, see `CandidatePlan`) and the shared energy of every
+    position; `x`, `pe` (N, d) in the plan's order. `non_edge_bias`: the kernels' signature (unused here)."""
     return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
 
 
 def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
-    """Full (N, V) logits in sorted order: the shared energy everywhere (plus `non_edge_bias[v]` (V,) when the
-    model has one), real successors' energies on top."""
+    """Full (N, V) logits in sorted order: the shared energy (+ `non_edge_bias[v]`), real successors' on top."""
     n = shared.shape[0]
     if non_edge_bias is None:
         logits = shared.unsqueeze(1).expand(n, vocab_size).contiguous()
@@ -391,14 +347,9 @@ def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_e
 
 
 def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.Tensor:
-    """(N, V) energies of every node as the successor of each position (the decode step's), computed in float32 for
-    tables of 16 bits or float32 (in float64 for float64 ones); inference only. `x`, `pe` (N, d); `edges` a
-    `tables.EdgeTable`, `graph` a `tables.GraphView`; `sources` (N,) the positions' nodes.
-
-    `width` is how many successors each position computes: the graph's largest degree (`GraphView.max_degree`)
-    gives shapes fixed by (N, width) and no host read, what a CUDA graph records (and what runs on `device="meta"`);
-    None reads the positions' own degrees from the host (one position: `row_energies`). A position gathers `width`
-    edge rows from the start of its block; those past its degree are computed and dropped into a spare column."""
+    """(N, V) energies of every node as the successor of each position, inference only, in float32 for
+    16-bit tables. `width` successors per position: the graph's largest degree gives shapes fixed by (N, width) and
+    no host read (what a CUDA graph records); None reads the positions' own degrees (one position: `row_energies`)."""
     N, d = x.shape
     if N == 1 and not _capturing(x):
         return row_energies(x, pe, RowTables.of(edges), graph, int(sources))[0]
@@ -427,10 +378,9 @@ def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.T
 
 
 def row_energies(x, pe, tables, graph, u: int):
-    """`successor_logits` of one position on node `u` (host int), its block of edges read in place (no copy of their
-    rows); with the edge outputs GeLU(x·W + b + PE) it computed on the way, for the next step, which crosses one:
-    (logits (1, V), (the successors' (n, d), the shared edge's (1, d) or None, the block's first entry)). `tables`:
-    `RowTables` of the edges."""
+    """`successor_logits` of one position on node `u` (host int), its block read in place, with the edge
+    outputs it computed, which the next step crosses one of: (logits (1, V), (successors' (n, d), shared (1, d) or
+    None, the block's first entry))."""
     a, e = graph.block(u)
     W, b = tables.weights[a + 1:e + 1], tables.biases[a + 1:e + 1]
     if W.dtype != tables.dtype:
@@ -469,13 +419,8 @@ def _capturing(x: torch.Tensor) -> bool:
 
 
 def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.Tensor:
-    """log Σ_{v not a real successor} exp(non_edge_bias[v]) per sorted position (N,): all nodes' sum minus the
-    position's real successors', in float64 (the subtraction keeps ~1e-16 of the total); -inf-like where every
-    node is a successor.
-
-    A `KernelPlan` has no per-entry tensors (their number is data-dependent): the sum is taken per node over the
-    CSR (E edges, sizes known from the graph, no host read) and gathered by each position's source; the same terms
-    in the same (CSR) order as the torch plan's per-position sum."""
+    """log Σ_{v not a real successor} exp(non_edge_bias[v]) per sorted position (N,), in float64: all
+    nodes' sum minus the position's successors'. On a `KernelPlan` summed per node over the CSR (no host read)."""
     b = non_edge_bias.double()
     top = b.max().detach()
     w = torch.exp(b - top)
@@ -497,11 +442,8 @@ def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.
 
 
 def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
-    """log Σ_v exp(E_v) over all V nodes per position, with the V − degree non-successors sharing one energy
-    (each plus its own `non_edge_bias[v]` when given).
-
-    Cost follows the real successors (M packed energies), not N·V.
-    """
+    """log Σ_v exp(E_v) over all V nodes per position, the V − degree non-successors sharing one energy
+    (each plus its own `non_edge_bias[v]`): the cost follows the real successors, not N·V."""
     if non_edge_bias is not None and plan.has_shared:
         has_shared = plan.degree < vocab_size
         shared_term = shared + non_edge_log_mass(non_edge_bias, plan).to(shared.dtype)
@@ -527,12 +469,8 @@ def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, 
 
 def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor, target_rows, block_first_row,
                     non_edge_bias=None):
-    """Energy each sorted position gives its target node: the real edge's, or the shared one (plus
-    `non_edge_bias[target]` when given).
-
-    `target_rows` (N,) are the edge rows of source→target (0 = shared); `block_first_row` (N,) the first row of
-    each position's block.
-    """
+    """Energy each sorted position gives its target: the real edge's or the shared one (+ its bias);
+    `target_rows` (N,) the rows of source→target (0 = shared), `block_first_row` each block's first row."""
     real = target_rows > 0
     entry = plan.entry_start + (target_rows - block_first_row).clamp_min(0)
     picked = energies[entry.clamp_max(max(plan.num_entries - 1, 0))] if plan.num_entries else shared

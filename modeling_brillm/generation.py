@@ -1,17 +1,14 @@
 """BriLLM in transformers' generation loop: `generate()`, pipelines, beam search, and the one-token step.
 
-BriLLM carries an O(d) recurrent state (`BriLLMState`) where a Transformer carries key/value caches, so a few
-hooks of transformers' `GenerationMixin` are adapted: the state is fed only the new columns, beams reorder it, and
-the length checks count real tokens against the position limit (or none, for `position_overflow="extend"`).
+BriLLM carries an O(d) state (`BriLLMState`) where a Transformer carries key/value caches: the state is fed only the
+new columns, beams reorder it, and the length checks count real tokens against the position limit. A model decodes
+along one of two paths, `model.decode_mode` says which:
 
-A model decodes along one of two paths, `model.decode_mode` says which:
-    the general path        `forward` over any number of new tokens: the scan, then the energies ("off")
-    the one-token step      `BriLLMModel.decode_step`: fixed shapes, nothing read from the device (torch or Triton);
-                            "auto" takes it on a GPU (replayed from a CUDA graph in the decoding loop) and for one
-                            row on the CPU, "eager" everywhere and never captured
-Greedy decoding and sampling run in one loop of ours (`decode_loop`), which `generate()` and `energy_generate`
-share.
-"""
+    the general path    `forward` over any number of new tokens: the scan, then the energies ("off")
+    the one-token step  `BriLLMModel.decode_step`, fixed shapes (torch or Triton, replayed from a CUDA graph on a
+                        GPU in "auto"; one row on the CPU makes its lookups on the host); "eager": never captured
+
+Greedy decoding and sampling run in one loop (`decode_loop`), which `generate()` and `energy_generate` share."""
 
 from __future__ import annotations
 
@@ -134,10 +131,12 @@ class BriLLMGenerationMixin(GenerationMixin):
             raise ValueError(f"decode_mode must be one of {DECODE_MODES}, got {mode!r}.")
         if not (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 1):
             return False
+        if not self.base_model.edges.fused:  # an edge kind read through materialised rows: the general path
+            return False
         cpu_row = input_ids.device.type == "cpu" and input_ids.shape[0] == 1
         if mode == "off" or (mode == "auto" and not (input_ids.is_cuda or cpu_row)):
             return False
-        if kernel_enabled("decode_step", input_ids) or cpu_row:  # one row reads its block in place
+        if kernel_enabled("successor_logits", input_ids) or cpu_row:  # one row reads its block in place
             return True
         base, d = self.base_model, self.config.node_size
         width = base.graph_view().max_degree

@@ -190,7 +190,15 @@ def _grow_dense_edges(model, V: int, new_V: int):
 
 
 def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: bool = True):
-    """Add nodes so the graph has one per token of a grown tokenizer (see `resize_token_embeddings`)."""
+    """Add nodes so the graph has one per token of a grown tokenizer (`model.resize_token_embeddings`).
+
+    A new node joins a sparse graph through the shared edge (row 0): every pair involving it is a non-edge until
+    `add_edges` makes it real, so the logits of the old nodes do not change. In a dense graph every new pair is a
+    real edge, initialised like a fresh model's. The new nodes' start biases are the mean of the old ones
+    (`mean_resizing=True`) or drawn like a fresh model's; their non-successor offsets, readouts and vectors the mean
+    of the old ones or zero. `pad_to_multiple_of` rounds the node count up, as in transformers. Shrinking is
+    refused. Parameters are replaced by larger tensors: create the optimizer after resizing.
+    """
     V = model.config.vocab_size
     if new_num_tokens is None:
         return None
@@ -268,7 +276,14 @@ def _check_new_pairs(model, pairs: torch.Tensor):
 
 
 def add_edges(model, pairs, counts=None) -> torch.Tensor:
-    """Make the pairs u→v real edges of a sparse graph; returns their edge-table rows (see the models' method)."""
+    """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph (`model.add_edges`).
+
+    Each new edge starts as a copy of the shared edge that served the pair so far, so no energy changes until it is
+    trained; with `non_edge_bias` the pair u→v no longer adds v's non-successor offset. `counts` (N,), optional,
+    are their bigram counts (the frequency negatives of the sampled loss read them). Every pair must name existing
+    nodes and not be a real edge yet (`add_edges_from_sequences` skips those). Returns the edge-table rows of the
+    new edges, in the order of `pairs` (e.g. to train only them); create the optimizer after growing.
+    """
     if model.config.graph != "sparse":
         raise ValueError("add_edges: this graph is dense, so every pair u→v already is a real edge; there is "
                          "nothing to add (only a sparse graph has non-edges).")

@@ -139,38 +139,18 @@ class GraphMethods:
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True):
-        """Add nodes so the graph has one per token of a grown tokenizer (`tokenizer.add_tokens([...])`, then
-        `model.resize_token_embeddings(len(tokenizer))`); the Hugging Face call, for a model with no embedding module.
-
-        A new node joins a sparse graph through the shared edge (row 0): every pair involving it is a non-edge until
-        `add_edges` makes it real, so the logits of the old nodes do not change. In a dense graph every new pair is a
-        real edge, initialised like a fresh model's. The new nodes' start biases (`node_bias`, used when a sequence
-        begins at the node) are the mean of the old ones (`mean_resizing=True`) or drawn like a fresh model's; their
-        non-successor offsets (`non_edge_bias`) and readouts (`node_readout`) the mean of the old ones or zero.
-        `pad_to_multiple_of` rounds the node count up, as in transformers. Shrinking is refused: nodes (and their
-        edges) cannot be removed. Parameters are replaced by larger tensors: create the optimizer after resizing.
-        Returns None (BriLLM has no embedding module to return).
-        """
+        """Add nodes for a grown tokenizer (`model.resize_token_embeddings(len(tokenizer))`), keeping every old
+        logit (`graph.resize_nodes`); create the optimizer after resizing. Returns None (BriLLM has no embeddings)."""
         return package_tool("graph", "resize_token_embeddings").resize_nodes(self.base_model, new_num_tokens,
                                                                             pad_to_multiple_of, mean_resizing)
 
     def add_edges(self, pairs, counts=None) -> torch.Tensor:
-        """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph.
-
-        Each new edge starts as a copy of the shared edge that served the pair so far, so no energy changes until
-        it is trained; with `non_edge_bias` the pair u→v no longer adds v's non-successor offset, so its logit (and
-        only its) moves by −non_edge_bias[v]. `counts` (N,), optional, are their bigram counts (0 otherwise;
-        the frequency negatives of the sampled loss read them). Every pair must name existing nodes (grow the graph
-        first with `resize_token_embeddings`) and not be a real edge yet (`add_edges_from_sequences` skips those).
-        The edge tables are replaced by larger ones: create the optimizer after growing.
-
-        Returns the edge-table rows of the new edges (in the order of `pairs`), e.g. to train only them.
-        """
+        """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph, each starting as a copy of
+        the shared edge (`graph.add_edges`); returns their edge-table rows. Create the optimizer after growing."""
         return package_tool("graph", "add_edges").add_edges(self.base_model, pairs, counts)
 
     def add_edges_from_sequences(self, sequences, min_count: int = 1, ignore_ids=()) -> torch.Tensor:
-        """Make real every bigram of the token-id `sequences` seen `min_count` times that is not real yet (with
-        its count); returns the new edges' rows (see `add_edges`). `ignore_ids` (padding, say) form no edge."""
+        """Make real every bigram of `sequences` seen `min_count` times that is not real yet; returns the new rows."""
         return package_tool("graph", "add_edges_from_sequences").add_edges_from_sequences(
             self.base_model, sequences, min_count, ignore_ids)
 

@@ -1,4 +1,4 @@
-"""BriLLM: a language model that is a directed graph of tokens (the equations: naive.py, which this computes fast).
+"""BriLLM: a language model that is a directed graph of tokens (its equations: naive.py, which this computes fast).
 
 Every token u is a node; every edge u→v is a d×d matrix W[u→v] plus a bias b[u→v]. A signal (a d-vector) flows
 along the path of the input tokens u_0, u_1, ...:
@@ -6,18 +6,11 @@ along the path of the input tokens u_0, u_1, ...:
     e_0     = GeLU(s + b_node[u_0] + PE_0)                               the start signal s (1/d, or learned)
     c_i     = GeLU(x_{i-1} · W[u_{i-1}→u_i] + b[u_{i-1}→u_i] + PE_i)     the edge u_{i-1}→u_i carries the signal
     x_i     = Σ_{k≤i} softmax_k(p_k) · c_k                               a softmax(position weights p) mix of edges
-    E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              energy delivered to every candidate v
+    E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              the energy every candidate v receives
 
-(x_0 = e_0.) The energies are the logits. A sparse graph keeps real edges only for the bigrams seen in training;
-every other pair shares edge row 0. The extensions (`BriLLMConfig`: non-edge bias, node readout, the edges' shared
-matrix, node vectors, count prior, learned start signals, signal dropout) are each a marked line of naive.py.
-
-    BriLLMModel          the parameters, the graph, and the recurrence (returns the signals x_i)
-    BriLLMForCausalLM    the energies as logits, the loss, and `generate()`
-
-The hot operations (the scan, the candidate energies, the one-token step) are in ops.py, which runs each as a
-Triton kernel on a GPU or in torch anywhere; docs/model.md tells the whole story.
-"""
+(x_0 = e_0.) The energies are the logits. A sparse graph keeps real edges for the bigrams seen in training; every
+other pair shares edge row 0. `BriLLMModel` holds the parameters and runs the recurrence; `BriLLMForCausalLM` adds
+the energies, the loss and `generate()`. The hot operations run in ops.py, as Triton kernels or in torch."""
 
 import dataclasses
 
@@ -33,8 +26,9 @@ from .energy import RowView
 from .generation import BriLLMGenerationMixin
 from .graph_editing import GraphMethods
 from .losses import position_losses, shift_labels
+from .low_rank import LowRankEdges
 from .ops import EdgeGradLink, candidate_energies, decode_step, graph_max_degree, make_plan, scatter_logits, signal_scan
-from .recurrence import plus_edge_base, row_step, scan_dropout_mask
+from .recurrence import check_dropout_rows, draw_dropout_seed, plus_edge_base, row_step, scan_dropout_mask
 from .state import CACHE, BriLLMCausalLMOutput, BriLLMModelOutput, BriLLMState, Columns, Mix, Signals, given_state
 from .tables import DerivedTables, EdgeTable, GraphView, Positions, ReadOut, StepTables, positional_encoding
 from .validation import check_inputs, check_labels, check_signal_ids, compact_real_tokens, too_long
@@ -47,6 +41,38 @@ from .csr import edge_keys  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
 from .triton_recurrence import unsupported_reason  # noqa: F401
+
+
+class FullEdges:
+    """The release's edges: every edge row its own d×d matrix, `weights` (P, d, d), and bias, `biases` (P, 1, d). The
+    kernels and the torch paths read these tables in place (`fused`); another kind (`EDGE_KINDS`) defines its rows'
+    matrices from its own parameters, and the model materialises the rows a call reads."""
+
+    fused = True
+    row_parameters = ("weights", "biases")  # the parameters indexed by edge row (what sharding splits by source)
+
+    @staticmethod
+    def uses(config) -> bool:
+        return True
+
+    @staticmethod
+    def create(model, config):
+        P, d = config.num_edge_rows, config.node_size
+        model.weights = nn.Parameter(torch.empty(P, d, d))
+        model.biases = nn.Parameter(torch.empty(P, 1, d))
+
+    @staticmethod
+    def init(model, r: float):
+        init.uniform_(model.weights, -r, r)
+        init.uniform_(model.biases, -r, r)
+
+    @staticmethod
+    def compose(weights, biases):
+        """The edges' own matrices (…, d, d) and biases (…, 1, d) from their rows of the row parameters."""
+        return weights, biases
+
+
+EDGE_KINDS = [LowRankEdges, FullEdges]  # the first kind whose `uses(config)` holds makes a model's edges
 
 
 def initial_positions(config: BriLLMConfig, device=None) -> torch.Tensor:
@@ -67,8 +93,8 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
     def _init_weights(self, module):
         if isinstance(module, BriLLMModel):
             r = self.config.initializer_range
-            for tensor in (module.node_bias, module.weights, module.biases):
-                init.uniform_(tensor, -r, r)
+            init.uniform_(module.node_bias, -r, r)
+            module.edges.init(module, r)
             init.copy_(module.positions, initial_positions(self.config, module.positions.device))
             if module.start_signals is not None:  # also fills it when a uniform checkpoint is loaded as learned
                 init.constant_(module.start_signals, 1.0 / self.config.node_size)
@@ -80,13 +106,11 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
                 init.zeros_(module.edge_base)
 
     def get_input_embeddings(self):
-        """None: BriLLM has no token embedding table (a token is a node; its edges hold the parameters). What
-        transformers and accelerate's FSDP preparation expect of a model without one, instead of raising."""
+        """None: a token is a node, its edges hold the parameters (what transformers expects of no embeddings)."""
         return None
 
     def enable_input_require_grads(self):
-        """A no-op: transformers hooks the input embeddings so checkpointed layers see inputs that need gradients;
-        BriLLM has none, and its checkpointed scan reads the parameters themselves, so gradients flow without it."""
+        """A no-op: no input embeddings to hook; the checkpointed scan reads the parameters themselves."""
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -118,25 +142,22 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
     # ----------------------------------------------------------------------------------- inputs and options
     @property
     def input_device(self) -> torch.device:
-        """Where every input goes: the device of the model's parameters. The one place that decides it, so a
-        CPU model given CUDA ids, or a CUDA model given CPU masks, labels or `signal_ids`, computes where its
-        weights are (like accelerate's device hooks), instead of failing deep inside on mixed devices."""
+        """Where every input goes: the parameters' device (as accelerate's device hooks), so mixed inputs work."""
         return self.base_model.node_bias.device
 
     def to_input_device(self, *inputs):
-        """`inputs` with every tensor moved to `input_device` (a no-op for those already there); anything else
-        (None, lists, wrong types) is returned unchanged for the input checks to judge."""
+        """`inputs` with every tensor moved to `input_device`; anything else as it is, for the checks to judge."""
         device = self.input_device
         return tuple(x.to(device) if isinstance(x, torch.Tensor) and x.device != device else x for x in inputs)
 
     @property
     def extends_positions(self) -> bool:
-        """True when the model reads any length (config.position_overflow == "extend")."""
+        """config.position_overflow == "extend": the model reads any length."""
         return self.config.position_overflow == "extend"
 
     @property
     def sparse_gradients(self) -> bool:
-        """Like nn.Embedding(sparse=True): the edge tables get gradients only for the rows a step touched."""
+        """As nn.Embedding(sparse=True): the edge tables get gradients for the rows a step touched only."""
         return self.base_model._sparse_gradients
 
     @sparse_gradients.setter
@@ -145,26 +166,19 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
 
 
 class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
-    """The graph's parameters (names and shapes of the release) and the signal recurrence.
-
-    `node_bias` (V, 1, d); `weights` (P, d, d) and `biases` (P, 1, d) with row 0 the shared edge and rows 1..
-    the real edges in CSR order by source; `positions` (1, max_positions, 1) weights of the energy mix. A sparse
-    graph also stores its edge list: `graph_indptr` (V+1,), `graph_indices` (E,), `graph_counts` (E,).
-    """
-
-    # the parameters whose first dimension is the edge row (what the source-sharded trainer splits by source)
-    edge_row_parameters = ("weights", "biases")
+    """The parameters (the release's names and shapes) and the recurrence: `node_bias` (V, 1, d); `weights` (P, d, d)
+    and `biases` (P, 1, d), row 0 the shared edge, rows 1.. the real edges in CSR order by source; `positions`
+    (1, M, 1) the mix's weights; a sparse graph's edge list `graph_indptr`, `graph_indices`, `graph_counts`."""
 
     def __init__(self, config: BriLLMConfig):
         super().__init__(config)
-        # A config builds without a graph (transformers' convention); a model needs its size. Fields may also
-        # have been changed since the config was built, so check them all again here (from_pretrained too).
-        config.check()
+        config.check()  # again: fields may have changed since the config was built, and a model needs the graph's size
         config.check_graph_size()
-        V, d, P = config.vocab_size, config.node_size, config.num_edge_rows
+        V, d = config.vocab_size, config.node_size
         self.node_bias = nn.Parameter(torch.empty(V, 1, d))
-        self.weights = nn.Parameter(torch.empty(P, d, d))
-        self.biases = nn.Parameter(torch.empty(P, 1, d))
+        self.edges = next(kind for kind in EDGE_KINDS if kind.uses(config))
+        self.edge_row_parameters = self.edges.row_parameters
+        self.edges.create(self, config)
         self.positions = nn.Parameter(torch.ones(1, config.max_position_embeddings, 1))
         # the extensions, each None when off (naive.py marks where each acts)
         learned = config.start_signal == "learned"
@@ -172,7 +186,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         sparse_bias = config.non_edge_bias and config.graph == "sparse"
         self.non_edge_bias = nn.Parameter(torch.zeros(V)) if sparse_bias else None
         self.node_readout = nn.Parameter(torch.zeros(V, d)) if config.node_readout else None
-        self.edge_base = nn.Parameter(torch.zeros(d, d)) if config.edge_backoff else None
+        self.edge_base = nn.Parameter(torch.zeros(d, d)) if config.edge_backoff or config.edge_rank else None
         self.node_embedding = nn.Parameter(torch.zeros(V, d)) if config.node_embedding else None
         if config.graph == "sparse":
             self.register_buffer("graph_indptr", torch.zeros(V + 1, dtype=torch.long))
@@ -186,9 +200,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             self.register_buffer("prior_values", torch.zeros(K))
         self._sparse_gradients = False
         self.gradient_checkpointing = False  # transformers' switch: recompute the recurrence in the backward
-        # The share of config.signal_dropout that training applies now. Pretraining warms it up over the first
-        # epoch (training.epochs): no block has been seen before, so there is little to over-fit yet.
-        self.signal_dropout_scale = 1.0
+        self.signal_dropout_scale = 1.0  # the share of config.signal_dropout applied now (pretraining warms it up)
         self.reset_caches()
         self.post_init()
 
@@ -196,13 +208,40 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     def edge_table(self) -> EdgeTable:
         return EdgeTable(self.weights, self.biases, self.edge_base, self.non_edge_bias, self._sparse_gradients)
 
+    @property
+    def edge_dtype(self) -> torch.dtype:
+        return self.biases.dtype
+
+    def edge_parameters(self, rows: torch.Tensor):
+        """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows`, as the edge kind defines them
+        (`weights[rows]` for the release's edges; every edge also adds `edge_base` where the model has one)."""
+        return self.edges.compose(*(getattr(self, name)[rows] for name in self.edges.row_parameters))
+
+    def _fetch_rows(self, rows: torch.Tensor):
+        """`edge_fetch` of an edge kind the paths cannot read in place: the rows of its row parameters."""
+        return tuple(getattr(self, name)[rows] for name in self.edges.row_parameters)
+
+    def _block_table(self, sources, indptr, indices):
+        """A table of the blocks of `sources`' nodes only, materialised (an edge kind the paths cannot read in place):
+        (its `EdgeTable`, (indptr, indices) indexing it, the row offset local row = row + offset[source])."""
+        V, device = self.config.vocab_size, sources.device
+        present = torch.zeros(V, dtype=torch.bool, device=device).index_fill_(0, sources, True)
+        degree = torch.where(present, indptr[1:] - indptr[:-1], 0)
+        local = torch.cat([degree.new_zeros(1), torch.cumsum(degree, 0)])
+        entry = torch.arange(int(local[-1]), device=device)
+        node = torch.repeat_interleave(torch.arange(V, device=device), degree, output_size=entry.numel())
+        rows = indptr[node] + entry - local[node] + 1  # each entry's row in the model's table
+        w, b = self.edge_parameters(torch.cat([rows.new_zeros(1), rows]))
+        table = EdgeTable(w, b, self.edge_base, self.non_edge_bias)
+        return table, (local, None if indices is None else indices[rows - 1]), local[:-1] - indptr[:-1]
+
     def graph_view(self) -> GraphView:
         indptr, indices = self.csr()
         host = self.host_csr() if indptr.device.type == "cpu" else None
         return GraphView(indptr, indices, self.edge_keys(), self.config.vocab_size, host)
 
     def position_table(self, device) -> torch.Tensor:
-        """PE rows 0..max_position_embeddings (float32), built once per device and config."""
+        """PE rows 0..M (float32), built once per device and config."""
         cfg = self.config
         key = (device, cfg.position_encoding, cfg.node_size, cfg.max_position_embeddings)
         if self._pe_cache is None or self._pe_cache[0] != key:
@@ -216,8 +255,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         return Positions(self.position_table(device), self.positions.view(-1).float(), formula)
 
     def position_encoding(self, index: torch.Tensor) -> torch.Tensor:
-        """PE rows (float32) for integer positions (past the trained range: the formula, position_overflow=
-        "extend")."""
+        """PE rows (float32) of integer positions."""
         return self.positions_view(index.device).pe(index)
 
     def mix_weights(self, index: torch.Tensor) -> torch.Tensor:
@@ -225,17 +263,15 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         return self.positions_view(index.device).weight(index)
 
     def node_add(self, tokens: torch.Tensor) -> torch.Tensor | None:
-        """The vectors the nodes `tokens` add to the edge outputs entering them (config.node_embedding), or None."""
+        """The vectors the nodes `tokens` add to the edge outputs entering them (config.node_embedding)."""
         return None if self.node_embedding is None else self.node_embedding[tokens]
 
     # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
                     edge_fetch=None, dropout_rows=None, dropout_seed: int | None = None) -> Signals:
         """The recurrence over a batch, from `state` when given: 1. each row's real tokens, 2. the start signal,
-        3. the scan over every edge the signal crosses. `edge_fetch(rows)`, when given, returns the edge rows
-        (w (B, L, d, d), b (B, L, d)) of the (B, L) global row ids in place of this model's tables (the
-        source-sharded table, see sharding/). `dropout_rows` / `dropout_seed`: the signal dropout's mask (see
-        `BriLLMForCausalLM.forward`)."""
+        3. the scan over every edge the signal crosses. `edge_fetch(rows)`: the edge rows (w (B, L, d, d), b) of
+        the (B, L) row ids, in place of this model's tables (the source-sharded trainer's)."""
         cfg = self.config
         mask = check_inputs(input_ids, attention_mask, state, cfg.vocab_size)
         if state is None:  # the start signal only matters for a sequence's first token
@@ -262,7 +298,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
-        columns = Columns(rows, has_edge, self.position_encoding(index).to(self.weights.dtype),
+        columns = Columns(rows, has_edge, self.position_encoding(index).to(self.edge_dtype),
                           self.mix_weights(index), self.node_add(tokens),
                           self._dropout_mask(index, dropout_rows, dropout_seed))
         # the link hands the scan's edge gradients to the candidate energies' backward (one gradient per table)
@@ -290,9 +326,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         return Mix(torch.where(first.unsqueeze(1), e0, mix.signal), mix.mix_sum, mix.mix_norm, mix.mix_max)
 
     def _dropout_mask(self, index, dropout_rows, dropout_seed) -> torch.Tensor | None:
-        """The signal dropout's mask (B, L + 1, d) of columns at positions `index` (B, L) in training, else None:
-        entry j on the signal entering column j, a function of (seed, each row's index in the global batch,
-        position, dimension), so a row drops the same entries in any batch on any process."""
+        """The signal dropout's mask (B, L + 1, d) of columns at positions `index` (B, L) in training, else None."""
         p = self.config.signal_dropout * self.signal_dropout_scale if self.training else 0.0
         if not p:
             return None
@@ -302,10 +336,12 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     def _scan(self, mix: Mix, columns: Columns, edge_fetch, link):
         """The edges along every path (`ops.signal_scan`), recomputed in the backward under gradient checkpointing."""
-        edges = self.edge_table()
+        if edge_fetch is None and not self.edges.fused:
+            edge_fetch, link = self._fetch_rows, None
+        edges = self.edge_table() if edge_fetch is None else None
         if edge_fetch is not None:  # the fetched rows are the table: row b·L + j is column j of row b
             B, L = columns.rows.shape
-            w, b = edge_fetch(columns.rows)
+            w, b = self.edges.compose(*edge_fetch(columns.rows))
             edges = EdgeTable(w.reshape(B * L, *w.shape[2:]), b.reshape(B * L, 1, -1), self.edge_base)
             columns.rows = torch.arange(B * L, device=w.device).view(B, L)
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -315,16 +351,15 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     # ------------------------------------------------------------------------------ one token, fixed shapes
     def step_tables(self) -> StepTables:
         """What the one-token step reads, gathered once (per decoding loop; the config's values included)."""
-        return StepTables(self.edge_table(), self.graph_view(), self.positions_view(self.weights.device),
+        return StepTables(self.edge_table(), self.graph_view(), self.positions_view(self.biases.device),
                           self.node_embedding, self.read_out_tables())
 
     def decode_step(self, tokens: torch.Tensor, state: BriLLMState, width: int | None = None,
                     tables: StepTables | None = None):
-        """The one-token step: (logits (B, V) of every node after `tokens` (B,) on top of `state`, the new state).
-        1. the edge last_token → token joins the mix, 2. every successor's energy, 3. the read-out. `width`: the
-        successors each row computes (`energy.successor_logits`): None reads them from the host; a fixed one (the
-        graph's largest degree) reads nothing from the device, what a CUDA graph records. One row on the CPU makes
-        its lookups on the host (`recurrence.row_step`). `tables`: `step_tables()`, a decoding loop gathers it once."""
+        """The one-token step: (logits (B, V) after `tokens` (B,) on `state`, the new state): 1. the edge last_token
+        → token joins the mix, 2. every successor's energy (`width` of them a row: None reads each row's degree on
+        the host, the graph's largest reads nothing from the device), 3. the read-out. One row on the CPU makes its
+        lookups on the host (`recurrence.row_step`). `tables`: `step_tables()`, which a decoding loop gathers once."""
         tables = self.step_tables() if tables is None else tables
         if tables.graph.host is not None and tokens.numel() == 1:
             logits, new_state = row_step(tokens, state, tables)
@@ -343,33 +378,33 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         return ReadOut(self.node_readout, prior)
 
     def read_out(self, logits: torch.Tensor, signal: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
-        """`logits` (N, V) of the successors of `sources` (N,) plus what every node reads of the signal (N, d)
-        directly (config.node_readout) and the count prior's log p(v | source) (config.count_prior)."""
+        """`logits` (N, V) after `sources` (N,) plus the nodes' readout of the signal and the count prior."""
         return self.read_out_tables()(logits, signal, sources)
 
     @property
     def scores_every_node(self) -> bool:
-        """True when a part of the logits differs across non-successors (the readout, the count prior): the loss then
-        builds all V logits of every position (the energies alone give non-successors one shared value)."""
+        """A part of the logits differs across non-successors (the readout, the count prior): the loss then builds
+        all V logits of every position."""
         return self.node_readout is not None or self.config.count_prior
 
     # ------------------------------------------------------------------------------------- the energies
     def score(self, x, sources, next_index, targets=None, *, want_logits=False, loss_type=None, link=None,
               csr=None, row_offset=None):
-        """The energies E_i(v) of positions with signals `x` (N, d) sitting on `sources` (N,), their next token at
-        position `next_index` (N,): (order, per-position losses or None, logits (N, V) or None), both in `order`,
-        the plan's (positions grouped by source, so each node's block of edges is read once).
-
-        `targets` (N,) with -100 for unscored positions (loss 0 there); `loss_type` overrides the config's.
-        `csr` (indptr, indices) and `row_offset` (V,) describe a table holding only some sources' blocks (the
-        source-sharded trainer's: local row = global row + row_offset[source]); by default this model's graph."""
-        cfg, V, wdtype = self.config, self.config.vocab_size, self.weights.dtype
+        """The energies of positions with signals `x` (N, d) on `sources` (N,), their next token at `next_index`:
+        (order, per-position losses or None, logits (N, V) or None), in `order` (grouped by source: each block of
+        edges is read once). `targets` (N,): -100 where unscored. `csr` (indptr, indices) and `row_offset` (V,): a
+        table of some sources' blocks only (the sharded trainer's: local row = global row + row_offset[source])."""
+        cfg, V, wdtype = self.config, self.config.vocab_size, self.edge_dtype
         indptr, indices = csr if csr is not None else self.csr()
+        edges = self.edge_table() if self.edges.fused else None
+        if edges is None:  # an edge kind read through its materialised blocks
+            edges, (indptr, indices), offset = self._block_table(sources, indptr, indices)
+            row_offset, link = offset if row_offset is None else row_offset + offset, None
         plan = make_plan(sources, indptr, indices, V)
         sources, x = sources[plan.order], x[plan.order].to(wdtype)
         # x·edge_base is one product per position: it rides in PE, whose gradient the candidate backward returns
         pe = plus_edge_base(self.position_encoding(next_index[plan.order]).to(wdtype), x, self.edge_base)
-        energies, shared = candidate_energies(x, pe, self.weights, self.biases, plan, self._sparse_gradients,
+        energies, shared = candidate_energies(x, pe, edges.weights, edges.biases, plan, edges.sparse_grad,
                                               link=link, non_edge_bias=self.non_edge_bias)
         energies, shared = energies.float(), shared.float()
         sampled = targets is not None and (loss_type or cfg.loss_type) == "sampled"
@@ -485,11 +520,9 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
                                     **{CACHE: run.state if use_cache else None})
 
     def _energies(self, run: Signals, targets, keep_from: int | None, width: int, num_items=None):
-        """Candidate energies of the positions that need them: (loss or None, logits (B, T − keep_from, V) or None).
-
-        Every real position with a target is scored; logits are built for the columns from `keep_from` on (None:
-        no logits). The loss is the mean over the scored positions, or their sum over `num_items` (transformers'
-        Trainer passes the scored tokens of all its accumulated micro-batches as `num_items_in_batch`)."""
+        """(loss or None, logits (B, T − keep_from, V) or None): the positions with a target scored, the logits of
+        the columns from `keep_from` on. The loss is the scored positions' mean, or their sum over `num_items`
+        (Trainer's `num_items_in_batch`: the scored tokens of all its accumulated micro-batches)."""
         V = self.config.vocab_size
         wanted = run.valid & (run.column >= keep_from) if keep_from is not None else torch.zeros_like(run.valid)
         if targets is not None:
@@ -524,22 +557,6 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         """Per-step energies, ranks and runner-up nodes of a text's path (`modeling_brillm.energy_trace`)."""
         return package_tool("interpretability", "energy_trace").energy_trace(self, text_or_ids, tokenizer=tokenizer,
                                                                              top_k=top_k)
-
-
-def check_dropout_rows(rows, batch: int, device) -> torch.Tensor | None:
-    """`dropout_rows` as (B,) long on `device` (None stays None): each row's index in the global batch."""
-    if rows is None:
-        return None
-    rows = torch.as_tensor(rows, device=device)
-    if rows.is_floating_point() or rows.dtype == torch.bool or tuple(rows.shape) != (batch,):
-        raise ValueError(f"dropout_rows must be integer row indices of shape (batch,) = ({batch},), got "
-                         f"{tuple(rows.shape)} {rows.dtype}: pass each row's index in the global batch.")
-    return rows.long()
-
-
-def draw_dropout_seed() -> int:
-    """A mask seed from torch's generator: what a call that names none uses (reproducible under manual_seed)."""
-    return int(torch.randint(-(1 << 63), (1 << 63) - 1, ()))
 
 
 def checkpointed(checkpoint, fn, structs, link):

@@ -41,11 +41,12 @@ def edge_row(m, u: int, v: int) -> int:
 
 
 def edge(m, rows: torch.Tensor):
-    """W (…, d, d) and b (…, d) of the edges in `rows`."""
-    W = m.weights[rows].float()
+    """W (…, d, d) and b (…, d) of the edges in `rows`: each edge's own parameters, `weights[rows]` and
+    `biases[rows]` (a variant's: `BriLLMModel.edge_parameters`, low-rank edges A·Bᵀ with config.edge_rank)."""
+    W, b = m.edge_parameters(rows)
     if m.edge_base is not None:  # extension edge_backoff: every edge adds one shared matrix
-        W = W + m.edge_base.float()
-    return W, m.biases[rows, 0].float()
+        W = W + m.edge_base
+    return W.float(), b[..., 0, :].float()
 
 
 def pe(m, position: int) -> torch.Tensor:

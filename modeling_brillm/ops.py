@@ -1,8 +1,7 @@
-"""BriLLM's hot operations, each one function: the Triton kernel where it runs, else the torch path beside it.
+"""BriLLM's hot operations, each one function: the Triton kernel where it runs, else the torch path.
 
-This is the only module that decides between the two (`backend.use_triton`: Triton for CUDA tensors by default,
-`BRILLM_BACKEND` / `kernel_backend` to choose) and the only one that imports the kernel modules; the model calls
-these functions. naive.py defines what each computes; tests hold both paths to it.
+The one module that chooses (`backend.use_triton`: Triton for CUDA tensors by default, `BRILLM_BACKEND` or
+`kernel_backend` to choose) and the only one that imports the kernel modules:
 
     op                       torch path                            Triton kernel
     make_plan, candidate_energies, scatter_logits, exact_log_partition, target_energies
@@ -11,9 +10,8 @@ these functions. naive.py defines what each computes; tests hold both paths to i
     signal_scan              recurrence.signal_scan                triton_recurrence.signal_scan
     decode_step              the edge (signal_scan's math, one column), then successor_logits
 
-Kernel self-check: with the package installed, the first time the Triton path meets a CUDA device every kernel runs
-once beside its torch path (selfcheck.py); one that fails is switched off there with one warning.
-"""
+With the package installed, the first time the Triton path meets a CUDA device every kernel runs once beside its
+torch path (selfcheck.py); one that fails is switched off there with one warning."""
 
 import os
 

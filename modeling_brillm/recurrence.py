@@ -1,12 +1,10 @@
-"""The signal recurrence in torch: the scan over a batch's columns and the fixed-shape decode step, for every device
-(ops.py runs the Triton kernels instead where they apply; naive.py is the definition both are tested against).
+"""The signal recurrence in torch: the scan over a batch's columns, one row's step, and the signal dropout's mask.
 
-One edge step: the signal x leaving token u crosses the edge u→v (edge-table row r) and gives the edge output
-c = GeLU(x·W[r] + b[r] + PE) (plus v's own vector with config.node_embedding); the signal leaving v is the softmax mix
-of every edge output so far, weighted by the position weight logits p, kept as a running (sum S, norm N, max M):
+One edge step: the signal x leaving token u crosses the edge u→v (edge-table row r), with output c = GeLU(x·W[r] +
+b[r] + PE); the signal leaving v is the softmax mix of every edge output so far, kept as a running (sum S, norm N,
+max M) so it costs O(d) a token:
 
-    M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'
-"""
+    M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'"""
 
 import math
 
@@ -165,6 +163,22 @@ def dropout_mask(p: float, seed: int, rows: torch.Tensor, positions: torch.Tenso
     return torch.where(bits >= threshold, keep, torch.zeros((), dtype=torch.float32, device=rows.device))
 
 
+def check_dropout_rows(rows, batch: int, device) -> torch.Tensor | None:
+    """`dropout_rows` as (B,) long on `device` (None stays None): each row's index in the global batch."""
+    if rows is None:
+        return None
+    rows = torch.as_tensor(rows, device=device)
+    if rows.is_floating_point() or rows.dtype == torch.bool or tuple(rows.shape) != (batch,):
+        raise ValueError(f"dropout_rows must be integer row indices of shape (batch,) = ({batch},), got "
+                         f"{tuple(rows.shape)} {rows.dtype}: pass each row's index in the global batch.")
+    return rows.long()
+
+
+def draw_dropout_seed() -> int:
+    """A mask seed from torch's generator: what a call that names none uses (reproducible under manual_seed)."""
+    return int(torch.randint(-(1 << 63), (1 << 63) - 1, ()))
+
+
 def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -> torch.Tensor:
     """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns: entry j on the signal entering column j (j = L:
     leaving the last one), hashed at position start + j. `rows` (B,) or None (0..B−1): each row's index in the global
@@ -175,4 +189,4 @@ def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -
     return dropout_mask(p, seed, rows, start.unsqueeze(1) + torch.arange(L + 1, device=device), d)
 
 
-__all__ = ["dropout_mask", "row_step", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan", "without_onednn"]
+__all__ = ["check_dropout_rows", "draw_dropout_seed", "dropout_mask", "row_step", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan", "without_onednn"]

@@ -1,11 +1,8 @@
 """What BriLLM's steps pass around: the running mix (`Mix`), a sequence's state (`BriLLMState`), the columns a scan
-crosses (`Columns`), a batch after the recurrence (`Signals`) and transformers' output classes around them.
+crosses (`Columns`), a batch after the recurrence (`Signals`), and transformers' output classes around them.
 
-The signal entering the next edge is a softmax(position weights)-weighted mean of every earlier edge output, kept
-as running sums with a running maximum for stability: x = mix_sum / mix_norm, both scaled by exp(−mix_max). So the
-state needed to continue a sequence is O(d) numbers whatever its length; transformers' generation loop carries it
-where a Transformer's key/value cache goes, under the name `CACHE`.
-"""
+The state needed to continue a sequence is O(d) numbers whatever its length (the mix's running sums);
+transformers' generation loop carries it where a Transformer's key/value cache goes, under the name `CACHE`."""
 
 from __future__ import annotations
 

@@ -1,41 +1,20 @@
-"""Triton kernels for the candidate energies and the decode step (energy.py's math, fused; one launch per pass).
+"""Triton kernels for the candidate energies and the one-token successors (energy.py's math, fused; one launch per pass).
 
-What they compute is `energy.py`'s: for a signal x at a position whose node is u, every real successor v of u gets
-E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The plan (`plans.KernelPlan`, built on the device without host
-synchronisation) cuts the work into tiles (source u, block of `tile_successors` successors); a persistent grid of
-a fixed number of programs walks them, so the launch count depends neither on V nor on the number of distinct
-sources. A tile loads its x rows in chunks of `BM` positions (all positions of u), its edge matrices `BN`
-successors at a time as one (d × BN·d) operand (the block is contiguous in CSR order: one GEMM
-x (BM × d) · [W_v1 | W_v2 | ...] per sub-tile), adds bias and PE, applies the exact (erf) GeLU and reduces the L2
-norm per (position, successor), all in registers.
+For a signal x at a position on node u, every real successor v gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The
+plan (`plans.KernelPlan`, built on the device without host synchronisation) cuts the work into tiles (source u,
+`tile_successors` consecutive successors); a persistent grid walks them. A tile loads its positions' x in chunks of
+`BM` and its edge matrices `BN` successors at a time as one (d × BN·d) operand (a block is contiguous in CSR order),
+then bias, PE, GeLU and the norm in registers.
 
-    forward, LSE mode     per (position, tile): the tile's largest energy m and Σ_{v in tile} exp(E_v − m), into
-                          (N, T, 2) (T = ceil(max_degree / tile_successors), static per graph); log Z combines a
-                          row of them with the shared term (torch, `log_partition`), so the exact loss never
-                          materialises the M = Σ degree energies (a data-dependent size). Keeping (max, sum)
-                          rather than its log keeps the precision of energy.py's peak-and-total formula.
-    forward, LOGITS mode  E_v written straight into an (rows, V) output prefilled with the shared energy.
-    backward              per (tile, sub-tile): recompute h, GeLU(h), E (nothing per entry is kept from the
-                          forward); dL/dE = g·exp(E − peak)/total from log Z, plus the target term and/or the
-                          logits' gradient; dL/dh; the sub-tile's weight and bias gradient accumulated over all
-                          positions of u in registers and written once (row-major into the dense gradient, or into
-                          the row's slot of the sparse gradient's values); dL/dx = Σ_v dL/dh_v · W_vᵀ added
-                          atomically (several tiles share a position), and dL/dPE = Σ_v dL/dh_v likewise when PE
-                          carries x·edge_base (config.edge_backoff).
-    decode                two launches a step: `_decode_state_kernel` (one program per row: the edge found by
-                          binary search in the source's sorted block, the recurrence update, the shared energy
-                          written over the row of logits) and `_decode_successors_kernel` (a static (rows, tiles)
-                          grid, no plan: a decoding position rarely shares its source).
+    forward, LSE mode     per (position, tile) the largest energy and Σ exp(E − it): log Z without materialising
+                          the Σ degree energies; LOGITS mode writes E_v into (rows, V) prefilled with the shared one
+    backward              recomputes h and E; dL/dE from log Z, the target and the logits' gradient; the sub-tile's
+                          weight and bias gradients summed over the positions of u and written once; dL/dx (and
+                          dL/dPE, which carries x·edge_base) added atomically
+    successors            one position per program row, a static (rows, tiles) grid: the decode step's energies
 
-The shared edge (row 0, one d×d product per position) stays in torch in training. A model's `non_edge_bias` (a
-non-successor v gets shared + bias[v]) changes no training kernel: log Z takes the non-successors' log mass per
-source from torch (`energy.non_edge_log_mass`), the logits are prefilled with shared + bias, and the bias's logits
-gradient is a column sum after the backward kernel; the decode state kernel adds bias[v] as it fills a row.
-Tables of float32, bfloat16 or float16 are read as they are and computed in float32; gradients come back in the
-table's dtype. `ops.py` calls these when `backend.use_triton(...)` is true (CUDA tensors, or
-`kernel_backend("triton")` under Triton's interpreter); the torch references are energy.py and recurrence.py. Tile
-sizes and the dot precision are the constants below; docs/gpu.md says what each predicts.
-"""
+The shared edge (row 0, one product per position) and `non_edge_bias` stay in torch. Tables of float32, bfloat16 or
+float16 are read as stored and computed in float32; docs/gpu.md gives the design and what each constant predicts."""
 
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
 """The signal recurrence as one Triton scan: one launch forward, one backward, whatever the sequence length.
 
-The math (`recurrence.signal_scan`, the torch reference, computes the same): for each compacted column j
-of a batch row that crosses an edge (token j−1 → token j, edge-table row r_j),
+It computes `recurrence.signal_scan` (tested against naive.py): one program per batch row walks its columns, reads
+each crossed edge's matrix in place by its row id (no gathered copy) with the next column's loads prefetched, and
+keeps the running mix (S, N, M) in registers; a column without an edge keeps the state. With the matrix every edge
+shares, W[r] reads as E + W[r]; with the nodes' own vectors the edge output is GeLU(h) + a; with signal dropout the
+edge reads x ⊙ keep (the returned signals are undropped).
 
-    c_j = GeLU(x · W[r_j] + b[r_j] + PE_j)                      the edge output
-    M' = max(M, p_j);  S' = S·e^{M−M'} + e^{p_j−M'}·c_j;  N' = N·e^{M−M'} + e^{p_j−M'}   the running softmax mix
-    x  = S' / N'                                                 the signal leaving token j
-
-with p_j the position weight logit of the edge and (S, N, M) the mix's running sum, norm and max; a column
-without an edge (a sequence's first token, padding) keeps x and (S, N, M). The columns are sequential, the batch
-rows independent: one program per batch row walks its columns in a loop (a scan inside the kernel) and reads
-each edge matrix straight from `weights` by its row id, so no (B, L, d, d) gathered copy exists.
-
-Backward (reverse scan, one program per batch row, columns from last to first). With the adjoints ḡx of the
-signal, ḡS, ḡN, ḡM of the state after column j (ḡx also collects the signals' own gradient), the exact reverse
-mode of the stable update above is
+Backward, a reverse scan: with the adjoints ḡx of the signal and ḡS, ḡN, ḡM of the state after column j,
 
     ḡS' = ḡS + ḡx / N'                ḡN' = ḡN − ⟨ḡx, x⟩ / N'
     ḡp  = e^{p−M'}·(⟨ḡS', c⟩ + ḡN')  ḡc  = e^{p−M'}·ḡS'           (the mix weight and the edge output)
@@ -22,40 +14,9 @@ mode of the stable update above is
     ḡM' = ḡM − ⟨ḡS', S'⟩ − ḡN'·N'     routed through the max as torch.maximum does (ties: half to each side)
     ḡh  = ḡc ⊙ GeLU'(h);  ḡW[r] += x_in ⊗ ḡh;  ḡb[r] += ḡh;  ḡx ← ḡh · W[r]ᵀ
 
-Unrolled, ḡp_k = e^{p_k}·(⟨Σ_{i≥k} ḡx_i/Z_i, c_k⟩ − Σ_{i≥k} ⟨ḡx_i, x_i⟩/Z_i) with Z_i = Σ_{k≤i} e^{p_k}: the
-reverse running sums of the brief, kept here in the max-scaled form (the ḡM' route is zero up to rounding when
-only the signals are used, and makes gradients of a returned state's raw (S, N, M) exact too). The forward saves
-x, N and M per column (S = x·N is recomputed); the backward recomputes h from x_in and W, which it reads anyway.
-
-With the matrix every edge shares (config.edge_backoff), every W[r] above reads as E + W[r]: E is loaded once per
-program and added to each prefetched tile, and ḡE = Σ_j x_in ⊗ ḡh over every edge crossed (one (d, d) tile per
-batch row, summed in torch: no atomics for all rows to contend on).
-
-With the nodes' own vectors (config.node_embedding) the edge output is c_j = GeLU(h_j) + a_j, a_j the vector of
-the node column j enters (a (B, L, d) input gathered in torch): the forward adds it before the mix, the backward
-uses it in ḡp and writes ḡa_j = ḡc (zero where a column has no edge).
-
-With signal dropout (config.signal_dropout, training only) the edge reads x ⊙ keep_j, a mask drawn in torch
-(`ops.signal_scan`): the scan multiplies the input of each edge, ḡW and ḡE take the dropped x_in, and ḡx_in is
-masked the same way. The signals it returns stay undropped (the mix is of the undropped edge outputs); torch
-multiplies them by the next mask for the candidates, and autograd takes that product's gradient.
-
-Edge-row gradients are added with atomics into, in this order of preference: the buffers the candidate backward
-published through the `EdgeGradLink` (`(index, w_values, b_values)`, slot = searchsorted(index, row), or the row
-itself for a dense gradient), so each parameter gets one gradient; else a dense zero gradient; else sparse COO
-values over the distinct rows read (like `gather_edges`). The start signal, the position weights, PE and the
-incoming state are plain tensors here: their gradients go back through torch autograd upstream.
-
-Design for an H100 (predictions, not measurements; see docs/gpu.md): a step of one row is a
-(1×d)·(d×d) product, 1,024 FMAs for d = 32: one warp per row holds the tile in registers (32 floats a thread).
-The columns form a chain of dependent loads, so the next column's row id, edge matrix, bias and PE are loaded one
-column ahead (software pipelining by hand) and only the ~0.3 µs of arithmetic and shuffles stays on the chain.
-d is a compile-time constant (one compilation per node size): ptxas then gives 96 registers a thread at d = 32 and
-128-bit loads of the tile; as a runtime argument it took 200-255 registers and spilled (tests/_compile_kernels.py).
-At 1024 × 64 (paper shape) the forward reads 1024·64·4.2 KB = 275 MB (~0.1 ms at 3 TB/s; 1,024 warps resident on
-132 SMs) and the backward reads as much and adds as much with atomics (~0.2-0.3 ms): under 5% of the step's
-~13 ms floor. At 32 × 32 the 32 programs are latency-bound: ~32 columns × ~0.5 µs ≈ 20 µs each way.
-"""
+The forward saves x, N and M per column (S = x·N); the edge-row gradients are added with atomics into the buffers
+the candidate backward published on the `EdgeGradLink` (one gradient per table), else into our own. docs/gpu.md
+gives the design and its register counts."""
 
 from __future__ import annotations
 

@@ -32,16 +32,16 @@ def build(dense=False, extensions=False, V=13, d=6, seed=0, **config):
         for name, p in model.named_parameters():
             if name.endswith("positions"):
                 p.copy_(torch.randn_like(p) * 0.5)
-            elif not name.endswith(("weights", "biases", "node_bias")):  # the tables are random already
+            elif not name.endswith(("weights", "biases", "node_bias", "edge_a", "edge_b")):  # random already
                 p.copy_(torch.randn_like(p) * 0.3)
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=[(False, False), (False, True), (True, True)],
-                ids=["sparse", "sparse-extensions", "dense-extensions"])
+@pytest.fixture(scope="module", params=[(False, False, 0), (False, True, 0), (True, True, 0), (False, True, 2)],
+                ids=["sparse", "sparse-extensions", "dense-extensions", "low-rank-extensions"])
 def model(request):
-    dense, extensions = request.param
-    return build(dense=dense, extensions=extensions)
+    dense, extensions, rank = request.param
+    return build(dense=dense, extensions=extensions, edge_rank=rank)
 
 
 def batch(V, seed=1):
