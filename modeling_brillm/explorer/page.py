@@ -10,14 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _STATIC = Path(__file__).resolve().parent / "static"
-# the page's script, in the order it runs: helpers, the energy chart, the path views, the Node view, the diff view,
-# and the start that lays the page out
+# the page's script in the order it runs: helpers, the energy chart, the path, Node and diff views, the start
 SCRIPTS = ("base.js", "chart.js", "path.js", "node.js", "diff.js", "main.js")
-
-
-def _script() -> str:
-    parts = [(_STATIC / name).read_text(encoding="utf-8") for name in SCRIPTS]
-    return '(function () {\n  "use strict";\n' + "\n".join(parts) + "\n})();\n"
 
 
 @dataclass
@@ -36,19 +30,18 @@ class Explorer:
         payload = json.dumps(self.data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
         style = (_STATIC / "explorer.css").read_text(encoding="utf-8")
+        script = "\n".join((_STATIC / name).read_text(encoding="utf-8") for name in SCRIPTS)
         title = html.escape(str(self.data.get("title", "BriLLM explorer")))
         return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>\n'
                 f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
                 f"<style>\n{style}</style></head>\n<body>\n<div id=\"app\"></div>\n"
                 f'<script type="application/json" id="brillm-data">{payload}</script>\n'
-                f"<script>\n{_script()}</script>\n</body></html>\n")
+                f'<script>\n(function () {{\n  "use strict";\n{script}\n}})();\n</script>\n</body></html>\n')
 
     def save(self, path) -> str:
-        path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_html())
-        return path
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(self.to_html(), encoding="utf-8")
+        return os.fspath(path)
 
     def iframe(self, height: int | None = None) -> str:
         """The page inside a sandboxed iframe (scripts run, nothing else is allowed): for notebooks and Gradio."""

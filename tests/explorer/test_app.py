@@ -1,7 +1,7 @@
-"""The Gradio app (examples/app.py) in headless chromium: served on 127.0.0.1 only, it offers the models of its
-command line, a prompt's page shows the steps energy_trace and energy_generate give for it, bad input gets a
-message in the page (never a trace), and a path typed into an app that allows any model reads the same whether or
-not it exists on the server."""
+"""The Gradio app (modeling_brillm/explorer/app.py, behind examples/app.py) in headless chromium: served on 127.0.0.1
+only, it offers the models of its command line, a prompt's page shows the steps energy_trace and energy_generate
+give for it, bad input gets a message in the page (never a trace), and a path typed into an app that allows any
+model reads the same whether or not it exists on the server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import socket
 
 import pytest
 from _browser import webdriver
-from _scripts import load_script
 from _tiny import save_tiny
 
 webdriver()  # selenium, or a skip (a failure under CI) before the imports below
@@ -19,6 +18,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from modeling_brillm import energy_generate, energy_trace
+from modeling_brillm.explorer import app as explorer_app
 from modeling_brillm.explorer import label, load_model
 
 pytestmark = pytest.mark.slow  # Gradio's import and server start take ~10 s of the ~30 s on two cores
@@ -40,7 +40,7 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_module():
-    return load_script("examples/app.py", "brillm_app")
+    return explorer_app
 
 
 def start(app_module, *args, **kwargs):

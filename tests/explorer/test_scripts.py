@@ -1,7 +1,8 @@
-"""The explorer's two scripts as their users meet them: examples/visualize.py's messages (one line each, the fix
-the command line has, no library noise) and its code trust (a folder's own code runs only when asked); the app's
-(examples/app.py) list of models, its messages that say nothing of the server's files, and its bounded cache.
-None of these needs a browser or Gradio."""
+"""The explorer's two scripts as their users meet them: the command line's messages (modeling_brillm/explorer/cli.py,
+behind examples/visualize.py: one line each, the fix the command line has, no library noise); the app's
+(modeling_brillm/explorer/app.py, behind examples/app.py) list of models, its messages that say nothing of the
+server's files, and its bounded cache; and both scripts without the package (one line, status 2). None of these
+needs a browser or Gradio."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _scripts import load_script
 from _tiny import save_tiny
 
-from modeling_brillm.explorer import explore
+from modeling_brillm.explorer import app as explorer_app
+from modeling_brillm.explorer import cli, explore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,12 +30,12 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def visualize():
-    return load_script("examples/visualize.py", "brillm_visualize").main
+    return cli.main
 
 
 @pytest.fixture(scope="module")
 def app():
-    return load_script("examples/app.py", "brillm_app_faults")
+    return explorer_app
 
 
 def run(main, argv, capfd):
@@ -98,35 +99,39 @@ def test_visualize_extends_when_told(visualize, folder, tmp_path, capfd):
     assert code == 0 and err == [] and json.loads((tmp_path / "t.json").read_text())["summary"]["steps"] == 80
 
 
-HIDDEN = """import os, runpy, sys
+HIDDEN = """import runpy, sys
 sys.modules["modeling_brillm"] = None  # as where the package is not installed: only the folder's code is there
-sys.modules["tokenization"] = None
-main = runpy.run_path({script!r})["main"]
-base = ["--model", {folder!r}, "--text", "the cat", "--json", {out!r}]
-first = main(base)
-ran = os.path.exists({mark!r})
-second = main(base + ["--trust_remote_code"])
-print("codes", first, ran, second, os.path.exists({mark!r}))
+sys.argv = [{script!r}, "--model", {folder!r}, "--text", "the cat", "--json", {out!r}]
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_visualize_runs_a_folders_code_only_when_asked(folder, tmp_path):
-    """Without the package, the folder's own code is all there is: visualize.py says how to allow it, and runs it
-    only with --trust_remote_code (the folder's configuration module, when imported, leaves a mark)."""
+def run_script(script: str, folder, tmp_path, hidden: bool):
+    """examples/<script> run as its user runs it, with the package installed or, `hidden`, as if it were not."""
+    path, out = str(ROOT / "examples" / script), str(tmp_path / "t.json")
+    command = (["-c", HIDDEN.format(script=path, folder=str(folder), out=out)] if hidden else
+               [path, "--model", str(folder), "--text", "the cat", "--json", out])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    return subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_scripts_need_the_package_and_never_run_a_folders_code(folder, tmp_path):
+    """visualize.py reads a folder with the installed package's BriLLM; without the package it says how to install
+    it in one line and exits with status 2, and the folder's own code never runs (its configuration module, when
+    imported, would leave a mark). app.py says the same."""
     copy = tmp_path / "downloaded"
     subprocess.run(["cp", "-r", str(folder), str(copy)], check=True)
     mark = tmp_path / "code-ran"
     code_file = copy / "configuration_brillm.py"
     code_file.write_text(code_file.read_text() + f"\nopen({str(mark)!r}, 'a').write('ran')\n")
-    program = HIDDEN.format(script=str(ROOT / "examples" / "visualize.py"), folder=str(copy),
-                            out=str(tmp_path / "t.json"), mark=str(mark))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "codes 2 False 0 True" in result.stdout  # refused without running it; ran when asked
-    first = result.stderr.splitlines()[0]
-    assert first.startswith("error: BriLLM's package is not installed here") and "--trust_remote_code" in first
-    assert json.loads((tmp_path / "t.json").read_text())["summary"]["steps"] == 7
+    for script, install in (("visualize.py", "."), ("app.py", '".[app]"')):
+        result = run_script(script, copy, tmp_path, hidden=True)
+        assert result.returncode == 2 and result.stdout == "", result.stderr[-3000:]
+        assert result.stderr.splitlines() == [f"error: {script} needs BriLLM's package: pip install -e {install} in "
+                                              "the repository"]
+    result = run_script("visualize.py", copy, tmp_path, hidden=False)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
+    assert json.loads((tmp_path / "t.json").read_text())["summary"]["steps"] == 7 and not mark.exists()
 
 
 def test_the_app_opens_only_the_models_it_was_started_with(app, folder, tmp_path):
@@ -193,7 +198,9 @@ def test_the_apps_messages_fit_the_page(app, folder):
     assert model.config.position_overflow != "extend"  # the checkbox applies to its own request only
     assert app.check_listed([], False).startswith("give --model")
     assert app.check_listed([str(folder), str(folder.parent / "typo")], False) == (
-        f"no such folder: {str(folder.parent / 'typo')!r}")
+        f"no such folder: {str(folder.parent / 'typo')!r}.")
+    assert app.check_listed([str(folder / "config.json")], False).endswith("is a file, not a model folder: give the "
+                                                                          "folder save_pretrained wrote.")
     assert app.check_listed([], True) is None and app.check_listed([str(folder)], False) is None
 
 

@@ -274,9 +274,8 @@ def test_plot_energy_path_png_and_svg(model, tokenizer, tmp_path):
 
 
 def test_visualize_example(saved, tmp_path, capsys):
-    import runpy
+    from modeling_brillm.explorer.cli import main  # what examples/visualize.py runs
 
-    main = runpy.run_path(str(ROOT / "examples" / "visualize.py"))["main"]
     out = tmp_path / "v.png"
     assert main(["--model", str(saved), "--text", "a dog saw the cat", "--output", str(out),
                  "--json", str(tmp_path / "v.json")]) == 0
@@ -284,7 +283,7 @@ def test_visualize_example(saved, tmp_path, capsys):
     assert "perplexity" in capsys.readouterr().out
     assert len(json.loads((tmp_path / "v.json").read_text())["steps"]) == len("a dog saw the cat")
     assert main(["--model", str(saved), "--text", "", "--output", str(tmp_path / "e.png")]) == 2
-    assert "at least two" in capsys.readouterr().err
+    assert capsys.readouterr().err == "error: the text is empty: give --text some words to trace\n"
 
 
 # ----------------------------------------------------------------- past max_position_embeddings ("extend")
@@ -354,13 +353,14 @@ def test_perplexity_example_extend_scores_whole_texts(saved, tmp_path, capsys):
 
 
 def test_visualize_example_extend_traces_long_texts(saved, tmp_path, capsys):
-    import runpy
+    from modeling_brillm.explorer.cli import main  # what examples/visualize.py runs
 
-    main = runpy.run_path(str(ROOT / "examples" / "visualize.py"))["main"]
-    text = " ".join(CORPUS[:4])  # 101 tokens with <s>
+    text = " ".join(CORPUS[:4])  # one token a character, and <s>: 93 tokens
     args = ["--model", str(saved), "--text", text, "--output", str(tmp_path / "v.svg"),
             "--json", str(tmp_path / "v.json"), "--max_steps", "4"]  # draw little: the trace is what is tested
-    assert main(args) == 2 and "max_position_embeddings=64" in capsys.readouterr().err
+    assert main(args) == 2 and capsys.readouterr().err == (
+        f"error: the text holds {len(text) + 1} tokens, more than the 64 positions this model was trained on: pass "
+        "--extend to read past them.\n")
     assert main(args + ["--extend"]) == 0
     steps = json.loads((tmp_path / "v.json").read_text())["steps"]
     assert len(steps) == len(text) and steps[-1]["position"] == len(text) - 1
