@@ -1,36 +1,12 @@
-"""BriLLM's own decoding loop, `energy_generate`: the next node is the one whose incoming edge receives the most energy.
+"""BriLLM's own decoding, `energy_generate`: the next node is the one whose incoming edge receives the most energy,
+with the *energy path* recorded: for every step and row, the node the signal sat on, the node chosen, its energy
+(raw logit), its rank among all V nodes, its probability, and the strongest runner-ups.
 
-Every token is a node of a graph. A step moves the signal from the node u it sits on to a successor v, and the
-energy E_v = ‖GeLU(x·W[u→v] + b + PE)‖ that the edge u→v delivers is v's logit. `energy_generate` decodes with these
-logits and records the *energy path*: for every step and row, the node the signal sat on, the node chosen, its
-energy (raw logit), its rank among all V nodes, its probability under the decoding distribution, and the strongest
-runner-up nodes with their energies.
-
-What comes from transformers and what is ours:
-  * temperature, top-k / top-p, the repetition penalty and n-gram bans are transformers' logits processors; the one
-    processor of ours, `SelfLoopBan`, forbids the move u→u;
-  * rows end with transformers' stopping criteria (`EosTokenCriteria`, `StopStringCriteria`, `MaxLengthCriteria`),
-    so stop strings and eos tokens end a row exactly where `generate()` ends it;
-  * beam search is `model.generate()`'s own: it is asked for its raw logits (the energies), its scores and its beam
-    indices, from which the energy path of every returned sequence is read back;
-  * greedy decoding and sampling run in a short loop of ours over the model's O(d) recurrent state (one forward per
-    token with its state as the cache and `logits_to_keep=1`). It records the path as it goes, draws from a
-    `torch.Generator` when given one (`generate()` takes none), and on a GPU reads "has every row finished?" from the
-    device only every few steps.
-
-Compared with the decoding of the original BriLLM0.5 release (its defects are described in `docs/model.md`):
-  * the energies seen while decoding are exactly the logits of a teacher-forced forward over the final sequence
-    (the recurrent state uses the teacher-forcing positions);
-  * temperature divides the logits before the softmax, not the probabilities;
-  * all candidate nodes are scored in one batched call, not one call per candidate;
-  * self-loops u→u are excluded by default, as in the release (`exclude_self_loops=True`); with False, greedy
-    decoding equals `model.generate(do_sample=False)` token for token.
-
-`BriLLMForCausalLM.energy_generate(input_ids, ...)` calls this function; `model.generate()` and
-`pipeline("text-generation")` are untouched. The module imports only torch and transformers, so it ships with saved
-models as remote code and can be published as a standalone `custom_generate` repository (`save_custom_generate`).
-That folder is on purpose not written into model repositories: transformers would then replace `model.generate`
-itself whenever the model is loaded with `trust_remote_code=True`, which would change what `pipeline(...)` does.
+It runs in the decoding loop `generate()` runs (`generation.decode_loop`), with transformers' logits processors and
+stopping criteria plus one of ours, `SelfLoopBan` (the release never moves from a node to itself); beam search is
+`generate()`'s own, the paths read back from its logits and beam indices. A tool of the package: `model.
+energy_generate` reaches it, and `save_custom_generate` writes it as a standalone transformers `custom_generate`
+repository (on purpose not into model repositories, where transformers would replace `model.generate` itself).
 """
 
 from __future__ import annotations
@@ -385,45 +361,21 @@ def energy_generate(
     early_stopping: bool | str = False,
     signal_ids=None,
 ) -> EnergyGenerateOutput:
-    """Decode with BriLLM's rule: at every step, every node v receives energy E_v = ‖GeLU(x·W[u→v] + b + PE)‖
-    from the node u the signal sits on; the next node is the most energetic one (greedy) or is drawn from
-    softmax(E / temperature) (sampling). The options mean what they mean for `generate()`, which checks them.
+    """Decode with BriLLM's rule: every node v receives energy E_v = ‖GeLU(x·W[u→v] + b + PE)‖ from the node u
+    the signal sits on; the next node is the most energetic (greedy) or drawn from softmax(E / temperature). The
+    options mean what they mean for `generate()` (which checks them), and run in its loop (`decode_loop`):
 
-    Args:
-        model: a `BriLLMForCausalLM`.
-        input_ids: `(batch, length)` token ids (a 1-D tensor or a list of ids is taken as one row). Every row needs
-            at least one real token; start from the BOS token for an unconditional sample.
-        attention_mask: 1 for real tokens, 0 for padding; padding may be on either side (right-padded rows are
-            moved to left padding, so `sequences` always continues each row at its last column).
-        max_new_tokens: new tokens per row. A row's real length plus `max_new_tokens` may not exceed
-            `config.max_position_embeddings` (`ValueError`, before generating, naming the largest value that fits)
-            unless `config.position_overflow="extend"`, which has no limit.
-        do_sample, temperature, top_k, top_p: sampling with transformers' warpers (ignored when greedy).
-        repetition_penalty, no_repeat_ngram_size: transformers' CTRL penalty and n-gram ban (prompt padding is part
-            of the row for them, as in `generate()`).
-        exclude_self_loops: never move from a node to itself (the release does this). With False, greedy decoding
-            equals `model.generate(do_sample=False)` token for token.
-        eos_token_id: id or ids that end a row; None reads `model.generation_config` / `model.config`; [] never
-            stops early.
-        num_alternatives: how many runner-up nodes (strongest other nodes by raw energy) to record per step.
-        generator: a `torch.Generator` for reproducible sampling.
-        pad_token_id: fills finished rows; defaults to the generation config's, then the first eos id.
-        streamer: a transformers streamer (`TextStreamer`, ...); gets the prompt, then each new token (batch 1).
-        tokenizer: kept on the output so `path()` / `to_records()` include token texts; needed by `stop_strings`.
-        stop_strings: a string or list of strings ending a row with the token that completes one (transformers'
-            `StopStringCriteria`); needs `tokenizer`.
-        num_beams, num_return_sequences, length_penalty, early_stopping: beam search (greedy only) is `generate()`'s
-            own, rules included; the rows of `sequences` are grouped by prompt: row r·n + i is prompt r's i-th best.
-            As in `generate()`, the repetition penalty and the n-gram and self-loop bans act on the log-softmax of
-            the energies, renormalised when any applies; a beam's score is the sum of these log-probabilities. To
-            read the paths back, `generate()` keeps every step's (num_beams·batch, V) logits until the end.
-        signal_ids: `(batch,)` learned start signal of each row (models with `start_signal="learned"`).
+        input_ids, attention_mask   (batch, length) ids (a list or 1-D tensor is one row), padding on either side
+        max_new_tokens              new tokens per row (refused before decoding if they run past the trained range)
+        do_sample, temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size, eos_token_id ([] never
+        stops), pad_token_id, streamer, stop_strings (with `tokenizer`), signal_ids: as in `generate()`
+        exclude_self_loops          never move from a node to itself (the release; False: `generate()`'s tokens)
+        num_alternatives            runner-up nodes recorded per step; `generator` draws the samples
+        num_beams, num_return_sequences, length_penalty, early_stopping: `generate()`'s own beam search, each
+                                    sequence's path read back from its beam (row r·n + i: prompt r's i-th best)
 
-    Returns:
-        `EnergyGenerateOutput` with `sequences` and the energy path (`tokens`, `energies`, `ranks`,
-        `probabilities`, `alternative_tokens`, `alternative_energies`, `step_mask`, ...). With beams, the path of
-        each returned sequence is that of its own beam (`probabilities` are exp of the scoring log-probabilities)
-        and `sequences_scores` holds the beam scores.
+    Returns an `EnergyGenerateOutput`: `sequences` and the energy path (`tokens`, `energies`, `ranks`,
+    `probabilities`, `alternative_tokens`, `alternative_energies`, `step_mask`; beams: `sequences_scores`).
     """
     options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                    top_p=top_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,

@@ -229,16 +229,13 @@ def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, title: str
                      max_steps: int = 80, dpi: int = 120):
     """Draw the signal's path through the graph: the text's tokens along the bottom row, each edge t→t+1 coloured
     by the energy it delivers and labelled with that energy and its rank; above every step, the `top_k` strongest
-    other nodes (the alternatives the signal could have taken) with thinner, fainter edges. The format follows the
-    extension of `path` (.png, .svg, .pdf, ...). Long traces are cut to their first `max_steps` steps.
-    Returns the path written.
-    """
+    other nodes with thinner, fainter edges. The format follows `path`'s extension (.png, .svg, .pdf, ...); long
+    traces are cut to their first `max_steps` steps. Returns the path written."""
     try:
         from matplotlib import cm, colors
         from matplotlib.figure import Figure
     except ImportError as error:  # optional dependency: keep it out of the module's import list
         raise ImportError("plot_energy_path needs matplotlib: pip install matplotlib") from error
-
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if not ext:
@@ -248,47 +245,52 @@ def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, title: str
         raise ValueError("the trace has no steps to draw (it needs at least two tokens).")
     k = (trace.alternative_tokens.shape[1] if top_k is None
          else max(0, min(int(top_k), trace.alternative_tokens.shape[1])))
-    energies = trace.energies[:n]
     alt_e = trace.alternative_energies[:n, :k]
-    finite = torch.cat([energies, alt_e.flatten()])
+    finite = torch.cat([trace.energies[:n], alt_e.flatten()])
     finite = finite[torch.isfinite(finite)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
-    if vmax <= vmin:
-        vmax = vmin + 1.0
-    norm = colors.Normalize(vmin=vmin, vmax=vmax)
+    norm = colors.Normalize(vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1.0)
     cmap = cm.get_cmap("viridis") if hasattr(cm, "get_cmap") else __import__("matplotlib").colormaps["viridis"]
-
-    def width(e):
-        return 0.6 + 3.4 * norm(e)
-
     fig = Figure(figsize=(min(2.0 + 1.15 * (n + 1), 60.0), 2.2 + 0.9 * (k + 1)), dpi=dpi)
     ax = fig.add_subplot(1, 1, 1)
-    texts = trace.token_texts
     for t in range(n):
-        e = float(trace.energies[t])
-        colour = cmap(norm(e))
-        ax.annotate("", xy=(t + 1, 0), xytext=(t, 0),
-                    arrowprops=dict(arrowstyle="-|>", color=colour, lw=width(e), shrinkA=14, shrinkB=14))
-        rank = int(trace.ranks[t])
-        ax.text(t + 0.5, -0.32, f"{e:.2f}\n#{rank}", ha="center", va="top", fontsize=7,
-                color="black" if rank == 1 else "firebrick")
-        for j in range(k):
-            ae = float(alt_e[t, j])
-            if not math.isfinite(ae):
-                continue
-            y = j + 1
-            ax.annotate("", xy=(t + 1, y), xytext=(t, 0),
-                        arrowprops=dict(arrowstyle="-", color=cmap(norm(ae)), lw=0.4 + 1.6 * norm(ae), alpha=0.45,
-                                        shrinkA=14, shrinkB=10))
-            alt_token = int(trace.alternative_tokens[t, j])
-            alt_text = trace.alternative_texts[t][j] if trace.alternative_texts else None
-            ax.scatter([t + 1], [y], s=260, color=cmap(norm(ae)), alpha=0.35, zorder=2, edgecolors="none")
-            ax.text(t + 1, y, _label(alt_text, alt_token), ha="center", va="center", fontsize=7, zorder=3, alpha=0.8)
+        _draw_step(ax, trace, t, alt_e[t], norm, cmap)
     for t in range(n + 1):
         token = int(trace.tokens[t])
         ax.scatter([t], [0], s=420, color="white", edgecolors="black", linewidths=1.2, zorder=4)
-        ax.text(t, 0, _label(texts[t] if texts else None, token), ha="center", va="center", fontsize=8,
-                fontweight="bold", zorder=5)
+        ax.text(t, 0, _label(trace.token_texts[t] if trace.token_texts else None, token), ha="center", va="center",
+                fontsize=8, fontweight="bold", zorder=5)
+    _frame(ax, trace, n, k, title)
+    mappable = cm.ScalarMappable(norm=norm, cmap=cmap)
+    mappable.set_array([])
+    fig.colorbar(mappable, ax=ax, fraction=0.025, pad=0.01).set_label("logit (edge energy + node offsets)", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, format=ext)
+    return path
+
+
+def _draw_step(ax, trace, t: int, alt_e, norm, cmap):
+    """Step t: the path's edge t→t+1 with its energy and rank, and the alternatives' fainter edges and nodes."""
+    e, rank = float(trace.energies[t]), int(trace.ranks[t])
+    ax.annotate("", xy=(t + 1, 0), xytext=(t, 0),
+                arrowprops=dict(arrowstyle="-|>", color=cmap(norm(e)), lw=0.6 + 3.4 * norm(e), shrinkA=14, shrinkB=14))
+    ax.text(t + 0.5, -0.32, f"{e:.2f}\n#{rank}", ha="center", va="top", fontsize=7,
+            color="black" if rank == 1 else "firebrick")
+    for j, ae in enumerate(alt_e.tolist()):
+        if not math.isfinite(ae):
+            continue
+        ax.annotate("", xy=(t + 1, j + 1), xytext=(t, 0),
+                    arrowprops=dict(arrowstyle="-", color=cmap(norm(ae)), lw=0.4 + 1.6 * norm(ae), alpha=0.45,
+                                    shrinkA=14, shrinkB=10))
+        alt_text = trace.alternative_texts[t][j] if trace.alternative_texts else None
+        ax.scatter([t + 1], [j + 1], s=260, color=cmap(norm(ae)), alpha=0.35, zorder=2, edgecolors="none")
+        ax.text(t + 1, j + 1, _label(alt_text, int(trace.alternative_tokens[t, j])), ha="center", va="center",
+                fontsize=7, zorder=3, alpha=0.8)
+
+
+def _frame(ax, trace, n: int, k: int, title):
+    """The axes, their labels and the title."""
     ax.set_xlim(-0.7, n + 0.7)
     ax.set_ylim(-1.0, k + 0.7)
     ax.set_yticks([0] + list(range(1, k + 1)))
@@ -302,11 +304,3 @@ def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, title: str
     ax.set_title(title or (f"BriLLM energy path: {summary['steps']} steps, perplexity {summary['perplexity']:.2f}, "
                            f"top-1 {summary['top1_accuracy']:.0%}"
                            + (f" (first {n} steps shown)" if n < len(trace) else "")), fontsize=9)
-    mappable = cm.ScalarMappable(norm=norm, cmap=cmap)
-    mappable.set_array([])
-    fig.colorbar(mappable, ax=ax, fraction=0.025, pad=0.01).set_label("logit (edge energy + node offsets)", fontsize=8)
-    fig.tight_layout()
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fig.savefig(path, format=ext)
-    return path

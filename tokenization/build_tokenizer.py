@@ -293,53 +293,17 @@ def build_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train a BriLLM tokenizer and wrap it as a ``PreTrainedTokenizerFast``.
 
-    Args:
-        texts_or_files_or_dataset: training corpus: a list/iterator of strings
-            (one document each), one text-file path or a list of them (each
-            line is a document; line endings are dropped), or a
-            ``datasets.Dataset``/``IterableDataset`` (``text_column`` is read in
-            batches).  Empty strings and ``None`` values are skipped.
-        kind: ``"bpe"`` (byte-level BPE, English) or ``"char"`` (one token per
-            character, Chinese).
-        vocab_size: total vocabulary size *including* the 4 special tokens.
-            ``bpe`` needs at least 4 + 256 (byte alphabet); ``char`` keeps the
-            ``vocab_size - 4`` most frequent characters.  Small corpora may
-            yield fewer tokens than requested.
-        output_dir: if given, ``save_pretrained`` is called there; the folder
-            loads with ``AutoTokenizer.from_pretrained`` and no custom code.
-        text_column: column holding the text when a dataset is given.
-        min_frequency: a BPE merge / a character must occur at least this often
-            to enter the vocabulary.
-        model_max_length: stored on the tokenizer. The default None means "no limit" (transformers' very large
-            integer, as for any tokenizer whose model length is unknown): right for a tokenizer on its own, whose
-            texts BriLLM callers split into blocks. A tokenizer saved beside a model records the model's position
-            limit, ``model_max_length=config.max_position_embeddings`` (or set ``tokenizer.model_max_length`` so
-            before ``save_pretrained``), as every Hugging Face model folder does: ``truncation=True`` and
-            pipelines then cut at it, and a longer text warns unless tokenized with ``verbose=False``. For a
-            ``position_overflow="extend"`` model it is the trained range; the model reads past it.
+    ``texts_or_files_or_dataset``: a list or iterator of strings (one document each), a text file's path or a list
+    of them (a document a line), or a ``datasets.Dataset`` (its ``text_column``); empty texts are skipped. ``kind``:
+    ``"bpe"`` (byte-level BPE, English; text NFKC-normalised first) or ``"char"`` (a token a character, whitespace
+    included; Chinese). ``vocab_size`` counts the 4 special tokens (bpe needs at least 4 + 256); ``min_frequency``:
+    a merge or character enters the vocabulary at this count. ``output_dir``: ``save_pretrained`` there (loads with
+    ``AutoTokenizer`` and no custom code). ``model_max_length``: None means no limit (texts are split into blocks
+    by the callers); a tokenizer saved beside a model records ``config.max_position_embeddings``.
 
-    Returns:
-        The trained tokenizer: pad/unk/bos/eos = ``<pad> <unk> <s> </s>`` with
-        ids 0..3, ``<s>`` prepended when ``add_special_tokens=True`` (by the
-        post-processor saved in ``tokenizer.json``; the ``add_bos_token``
-        attribute reads ``False`` and should not be toggled, since setting
-        ``add_bos_token``/``add_eos_token`` makes transformers rebuild the template).
-
-    BPE kind: text is NFKC-normalised first, so decode(encode(x)) == x holds
-    for NFKC-normalised text (e.g. the ligature "\ufb01" comes back as "fi").
-
-    Char kind and whitespace: every character, whitespace included, is its own
-    token, so a space (or tab, U+00A0, ...) that is frequent enough to be kept
-    round-trips exactly; one that is not kept encodes to ``<unk>`` like any
-    other rare character.  Because files are read one document per line, the
-    newline character only enters the vocabulary when it occurs inside the
-    texts passed in.  ``<unk>`` is a special token, so
-    ``decode(..., skip_special_tokens=True)`` drops unknown characters.
-
-    Raises:
-        ValueError: unknown ``kind``, too small ``vocab_size``, no/empty input,
-            or missing ``text_column``.
-        FileNotFoundError: a training file does not exist.
+    Returns the tokenizer, with ``<pad> <unk> <s> </s>`` at ids 0..3 and ``<s>`` prepended by the post-processor in
+    ``tokenizer.json`` (do not toggle ``add_bos_token``: transformers would rebuild the template). A ValueError names
+    an unknown ``kind``, a too small ``vocab_size``, an empty corpus or a missing ``text_column``.
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, "
