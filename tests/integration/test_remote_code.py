@@ -115,3 +115,41 @@ def test_folders_saved_before_the_model_held_its_base_still_load(tmp_path):
     assert torch.equal(loaded(ids).logits, model(ids).logits)
     result, _ = run_fresh(tmp_path, "saved", "resaved")
     assert result["generated"] == expected
+
+
+TRAINS = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+source = sys.argv[1]
+model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True)
+ids = torch.load("ids.pt")
+rows = [{"input_ids": r, "labels": r} for r in ids]
+args = TrainingArguments(output_dir="trainer", max_steps=6, per_device_train_batch_size=2, learning_rate=0.05,
+                         report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, disable_tqdm=True)
+trainer = Trainer(model=model, args=args, train_dataset=rows)
+trainer.train()
+losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+trainer.save_model("trained")
+again = AutoModelForCausalLM.from_pretrained("trained", trust_remote_code=True)
+with torch.no_grad():
+    same = torch.equal(model(ids).logits, again(ids).logits)
+print("RESULT " + json.dumps({"losses": losses, "same": same, "module": type(model).__module__}))
+"""
+
+
+def test_a_saved_folder_trains_under_trainer_without_the_package(tmp_path):
+    """A Hub user with transformers alone fine-tunes a saved folder with `Trainer` and saves it again."""
+    torch.manual_seed(0)
+    seqs = [torch.randint(0, 12, (9,)) for _ in range(8)]
+    BriLLMForCausalLM.from_token_sequences(seqs, vocab_size=12, node_size=6).save_pretrained(tmp_path / "saved")
+    torch.save(torch.stack(seqs), tmp_path / "ids.pt")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_", "BRILLM_"))}
+    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", BLOCK_PACKAGE + textwrap.dedent(TRAINS), "saved"], cwd=tmp_path,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["module"].startswith("transformers_modules") and result["same"]
+    assert len(result["losses"]) == 6 and result["losses"][-1] < result["losses"][0], result["losses"]
