@@ -198,6 +198,3 @@ def _number(value) -> bool:
 def _need(ok: bool, message: str):
     if not ok:
         raise ValueError(f"Invalid BriLLMConfig: {message}")
-
-
-__all__ = ["BriLLMConfig"]

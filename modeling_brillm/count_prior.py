@@ -58,6 +58,3 @@ def add_count_prior(logits: torch.Tensor, sources: torch.Tensor, node: torch.Ten
     slot = torch.where(real, slot, torch.zeros_like(slot))  # K >= 1 when any source has a successor
     add = torch.where(real, values[slot], torch.zeros((), dtype=values.dtype, device=values.device))
     return out.scatter_add(1, indices[slot], add.to(out.dtype))
-
-
-__all__ = ["DENSE_TABLE_MAX", "DISCOUNT", "CountPrior", "add_count_prior", "count_prior", "dense_table"]

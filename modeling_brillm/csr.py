@@ -82,6 +82,3 @@ def edge_row(csr: tuple[list[int], np.ndarray] | None, source: int, target: int,
     start, end = indptr[source], indptr[source + 1]
     k = start + int(np.searchsorted(indices[start:end], target))
     return k + 1 if k < end and indices[k] == target else 0
-
-
-__all__ = ["BigramGraph", "check_csr", "edge_keys", "edge_row", "edge_rows_from_keys"]

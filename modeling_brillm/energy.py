@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .plans import CandidatePlan, EdgeGradLink, KernelPlan, edge_table_grads, make_torch_plan
+from .plans import CandidatePlan, EdgeGradLink, KernelPlan, edge_table_grads
 
 
 class RowView(torch.autograd.Function):
@@ -477,17 +477,3 @@ def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor
     if non_edge_bias is not None:
         shared = shared + non_edge_bias.to(shared.dtype)[targets]
     return torch.where(real, picked, shared)
-
-
-__all__ = [
-    "RowView",
-    "candidate_energies",
-    "gather_edges",
-    "scatter_logits",
-    "row_energies",
-    "successor_logits",
-    "exact_log_partition",
-    "non_edge_log_mass",
-    "target_energies",
-    "release_workspaces",
-]

@@ -291,7 +291,8 @@ class BriLLMGenerationMixin(GenerationMixin):
             streamer.end()
         if not config.return_dict_in_generate:
             return sequences
-        scores, raw = (tuple(kept[0][:steps]) if keep_scores else None), (tuple(kept[1][:steps]) if keep_logits else None)
+        scores = tuple(kept[0][:steps]) if keep_scores else None
+        raw = tuple(kept[1][:steps]) if keep_logits else None
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=raw, attentions=None,
                                          hidden_states=None, **{GENERATE_CACHE: state})
 
@@ -340,6 +341,3 @@ class BriLLMGenerationMixin(GenerationMixin):
 
     def _reorder_cache(self, cache: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
         return cache.reorder_cache(beam_idx)
-
-
-__all__ = ["BriLLMGenerationMixin", "Decoding", "decode_loop"]

@@ -145,14 +145,11 @@ class GraphMethods:
                                                                             pad_to_multiple_of, mean_resizing)
 
     def add_edges(self, pairs, counts=None) -> torch.Tensor:
-        """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph, each starting as a copy of
-        the shared edge (`graph.add_edges`); returns their edge-table rows. Create the optimizer after growing."""
+        """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph, each starting as a
+        copy of the shared edge (`graph.add_edges`); returns their edge-table rows. Create the optimizer after."""
         return package_tool("graph", "add_edges").add_edges(self.base_model, pairs, counts)
 
     def add_edges_from_sequences(self, sequences, min_count: int = 1, ignore_ids=()) -> torch.Tensor:
         """Make real every bigram of `sequences` seen `min_count` times that is not real yet; returns the new rows."""
         return package_tool("graph", "add_edges_from_sequences").add_edges_from_sequences(
             self.base_model, sequences, min_count, ignore_ids)
-
-
-__all__ = ["GraphMethods", "NODE_ROWS"]

@@ -62,6 +62,3 @@ def position_losses(energies, shared, plan, sources, targets, target_rows, block
         logits = scatter_logits(energies, shared, plan, V, non_edge_bias)
     return sampled_loss(logits, shared, sources, targets, config.num_negatives, config.negative_sampling,
                         successors_by_count)
-
-
-__all__ = ["position_losses", "sampled_loss", "shift_labels"]

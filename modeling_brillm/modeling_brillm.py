@@ -36,8 +36,8 @@ from .validation import check_inputs, check_labels, check_signal_ids, compact_re
 # isort: split
 # transformers 5.4 copies a local folder's remote code one import deep: naming here the modules that the others
 # import makes every file of the model's code travel with it on every supported version.
-from .decode_capture import DecodeGraphs  # noqa: F401
 from .csr import edge_keys  # noqa: F401
+from .decode_capture import DecodeGraphs  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
 from .triton_recurrence import unsupported_reason  # noqa: F401
@@ -573,7 +573,3 @@ def checkpointed(checkpoint, fn, structs, link):
 
     signals, *mix = checkpoint(run, *flat)
     return signals, Mix(*mix)
-
-
-__all__ = ["BriLLMPreTrainedModel", "BriLLMModel", "BriLLMForCausalLM", "BriLLMState", "Signals",
-           "positional_encoding"]

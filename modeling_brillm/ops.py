@@ -18,14 +18,14 @@ import os
 import torch
 
 from .backend import use_triton
+from .csr import edge_rows_from_keys
 from .energy import candidate_energies as ref_candidate_energies
 from .energy import exact_log_partition as ref_exact_log_partition
-from .energy import gather_edges, non_edge_log_mass, release_workspaces
+from .energy import non_edge_log_mass
 from .energy import scatter_logits as ref_scatter_logits
 from .energy import successor_logits as ref_successor_logits
 from .energy import target_energies as ref_target_energies
-from .csr import edge_keys, edge_rows_from_keys
-from .plans import CandidatePlan, EdgeGradLink, KernelPlan, graph_max_degree, make_kernel_plan, make_torch_plan
+from .plans import CandidatePlan, EdgeGradLink, KernelPlan, make_kernel_plan, make_torch_plan
 from .recurrence import edge_update, plus_edge_base, without_onednn
 from .recurrence import signal_scan as ref_signal_scan
 from .state import Columns
@@ -187,11 +187,3 @@ def decode_step(tokens, mix, at, edges, graph, width: int | None):
                               at.weight, at.node_add)
         pe = plus_edge_base(at.pe_next, mix.signal, edges.edge_base)
         return successor_logits(mix.signal, pe, edges, tokens, graph, width), mix
-
-
-__all__ = [
-    "CandidatePlan", "EdgeGradLink", "KernelPlan", "candidate_energies", "decode_step", "disabled_kernels",
-    "edge_keys", "edge_rows_from_keys", "exact_log_partition", "gather_edges", "graph_max_degree", "kernel_enabled",
-    "make_plan", "non_edge_log_mass", "release_workspaces", "reset_self_check", "scatter_logits", "signal_scan",
-    "successor_logits", "target_energies",
-]

@@ -187,6 +187,3 @@ def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -
     rows = torch.arange(B, device=device) if rows is None else rows.to(device)
     start = torch.zeros(B, dtype=torch.long, device=device) if start is None else start.to(device)
     return dropout_mask(p, seed, rows, start.unsqueeze(1) + torch.arange(L + 1, device=device), d)
-
-
-__all__ = ["check_dropout_rows", "draw_dropout_seed", "dropout_mask", "row_step", "scan_dropout_mask", "edge_update", "mix64", "mix_in", "plus_edge_base", "signal_scan", "without_onednn"]

@@ -3,7 +3,8 @@
 `adamw_rows` is lazy AdamW on the rows of a sparse gradient (optimization.py states the semantics): duplicate rows
 summed, row 0 stepped with lr·first_row_scale when asked, bfloat16 moments stored with stochastic rounding (the
 same random bits as the kernel). Contiguous runs of rows go through torch's fused AdamW over views (no copies);
-scattered rows are gathered, updated and written back in bounded chunks. `optimization.adamw_rows` picks this or the kernel.
+scattered rows are gathered, updated and written back in bounded chunks. `optimization.adamw_rows` picks this or
+the kernel.
 """
 
 import torch

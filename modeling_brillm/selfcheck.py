@@ -150,7 +150,8 @@ def _one_decode(kernel: bool, device, options: bool):
     last = torch.tensor([0, V - 1, 2, 3], device=device)
     mix = Mix(_randn(g, B, d, device=device), torch.rand(B, d, generator=g).to(device),
               (torch.rand(B, generator=g) + 1).to(device), _randn(g, B, device=device))
-    pe_now, pe_next, weight = _randn(g, B, d, device=device), _randn(g, B, d, device=device), _randn(g, B, device=device)
+    pe_now, pe_next = _randn(g, B, d, device=device), _randn(g, B, d, device=device)
+    weight = _randn(g, B, device=device)
     base = _randn(g, d, d, device=device, scale=0.5) if options else None
     node_add = _randn(g, B, d, device=device, scale=0.5) if options else None
     edges = EdgeTable(weights, biases, base, _randn(g, V, device=device))
@@ -164,7 +165,8 @@ def _adamw_outputs(kernel: bool, device):
     """Parameter and moments after one update of 7 rows (duplicates, row 0 at half the learning rate)."""
     g = torch.Generator().manual_seed(4)
     param = _randn(g, 12, 16, device=device)
-    exp_avg, exp_avg_sq = _randn(g, 12, 16, device=device, scale=0.1), (torch.rand(12, 16, generator=g) * 0.01).to(device)
+    exp_avg = _randn(g, 12, 16, device=device, scale=0.1)
+    exp_avg_sq = (torch.rand(12, 16, generator=g) * 0.01).to(device)
     rows = torch.tensor([5, 0, 3, 5, 11, 0, 2], device=device)
     values = _randn(g, 7, 16, device=device)
     run = optimization.kernel_adamw_rows if kernel else optimization.ref_adamw_rows

@@ -170,7 +170,3 @@ class BriLLMModelOutput(_CarriesState, BaseModelOutputWithPast):
 @dataclass
 class BriLLMCausalLMOutput(_CarriesState, CausalLMOutputWithPast):
     """`logits[:, t]` are the energies of every node as the successor of token t (they predict token t+1)."""
-
-
-__all__ = ["BriLLMCausalLMOutput", "BriLLMModelOutput", "BriLLMState", "CACHE", "Columns", "Mix", "RowCache",
-           "Signals", "TENSORS", "given_state"]

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from .count_prior import DENSE_TABLE_MAX, add_count_prior, dense_table
-from .energy import RowTables
 from .csr import edge_keys, edge_row
+from .energy import RowTables
 from .plans import graph_max_degree
 
 
@@ -232,7 +232,3 @@ class DerivedTables:
         if self._freq_cache is None or self._freq_cache[0] != key:
             self._freq_cache = (key, frequency_table(self.graph_indptr, indices, counts, width))
         return self._freq_cache[1]
-
-
-__all__ = ["DerivedTables", "EdgeTable", "GraphView", "Positions", "ReadOut", "StepAt", "StepTables",
-           "positional_encoding"]

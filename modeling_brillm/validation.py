@@ -106,6 +106,3 @@ def check_labels(labels, input_ids):
         raise ValueError(
             f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}."
         )
-
-
-__all__ = ["check_inputs", "check_labels", "check_signal_ids", "compact_real_tokens", "too_long"]

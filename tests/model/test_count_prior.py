@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM, build_sparse_graph
 from modeling_brillm.count_prior import add_count_prior
-from modeling_brillm.graph import count_prior
-from modeling_brillm.graph import count_bigrams
+from modeling_brillm.graph import count_bigrams, count_prior
 from tests._tiny import PAD, assert_decodes_like_forward, corpus_ids, make_model, make_tokenizer
 
 
