@@ -1,20 +1,10 @@
-"""Triton kernels for the candidate energies and the one-token successors (energy.py's math, fused; one launch per pass).
+"""Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass.
 
-For a signal x at a position on node u, every real successor v gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. The
-plan (`plans.KernelPlan`, built on the device without host synchronisation) cuts the work into tiles (source u,
-`tile_successors` consecutive successors); a persistent grid walks them. A tile loads its positions' x in chunks of
-`BM` and its edge matrices `BN` successors at a time as one (d × BN·d) operand (a block is contiguous in CSR order),
-then bias, PE, GeLU and the norm in registers.
-
-    forward, LSE mode     per (position, tile) the largest energy and Σ exp(E − it): log Z without materialising
-                          the Σ degree energies; LOGITS mode writes E_v into (rows, V) prefilled with the shared one
-    backward              recomputes h and E; dL/dE from log Z, the target and the logits' gradient; the sub-tile's
-                          weight and bias gradients summed over the positions of u and written once; dL/dx (and
-                          dL/dPE, which carries x·edge_base) added atomically
-    successors            one position per program row, a static (rows, tiles) grid: the decode step's energies
-
-The shared edge (row 0, one product per position) and `non_edge_bias` stay in torch. Tables of float32, bfloat16 or
-float16 are read as stored and computed in float32; docs/gpu.md gives the design and what each constant predicts."""
+For a signal x at a position on node u, every real successor v gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. A
+persistent grid walks the plan's tiles (`plans.KernelPlan`: source u, `tile_successors` of its successors): LSE mode
+keeps per (position, tile) the largest energy and Σ exp(E − it), LOGITS mode writes E_v into rows prefilled with the
+shared energy; the backward recomputes E and writes each edge row's gradient once. The shared edge (row 0) and
+`non_edge_bias` stay in torch; 16-bit tables are read as stored, computed in float32. Design: docs/gpu.md."""
 
 from __future__ import annotations
 
@@ -26,17 +16,12 @@ from .plans import edge_table_grads
 
 triton, tl = triton_modules()
 
-# Positions per chunk (the dot's M; tl.dot's smallest is 16): a source's positions are cut into chunks of this
-# many and a chunk's empty rows are computed and dropped. Zipf batches at the paper shape have 1.1 (32 x 32) to 16
-# (1024 x 64) positions per present source, so the smallest chunk wastes the least (docs/gpu.md).
-BLOCK_POSITIONS = 16
+BLOCK_POSITIONS = 16  # positions per chunk (the dot's M, tl.dot's smallest); docs/gpu.md says why
 BLOCK_SUCCESSORS = 4  # successors per sub-tile (the dot's N is BN·D)
-# tl.dot input precision: "ieee" is exact fp32 (CUDA-core FMAs, the 1e-5 target); "tf32x3" (three tensor-core
-# passes, near-fp32) is the first thing to try on a GPU where the kernels turn out compute-bound (docs/gpu.md).
-DOT_PRECISION = "ieee"
+DOT_PRECISION = "ieee"  # exact fp32, the 1e-5 target; "tf32x3" is the first thing to try where compute-bound
 PROGRAMS_PER_SM = 4  # persistent grid: this many programs per streaming multiprocessor
 INTERPRETER_PROGRAMS = 4  # grid size under Triton's CPU interpreter (it runs programs one after the other)
-
+DECODE_TILE_SUCCESSORS = 32  # successors per program of the decode kernel (sub-tiles of BLOCK_SUCCESSORS)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -60,31 +45,12 @@ def unsupported_reason(weights: torch.Tensor, x: torch.Tensor) -> str | None:
     return None
 
 
-def _grid(device: torch.device) -> int:
-    """Programs of the persistent grid: a few per streaming multiprocessor (fixed under the interpreter)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
-    return INTERPRETER_PROGRAMS
-
-
 if triton is not None:
 
     @triton.jit
-    def _gelu_and_grad(h):
-        """GeLU(h) (exact, erf) and its derivative Φ(h) + h·φ(h)."""
-        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
-        pdf = tl.exp(-0.5 * h * h) * 0.3989422804014327
-        return h * cdf, cdf + h * pdf
-
-    @triton.jit
-    def _widen(values, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
-        """(BM, BN) → (BM, BN·D): every value repeated over its successor's D columns."""
-        return tl.reshape(tl.broadcast_to(values[:, :, None], (BM, BN, D)), (BM, BN * D))
-
-    @triton.jit
     def _tile(t, tile_source_ptr, tile_first_ptr, count_ptr, group_start_ptr, indptr_ptr):
-        """Work tile t of the plan: its source u, its index s among u's tiles, u's positions (count of them, the first
-        in sorted order) and u's successors' edge rows e0 + 1 … e0 + degree (row 0 is the shared edge)."""
+        """Tile t: its source u, its index s among u's tiles, u's positions (count, first sorted) and edge rows e0 + 1
+        … e0 + degree (row 0 is the shared edge)."""
         u = tl.load(tile_source_ptr + t)
         s = t - tl.load(tile_first_ptr + u)
         count = tl.load(count_ptr + u)
@@ -92,6 +58,30 @@ if triton is not None:
         e0 = tl.load(indptr_ptr + u).to(tl.int64)
         degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
         return u, s, count, first, e0, degree
+
+    @triton.jit
+    def _columns(BN: tl.constexpr, D: tl.constexpr):
+        """Of every column of a (·, BN·D) sub-tile: its successor within the sub-tile and its output unit; the lanes."""
+        cols = tl.arange(0, BN * D)
+        return cols // D, cols % D, tl.arange(0, BN)
+
+    @triton.jit
+    def _load_block(w_ptr, b_ptr, e0, vs, degree, col_succ, col_j, k, d):
+        """Successors vs … vs + BN − 1: their edge matrices as one (D, BN·D) operand, biases, rows and live columns."""
+        col_v = vs + col_succ
+        col_ok = (col_v < degree) & (col_j < d)
+        row = e0 + 1 + col_v.to(tl.int64)
+        w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
+                    mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+        return w, bias, row, col_ok
+
+    @triton.jit
+    def _targets(indices_ptr, e0, v, vmask, HAS_INDICES: tl.constexpr):
+        """The target nodes of successors v (CSR indices; v itself in a dense graph)."""
+        if HAS_INDICES:
+            return tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
+        return v.to(tl.int64)
 
     @triton.jit
     def _energy_forward_kernel(
@@ -104,15 +94,11 @@ if triton is not None:
         PRECISION: tl.constexpr,
     ):
         """Energies of every (position, successor) tile: their partials (LSE) and/or logits (LOGITS)."""
-        pid = tl.program_id(0)
         total = tl.load(tile_total_ptr)
         k = tl.arange(0, D)
-        cols = tl.arange(0, BN * D)
-        col_succ = cols // D  # successor (within the sub-tile) of every column
-        col_j = cols % D  # output unit of every column
-        lanes = tl.arange(0, BN)
+        col_succ, col_j, lanes = _columns(BN, D)
         rows_in_chunk = tl.arange(0, BM)
-        t = pid
+        t = tl.program_id(0)
         while t < total:
             u, s, count, first, e0, degree = _tile(t, tile_source_ptr, tile_first_ptr, count_ptr, group_start_ptr,
                                                     indptr_ptr)
@@ -133,17 +119,10 @@ if triton is not None:
                     out_row = tl.load(out_row_ptr + p, mask=pmask, other=0).to(tl.int64)
                 else:
                     out_row = p64
-                # a loop, not static_range: unrolled, the 8 sub-tiles' loads were hoisted together and spilled
-                # 2 KB a thread on sm_90 (tests/_compile_kernels.py); looped, <= 96 bytes
-                for sub in range(NSUB):
+                for sub in range(NSUB):  # not static_range: unrolled, the sub-tiles' loads spilled 2 KB on sm_90
                     vs = v0 + sub * BN
                     if vs < degree:
-                        col_v = vs + col_succ
-                        col_ok = (col_v < degree) & (col_j < d)
-                        row = e0 + 1 + col_v.to(tl.int64)
-                        w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
-                                    mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
-                        bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                        w, bias, row, col_ok = _load_block(w_ptr, b_ptr, e0, vs, degree, col_succ, col_j, k, d)
                         h = tl.dot(x, w, input_precision=PRECISION) + bias[None, :] + pe_wide
                         y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
                         energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BM, BN, D)), axis=2))  # (BM, BN)
@@ -156,10 +135,7 @@ if triton is not None:
                                        + tl.sum(tl.exp(masked - new_max[:, None]), axis=1))
                             run_max = new_max
                         if LOGITS:
-                            if HAS_INDICES:
-                                target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
-                            else:
-                                target = v.to(tl.int64)
+                            target = _targets(indices_ptr, e0, v, vmask, HAS_INDICES)
                             tl.store(out_ptr + out_row[:, None] * V + target[None, :], energy,
                                      mask=pmask[:, None] & vmask[None, :])
                 if LSE:
@@ -182,15 +158,11 @@ if triton is not None:
         PRECISION: tl.constexpr,
     ):
         """Recompute a tile's energies and add their gradients into x, PE, the edge rows and biases."""
-        pid = tl.program_id(0)
         total = tl.load(tile_total_ptr)
         k = tl.arange(0, D)
-        cols = tl.arange(0, BN * D)
-        col_succ = cols // D
-        col_j = cols % D
-        lanes = tl.arange(0, BN)
+        col_succ, col_j, lanes = _columns(BN, D)
         rows_in_chunk = tl.arange(0, BM)
-        t = pid
+        t = tl.program_id(0)
         while t < total:
             u, s, count, first, e0, degree = _tile(t, tile_source_ptr, tile_first_ptr, count_ptr, group_start_ptr,
                                                     indptr_ptr)
@@ -198,19 +170,11 @@ if triton is not None:
             for sub in tl.static_range(NSUB):
                 vs = v0 + sub * BN
                 if vs < degree:
-                    col_v = vs + col_succ
-                    col_ok = (col_v < degree) & (col_j < d)
-                    row = e0 + 1 + col_v.to(tl.int64)
-                    w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
-                                mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
-                    bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                    w, bias, row, col_ok = _load_block(w_ptr, b_ptr, e0, vs, degree, col_succ, col_j, k, d)
                     v = vs + lanes
                     vmask = v < degree
                     if LOGITS:
-                        if HAS_INDICES:
-                            target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
-                        else:
-                            target = v.to(tl.int64)
+                        target = _targets(indices_ptr, e0, v, vmask, HAS_INDICES)
                     acc_w = tl.zeros((D, BN * D), tl.float32)
                     acc_b = tl.zeros((BN * D,), tl.float32)
                     c = 0
@@ -246,8 +210,7 @@ if triton is not None:
                             gl = tl.load(grad_logits_ptr + lrow[:, None] * V + target[None, :], mask=live, other=0.0)
                             grad_e += gl
                             if CLEAR_SUCCESSORS:  # what remains of the row is the shared energy's gradient
-                                # A (BM, BN) tile is held by several threads at once (each warp a copy), and one
-                                # copy's store may land before another copy's load: every warp reads first.
+                                # every warp holds a copy of the tile: all read before any zeroes it
                                 tl.debug_barrier()
                                 tl.store(grad_logits_ptr + lrow[:, None] * V + target[None, :], tl.zeros_like(gl),
                                          mask=live)
@@ -262,7 +225,7 @@ if triton is not None:
                             gx = tl.dot(gh, tl.trans(w), input_precision=PRECISION)
                             tl.atomic_add(grad_x_ptr + p64[:, None] * d + k[None, :], gx,
                                           mask=pmask[:, None] & (k[None, :] < d))
-                        if NEED_PE:  # PE enters every successor's pre-activation: dL/dPE = Σ_v dL/dh_v
+                        if NEED_PE:  # dL/dPE = Σ_v dL/dh_v
                             gpe = tl.sum(tl.reshape(gh, (BM, BN, D)), axis=1)
                             tl.atomic_add(grad_pe_ptr + p64[:, None] * d + k[None, :], gpe,
                                           mask=pmask[:, None] & (k[None, :] < d))
@@ -278,22 +241,17 @@ if triton is not None:
                         tl.store(grad_b_ptr + slot * d + col_j, acc_b.to(grad_b_ptr.dtype.element_ty), mask=col_ok)
             t += GRID
 
-
     @triton.jit
     def _decode_successors_kernel(
         x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr,
         d, V,
         D: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, HAS_INDICES: tl.constexpr,
     ):
-        """Energies of one position's successors in tile `program_id(1)` (NSUB·BN of them), written into its row of
-        logits: a plan-free grid (position, tile) for decoding, where a position rarely shares its source."""
+        """Energies of position program_id(0)'s successors in tile program_id(1), written into its row of logits."""
         r = tl.program_id(0).to(tl.int64)
         s = tl.program_id(1)
         k = tl.arange(0, D)
-        cols = tl.arange(0, BN * D)
-        col_succ = cols // D
-        col_j = cols % D
-        lanes = tl.arange(0, BN)
+        col_succ, col_j, lanes = _columns(BN, D)
         u = tl.load(sources_ptr + r)
         e0 = tl.load(indptr_ptr + u)
         degree = (tl.load(indptr_ptr + u + 1) - e0).to(tl.int32)
@@ -302,25 +260,16 @@ if triton is not None:
         for sub in tl.static_range(NSUB):
             vs = s * (NSUB * BN) + sub * BN
             if vs < degree:
-                col_v = vs + col_succ
-                col_ok = (col_v < degree) & (col_j < d)
-                row = e0 + 1 + col_v.to(tl.int64)
-                w = tl.load(w_ptr + row[None, :] * d * d + k[:, None] * d + col_j[None, :],
-                            mask=(k[:, None] < d) & col_ok[None, :], other=0.0).to(tl.float32)
-                bias = tl.load(b_ptr + row * d + col_j, mask=col_ok, other=0.0).to(tl.float32)
+                w, bias, row, col_ok = _load_block(w_ptr, b_ptr, e0, vs, degree, col_succ, col_j, k, d)
                 h = tl.sum(x[:, None] * w, axis=0) + bias
                 h += pe
                 y = h * 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
                 energy = tl.sqrt(tl.sum(tl.reshape(y * y, (BN, D)), axis=1))
                 v = vs + lanes
                 vmask = v < degree
-                if HAS_INDICES:
-                    target = tl.load(indices_ptr + e0 + v, mask=vmask, other=0).to(tl.int64)
-                else:
-                    target = v.to(tl.int64)
-                tl.store(out_ptr + r * V + target, energy, mask=vmask)
+                tl.store(out_ptr + r * V + _targets(indices_ptr, e0, v, vmask, HAS_INDICES), energy, mask=vmask)
 
-# ------------------------------------------------------------------------------------------------ launches
+
 def _common_args(plan):
     """The plan's tensors every energy kernel takes, in their argument order."""
     indices = plan.indices if plan.indices is not None else plan.indptr  # any valid pointer when dense
@@ -328,39 +277,35 @@ def _common_args(plan):
 
 
 def _meta(plan, d):
-    """Compile-time sizes of the energy kernels for node size `d` on this plan's device."""
-    return dict(D=padded_width(d), BM=BLOCK_POSITIONS,
-                BN=BLOCK_SUCCESSORS, NSUB=plan.tile_successors // BLOCK_SUCCESSORS, GRID=_grid(plan.count.device),
-                HAS_INDICES=plan.indices is not None, PRECISION=DOT_PRECISION)
+    """Compile-time sizes of the energy kernels for node size `d`, and the persistent grid on the plan's device."""
+    device = plan.count.device
+    grid = (torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM if device.type == "cuda"
+            else INTERPRETER_PROGRAMS)
+    return dict(D=padded_width(d), BM=BLOCK_POSITIONS, BN=BLOCK_SUCCESSORS, GRID=grid, PRECISION=DOT_PRECISION,
+                NSUB=plan.tile_successors // BLOCK_SUCCESSORS, HAS_INDICES=plan.indices is not None)
 
 
-def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(N, T, 2) float32: per (sorted position, successor tile) the largest energy and Σ exp(E − it); (−inf, 0)
-    past a position's degree."""
+def _forward(x, pe, weights, b2, plan, out, lse: bool):
+    """Launch the forward kernel: partials into `out` (N, T, 2) (lse) or energies into the logits `out` (N, V)."""
     N, d = x.shape
-    if out is None:
-        out = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
+    if N and plan.num_tiles:
+        meta = _meta(plan, d)
+        launch(_energy_forward_kernel, (meta["GRID"],), x, pe, weights, b2, *_common_args(plan), out, out, plan.count,
+               d, plan.num_tiles, plan.vocab_size, LSE=lse, LOGITS=not lse, OUT_ROWS=False, **meta, num_warps=4)
+    return out
+
+
+def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor) -> torch.Tensor:
+    """Fill `out` (N, T, 2) float32: per (sorted position, successor tile) the largest energy and Σ exp(E − it);
+    (−inf, 0) past a position's degree."""
     out[..., 0] = float("-inf")
     out[..., 1] = 0.0
-    part = out
-    if N and plan.num_tiles:
-        meta = _meta(plan, d)
-        launch(_energy_forward_kernel, (meta["GRID"],),
-            x, pe, weights, b2, *_common_args(plan), part, part, plan.count,
-            d, plan.num_tiles, plan.vocab_size, LSE=True, LOGITS=False, OUT_ROWS=False, **meta, num_warps=4)
-    return part
+    return _forward(x, pe, weights, b2, plan, out, lse=True)
 
 
-def write_logits(x, pe, weights, b2, plan, out: torch.Tensor, out_rows: torch.Tensor | None = None):
-    """Write every real successor's energy into `out` (rows, V) at [out_rows[p] (or p), target]."""
-    N, d = x.shape
-    if N and plan.num_tiles:
-        meta = _meta(plan, d)
-        launch(_energy_forward_kernel, (meta["GRID"],),
-            x, pe, weights, b2, *_common_args(plan), out, out, out_rows if out_rows is not None else plan.count,
-            d, plan.num_tiles, plan.vocab_size, LSE=False, LOGITS=True, OUT_ROWS=out_rows is not None, **meta,
-            num_warps=4)
-    return out
+def write_logits(x, pe, weights, b2, plan, out: torch.Tensor):
+    """Write every real successor's energy into `out` (N, V) at [p, target]."""
+    return _forward(x, pe, weights, b2, plan, out, lse=False)
 
 
 def _shared_energy(x, pe, w0, b0):
@@ -368,12 +313,6 @@ def _shared_energy(x, pe, w0, b0):
     h = torch.addmm(b0 + pe, x, w0)
     y = F.gelu(h)
     return h, y, torch.linalg.vector_norm(y, dim=-1)
-
-
-def _shared_backward(h, y, e, grad_e):
-    """dE/dh of the shared edge for the energies' gradient `grad_e`."""
-    grad_y = (grad_e / e.clamp_min(torch.finfo(e.dtype).tiny)).unsqueeze(-1) * y
-    return torch.ops.aten.gelu_backward(grad_y, h)
 
 
 def _gradient_rows(plan, P: int, link, device):
@@ -397,23 +336,57 @@ def _gradient_rows(plan, P: int, link, device):
         extra[0] = False  # the shared row is written by the torch part
     R, X = torch.stack([touched.sum(), extra.sum()]).tolist()  # the one synchronisation (sizes of the gradient)
     slot = torch.cumsum(touched, 0, dtype=torch.int64) - 1
-    index = _nonzero(touched, R)
-    extra_slots = slot[_nonzero(extra, X)]
-    return index, slot, extra_slots
+    index = torch.nonzero_static(touched, size=R).view(-1)
+    return index, slot, slot[torch.nonzero_static(extra, size=X).view(-1)]
 
 
-def _nonzero(mask, size: int):
-    """Indices of `mask`'s set entries, of a size known in advance (no host read where torch allows)."""
-    if hasattr(torch, "nonzero_static"):
-        return torch.nonzero_static(mask, size=size).view(-1)
-    return mask.nonzero().view(-1)  # pragma: no cover - older torch
+def _row_gradients(ctx, plan, weights, link, need_w: bool, need_b: bool):
+    """(index, slot, w_values, b_values) of the edge tables' gradient: sparse over the touched rows, or dense
+    (index and slot None)."""
+    if not (need_w or need_b):
+        return None, None, None, None
+    P, d = weights.shape[0], weights.shape[-1]
+    like = dict(dtype=weights.dtype, device=weights.device)
+    if not ctx.sparse_grad:
+        return (None, None, torch.zeros(ctx.weight_shape, **like) if need_w else None,
+                torch.zeros(P, d, **like) if need_b else None)
+    index, slot, extra_slots = _gradient_rows(plan, P, link, weights.device)
+    R = index.numel()
+    w_values = torch.empty(R, *ctx.weight_shape[1:], **like).index_fill_(0, extra_slots, 0) if need_w else None
+    b_values = torch.empty(R, d, **like).index_fill_(0, extra_slots, 0) if need_b else None
+    return index, slot, w_values, b_values
+
+
+def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values, b_values, grad_x, grad_pe):
+    """The shared edge's (row 0) share of every gradient, in torch; returns non_edge_bias's (from the logits'
+    non-successor columns, all the kernel left) when `bias_dtype` is given."""
+    h, y, e = saved
+    grad_bias = None
+    if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
+        from_logits = grad_logits.sum(1)
+        g = from_logits if g is None else g + from_logits
+        if bias_dtype is not None:  # logits[p, v] = shared[p] + bias[v] in those columns
+            grad_bias = grad_logits.sum(0).to(bias_dtype)
+    for values in (w_values, b_values):
+        if values is not None:
+            values[0].zero_()
+    if g is not None and x.shape[0]:
+        g = g.float()
+        gh = torch.ops.aten.gelu_backward((g / e.clamp_min(torch.finfo(e.dtype).tiny)).unsqueeze(-1) * y, h)
+        if w_values is not None:
+            w_values[0] = (x.float().t() @ gh).to(w_values.dtype)
+        if b_values is not None:
+            b_values[0] = gh.sum(0).to(b_values.dtype)
+        if grad_x is not None:
+            grad_x.addmm_(gh, weights[0].t().float())
+        if grad_pe is not None:
+            grad_pe += gh
+    return grad_bias
 
 
 class KernelCall:
-    """The state of one `candidate_energies` call on a `KernelPlan` (`plan.call`, replaced by the next call): its
-    inputs, which the log Z, target and logits functions reuse; whether the forward filled the partials; and the
-    gradients those functions hand to this call's backward. Functions keep the call they were made with, so a plan
-    reused for a second call leaves the first one's hand-over intact."""
+    """One `candidate_energies` call on a `KernelPlan` (`plan.call`, replaced by the next): its inputs, whether the
+    forward filled the partials, and the gradients the log Z, target and logits functions hand to its backward."""
 
     def __init__(self, inputs, partials_filled: bool, non_edge_bias=None):
         self.inputs = inputs
@@ -429,27 +402,19 @@ class KernelCall:
 
 
 class KernelEnergies(torch.autograd.Function):
-    """Triton twin of `energy._CandidateEnergies`. Returns the (N, T, 2) tile partials (in place of the packed
-    energies; not differentiable themselves) and the (N,) shared energies. `KernelLogPartition`, `KernelTarget` and
-    `KernelLogits` read the same plan, take `shared` as an input (so autograd runs their backward first) and hand
-    their gradients to this backward through `plan.call`: one kernel pass then writes every edge-row gradient.
-
-    `non_edge_bias` (V,) or None is not read here: it is an input so that this backward can return its gradient
-    from the logits (Σ over positions of the logits' gradient in every non-successor column, known only once the
-    kernel has zeroed the successors' columns). Its other uses (log Z, target energies) are torch ops."""
+    """Triton twin of `energy._CandidateEnergies`: the (N, T, 2) tile partials (not differentiable) and the (N,)
+    shared energies. `KernelLogPartition`, `KernelTarget` and `KernelLogits` take `shared` as an input (so their
+    backward runs first) and hand their gradients here through `plan.call`: one kernel pass writes every edge-row
+    gradient. `non_edge_bias` is an input only so that this backward returns its gradient from the logits."""
 
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link, non_edge_bias=None):
-        """The autograd forward (see the class and module docstrings)."""
         N, d = x.shape
-        P = weights.shape[0]
-        b2 = biases.reshape(P, d)
+        b2 = biases.reshape(weights.shape[0], d)
         x, pe = x.contiguous(), pe.contiguous()
-        # Inference that only wants logits never reads the partials: without gradients they are filled lazily,
-        # by the first log_partition call.
         part = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
         training = any(ctx.needs_input_grad[:4])
-        if training:
+        if training:  # else the first log_partition call fills them (logits alone never read them)
             forward_partials(x, pe, weights, b2, plan, out=part)
         plan.call = KernelCall((x, pe, weights, b2), training, non_edge_bias)
         if plan.has_shared:  # float32 math whatever the tables' dtype, as inside the kernels
@@ -466,114 +431,62 @@ class KernelEnergies(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _grad_part, grad_shared):
-        """The autograd backward: gradients of the forward's inputs."""
         x, pe, weights, b2, h_shared, y_shared, shared = ctx.saved_tensors
         plan, call, link = ctx.plan, ctx.call, ctx.link
         ctx.link = ctx.call = None
         pending, call.pending = call.pending, {}
         call.inputs = None
         N, d = x.shape
-        P = weights.shape[0]
-        device = x.device
-        need_x, need_pe = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_w, need_b = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        need_bias = len(ctx.needs_input_grad) > 7 and ctx.needs_input_grad[7]
+        need_x, need_pe, need_w, need_b = ctx.needs_input_grad[:4]
+        need_bias = any(ctx.needs_input_grad[7:])
         lse = pending.get("lse")  # (peak, dL/dlog Z / total) per position
         target = pending.get("target")  # (dL/dE_target, index of the target within the block or −1)
         grad_logits = pending.get("logits")  # (N, V)
-        grad_shared = grad_shared.float() if grad_shared is not None else None
-        grad_x = torch.zeros(N, d, dtype=torch.float32, device=device) if need_x else None
-        # a caller may fold a per-position term into PE (x·edge_base, config.edge_backoff): it needs PE's gradient
-        grad_pe = torch.zeros(N, d, dtype=torch.float32, device=device) if need_pe else None
-
-        index = slot = None
-        w_values = b_values = None
-        if need_w or need_b:
-            if ctx.sparse_grad:
-                index, slot, extra_slots = _gradient_rows(plan, P, link, device)
-                R = index.numel()
-                if need_w:
-                    w_values = torch.empty(R, *ctx.weight_shape[1:], dtype=weights.dtype, device=device)
-                    w_values.index_fill_(0, extra_slots, 0)
-                if need_b:
-                    b_values = torch.empty(R, d, dtype=weights.dtype, device=device)
-                    b_values.index_fill_(0, extra_slots, 0)
-            else:
-                w_values = torch.zeros(ctx.weight_shape, dtype=weights.dtype, device=device) if need_w else None
-                b_values = torch.zeros(P, d, dtype=weights.dtype, device=device) if need_b else None
-
+        grad_x, grad_pe = (torch.zeros(N, d, dtype=torch.float32, device=x.device) if need else None
+                           for need in (need_x, need_pe))
+        index, slot, w_values, b_values = _row_gradients(ctx, plan, weights, link, need_w, need_b)
         clear = grad_logits is not None and plan.has_shared
         if clear:  # the kernel reads the successors' columns and zeroes them: the rest sums to the shared gradient
             grad_logits = grad_logits.clone()
         live = lse is not None or target is not None or grad_logits is not None
-        run_kernel = bool(N and plan.num_tiles and live and (need_x or need_pe or need_w or need_b or clear))
-        if not run_kernel:  # nothing reaches the candidate energies: their rows' gradients are zero
-            for values in (w_values, b_values):
+        if not (N and plan.num_tiles and live and (need_x or need_pe or need_w or need_b or clear)):
+            for values in (w_values, b_values):  # nothing reaches the candidate energies: zero gradients
                 if values is not None:
                     values.zero_()
         else:
             meta = _meta(plan, d)
-            f32 = shared if shared.dtype == torch.float32 else grad_x  # any float32 tensor: unused pointer
-            f32 = f32 if f32 is not None else torch.zeros(1, device=device)
-            dummy = plan.count
-            peak, lse_scale = lse if lse is not None else (f32, f32)
-            gt, within = target if target is not None else (f32, dummy)
-            launch(_energy_backward_kernel, (meta["GRID"],),
-                x, pe, weights, b2, *_common_args(plan),
-                peak, lse_scale, gt, within,
-                grad_logits if grad_logits is not None else f32, dummy, slot if slot is not None else dummy,
-                w_values if w_values is not None else f32, b_values if b_values is not None else f32,
-                grad_x if grad_x is not None else f32, grad_pe if grad_pe is not None else f32,
-                d, plan.num_tiles, plan.vocab_size,
-                LSE=lse is not None, TARGET=target is not None, LOGITS=grad_logits is not None, LOGIT_ROWS=False,
-                CLEAR_SUCCESSORS=clear, SLOTS=slot is not None,
-                NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, NEED_PE=need_pe, **meta, num_warps=8)
-
-        # the shared edge (row 0): torch, one (N × d) · (d × d) product
+            ptr = lambda t, dummy=shared: dummy if t is None else t  # shared: any float32 tensor, not read
+            peak, lse_scale = lse if lse is not None else (shared, shared)
+            gt, within = target if target is not None else (shared, plan.count)
+            launch(_energy_backward_kernel, (meta["GRID"],), x, pe, weights, b2, *_common_args(plan),
+                   peak, lse_scale, gt, within, ptr(grad_logits), plan.count, ptr(slot, plan.count),
+                   ptr(w_values), ptr(b_values), ptr(grad_x), ptr(grad_pe), d, plan.num_tiles, plan.vocab_size,
+                   LSE=lse is not None, TARGET=target is not None, LOGITS=grad_logits is not None, LOGIT_ROWS=False,
+                   CLEAR_SUCCESSORS=clear, SLOTS=slot is not None,
+                   NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, NEED_PE=need_pe, **meta, num_warps=8)
         grad_bias = None
         if plan.has_shared:
-            g = grad_shared
-            if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
-                from_logits = grad_logits.sum(1)  # the successors' columns are zero now
-                g = from_logits if g is None else g + from_logits
-                if need_bias:  # logits[p, v] = shared[p] + bias[v] in those columns
-                    grad_bias = grad_logits.sum(0).to(ctx.non_edge_dtype)
-            if need_w:
-                w_values[0].zero_()
-            if need_b:
-                b_values[0].zero_()
-            if g is not None and N:
-                gh = _shared_backward(h_shared, y_shared, shared, g.float())
-                if need_w:
-                    w_values[0] = (x.float().t() @ gh).to(w_values.dtype)
-                if need_b:
-                    b_values[0] = gh.sum(0).to(b_values.dtype)
-                if need_x:
-                    grad_x.addmm_(gh, weights[0].t().float())
-                if need_pe:
-                    grad_pe += gh
-
+            grad_bias = _shared_row_backward(x, weights, (h_shared, y_shared, shared),
+                                             None if grad_shared is None else grad_shared.float(), grad_logits,
+                                             ctx.non_edge_dtype if need_bias else None, w_values, b_values, grad_x,
+                                             grad_pe)
         grad_w = grad_b = None
         if need_w or need_b:
             grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link)
-        if grad_x is not None:
-            grad_x = grad_x.to(x.dtype)
-        if grad_pe is not None:
-            grad_pe = grad_pe.to(pe.dtype)
+        grad_x = None if grad_x is None else grad_x.to(x.dtype)
+        grad_pe = None if grad_pe is None else grad_pe.to(pe.dtype)
         return grad_x, grad_pe, grad_w, grad_b, None, None, None, grad_bias
 
 
 class KernelLogPartition(torch.autograd.Function):
     """log Σ_v exp(E_v) per sorted position, as energy.exact_log_partition: peak = the largest energy (tile
     maxima, shared term), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak +
-    log total. With `log_mass` (N,) (the model's `non_edge_bias`: log Σ_{v non-successor} exp(bias[v]), a
-    differentiable torch function of the bias) the non-successors' term is exp(shared + log_mass − peak) instead.
-    Backward: the shared term's share goes to `shared` (and `log_mass`); the real successors' (dL/dE =
-    g·exp(E − peak)/total) is handed to the kernel as (peak, g/total)."""
+    log total; with `log_mass` (N,) (log Σ_{v non-successor} exp(non_edge_bias[v])) the non-successors' term is
+    exp(shared + log_mass − peak). Backward: the shared term's share to `shared` (and `log_mass`), the real
+    successors' (dL/dE = g·exp(E − peak)/total) to the kernel as (peak, g/total)."""
 
     @staticmethod
     def forward(ctx, part, shared, plan, vocab_size: int, log_mass=None):
-        """The autograd forward (see the class and module docstrings)."""
         has_shared = plan.degree < vocab_size
         shared32 = shared.float()
         if log_mass is None:
@@ -592,7 +505,6 @@ class KernelLogPartition(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        """The autograd backward: gradients of the forward's inputs."""
         peak, total, weight, term, has_shared = ctx.saved_tensors
         scale = grad.float() / total
         call = ctx.call
@@ -606,9 +518,8 @@ class KernelLogPartition(torch.autograd.Function):
 
 
 def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.Tensor:
-    """log Σ_v exp(E_v) per sorted position from the tile partials and the non-successors' shared energies: V −
-    degree of them, or `log_mass` (N,) = log Σ_{v non-successor} exp(non_edge_bias[v]) (energy.non_edge_log_mass)
-    in place of log(V − degree)."""
+    """log Σ_v exp(E_v) per sorted position from the tile partials and the non-successors' shared energies (V −
+    degree of them, or `log_mass` (N,) in place of log(V − degree): energy.non_edge_log_mass)."""
     call = plan.call
     if not call.partials_filled:  # inference: the forward left them for here
         x, pe, weights, b2 = call.inputs
@@ -618,14 +529,12 @@ def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.T
 
 
 class KernelTarget(torch.autograd.Function):
-    """The energy each sorted position gives its target when that is a real successor (`within` its block).
-    Forward: a small torch computation over one edge row per position. Backward: hands its gradient to
-    `KernelEnergies.backward` (which runs later: this takes its `shared`), whose kernel adds it at the target's
-    entry, so the target's edge row gets no second gradient tensor."""
+    """The energy each sorted position gives its target when that is a real successor (`within` its block), in
+    torch over one edge row per position; the backward hands its gradient to `KernelEnergies.backward`, whose kernel
+    adds it at the target's entry (the target's row gets no second gradient tensor)."""
 
     @staticmethod
     def forward(ctx, shared, target_rows, within, plan):
-        """The autograd forward (see the class and module docstrings)."""
         x, pe, weights, b2 = plan.call.inputs
         rows = target_rows.clamp_min(0)
         h = torch.bmm(x.float().unsqueeze(1), weights[rows].float()).squeeze(1) + b2[rows].float() + pe.float()
@@ -635,7 +544,6 @@ class KernelTarget(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        """The autograd backward: gradients of the forward's inputs."""
         (within,) = ctx.saved_tensors
         call = ctx.call
         grad = grad.float().contiguous()
@@ -657,27 +565,27 @@ def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.T
     return torch.where(real, picked.to(shared.dtype), shared)
 
 
+def _prefilled(shared, N: int, V: int, non_edge_bias):
+    """(N, V) float32 logits holding every position's shared energy (+ `non_edge_bias[v]`)."""
+    if non_edge_bias is None:
+        return shared.float().unsqueeze(1).expand(N, V).contiguous()
+    return shared.float().unsqueeze(1) + non_edge_bias.float().unsqueeze(0)
+
+
 class KernelLogits(torch.autograd.Function):
-    """(N, V) logits in sorted order: the shared energy everywhere (plus `non_edge_bias[v]`), the kernel writes the
-    real successors'. The gradient (shared and bias parts included) is handed to the candidate backward."""
+    """(N, V) logits in sorted order: the shared energy (+ `non_edge_bias[v]`) everywhere, the kernel writes the
+    real successors'; the gradient (shared and bias parts included) goes to the candidate backward."""
 
     @staticmethod
     def forward(ctx, shared, plan, non_edge_bias=None):
-        """The autograd forward (see the class and module docstrings)."""
-        call = plan.call
-        x, pe, weights, b2 = call.inputs
-        N = shared.shape[0]
-        if non_edge_bias is None:
-            out = shared.float().unsqueeze(1).expand(N, plan.vocab_size).contiguous()
-        else:
-            out = shared.float().unsqueeze(1) + non_edge_bias.float().unsqueeze(0)
+        x, pe, weights, b2 = plan.call.inputs
+        out = _prefilled(shared, shared.shape[0], plan.vocab_size, non_edge_bias)
         write_logits(x, pe, weights, b2, plan, out)
-        ctx.call = call
+        ctx.call = plan.call
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        """The autograd backward: gradients of the forward's inputs."""
         ctx.call.add("logits", grad.float().contiguous())
         return None, None, None
 
@@ -694,54 +602,22 @@ def scatter_logits(part, shared, plan, non_edge_bias=None) -> torch.Tensor:
 
 @torch.no_grad()
 def successor_logits(x, pe, edges, sources, graph, width: int) -> torch.Tensor:
-    """(N, V) logits in the positions' own order (inference, one token per row): the shared energy (torch, one
-    (N × d)·(d × d) product; plus `non_edge_bias[v]`) everywhere, then the real successors' by
-    `decode_successor_logits` over a static (N, ceil(width / 32)) grid. `edges` a `tables.EdgeTable`, `graph` a
-    `tables.GraphView`."""
+    """(N, V) logits in the positions' own order (inference, one token per row): the shared energy (+
+    `non_edge_bias[v]`) in torch, then the real successors' by one launch over a static (N, ceil(width / 32)) grid,
+    no plan, no host read. `edges` a `tables.EdgeTable`, `graph` a `tables.GraphView`."""
     N, d = x.shape
-    V, weights = graph.vocab_size, edges.weights
+    V, weights, indices = graph.vocab_size, edges.weights, graph.indices
     b2 = edges.biases.reshape(weights.shape[0], d)
-    if graph.indices is not None:
+    if indices is not None:
         shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())[2]
-        if edges.non_edge_bias is None:
-            out = shared.unsqueeze(1).expand(N, V).contiguous()
-        else:
-            out = shared.unsqueeze(1) + edges.non_edge_bias.float().unsqueeze(0)
+        out = _prefilled(shared, N, V, edges.non_edge_bias)
     else:
         out = torch.empty(N, V, dtype=torch.float32, device=x.device)  # every column is a successor
-    return decode_successor_logits(x, pe, weights, b2, sources, graph, width, out)
-
-DECODE_TILE_SUCCESSORS = 32  # successors per program of the decode kernel (sub-tiles of BLOCK_SUCCESSORS)
-
-
-def decode_successor_logits(x, pe, weights, b2, sources, graph, width: int, out: torch.Tensor) -> torch.Tensor:
-    """Write every real successor's energy into `out` (N, V) (prefilled with the shared energies): one launch over a
-    static (N, ceil(width / 32)) grid, no plan, no host read."""
-    N, d = x.shape
     tiles = -(-width // DECODE_TILE_SUCCESSORS)
-    indices = graph.indices
     if N and tiles:
-        launch(_decode_successors_kernel, (N, tiles),
-            x.contiguous(), pe.contiguous(), weights, b2, sources, graph.indptr,
-            indices if indices is not None else graph.indptr, out, d, graph.vocab_size,
-            D=padded_width(d), BN=BLOCK_SUCCESSORS, NSUB=DECODE_TILE_SUCCESSORS // BLOCK_SUCCESSORS,
-            HAS_INDICES=indices is not None, num_warps=4)
+        launch(_decode_successors_kernel, (N, tiles), x.contiguous(), pe.contiguous(), weights, b2, sources,
+               graph.indptr, graph.indptr if indices is None else indices, out, d, V, D=padded_width(d),
+               BN=BLOCK_SUCCESSORS, NSUB=DECODE_TILE_SUCCESSORS // BLOCK_SUCCESSORS, HAS_INDICES=indices is not None,
+               num_warps=4)
     return out
 
-
-__all__ = [
-    "KernelCall",
-    "KernelEnergies",
-    "KernelLogPartition",
-    "KernelLogits",
-    "KernelTarget",
-    "decode_successor_logits",
-    "forward_partials",
-    "log_partition",
-    "padded_width",
-    "scatter_logits",
-    "successor_logits",
-    "target_energies",
-    "unsupported_reason",
-    "write_logits",
-]
