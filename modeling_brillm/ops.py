@@ -18,14 +18,14 @@ import os
 import torch
 
 from .backend import use_triton
-from .csr import edge_rows_from_keys
+from .csr import edge_keys, edge_rows_from_keys  # noqa: F401  (the ops' API)
 from .energy import candidate_energies as ref_candidate_energies
 from .energy import exact_log_partition as ref_exact_log_partition
-from .energy import non_edge_log_mass
+from .energy import gather_edges, non_edge_log_mass, release_workspaces  # noqa: F401  (the ops' API)
 from .energy import scatter_logits as ref_scatter_logits
 from .energy import successor_logits as ref_successor_logits
 from .energy import target_energies as ref_target_energies
-from .plans import CandidatePlan, EdgeGradLink, KernelPlan, make_kernel_plan, make_torch_plan
+from .plans import CandidatePlan, EdgeGradLink, KernelPlan, graph_max_degree, make_kernel_plan, make_torch_plan  # noqa: F401  (the ops' API)
 from .recurrence import edge_update, plus_edge_base, without_onednn
 from .recurrence import signal_scan as ref_signal_scan
 from .state import Columns
