@@ -1,12 +1,8 @@
 """The signal recurrence as one Triton scan: one launch forward, one backward, whatever the sequence length.
 
-It computes `recurrence.signal_scan` (tested against naive.py): one program per batch row walks its columns, reads
-each crossed edge's matrix in place by its row id (no gathered copy) with the next column's loads prefetched, and
-keeps the running mix (S, N, M) in registers; a column without an edge keeps the state. With the matrix every edge
-shares, W[r] reads as E + W[r]; with the nodes' own vectors the edge output is GeLU(h) + a; with signal dropout the
-edge reads x ⊙ keep (the returned signals are undropped).
-
-Backward, a reverse scan: with the adjoints ḡx of the signal and ḡS, ḡN, ḡM of the state after column j,
+It computes `recurrence.signal_scan`: one program per batch row walks its columns, reading each crossed edge's
+matrix in place with the next column's loads prefetched, the running mix (S, N, M) in registers. The backward is
+a reverse scan; with the adjoints ḡx of the signal and ḡS, ḡN, ḡM of the state after column j,
 
     ḡS' = ḡS + ḡx / N'                ḡN' = ḡN − ⟨ḡx, x⟩ / N'
     ḡp  = e^{p−M'}·(⟨ḡS', c⟩ + ḡN')  ḡc  = e^{p−M'}·ḡS'           (the mix weight and the edge output)
@@ -14,15 +10,14 @@ Backward, a reverse scan: with the adjoints ḡx of the signal and ḡS, ḡN, �
     ḡM' = ḡM − ⟨ḡS', S'⟩ − ḡN'·N'     routed through the max as torch.maximum does (ties: half to each side)
     ḡh  = ḡc ⊙ GeLU'(h);  ḡW[r] += x_in ⊗ ḡh;  ḡb[r] += ḡh;  ḡx ← ḡh · W[r]ᵀ
 
-The forward saves x, N and M per column (S = x·N); the edge-row gradients are added with atomics into the buffers
-the candidate backward published on the `EdgeGradLink` (one gradient per table), else into our own. docs/gpu.md
-gives the design and its register counts."""
+The forward saves x, N and M per column (S = x·N). Design and register counts: docs/gpu.md."""
 
 from __future__ import annotations
 
 import torch
 
 from .backend import launch, triton_modules
+from .plans import edge_table_grads
 
 MAX_NODE_SIZE = 128  # a row's d×d tile lives in registers; larger d falls back to the torch loop
 
@@ -57,20 +52,17 @@ if triton is not None:
 
     @triton.jit
     def _gelu_grad(h):
-        # d/dh of h·Φ(h) = Φ(h) + h·φ(h)
-        """Derivative of the exact GeLU."""
+        """Derivative of the exact GeLU: Φ(h) + h·φ(h)."""
         return 0.5 * (1.0 + tl.erf(h * 0.7071067811865476)) + h * 0.3989422804014327 * tl.exp(-0.5 * h * h)
 
     @triton.jit
     def _bvec(v, cond):
-        """The scalar condition `cond` as a boolean vector shaped like `v`: a block & a scalar gives an int32 mask,
-        which triton 3.9's interpreter refuses."""
+        """`cond` as a boolean vector like `v` (block & scalar is an int32 mask, which the interpreter refuses)."""
         return (v * 0 + cond.to(tl.int32)) != 0
 
     @triton.jit
     def _load_base(base_ptr, d: tl.constexpr, i, k, mi, mk, D: tl.constexpr, HAS_BASE: tl.constexpr):
-        """The matrix every edge adds to its own (config.edge_backoff); without it zeros nothing reads (the
-        compiler drops them)."""
+        """The matrix every edge adds to its own (config.edge_backoff); zeros the compiler drops without it."""
         E = tl.zeros([D, D], dtype=tl.float32)
         if HAS_BASE:
             E += tl.load(base_ptr + i[:, None] * d + k[None, :], mask=mi[:, None] & mk[None, :],
@@ -79,8 +71,7 @@ if triton is not None:
 
     @triton.jit
     def _load_keep(keep_ptr, at, d: tl.constexpr, i, mi, D: tl.constexpr, HAS_DROP: tl.constexpr):
-        """Column `at`'s dropout mask on the signal entering its edge (0 or 1/(1−p)); ones without HAS_DROP (the
-        compiler drops the multiplication)."""
+        """Column `at`'s dropout mask on the signal entering its edge; ones the compiler drops without HAS_DROP."""
         if HAS_DROP:
             return tl.load(keep_ptr + at * d + i, mask=mi, other=0.0)
         return tl.full([D], 1.0, dtype=tl.float32)
@@ -89,10 +80,8 @@ if triton is not None:
     def _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, node_ptr, base, j, L,
                    d: tl.constexpr, i, k, mi, mk, E, D: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr,
                    HAS_NODE: tl.constexpr):
-        """Everything column j of the row at `base` (= row·L) needs that does not depend on the signal; with
-        HAS_BASE the edge's matrix comes back as E + W[r] (the sum is off the signal's chain of dependencies), with
-        HAS_DROP the dropout mask of the signal entering the edge, with HAS_NODE the entered node's vector (else
-        zeros the compiler drops)."""
+        """What column j of the row at `base` (= row·L) reads that does not depend on the signal: W[r] (+ E, off
+        the signal's chain of dependencies), bias + PE, the mix logit, the edge flag, the mask, the node's vector."""
         inside = j < L
         at = base + j
         r = tl.load(rows_ptr + at, mask=inside, other=0)
@@ -115,15 +104,13 @@ if triton is not None:
     def _scan_forward_kernel(
         x0_ptr, s0_ptr, n0_ptr, m0_ptr,  # incoming signal (B, d), mix sum (B, d), norm (B,), max (B,)
         w_ptr, b_ptr, rows_ptr, edge_ptr, pe_ptr, mixw_ptr,  # (P, d, d), (P, d), (B, L) ×2, (B, L, d), (B, L)
-        base_ptr,  # (d, d): the matrix every edge adds to its own (read with HAS_BASE)
-        keep_ptr,  # (B, L, d): the dropout mask of the signal entering each column's edge (read with HAS_DROP)
-        node_ptr,  # (B, L, d): the vector of the node each column enters, added to the edge output (HAS_NODE)
+        base_ptr, keep_ptr, node_ptr,  # (d, d) shared matrix, (B, L, d) dropout mask, (B, L, d) node vectors
         sig_ptr, nsave_ptr, msave_ptr,  # out: signals (B, L, d); norm and max after every column (B, L)
         sfin_ptr, nfin_ptr, mfin_ptr,  # out: final mix sum (B, d), norm (B,), max (B,)
         L, d: tl.constexpr,
         D: tl.constexpr, SAVE: tl.constexpr, HAS_BASE: tl.constexpr, HAS_DROP: tl.constexpr, HAS_NODE: tl.constexpr,
     ):
-        """One batch row's columns in order: edge output, softmax mix, signal (see the module docstring)."""
+        """One batch row's columns in order: edge output, softmax mix, signal."""
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, D)  # input index of W (its rows)
         k = tl.arange(0, D)  # output index of W (its columns)
@@ -137,8 +124,7 @@ if triton is not None:
         W, add, p, e, keep, node = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr, node_ptr,
                                               base, 0, L, d, i, k, mi, mk, E, D, HAS_BASE, HAS_DROP, HAS_NODE)
         j = 0
-        while j < L:  # (a while loop: Triton's interpreter cannot index range() by a runtime bound)
-            # the next column's loads go out before this column's arithmetic (they do not depend on it)
+        while j < L:  # not range(): the interpreter cannot take a runtime bound; next column's loads go out first
             Wn, addn, pn, en, keepn, noden = _load_step(w_ptr, b_ptr, pe_ptr, mixw_ptr, edge_ptr, rows_ptr, keep_ptr,
                                                         node_ptr, base, j + 1, L, d, i, k, mi, mk, E, D, HAS_BASE,
                                                         HAS_DROP, HAS_NODE)
@@ -168,9 +154,7 @@ if triton is not None:
         sig_ptr, nsave_ptr, msave_ptr,  # saved by the forward
         gsig_ptr, gsfin_ptr, gnfin_ptr, gmfin_ptr,  # incoming gradients (zeros where none)
         gx0_ptr, gs0_ptr, gn0_ptr, gm0_ptr, gmixw_ptr,  # out: gradients of the inputs
-        gw_ptr, gb_ptr,  # edge-row gradients (R, d, d), (R, d), added at slot_ptr's slots
-        gbase_ptr,  # out with NEED_BASE: this batch row's share of the shared matrix's gradient (B, d, d)
-        gnode_ptr,  # out with HAS_NODE: the gradient of every column's node vector (B, L, d)
+        gw_ptr, gb_ptr, gbase_ptr, gnode_ptr,  # edge rows' (at slot_ptr's slots), (B, d, d) per batch row, (B, L, d)
         L, d: tl.constexpr,
         D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, HAS_BASE: tl.constexpr,
         NEED_BASE: tl.constexpr, HAS_DROP: tl.constexpr, HAS_NODE: tl.constexpr,
@@ -206,7 +190,7 @@ if triton is not None:
             x_in = tl.load(sig_ptr + (at - 1) * d + i, mask=mi & _bvec(i, j > 0), other=0.0) \
                 + tl.load(x0_ptr + row * d + i, mask=mi & _bvec(i, first), other=0.0)
             keep = _load_keep(keep_ptr, at, d, i, mi, D, HAS_DROP)
-            x_in = x_in * keep  # what the edge read (the mix's state below is the undropped one's)
+            x_in = x_in * keep  # what the edge read (the mix's state is the undropped one's)
             N_in = tl.load(nsave_ptr + at - 1, mask=j > 0, other=0.0) + tl.load(n0_ptr + row, mask=first, other=0.0)
             M_in = tl.where(first, tl.load(m0_ptr + row), tl.load(msave_ptr + at - 1, mask=j > 0, other=0.0))
             S_in = tl.where(first, tl.load(s0_ptr + row * d + k, mask=mk, other=0.0),
@@ -234,7 +218,7 @@ if triton is not None:
             # torch.maximum's backward: all to the larger input, half to each on a tie
             gp += tl.where(p > M_in, g_max, tl.where(p == M_in, 0.5 * g_max, 0.0))
             gM_in += tl.where(M_in > p, g_max, tl.where(p == M_in, 0.5 * g_max, 0.0))
-            if HAS_NODE:  # the vector is added to the edge output: its gradient is the output's
+            if HAS_NODE:  # added to the edge output: the output's gradient
                 tl.store(gnode_ptr + at * d + k, tl.where(mk_e, weight * gS1, 0.0), mask=mk)
             gh = weight * gS1 * _gelu_grad(h)
             gh = tl.where(mk, gh, 0.0)
@@ -245,7 +229,7 @@ if triton is not None:
                               mask=mi[:, None] & mk_e[None, :], sem="relaxed")
             if NEED_B:
                 tl.atomic_add(gb_ptr + s * d + k, gh, mask=mk_e, sem="relaxed")
-            if NEED_BASE:  # every edge's matrix holds E: its gradient is the sum of the edges' own
+            if NEED_BASE:  # every edge's matrix holds E: the sum of the edges' gradients
                 gE += x_in[:, None] * tl.where(mk_e, gh, 0.0)[None, :]
             tl.store(gmixw_ptr + at, tl.where(e, gp, 0.0))
             gx = tl.where(mk_e, gx_in, gx)
@@ -262,65 +246,47 @@ if triton is not None:
 
 
 def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
-    """Where the edge-row gradients go: (w_buffer, b_buffer, slots, own (w, b) gradients or None).
-
-    The buffers the candidate backward published on the link when it has them; otherwise fresh ones of our own,
-    returned as this function's gradients (dense, or sparse over the distinct rows read, as `gather_edges`)."""
-    P, d = ctx.weight_shape[0], ctx.weight_shape[-1]
-    link = ctx.link
-    ctx.link = None
-    published = link.grad if link is not None else None
+    """(w_buffer, b_buffer, slots, own): the buffers the candidate backward published on the link, else fresh
+    float32 ones of our own, returned with their (index, w, b) as `own` (dense, or sparse over the rows read)."""
+    link, ctx.link = ctx.link, None
+    published = None if link is None else link.grad
     if link is not None:
         link.grad = None
-    w_buf = b_buf = slot = None
     if published is not None:
         index, w_values, b_values = published
         if (not need_w or w_values is not None) and (not need_b or b_values is not None):
             slot = rows if index is None else torch.searchsorted(index, rows)
             return (w_values if need_w else None), (b_values if need_b else None), slot, None
-    device = rows.device
     if ctx.sparse_grad:
         uniq, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
         slot, R = inverse.view(rows.shape), uniq.numel()
     else:
-        uniq, slot, R = None, rows, P
-    if need_w:
-        w_buf = torch.zeros(R, d, d, dtype=torch.float32, device=device)
-    if need_b:
-        b_buf = torch.zeros(R, d, dtype=torch.float32, device=device)
-    own = (uniq, w_buf, b_buf)
-    return w_buf, b_buf, slot, own
+        uniq, slot, R = None, rows, ctx.weight_shape[0]
+    d = ctx.weight_shape[-1]
+    w_buf = torch.zeros(R, d, d, dtype=torch.float32, device=rows.device) if need_w else None
+    b_buf = torch.zeros(R, d, dtype=torch.float32, device=rows.device) if need_b else None
+    return w_buf, b_buf, slot, (uniq, w_buf, b_buf)
 
 
 class _SignalScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x0, s0, n0, m0, mix_weight, weights, biases, rows, has_edge, pe, sparse_grad: bool, link,
                 edge_base=None, keep=None, node_add=None):
-        """The autograd forward (see the class and module docstrings)."""
         B, L = rows.shape
         P, d = weights.shape[0], weights.shape[-1]
-        device = x0.device
-        x0, s0 = x0.float().contiguous(), s0.float().contiguous()
-        n0, m0 = n0.float().contiguous(), m0.float().contiguous()
-        mix_weight = mix_weight.float().contiguous()
-        rows = rows.contiguous()
+        f32 = dict(dtype=torch.float32, device=x0.device)
+        x0, s0, n0, m0, mix_weight = (t.float().contiguous() for t in (x0, s0, n0, m0, mix_weight))
+        rows, pe, w = rows.contiguous(), pe.contiguous(), weights.contiguous()
         edge = has_edge.contiguous().view(torch.uint8)
-        pe = pe.contiguous()
-        w = weights.contiguous()
         b2 = biases.reshape(P, d).contiguous()
-        has_base = edge_base is not None
-        base = edge_base.contiguous() if has_base else b2  # (any tensor: not read without HAS_BASE)
-        has_drop = keep is not None
-        keep = keep.float().contiguous() if has_drop else b2  # (likewise without HAS_DROP)
-        has_node = node_add is not None
-        node = node_add.contiguous() if has_node else b2  # (likewise without HAS_NODE)
+        has_base, has_drop, has_node = edge_base is not None, keep is not None, node_add is not None
+        base = edge_base.contiguous() if has_base else b2  # b2 where a flag is off: any tensor, not read
+        keep = keep.float().contiguous() if has_drop else b2
+        node = node_add.contiguous() if has_node else b2
         training = any(ctx.needs_input_grad[:7]) or ctx.needs_input_grad[12] or ctx.needs_input_grad[14]
-        signals = torch.empty(B, L, d, dtype=torch.float32, device=device)
-        n_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
-        m_save = torch.empty(B, L, dtype=torch.float32, device=device) if training else signals
-        s_fin = torch.empty(B, d, dtype=torch.float32, device=device)
-        n_fin = torch.empty(B, dtype=torch.float32, device=device)
-        m_fin = torch.empty(B, dtype=torch.float32, device=device)
+        signals, s_fin = torch.empty(B, L, d, **f32), torch.empty(B, d, **f32)
+        n_save, m_save = (torch.empty(B, L, **f32) if training else signals for _ in range(2))
+        n_fin, m_fin = (torch.empty(B, **f32) for _ in range(2))
         if B and L:
             launch(_scan_forward_kernel, (B,), x0, s0, n0, m0, w, b2, rows, edge, pe, mix_weight, base, keep, node,
                    signals, n_save, m_save, s_fin, n_fin, m_fin, L, d, SAVE=training, HAS_BASE=has_base,
@@ -328,8 +294,7 @@ class _SignalScan(torch.autograd.Function):
         else:
             s_fin.copy_(s0), n_fin.copy_(n0), m_fin.copy_(m0)
         if link is not None and link.rows is None:  # not again when gradient checkpointing recomputes the scan
-            # the rows the recurrence reads, for the candidate backward to make room for (sorted, may repeat:
-            # no host synchronisation; both candidate backwards merge them with their own rows)
+            # the rows read, for the candidate backward to make room for (sorted, may repeat: no host read)
             link.rows = torch.sort(rows.reshape(-1)).values
             link.grad = None
         if training:
@@ -337,44 +302,33 @@ class _SignalScan(torch.autograd.Function):
                                   keep, node)
         ctx.sparse_grad, ctx.link, ctx.has_base, ctx.has_drop = sparse_grad, link, has_base, has_drop
         ctx.has_node, ctx.node_dtype = has_node, node.dtype
-        ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
-        ctx.weight_dtype = weights.dtype
+        ctx.weight_shape, ctx.bias_shape, ctx.weight_dtype = weights.shape, biases.shape, weights.dtype
         return signals, s_fin, n_fin, m_fin
 
     @staticmethod
     def backward(ctx, g_signals, g_sum, g_norm, g_max):
-        """The autograd backward: gradients of the forward's inputs."""
         x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base, keep, node = ctx.saved_tensors
         B, L = rows.shape
         d = w.shape[-1]
-        device = x0.device
         need_w, need_b, need_base = ctx.needs_input_grad[5], ctx.needs_input_grad[6], ctx.needs_input_grad[12]
+        f32 = dict(dtype=torch.float32, device=x0.device)
 
-        def given(g, *shape):
-            """The incoming gradient as float32, or zeros where autograd passed none."""
-            return torch.zeros(*shape, dtype=torch.float32, device=device) if g is None else g.float().contiguous()
+        def given(g, *shape):  # autograd passes None for an unused output
+            return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
 
         g_signals, g_sum = given(g_signals, B, L, d), given(g_sum, B, d)
         g_norm, g_max = given(g_norm, B), given(g_max, B)
         w_buf, b_buf, slot, own = _edge_gradient_buffers(ctx, need_w, need_b, rows)
-        if need_w and w_buf.dtype != torch.float32:  # pragma: no cover - unsupported_reason refuses this
-            raise RuntimeError("the recurrence scan accumulates float32 edge gradients only")
-        g_x0 = torch.empty(B, d, dtype=torch.float32, device=device)
-        g_s0 = torch.empty(B, d, dtype=torch.float32, device=device)
-        g_n0 = torch.empty(B, dtype=torch.float32, device=device)
-        g_m0 = torch.empty(B, dtype=torch.float32, device=device)
-        g_mix = torch.empty(B, L, dtype=torch.float32, device=device)
-        g_base = torch.zeros(B, d, d, dtype=torch.float32, device=device) if need_base else None
-        g_node = torch.empty(B, L, d, dtype=torch.float32, device=device) if ctx.has_node else None
+        g_x0, g_s0, g_n0, g_m0, g_mix = (torch.empty(*shape, **f32) for shape in ((B, d), (B, d), (B,), (B,), (B, L)))
+        g_base = torch.zeros(B, d, d, **f32) if need_base else None
+        g_node = torch.empty(B, L, d, **f32) if ctx.has_node else None
         if B and L:
-            dummy = g_x0
             launch(_scan_backward_kernel, (B,),
-                x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, base, keep, node, signals,
-                n_save, m_save, g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
-                w_buf if need_w else dummy, b_buf if need_b else dummy, g_base if need_base else dummy,
-                g_node if ctx.has_node else dummy, L, d,
-                NEED_W=need_w, NEED_B=need_b, HAS_BASE=ctx.has_base, NEED_BASE=need_base, HAS_DROP=ctx.has_drop,
-                HAS_NODE=ctx.has_node, **_meta(d))
+                   x0, s0, n0, m0, w, b2, rows, slot.contiguous(), edge, pe, mix_weight, base, keep, node, signals,
+                   n_save, m_save, g_signals, g_sum, g_norm, g_max, g_x0, g_s0, g_n0, g_m0, g_mix,
+                   *(g_x0 if t is None else t for t in (w_buf, b_buf, g_base, g_node)), L, d,  # g_x0: not read
+                   NEED_W=need_w, NEED_B=need_b, HAS_BASE=ctx.has_base, NEED_BASE=need_base, HAS_DROP=ctx.has_drop,
+                   HAS_NODE=ctx.has_node, **_meta(d))
         else:
             g_x0.zero_(), g_mix.zero_()
             if g_node is not None:
@@ -383,35 +337,20 @@ class _SignalScan(torch.autograd.Function):
         grad_w = grad_b = None
         if own is not None:
             uniq, w_own, b_own = own
-            if ctx.sparse_grad:
-                index = uniq.unsqueeze(0)
-                if need_w:
-                    grad_w = torch.sparse_coo_tensor(index, w_own.to(ctx.weight_dtype), ctx.weight_shape,
-                                                     is_coalesced=True, check_invariants=False)
-                if need_b:
-                    grad_b = torch.sparse_coo_tensor(index, b_own.view(-1, *ctx.bias_shape[1:]).to(ctx.weight_dtype),
-                                                     ctx.bias_shape, is_coalesced=True, check_invariants=False)
-            else:
-                grad_w = w_own.to(ctx.weight_dtype) if need_w else None
-                grad_b = b_own.view(ctx.bias_shape).to(ctx.weight_dtype) if need_b else None
-        if g_base is not None:
-            g_base = g_base.sum(0).to(base.dtype)
-        if g_node is not None:
-            g_node = g_node.to(ctx.node_dtype)
+            w_own, b_own = (None if t is None else t.to(ctx.weight_dtype) for t in (w_own, b_own))
+            grad_w, grad_b = edge_table_grads(ctx, uniq, w_own, b_own, need_w, need_b, None)
+        g_base = None if g_base is None else g_base.sum(0).to(base.dtype)
+        g_node = None if g_node is None else g_node.to(ctx.node_dtype)
         return g_x0, g_s0, g_n0, g_m0, g_mix, grad_w, grad_b, None, None, None, None, None, g_base, None, g_node
 
 
 def signal_scan(mix, columns, edges, link=None):
-    """Run the recurrence over all columns: (signals (B, L, d), the `state.Mix` after the last), as
-    `recurrence.signal_scan` (`columns` a `state.Columns`, `edges` a `tables.EdgeTable`; `link` as
-    `energy.gather_edges`). The kernel reads the dropout mask of the signal entering each edge; the signals it
-    returns are undropped, and those the candidates see are multiplied by the next mask here."""
+    """(signals (B, L, d), the `state.Mix` after the last column), as `recurrence.signal_scan` (`columns` a
+    `state.Columns`, `edges` a `tables.EdgeTable`, `link` as `energy.gather_edges`). The kernel applies the dropout
+    mask of the signal entering each edge; the signals it returns are undropped, the candidates' get the next mask."""
     keep = columns.keep
     signals, *rest = _SignalScan.apply(*mix.tensors(), columns.weight, edges.weights, edges.biases, columns.rows,
                                        columns.has_edge, columns.pe, edges.sparse_grad, link, edges.edge_base,
                                        None if keep is None else keep[:, :-1], columns.node_add)
     final = signals[:, -1] if signals.shape[1] else mix.signal.float()
     return (signals if keep is None else signals * keep[:, 1:]), type(mix)(final, *rest)
-
-
-__all__ = ["MAX_NODE_SIZE", "signal_scan", "unsupported_reason"]
