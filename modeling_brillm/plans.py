@@ -1,9 +1,6 @@
-"""Plans and gradient hand-over shared by the torch reference (energy.py) and the Triton kernels (triton_*.py).
-
-A leaf module: the plans say which edge rows each position reads (`CandidatePlan` for the torch path, `KernelPlan`
-for the kernels' work tiles); `EdgeGradLink` and `edge_table_grads` hand the candidate backward's gradient buffers
-to the recurrence's backward, so each edge table gets one gradient. Both backends import it; it imports neither.
-"""
+"""Which edge rows each position reads (`CandidatePlan` for the torch path, `KernelPlan` for the kernels' tiles),
+and the hand-over of the candidate backward's gradient buffers to the recurrence's (`EdgeGradLink`), so each edge
+table gets one gradient. Both backends import this module; it imports neither."""
 
 from dataclasses import dataclass
 
@@ -23,7 +20,7 @@ class CandidatePlan:
     entry_target: torch.Tensor  # (M,) target node of every packed energy
     entry_start: torch.Tensor  # (N,) offset of each sorted position's first packed energy
     has_shared: bool  # sparse graph: non-successors get the shared energy
-    # successor-major layout of the computation (see the module docstring); None = same as packed
+    # the successor-major (grouped) order the computation runs in; None = the packed order
     grouped_to_packed: torch.Tensor | None = None  # (M,) packed index of every grouped-order entry
     packed_to_grouped: torch.Tensor | None = None  # (M,) grouped index of every packed entry
     grouped_position: torch.Tensor | None = None  # (M,) sorted position of every grouped-order entry
@@ -43,18 +40,14 @@ class CandidatePlan:
         return self.entry_row if self.grouped_to_packed is None else self.entry_row[self.grouped_to_packed]
 
 
-# ------------------------------------------------------------------------------------- kernel plan
 KERNEL_TILE_SUCCESSORS = 32  # successors per work tile of the Triton kernels (a multiple of their sub-tile, 4)
 
 
 @dataclass
 class KernelPlan:
-    """Work tiles of the Triton kernels, built on the device with static shapes (no host synchronisation).
-
-    A tile is (source u, block of `tile_successors` consecutive successors of u); a source present in the batch
-    owns ceil(degree(u) / tile_successors) tiles, an absent one none. Tile t belongs to `tile_source[t]` and is its
-    (t − tile_first[u])-th; `tile_total` (1,) is their number, read by the kernels on the device (the grid is fixed).
-    """
+    """Work tiles of the Triton kernels, built on the device with static shapes (no host synchronisation): a source
+    present in the batch owns ceil(degree / tile_successors) tiles of consecutive successors; tile t is the
+    (t − tile_first[u])-th of u = tile_source[t]; the kernels read their number `tile_total` on the device."""
 
     order: torch.Tensor  # (N,) positions sorted by source node (stable), as CandidatePlan.order
     sources: torch.Tensor  # (N,) the unsorted sources (kept to build the torch plan on a fallback)
@@ -71,10 +64,7 @@ class KernelPlan:
     num_tiles: int  # T = ceil(max_degree / tile_successors): tiles of the largest block (static per graph)
     tile_successors: int = KERNEL_TILE_SUCCESSORS
     fallback: CandidatePlan | None = None  # set when the tensors turned out unsupported: the torch plan
-
-    # the last candidate_energies call on this plan (triton_energy.KernelCall): its inputs, which the log Z, target
-    # and logits functions reuse, and the gradients they hand to its backward
-    call: object | None = None
+    call: object | None = None  # the last candidate_energies call on this plan (triton_energy.KernelCall)
 
 
 _MAX_DEGREE: dict = {}
@@ -91,14 +81,13 @@ def graph_max_degree(indptr: torch.Tensor) -> int:
 
 
 def make_kernel_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int,
-                     max_degree: int | None = None, tile_successors: int | None = None) -> KernelPlan:
-    """`KernelPlan` for positions whose current nodes are `sources` (N,): argsort, counts, cumulative sums and a
-    searchsorted, all of sizes known from N and V (so it runs on `device="meta"` and inside a CUDA graph).
-    `max_degree` (static per graph) defaults to V for a dense graph and to `graph_max_degree(indptr)` otherwise."""
+                     max_degree: int | None = None) -> KernelPlan:
+    """`KernelPlan` for positions whose current nodes are `sources` (N,), of sizes known from N and V (it runs on
+    `device="meta"` and inside a CUDA graph). `max_degree` defaults to V (dense) or `graph_max_degree(indptr)`."""
     device = sources.device
     V = vocab_size
     N = sources.numel()
-    tile_successors = tile_successors or KERNEL_TILE_SUCCESSORS
+    tile_successors = KERNEL_TILE_SUCCESSORS  # read at call time (tests shrink it)
     if max_degree is None:
         max_degree = V if indices is None else graph_max_degree(indptr)
     order = torch.argsort(sources, stable=True)
@@ -111,22 +100,11 @@ def make_kernel_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch
     num_tiles = -(-max_degree // tile_successors)
     upper = min(N, V) * num_tiles  # no more tiles than (distinct sources) x (tiles of the largest block)
     tile_source = torch.searchsorted(tile_end, torch.arange(upper, dtype=torch.int32, device=device), right=True)
-    return KernelPlan(
-        order=order,
-        sources=sources,
-        degree=node_degree[sources[order]],
-        count=count,
-        group_start=group_start,
-        tile_first=tile_end - tiles,
-        tile_total=tile_end[-1:] if V else torch.zeros(1, dtype=torch.int32, device=device),
-        tile_source=tile_source.to(torch.int32),
-        indptr=indptr,
-        indices=indices,
-        vocab_size=V,
-        has_shared=indices is not None,
-        num_tiles=num_tiles,
-        tile_successors=tile_successors,
-    )
+    return KernelPlan(order=order, sources=sources, degree=node_degree[sources[order]], count=count,
+                      group_start=group_start, tile_first=tile_end - tiles,
+                      tile_total=tile_end[-1:] if V else torch.zeros(1, dtype=torch.int32, device=device),
+                      tile_source=tile_source.to(torch.int32), indptr=indptr, indices=indices, vocab_size=V,
+                      has_shared=indices is not None, num_tiles=num_tiles, tile_successors=tile_successors)
 
 
 def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None,
@@ -148,18 +126,10 @@ def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.
     edge = first_row[entry_position] + within  # CSR index of every packed energy's edge (its row − 1)
     entry_target = within if indices is None else indices[edge]
     entry_row = edge + 1
-    plan = CandidatePlan(
-        order=order,
-        group_sizes=group_sizes_t.tolist(),
-        block_starts=(starts + 1).tolist(),
-        block_sizes=block_sizes_t.tolist(),
-        degree=degree,
-        entry_position=entry_position,
-        entry_target=entry_target,
-        entry_start=entry_start,
-        has_shared=indices is not None,
-        entry_row=entry_row,
-    )
+    plan = CandidatePlan(order=order, group_sizes=group_sizes_t.tolist(), block_starts=(starts + 1).tolist(),
+                         block_sizes=block_sizes_t.tolist(), degree=degree, entry_position=entry_position,
+                         entry_target=entry_target, entry_start=entry_start, has_shared=indices is not None,
+                         entry_row=entry_row)
     if total and int(group_sizes_t.max()) > 1:
         # grouped order: inside a group's chunk, entry (successor s, i-th position) sits at s·m + i
         group_first = torch.cumsum(group_sizes_t, 0) - group_sizes_t  # first sorted position of each group
@@ -177,23 +147,18 @@ def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.
     return plan
 
 
-# ------------------------------------------------------------------------------------- gradient link
 class EdgeGradLink:
-    """Hands the candidate backward's gradient buffers to the recurrence's `gather_edges` backward.
-
-    Made per forward call; `gather_edges` records which rows it read, `candidate_energies` makes room for
-    them in its gradient and publishes its buffers here; the gather's backward adds into them and clears.
-    """
+    """Made per forward call: the recurrence records the rows it read, the candidate backward makes room for them
+    in its gradient and publishes its buffers here, the recurrence's backward adds into them and clears."""
 
     def __init__(self):
-        self.rows = None  # sorted unique rows the recurrence read
+        self.rows = None  # sorted rows the recurrence read
         self.grad = None  # (row index or None for dense, weight grad values, bias grad values) of this pass
 
 
 def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool, link):
-    """The edge tables' gradients from the values of the touched rows `index` (sorted, unique): handed to `link`
-    (see `gather_edges`), then returned as sparse COO tensors (`ctx.sparse_grad`) or as the dense values. Shared by
-    the torch and the Triton backward."""
+    """The edge tables' gradients from the values of the touched rows `index` (sorted, unique; None when dense):
+    published on `link`, returned as sparse COO tensors (`ctx.sparse_grad`) or as the dense values."""
     if link is not None:
         link.grad = (index, w_values, b_values)
     if not ctx.sparse_grad:
@@ -207,6 +172,3 @@ def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool,
                                          is_coalesced=True, check_invariants=False)
     return grad_w, grad_b
 
-
-__all__ = ["CandidatePlan", "EdgeGradLink", "KERNEL_TILE_SUCCESSORS", "KernelPlan", "edge_table_grads",
-           "graph_max_degree", "make_kernel_plan", "make_torch_plan"]
