@@ -15,8 +15,7 @@ import torch
 
 BACKENDS = ("auto", "torch", "triton")
 
-# Optional: CUDA builds of torch ship triton; `pip install brillm[gpu]` elsewhere. Looked up, not imported: the
-# kernel modules import it when a kernel first runs, so a CPU-only process never pays for it.
+# CUDA builds of torch ship triton (`brillm[gpu]` elsewhere); looked up, not imported, until a kernel first runs
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 _override: str | None = None
@@ -68,8 +67,7 @@ def use_triton(tensor) -> bool:
 
 
 def triton_modules():
-    """(triton, triton.language), or (None, None) where triton is missing: the kernel modules' one import of it (they
-    are imported only when a kernel is about to run, after TRITON_INTERPRET is settled)."""
+    """(triton, triton.language), or (None, None) where triton is missing: the kernel modules' one import of it."""
     try:  # transformers' check of a saved model's imports skips try blocks: a CPU-only install never needs triton
         import triton
         import triton.language as tl
@@ -79,8 +77,7 @@ def triton_modules():
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """`kernel[grid](*args, **kwargs)`; where Triton cannot compile or launch it on this device, an error that says
-    how to go on (the torch path) instead of a trace from inside Triton's compiler."""
+    """`kernel[grid](*args, **kwargs)`; where Triton fails to compile or launch it, one error that says how to go on."""
     try:
         return kernel[grid](*args, **kwargs)
     except Exception as error:
@@ -108,18 +105,12 @@ AUTOCAST_DEVICES = tuple(kind for kind in ("cpu", "cuda", "xpu", "mps") if torch
 
 
 def exact_precision(forward):
-    """Run `forward` with autocast off: BriLLM computes in its parameters' dtype whatever autocast asks.
-
-    Under `--mixed_precision bf16/fp16` autocast would round every matrix product's inputs and output to 16 bits:
-    on the torch path each gathered edge row is cast again at every use (more bytes read, not fewer: measured slower
-    on an H100), and on the Triton path only the shared edge's product would be, putting a 16-bit energy beside
-    float32 ones in every softmax. BriLLM's step is memory-bound and 70% of its bytes are the optimizer's state:
-    what 16 bits buy there is `SparseAdamW(moment_dtype="bfloat16")` (docs/gpu.md, "Mixed
-    precision"); a model cast to bfloat16 reads half the bytes on both backends (the kernels compute in float32)."""
+    """Run `forward` with autocast off: BriLLM computes in its parameters' dtype whatever autocast asks. Autocast
+    would cast each gathered edge row again at every use (more bytes, not fewer) and, on the Triton path, put a
+    16-bit shared energy beside float32 ones in every softmax; docs/gpu.md ("Mixed precision") says what 16 bits buy."""
 
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
-        """`forward` with autocast switched off where it is on."""
         if any(torch.is_autocast_enabled(kind) for kind in AUTOCAST_DEVICES):  # cheap, unlike the parameters' device
             device_type = next(self.parameters()).device.type
             if device_type in AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
@@ -129,6 +120,3 @@ def exact_precision(forward):
 
     return wrapper
 
-
-__all__ = ["BACKENDS", "HAVE_TRITON", "current_backend", "exact_precision", "kernel_backend", "interpreting",
-           "launch", "package_tool", "triton_modules", "use_triton"]

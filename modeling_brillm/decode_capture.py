@@ -15,9 +15,9 @@ from .state import BriLLMState
 
 
 def _signature(model, device) -> tuple:
-    """Everything a captured step depends on by address or by value (`model` is a `BriLLMModel`)."""
+    """Everything a captured step depends on by address or by value (`model` is a `BriLLMModel`); the lazily built
+    tables (positions, prior) are built here, before their addresses are read."""
     cfg = model.config
-    # the lazily built tables must be current before their addresses are read
     tensors = [model.weights, model.biases, model.positions, model.position_table(device)]
     if cfg.graph == "sparse":
         tensors += [model.graph_indptr, model.graph_indices, model.edge_keys()]
@@ -27,7 +27,7 @@ def _signature(model, device) -> tuple:
         tensors.append(model.edge_base)
     if cfg.count_prior:  # the step adds the prior's row of every token
         tensors += [model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values]
-        if model.prior_table() is not None:  # built lazily: current before its address is read
+        if model.prior_table() is not None:
             tensors.append(model.prior_table())
     return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
             cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
@@ -98,5 +98,3 @@ class DecodeGraphs:
         self.graphs.clear()
         self.pool = self.tables = self.signature = None
 
-
-__all__ = ["DecodeGraphs"]
