@@ -286,26 +286,17 @@ def _meta(plan, d):
 
 
 def _forward(x, pe, weights, b2, plan, out, lse: bool):
-    """Launch the forward kernel: partials into `out` (N, T, 2) (lse) or energies into the logits `out` (N, V)."""
+    """The forward kernel: with `lse`, per (sorted position, successor tile) the largest energy and Σ exp(E − it)
+    into `out` (N, T, 2) ((−inf, 0) past a position's degree); else every real successor's energy into `out` (N, V)."""
     N, d = x.shape
+    if lse:
+        out[..., 0] = float("-inf")
+        out[..., 1] = 0.0
     if N and plan.num_tiles:
         meta = _meta(plan, d)
         launch(_energy_forward_kernel, (meta["GRID"],), x, pe, weights, b2, *_common_args(plan), out, out, plan.count,
                d, plan.num_tiles, plan.vocab_size, LSE=lse, LOGITS=not lse, OUT_ROWS=False, **meta, num_warps=4)
     return out
-
-
-def forward_partials(x, pe, weights, b2, plan, out: torch.Tensor) -> torch.Tensor:
-    """Fill `out` (N, T, 2) float32: per (sorted position, successor tile) the largest energy and Σ exp(E − it);
-    (−inf, 0) past a position's degree."""
-    out[..., 0] = float("-inf")
-    out[..., 1] = 0.0
-    return _forward(x, pe, weights, b2, plan, out, lse=True)
-
-
-def write_logits(x, pe, weights, b2, plan, out: torch.Tensor):
-    """Write every real successor's energy into `out` (N, V) at [p, target]."""
-    return _forward(x, pe, weights, b2, plan, out, lse=False)
 
 
 def _shared_energy(x, pe, w0, b0):
@@ -316,9 +307,8 @@ def _shared_energy(x, pe, w0, b0):
 
 
 def _gradient_rows(plan, P: int, link, device):
-    """Sparse gradient layout: the sorted touched rows `index` (R,), each row's slot (P,), and the slots of rows
-    only the recurrence touched (zeroed here, filled by its backward). One host synchronisation: R is the size of
-    the sparse gradient."""
+    """The sorted touched rows `index` (R,), each row's slot (P,), and the slots of rows only the recurrence touched
+    (zeroed here, filled by its backward). One host synchronisation: R, the size of the sparse gradient."""
     V = plan.vocab_size
     present = (plan.count > 0).to(torch.int32)
     # every row of every present source's block: +1 at its first row, −1 past its last, then a running sum
@@ -415,7 +405,7 @@ class KernelEnergies(torch.autograd.Function):
         part = torch.empty(N, plan.num_tiles, 2, dtype=torch.float32, device=x.device)
         training = any(ctx.needs_input_grad[:4])
         if training:  # else the first log_partition call fills them (logits alone never read them)
-            forward_partials(x, pe, weights, b2, plan, out=part)
+            _forward(x, pe, weights, b2, plan, part, lse=True)
         plan.call = KernelCall((x, pe, weights, b2), training, non_edge_bias)
         if plan.has_shared:  # float32 math whatever the tables' dtype, as inside the kernels
             h_shared, y_shared, shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())
@@ -479,11 +469,9 @@ class KernelEnergies(torch.autograd.Function):
 
 
 class KernelLogPartition(torch.autograd.Function):
-    """log Σ_v exp(E_v) per sorted position, as energy.exact_log_partition: peak = the largest energy (tile
-    maxima, shared term), total = Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak), log Z = peak +
-    log total; with `log_mass` (N,) (log Σ_{v non-successor} exp(non_edge_bias[v])) the non-successors' term is
-    exp(shared + log_mass − peak). Backward: the shared term's share to `shared` (and `log_mass`), the real
-    successors' (dL/dE = g·exp(E − peak)/total) to the kernel as (peak, g/total)."""
+    """log Z = peak + log Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak) per sorted position (with
+    `log_mass`, exp(shared + log_mass − peak) for the non-successors), as energy.exact_log_partition. Backward: the
+    shared term's share to `shared` (and `log_mass`), the successors' to the kernel as (peak, g/total)."""
 
     @staticmethod
     def forward(ctx, part, shared, plan, vocab_size: int, log_mass=None):
@@ -523,15 +511,14 @@ def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.T
     call = plan.call
     if not call.partials_filled:  # inference: the forward left them for here
         x, pe, weights, b2 = call.inputs
-        forward_partials(x, pe, weights, b2, plan, out=part)
+        _forward(x, pe, weights, b2, plan, part, lse=True)
         call.partials_filled = True
     return KernelLogPartition.apply(part, shared, plan, vocab_size, log_mass)
 
 
 class KernelTarget(torch.autograd.Function):
-    """The energy each sorted position gives its target when that is a real successor (`within` its block), in
-    torch over one edge row per position; the backward hands its gradient to `KernelEnergies.backward`, whose kernel
-    adds it at the target's entry (the target's row gets no second gradient tensor)."""
+    """The energy each sorted position gives its target, a real successor (`within` its block), in torch; the
+    candidate backward's kernel adds its gradient at the target's entry (the row gets no second gradient tensor)."""
 
     @staticmethod
     def forward(ctx, shared, target_rows, within, plan):
@@ -580,7 +567,7 @@ class KernelLogits(torch.autograd.Function):
     def forward(ctx, shared, plan, non_edge_bias=None):
         x, pe, weights, b2 = plan.call.inputs
         out = _prefilled(shared, shared.shape[0], plan.vocab_size, non_edge_bias)
-        write_logits(x, pe, weights, b2, plan, out)
+        _forward(x, pe, weights, b2, plan, out, lse=False)
         ctx.call = plan.call
         return out
 
@@ -602,9 +589,8 @@ def scatter_logits(part, shared, plan, non_edge_bias=None) -> torch.Tensor:
 
 @torch.no_grad()
 def successor_logits(x, pe, edges, sources, graph, width: int) -> torch.Tensor:
-    """(N, V) logits in the positions' own order (inference, one token per row): the shared energy (+
-    `non_edge_bias[v]`) in torch, then the real successors' by one launch over a static (N, ceil(width / 32)) grid,
-    no plan, no host read. `edges` a `tables.EdgeTable`, `graph` a `tables.GraphView`."""
+    """(N, V) logits in the positions' own order (inference, one token per row; `edges` a `tables.EdgeTable`, `graph`
+    a `tables.GraphView`): the real successors' by one launch over a static (N, ceil(width / 32)) grid, no host read."""
     N, d = x.shape
     V, weights, indices = graph.vocab_size, edges.weights, graph.indices
     b2 = edges.biases.reshape(weights.shape[0], d)
