@@ -1,6 +1,5 @@
-"""The graph's methods of the models: reading and storing the graph and its count prior; building a model from
-a graph. Growing a graph (new nodes, new real edges) and building one from text are tools of the package
-(graph.py), which the methods below call."""
+"""The graph's methods of the models: reading the graph and its count prior. Building a model on a graph, storing
+one and growing one (new nodes, new real edges) are tools of the package (graph.py), which the methods call."""
 
 from __future__ import annotations
 
@@ -22,76 +21,24 @@ class GraphMethods:
     @classmethod
     def from_graph(cls, graph: BigramGraph | None, config=None, **config_kwargs):
         """A freshly initialised model on `graph` (a sparse `BigramGraph`, or None for a dense graph)."""
-        if graph is not None and not isinstance(graph, BigramGraph):
-            raise TypeError(f"from_graph: graph must be a BigramGraph (or None for a dense graph), got "
-                            f"{type(graph).__name__}; build one with modeling_brillm.build_sparse_graph.")
-        if config is not None and config_kwargs:
-            raise ValueError(f"from_graph: pass either config or config fields, not both (got config and "
-                             f"{sorted(config_kwargs)}); set the fields on the config instead.")
-        if graph is None and config is not None and config.graph == "sparse":
-            raise ValueError("from_graph: a sparse config needs its graph (the BigramGraph of its num_edges real "
-                             "edges); pass it, or use a config with graph='dense'.")
-        if config is None and graph is None:
-            config = cls.config_class(graph="dense", **config_kwargs)
-        elif config is None:
-            if config_kwargs.get("count_prior") and graph.prior is not None:
-                config_kwargs["count_prior_bigrams"] = graph.prior.num_bigrams
-            config = cls.config_class(vocab_size=graph.vocab_size, graph="sparse", num_edges=graph.num_edges,
-                                      **config_kwargs)
-        model = cls(config)
-        if graph is not None:
-            model.set_graph(graph)
-        return model
+        return package_tool("graph", "from_graph").from_graph(cls, graph, config, **config_kwargs)
 
     @classmethod
     def from_token_sequences(cls, sequences, vocab_size: int, min_count: int = 1, dense: bool = False,
                              ignore_ids=(), **config_kwargs):
         """A fresh model whose real edges are the bigrams of `sequences` seen `min_count` times (or dense); with
         `count_prior=True` its count prior is every bigram of `sequences`."""
-        if dense:
-            return cls.from_graph(None, vocab_size=vocab_size, **config_kwargs)
-        graph = package_tool("graph", "from_token_sequences").build_sparse_graph(
-            sequences, vocab_size, min_count=min_count, ignore_ids=ignore_ids,
-            with_prior=bool(config_kwargs.get("count_prior")))
-        return cls.from_graph(graph, **config_kwargs)
+        return package_tool("graph", "from_token_sequences").from_token_sequences(
+            cls, sequences, vocab_size, min_count, dense, ignore_ids, **config_kwargs)
 
     # -------------------------------------------------------------------------------------------- the graph
     def set_graph(self, graph: BigramGraph):
         """Store a sparse graph's edge list (its size must be the config's)."""
-        if self.config.graph != "sparse":
-            raise ValueError("set_graph needs a sparse config; a dense graph has every edge.")
-        if graph.vocab_size != self.config.vocab_size or graph.num_edges != self.config.num_edges:
-            raise ValueError(f"graph has V={graph.vocab_size}, E={graph.num_edges} but the config says "
-                             f"V={self.config.vocab_size}, num_edges={self.config.num_edges}.")
-        problem = check_csr(graph.indptr, graph.indices, graph.vocab_size)
-        if problem:
-            raise ValueError(f"malformed graph: {problem}.")
-        base = self.base_model
-        with torch.no_grad():
-            base.graph_indptr.copy_(graph.indptr)
-            base.graph_indices.copy_(graph.indices)
-            base.graph_counts.copy_(graph.counts)
-        if self.config.count_prior:
-            if graph.prior is None:
-                raise ValueError("this config has count_prior=True but the graph carries no count prior: build it "
-                                 "with build_sparse_graph(..., with_prior=True), or pass count_prior=False.")
-            self.set_count_prior(graph.prior)
+        package_tool("graph", "set_graph").set_graph(self, graph)
 
     def set_count_prior(self, prior: CountPrior):
-        """Store the count prior (`count_prior.py`); its size must be the config's `count_prior_bigrams`."""
-        V, K = self.config.vocab_size, self.config.count_prior_bigrams
-        if not self.config.count_prior:
-            raise ValueError("set_count_prior needs a config with count_prior=True (the model has no prior buffers).")
-        if prior.node.numel() != V or prior.num_bigrams != K:
-            raise ValueError(f"the count prior has V={prior.node.numel()}, {prior.num_bigrams} bigrams but the "
-                             f"config says V={V}, count_prior_bigrams={K}.")
-        problem = check_csr(prior.indptr, prior.indices, V, "prior")
-        if problem:
-            raise ValueError(f"malformed count prior: {problem}.")
-        base = self.base_model
-        with torch.no_grad():
-            for name in ("node", "indptr", "indices", "values"):
-                getattr(base, f"prior_{name}").copy_(getattr(prior, name))
+        """Store the count prior; its size must be the config's `count_prior_bigrams`."""
+        package_tool("graph", "set_count_prior").set_count_prior(self, prior)
 
     def get_count_prior(self) -> CountPrior | None:
         """The stored count prior (None without `config.count_prior`)."""

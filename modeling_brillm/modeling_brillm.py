@@ -244,10 +244,10 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         """PE rows 0..M (float32), built once per device and config."""
         cfg = self.config
         key = (device, cfg.position_encoding, cfg.node_size, cfg.max_position_embeddings)
-        if self._pe_cache is None or self._pe_cache[0] != key:
+        if self._caches.get("pe", (None,))[0] != key:
             positions = torch.arange(cfg.max_position_embeddings + 1, device=device)
-            self._pe_cache = (key, positional_encoding(positions, cfg.node_size, cfg.position_encoding))
-        return self._pe_cache[1]
+            self._caches["pe"] = (key, positional_encoding(positions, cfg.node_size, cfg.position_encoding))
+        return self._caches["pe"][1]
 
     def positions_view(self, device) -> Positions:
         cfg = self.config

@@ -81,7 +81,7 @@ class BriLLMState:
     def reorder_cache(self, beam_idx: torch.LongTensor) -> BriLLMState:
         """Beam search: keep the rows `beam_idx` (in place)."""
         picked = [t.index_select(0, beam_idx.to(t.device)) for t in self.tensors()]
-        self.mix, self.length, self.last_token = Mix(*picked[:4]), picked[4], picked[5]
+        self.mix, self.length, self.last_token, self.row = Mix(*picked[:4]), picked[4], picked[5], None
         return self
 
     def map(self, fn) -> BriLLMState:

@@ -187,48 +187,44 @@ def frequency_table(indptr: torch.Tensor, indices: torch.Tensor, counts: torch.T
 
 
 class DerivedTables:
-    """Mixin of `BriLLMModel` (which holds the graph's buffers and the config)."""
+    """Mixin of `BriLLMModel`: the tables derived from its graph and config, cached per version of what they read."""
 
     def reset_caches(self):
-        """Forget the tables derived from the graph and the config (after the graph grows)."""
-        self._edge_key_cache = self._pe_cache = self._freq_cache = self._prior_cache = self._host_cache = None
+        """Forget the derived tables (after the graph grows)."""
+        self._caches = {}
+
+    def _cached(self, name: str, tensors, build):
+        """`build()`, kept until one of `tensors` is replaced or changed in place (or its device changes)."""
+        key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
+        hit = self._caches.get(name)
+        if hit is None or hit[0] != key:
+            hit = self._caches[name] = (key, build())
+        return hit[1]
 
     def edge_keys(self) -> torch.Tensor | None:
-        """Sorted keys source·V + target of the real edges (None for a dense graph); cached per graph version."""
+        """Sorted keys source·V + target of the real edges (None for a dense graph)."""
         if self.config.graph == "dense":
             return None
-        indices, indptr = self.graph_indices, self.graph_indptr
-        key = (indices.data_ptr(), indices._version, indptr._version, indices.device)
-        if self._edge_key_cache is None or self._edge_key_cache[0] != key:
-            self._edge_key_cache = (key, edge_keys(indptr, indices, self.config.vocab_size))
-        return self._edge_key_cache[1]
+        indptr, indices, V = self.graph_indptr, self.graph_indices, self.config.vocab_size
+        return self._cached("keys", (indptr, indices), lambda: edge_keys(indptr, indices, V))
 
     def host_csr(self) -> tuple:
-        """A CPU graph's CSR as one row's step reads it on the host: (indptr as a list, indices as a NumPy view),
-        (None, None) for a dense graph; cached per graph version."""
+        """A CPU graph's CSR on the host, as one row's step reads it: (indptr as a list, indices as a NumPy view),
+        (None, None) for a dense graph."""
         if self.config.graph == "dense":
             return None, None
         indptr, indices = self.graph_indptr, self.graph_indices
-        key = (indptr.data_ptr(), indptr._version, indices.data_ptr(), indices._version)
-        if self._host_cache is None or self._host_cache[0] != key:
-            self._host_cache = (key, (indptr.tolist(), indices.numpy()))
-        return self._host_cache[1]
+        return self._cached("host", (indptr, indices), lambda: (indptr.tolist(), indices.numpy()))
 
     def prior_table(self) -> torch.Tensor | None:
-        """The count prior as a dense (V, V) table, when it is small enough (`count_prior.DENSE_TABLE_MAX`) and
-        the model has one; cached per prior version."""
+        """The count prior as a dense (V, V) table, when the model has one small enough (DENSE_TABLE_MAX)."""
         if not self.config.count_prior or self.config.vocab_size ** 2 > DENSE_TABLE_MAX:
             return None
         parts = (self.prior_node, self.prior_indptr, self.prior_indices, self.prior_values)
-        key = tuple((t.data_ptr(), t._version) for t in parts) + (self.prior_node.device,)
-        if self._prior_cache is None or self._prior_cache[0] != key:
-            self._prior_cache = (key, dense_table(*parts))
-        return self._prior_cache[1]
+        return self._cached("prior", parts, lambda: dense_table(*parts))
 
     def frequency_table(self, width: int) -> torch.Tensor:
-        """(V, width) successors of every node by descending bigram count, padded with −1 (cached)."""
-        counts, indices = self.graph_counts, self.graph_indices
-        key = (width, counts.data_ptr(), counts._version, indices.data_ptr(), indices._version, counts.device)
-        if self._freq_cache is None or self._freq_cache[0] != key:
-            self._freq_cache = (key, frequency_table(self.graph_indptr, indices, counts, width))
-        return self._freq_cache[1]
+        """(V, width) successors of every node by descending bigram count, padded with −1."""
+        indptr, indices, counts = self.graph_indptr, self.graph_indices, self.graph_counts
+        return self._cached(f"frequency {width}", (indices, counts),
+                            lambda: frequency_table(indptr, indices, counts, width))
