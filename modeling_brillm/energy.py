@@ -444,24 +444,16 @@ def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.
 def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
     """log Σ_v exp(E_v) over all V nodes per position, the V − degree non-successors sharing one energy
     (each plus its own `non_edge_bias[v]`): the cost follows the real successors, not N·V."""
-    if non_edge_bias is not None and plan.has_shared:
-        has_shared = plan.degree < vocab_size
-        shared_term = shared + non_edge_log_mass(non_edge_bias, plan).to(shared.dtype)
-        peak = torch.where(has_shared, shared_term, torch.full_like(shared, float("-inf")))
-        if plan.num_entries:
-            peak = peak.scatter_reduce(0, plan.entry_position, energies, "amax", include_self=True)
-        peak = peak.detach()
-        total = torch.where(has_shared, torch.exp(shared_term - peak), torch.zeros_like(shared))
-        if plan.num_entries:
-            total = total.index_add(0, plan.entry_position, torch.exp(energies - peak[plan.entry_position]))
-        return peak + torch.log(total)
-    num_shared = (vocab_size - plan.degree).to(shared.dtype)
-    has_shared = num_shared > 0
+    has_shared = plan.degree < vocab_size
+    if non_edge_bias is not None and plan.has_shared:  # the non-successors' total weight, in log
+        shared = shared + non_edge_log_mass(non_edge_bias, plan).to(shared.dtype)
+    else:
+        shared = shared + torch.log((vocab_size - plan.degree).to(shared.dtype))
     peak = torch.where(has_shared, shared, torch.full_like(shared, float("-inf")))
     if plan.num_entries:
         peak = peak.scatter_reduce(0, plan.entry_position, energies, "amax", include_self=True)
     peak = peak.detach()
-    total = torch.where(has_shared, num_shared * torch.exp(shared - peak), torch.zeros_like(shared))
+    total = torch.where(has_shared, torch.exp(shared - peak), torch.zeros_like(shared))
     if plan.num_entries:
         total = total.index_add(0, plan.entry_position, torch.exp(energies - peak[plan.entry_position]))
     return peak + torch.log(total)

@@ -9,8 +9,8 @@ along the path of the input tokens u_0, u_1, ...:
     E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              the energy every candidate v receives
 
 (x_0 = e_0.) The energies are the logits. A sparse graph keeps real edges for the bigrams seen in training; every
-other pair shares edge row 0. `BriLLMModel` holds the parameters and runs the recurrence; `BriLLMForCausalLM` adds
-the energies, the loss and `generate()`. The hot operations run in ops.py, as Triton kernels or in torch."""
+other pair shares edge row 0. `BriLLMModel` runs the recurrence, `BriLLMForCausalLM` adds the energies and the loss;
+the hot operations run in ops.py (Triton kernels or torch)."""
 
 import dataclasses
 
@@ -34,8 +34,7 @@ from .tables import DerivedTables, EdgeTable, GraphView, Positions, ReadOut, Ste
 from .validation import check_inputs, check_labels, check_signal_ids, compact_real_tokens, too_long
 
 # isort: split
-# transformers 5.4 copies a local folder's remote code one import deep: naming here the modules that the others
-# import makes every file of the model's code travel with it on every supported version.
+# transformers 5.4 copies remote code one import deep: naming the others' imports here makes every file travel.
 from .csr import edge_keys  # noqa: F401
 from .decode_capture import DecodeGraphs  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
@@ -44,9 +43,8 @@ from .triton_recurrence import unsupported_reason  # noqa: F401
 
 
 class FullEdges:
-    """The release's edges: every edge row its own d×d matrix, `weights` (P, d, d), and bias, `biases` (P, 1, d). The
-    kernels and the torch paths read these tables in place (`fused`); another kind (`EDGE_KINDS`) defines its rows'
-    matrices from its own parameters, and the model materialises the rows a call reads."""
+    """The release's edges: each row its own matrix, `weights` (P, d, d), and bias, `biases` (P, 1, d), which every
+    path reads in place (`fused`); another kind (`EDGE_KINDS`) makes its rows, materialised where a call reads them."""
 
     fused = True
     row_parameters = ("weights", "biases")  # the parameters indexed by edge row (what sharding splits by source)
@@ -98,12 +96,9 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
             init.copy_(module.positions, initial_positions(self.config, module.positions.device))
             if module.start_signals is not None:  # also fills it when a uniform checkpoint is loaded as learned
                 init.constant_(module.start_signals, 1.0 / self.config.node_size)
-            if module.non_edge_bias is not None:  # zero: the release's energies (also for older checkpoints)
-                init.zeros_(module.non_edge_bias)
-            if module.node_readout is not None:  # zero: the release's energies
-                init.zeros_(module.node_readout)
-            if module.edge_base is not None:  # zero: the release's energies
-                init.zeros_(module.edge_base)
+            for extension in (module.non_edge_bias, module.node_readout, module.edge_base):
+                if extension is not None:  # zero: the release's energies (also for older checkpoints)
+                    init.zeros_(extension)
 
     def get_input_embeddings(self):
         """None: a token is a node, its edges hold the parameters (what transformers expects of no embeddings)."""
@@ -193,11 +188,10 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             self.register_buffer("graph_indices", torch.zeros(config.num_edges, dtype=torch.long))
             self.register_buffer("graph_counts", torch.zeros(config.num_edges, dtype=torch.long))
         if config.count_prior:  # the fixed bigram model every logit adds (count_prior.py); zero until it is set
-            K = config.count_prior_bigrams
-            self.register_buffer("prior_node", torch.zeros(V))
-            self.register_buffer("prior_indptr", torch.zeros(V + 1, dtype=torch.long))
-            self.register_buffer("prior_indices", torch.zeros(K, dtype=torch.long))
-            self.register_buffer("prior_values", torch.zeros(K))
+            K, long = config.count_prior_bigrams, torch.long
+            for name, empty in (("node", torch.zeros(V)), ("indptr", torch.zeros(V + 1, dtype=long)),
+                                ("indices", torch.zeros(K, dtype=long)), ("values", torch.zeros(K))):
+                self.register_buffer(f"prior_{name}", empty)
         self._sparse_gradients = False
         self.gradient_checkpointing = False  # transformers' switch: recompute the recurrence in the backward
         self.signal_dropout_scale = 1.0  # the share of config.signal_dropout applied now (pretraining warms it up)
@@ -262,10 +256,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         """Position weight logits p of the edges entering positions `index` (past the range: the last one)."""
         return self.positions_view(index.device).weight(index)
 
-    def node_add(self, tokens: torch.Tensor) -> torch.Tensor | None:
-        """The vectors the nodes `tokens` add to the edge outputs entering them (config.node_embedding)."""
-        return None if self.node_embedding is None else self.node_embedding[tokens]
-
     # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
                     edge_fetch=None, dropout_rows=None, dropout_seed: int | None = None) -> Signals:
@@ -298,9 +288,9 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         previous = torch.cat([last.unsqueeze(1), tokens[:, :-1]], 1)
         has_edge = valid & (index > 0)
         rows = torch.where(has_edge, self.edge_rows(previous, tokens), torch.zeros_like(tokens))
-        columns = Columns(rows, has_edge, self.position_encoding(index).to(self.edge_dtype),
-                          self.mix_weights(index), self.node_add(tokens),
-                          self._dropout_mask(index, dropout_rows, dropout_seed))
+        node_add = None if self.node_embedding is None else self.node_embedding[tokens]
+        columns = Columns(rows, has_edge, self.position_encoding(index).to(self.edge_dtype), self.mix_weights(index),
+                          node_add, self._dropout_mask(index, dropout_rows, dropout_seed))
         # the link hands the scan's edge gradients to the candidate energies' backward (one gradient per table)
         link = EdgeGradLink() if torch.is_grad_enabled() and edge_fetch is None else None
         signals, mix = self._scan(mix, columns, edge_fetch, link)
@@ -356,10 +346,9 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     def decode_step(self, tokens: torch.Tensor, state: BriLLMState, width: int | None = None,
                     tables: StepTables | None = None):
-        """The one-token step: (logits (B, V) after `tokens` (B,) on `state`, the new state): 1. the edge last_token
-        → token joins the mix, 2. every successor's energy (`width` of them a row: None reads each row's degree on
-        the host, the graph's largest reads nothing from the device), 3. the read-out. One row on the CPU makes its
-        lookups on the host (`recurrence.row_step`). `tables`: `step_tables()`, which a decoding loop gathers once."""
+        """The one-token step, (logits (B, V) after `tokens` (B,), the new state): 1. the edge last_token → token
+        joins the mix, 2. every successor's energy (`width` a row: None reads each row's degree, the graph's largest
+        reads nothing from the device), 3. the read-out. One CPU row looks up on the host (`recurrence.row_step`)."""
         tables = self.step_tables() if tables is None else tables
         if tables.graph.host is not None and tokens.numel() == 1:
             logits, new_state = row_step(tokens, state, tables)
@@ -376,10 +365,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             prior = (table,) if table is not None else (self.prior_node, self.prior_indptr, self.prior_indices,
                                                         self.prior_values, graph_max_degree(self.prior_indptr))
         return ReadOut(self.node_readout, prior)
-
-    def read_out(self, logits: torch.Tensor, signal: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
-        """`logits` (N, V) after `sources` (N,) plus the nodes' readout of the signal and the count prior."""
-        return self.read_out_tables()(logits, signal, sources)
 
     @property
     def scores_every_node(self) -> bool:
@@ -410,7 +395,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         sampled = targets is not None and (loss_type or cfg.loss_type) == "sampled"
         logits = None
         if want_logits or sampled or self.scores_every_node:
-            logits = self.read_out(scatter_logits(energies, shared, plan, V, self.non_edge_bias), x, sources)
+            logits = self.read_out_tables()(scatter_logits(energies, shared, plan, V, self.non_edge_bias), x, sources)
         if targets is None:
             return plan.order, None, logits
         targets = targets[plan.order]
