@@ -1,11 +1,6 @@
-"""SparseAdamW's update of listed rows in torch: the reference of the fused Triton pass (triton_optim.py).
-
-`adamw_rows` is lazy AdamW on the rows of a sparse gradient (optimization.py states the semantics): duplicate rows
-summed, row 0 stepped with lr·first_row_scale when asked, bfloat16 moments stored with stochastic rounding (the
-same random bits as the kernel). Contiguous runs of rows go through torch's fused AdamW over views (no copies);
-scattered rows are gathered, updated and written back in bounded chunks. `optimization.adamw_rows` picks this or
-the kernel.
-"""
+"""SparseAdamW's update of listed rows in torch, the reference of the fused Triton pass (triton_optim.py); the
+semantics are optimization.py's. Contiguous runs of rows go through torch's fused AdamW over views (no copies),
+scattered rows are gathered, updated and written back in bounded chunks."""
 
 import torch
 
@@ -13,28 +8,24 @@ _MIN_RUN = 8  # contiguous rows below this are updated through the gather path
 _GATHER_CHUNK_ELEMS = 1 << 22  # elements per chunk of the gather path (16 MB of float32 per tensor)
 
 
-def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
-    """In-place AdamW on lists of same-shaped-pairwise tensors (row ranges) with one shared step tensor."""
-    if not params:
-        return
-    if step.device != params[0].device:  # the fused kernel wants the step where the parameters are
-        step = step.to(params[0].device)
-    steps = [step] * len(params)
+def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, hyper):
+    """AdamW in place on lists of row ranges that share one step count: torch's fused kernel, else (where it
+    cannot run) torch's single-tensor arithmetic."""
+    lr, beta1, beta2, eps, weight_decay = hyper
+    step = step.to(params[0].device)  # the fused kernel wants the step where the parameters are
     try:
-        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
-                            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
-        return
+        return torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [step] * len(params), lr=lr,
+                                   beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
+                                   maximize=False)
     except (RuntimeError, AttributeError, NotImplementedError, TypeError):
         pass
-    # portable fallback: torch's single-tensor AdamW arithmetic
     t = float(step)
     bc1, bc2_sqrt = 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5
     for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
         p.mul_(1 - lr * weight_decay)
         m.lerp_(g, 1 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v.sqrt() / bc2_sqrt).add_(eps)
-        p.addcdiv_(m, denom, value=-lr / bc1)
+        p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), value=-lr / bc1)
 
 
 def _fmix32(x: torch.Tensor) -> torch.Tensor:
@@ -48,10 +39,9 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def rounding_bits(rows: torch.Tensor, columns: torch.Tensor, step: int, moment: int) -> torch.Tensor:
-    """(len(rows), len(columns)) random 16-bit values (int32 in [0, 65536)) for the elements (row, column) of a
-    parameter viewed as (rows, width), at `step`, for moment 0 (exp_avg) or 1 (exp_avg_sq): a hash of the row xor a
-    hash of the column, each drawn anew every step (one pass per element, not a hash per element: the torch path's
-    cost), the same function as `triton_optim._round_bf16`."""
+    """(len(rows), len(columns)) random 16-bit values (int32 in [0, 65536)) for the elements (row, column) at
+    `step`, for moment 0 (exp_avg) or 1 (exp_avg_sq): a hash of the row xor a hash of the column, drawn anew every
+    step; the function of `triton_optim._round_bf16`."""
     key = int(_fmix32(torch.tensor((step * 0x9E3779B1) ^ (moment * 0x7F4A7C15)) & 0xFFFFFFFF))
     row_bits = _fmix32((rows & 0xFFFFFFFF) ^ _fmix32(((rows >> 32) + key) & 0xFFFFFFFF))
     column_bits = _fmix32((columns.to(torch.int64) + (key ^ 0x5BD1E995)) & 0xFFFFFFFF)
@@ -66,60 +56,37 @@ def stochastic_round_bf16(values: torch.Tensor, bits: torch.Tensor) -> torch.Ten
 
 def update_entries(P2, M2, V2, rows, values, positions, step, hyper):
     """Update rows[e] with values[e] for the entries e in `positions` (ascending; None = all), rows unique."""
-    if positions is not None:
-        if positions.numel() == 0:
-            return
-        r = rows[positions]
-    else:
-        r = rows
+    r, e = (rows, None) if positions is None else (rows[positions], positions)
     n = r.numel()
     if n == 0:
         return
     if M2.dtype != P2.dtype:  # bfloat16 moments
-        _update_rows_rounded(P2, M2, V2, r, values if positions is None else values[positions], step,
-                                         hyper)
+        _update_rows_rounded(P2, M2, V2, r, values if e is None else values[e], step, hyper)
         return
-    e = positions if positions is not None else None
     # runs: consecutive entries that are also consecutive rows → views of p, m, v and of the values
-    if n > 1:
-        brk = r[1:] != r[:-1] + 1
-        if e is not None:
-            brk |= e[1:] != e[:-1] + 1
-        run_starts = torch.cat([r.new_zeros(1), brk.nonzero().squeeze(1) + 1])
-    else:
-        run_starts = r.new_zeros(1)
+    breaks = r[1:] != r[:-1] + 1
+    if e is not None:
+        breaks |= e[1:] != e[:-1] + 1
+    run_starts = torch.cat([r.new_zeros(1), breaks.nonzero().squeeze(1) + 1])
     run_lengths = torch.diff(run_starts, append=r.new_tensor([n]))
     long_runs = run_lengths >= _MIN_RUN
-    lr, beta1, beta2, eps, wd = hyper
     if bool(long_runs.any()):
         starts = run_starts[long_runs]
-        lengths = run_lengths[long_runs]
-        row0 = r[starts].tolist()
-        ent0 = (starts if e is None else e[starts]).tolist()
-        lens = lengths.tolist()
-        ps, gs, ms, vs = [], [], [], []
-        for a, b, k in zip(row0, ent0, lens):
-            ps.append(P2[a:a + k])
-            ms.append(M2[a:a + k])
-            vs.append(V2[a:a + k])
-            gs.append(values[b:b + k])
-        _rows_adamw(ps, gs, ms, vs, step, lr, beta1, beta2, eps, wd)
-    if not bool(long_runs.all()):
-        # short runs: gather, update, scatter back, in bounded chunks
-        short = torch.repeat_interleave(~long_runs, run_lengths, output_size=n)
-        sel = short.nonzero().squeeze(1)
-        rows_s = r[sel]
-        ent_s = sel if e is None else e[sel]
-        width = P2.shape[1]
-        chunk = max(1, _GATHER_CHUNK_ELEMS // max(width, 1))
-        for c in range(0, rows_s.numel(), chunk):
-            rr, ee = rows_s[c:c + chunk], ent_s[c:c + chunk]
-            p_g, m_g, v_g = P2.index_select(0, rr), M2.index_select(0, rr), V2.index_select(0, rr)
-            g_g = values.index_select(0, ee)
-            _rows_adamw([p_g], [g_g], [m_g], [v_g], step, lr, beta1, beta2, eps, wd)
-            P2.index_copy_(0, rr, p_g)
-            M2.index_copy_(0, rr, m_g)
-            V2.index_copy_(0, rr, v_g)
+        runs = zip(r[starts].tolist(), (starts if e is None else e[starts]).tolist(), run_lengths[long_runs].tolist())
+        ps, gs, ms, vs = zip(*[(P2[a:a + k], values[b:b + k], M2[a:a + k], V2[a:a + k]) for a, b, k in runs])
+        _rows_adamw(list(ps), list(gs), list(ms), list(vs), step, hyper)
+    if bool(long_runs.all()):
+        return
+    sel = torch.repeat_interleave(~long_runs, run_lengths, output_size=n).nonzero().squeeze(1)
+    rows_s, ent_s = r[sel], sel if e is None else e[sel]
+    chunk = max(1, _GATHER_CHUNK_ELEMS // max(P2.shape[1], 1))
+    for c in range(0, rows_s.numel(), chunk):  # short runs: gather, update, scatter back
+        rr, ee = rows_s[c:c + chunk], ent_s[c:c + chunk]
+        gathered = [t.index_select(0, rr) for t in (P2, M2, V2)]
+        _rows_adamw(gathered[:1], [values.index_select(0, ee)], gathered[1:2], gathered[2:], step, hyper)
+        for t, g in zip((P2, M2, V2), gathered):
+            t.index_copy_(0, rr, g)
+
 
 def _update_rows_rounded(P2, M2, V2, rows, grads, step, hyper):
     """AdamW on `rows` (unique) with gradient rows `grads`, from bfloat16 moments computed in float32 and stored
@@ -163,11 +130,9 @@ def adamw_rows(P2, M2, V2, rows, values, step, hyper, unique: bool = False, firs
             rows, values = coalesce_rows(rows, values)
         if bool((rows == 0).any()):
             lr, beta1, beta2, eps, wd = hyper
-            rest = (rows != 0).nonzero().squeeze(1)
-            first = (rows == 0).nonzero().squeeze(1)
             scaled = (lr * first_row_scale, beta1, beta2, eps, wd / first_row_scale)
-            update_entries(P2, M2, V2, rows, values, first, step, scaled)
-            update_entries(P2, M2, V2, rows, values, rest, step, hyper)
+            update_entries(P2, M2, V2, rows, values, (rows == 0).nonzero().squeeze(1), step, scaled)
+            update_entries(P2, M2, V2, rows, values, (rows != 0).nonzero().squeeze(1), step, hyper)
             return
         unique = True
     if not unique and rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
@@ -184,13 +149,8 @@ def _update_duplicated(P2, M2, V2, rows, values, step, hyper):
     if not bool(dup_entry.any()):
         update_entries(P2, M2, V2, rows, values, None, step, hyper)
         return
-    dup_rows = uniq[counts > 1]
-    dup_pos = dup_entry.nonzero().squeeze(1)
+    dup_rows, dup_pos = uniq[counts > 1], dup_entry.nonzero().squeeze(1)
     slot = torch.searchsorted(dup_rows, rows[dup_pos])
     merged = values.new_zeros(dup_rows.numel(), values.shape[1]).index_add_(0, slot, values[dup_pos])
-    single_pos = (~dup_entry).nonzero().squeeze(1)
-    update_entries(P2, M2, V2, rows, values, single_pos, step, hyper)
+    update_entries(P2, M2, V2, rows, values, (~dup_entry).nonzero().squeeze(1), step, hyper)
     update_entries(P2, M2, V2, dup_rows, merged, None, step, hyper)
-
-
-__all__ = ["adamw_rows", "coalesce_rows", "rounding_bits", "stochastic_round_bf16", "update_entries"]

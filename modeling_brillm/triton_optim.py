@@ -1,28 +1,7 @@
-"""SparseAdamW's update of the touched rows as one fused Triton pass (chosen by optimization.adamw_rows).
-
-Semantics: exactly `SparseAdamW`'s lazy AdamW for a sparse row gradient (see optimization.py): for every listed
-row r, with the gradient g[r] summed over duplicate entries,
-
-    p[r] ← p[r]·(1 − lr·wd);  m[r] ← β1·m[r] + (1−β1)·g[r];  v[r] ← β2·v[r] + (1−β2)·g[r]²
-    p[r] ← p[r] − lr/(1−β1^t) · m[r] / (√v[r] / √(1−β2^t) + ε)
-
-with t the parameter's step count; row 0 (BriLLM's shared edge) takes its Adam step with lr·first_row_scale and its
-decay with lr·wd (SparseAdamW's `first_row_lr_scale`: a per-row factor inside the kernel, no host read). One
-program updates a tile of rows × columns: it reads p, m, v and the gradient values once and writes p, m, v once
-(7 passes over a touched row, the minimum without changing the state's layout; the bytes of 5 with bfloat16
-moments); gradient values are read in place through an entry index, never gathered or coalesced into a copy.
-
-No host synchronisation: the rows are sorted on the device (an index sort, O(nnz) keys; skipped when the caller
-knows them unique), the first entry of each run of equal rows sums the run's values inside the kernel (a while
-loop, one trip per duplicate: autograd's gradients have none, F.embedding's a few), the step count is read on
-the host when it lives there (AdamW's default: a CPU scalar, no device round trip) and inside the kernel when it
-lives on the device (`fused=True` groups). Today's torch path instead asks the device for the run structure
-(`.tolist()` of run starts, `.any()`, the sortedness check) before it can launch anything.
-
-Design for an H100 (prediction, not a measurement): at the paper shape, 1024 × 64 touches ~908k rows of 4.2 KB;
-7 passes = 27 GB, ~9 ms at 3 TB/s; a tile of 1,024 floats a program (4 warps, 8 floats a thread, 128-bit loads)
-keeps ~all of HBM's bandwidth busy. The index sort (908k int64 keys, CUB radix sort) adds ~0.1 ms.
-"""
+"""SparseAdamW's update of the touched rows as one fused Triton pass (chosen by optimization.adamw_rows), with
+optimization.py's semantics: a program updates a tile of rows × columns, reading p, m, v and the gradient values
+once and writing p, m, v once; the first entry of each run of equal rows (sorted on the device) sums the run's
+values inside the kernel, and nothing is read back to the host (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -70,8 +49,7 @@ if triton is not None:
         HAS_ENTRIES: tl.constexpr, UNIQUE: tl.constexpr, STEP_ON_DEVICE: tl.constexpr, ROUNDED: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
     ):
-        # per-row quantities are (BLOCK_R, 1) columns, per-column ones (1, BLOCK_W) rows: one layout for the tile
-        """AdamW on a tile of (rows × columns): duplicates summed, p, m, v read and written once."""
+        """AdamW on a tile of rows × columns: per-row quantities are (BLOCK_R, 1), per-column ones (1, BLOCK_W)."""
         k = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
         in_k = k < nnz
@@ -128,24 +106,15 @@ if triton is not None:
 
 def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, entries=None, unique: bool = False,
                       step_in_kernel: bool | None = None, first_row_scale: float = 1.0):
-    """Lazy AdamW on the listed rows, in place, in one kernel launch (plus an index sort unless `unique`).
-
-    `param`, `exp_avg`, `exp_avg_sq`: (n_rows, W) contiguous views of the parameter and its moments; `rows` (n,)
-    int64 row of every entry; `values` (≥ n, W) the gradient values, entry e's row being `values[entries[e]]`
-    (`entries` None: `values[e]`); duplicate rows are summed unless the caller promises `unique` rows. `step`: the
-    parameter's step count (a scalar tensor, already incremented); `hyper` = (lr, beta1, beta2, eps, weight_decay).
-    `step_in_kernel`: read the step inside the kernel (default: when it is not on the CPU). `first_row_scale`:
-    row 0's Adam step is taken with lr·first_row_scale (its weight decay stays lr·wd). bfloat16 moments beside a
-    float32 parameter are stored with stochastic rounding (SparseAdamW's `moment_dtype="bfloat16"`).
-    """
+    """`row_adamw.adamw_rows` in one kernel launch (plus an index sort unless `unique`). Entry e's gradient row is
+    `values[entries[e]]` (`entries` None: `values[e]`); `step` (already incremented) is read inside the kernel when
+    `step_in_kernel` (default: when it is not on the CPU, as with fused=True), else here, without a device read."""
     lr, beta1, beta2, eps, wd = (float(h) for h in hyper)
     n = rows.numel()
     if n == 0:
         return
     W = param.shape[1]
-    if values.dtype != param.dtype:
-        values = values.to(param.dtype)
-    values = values.contiguous()
+    values = values.to(param.dtype).contiguous()
     rows = rows.to(device=param.device, dtype=torch.int64)
     if not unique and n > 1:
         rows, order = torch.sort(rows, stable=True)
@@ -153,23 +122,17 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
     if entries is not None:
         entries = entries.to(device=param.device, dtype=torch.int64).contiguous()
     on_device = step.device.type != "cpu" if step_in_kernel is None else step_in_kernel
-    step_size = bc2_sqrt = 1.0
-    t = 0
-    if not on_device:  # a CPU scalar: read here, no device round trip
-        t = float(step)
-        step_size, bc2_sqrt = lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5
+    t = 0 if on_device else float(step)
+    step_size, bc2_sqrt = (1.0, 1.0) if on_device else (lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5)
     log_beta1 = math.log(beta1) if beta1 > 0 else float("-inf")
     log_beta2 = math.log(beta2) if beta2 > 0 else float("-inf")
     BLOCK_W = min(triton.next_power_of_2(W), _TILE)
     BLOCK_R = max(1, _TILE // BLOCK_W)
     grid = (triton.cdiv(n, BLOCK_R), triton.cdiv(W, BLOCK_W))
     launch(_sparse_adamw_kernel, grid,
-        param, exp_avg, exp_avg_sq, values, rows, entries if entries is not None else rows,
-        step if on_device else rows, n, W,
-        lr, beta1, beta2, eps, 1.0 - lr * wd, step_size, bc2_sqrt, log_beta1, log_beta2, float(first_row_scale),
-        int(t), HAS_ENTRIES=entries is not None, UNIQUE=unique or n == 1, STEP_ON_DEVICE=on_device,
-        ROUNDED=exp_avg.dtype == torch.bfloat16 and param.dtype != torch.bfloat16,
-        BLOCK_R=BLOCK_R, BLOCK_W=BLOCK_W, num_warps=4)
-
-
-__all__ = ["sparse_adamw_rows"]
+           param, exp_avg, exp_avg_sq, values, rows, entries if entries is not None else rows,
+           step if on_device else rows, n, W,
+           lr, beta1, beta2, eps, 1.0 - lr * wd, step_size, bc2_sqrt, log_beta1, log_beta2, float(first_row_scale),
+           int(t), HAS_ENTRIES=entries is not None, UNIQUE=unique or n == 1, STEP_ON_DEVICE=on_device,
+           ROUNDED=exp_avg.dtype == torch.bfloat16 and param.dtype != torch.bfloat16,
+           BLOCK_R=BLOCK_R, BLOCK_W=BLOCK_W, num_warps=4)
