@@ -2,11 +2,9 @@
 
 For a signal x on node u, every real successor v of u gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, every other node
 the shared edge's (row 0; plus `non_edge_bias[v]`). Positions are grouped by source so each source's block of edge
-matrices (contiguous, CSR order) is read once per call: a group of m positions and n successors is one (n, m, d)
-`baddbmm` forward and two products backward, over its block read in place; the backward writes gradients for the
-touched rows only (dense or sparse COO), into buffers reused across steps (`_workspace`). With an `EdgeGradLink`
-the recurrence's edge gradients are added into the same buffers: one coalesced gradient per table."""
-
+matrices (contiguous, CSR order) is read in place once per call: a group of m positions and n successors is one
+(n, m, d) `baddbmm` forward and two products backward, whose gradients go to the touched rows only (dense or sparse
+COO), in buffers reused across steps; with an `EdgeGradLink` the recurrence's edge gradients join them."""
 
 from __future__ import annotations
 
@@ -55,11 +53,8 @@ _CACHE_MIN_BYTES = 1 << 20  # smaller buffers come from malloc's free lists anyw
 
 def _workspace(name: str, shape, dtype, device) -> torch.Tensor:
     """An uninitialised tensor of `shape` carved from a cached buffer, reused once nothing else holds it: a step's
-    gradient buffers are hundreds of MB, and freshly allocated every page faults in on first write (slower than the
-    arithmetic on a VM)."""
-    numel = 1
-    for s in shape:
-        numel *= s
+    gradient buffers are hundreds of MB, and fresh ones page-fault on first write (slower than the arithmetic)."""
+    numel = torch.Size(shape).numel()
     key = (name, dtype, device)
     cached = _WORKSPACES.get(key)
     if cached is not None and cached.numel() >= numel:
@@ -94,49 +89,37 @@ class _GatherEdges(torch.autograd.Function):
             link.grad = None
         ctx.save_for_backward(flat)
         ctx.sparse_grad, ctx.link = sparse_grad, link
-        ctx.w_shape, ctx.b_shape = weights.shape, biases.shape
+        ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
         return w, b
 
     @staticmethod
     def backward(ctx, grad_w, grad_b):
         (flat,) = ctx.saved_tensors
         link, ctx.link = ctx.link, None
-        P = ctx.w_shape[0]
-        need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gw = None if grad_w is None else grad_w.reshape(flat.numel(), -1)
-        gb = None if grad_b is None else grad_b.reshape(flat.numel(), -1)
+        need_w = ctx.needs_input_grad[0] and grad_w is not None
+        need_b = ctx.needs_input_grad[1] and grad_b is not None
+        gw = grad_w.reshape(flat.numel(), -1) if need_w else None
+        gb = grad_b.reshape(flat.numel(), -1) if need_b else None
         published = link.grad if link is not None else None
         if link is not None:
             link.grad = None
-        if published is not None:
+        if published is not None:  # the candidate backward's buffers: add into them
             index, w_values, b_values = published
             slot = flat if index is None else torch.searchsorted(index, flat)
-            if need_w and gw is not None and w_values is not None:
+            if need_w and w_values is not None:
                 w_values.view(w_values.shape[0], -1).index_add_(0, slot, gw.to(w_values.dtype))
                 need_w = False
-            if need_b and gb is not None and b_values is not None:
+            if need_b and b_values is not None:
                 b_values.view(b_values.shape[0], -1).index_add_(0, slot, gb.to(b_values.dtype))
                 need_b = False
             if not (need_w or need_b):
                 return None, None, None, None, None
-        out_w = out_b = None
-        if ctx.sparse_grad:
-            uniq, inverse = torch.unique(flat, return_inverse=True)
-            index = uniq.unsqueeze(0)
-            if need_w and gw is not None:
-                vals = gw.new_zeros(uniq.numel(), gw.shape[1]).index_add_(0, inverse, gw)
-                out_w = torch.sparse_coo_tensor(index, vals.view(-1, *ctx.w_shape[1:]), ctx.w_shape,
-                                                is_coalesced=True, check_invariants=False)
-            if need_b and gb is not None:
-                vals = gb.new_zeros(uniq.numel(), gb.shape[1]).index_add_(0, inverse, gb)
-                out_b = torch.sparse_coo_tensor(index, vals.view(-1, *ctx.b_shape[1:]), ctx.b_shape,
-                                                is_coalesced=True, check_invariants=False)
-        else:
-            if need_w and gw is not None:
-                out_w = gw.new_zeros(P, gw.shape[1]).index_add_(0, flat, gw).view(ctx.w_shape)
-            if need_b and gb is not None:
-                out_b = gb.new_zeros(P, gb.shape[1]).index_add_(0, flat, gb).view(ctx.b_shape)
-        return out_w, out_b, None, None, None
+        index, slot = torch.unique(flat, return_inverse=True) if ctx.sparse_grad else (None, flat)
+        R = ctx.weight_shape[0] if index is None else index.numel()
+        w_values = gw.new_zeros(R, gw.shape[1]).index_add_(0, slot, gw).view(R, *ctx.weight_shape[1:]) if need_w \
+            else None
+        b_values = gb.new_zeros(R, gb.shape[1]).index_add_(0, slot, gb) if need_b else None
+        return (*edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, None), None, None, None)
 
 
 def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGradLink | None = None):
@@ -151,10 +134,8 @@ class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
         # x, pe: (N, d) in sorted order. Returns packed real-successor energies (M,) and shared energies (N,).
-        N, d = x.shape
-        P = weights.shape[0]
-        b2 = biases.reshape(P, d)
-        M = plan.num_entries
+        (N, d), M = x.shape, plan.num_entries
+        b2 = biases.reshape(weights.shape[0], d)
         groups = [(i, m, r0, n) for i, (m, r0, n) in
                   enumerate(zip(plan.group_sizes, plan.block_starts, plan.block_sizes)) if n]
         # pre-activations start as bias + PE of every entry, then each group adds x·W over its block in place
@@ -178,8 +159,7 @@ class _CandidateEnergies(torch.autograd.Function):
             h_shared = torch.addmm(b2[0] + pe, x, weights[0]) if N else pe.clone()
             y_shared, shared = _energy(h_shared)
         else:
-            h_shared = y_shared = None
-            shared = x.new_zeros(N)
+            h_shared, y_shared, shared = None, None, x.new_zeros(N)
         ctx.plan, ctx.groups, ctx.sparse_grad, ctx.link = plan, groups, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
         ctx.save_for_backward(x, weights, v, h_shared, y_shared, shared)
@@ -190,13 +170,9 @@ class _CandidateEnergies(torch.autograd.Function):
         x, weights, v, h_shared, y_shared, shared = ctx.saved_tensors
         plan, groups, link = ctx.plan, ctx.groups, ctx.link
         ctx.link = None
-        N, d = x.shape
-        P = weights.shape[0]
-        M = plan.num_entries
-        device, dtype = x.device, x.dtype
-        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        (N, d), P, M, device, dtype = x.shape, weights.shape[0], plan.num_entries, x.device, x.dtype
+        need_x, _, need_w, need_b = ctx.needs_input_grad[:4]
         need_params = need_w or need_b
-
         # gradient of every pre-activation, grouped order (M, d), and of the shared one (N, d)
         gh = gh_shared = None
         if M and grad_energies is not None:
@@ -204,35 +180,31 @@ class _CandidateEnergies(torch.autograd.Function):
             gh = torch.mul(v, g.to(dtype).unsqueeze(1), out=_workspace("gh", (M, d), dtype, device))
         if plan.has_shared and grad_shared is not None and N:
             gh_shared = _energy_backward(h_shared, y_shared, shared, grad_shared.to(dtype))
-
         index = w_values = b_values = None
-        first_slots, shared_slot = [r0 for _, _, r0, _ in groups], 0
-        if need_params and ctx.sparse_grad:
-            index, w_values, b_values, first_slots, shared_slot = _sparse_layout(
+        first_slots = [r0 for _, _, r0, _ in groups]
+        if need_params and ctx.sparse_grad:  # the shared row (when present) is the first slot
+            index, w_values, b_values, first_slots = _sparse_layout(
                 ctx, plan, groups, link, need_w, need_b, gh is None, gh_shared, dtype, device)
         elif need_params:
             w_values = weights.new_zeros(ctx.weight_shape) if need_w else None
             b_values = weights.new_zeros(P, d) if need_b else None
-
         grad_x = torch.zeros_like(x) if need_x else None
         if gh is not None and (need_x or need_w or need_b):
             _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, grad_x, need_w, need_b)
         if gh_shared is not None:
             if need_w:
-                torch.mm(x.t(), gh_shared, out=w_values[shared_slot])
+                torch.mm(x.t(), gh_shared, out=w_values[0])
             if need_b:
-                b_values[shared_slot] += gh_shared.sum(0)
+                b_values[0] += gh_shared.sum(0)
             if need_x:
                 grad_x.addmm_(gh_shared, weights[0].t())
-
         grad_pe = None
         if ctx.needs_input_grad[1]:  # PE enters every pre-activation of its position (a caller may fold x·W into it)
             grad_pe = _position_sums(plan, groups, gh, x)
             if gh_shared is not None:
                 grad_pe += gh_shared
-        grad_w = grad_b = None
-        if need_params:
-            grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link)
+        grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link) if need_params \
+            else (None, None)
         return grad_x, grad_pe, grad_w, grad_b, None, None, None
 
 
@@ -249,59 +221,41 @@ def _position_sums(plan, groups, gh, x) -> torch.Tensor:
 
 def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block_grad: bool, gh_shared, dtype,
                    device):
-    """Where each block's rows go in a sparse gradient: (index, w_values, b_values, first_slots, shared_slot);
-    `index` the sorted rows (the blocks, the shared row, the rows the recurrence read), buffers from the workspace."""
-    ns = [n for _, _, _, n in groups]
-    r0s = [r0 for _, _, r0, _ in groups]
-    shared_slot = 0
-    base = 1 if plan.has_shared else 0
-    off = base
-    first_slots = []
-    for n in ns:
-        first_slots.append(off)
-        off += n
-    cand_rows = [torch.zeros(1, dtype=torch.long)] if plan.has_shared else []
-    if groups:
-        r0_t, n_t = torch.tensor(r0s), torch.tensor(ns)
-        slots_t = torch.tensor(first_slots)
-        cand_rows.append(torch.repeat_interleave(r0_t - slots_t, n_t, output_size=off - base)
-                         + torch.arange(base, off))
-    index = (torch.cat(cand_rows) if cand_rows else torch.zeros(0, dtype=torch.long)).to(device)
-    covered_by_blocks = True
+    """Where each block's rows go in a sparse gradient: (index, w_values, b_values, first_slots); `index` the sorted
+    rows (the shared row, the blocks, the rows the recurrence read), buffers from the workspace."""
+    base, ns = int(plan.has_shared), [n for *_, n in groups]
+    n_t, r0_t = torch.tensor(ns, dtype=torch.long), torch.tensor([r0 for _, _, r0, _ in groups], dtype=torch.long)
+    slots_t = base + torch.cumsum(n_t, 0) - n_t  # each block's first slot
+    end = base + int(n_t.sum())
+    index = torch.cat([torch.zeros(base, dtype=torch.long), torch.arange(base, end)
+                       + torch.repeat_interleave(r0_t - slots_t, n_t, output_size=end - base)]).to(device)
+    first_slots, covered_by_blocks = slots_t.tolist(), True
     extra = link.rows if link is not None else None
     if extra is not None and extra.numel():
         merged = torch.unique(torch.cat([index, extra.to(device)]))
         if merged.numel() != index.numel():  # the recurrence read rows outside the candidate blocks
-            index = merged
-            first_slots = torch.searchsorted(index, torch.tensor(r0s, dtype=torch.long, device=device)).tolist()
-            shared_slot = 0
-            covered_by_blocks = False
+            index, covered_by_blocks = merged, False
+            first_slots = torch.searchsorted(index, r0_t.to(device)).tolist()
     R = index.numel()
     w_values = b_values = None
-    if need_w:
+    if need_w:  # zero the rows no product below writes: outside the blocks (the shared row without its gradient)
         w_values = _workspace("grad_w", (R, *ctx.weight_shape[1:]), dtype, device)
-        if not covered_by_blocks:
-            covered = torch.zeros(R, dtype=torch.bool, device=device)
+        zero_outside = not covered_by_blocks or (plan.has_shared and gh_shared is None)
+        if zero_outside or no_block_grad:
+            in_block = torch.zeros(R, dtype=torch.bool, device=device)
             for s, n in zip(first_slots, ns):
-                covered[s:s + n] = True
-            w_values[~covered] = 0
-        elif plan.has_shared and gh_shared is None:
-            w_values[0].zero_()
-        if no_block_grad:
-            for s, n in zip(first_slots, ns):
-                w_values[s:s + n].zero_()
+                in_block[s:s + n] = True
+            w_values[(in_block & no_block_grad) | (~in_block & zero_outside)] = 0
     if need_b:
         b_values = _workspace("grad_b", (R, ctx.weight_shape[-1]), dtype, device).zero_()
-    return index, w_values, b_values, first_slots, shared_slot
+    return index, w_values, b_values, first_slots
 
 
 def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, grad_x, need_w: bool, need_b: bool):
     """The blocks' share of the backward: x ⊗ dE/dh into the weight rows, W·dE/dh into dE/dx, dE/dh into the
     bias rows (one product per group over its block read in place)."""
-    d = x.shape[1]
-    M = gh.shape[0]
-    ms = [m for _, m, _, _ in groups]
-    ns = [n for _, _, _, n in groups]
+    d, M = x.shape[1], gh.shape[0]
+    ms, ns = [m for _, m, _, _ in groups], [n for *_, n in groups]
     sizes = [m * n for m, n in zip(ms, ns)]
     ghs = gh.split(sizes)
     if need_w:
@@ -338,12 +292,15 @@ def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad:
 
 def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
     """Full (N, V) logits in sorted order: the shared energy (+ `non_edge_bias[v]`), real successors' on top."""
-    n = shared.shape[0]
+    return prefilled_logits(shared, vocab_size, non_edge_bias).index_put((plan.entry_position, plan.entry_target),
+                                                                         energies)
+
+
+def prefilled_logits(shared, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
+    """(N, V) logits (shared's dtype) holding every position's shared energy (+ `non_edge_bias[v]`)."""
     if non_edge_bias is None:
-        logits = shared.unsqueeze(1).expand(n, vocab_size).contiguous()
-    else:
-        logits = shared.unsqueeze(1) + non_edge_bias.to(shared.dtype).unsqueeze(0)
-    return logits.index_put((plan.entry_position, plan.entry_target), energies)
+        return shared.unsqueeze(1).expand(shared.shape[0], vocab_size).contiguous()
+    return shared.unsqueeze(1) + non_edge_bias.to(shared.dtype).unsqueeze(0)
 
 
 def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.Tensor:

@@ -84,9 +84,7 @@ def make_kernel_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch
                      max_degree: int | None = None) -> KernelPlan:
     """`KernelPlan` for positions whose current nodes are `sources` (N,), of sizes known from N and V (it runs on
     `device="meta"` and inside a CUDA graph). `max_degree` defaults to V (dense) or `graph_max_degree(indptr)`."""
-    device = sources.device
-    V = vocab_size
-    N = sources.numel()
+    device, V, N = sources.device, vocab_size, sources.numel()
     tile_successors = KERNEL_TILE_SUCCESSORS  # read at call time (tests shrink it)
     if max_degree is None:
         max_degree = V if indices is None else graph_max_degree(indptr)
@@ -114,22 +112,20 @@ def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.
     order = torch.argsort(sources, stable=True)
     sorted_src = sources[order]
     group_src, group_sizes_t = torch.unique_consecutive(sorted_src, return_counts=True)
-    starts, ends = indptr[group_src], indptr[group_src + 1]
-    block_sizes_t = ends - starts
+    starts = indptr[group_src]
+    block_sizes_t = indptr[group_src + 1] - starts
     first_row = indptr[sorted_src]
     degree = indptr[sorted_src + 1] - first_row
     entry_start = torch.cumsum(degree, 0) - degree
     total = int(entry_start[-1] + degree[-1]) if degree.numel() else 0
-    positions = torch.arange(sources.numel(), device=device)
-    entry_position = torch.repeat_interleave(positions, degree, output_size=total)
+    entry_position = torch.repeat_interleave(torch.arange(sources.numel(), device=device), degree, output_size=total)
     within = torch.arange(total, device=device) - entry_start[entry_position]
     edge = first_row[entry_position] + within  # CSR index of every packed energy's edge (its row − 1)
     entry_target = within if indices is None else indices[edge]
-    entry_row = edge + 1
     plan = CandidatePlan(order=order, group_sizes=group_sizes_t.tolist(), block_starts=(starts + 1).tolist(),
                          block_sizes=block_sizes_t.tolist(), degree=degree, entry_position=entry_position,
                          entry_target=entry_target, entry_start=entry_start, has_shared=indices is not None,
-                         entry_row=entry_row)
+                         entry_row=edge + 1)
     if total and int(group_sizes_t.max()) > 1:
         # grouped order: inside a group's chunk, entry (successor s, i-th position) sits at s·m + i
         group_first = torch.cumsum(group_sizes_t, 0) - group_sizes_t  # first sorted position of each group
@@ -141,8 +137,7 @@ def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.
         packed_to_grouped = chunk_start + within * m + i
         grouped_to_packed = torch.empty_like(packed_to_grouped)
         grouped_to_packed[packed_to_grouped] = torch.arange(total, device=device)
-        plan.packed_to_grouped = packed_to_grouped
-        plan.grouped_to_packed = grouped_to_packed
+        plan.packed_to_grouped, plan.grouped_to_packed = packed_to_grouped, grouped_to_packed
         plan.grouped_position = entry_position[grouped_to_packed]
     return plan
 
@@ -163,12 +158,7 @@ def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool,
         link.grad = (index, w_values, b_values)
     if not ctx.sparse_grad:
         return w_values, None if b_values is None else b_values.view(ctx.bias_shape)
-    idx = index.unsqueeze(0)
-    grad_w = grad_b = None
-    if need_w:
-        grad_w = torch.sparse_coo_tensor(idx, w_values, ctx.weight_shape, is_coalesced=True, check_invariants=False)
-    if need_b:
-        grad_b = torch.sparse_coo_tensor(idx, b_values.view(-1, *ctx.bias_shape[1:]), ctx.bias_shape,
-                                         is_coalesced=True, check_invariants=False)
-    return grad_w, grad_b
+    coo = lambda values, shape: torch.sparse_coo_tensor(index.unsqueeze(0), values.view(-1, *shape[1:]), shape,
+                                                        is_coalesced=True, check_invariants=False)
+    return coo(w_values, ctx.weight_shape) if need_w else None, coo(b_values, ctx.bias_shape) if need_b else None
 

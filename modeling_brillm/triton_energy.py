@@ -9,9 +9,9 @@ shared energy; the backward recomputes E and writes each edge row's gradient onc
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .backend import launch, triton_modules
+from .energy import _energy, _energy_backward, prefilled_logits
 from .plans import edge_table_grads
 
 triton, tl = triton_modules()
@@ -290,8 +290,7 @@ def _forward(x, pe, weights, b2, plan, out, lse: bool):
     into `out` (N, T, 2) ((−inf, 0) past a position's degree); else every real successor's energy into `out` (N, V)."""
     N, d = x.shape
     if lse:
-        out[..., 0] = float("-inf")
-        out[..., 1] = 0.0
+        out[..., 0], out[..., 1] = float("-inf"), 0.0
     if N and plan.num_tiles:
         meta = _meta(plan, d)
         launch(_energy_forward_kernel, (meta["GRID"],), x, pe, weights, b2, *_common_args(plan), out, out, plan.count,
@@ -302,8 +301,7 @@ def _forward(x, pe, weights, b2, plan, out, lse: bool):
 def _shared_energy(x, pe, w0, b0):
     """The shared edge's (row 0) pre-activation, output and energy of every position, in torch."""
     h = torch.addmm(b0 + pe, x, w0)
-    y = F.gelu(h)
-    return h, y, torch.linalg.vector_norm(y, dim=-1)
+    return (h, *_energy(h))
 
 
 def _gradient_rows(plan, P: int, link, device):
@@ -362,7 +360,7 @@ def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values
             values[0].zero_()
     if g is not None and x.shape[0]:
         g = g.float()
-        gh = torch.ops.aten.gelu_backward((g / e.clamp_min(torch.finfo(e.dtype).tiny)).unsqueeze(-1) * y, h)
+        gh = _energy_backward(h, y, e, g)
         if w_values is not None:
             w_values[0] = (x.float().t() @ gh).to(w_values.dtype)
         if b_values is not None:
@@ -382,13 +380,7 @@ class KernelCall:
         self.inputs = inputs
         self.partials_filled = partials_filled
         self.non_edge_bias = non_edge_bias  # the offsets whose logits gradient this call's backward returns
-        self.pending = {}
-
-    def add(self, key, value):
-        """Accumulate a gradient handed to the candidate backward (a loss may use the same quantity twice)."""
-        if key in self.pending:
-            value = self.pending[key] + value
-        self.pending[key] = value
+        self.pending = {}  # name -> the gradient handed over (summed where a loss uses a quantity twice)
 
 
 class KernelEnergies(torch.autograd.Function):
@@ -410,8 +402,7 @@ class KernelEnergies(torch.autograd.Function):
         if plan.has_shared:  # float32 math whatever the tables' dtype, as inside the kernels
             h_shared, y_shared, shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())
         else:
-            h_shared = y_shared = None
-            shared = torch.zeros(N, dtype=torch.float32, device=x.device)
+            h_shared, y_shared, shared = None, None, torch.zeros(N, dtype=torch.float32, device=x.device)
         ctx.mark_non_differentiable(part)
         ctx.plan, ctx.call, ctx.sparse_grad, ctx.link = plan, plan.call, sparse_grad, link
         ctx.weight_shape, ctx.bias_shape = weights.shape, biases.shape
@@ -423,9 +414,8 @@ class KernelEnergies(torch.autograd.Function):
     def backward(ctx, _grad_part, grad_shared):
         x, pe, weights, b2, h_shared, y_shared, shared = ctx.saved_tensors
         plan, call, link = ctx.plan, ctx.call, ctx.link
-        ctx.link = ctx.call = None
         pending, call.pending = call.pending, {}
-        call.inputs = None
+        ctx.link = ctx.call = call.inputs = None
         N, d = x.shape
         need_x, need_pe, need_w, need_b = ctx.needs_input_grad[:4]
         need_bias = any(ctx.needs_input_grad[7:])
@@ -460,9 +450,8 @@ class KernelEnergies(torch.autograd.Function):
                                              None if grad_shared is None else grad_shared.float(), grad_logits,
                                              ctx.non_edge_dtype if need_bias else None, w_values, b_values, grad_x,
                                              grad_pe)
-        grad_w = grad_b = None
-        if need_w or need_b:
-            grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link)
+        grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link) if need_w or need_b \
+            else (None, None)
         grad_x = None if grad_x is None else grad_x.to(x.dtype)
         grad_pe = None if grad_pe is None else grad_pe.to(pe.dtype)
         return grad_x, grad_pe, grad_w, grad_b, None, None, None, grad_bias
@@ -485,9 +474,8 @@ class KernelLogPartition(torch.autograd.Function):
         peak = torch.maximum(part[..., 0].amax(1) if part.shape[1] else term_or_none, term_or_none)
         total = (part[..., 1] * torch.exp(part[..., 0] - peak.unsqueeze(1))).sum(1)
         total = total + torch.where(has_shared, weight * torch.exp(term - peak), torch.zeros_like(total))
-        ctx.call = plan.call
+        ctx.call, ctx.shared_dtype = plan.call, shared.dtype
         ctx.save_for_backward(peak, total, weight, term, has_shared)
-        ctx.shared_dtype = shared.dtype
         ctx.mass_dtype = None if log_mass is None else log_mass.dtype
         return (peak + torch.log(total)).to(shared.dtype)
 
@@ -527,7 +515,7 @@ class KernelTarget(torch.autograd.Function):
         h = torch.bmm(x.float().unsqueeze(1), weights[rows].float()).squeeze(1) + b2[rows].float() + pe.float()
         ctx.call = plan.call
         ctx.save_for_backward(within)
-        return torch.linalg.vector_norm(F.gelu(h), dim=-1)
+        return _energy(h)[1]
 
     @staticmethod
     def backward(ctx, grad):
@@ -552,13 +540,6 @@ def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.T
     return torch.where(real, picked.to(shared.dtype), shared)
 
 
-def _prefilled(shared, N: int, V: int, non_edge_bias):
-    """(N, V) float32 logits holding every position's shared energy (+ `non_edge_bias[v]`)."""
-    if non_edge_bias is None:
-        return shared.float().unsqueeze(1).expand(N, V).contiguous()
-    return shared.float().unsqueeze(1) + non_edge_bias.float().unsqueeze(0)
-
-
 class KernelLogits(torch.autograd.Function):
     """(N, V) logits in sorted order: the shared energy (+ `non_edge_bias[v]`) everywhere, the kernel writes the
     real successors'; the gradient (shared and bias parts included) goes to the candidate backward."""
@@ -566,14 +547,15 @@ class KernelLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shared, plan, non_edge_bias=None):
         x, pe, weights, b2 = plan.call.inputs
-        out = _prefilled(shared, shared.shape[0], plan.vocab_size, non_edge_bias)
+        out = prefilled_logits(shared.float(), plan.vocab_size, non_edge_bias)
         _forward(x, pe, weights, b2, plan, out, lse=False)
         ctx.call = plan.call
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.call.add("logits", grad.float().contiguous())
+        pending, grad = ctx.call.pending, grad.float().contiguous()
+        pending["logits"] = pending["logits"] + grad if "logits" in pending else grad
         return None, None, None
 
 
@@ -596,7 +578,7 @@ def successor_logits(x, pe, edges, sources, graph, width: int) -> torch.Tensor:
     b2 = edges.biases.reshape(weights.shape[0], d)
     if indices is not None:
         shared = _shared_energy(x.float(), pe.float(), weights[0].float(), b2[0].float())[2]
-        out = _prefilled(shared, N, V, edges.non_edge_bias)
+        out = prefilled_logits(shared, V, edges.non_edge_bias)
     else:
         out = torch.empty(N, V, dtype=torch.float32, device=x.device)  # every column is a successor
     tiles = -(-width // DECODE_TILE_SUCCESSORS)
