@@ -4,13 +4,11 @@ import dataclasses
 
 import transformers
 
-# The oldest transformers this code runs on: setup.cfg's lower bound (a test keeps the two equal). It is also the
-# remote code of every saved folder, which a Hub user imports with whatever transformers they have, so an older
-# one gets this message instead of a config that skips its own checks.
+# The oldest transformers this code runs on: setup.cfg's lower bound (a test keeps the two equal). A Hub user imports
+# a saved folder's copy with whatever transformers they have: an older one gets this message, not an unchecked config.
 MIN_TRANSFORMERS = "5.4.0"
-_TOO_OLD = (f"BriLLM needs transformers>={MIN_TRANSFORMERS} (its config is a dataclass with defaults and checks, "
-            f"which transformers supports from {MIN_TRANSFORMERS} on); this is transformers "
-            f"{transformers.__version__}: pip install -U 'transformers>={MIN_TRANSFORMERS}'.")
+_TOO_OLD = (f"BriLLM needs transformers>={MIN_TRANSFORMERS} (its config is a dataclass with defaults and checks); this "
+            f"is transformers {transformers.__version__}: pip install -U 'transformers>={MIN_TRANSFORMERS}'.")
 try:
     from transformers import PreTrainedConfig
 except ImportError as error:  # transformers 4.x calls it PretrainedConfig
@@ -97,9 +95,8 @@ class BriLLMConfig(PreTrainedConfig):
         if self.graph == "dense" and self.num_edges is None:
             self.num_edges = self.vocab_size * self.vocab_size
         super().__post_init__(**kwargs)
-        # Only what each field can be checked for on its own: transformers builds `BriLLMConfig()` with no
-        # arguments (save_pretrained, generate() and the repr compare against the defaults), so a config must
-        # build without a graph. The graph's size is checked where a model is built (`check_graph_size`).
+        # Each field on its own: transformers builds `BriLLMConfig()` with no arguments (to compare against the
+        # defaults), so a config builds without a graph; a model checks the graph's size (`check_graph_size`).
         self.check()
 
     # `generate()` and other generic code read these names.
@@ -139,17 +136,14 @@ class BriLLMConfig(PreTrainedConfig):
         _need(self.start_signal == "learned" or self.num_start_signals == 1,
               f"num_start_signals={self.num_start_signals} needs start_signal='learned' (the uniform start signal "
               "is a single fixed vector).")
-        _need(_number(self.initializer_range) and self.initializer_range > 0,
-              f"initializer_range must be a positive number, got {self.initializer_range!r}.")
-        _need(_number(self.signal_dropout) and 0 <= self.signal_dropout < 1,
-              f"signal_dropout must be a probability in [0, 1), got {self.signal_dropout!r}.")
-        _need(_is_int(self.edge_rank) and 0 <= self.edge_rank <= self.node_size,
-              f"edge_rank must be an integer in [0, node_size={self.node_size}], got {self.edge_rank!r}.")
-        _need(_number(self.position_recency) and 0 <= self.position_recency <= 1,
-              f"position_recency must be a number in [0, 1], got {self.position_recency!r}.")
-        if self.count_prior_bigrams is not None:
-            _need(_is_int(self.count_prior_bigrams) and self.count_prior_bigrams >= 0,
-                  f"count_prior_bigrams must be a non-negative integer, got {self.count_prior_bigrams!r}.")
+        d = self.node_size
+        for name, ok, what in (("initializer_range", lambda v: _number(v) and v > 0, "a positive number"),
+                               ("signal_dropout", lambda v: _number(v) and 0 <= v < 1, "a probability in [0, 1)"),
+                               ("edge_rank", lambda v: _is_int(v) and 0 <= v <= d, f"an integer in [0, node_size={d}]"),
+                               ("position_recency", lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+                               ("count_prior_bigrams", lambda v: v is None or (_is_int(v) and v >= 0),
+                                "a non-negative integer")):
+            _need(ok(getattr(self, name)), f"{name} must be {what}, got {getattr(self, name)!r}.")
         for name, why in EXACT_ONLY.items():
             _need(not (getattr(self, name) and self.loss_type == "sampled"), f"{name} needs loss_type='exact' ({why}).")
         _need(not (self.count_prior and self.graph == "dense"),
@@ -167,14 +161,12 @@ class BriLLMConfig(PreTrainedConfig):
                       f"{name}={value!r} is not a node id in [0, {self.vocab_size}).")
 
     def check_graph_size(self):
-        """Raise a `ValueError` unless the config gives the size of a graph a model can be built on: a sparse
-        graph's `num_edges` (at most V²), a dense graph's V². `BriLLMModel` calls it (with `check`) when a model is
-        built or loaded; a config alone may lack it (`BriLLMConfig()`)."""
+        """Raise a `ValueError` unless the config gives the size of a graph a model can be built on (a sparse graph's
+        `num_edges`, at most V²; a dense graph's V²): a model needs it, a bare `BriLLMConfig()` may lack it."""
         V, E = self.vocab_size, self.num_edges
         if self.graph == "sparse":
-            _need(E is not None,
-                  "a sparse graph needs num_edges (build one with BriLLMForCausalLM.from_token_sequences, "
-                  "or pass graph='dense').")
+            _need(E is not None, "a sparse graph needs num_edges (build one with "
+                  "BriLLMForCausalLM.from_token_sequences, or pass graph='dense').")
             _need(_is_int(E) and E > 0, f"num_edges must be a positive integer, got {E!r}.")
             _need(E <= V ** 2, f"num_edges={E} exceeds vocab_size**2={V ** 2}.")
         else:

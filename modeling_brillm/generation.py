@@ -1,14 +1,13 @@
 """BriLLM in transformers' generation loop: `generate()`, pipelines, beam search, and the one-token step.
 
 BriLLM carries an O(d) state (`BriLLMState`) where a Transformer carries key/value caches: the state is fed only the
-new columns, beams reorder it, and the length checks count real tokens against the position limit. A model decodes
-along one of two paths, `model.decode_mode` says which:
+new columns, beams reorder it, and the length checks count real tokens against the position limit. Greedy decoding
+and sampling run in one loop (`decode_loop`), shared by `generate()` and `energy_generate`, along one of two paths
+(`model.decode_mode` says which):
 
     the general path    `forward` over any number of new tokens: the scan, then the energies ("off")
     the one-token step  `BriLLMModel.decode_step`, fixed shapes (torch or Triton, replayed from a CUDA graph on a
-                        GPU in "auto"; one row on the CPU makes its lookups on the host); "eager": never captured
-
-Greedy decoding and sampling run in one loop (`decode_loop`), which `generate()` and `energy_generate` share."""
+                        GPU in "auto"; one row on the CPU makes its lookups on the host); "eager": never captured"""
 
 from __future__ import annotations
 
@@ -223,18 +222,12 @@ class BriLLMGenerationMixin(GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, cache=None, attention_mask=None, use_cache=None,
                                       logits_to_keep=None, past_key_values=None, **kwargs):
         state = given_state(cache, past_key_values)
-        if state is not None:
-            # the state has consumed `seen` columns: feed only the new ones
+        if state is not None:  # the state has consumed `seen` columns: feed only the new ones
             input_ids = input_ids[:, state.seen:]
-        inputs = {
-            "input_ids": input_ids.contiguous(),
-            "attention_mask": attention_mask,
-            CACHE: state,
-            "use_cache": True if use_cache is None else use_cache,
-            "logits_to_keep": 1 if logits_to_keep is None else logits_to_keep,
-            # generate() appends a column of ones to the mask and feeds its own picks: the step may skip its checks
-            "generation_step": state is not None,
-        }
+        # generate() appends a column of ones to the mask and feeds its own picks: the step may skip its checks
+        inputs = {"input_ids": input_ids.contiguous(), "attention_mask": attention_mask, CACHE: state,
+                  "use_cache": True if use_cache is None else use_cache, "generation_step": state is not None,
+                  "logits_to_keep": 1 if logits_to_keep is None else logits_to_keep}
         if state is None and kwargs.get("signal_ids") is not None:
             inputs["signal_ids"] = kwargs["signal_ids"]  # the first call starts the signal; later ones carry state
         return inputs
@@ -299,10 +292,9 @@ class BriLLMGenerationMixin(GenerationMixin):
     def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
                                   model_input_name, input_ids_length, inputs_tensor):
         default_max_length = generation_config.max_length
-        generation_config = super()._prepare_generated_length(
-            generation_config, has_default_max_length, has_default_min_length, model_input_name, input_ids_length,
-            inputs_tensor,
-        )
+        generation_config = super()._prepare_generated_length(generation_config, has_default_max_length,
+                                                              has_default_min_length, model_input_name,
+                                                              input_ids_length, inputs_tensor)
         if self.extends_positions and has_default_max_length and generation_config.max_new_tokens is None:
             # transformers caps the default length at max_position_embeddings; a model that extends has no cap
             generation_config.max_length = default_max_length + input_ids_length
@@ -328,16 +320,13 @@ class BriLLMGenerationMixin(GenerationMixin):
             longest = int((mask != 0).sum(1).max())
         new_tokens = generation_config.max_length - input_ids_length
         if longest > M:
-            raise ValueError(
-                f"the prompt holds {longest} tokens, more than max_position_embeddings={M} of this model; shorten it "
-                f"to at most {M - 1} tokens to leave room for new ones, or set config.position_overflow=\"extend\"."
-            )
+            raise ValueError(f"the prompt holds {longest} tokens, more than max_position_embeddings={M} of this model; "
+                             f"shorten it to at most {M - 1} tokens to leave room for new ones, or set "
+                             "config.position_overflow=\"extend\".")
         if longest + new_tokens > M:
-            raise ValueError(
-                f"a prompt of {longest} tokens plus max_new_tokens={new_tokens} exceeds max_position_embeddings={M} "
-                f"of this model: at most {M - longest} new tokens fit. Lower max_new_tokens, or set "
-                "config.position_overflow=\"extend\" to generate past the trained range."
-            )
+            raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={new_tokens} exceeds "
+                             f"max_position_embeddings={M} of this model: at most {M - longest} new tokens fit. "
+                             "Lower max_new_tokens, or set config.position_overflow=\"extend\".")
 
     def _reorder_cache(self, cache: BriLLMState, beam_idx: torch.LongTensor) -> BriLLMState:
         return cache.reorder_cache(beam_idx)

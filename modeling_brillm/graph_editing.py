@@ -54,22 +54,16 @@ class GraphMethods:
         return BigramGraph(base.graph_indptr, base.graph_indices, base.graph_counts, self.get_count_prior())
 
     def check_graph(self):
-        """Raise if the stored edge list is malformed or disagrees with the config."""
-        if self.config.graph == "sparse":
-            base = self.base_model
-            problem = check_csr(base.graph_indptr.cpu(), base.graph_indices.cpu(), self.config.vocab_size)
+        """Raise if the stored edge list or count prior is malformed or disagrees with the config."""
+        cfg, base = self.config, self.base_model
+        for on, name, what, size in ((cfg.graph == "sparse", "graph", "edge list", f"num_edges={cfg.num_edges}"),
+                                     (cfg.count_prior, "prior", "count prior",
+                                      f"count_prior_bigrams={cfg.count_prior_bigrams}")):
+            problem = on and check_csr(getattr(base, f"{name}_indptr").cpu(), getattr(base, f"{name}_indices").cpu(),
+                                       cfg.vocab_size, name)
             if problem:
-                raise ValueError(
-                    f"the checkpoint's edge list does not fit its config (num_edges={self.config.num_edges}): "
-                    f"{problem}. The weights file is corrupt or belongs to another config."
-                )
-        if self.config.count_prior:
-            base = self.base_model
-            problem = check_csr(base.prior_indptr.cpu(), base.prior_indices.cpu(), self.config.vocab_size, "prior")
-            if problem:
-                raise ValueError(f"the checkpoint's count prior does not fit its config (count_prior_bigrams="
-                                 f"{self.config.count_prior_bigrams}): {problem}. The weights file is corrupt or "
-                                 "belongs to another config.")
+                raise ValueError(f"the checkpoint's {what} does not fit its config ({size}): {problem}. The weights "
+                                 "file is corrupt or belongs to another config.")
 
     def csr(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(indptr, indices) of the real edges; indices None for a dense graph (every target, in order)."""

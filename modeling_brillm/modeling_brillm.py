@@ -114,11 +114,9 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
         except RuntimeError as error:
             if "mismatch" not in str(error):
                 raise
-            raise ValueError(
-                f"{pretrained_model_name_or_path}: config.json and the weights disagree in shape (see the report "
-                "above): the config's vocab_size / node_size / num_edges / max_position_embeddings must be the ones "
-                "the weights were saved with."
-            ) from error
+            raise ValueError(f"{pretrained_model_name_or_path}: config.json and the weights disagree in shape (see the "
+                             "report above): the config's vocab_size / node_size / num_edges / max_position_embeddings "
+                             "must be the ones the weights were saved with.") from error
         except Exception as error:
             if type(error).__name__ != "SafetensorError":
                 raise

@@ -7,39 +7,31 @@ import torch
 
 def too_long(longest: int, max_positions: int) -> ValueError:
     """The error for a sequence that runs past the trained positions."""
-    return ValueError(
-        f"sequence of {longest} tokens exceeds max_position_embeddings={max_positions} of this model; shorten the "
-        f"input (or generate fewer tokens), or split the text into blocks of at most {max_positions} tokens, or set "
-        "config.position_overflow=\"extend\" to read past the trained range."
-    )
+    return ValueError(f"sequence of {longest} tokens exceeds max_position_embeddings={max_positions} of this model; "
+                      "shorten the input (or generate fewer tokens), or split the text into blocks of at most "
+                      f"{max_positions} tokens, or set config.position_overflow=\"extend\" to read past the trained "
+                      "range.")
 
 
 def _check_ids(input_ids, vocab_size: int):
     if input_ids is None:
         raise ValueError("input_ids is required: BriLLM reads token ids (it has no input embeddings).")
     if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(
-            f"input_ids must be a torch.LongTensor of shape (batch, length), got {type(input_ids).__name__}."
-        )
+        raise TypeError(f"input_ids must be a torch.LongTensor of shape (batch, length), got "
+                        f"{type(input_ids).__name__}.")
     if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-        raise TypeError(
-            f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; convert with input_ids.long() "
-            "if they are ids, or tokenize the text first."
-        )
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; convert with "
+                        "input_ids.long() if they are ids, or tokenize the text first.")
     if input_ids.dim() != 2:
         hint = "; add a batch dimension with input_ids.unsqueeze(0)" if input_ids.dim() == 1 else ""
         raise ValueError(f"input_ids must have shape (batch, length), got {tuple(input_ids.shape)}{hint}.")
     if input_ids.numel() == 0:
-        raise ValueError(
-            f"empty input: input_ids has shape {tuple(input_ids.shape)}; give at least one token per row."
-        )
+        raise ValueError(f"empty input: input_ids has shape {tuple(input_ids.shape)}; give at least one token per row.")
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise ValueError(
-            f"token id {bad} is outside the vocabulary [0, {vocab_size}) of this model; use the tokenizer the "
-            "model was trained with."
-        )
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}) of this model; use the tokenizer "
+                         "the model was trained with.")
 
 
 def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Tensor:
@@ -56,10 +48,8 @@ def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Ten
     if wrong:
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else \
             type(attention_mask).__name__
-        raise ValueError(
-            f"attention_mask must have the shape of input_ids {(B, T)} (or cover the past columns too when "
-            f"a cache is given), got {shape}."
-        )
+        raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)} (or cover the past columns too "
+                         f"when a cache is given), got {shape}.")
     mask = attention_mask[:, -T:].to(input_ids.device) != 0
     if state is None and not bool(mask.any(1).all()):
         raise ValueError("a row of attention_mask is all zeros: every sequence needs at least one real token.")
@@ -103,6 +93,5 @@ def check_signal_ids(signal_ids, config, batch: int, device) -> torch.Tensor | N
 def check_labels(labels, input_ids):
     """Labels must have the ids' shape (their values are checked where they are shifted: `losses.shift_labels`)."""
     if labels.shape != input_ids.shape:
-        raise ValueError(
-            f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}."
-        )
+        raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got "
+                         f"{tuple(labels.shape)}.")
