@@ -2,8 +2,7 @@
 
 Edge table row of the j-th real edge (in (source, target) order) is j + 1; every pair u→v that is not a real edge
 uses row 0, the shared edge. A dense graph has every pair real: the row of u→v is 1 + u·V + v. Building and growing
-graphs is the package's (graph.py).
-"""
+graphs is the package's (graph.py)."""
 
 from dataclasses import dataclass
 
@@ -60,10 +59,9 @@ def edge_keys(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> t
 
 def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, targets: torch.Tensor,
                         vocab_size: int) -> torch.Tensor:
-    """Edge-table row of every pair source→target: its real edge's, or 0 (the shared edge).
-
-    `keys` is `edge_keys(...)` of a sparse graph, or None for a dense one (every pair real: row 1 + s·V + t). A pure
-    lookup with no host read, so the model, the decode step and its torch reference all map pairs the same way."""
+    """Edge-table row of every pair source→target: its real edge's, or 0 (the shared edge). `keys`: `edge_keys(...)`
+    of a sparse graph, or None for a dense one (row 1 + s·V + t). A pure lookup with no host read, so the model, the
+    decode step and its torch reference all map pairs the same way."""
     if keys is None:
         return 1 + sources * vocab_size + targets
     if keys.numel() == 0:

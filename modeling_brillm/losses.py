@@ -2,8 +2,7 @@
 
 The exact loss is the cross-entropy over all V nodes: log Z − E_target, where Z sums exp(energy) over the real
 successors of the source and, in a sparse graph, over every other node with the shared edge's energy. The
-sampled loss is the original release's objective: a cross-entropy over the target and K negatives of the source.
-"""
+sampled loss is the original release's objective: a cross-entropy over the target and K negatives of the source."""
 
 from __future__ import annotations
 
@@ -30,11 +29,10 @@ def shift_labels(labels: torch.Tensor, attention_mask, column: torch.Tensor, voc
 
 def sampled_loss(logits, shared, sources, targets, num_negatives: int, negative_sampling: str,
                  successors_by_count=None) -> torch.Tensor:
-    """Per-position cross-entropy over the true target (first) and K negatives of the source.
-
-    "uniform": K distinct nodes other than the target. "frequency": the K most frequent successors other than the
-    target (`successors_by_count`, a `frequency_table` of width K + 1); a source with fewer real successors fills
-    the rest with non-successors, which all carry the shared energy."""
+    """Per-position cross-entropy over the true target (first) and K negatives of the source: "uniform", K distinct
+    nodes other than the target; "frequency", the K most frequent successors other than the target
+    (`successors_by_count`, a `frequency_table` of width K + 1), a source with fewer filling up with non-successors,
+    which all carry the shared energy."""
     K = num_negatives
     if negative_sampling == "uniform":
         noise = torch.rand(logits.shape, device=logits.device)

@@ -3,8 +3,7 @@ d×r factors, W[u→v] = edge_base + A[u→v]·B[u→v]ᵀ, 2·d·r numbers an e
 
 An edge kind (`modeling_brillm.EDGE_KINDS`): its row parameters and how an edge's own matrix is made of their rows.
 No kernel reads it in place; the model materialises the rows a call reads (the crossed edges, the scored blocks)
-and runs the same torch and Triton paths on them, so every way of training and decoding works unchanged.
-"""
+and runs the same torch and Triton paths on them, so every way of training and decoding works unchanged."""
 
 import torch
 from torch import nn

@@ -1,17 +1,11 @@
 """BriLLM's hot operations, each one function: the Triton kernel where it runs, else the torch path.
 
 The one module that chooses (`backend.use_triton`: Triton for CUDA tensors by default, `BRILLM_BACKEND` or
-`kernel_backend` to choose) and the only one that imports the kernel modules:
-
-    op                       torch path                            Triton kernel
-    make_plan, candidate_energies, scatter_logits, exact_log_partition, target_energies
-                             energy.py (CandidatePlan)             triton_energy.py (KernelPlan)
-    successor_logits         energy.successor_logits               triton_energy.successor_logits
-    signal_scan              recurrence.signal_scan                triton_recurrence.signal_scan
-    decode_step              the edge (signal_scan's math, one column), then successor_logits
-
-With the package installed, the first time the Triton path meets a CUDA device every kernel runs once beside its
-torch path (selfcheck.py); one that fails is switched off there with one warning."""
+`kernel_backend` to choose) and the only one that imports the kernel modules: the candidate energies' functions run
+energy.py on a `CandidatePlan` or triton_energy.py on a `KernelPlan`, `successor_logits` energy.py's or
+triton_energy.py's, `signal_scan` recurrence.py's or triton_recurrence.py's; `decode_step` is the edge (the scan's math,
+one column), then `successor_logits`. With the package installed, the first time the Triton path meets a CUDA device
+every kernel runs once beside its torch path (selfcheck.py); one that fails is switched off there with one warning."""
 
 import os
 
@@ -29,7 +23,7 @@ from .plans import CandidatePlan, EdgeGradLink, KernelPlan, graph_max_degree, ma
 from .recurrence import edge_update, plus_edge_base, without_onednn
 from .recurrence import signal_scan as ref_signal_scan
 from .state import Columns
-from .triton_energy import SUPPORTED_DTYPES, KernelEnergies
+from .triton_energy import KernelEnergies
 from .triton_energy import log_partition as kernel_log_partition
 from .triton_energy import scatter_logits as kernel_scatter_logits
 from .triton_energy import successor_logits as kernel_successor_logits
@@ -141,16 +135,10 @@ def target_energies(energies, shared, plan, targets, target_rows, block_first_ro
                                non_edge_bias)
 
 
-def _step_kernels(name: str, x, weights) -> bool:
-    """Whether the one-token kernel `name` runs for these tensors."""
-    return kernel_enabled(name, x) and weights.dtype in SUPPORTED_DTYPES and \
-        energy_kernel_unsupported(weights, x) is None
-
-
 def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.Tensor:
     """(N, V) float32 energies of every node as the successor of each position; inference only
     (`energy.successor_logits`; the kernel: one launch over a static grid)."""
-    if _step_kernels("successor_logits", x, edges.weights):
+    if kernel_enabled("successor_logits", x) and energy_kernel_unsupported(edges.weights, x) is None:
         return kernel_successor_logits(x, pe, edges, sources, graph, graph.max_degree if width is None else width)
     return ref_successor_logits(x, pe, edges, sources, graph, width)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -55,13 +56,10 @@ class GraphView:
 
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
-    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32.
-
-    "released" multiplies by 10000^(2j/d) (the original release's formula); "sinusoidal" divides (the textbook
-    one). Computed with the release's exact float32 steps: the angles reach pos·5.6e3, so an equal formula that
-    rounds the frequency differently (e.g. exp(2j·ln(10000)/d)) moves them by up to 0.25 rad and released
-    checkpoints no longer see the values they were trained on.
-    """
+    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32:
+    "released" multiplies by 10000^(2j/d) (the release's formula), "sinusoidal" divides (the textbook one). In the
+    release's exact float32 steps: the angles reach pos·5.6e3, so an equal formula that rounds the frequency otherwise
+    (exp(2j·ln(10000)/d)) moves them by up to 0.25 rad, and released checkpoints would not see their trained values."""
     if positions.is_floating_point() or positions.is_complex():
         raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; pass e.g. torch.arange(n).")
     if variant not in ("released", "sinusoidal"):
@@ -119,8 +117,7 @@ class ReadOut:
     def __call__(self, logits: torch.Tensor, signal: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
         """`logits` (N, V) of the successors of `sources` (N,), plus what every node reads of the signal (N, d)."""
         if self.node_readout is not None:
-            r = self.node_readout
-            logits = logits + (signal.to(r.dtype) @ r.t()).to(logits.dtype)
+            logits = logits + (signal.to(self.node_readout.dtype) @ self.node_readout.t()).to(logits.dtype)
         if self.prior is not None:
             if len(self.prior) == 1:
                 return logits + self.prior[0][sources]
@@ -149,8 +146,6 @@ class StepTables:
     positions: Positions
     node_embedding: torch.Tensor | None
     read_out: Callable
-    _host_logits: list | None = None
-    _row_tables: object | None = None
 
     def at(self, state, tokens) -> StepAt:
         """Where the step of `tokens` (B,) on `state` happens."""
@@ -159,19 +154,15 @@ class StepTables:
         node_add = None if self.node_embedding is None else self.node_embedding[tokens]
         return StepAt(state.last_token, pe[:, 0], pe[:, 1], positions.weight(length), node_add)
 
-    @property
-    def row_tables(self):
+    @cached_property
+    def row_tables(self) -> RowTables:
         """The edge tables as one row's step on the CPU reads them (`energy.RowTables`), made once."""
-        if self._row_tables is None:
-            self._row_tables = RowTables.of(self.edges)
-        return self._row_tables
+        return RowTables.of(self.edges)
 
-    @property
+    @cached_property
     def host_logits(self) -> list[float]:
         """The position weight logits on the host (one row's step on the CPU reads them there), read once."""
-        if self._host_logits is None:
-            self._host_logits = self.positions.logits.tolist()
-        return self._host_logits
+        return self.positions.logits.tolist()
 
 
 def frequency_table(indptr: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, width: int) -> torch.Tensor:
