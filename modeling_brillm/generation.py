@@ -7,7 +7,12 @@ and sampling run in one loop (`decode_loop`), shared by `generate()` and `energy
 
     the general path    `forward` over any number of new tokens: the scan, then the energies ("off")
     the one-token step  `BriLLMModel.decode_step`, fixed shapes (torch or Triton, replayed from a CUDA graph on a
-                        GPU in "auto"; one row on the CPU makes its lookups on the host); "eager": never captured"""
+                        GPU in "auto"; one row on the CPU makes its lookups on the host); "eager": never captured
+
+A one-token step (~60 small kernels: ~0.1 ms of GPU work, ~1.7 ms of host time launched one by one) reads nothing from
+the device at a fixed width (the position check uses a host-side bound), so `DecodeGraphs` records it once per batch
+size and replays it in one launch; the state it returns lives in the graph's buffers, advanced in place by the next
+replay (`generate()` hands out a copy), and a re-allocated table (growing, `.to()`, loading) is captured again."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from transformers import EosTokenCriteria, GenerationMixin, MaxLengthCriteria, S
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import ModelOutput, logging
 
-from .decode_capture import DecodeGraphs
+from .backend import current_backend
 from .ops import kernel_enabled
 from .state import CACHE, BriLLMState, given_state
 from .validation import check_inputs, too_long
@@ -114,6 +119,87 @@ def decode_loop(input_ids, logits, state, step, run: Decoding):
         logits, state = step(token, state)
 
 
+def _signature(model, device) -> tuple:
+    """Everything a captured step depends on by address or by value (`model` is a `BriLLMModel`); the lazily built
+    tables (positions, prior) are built here, before their addresses are read."""
+    cfg = model.config
+    tensors = [model.weights, model.biases, model.positions, model.position_table(device)]
+    if cfg.graph == "sparse":
+        tensors += [model.graph_indptr, model.graph_indices, model.edge_keys()]
+    # the step adds the non-successors' offsets to their logits and x·edge_base to every edge's input
+    tensors += [t for t in (model.non_edge_bias, model.edge_base) if t is not None]
+    if cfg.count_prior:  # the step adds the prior's row of every token
+        tensors += [model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values]
+        if model.prior_table() is not None:
+            tensors.append(model.prior_table())
+    return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
+            cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
+            model.graph_view().max_degree)
+
+
+class _Graph:
+    def __init__(self, model, tokens, state, signature, pool):
+        self.signature = signature
+        device = tokens.device
+        width = model.graph_view().max_degree
+        self.tokens = tokens.detach().clone()
+        self.state = state.clone()
+        # warm up on a side stream (Triton compiles its kernels, caches fill), then record
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model.decode_step(self.tokens, self.state, width)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits, new_state = model.decode_step(self.tokens, self.state, width)
+            for buffer, value in zip(self.state.tensors(), new_state.tensors()):
+                buffer.copy_(value)  # the state advances in place: its next step reads it where it is
+
+    def step(self, tokens, state):
+        self.tokens.copy_(tokens)
+        pairs = list(zip(state.tensors(), self.state.tensors()))
+        if not all(t is buffer for t, buffer in pairs):  # a state this graph did not advance: copy it in
+            for t, buffer in pairs:
+                buffer.copy_(t)
+        self.graph.replay()
+        longest = None if state.longest is None else state.longest + 1
+        return self.logits, BriLLMState.of(self.state.tensors(), state.seen + 1, longest)
+
+
+class DecodeGraphs:
+    """The captured decode steps of one model, one per batch size (they share one memory pool)."""
+
+    def __init__(self):
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = None
+        self.tables = self.signature = None  # the decoding loop's step tables, and the signature read with them
+
+    def step(self, model, tokens: torch.Tensor, state, tables):
+        """Logits (B, V) and the new state (its tensors the graph's buffers) for `tokens` (B,) on top of `state`.
+        `tables`: the loop's `step_tables()`; the signature is read once per loop (it reads the config)."""
+        if tables is not self.tables:
+            self.tables, self.signature = tables, _signature(model, tokens.device)
+        signature = self.signature
+        B = tokens.shape[0]
+        graph = self.graphs.get(B)
+        if graph is None or graph.signature != signature:
+            if graph is not None:  # tables moved: every graph of this model is stale
+                self.graphs.clear()
+                self.pool = None
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = self.graphs[B] = _Graph(model, tokens, state, signature, self.pool)
+        logits, new_state = graph.step(tokens, state)
+        new_state.graph_owned = True
+        return logits, new_state
+
+    def clear(self):
+        self.graphs.clear()
+        self.pool = self.tables = self.signature = None
+
+
 class BriLLMGenerationMixin(GenerationMixin):
     """transformers' `GenerationMixin` for a model that carries a `BriLLMState` instead of key/value caches."""
 
@@ -181,7 +267,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return input_ids[:, 0] if bool(mask.all()) else None
 
     def _replay_decode_graph(self, tokens, state, tables):
-        """The step from its CUDA graph (decode_capture.py): (logits, new state); None where capturing fails, said
+        """The step from its CUDA graph (`DecodeGraphs`): (logits, new state); None where capturing fails, said
         once: this model then decodes with the same step uncaptured (decode_mode becomes "eager")."""
         if getattr(self, "_decode_graphs", None) is None:
             self._decode_graphs = DecodeGraphs()
@@ -198,8 +284,7 @@ class BriLLMGenerationMixin(GenerationMixin):
             return None
 
     def loop_step(self, input_ids):
-        """`step(tokens (B,), state) -> (float32 logits (B, V), state)` of the decoding loop: the one-token step
-        where it applies, else the general path through `forward`."""
+        """The decoding loop's `step(tokens, state) -> (float32 logits, state)`: the one-token step, else `forward`."""
         if self.steps_one_token(input_ids[:, -1:]):
             tables = self.base_model.step_tables()
 
@@ -250,10 +335,9 @@ class BriLLMGenerationMixin(GenerationMixin):
         return out
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
-        """transformers' greedy / sampling loop as `decode_loop` over BriLLM's state and one-token step: the same
-        processors, stopping criteria, random draws, streamer calls and outputs, without the per-token output object
-        and mask update that cost as much as a step. transformers' own loop runs what this one does not do: hidden
-        states or attentions, syncing processes, an assistant's rounds, a given cache, `use_cache=False`."""
+        """transformers' greedy / sampling loop as `decode_loop` on BriLLM's state and one-token step (its processors,
+        criteria, draws, streamer calls and outputs, without the per-token output object and mask update); hidden
+        states, attentions, synced GPUs, assistants, a given cache or `use_cache=False` go to transformers' loop."""
         config = generation_config
         if (kwargs.get("synced_gpus") or config.output_hidden_states or config.output_attentions
                 or getattr(config, "is_assistant", False) or kwargs.get(CACHE) is not None

@@ -36,7 +36,6 @@ from .validation import check_inputs, check_labels, check_signal_ids, compact_re
 # isort: split
 # transformers 5.4 copies remote code one import deep: naming the others' imports here makes every file travel.
 from .csr import edge_keys  # noqa: F401
-from .decode_capture import DecodeGraphs  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401
 from .triton_recurrence import unsupported_reason  # noqa: F401
@@ -49,9 +48,7 @@ class FullEdges:
     fused = True
     row_parameters = ("weights", "biases")  # the parameters indexed by edge row (what sharding splits by source)
 
-    @staticmethod
-    def uses(config) -> bool:
-        return True
+    uses = staticmethod(lambda config: True)  # the last of EDGE_KINDS: every config another kind does not take
 
     @staticmethod
     def create(model, config):
@@ -366,17 +363,15 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     @property
     def scores_every_node(self) -> bool:
-        """A part of the logits differs across non-successors (the readout, the count prior): the loss then builds
-        all V logits of every position."""
+        """A part of the logits differs across non-successors (readout, count prior): the loss builds all V logits."""
         return self.node_readout is not None or self.config.count_prior
 
     # ------------------------------------------------------------------------------------- the energies
     def score(self, x, sources, next_index, targets=None, *, want_logits=False, loss_type=None, link=None,
               csr=None, row_offset=None):
-        """The energies of positions with signals `x` (N, d) on `sources` (N,), their next token at `next_index`:
-        (order, per-position losses or None, logits (N, V) or None), in `order` (grouped by source: each block of
-        edges is read once). `targets` (N,): -100 where unscored. `csr` (indptr, indices) and `row_offset` (V,): a
-        table of some sources' blocks only (the sharded trainer's: local row = global row + row_offset[source])."""
+        """Energies of positions with signals `x` (N, d) on `sources` (N,), next token at `next_index`: (order,
+        per-position losses or None, logits (N, V) or None) in `order` (by source). `targets` (N,): -100 where unscored.
+        `csr`, `row_offset` (V,): a table of some sources' blocks (the sharded trainer's: row + row_offset[source])."""
         cfg, V, wdtype = self.config, self.config.vocab_size, self.edge_dtype
         indptr, indices = csr if csr is not None else self.csr()
         edges = self.edge_table() if self.edges.fused else None

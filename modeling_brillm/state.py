@@ -53,7 +53,7 @@ class BriLLMState:
     seen: int  # input columns consumed, padding included (what generate() slices its inputs by)
     # a host-side bound on length.max() (None: not known yet): the fixed-shape step checks the position range with it
     longest: int | None = None
-    graph_owned: bool = False  # the tensors are a captured decode step's buffers (decode_capture.py)
+    graph_owned: bool = False  # the tensors are a captured decode step's buffers (generation.DecodeGraphs)
     row: RowCache | None = None  # one row decoding on the CPU: what its last step left on the host for the next
 
     signal = property(lambda self: self.mix.signal)

@@ -159,7 +159,7 @@ def test_the_step_runs_on_meta_tensors(models, tok, dense):
 def test_a_failed_capture_falls_back_to_the_eager_step(tok, monkeypatch, caplog):
     """Capture has never run on most users' GPU / driver / triton: where it fails, decoding goes on uncaptured with
     the same step (one warning), instead of stopping generate(). Simulated here: the capture raises."""
-    from modeling_brillm.decode_capture import DecodeGraphs
+    from modeling_brillm.generation import DecodeGraphs
 
     model = make_model(tok, node_size=6, seed=3)
 
