@@ -51,8 +51,7 @@ def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name
 
 
 def edge_keys(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Sorted key source·V + target of every real edge of a CSR graph (key k's edge-table row is its index + 1):
-    the table `edge_rows_from_keys` searches."""
+    """Sorted keys source·V + target of a CSR graph's real edges (key k: edge row k + 1), for `edge_rows_from_keys`."""
     sources = torch.repeat_interleave(torch.arange(vocab_size, device=indices.device), indptr.diff())
     return sources * vocab_size + indices
 

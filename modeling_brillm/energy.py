@@ -123,9 +123,8 @@ class _GatherEdges(torch.autograd.Function):
 
 
 def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGradLink | None = None):
-    """`weights[rows]` (..., d, d) and `biases[rows]` (..., d) for the recurrence, their gradients sparse over
-    the distinct rows with `sparse_grad`; with the `link` also given to `candidate_energies`, added into its
-    gradient instead of forming a second one."""
+    """`weights[rows]` (..., d, d) and `biases[rows]` (..., d) for the recurrence, their gradients sparse over the
+    distinct rows with `sparse_grad`, or added into the candidate backward's with the `link` it got too."""
     return _GatherEdges.apply(weights, biases, rows, sparse_grad, link)
 
 
@@ -335,9 +334,8 @@ def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.T
 
 
 def row_energies(x, pe, tables, graph, u: int):
-    """`successor_logits` of one position on node `u` (host int), its block read in place, with the edge
-    outputs it computed, which the next step crosses one of: (logits (1, V), (successors' (n, d), shared (1, d) or
-    None, the block's first entry))."""
+    """`successor_logits` of one position on node `u` (host int), its block read in place, with the edge outputs the
+    next step crosses one of: (logits (1, V), (successors' (n, d), shared (1, d) or None, first entry))."""
     a, e = graph.block(u)
     W, b = tables.weights[a + 1:e + 1], tables.biases[a + 1:e + 1]
     if W.dtype != tables.dtype:

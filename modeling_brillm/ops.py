@@ -47,9 +47,8 @@ def device_key(device: torch.device) -> str:
 
 
 def kernel_enabled(name: str, tensor: torch.Tensor) -> bool:
-    """Whether the Triton kernel `name` runs for `tensor`: the backend picks Triton for its device and the kernel
-    has not been switched off there. The device's first call runs the self-check (not while a CUDA graph is
-    recorded; `BRILLM_SELF_CHECK=0` skips it)."""
+    """Whether the Triton kernel `name` runs for `tensor`: the backend picks Triton there and the kernel is not switched
+    off. A device's first call runs the self-check (not while capturing; `BRILLM_SELF_CHECK=0` skips it)."""
     if not use_triton(tensor):
         return False
     key = device_key(tensor.device)
@@ -98,10 +97,9 @@ def _torch_plan(plan) -> CandidatePlan:
 
 def candidate_energies(x, pe, weights, biases, plan, sparse_grad: bool = False, link: EdgeGradLink | None = None,
                        non_edge_bias=None):
-    """Energies of every real successor and the shared energy of every position (`energy.candidate_energies`).
-
-    With a `KernelPlan` the first result is the (N, T, 2) tile partials instead of the packed energies: pass it on
-    to the functions below unchanged. `non_edge_bias`: the model's (V,) offsets, the same tensor later given to
+    """Energies of every real successor and the shared energy of every position (`energy.candidate_energies`). With a
+    `KernelPlan` the first result is the (N, T, 2) tile partials instead of the packed energies: pass it on to the
+    functions below unchanged. `non_edge_bias`: the model's (V,) offsets, the same tensor later given to
     `scatter_logits` (on the kernel path the logits' gradient reaches it through this call's backward)."""
     if _runs_kernels(plan, weights, x):
         return KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
@@ -136,8 +134,7 @@ def target_energies(energies, shared, plan, targets, target_rows, block_first_ro
 
 
 def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.Tensor:
-    """(N, V) float32 energies of every node as the successor of each position; inference only
-    (`energy.successor_logits`; the kernel: one launch over a static grid)."""
+    """(N, V) float32 energies of every node as each position's successor; inference only (energy.successor_logits)."""
     if kernel_enabled("successor_logits", x) and energy_kernel_unsupported(edges.weights, x) is None:
         return kernel_successor_logits(x, pe, edges, sources, graph, graph.max_degree if width is None else width)
     return ref_successor_logits(x, pe, edges, sources, graph, width)
@@ -145,9 +142,8 @@ def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.T
 
 # ------------------------------------------------------------------------------------- recurrence
 def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
-    """The recurrence over all columns: (signals (B, L, d), the `state.Mix` after the last column); see
-    `recurrence.signal_scan`. The Triton scan (one launch each way) runs for d ≤ 128 and, when gradients are needed,
-    float32 tables."""
+    """(signals (B, L, d), the `state.Mix` after the last column) as `recurrence.signal_scan`; the Triton scan (one
+    launch each way) runs for d ≤ 128 and, with gradients, float32 tables."""
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
         for t in (edges.weights, edges.biases, edges.edge_base, columns.weight, columns.pe, columns.node_add,
@@ -158,10 +154,9 @@ def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
 
 
 def decode_step(tokens, mix, at, edges, graph, width: int | None):
-    """One token per row, inference only: 1. the edge last→token joins the mix (the scan's math, one column: the
-    Triton scan or `recurrence.edge_update`), 2. every node's energy as the successor of `tokens` (B,)
-    (`successor_logits`). ((B, V) float32 logits, the new mix.) With a fixed `width` (the graph's largest degree)
-    nothing reads the device: what a CUDA graph records."""
+    """One token per row, inference only: 1. the edge last→token joins the mix (the scan's math, one column: the Triton
+    scan or `recurrence.edge_update`), 2. every node's energy as the successor of `tokens` (B,) (`successor_logits`):
+    ((B, V) float32 logits, the new mix). A fixed `width` (the graph's largest degree) reads nothing from the device."""
     with without_onednn(tokens):
         rows = edge_rows_from_keys(graph.keys, at.last, tokens, graph.vocab_size)
         if kernel_enabled("signal_scan", edges.weights) and scan_kernel_unsupported(edges.weights, False) is None:

@@ -46,9 +46,8 @@ def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
 
 def signal_scan(mix: Mix, columns: Columns, edges: EdgeTable, link=None) -> tuple[torch.Tensor, Mix]:
     """The recurrence over all columns, one column at a time: (signals (B, L, d), the mix after the last column).
-
-    `signals[:, j]` is the signal leaving token j, what its candidates see (dropped out with `columns.keep`, whose
-    entry j + 1 is on it); the returned mix keeps the undropped one. `link`: as `energy.gather_edges`."""
+    `signals[:, j]` is the signal leaving token j, what its candidates see (dropped out with `columns.keep`, whose entry
+    j + 1 is on it); the returned mix keeps the undropped one. `link`: as `energy.gather_edges`."""
     w_steps, b_steps = gather_edges(edges.weights, edges.biases, columns.rows, edges.sparse_grad, link)
     keep, node_add = columns.keep, columns.node_add
     out = []
@@ -96,8 +95,7 @@ def row_step(tokens, state: BriLLMState, tables):
 
 
 class without_onednn:
-    """oneDNN off while a step runs on the CPU: its GeLU costs ~10 µs a call however small the tensor, torch's own
-    ~1.5 µs, and a step makes three."""
+    """oneDNN off while a CPU step runs: its GeLU costs ~10 µs a call whatever the size, torch's own ~1.5 µs."""
 
     def __init__(self, tensor):
         self.off = tensor.device.type == "cpu"
@@ -145,11 +143,10 @@ def _fmix64_(x: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_mask(p: float, seed: int, rows: torch.Tensor, positions: torch.Tensor, d: int) -> torch.Tensor:
-    """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept (probability 1 − p), else 0.
-
-    Entry (b, c, k) hashes (`seed`, `rows[b]`, `positions[b, c]`, k): `rows` (B,) are the rows' indices in the global
-    batch, `positions` (B, C) the positions of the signals the columns carry (the signal leaving token t is at
-    t + 1). The same arguments give the same mask on any device and in any batch the row sits in."""
+    """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept (probability 1 − p), else 0. Entry (b, c, k) hashes
+    (`seed`, `rows[b]`, `positions[b, c]`, k): `rows` (B,) are the rows' indices in the global batch, `positions` (B, C)
+    the positions of the signals the columns carry (the signal leaving token t is at t + 1). The same arguments give the
+    same mask on any device and in any batch the row sits in."""
     if not 0 < p < 1:
         raise ValueError(f"dropout_mask: p must be in (0, 1), got {p!r}.")
     key = _fmix64_(rows.long() * _int64(_GOLDEN) + _int64(seed + _GOLDEN))  # each row's own stream

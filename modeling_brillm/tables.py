@@ -200,8 +200,7 @@ class DerivedTables:
         return self._cached("keys", (indptr, indices), lambda: edge_keys(indptr, indices, V))
 
     def host_csr(self) -> tuple:
-        """A CPU graph's CSR on the host, as one row's step reads it: (indptr as a list, indices as a NumPy view),
-        (None, None) for a dense graph."""
+        """A CPU graph's CSR as one row's step reads it: (indptr list, indices NumPy view); (None, None) when dense."""
         if self.config.graph == "dense":
             return None, None
         indptr, indices = self.graph_indptr, self.graph_indices

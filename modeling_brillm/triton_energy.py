@@ -49,8 +49,7 @@ if triton is not None:
 
     @triton.jit
     def _tile(t, tile_source_ptr, tile_first_ptr, count_ptr, group_start_ptr, indptr_ptr):
-        """Tile t: its source u, its index s among u's tiles, u's positions (count, first sorted) and edge rows e0 + 1
-        … e0 + degree (row 0 is the shared edge)."""
+        """Tile t: its source u, index s among u's tiles, u's positions (count, first), rows e0 + 1 … e0 + degree."""
         u = tl.load(tile_source_ptr + t)
         s = t - tl.load(tile_first_ptr + u)
         count = tl.load(count_ptr + u)
@@ -329,8 +328,7 @@ def _gradient_rows(plan, P: int, link, device):
 
 
 def _row_gradients(ctx, plan, weights, link, need_w: bool, need_b: bool):
-    """(index, slot, w_values, b_values) of the edge tables' gradient: sparse over the touched rows, or dense
-    (index and slot None)."""
+    """(index, slot, w_values, b_values) of the edge tables' gradient, sparse over touched rows (dense: index None)."""
     if not (need_w or need_b):
         return None, None, None, None
     P, d = weights.shape[0], weights.shape[-1]
@@ -384,10 +382,9 @@ class KernelCall:
 
 
 class KernelEnergies(torch.autograd.Function):
-    """Triton twin of `energy._CandidateEnergies`: the (N, T, 2) tile partials (not differentiable) and the (N,)
-    shared energies. `KernelLogPartition`, `KernelTarget` and `KernelLogits` take `shared` as an input (so their
-    backward runs first) and hand their gradients here through `plan.call`: one kernel pass writes every edge-row
-    gradient. `non_edge_bias` is an input only so that this backward returns its gradient from the logits."""
+    """Triton twin of `energy._CandidateEnergies`: the (N, T, 2) tile partials (not differentiable) and (N,) shared
+    energies. The log Z, target and logits functions take `shared` as input (so their backward runs first) and hand
+    their gradients here via `plan.call`: one kernel pass writes every edge row's gradient (and `non_edge_bias`'s)."""
 
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link, non_edge_bias=None):
