@@ -4,8 +4,7 @@ import dataclasses
 
 import transformers
 
-# The oldest transformers this code runs on: setup.cfg's lower bound (a test keeps the two equal). A Hub user imports
-# a saved folder's copy with whatever transformers they have: an older one gets this message, not an unchecked config.
+# setup.cfg's lower bound (a test keeps the two equal): a saved folder's copy on an older transformers says so here
 MIN_TRANSFORMERS = "5.4.0"
 _TOO_OLD = (f"BriLLM needs transformers>={MIN_TRANSFORMERS} (its config is a dataclass with defaults and checks); this "
             f"is transformers {transformers.__version__}: pip install -U 'transformers>={MIN_TRANSFORMERS}'.")
@@ -95,8 +94,7 @@ class BriLLMConfig(PreTrainedConfig):
         if self.graph == "dense" and self.num_edges is None:
             self.num_edges = self.vocab_size * self.vocab_size
         super().__post_init__(**kwargs)
-        # Each field on its own: transformers builds `BriLLMConfig()` with no arguments (to compare against the
-        # defaults), so a config builds without a graph; a model checks the graph's size (`check_graph_size`).
+        # each field on its own: transformers builds a bare `BriLLMConfig()`; a model checks the graph's size too
         self.check()
 
     # `generate()` and other generic code read these names.

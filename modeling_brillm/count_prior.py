@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 
 DISCOUNT = 0.75  # D: the usual absolute discount (Ney, Essen & Kneser 1994 put it just under n1 / (n1 + 2·n2))
-# Up to this many entries (V² ≤ 2^24: V ≤ 4096, 64 MiB in float32) the model keeps the prior as a dense (V, V) table
-# as well: adding it is then one row gather per position, where the CSR add reads and scatters a padded block.
+# up to this many entries (V ≤ 4096, 64 MiB) the prior is also a dense (V, V) table: one row gather per position
 DENSE_TABLE_MAX = 1 << 24
 
 
@@ -46,9 +45,8 @@ def dense_table(node: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
 
 def add_count_prior(logits: torch.Tensor, sources: torch.Tensor, node: torch.Tensor, indptr: torch.Tensor,
                     indices: torch.Tensor, values: torch.Tensor, max_degree: int) -> torch.Tensor:
-    """`logits` (N, V) of the successors of `sources` (N,) plus the prior. Shapes are fixed by (N, max_degree), the
-    largest number of seen successors of any source, and nothing is read from the device (a CUDA graph records it):
-    every row gathers `max_degree` entries from the start of its source's block and adds zero past its end."""
+    """`logits` (N, V) of the successors of `sources` (N,) plus the prior, shapes fixed by (N, max_degree) (no device
+    read): each row gathers `max_degree` entries from its source's block, zero past its end."""
     out = logits + node.to(logits.dtype)
     if max_degree == 0:
         return out

@@ -58,9 +58,8 @@ def edge_keys(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> t
 
 def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, targets: torch.Tensor,
                         vocab_size: int) -> torch.Tensor:
-    """Edge-table row of every pair source→target: its real edge's, or 0 (the shared edge). `keys`: `edge_keys(...)`
-    of a sparse graph, or None for a dense one (row 1 + s·V + t). A pure lookup with no host read, so the model, the
-    decode step and its torch reference all map pairs the same way."""
+    """Edge-table row of every pair source→target: its real edge's, or 0 (shared). `keys`: a sparse graph's `edge_keys`,
+    or None (dense: 1 + s·V + t). No host read: the model, the decode step and its torch reference map pairs alike."""
     if keys is None:
         return 1 + sources * vocab_size + targets
     if keys.numel() == 0:

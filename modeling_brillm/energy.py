@@ -26,11 +26,10 @@ class RowView(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if grad.is_sparse:
+        if grad.is_sparse:  # its rows come from autograd: valid by construction
             values = grad._values().reshape(-1, *ctx.shape[1:])
-            sparse = torch.sparse_coo_tensor(grad._indices(), values, ctx.shape, is_coalesced=grad.is_coalesced(),
-                                             check_invariants=False)  # rows come from autograd: valid by construction
-            return sparse, None
+            return torch.sparse_coo_tensor(grad._indices(), values, ctx.shape, is_coalesced=grad.is_coalesced(),
+                                           check_invariants=False), None
         return grad.reshape(ctx.shape), None
 
 
@@ -303,9 +302,8 @@ def prefilled_logits(shared, vocab_size: int, non_edge_bias=None) -> torch.Tenso
 
 
 def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.Tensor:
-    """(N, V) energies of every node as the successor of each position, inference only, in float32 for
-    16-bit tables. `width` successors per position: the graph's largest degree gives shapes fixed by (N, width) and
-    no host read (what a CUDA graph records); None reads the positions' own degrees (one position: `row_energies`)."""
+    """(N, V) energies (float32 for 16-bit tables) of every node as each position's successor, inference only. `width`:
+    the largest degree fixes the shapes (no host read); None reads each row's degree (one row: `row_energies`)."""
     N, d = x.shape
     if N == 1 and not _capturing(x):
         return row_energies(x, pe, RowTables.of(edges), graph, int(sources))[0]
@@ -381,12 +379,11 @@ def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.
     w = torch.exp(b - top)
     if isinstance(plan, KernelPlan):
         V = plan.vocab_size
-        node_degree = plan.indptr[1:] - plan.indptr[:-1]
         if plan.indices is None:  # dense: every node is a successor
             node_succ = w.sum().expand(V)
         else:
             E = plan.indices.numel()
-            edge_source = torch.repeat_interleave(torch.arange(V, device=w.device), node_degree, output_size=E)
+            edge_source = torch.repeat_interleave(torch.arange(V, device=w.device), plan.indptr.diff(), output_size=E)
             node_succ = w.new_zeros(V).index_add(0, edge_source, w[plan.indices])
         node_mass = torch.log((w.sum() - node_succ).clamp_min(1e-300)) + top
         return node_mass[plan.sources[plan.order]]

@@ -70,9 +70,7 @@ class Decoding:
     check_every: int = 1  # steps between two reads of "has every row finished?" (the steps past it are dropped)
 
     def __post_init__(self):
-        # One row on the CPU compares its pick with the EOS ids on the host, where the criterion's isin, any and the
-        # loop's flags would cost as much as the model's step past its block.
-        self.eos_ids = None
+        self.eos_ids = None  # one row on the CPU checks its pick here, on the host: the criteria cost as much as a step
         self.criteria = StoppingCriteriaList([c for c in self.criteria if not isinstance(c, MaxLengthCriteria)])
 
     def one_row_on_the_host(self, input_ids):
@@ -204,8 +202,7 @@ class BriLLMGenerationMixin(GenerationMixin):
     """transformers' `GenerationMixin` for a model that carries a `BriLLMState` instead of key/value caches."""
 
     decode_mode = "auto"
-    # without Triton the one-token step gathers (rows × largest degree) edge matrices; past this many bytes one-token
-    # calls take the general path instead (a dense V = 4000 graph at batch 32 would gather 2 GB)
+    # without Triton a one-token step gathers rows × largest degree matrices: past this many bytes, the general path
     padded_decode_bytes = 512 * 2**20
 
     # ------------------------------------------------------------------------------- the one-token step
@@ -214,9 +211,8 @@ class BriLLMGenerationMixin(GenerationMixin):
         mode = self.decode_mode
         if mode not in DECODE_MODES:
             raise ValueError(f"decode_mode must be one of {DECODE_MODES}, got {mode!r}.")
-        if not (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 1):
-            return False
-        if not self.base_model.edges.fused:  # an edge kind read through materialised rows: the general path
+        if not (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 1
+                and self.base_model.edges.fused):  # an edge kind read through materialised rows: the general path
             return False
         cpu_row = input_ids.device.type == "cpu" and input_ids.shape[0] == 1
         if mode == "off" or (mode == "auto" and not (input_ids.is_cuda or cpu_row)):
@@ -228,9 +224,8 @@ class BriLLMGenerationMixin(GenerationMixin):
         return input_ids.shape[0] * width * d * d * base.weights.element_size() <= self.padded_decode_bytes
 
     def generation_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool, tables=None):
-        """One token per row: (logits (B, V), new state), or None to hand the call to the general path (a padded
-        new column). `trusted`: the ids are the decoding loop's own picks (a finished row's pad id is clamped).
-        `tables`: the model's `step_tables()`, which a decoding loop gathers once."""
+        """One token per row: (logits (B, V), new state), or None for the general path (a padded new column). `trusted`:
+        the ids are the loop's own picks (a finished row's pad id clamped); `tables`: the loop's `step_tables()`."""
         if not isinstance(state, BriLLMState):
             raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
@@ -260,8 +255,7 @@ class BriLLMGenerationMixin(GenerationMixin):
                 raise ValueError(f"the cache holds {state.batch_size} sequences but input_ids has {B} rows.")
             if state.row is not None:  # one row on the CPU, never filled with the pad token: its own picks
                 return input_ids[0]
-            # Only a finished row can be fed an id the model did not pick (the pad token, which may lie outside the
-            # vocabulary); its state and logits are never used again, so clamping keeps every index in range.
+            # only a finished row gets an id it did not pick (the pad token, maybe out of range): clamped, never used
             return input_ids[:, 0].clamp(0, vocab_size - 1)
         mask = check_inputs(input_ids, attention_mask, state, vocab_size)
         return input_ids[:, 0] if bool(mask.all()) else None
@@ -278,9 +272,8 @@ class BriLLMGenerationMixin(GenerationMixin):
             self.decode_mode = "eager"
             first_line = str(error).splitlines()[0] if str(error) else ""
             logger.warning(f"BriLLM: capturing the decode step into a CUDA graph failed ({type(error).__name__}: "
-                           f"{first_line}); decoding continues with the same step uncaptured (model.decode_mode = "
-                           "'eager', a few times slower per token at batch 1). Please report it with your GPU, torch "
-                           "and triton versions.")
+                           f"{first_line}); decoding goes on uncaptured (model.decode_mode = 'eager', slower per "
+                           "token). Please report it with your GPU, torch and triton versions.")
             return None
 
     def loop_step(self, input_ids):
@@ -318,8 +311,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return inputs
 
     def generate(self, *args, **kwargs):
-        # Every tensor argument (ids, attention mask, signal_ids, ...) goes where the model is, as in forward():
-        # generate() concatenates the new tokens (made on the model's device) to the prompt, so it must live there.
+        # every tensor argument goes to the model's device (as in forward()), where generate() appends the new tokens
         args = self.to_input_device(*args)
         kwargs = dict(zip(kwargs, self.to_input_device(*kwargs.values())))
         # remember the prompt's real lengths: padding takes no position, so the length check counts real tokens
@@ -368,9 +360,8 @@ class BriLLMGenerationMixin(GenerationMixin):
             streamer.end()
         if not config.return_dict_in_generate:
             return sequences
-        scores = tuple(kept[0][:steps]) if keep_scores else None
-        raw = tuple(kept[1][:steps]) if keep_logits else None
-        return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=raw, attentions=None,
+        return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(kept[0][:steps]) if keep_scores else None,
+                                         logits=tuple(kept[1][:steps]) if keep_logits else None, attentions=None,
                                          hidden_states=None, **{GENERATE_CACHE: state})
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,

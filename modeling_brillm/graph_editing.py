@@ -9,8 +9,7 @@ from .backend import package_tool
 from .count_prior import CountPrior
 from .csr import BigramGraph, check_csr, edge_rows_from_keys
 
-# the recipe's per-node rows beside node_bias: a non-successor's offset, the node's readout of the signal, the
-# vector it adds to the signal it passes on
+# the per-node rows beside node_bias: a non-successor's offset, the readout of the signal, the vector passed on
 NODE_ROWS = ("non_edge_bias", "node_readout", "node_embedding")
 
 

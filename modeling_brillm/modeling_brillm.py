@@ -254,9 +254,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
                     edge_fetch=None, dropout_rows=None, dropout_seed: int | None = None) -> Signals:
-        """The recurrence over a batch, from `state` when given: 1. each row's real tokens, 2. the start signal,
-        3. the scan over every edge the signal crosses. `edge_fetch(rows)`: the edge rows (w (B, L, d, d), b) of
-        the (B, L) row ids, in place of this model's tables (the source-sharded trainer's)."""
+        """The recurrence over a batch from `state` (if any): 1. the rows' real tokens, 2. the start signal, 3. the scan
+        over the crossed edges; `edge_fetch(rows)`: the (w, b) of (B, L) row ids, in place of the tables (sharding)."""
         cfg = self.config
         mask = check_inputs(input_ids, attention_mask, state, cfg.vocab_size)
         if state is None:  # the start signal only matters for a sequence's first token
@@ -267,11 +266,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         if L == 0:
             raise ValueError("every token of this call is padding (attention_mask 0): there is nothing to run; leave "
                              "the call out, or give each row at least one real token.")
-        if state is None:
-            start, last, seen, mix = torch.zeros_like(lengths), tokens[:, 0], 0, \
-                Mix.empty(B, cfg.node_size, tokens.device)
-        else:
-            start, last, seen, mix = state.length, state.last_token, state.seen, state.mix
+        start, last, seen, mix = (state.length, state.last_token, state.seen, state.mix) if state is not None else \
+            (torch.zeros_like(lengths), tokens[:, 0], 0, Mix.empty(B, cfg.node_size, tokens.device))
         index = start.unsqueeze(1) + torch.arange(L, device=tokens.device)
         if not self.extends_positions:
             longest = int((index * valid).max()) + 1
@@ -354,12 +350,11 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     def read_out_tables(self) -> ReadOut:
         """What every node adds to its energy: the read of the signal (config.node_readout), the count prior."""
-        prior = None
-        if self.config.count_prior:
-            table = self.prior_table()
-            prior = (table,) if table is not None else (self.prior_node, self.prior_indptr, self.prior_indices,
-                                                        self.prior_values, graph_max_degree(self.prior_indptr))
-        return ReadOut(self.node_readout, prior)
+        if not self.config.count_prior:
+            return ReadOut(self.node_readout)
+        table = self.prior_table()
+        csr = (self.prior_node, self.prior_indptr, self.prior_indices, self.prior_values)
+        return ReadOut(self.node_readout, (table,) if table is not None else (*csr, graph_max_degree(csr[1])))
 
     @property
     def scores_every_node(self) -> bool:
@@ -498,9 +493,8 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
                                     **{CACHE: run.state if use_cache else None})
 
     def _energies(self, run: Signals, targets, keep_from: int | None, width: int, num_items=None):
-        """(loss or None, logits (B, T − keep_from, V) or None): the positions with a target scored, the logits of
-        the columns from `keep_from` on. The loss is the scored positions' mean, or their sum over `num_items`
-        (Trainer's `num_items_in_batch`: the scored tokens of all its accumulated micro-batches)."""
+        """(loss or None, logits (B, T − keep_from, V) or None) of the positions with a target, the columns from
+        `keep_from` on; the loss is the scored positions' mean, or their sum over `num_items` (`num_items_in_batch`)."""
         V = self.config.vocab_size
         wanted = run.valid & (run.column >= keep_from) if keep_from is not None else torch.zeros_like(run.valid)
         if targets is not None:

@@ -116,9 +116,8 @@ def scatter_logits(energies, shared, plan, vocab_size: int, non_edge_bias=None) 
 def exact_log_partition(energies, shared, plan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
     """log Σ_v exp(E_v) over all V nodes per sorted position (`energy.exact_log_partition`)."""
     if _runs_kernels(plan):
-        log_mass = None
-        if non_edge_bias is not None and plan.has_shared:  # the non-successors' weight, log(V − degree) without it
-            log_mass = non_edge_log_mass(non_edge_bias, plan).to(torch.float32)
+        bias = non_edge_bias is not None and plan.has_shared  # the non-successors' weight in log, else log(V − degree)
+        log_mass = non_edge_log_mass(non_edge_bias, plan).float() if bias else None
         return kernel_log_partition(energies, shared, plan, vocab_size, log_mass)
     return ref_exact_log_partition(energies, shared, _torch_plan(plan), vocab_size, non_edge_bias)
 

@@ -64,9 +64,8 @@ def signal_scan(mix: Mix, columns: Columns, edges: EdgeTable, link=None) -> tupl
 
 
 def row_step(tokens, state: BriLLMState, tables):
-    """`decode_step` of one row on the CPU, its lookups made on the host (`state.RowCache`): the crossed edge's output
-    is the one the previous step computed to score that very edge (the same signal at the same position), and the
-    mix's two scalars are updated on the host. (float32 logits (1, V), the new state)."""
+    """`decode_step` of one row on the CPU, looked up on the host (`state.RowCache`): the crossed edge's output is the
+    previous step's (it scored that edge), the mix's scalars host floats. (float32 logits (1, V), new state)"""
     v, edges, graph, positions = int(tokens), tables.edges, tables.graph, tables.positions
     row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm),
                                 float(state.mix_max))
@@ -110,9 +109,8 @@ class without_onednn:
 
 
 # ------------------------------------------------------------------------------------- signal dropout masks
-# The mask is a pure function of (seed, row, position, dimension): a counter-based hash (splitmix64's stream
-# increment, murmur3's 64-bit finaliser) in int64 torch ops, which wrap on overflow as unsigned arithmetic does. A
-# row's mask thus depends on its index in the global batch, not on which process holds it or beside which rows.
+# A pure function of (seed, row, position, dimension): a counter-based hash (splitmix64's increment, murmur3's fmix64)
+# in int64 torch ops, which wrap as unsigned arithmetic does; a row's mask depends on its global index, not its process.
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment (2^64 / golden ratio, odd)
 _FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)  # murmur3's fmix64 multipliers
 _MASK64 = (1 << 64) - 1
@@ -177,9 +175,8 @@ def draw_dropout_seed() -> int:
 
 
 def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -> torch.Tensor:
-    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns: entry j on the signal entering column j (j = L:
-    leaving the last one), hashed at position start + j. `rows` (B,) or None (0..B−1): each row's index in the global
-    batch; `start` (B,) or None (0): the first column's position."""
+    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns: entry j on the signal entering column j, hashed
+    at position start + j; `rows` (B,) global batch indices (None: 0..B−1), `start` (B,) (None: 0)."""
     B, L = shape
     rows = torch.arange(B, device=device) if rows is None else rows.to(device)
     start = torch.zeros(B, dtype=torch.long, device=device) if start is None else start.to(device)

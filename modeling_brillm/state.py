@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-# transformers calls the generation cache `past_key_values` up to 5.23 and `cache` from 5.24 (in model outputs,
-# generate()'s model kwargs and forward arguments). The model speaks the installed release's name and takes either.
+# the generation cache's name: `past_key_values` up to transformers 5.23, `cache` from 5.24; the model takes either
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 TENSORS = ("signal", "mix_sum", "mix_norm", "mix_max", "length", "last_token")
@@ -29,18 +28,16 @@ class Mix:
 
     @classmethod
     def empty(cls, batch: int, d: int, device) -> Mix:
-        zeros = torch.zeros(batch, device=device)
-        return cls(torch.zeros(batch, d, device=device), torch.zeros(batch, d, device=device), zeros,
-                   torch.full((batch,), float("-inf"), device=device))
+        return cls(torch.zeros(batch, d, device=device), torch.zeros(batch, d, device=device),
+                   torch.zeros(batch, device=device), torch.full((batch,), float("-inf"), device=device))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.signal, self.mix_sum, self.mix_norm, self.mix_max
 
     def where(self, rows: torch.Tensor, other: Mix) -> Mix:
         """This mix in `rows` (B,) bool, `other` elsewhere."""
-        pick = [torch.where(rows.unsqueeze(1) if a.dim() == 2 else rows, a, b)
-                for a, b in zip(self.tensors(), other.tensors())]
-        return Mix(*pick)
+        return Mix(*[torch.where(rows.unsqueeze(1) if a.dim() == 2 else rows, a, b)
+                     for a, b in zip(self.tensors(), other.tensors())])
 
 
 @dataclass
@@ -51,8 +48,7 @@ class BriLLMState:
     length: torch.Tensor  # (B,) real tokens consumed
     last_token: torch.Tensor  # (B,) the node the signal sits on
     seen: int  # input columns consumed, padding included (what generate() slices its inputs by)
-    # a host-side bound on length.max() (None: not known yet): the fixed-shape step checks the position range with it
-    longest: int | None = None
+    longest: int | None = None  # a host-side bound on length.max() (None: unknown) for the fixed-shape step's check
     graph_owned: bool = False  # the tensors are a captured decode step's buffers (generation.DecodeGraphs)
     row: RowCache | None = None  # one row decoding on the CPU: what its last step left on the host for the next
 

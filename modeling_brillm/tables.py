@@ -35,8 +35,7 @@ class GraphView:
     indices: torch.Tensor | None  # (E,) targets, None for a dense graph (every node is every node's successor)
     keys: torch.Tensor | None  # (E,) sorted source·V + target of the real edges (None: dense)
     vocab_size: int
-    # a CPU graph on the host, where one row's step looks its edges up: (indptr as a list, indices as a NumPy view),
-    # (None, None) for a dense graph; None on other devices
+    # a CPU graph's CSR on the host for one row's step (`DerivedTables.host_csr`); None on other devices
     host: tuple | None = None
 
     @property
@@ -165,18 +164,6 @@ class StepTables:
         return self.positions.logits.tolist()
 
 
-def frequency_table(indptr: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, width: int) -> torch.Tensor:
-    """(V, width) successors of every node by descending bigram count (ties by target id), padded with −1."""
-    V = indptr.numel() - 1
-    src = torch.repeat_interleave(torch.arange(V, device=indptr.device), indptr.diff())
-    order = torch.argsort(src * (counts.max() + 1 if counts.numel() else 1) - counts, stable=True)
-    rank = torch.arange(order.numel(), device=indptr.device) - indptr[src[order]]
-    table = torch.full((V, width), -1, dtype=torch.long, device=indptr.device)
-    keep = rank < width
-    table[src[order][keep], rank[keep]] = indices[order][keep]
-    return table
-
-
 class DerivedTables:
     """Mixin of `BriLLMModel`: the tables derived from its graph and config, cached per version of what they read."""
 
@@ -214,7 +201,15 @@ class DerivedTables:
         return self._cached("prior", parts, lambda: dense_table(*parts))
 
     def frequency_table(self, width: int) -> torch.Tensor:
-        """(V, width) successors of every node by descending bigram count, padded with −1."""
+        """(V, width) successors of every node by descending bigram count (ties by target id), padded with −1."""
         indptr, indices, counts = self.graph_indptr, self.graph_indices, self.graph_counts
-        return self._cached(f"frequency {width}", (indices, counts),
-                            lambda: frequency_table(indptr, indices, counts, width))
+
+        def build():
+            src = torch.repeat_interleave(torch.arange(indptr.numel() - 1, device=indptr.device), indptr.diff())
+            order = torch.argsort(src * (counts.max() + 1 if counts.numel() else 1) - counts, stable=True)
+            rank = torch.arange(order.numel(), device=indptr.device) - indptr[src[order]]
+            table = torch.full((indptr.numel() - 1, width), -1, dtype=torch.long, device=indptr.device)
+            keep = rank < width
+            table[src[order][keep], rank[keep]] = indices[order][keep]
+            return table
+        return self._cached(f"frequency {width}", (indices, counts), build)

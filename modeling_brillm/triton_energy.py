@@ -495,8 +495,7 @@ def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.T
     degree of them, or `log_mass` (N,) in place of log(V − degree): energy.non_edge_log_mass)."""
     call = plan.call
     if not call.partials_filled:  # inference: the forward left them for here
-        x, pe, weights, b2 = call.inputs
-        _forward(x, pe, weights, b2, plan, part, lse=True)
+        _forward(*call.inputs, plan, part, lse=True)
         call.partials_filled = True
     return KernelLogPartition.apply(part, shared, plan, vocab_size, log_mass)
 
@@ -543,9 +542,8 @@ class KernelLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shared, plan, non_edge_bias=None):
-        x, pe, weights, b2 = plan.call.inputs
         out = prefilled_logits(shared.float(), plan.vocab_size, non_edge_bias)
-        _forward(x, pe, weights, b2, plan, out, lse=False)
+        _forward(*plan.call.inputs, plan, out, lse=False)
         ctx.call = plan.call
         return out
 

@@ -262,9 +262,8 @@ def _edge_gradient_buffers(ctx, need_w: bool, need_b: bool, rows: torch.Tensor):
         slot, R = inverse.view(rows.shape), uniq.numel()
     else:
         uniq, slot, R = None, rows, ctx.weight_shape[0]
-    d = ctx.weight_shape[-1]
-    w_buf = torch.zeros(R, d, d, dtype=torch.float32, device=rows.device) if need_w else None
-    b_buf = torch.zeros(R, d, dtype=torch.float32, device=rows.device) if need_b else None
+    w_buf = torch.zeros(R, *ctx.weight_shape[1:], dtype=torch.float32, device=rows.device) if need_w else None
+    b_buf = torch.zeros(R, ctx.weight_shape[-1], dtype=torch.float32, device=rows.device) if need_b else None
     return w_buf, b_buf, slot, (uniq, w_buf, b_buf)
 
 
@@ -308,8 +307,7 @@ class _SignalScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_signals, g_sum, g_norm, g_max):
         x0, s0, n0, m0, mix_weight, w, b2, rows, edge, pe, signals, n_save, m_save, base, keep, node = ctx.saved_tensors
-        B, L = rows.shape
-        d = w.shape[-1]
+        (B, L), d = rows.shape, w.shape[-1]
         need_w, need_b, need_base = ctx.needs_input_grad[5], ctx.needs_input_grad[6], ctx.needs_input_grad[12]
         f32 = dict(dtype=torch.float32, device=x0.device)
 
@@ -345,9 +343,8 @@ class _SignalScan(torch.autograd.Function):
 
 
 def signal_scan(mix, columns, edges, link=None):
-    """(signals (B, L, d), the `state.Mix` after the last column), as `recurrence.signal_scan` (`columns` a
-    `state.Columns`, `edges` a `tables.EdgeTable`, `link` as `energy.gather_edges`). The kernel applies the dropout
-    mask of the signal entering each edge; the signals it returns are undropped, the candidates' get the next mask."""
+    """(signals (B, L, d), the `state.Mix` after the last column), as `recurrence.signal_scan`; the kernel drops out the
+    signal entering each edge and returns undropped signals, the candidates' getting the next mask."""
     keep = columns.keep
     signals, *rest = _SignalScan.apply(*mix.tensors(), columns.weight, edges.weights, edges.biases, columns.rows,
                                        columns.has_edge, columns.pe, edges.sparse_grad, link, edges.edge_base,
