@@ -1,24 +1,14 @@
 """SparseAdamW: AdamW that also takes sparse COO row gradients and updates only the rows they touch, in place
 (`model.sparse_gradients = True` gives the edge tables such gradients; docs/training.md, "Optimizer and precision").
 
-* Dense gradient: exactly `torch.optim.AdamW` (its functional update, bit for bit).
-* Sparse gradient (lazy AdamW, as `torch.optim.SparseAdam`): every row it holds (explicit zero rows too, duplicates
-  summed) takes AdamW's update; untouched rows do not move, their moments do not decay, and weight decay reaches
-  touched rows only. Bias correction counts the `step()` calls in which the parameter had a gradient (one count per
-  parameter, not per row, so one fused pass serves all rows: a row first touched late takes a smaller first step).
-* `lazy_weight_decay=True` (per group): the decay AdamW gives every row at every step, applied when the row is next
-  touched. The state keeps `decay_log`, Σ log(1 − lr_s·wd) over the parameter's steps (a float), and `decayed_at`,
-  the `decay_log` each row was decayed up to (float64, on the CPU); a touched row is first multiplied by
-  exp(decay_log − decayed_at[row]). `apply_pending_weight_decay()` brings every row up to date (before evaluating
-  or saving); training after it continues identically.
-* `first_row_lr_scale` (per group, > 0): row 0 (BriLLM's shared edge) of sparse-gradient parameters takes its Adam
-  step with lr·scale and its decay with lr·wd; a dense gradient refuses it.
-* `moment_dtype="bfloat16"` (per group, float32 parameters): both moments stored in bfloat16 with stochastic
-  rounding, the random bits a hash of (row, column, step, moment) that the torch path and the kernel share.
-
-The state is AdamW's (`step`, `exp_avg`, `exp_avg_sq`), so checkpoints resume across dense and sparse gradients.
-The row update, `adamw_rows`, is one fused Triton pass where the kernel backend picks Triton (triton_optim.py), else
-torch's (row_adamw.py).
+Dense gradients get exactly `torch.optim.AdamW`. A sparse gradient's rows (explicit zero rows too, duplicates summed)
+take AdamW's update; untouched rows do not move, their moments do not decay, weight decay reaches touched rows
+only, and bias correction counts the steps in which the parameter (not the row) had a gradient. Group options:
+`lazy_weight_decay` applies the decay AdamW gives every row at every step when the row is next touched (state:
+`decay_log` = Σ log(1 − lr_s·wd) over the parameter's steps, `decayed_at` = the `decay_log` each row was decayed up
+to, float64 on the CPU; `apply_pending_weight_decay()` brings every row up to date before evaluating or saving);
+`first_row_lr_scale` steps row 0 (the shared edge) with lr·scale, its decay staying lr·wd; `moment_dtype="bfloat16"`
+keeps both moments in bfloat16 with stochastic rounding (docs/gpu.md, "Mixed precision").
 """
 
 import math
@@ -37,8 +27,7 @@ MOMENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, *, unique: bool = False,
                first_row_scale: float = 1.0):
-    """Lazy AdamW on the listed rows of `param` ((n_rows, W) views of it and its moments), in place, through the
-    kernel where the backend picks Triton, else torch."""
+    """Lazy AdamW on the listed rows of (n_rows, W) views, in place: the kernel where the backend picks it, or torch."""
     update = kernel_adamw_rows if kernel_enabled("adamw_rows", param) else ref_adamw_rows
     update(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique, first_row_scale=first_row_scale)
 
@@ -49,12 +38,9 @@ def group_moment_dtype(group) -> torch.dtype:
 
 
 class SparseAdamW(Optimizer):
-    """AdamW for dense and sparse COO gradients; sparse ones update only the rows they touch (module docstring).
-
-    `lr`, `betas`, `eps`, `weight_decay`, `foreach` and `fused` are `torch.optim.AdamW`'s (the dense update takes
-    them exactly as it does); `lazy_weight_decay`, `first_row_lr_scale` and `moment_dtype` are per-group options.
-    Works as any `torch.optim.Optimizer` (schedulers, `state_dict()` / `load_state_dict()`, accelerate).
-    """
+    """AdamW for dense and sparse COO gradients (module docstring). `lr`, `betas`, `eps`, `weight_decay`, `foreach`
+    and `fused` are `torch.optim.AdamW`'s, and the dense update takes them as it does; the other options are per
+    group. Works as any `torch.optim.Optimizer` (schedulers, `state_dict()` / `load_state_dict()`, accelerate)."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  *, foreach: bool | None = None, fused: bool | None = None, lazy_weight_decay: bool = False,
@@ -81,9 +67,8 @@ class SparseAdamW(Optimizer):
         state = self.state[p]
         if len(state) == 0:  # as torch.optim.AdamW: the step on the CPU unless the fused dense kernel is used
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if group.get("fused") else "cpu")
-            dtype = group_moment_dtype(group)
-            state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = torch.zeros_like(p, dtype=group_moment_dtype(group), memory_format=torch.preserve_format)
         return state
 
     @staticmethod
@@ -99,28 +84,21 @@ class SparseAdamW(Optimizer):
 
     @torch.no_grad()
     def apply_pending_weight_decay(self):
-        """Bring every row of every lazily decayed parameter up to date (before evaluating or saving the weights).
-        Training afterwards continues as if this had not been called (up to float rounding)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                state = self.state.get(p, {})
-                if "decayed_at" not in state:
-                    continue
+        """Bring every lazily decayed row up to date (before evaluating or saving); training continues unchanged."""
+        for p in [p for group in self.param_groups for p in group["params"]]:
+            state = self.state.get(p, {})
+            if "decayed_at" in state:
                 stale = (state["decayed_at"] != state["decay_log"]).nonzero().squeeze(1).to(p.device)
                 if stale.numel():
                     self._decay_rows(p, state, stale)
                     state["decayed_at"].fill_(state["decay_log"])
 
     def load_state_dict(self, state_dict):
-        """Optimizer.load_state_dict, which casts floating state to the parameter's dtype, keeping the float64
-        lazy-decay bookkeeping and bfloat16 moments exact."""
+        """Optimizer.load_state_dict, with the float64 decay bookkeeping and bfloat16 moments kept exact."""
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        kept, state = {}, dict(state_dict["state"])
-        for key, value in state.items():
-            if isinstance(value, dict) and "decayed_at" in value:
-                value = dict(value)
-                kept[key] = value.pop("decayed_at")
-                state[key] = value
+        kept = {k: v["decayed_at"] for k, v in state_dict["state"].items() if isinstance(v, dict) and "decayed_at" in v}
+        state = {k: {n: x for n, x in v.items() if n != "decayed_at"} if k in kept else v
+                 for k, v in state_dict["state"].items()}
         super().load_state_dict({**state_dict, "state": state})
         params = [p for g in self.param_groups for p in g["params"]]
         for saved_id, p in zip(saved_ids, params):
@@ -128,10 +106,8 @@ class SparseAdamW(Optimizer):
                 self.state[p]["decayed_at"] = kept[saved_id].to(dtype=torch.float64, device="cpu").clone()
         for group in self.param_groups:  # bfloat16 moments were cast to float32 on the way in: exactly back
             dtype = group_moment_dtype(group)
-            for p in group["params"]:
-                for key in ("exp_avg", "exp_avg_sq"):
-                    if key in self.state.get(p, {}):
-                        self.state[p][key] = self.state[p][key].to(dtype)
+            for state in (self.state[p] for p in group["params"] if p in self.state):
+                state.update({key: state[key].to(dtype) for key in ("exp_avg", "exp_avg_sq") if key in state})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -143,7 +119,7 @@ class SparseAdamW(Optimizer):
         for group in self.param_groups:
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             hyper = (float(lr) if torch.is_tensor(lr) else lr, beta1, beta2, eps, wd)
-            dense = ([], [], [], [], [])
+            dense = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -153,19 +129,18 @@ class SparseAdamW(Optimizer):
                 if p.grad.is_sparse:
                     self._sparse_step(p, state, group, hyper)
                 elif not self._rows_step(p, state, group, hyper):
-                    for lst, item in zip(dense, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
-                        lst.append(item)
-            if dense[0]:
-                _adam_functional(*dense[:4], [], dense[4], foreach=group.get("foreach"), capturable=False,
-                                 differentiable=False, fused=group.get("fused"), grad_scale=None, found_inf=None,
-                                 has_complex=False, decoupled_weight_decay=True, amsgrad=False, beta1=beta1,
-                                 beta2=beta2, lr=hyper[0], weight_decay=wd, eps=eps, maximize=False)
+                    dense.append((p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]))
+            if dense:
+                params, grads, exp_avgs, exp_avg_sqs, steps = (list(column) for column in zip(*dense))
+                _adam_functional(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=group.get("foreach"),
+                                 capturable=False, differentiable=False, fused=group.get("fused"), grad_scale=None,
+                                 found_inf=None, has_complex=False, decoupled_weight_decay=True, amsgrad=False,
+                                 beta1=beta1, beta2=beta2, lr=hyper[0], weight_decay=wd, eps=eps, maximize=False)
         return loss
 
     @staticmethod
     def _rows_step(p, state, group, hyper) -> bool:
-        """A dense gradient: refuse `first_row_lr_scale`; bfloat16 moments update every row through `adamw_rows`
-        (True), float32 ones are left to AdamW's update (False)."""
+        """A dense gradient: with bfloat16 moments every row through `adamw_rows` (True), else AdamW's (False)."""
         if group.get("first_row_lr_scale", 1.0) != 1.0:
             raise RuntimeError("SparseAdamW: first_row_lr_scale needs sparse gradients (set "
                                "model.sparse_gradients = True); a dense gradient updates all rows at once.")
@@ -210,10 +185,8 @@ class SparseAdamW(Optimizer):
 def parameter_groups(model, weight_decay: float, learning_rate: float | None = None, *,
                      lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0,
                      node_lr_scale: float = 1.0) -> list[dict]:
-    """Weight decay on the edge matrices (`...weights`) only; biases and position weights are not decayed. The
-    recipe options are SparseAdamW's group options: `shared_edge_lr_scale` scales row 0 of the edge tables,
-    `node_lr_scale` the per-node parameters (`node_bias`, `non_edge_bias`). The defaults give the plain two groups.
-    """
+    """Weight decay on the edge matrices (`...weights`) only; `shared_edge_lr_scale` scales the rate of row 0 of the
+    edge tables, `node_lr_scale` that of `node_bias` and `non_edge_bias` (SparseAdamW's group options)."""
     named = list(model.named_parameters())
     edge = [p for n, p in named if n.endswith("weights")]
     if not lazy_weight_decay and shared_edge_lr_scale == 1.0 and node_lr_scale == 1.0:

@@ -9,8 +9,7 @@ _GATHER_CHUNK_ELEMS = 1 << 22  # elements per chunk of the gather path (16 MB of
 
 
 def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, hyper):
-    """AdamW in place on lists of row ranges that share one step count: torch's fused kernel, else (where it
-    cannot run) torch's single-tensor arithmetic."""
+    """AdamW in place on row ranges sharing one step: torch's fused kernel, or where it cannot run its arithmetic."""
     lr, beta1, beta2, eps, weight_decay = hyper
     step = step.to(params[0].device)  # the fused kernel wants the step where the parameters are
     try:
@@ -29,8 +28,7 @@ def _rows_adamw(params, grads, exp_avgs, exp_avg_sqs, step, hyper):
 
 
 def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's 32-bit finaliser on int64 tensors holding uint32 values (products wrap: only the low 32 bits
-    are kept, exactly as uint32 arithmetic in the Triton kernel)."""
+    """MurmurHash3's 32-bit finaliser on int64 tensors of uint32 values (low 32 bits kept, as the kernel's uint32)."""
     x = x ^ (x >> 16)
     x = (x * 0x85EBCA6B) & 0xFFFFFFFF
     x = x ^ (x >> 13)
@@ -39,9 +37,8 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def rounding_bits(rows: torch.Tensor, columns: torch.Tensor, step: int, moment: int) -> torch.Tensor:
-    """(len(rows), len(columns)) random 16-bit values (int32 in [0, 65536)) for the elements (row, column) at
-    `step`, for moment 0 (exp_avg) or 1 (exp_avg_sq): a hash of the row xor a hash of the column, drawn anew every
-    step; the function of `triton_optim._round_bf16`."""
+    """(len(rows), len(columns)) random 16-bit values (int32) at `step` for moment 0 (exp_avg) or 1 (exp_avg_sq): a
+    hash of the row xor a hash of the column, the function of `triton_optim._round_bf16`."""
     key = int(_fmix32(torch.tensor((step * 0x9E3779B1) ^ (moment * 0x7F4A7C15)) & 0xFFFFFFFF))
     row_bits = _fmix32((rows & 0xFFFFFFFF) ^ _fmix32(((rows >> 32) + key) & 0xFFFFFFFF))
     column_bits = _fmix32((columns.to(torch.int64) + (key ^ 0x5BD1E995)) & 0xFFFFFFFF)
@@ -89,8 +86,7 @@ def update_entries(P2, M2, V2, rows, values, positions, step, hyper):
 
 
 def _update_rows_rounded(P2, M2, V2, rows, grads, step, hyper):
-    """AdamW on `rows` (unique) with gradient rows `grads`, from bfloat16 moments computed in float32 and stored
-    back stochastically rounded: `triton_optim._sparse_adamw_kernel`'s arithmetic, in bounded chunks."""
+    """AdamW on `rows` (unique) from bfloat16 moments, stochastically rounded back: the kernel's arithmetic."""
     lr, beta1, beta2, eps, wd = hyper
     t = float(step)
     step_size, bc2_sqrt = lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5
@@ -113,24 +109,20 @@ def coalesce_rows(rows: torch.Tensor, values: torch.Tensor):
     """(rows, values) with duplicate rows summed and rows sorted; unchanged (no copy) when already increasing."""
     if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
         uniq, inverse = torch.unique(rows, return_inverse=True)
-        values = values.new_zeros(uniq.numel(), values.shape[1]).index_add_(0, inverse, values)
-        rows = uniq
+        rows, values = uniq, values.new_zeros(uniq.numel(), values.shape[1]).index_add_(0, inverse, values)
     return rows, values
 
 
 def adamw_rows(P2, M2, V2, rows, values, step, hyper, unique: bool = False, first_row_scale: float = 1.0):
-    """Lazy AdamW on the listed rows of `P2` and its moments `M2`, `V2` ((n_rows, W) views), in place: the torch
-    twin of `triton_optim.sparse_adamw_rows` (same arguments). `values[e]` is entry e's gradient row; duplicate
-    rows are summed unless `unique`; `hyper` = (lr, beta1, beta2, eps, weight_decay); row 0 takes its Adam step with
-    lr·first_row_scale (its weight decay stays lr·wd)."""
+    """Lazy AdamW on `rows` of the (n_rows, W) views `P2`, `M2`, `V2`, in place; `values[e]` is entry e's gradient
+    row (duplicates summed unless `unique`), `hyper` = (lr, beta1, beta2, eps, weight_decay)."""
     if rows.numel() == 0:
         return
     if first_row_scale != 1.0:
         if not unique:  # the split below needs unique rows
             rows, values = coalesce_rows(rows, values)
         if bool((rows == 0).any()):
-            lr, beta1, beta2, eps, wd = hyper
-            scaled = (lr * first_row_scale, beta1, beta2, eps, wd / first_row_scale)
+            scaled = (hyper[0] * first_row_scale, *hyper[1:4], hyper[4] / first_row_scale)
             update_entries(P2, M2, V2, rows, values, (rows == 0).nonzero().squeeze(1), step, scaled)
             update_entries(P2, M2, V2, rows, values, (rows != 0).nonzero().squeeze(1), step, hyper)
             return
@@ -142,8 +134,7 @@ def adamw_rows(P2, M2, V2, rows, values, step, hyper, unique: bool = False, firs
 
 
 def _update_duplicated(P2, M2, V2, rows, values, step, hyper):
-    """Unsorted or duplicated rows: one sort of the indices; only the duplicated entries are summed (into their own
-    contiguous buffer, rows sorted), the single ones are updated from the values in place."""
+    """Unsorted or duplicated rows: only the duplicated entries are summed (into a buffer), the others read in place."""
     uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
     dup_entry = counts[inverse] > 1
     if not bool(dup_entry.any()):

@@ -40,16 +40,13 @@ if triton is not None:
         return ((raw + bits) & 0xFFFF0000).to(tl.float32, bitcast=True).to(tl.bfloat16)
 
     @triton.jit
-    def _sparse_adamw_kernel(
-        p_ptr, m_ptr, v_ptr, g_ptr,  # (n_rows, W) parameter and moments, (entries, W) gradient values
-        rows_ptr, entries_ptr,  # (nnz,) row of every entry (sorted unless UNIQUE), (nnz,) its values row
-        step_ptr,  # the step count when it lives on the device
-        nnz, W: tl.constexpr,
-        lr, beta1, beta2, eps, decay, step_size, bc2_sqrt, log_beta1, log_beta2, first_row_scale, step_host,
-        HAS_ENTRIES: tl.constexpr, UNIQUE: tl.constexpr, STEP_ON_DEVICE: tl.constexpr, ROUNDED: tl.constexpr,
-        BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
-    ):
-        """AdamW on a tile of rows × columns: per-row quantities are (BLOCK_R, 1), per-column ones (1, BLOCK_W)."""
+    def _sparse_adamw_kernel(p_ptr, m_ptr, v_ptr, g_ptr, rows_ptr, entries_ptr, step_ptr, nnz, W: tl.constexpr,
+                             lr, beta1, beta2, eps, decay, step_size, bc2_sqrt, log_beta1, log_beta2, first_row_scale,
+                             step_host, HAS_ENTRIES: tl.constexpr, UNIQUE: tl.constexpr, STEP_ON_DEVICE: tl.constexpr,
+                             ROUNDED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+        """AdamW on a tile of rows × columns of p, m, v (n_rows, W) from g (entries, W): `rows_ptr` (nnz,) the row of
+        every entry (sorted unless UNIQUE), `entries_ptr` its values row, `step_ptr` the step count on the device.
+        Per-row quantities are (BLOCK_R, 1), per-column ones (1, BLOCK_W)."""
         k = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
         in_k = k < nnz
@@ -124,8 +121,7 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
     on_device = step.device.type != "cpu" if step_in_kernel is None else step_in_kernel
     t = 0 if on_device else float(step)
     step_size, bc2_sqrt = (1.0, 1.0) if on_device else (lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5)
-    log_beta1 = math.log(beta1) if beta1 > 0 else float("-inf")
-    log_beta2 = math.log(beta2) if beta2 > 0 else float("-inf")
+    log_beta1, log_beta2 = (math.log(beta) if beta > 0 else float("-inf") for beta in (beta1, beta2))
     BLOCK_W = min(triton.next_power_of_2(W), _TILE)
     BLOCK_R = max(1, _TILE // BLOCK_W)
     grid = (triton.cdiv(n, BLOCK_R), triton.cdiv(W, BLOCK_W))
