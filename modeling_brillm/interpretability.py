@@ -1,30 +1,15 @@
-"""Look inside a BriLLM: the energy each step of a text's path delivers, and a picture of the path.
-
-BriLLM reads a text as a path through its token graph: the signal sits on token t and every edge t→v delivers an
-energy E_v (the L2 norm of the edge's output, which is also the logit); the model "predicts" the node receiving the
-most energy. `energy_trace(model, text_or_ids)` records, for every position t of the text:
-
-    the current node (token t), the true next node (token t+1), the energy its edge delivers, its rank among all V
-    nodes (1 = the strongest), its probability (softmax over all V energies), the node the model would have picked
-    (argmax), whether the edge t→t+1 is a real edge of the graph or the shared one, and the strongest other nodes
-    with their energies.
-
-The result is an `EnergyTrace`: tensors (`to_dict()`), a list of `TraceStep` dataclasses (`steps()`), or JSON-ready
-records (`to_records()`). `plot_energy_path(trace, "path.png")` draws the signal's path with its energies (PNG, SVG
-or PDF, chosen by the file extension; needs matplotlib, imported only there).
-
-This module imports nothing beyond torch (the model is used duck-typed), so it may ship with saved models.
-"""
+"""Look inside a BriLLM: `energy_trace` records the energy each step of a text's path delivers to the true next
+node (rank, probability, the model's pick, the runner-ups), `plot_energy_path` draws it (docs/explorer.md)."""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
-__all__ = ["EnergyTrace", "TraceStep", "energy_trace", "plot_energy_path"]
+from .decoding import path_fields, step_record, token_text
 
 
 @dataclass
@@ -47,18 +32,7 @@ class TraceStep:
     alternative_texts: list[str] | None = None
 
     def to_record(self) -> dict:
-        record = {
-            "position": self.position, "source": self.source, "target": self.target, "energy": self.energy,
-            "rank": self.rank, "probability": self.probability, "predicted": self.predicted,
-            "predicted_energy": self.predicted_energy, "real_edge": self.real_edge,
-            "alternatives": [{"token": t, "energy": e} for t, e in self.alternatives],
-        }
-        if self.source_text is not None:
-            record.update(source_text=self.source_text, target_text=self.target_text,
-                          predicted_text=self.predicted_text)
-            for alt, text in zip(record["alternatives"], self.alternative_texts or []):
-                alt["text"] = text
-        return record
+        return step_record(self, self.source_text is not None)
 
 
 @dataclass
@@ -86,9 +60,7 @@ class EnergyTrace:
     @property
     def nll(self) -> float:
         """Mean negative log-likelihood of the path's next tokens (nats per token)."""
-        if len(self) == 0:
-            return float("nan")
-        return float(-self.probabilities.double().clamp_min(1e-300).log().mean())
+        return float(-self.probabilities.double().clamp_min(1e-300).log().mean()) if len(self) else float("nan")
 
     @property
     def perplexity(self) -> float:
@@ -102,13 +74,10 @@ class EnergyTrace:
     def steps(self) -> list[TraceStep]:
         out = []
         for t in range(len(self)):
-            step = TraceStep(
-                position=t, source=int(self.tokens[t]), target=int(self.tokens[t + 1]),
-                energy=float(self.energies[t]), rank=int(self.ranks[t]), probability=float(self.probabilities[t]),
-                predicted=int(self.predicted[t]), predicted_energy=float(self.predicted_energies[t]),
-                real_edge=bool(self.real_edges[t]),
-                alternatives=list(zip(self.alternative_tokens[t].tolist(), self.alternative_energies[t].tolist())),
-            )
+            step = TraceStep(t, int(self.tokens[t]), int(self.tokens[t + 1]), float(self.energies[t]),
+                             int(self.ranks[t]), float(self.probabilities[t]), int(self.predicted[t]),
+                             float(self.predicted_energies[t]), bool(self.real_edges[t]),
+                             list(zip(self.alternative_tokens[t].tolist(), self.alternative_energies[t].tolist())))
             if self.token_texts is not None:
                 step.source_text, step.target_text = self.token_texts[t], self.token_texts[t + 1]
                 step.predicted_text = self.predicted_texts[t] if self.predicted_texts else None
@@ -122,15 +91,8 @@ class EnergyTrace:
 
     def to_dict(self) -> dict:
         """The trace as a dict of tensors (and token texts when known)."""
-        d = {name: getattr(self, name) for name in (
-            "tokens", "energies", "ranks", "probabilities", "predicted", "predicted_energies", "real_edges",
-            "alternative_tokens", "alternative_energies")}
-        d["vocab_size"] = self.vocab_size
-        if self.token_texts is not None:
-            d["token_texts"] = self.token_texts
-            d["alternative_texts"] = self.alternative_texts
-            d["predicted_texts"] = self.predicted_texts
-        return d
+        texts = ("token_texts", "alternative_texts", "predicted_texts") if self.token_texts is None else ()
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("text", *texts)}
 
     def summary(self) -> dict:
         return {"tokens": int(self.tokens.numel()), "steps": len(self), "perplexity": self.perplexity,
@@ -138,80 +100,60 @@ class EnergyTrace:
                 "mean_rank": float(self.ranks.float().mean()) if len(self) else float("nan")}
 
 
-def _token_texts(tokenizer, ids) -> list[str]:
-    return [tokenizer.decode([int(i)], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
-
-
-@torch.no_grad()
-def energy_trace(model, text_or_ids, tokenizer=None, top_k: int = 5, add_special_tokens: bool = True) -> EnergyTrace:
-    """Energy trace of one sequence: a string (needs `tokenizer`; its BOS is prepended when the tokenizer adds one),
-    or token ids (list of ints, 1-D tensor, or a (1, T) tensor). Needs at least two tokens (one edge).
-
-    `top_k` alternatives per step: the strongest nodes other than the true next one.
-    """
-    config = model.config
-    V = int(config.vocab_size)
-    text = None
+def _trace_ids(config, text_or_ids, tokenizer) -> torch.Tensor:
+    """The sequence as (T,) CPU ids, checked: at least two tokens, in the vocabulary, within the positions."""
     if isinstance(text_or_ids, str):
         if tokenizer is None:
             raise ValueError("a text needs its tokenizer: energy_trace(model, text, tokenizer=tokenizer).")
-        text = text_or_ids
-        ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-        ids = torch.tensor(ids, dtype=torch.long)
+        ids = torch.tensor(tokenizer(text_or_ids)["input_ids"], dtype=torch.long)
     else:
         ids = torch.as_tensor(text_or_ids)
         if ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(f"token ids must be integers, got dtype {ids.dtype}.")
-        if ids.dim() == 2:
-            if ids.shape[0] != 1:
-                raise ValueError(f"energy_trace reads one sequence; got a batch of {ids.shape[0]} (loop over rows).")
-            ids = ids[0]
+        if ids.dim() == 2 and ids.shape[0] != 1:
+            raise ValueError(f"energy_trace reads one sequence; got a batch of {ids.shape[0]} (loop over rows).")
+        ids = ids[0] if ids.dim() == 2 else ids
         if ids.dim() != 1:
             raise ValueError(f"token ids must be 1-D (or (1, T)), got shape {tuple(ids.shape)}.")
         ids = ids.long().cpu()  # the trace is built on the CPU whatever device the ids (or the model) are on
+    V, M = int(config.vocab_size), config.max_position_embeddings
     if ids.numel() < 2:
-        raise ValueError(
-            f"the sequence holds {ids.numel()} token(s); a trace needs at least two (one edge of the path)."
-        )
-    if int(ids.min()) < 0 or int(ids.max()) >= V:
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}) of this model.")
-    if ids.numel() > config.max_position_embeddings and getattr(config, "position_overflow", "error") != "extend":
-        raise ValueError(
-            f"the sequence holds {ids.numel()} tokens, more than max_position_embeddings="
-            f"{config.max_position_embeddings}; trace a shorter text (or split it into blocks), or set "
-            'model.config.position_overflow="extend" to read past the trained range.'
-        )
+        raise ValueError(f"the sequence holds {ids.numel()} token(s); a trace needs at least two (one edge of the "
+                         "path).")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= V:
+        raise ValueError(f"token id {low if low < 0 else high} is outside the vocabulary [0, {V}) of this model.")
+    if ids.numel() > M and getattr(config, "position_overflow", "error") != "extend":
+        raise ValueError(f"the sequence holds {ids.numel()} tokens, more than max_position_embeddings={M}; trace a "
+                         'shorter text (or split it into blocks), or set model.config.position_overflow="extend" to '
+                         "read past the trained range.")
+    return ids
+
+
+@torch.no_grad()
+def energy_trace(model, text_or_ids, tokenizer=None, top_k: int = 5) -> EnergyTrace:
+    """Energy trace of one sequence: a string (needs `tokenizer`; its BOS is prepended when the tokenizer adds one),
+    or token ids (list of ints, 1-D tensor, or a (1, T) tensor); at least two tokens. `top_k` alternatives per step:
+    the strongest nodes other than the true next one."""
+    ids = _trace_ids(model.config, text_or_ids, tokenizer)
+    V = int(model.config.vocab_size)
     device = getattr(model, "device", torch.device("cpu"))
     logits = model(ids.unsqueeze(0).to(device), use_cache=False).logits[0, :-1].float().cpu()  # (T-1, V)
-    target = ids[1:]
-    energy = logits.gather(1, target.unsqueeze(1)).squeeze(1)
-    ranks = 1 + (logits > energy.unsqueeze(1)).sum(1)
-    probs = torch.softmax(logits, dim=-1).gather(1, target.unsqueeze(1)).squeeze(1)
+    path = path_fields(logits, torch.softmax(logits, dim=-1), ids[:-1], ids[1:], max(0, min(int(top_k), V - 1)))
     predicted_energy, predicted = logits.max(dim=1)
-    k = max(0, min(int(top_k), V - 1))
-    others = logits.scatter(1, target.unsqueeze(1), float("-inf"))
-    top = torch.topk(others, k, dim=1)
     if hasattr(model, "edge_rows"):
-        real = (model.edge_rows(ids[:-1].to(device), target.to(device)) != 0).cpu()
+        real = (model.edge_rows(ids[:-1].to(device), ids[1:].to(device)) != 0).cpu()
     else:
-        real = torch.ones_like(target, dtype=torch.bool)
-    trace = EnergyTrace(
-        tokens=ids, energies=energy, ranks=ranks, probabilities=probs, predicted=predicted,
-        predicted_energies=predicted_energy, real_edges=real, alternative_tokens=top.indices,
-        alternative_energies=top.values, vocab_size=V, text=text,
-    )
+        real = torch.ones(len(ids) - 1, dtype=torch.bool)
+    alternatives = path["alternative_tokens"]
+    trace = EnergyTrace(ids, path["energies"], path["ranks"], path["probabilities"], predicted, predicted_energy, real,
+                        alternatives, path["alternative_energies"], V,
+                        text=text_or_ids if isinstance(text_or_ids, str) else None)
     if tokenizer is not None:
-        trace.token_texts = _token_texts(tokenizer, ids.tolist())
-        vocab_texts = {}
-
-        def text_of(i):
-            if i not in vocab_texts:
-                vocab_texts[i] = _token_texts(tokenizer, [i])[0]
-            return vocab_texts[i]
-
-        trace.alternative_texts = [[text_of(i) for i in row] for row in top.indices.tolist()]
-        trace.predicted_texts = [text_of(i) for i in predicted.tolist()]
+        trace.token_texts = [token_text(tokenizer, i) for i in ids.tolist()]
+        texts = {i: token_text(tokenizer, i) for i in {*alternatives.flatten().tolist(), *predicted.tolist()}}
+        trace.alternative_texts = [[texts[i] for i in row] for row in alternatives.tolist()]
+        trace.predicted_texts = [texts[i] for i in predicted.tolist()]
     return trace
 
 
@@ -220,18 +162,16 @@ def _label(text: str | None, token: int) -> str:
         return str(token)
     shown = text.replace("\n", "\\n")
     if shown.strip() == "":
-        shown = repr(shown)[1:-1] if shown else "''"
-        shown = shown.replace(" ", "\u2423")  # visible space
+        shown = (repr(shown)[1:-1] if shown else "''").replace(" ", "\u2423")  # visible space
     return shown if len(shown) <= 12 else shown[:11] + "\u2026"
 
 
-def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, title: str | None = None,
-                     max_steps: int = 80, dpi: int = 120):
-    """Draw the signal's path through the graph: the text's tokens along the bottom row, each edge t→t+1 coloured
-    by the energy it delivers and labelled with that energy and its rank; above every step, the `top_k` strongest
-    other nodes with thinner, fainter edges. The format follows `path`'s extension (.png, .svg, .pdf, ...); long
-    traces are cut to their first `max_steps` steps. Returns the path written."""
+def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, max_steps: int = 80):
+    """Draw the signal's path: the text's tokens along the bottom row, each edge t→t+1 coloured by the energy it
+    delivers and labelled with it and its rank; above every step the `top_k` strongest other nodes, fainter. The
+    format follows `path`'s extension (.png, .svg, .pdf, ...); the first `max_steps` steps. Returns the path."""
     try:
+        import matplotlib
         from matplotlib import cm, colors
         from matplotlib.figure import Figure
     except ImportError as error:  # optional dependency: keep it out of the module's import list
@@ -243,27 +183,25 @@ def plot_energy_path(trace: EnergyTrace, path, top_k: int | None = 3, title: str
     n = min(len(trace), max_steps)
     if n == 0:
         raise ValueError("the trace has no steps to draw (it needs at least two tokens).")
-    k = (trace.alternative_tokens.shape[1] if top_k is None
-         else max(0, min(int(top_k), trace.alternative_tokens.shape[1])))
+    k = trace.alternative_tokens.shape[1]
+    k = k if top_k is None else max(0, min(int(top_k), k))
     alt_e = trace.alternative_energies[:n, :k]
     finite = torch.cat([trace.energies[:n], alt_e.flatten()])
     finite = finite[torch.isfinite(finite)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
     norm = colors.Normalize(vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1.0)
-    cmap = cm.get_cmap("viridis") if hasattr(cm, "get_cmap") else __import__("matplotlib").colormaps["viridis"]
-    fig = Figure(figsize=(min(2.0 + 1.15 * (n + 1), 60.0), 2.2 + 0.9 * (k + 1)), dpi=dpi)
+    cmap = matplotlib.colormaps["viridis"]
+    fig = Figure(figsize=(min(2.0 + 1.15 * (n + 1), 60.0), 2.2 + 0.9 * (k + 1)), dpi=120)
     ax = fig.add_subplot(1, 1, 1)
     for t in range(n):
         _draw_step(ax, trace, t, alt_e[t], norm, cmap)
     for t in range(n + 1):
-        token = int(trace.tokens[t])
         ax.scatter([t], [0], s=420, color="white", edgecolors="black", linewidths=1.2, zorder=4)
-        ax.text(t, 0, _label(trace.token_texts[t] if trace.token_texts else None, token), ha="center", va="center",
-                fontsize=8, fontweight="bold", zorder=5)
-    _frame(ax, trace, n, k, title)
-    mappable = cm.ScalarMappable(norm=norm, cmap=cmap)
-    mappable.set_array([])
-    fig.colorbar(mappable, ax=ax, fraction=0.025, pad=0.01).set_label("logit (edge energy + node offsets)", fontsize=8)
+        ax.text(t, 0, _label(trace.token_texts[t] if trace.token_texts else None, int(trace.tokens[t])), ha="center",
+                va="center", fontsize=8, fontweight="bold", zorder=5)
+    _frame(ax, trace, n, k)
+    fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.025, pad=0.01).set_label(
+        "logit (edge energy + node offsets)", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, format=ext)
@@ -289,18 +227,14 @@ def _draw_step(ax, trace, t: int, alt_e, norm, cmap):
                 fontsize=7, zorder=3, alpha=0.8)
 
 
-def _frame(ax, trace, n: int, k: int, title):
+def _frame(ax, trace, n: int, k: int):
     """The axes, their labels and the title."""
     ax.set_xlim(-0.7, n + 0.7)
     ax.set_ylim(-1.0, k + 0.7)
-    ax.set_yticks([0] + list(range(1, k + 1)))
-    ax.set_yticklabels(["path"] + [f"alt {j}" for j in range(1, k + 1)], fontsize=7)
-    ax.set_xticks(range(n + 1))
-    ax.set_xticklabels([str(t) for t in range(n + 1)], fontsize=6)
+    ax.set_yticks(range(k + 1), ["path"] + [f"alt {j}" for j in range(1, k + 1)], fontsize=7)
+    ax.set_xticks(range(n + 1), [str(t) for t in range(n + 1)], fontsize=6)
     ax.set_xlabel("position (edge labels: energy delivered to the true next node, #rank among all nodes)", fontsize=8)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
-    summary = trace.summary()
-    ax.set_title(title or (f"BriLLM energy path: {summary['steps']} steps, perplexity {summary['perplexity']:.2f}, "
-                           f"top-1 {summary['top1_accuracy']:.0%}"
-                           + (f" (first {n} steps shown)" if n < len(trace) else "")), fontsize=9)
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    shown = f" (first {n} steps shown)" if n < len(trace) else ""
+    ax.set_title(f"BriLLM energy path: {len(trace)} steps, perplexity {trace.perplexity:.2f}, top-1 "
+                 f"{trace.accuracy:.0%}{shown}", fontsize=9)
