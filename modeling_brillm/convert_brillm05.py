@@ -1,13 +1,10 @@
-"""Convert a released BriLLM0.5 checkpoint into a Hugging Face folder.
+"""Convert a released BriLLM0.5 checkpoint into a Hugging Face folder (docs/model.md, "Checkpoint formats").
 
     python -m modeling_brillm.convert_brillm05 --checkpoint model.bin --vocab vocab.json \
         [--word-frequency word_frequency.json] [--tokenizer tokenizer.json] --output-dir DIR
 
-The release's four tensors keep their names and shapes; their rows are already in this package's order
-(real edges sorted by (source, target), shared edge in row 0), so nothing is copied or reordered: the
-checkpoint is memory-mapped and written straight to safetensors. Without a frequency file the graph is dense;
-with one, a pair listed with count 0 is shared and every other pair is a real edge (docs/model.md, "Checkpoint
-formats").
+The release's rows are already in this package's order, so the memory-mapped tensors go straight to safetensors.
+Without a frequency file the graph is dense; with one, a pair listed with count 0 is shared, every other is real.
 """
 
 import argparse
@@ -34,8 +31,7 @@ def _read_json(path, what):
     if not path.is_file():
         raise ConversionError(f"{what} file not found: {path}")
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ConversionError(f"{what} file {path} is not valid JSON: {error}") from error
 
@@ -54,10 +50,15 @@ def load_released_state_dict(checkpoint) -> dict[str, torch.Tensor]:
     state = {key.removeprefix("module."): value for key, value in state.items()}
     missing = [name for name in RELEASED_TENSORS if name not in state]
     if missing:
-        raise ConversionError(
-            f"{checkpoint} is not a BriLLM0.5 checkpoint: missing {missing} (found {sorted(state)[:8]})."
-        )
+        raise ConversionError(f"{checkpoint} is not a BriLLM0.5 checkpoint: missing {missing} (found "
+                              f"{sorted(state)[:8]}).")
     return {name: state[name] for name in RELEASED_TENSORS}
+
+
+def _vocab_index(vocab, token, what) -> int:
+    if token not in vocab:
+        raise ConversionError(f"word-frequency {what} token {token!r} is not in the vocab file.")
+    return vocab[token]
 
 
 def released_graph(vocab: dict[str, int], word_frequency: dict | None) -> BigramGraph | None:
@@ -68,20 +69,12 @@ def released_graph(vocab: dict[str, int], word_frequency: dict | None) -> Bigram
     shared = torch.zeros(V, V, dtype=torch.bool)
     counts = torch.zeros(V, V, dtype=torch.long)
     for source, targets in word_frequency.items():
-        if source not in vocab:
-            raise ConversionError(f"word-frequency source token {source!r} is not in the vocab file.")
-        u = vocab[source]
+        u = _vocab_index(vocab, source, "source")
         for target, count in targets.items():
-            if target not in vocab:
-                raise ConversionError(f"word-frequency target token {target!r} is not in the vocab file.")
-            v = vocab[target]
-            if count == 0:
-                shared[u, v] = True
-            else:
-                counts[u, v] = int(count)
+            v = _vocab_index(vocab, target, "target")
+            shared[u, v], counts[u, v] = count == 0, int(count)
     real = ~shared
-    indptr = torch.zeros(V + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(real.sum(1), 0)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.long), real.sum(1).cumsum(0)])
     return BigramGraph(indptr=indptr, indices=real.nonzero()[:, 1].contiguous(), counts=counts[real])
 
 
@@ -102,23 +95,14 @@ def convert(checkpoint, vocab_file, output_dir, word_frequency_file=None, tokeni
     expected = (graph.num_edges if graph is not None else V * V) + 1
     if rows != expected:
         hint = "pass the word-frequency file it was trained with" if graph is None else "check the word-frequency file"
-        raise ConversionError(
-            f"checkpoint has {rows} edge rows but the {'dense' if graph is None else 'sparse'} graph needs "
-            f"{expected} (real edges + shared): {hint}."
-        )
-
+        raise ConversionError(f"checkpoint has {rows} edge rows but the {'dense' if graph is None else 'sparse'} "
+                              f"graph needs {expected} (real edges + shared): {hint}.")
     tokenizer = _released_tokenizer(tokenizer_file, vocab_file, vocab)
-    special = {}
-    if tokenizer is not None:
-        special = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad", "unk")}
-    config = BriLLMConfig(
-        vocab_size=V,
-        node_size=d,
-        max_position_embeddings=state["positions"].shape[1],
-        graph="dense" if graph is None else "sparse",
-        num_edges=None if graph is None else graph.num_edges,
-        **special,
-    )
+    special = {} if tokenizer is None else {
+        f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad", "unk")}
+    config = BriLLMConfig(vocab_size=V, node_size=d, max_position_embeddings=state["positions"].shape[1],
+                          graph="dense" if graph is None else "sparse",
+                          num_edges=None if graph is None else graph.num_edges, **special)
     with torch.device("meta"):  # no allocation: the mmapped tensors become the parameters
         model = BriLLMForCausalLM(config)
     tensors = dict(state)
@@ -135,18 +119,14 @@ def convert(checkpoint, vocab_file, output_dir, word_frequency_file=None, tokeni
 
 def _released_tokenizer(tokenizer_file, vocab_file, vocab):
     """The English BPE tokenizer when given; a character tokenizer for a character vocab (the Chinese release)."""
-    try:
-        from tokenization import load_released_char_vocab, load_released_tokenizer
-    except ImportError:  # the package is installed without the tokenization helpers
-        return None
+    from tokenization import load_released_char_vocab, load_released_tokenizer
     if tokenizer_file:
         tokenizer = load_released_tokenizer(tokenizer_file)
         mismatched = [t for t, i in vocab.items() if tokenizer.convert_tokens_to_ids(t) != i]
         if mismatched:
-            raise ConversionError(
-                f"tokenizer {tokenizer_file} numbers {len(mismatched)} vocab tokens differently from {vocab_file} "
-                f"(e.g. {mismatched[:3]}): use the tokenizer the checkpoint was trained with."
-            )
+            raise ConversionError(f"tokenizer {tokenizer_file} numbers {len(mismatched)} vocab tokens differently "
+                                  f"from {vocab_file} (e.g. {mismatched[:3]}): use the tokenizer the checkpoint was "
+                                  "trained with.")
         return tokenizer
     if all(len(token) == 1 or token.startswith("<") for token in vocab):
         return load_released_char_vocab(vocab_file)
@@ -166,10 +146,8 @@ def main(argv=None):
     except ConversionError as error:
         parser.exit(2, f"error: {error}\n")
     config = model.config
-    print(
-        f"wrote {os.path.abspath(args.output_dir)}: {config.graph} graph, V={config.vocab_size}, d={config.node_size}, "
-        f"{config.num_edges} real edges, {config.num_parameters_formula() / 1e9:.3f}B parameters"
-    )
+    print(f"wrote {os.path.abspath(args.output_dir)}: {config.graph} graph, V={config.vocab_size}, d={config.node_size}"
+          f", {config.num_edges} real edges, {config.num_parameters_formula() / 1e9:.3f}B parameters")
     return 0
 
 

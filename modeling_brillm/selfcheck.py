@@ -1,11 +1,6 @@
-"""`python -m modeling_brillm.selfcheck`: check BriLLM's Triton kernels on this machine, and time them.
-
-Prints the versions that matter, then every kernel's check against its torch reference (the same check the model
-runs the first time it meets a GPU: a failing kernel is switched off there and the torch path runs instead), then
-a short speed comparison of the torch path and the kernels. Paste the output into a bug report.
-
-Without a GPU the model runs the torch path and there is nothing to time; the correctness part can still run the
-kernels on CPU tensors in Triton's interpreter:
+"""`python -m modeling_brillm.selfcheck`: check BriLLM's Triton kernels on this machine against their torch paths
+(the check the model runs the first time it meets a GPU, switching a failing kernel off), and time them.
+Paste the output into a bug report (docs/gpu.md). Without a GPU, Triton's interpreter runs the correctness part:
 
     TRITON_INTERPRET=1 BRILLM_BACKEND=triton python -m modeling_brillm.selfcheck
 """
@@ -29,19 +24,18 @@ from .recurrence import signal_scan as ref_signal_scan
 from .state import Columns, Mix
 from .tables import EdgeTable, GraphView, StepAt
 
+TOLERANCE = 1e-5  # largest error allowed, relative to the torch path's largest value (the kernels' own tests')
+
 
 def _versions(device) -> list[str]:
     """The lines a bug report needs: python, torch, triton, the GPU, the backend chosen."""
-    lines = [f"python {platform.python_version()}, torch {torch.__version__}"]
-    if HAVE_TRITON:
-        lines.append(f"triton {importlib.metadata.version('triton')}" + (" (interpreter)" if interpreting() else ""))
-    else:
-        lines.append("triton not installed (pip install triton, or brillm[gpu])")
+    lines = [f"python {platform.python_version()}, torch {torch.__version__}",
+             f"triton {importlib.metadata.version('triton')}" + (" (interpreter)" if interpreting() else "")
+             if HAVE_TRITON else "triton not installed (pip install triton, or brillm[gpu])"]
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         lines.append(f"GPU {props.name}, compute capability {props.major}.{props.minor}, CUDA {torch.version.cuda}")
-    lines.append(f"BRILLM_BACKEND={current_backend()}")
-    return lines
+    return lines + [f"BRILLM_BACKEND={current_backend()}"]
 
 
 def _pick_device(requested: str | None):
@@ -63,11 +57,9 @@ def _problem(device, V=9, d=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     mask = torch.rand(V, V, generator=g) < 0.5
     mask[V - 1], mask[0] = False, True
-    src, tgt = mask.nonzero(as_tuple=True)
-    graph = graph_from_edges(src, tgt, V)
-    P = graph.num_edges + 1
-    weights = (torch.randn(P, d, d, generator=g) * 0.5).to(device)
-    biases = (torch.randn(P, 1, d, generator=g) * 0.5).to(device)
+    graph = graph_from_edges(*mask.nonzero(as_tuple=True), V)
+    weights = (torch.randn(graph.num_edges + 1, d, d, generator=g) * 0.5).to(device)
+    biases = (torch.randn(graph.num_edges + 1, 1, d, generator=g) * 0.5).to(device)
     indptr, indices = graph.indptr.to(device), graph.indices.to(device)
     return g, GraphView(indptr, indices, ops.edge_keys(indptr, indices, V), V), weights, biases
 
@@ -107,13 +99,8 @@ def _successor_outputs(kernel: bool, device):
         return [run(x, pe, edges, sources, graph, graph.max_degree)]
 
 
-def _scan_outputs(kernel: bool, device):
-    """A plain scan, and one with the matrix every edge shares, signal dropout and the nodes' own vectors."""
-    return _one_scan(kernel, device, False) + _one_scan(kernel, device, True)
-
-
 def _one_scan(kernel: bool, device, options: bool):
-    """Signals, final mix and every gradient of a (3, 6) scan with a padded column and a first token."""
+    """Signals, mix and gradients of a (3, 6) scan; `options`: the shared matrix, dropout and the nodes' vectors."""
     g, _, weights, biases = _problem(device, seed=2)
     P, d, B, L = weights.shape[0], weights.shape[-1], 3, 6
     rows = torch.randint(0, P, (B, L), generator=g).to(device)
@@ -137,21 +124,15 @@ def _one_scan(kernel: bool, device, options: bool):
     return outputs + [t.grad for t in leaves]
 
 
-def _decode_outputs(kernel: bool, device):
-    """A decode step without and with the matrix every edge shares and the nodes' own vectors."""
-    return _one_decode(kernel, device, False) + _one_decode(kernel, device, True)
-
-
 def _one_decode(kernel: bool, device, options: bool):
-    """Logits and mix of one decode step of 4 rows: a real edge, a non-edge, a node without successors."""
+    """Logits and mix of a decode step of 4 rows (edge, non-edge, no successor); `options` as in `_one_scan`."""
     g, graph, weights, biases = _problem(device, seed=3)
     V, d, B = graph.vocab_size, weights.shape[-1], 4
     tokens = torch.randint(0, V, (B,), generator=g).to(device)
     last = torch.tensor([0, V - 1, 2, 3], device=device)
     mix = Mix(_randn(g, B, d, device=device), torch.rand(B, d, generator=g).to(device),
               (torch.rand(B, generator=g) + 1).to(device), _randn(g, B, device=device))
-    pe_now, pe_next = _randn(g, B, d, device=device), _randn(g, B, d, device=device)
-    weight = _randn(g, B, device=device)
+    pe_now, pe_next, weight = (_randn(g, *shape, device=device) for shape in ((B, d), (B, d), (B,)))
     base = _randn(g, d, d, device=device, scale=0.5) if options else None
     node_add = _randn(g, B, d, device=device, scale=0.5) if options else None
     edges = EdgeTable(weights, biases, base, _randn(g, V, device=device))
@@ -164,11 +145,9 @@ def _one_decode(kernel: bool, device, options: bool):
 def _adamw_outputs(kernel: bool, device):
     """Parameter and moments after one update of 7 rows (duplicates, row 0 at half the learning rate)."""
     g = torch.Generator().manual_seed(4)
-    param = _randn(g, 12, 16, device=device)
-    exp_avg = _randn(g, 12, 16, device=device, scale=0.1)
+    param, exp_avg = _randn(g, 12, 16, device=device), _randn(g, 12, 16, device=device, scale=0.1)
     exp_avg_sq = (torch.rand(12, 16, generator=g) * 0.01).to(device)
-    rows = torch.tensor([5, 0, 3, 5, 11, 0, 2], device=device)
-    values = _randn(g, 7, 16, device=device)
+    rows, values = torch.tensor([5, 0, 3, 5, 11, 0, 2], device=device), _randn(g, 7, 16, device=device)
     run = optimization.kernel_adamw_rows if kernel else optimization.ref_adamw_rows
     run(param, exp_avg, exp_avg_sq, rows, values, torch.tensor(3.0), (1e-2, 0.9, 0.999, 1e-8, 0.1), first_row_scale=0.5)
     return [param, exp_avg, exp_avg_sq]
@@ -177,15 +156,13 @@ def _adamw_outputs(kernel: bool, device):
 CHECKS = {  # kernel name -> (what is compared, the outputs of one small problem on either path)
     "candidate_energies": ("energies forward/backward, log Z, target, logits", _energies_outputs),
     "successor_logits": ("one-token logits", _successor_outputs),
-    "signal_scan": ("recurrence scan forward/backward", _scan_outputs),
-    "decode_step": ("decode step logits and state", _decode_outputs),
+    "signal_scan": ("recurrence scan forward/backward",
+                    lambda kernel, device: _one_scan(kernel, device, False) + _one_scan(kernel, device, True)),
+    "decode_step": ("decode step logits and state",
+                    lambda kernel, device: _one_decode(kernel, device, False) + _one_decode(kernel, device, True)),
     "adamw_rows": ("SparseAdamW fused row update", _adamw_outputs),
 }
-
-
-# ------------------------------------------------------------------------------------- the check
-KERNELS = ("candidate_energies", "successor_logits", "signal_scan", "decode_step", "adamw_rows")
-TOLERANCE = 1e-5  # largest error allowed, relative to the torch path's largest value (the kernels' own tests')
+KERNELS = tuple(CHECKS)
 
 
 @dataclass
@@ -232,32 +209,31 @@ def check_kernel(name: str, device) -> CheckResult:
     return CheckResult(name, err <= TOLERANCE, error=err)
 
 
-def run_self_check(device, names=KERNELS, warn: bool = True) -> list[CheckResult]:
-    """Check every kernel in `names` on `device` against its torch path; switch off (and warn about, once) each one
-    that fails. The result of every check, in order."""
+def run_self_check(device, warn: bool = True) -> list[CheckResult]:
+    """Check every kernel on `device`; switch off (and warn about, once) each one that fails."""
     device = torch.device(device)
     key = ops.device_key(device)
     ops._checked.add(key)
     off = ops._disabled.setdefault(key, {})
     results = []
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
-        for name in names:
+        for name in KERNELS:
             result = check_kernel(name, device)
             results.append(result)
-            if not result.ok and name not in off:
-                off[name] = result.failure or f"error {result.error:.2e}"
-                if warn:
-                    why = result.failure or f"its results differ from the torch path by {result.error:.2e} (relative)"
-                    warnings.warn(
-                        f"BriLLM's Triton kernel {name} is switched off on {device}: {why}. The torch path runs in "
-                        "its place (the same math, slower). Please report this with the output of `python -m "
-                        "modeling_brillm.selfcheck` and your GPU, torch and triton versions; BRILLM_BACKEND=torch "
-                        "runs the torch path everywhere.", RuntimeWarning, stacklevel=3)
+            if result.ok or name in off:
+                continue
+            off[name] = result.failure or f"error {result.error:.2e}"
+            if warn:
+                why = result.failure or f"its results differ from the torch path by {result.error:.2e} (relative)"
+                warnings.warn(
+                    f"BriLLM's Triton kernel {name} is switched off on {device}: {why}. The torch path runs in "
+                    "its place (the same math, slower). Please report this with the output of `python -m "
+                    "modeling_brillm.selfcheck` and your GPU, torch and triton versions; BRILLM_BACKEND=torch "
+                    "runs the torch path everywhere.", RuntimeWarning, stacklevel=3)
     return results
 
 
 ops.SELF_CHECK = run_self_check
-
 
 
 def report_checks(device) -> bool:
@@ -265,37 +241,31 @@ def report_checks(device) -> bool:
     ops.reset_self_check()
     results = run_self_check(device, warn=False)
     for result in results:
-        what = CHECKS[result.name][0]
-        if result.failure:
-            status = f"FAILED to run: {result.failure}"
-        else:
-            status = ("ok" if result.ok else "WRONG") + f", max relative error {result.error:.1e}"
-        print(f"  {result.name:<20} {what:<52} {status}")
+        status = (f"FAILED to run: {result.failure}" if result.failure else
+                  ("ok" if result.ok else "WRONG") + f", max relative error {result.error:.1e}")
+        print(f"  {result.name:<20} {CHECKS[result.name][0]:<52} {status}")
     return all(r.ok for r in results)
 
 
 # ------------------------------------------------------------------------------------- speed
-def _timed(fn, device, repeats: int = 10) -> float:
-    """Median milliseconds of `fn()` after a warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+def _timed(fn, device) -> float:
+    """Median milliseconds of 10 calls of `fn()` after a warm-up call."""
+    def once() -> float:
         start = time.perf_counter()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        return (time.perf_counter() - start) * 1e3
+
+    once()
+    return statistics.median([once() for _ in range(10)])
 
 
-def _loss_step(V=2048, degree=32, d=32, N=2048, device="cuda"):
+def _loss_step(device, V=2048, degree=32, d=32, N=2048):
     """One exact-loss forward and backward of the candidate energies (a training step's costly part)."""
     g = torch.Generator().manual_seed(0)
-    src = torch.arange(V).repeat_interleave(degree)
     tgt = torch.stack([torch.randperm(V, generator=g)[:degree] for _ in range(V)]).view(-1)
-    graph = graph_from_edges(src, tgt, V)
+    graph = graph_from_edges(torch.arange(V).repeat_interleave(degree), tgt, V)
     indptr, indices = graph.indptr.to(device), graph.indices.to(device)
     weights = (torch.randn(graph.num_edges + 1, d, d, generator=g) * 0.2).to(device).requires_grad_()
     biases = (torch.randn(graph.num_edges + 1, 1, d, generator=g) * 0.2).to(device)
@@ -305,7 +275,6 @@ def _loss_step(V=2048, degree=32, d=32, N=2048, device="cuda"):
     ops.graph_max_degree(indptr)
 
     def step():
-        """One timed call."""
         plan = ops.make_plan(sources, indptr, indices, V)
         src, tgt = sources[plan.order], targets[plan.order]
         energies, shared = ops.candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, True)
@@ -317,10 +286,9 @@ def _loss_step(V=2048, degree=32, d=32, N=2048, device="cuda"):
     return step
 
 
-def _scan_step(B=32, L=64, d=32, device="cuda"):
+def _scan_step(device, B=32, L=64, d=32, P=4096):
     """The recurrence forward and backward over a (B, L) batch."""
     g = torch.Generator().manual_seed(1)
-    P = 4096
     edges = EdgeTable((torch.randn(P, d, d, generator=g) * 0.2).to(device).requires_grad_(),
                       torch.zeros(P, 1, d, device=device, requires_grad=True))
     columns = Columns(torch.randint(0, P, (B, L), generator=g).to(device), torch.ones(B, L, dtype=torch.bool,
@@ -329,43 +297,29 @@ def _scan_step(B=32, L=64, d=32, device="cuda"):
     mix.signal += 1 / d
 
     def step():
-        """One timed call."""
         ops.signal_scan(mix, columns, edges)[0].square().sum().backward()
         edges.weights.grad = edges.biases.grad = None
 
     return step
 
 
-def _decode(B=32, V=2048, degree=32, d=32, device="cuda"):
+def _decode(device, B=32, V=2048, d=32):
     """One fixed-shape decode step of B rows."""
     _, graph, weights, biases = _problem(device, V=V, d=d, seed=2)
     tokens = torch.randint(0, V, (B,), device=device)
     mix = Mix(torch.full((B, d), 1 / d, device=device), torch.full((B, d), 1 / d, device=device),
               torch.ones(B, device=device), torch.zeros(B, device=device))
     pe = torch.randn(B, d, device=device)
-    at = StepAt(tokens, pe, pe, torch.zeros(B, device=device))
-    edges, width = EdgeTable(weights, biases), graph.max_degree
-
-    def step():
-        """One timed call."""
-        ops.decode_step(tokens, mix, at, edges, graph, width)
-
-    return step
+    at, edges = StepAt(tokens, pe, pe, torch.zeros(B, device=device)), EdgeTable(weights, biases)
+    return lambda: ops.decode_step(tokens, mix, at, edges, graph, graph.max_degree)
 
 
-def _adamw(rows=50_000, width=1024, device="cuda"):
+def _adamw(device, rows=50_000, width=1024):
     """SparseAdamW's update of `rows` touched rows of `width` floats (a row: one 32 x 32 edge matrix)."""
-    P = 2 * rows
-    param, m, v = (torch.zeros(P, width, device=device) for _ in range(3))
-    touched = torch.randperm(P, device=device)[:rows]
-    values = torch.randn(rows, width, device=device)
-    step = torch.tensor(3.0)
-
-    def run():
-        """One timed call."""
-        optimization.adamw_rows(param, m, v, touched, values, step, (1e-3, 0.9, 0.999, 1e-8, 0.0))
-
-    return run
+    param, m, v = (torch.zeros(2 * rows, width, device=device) for _ in range(3))
+    touched = torch.randperm(2 * rows, device=device)[:rows]
+    values, step = torch.randn(rows, width, device=device), torch.tensor(3.0)
+    return lambda: optimization.adamw_rows(param, m, v, touched, values, step, (1e-3, 0.9, 0.999, 1e-8, 0.0))
 
 
 SPEED = {
@@ -376,18 +330,21 @@ SPEED = {
 }
 
 
+def _time_on(backend: str, name: str, make, device) -> float:
+    """Median milliseconds of workload `name` on `backend`; NaN, said, when it fails (the report goes on)."""
+    with kernel_backend(backend):
+        try:
+            return _timed(make(device), device)
+        except Exception as error:
+            print(f"  {name}: {backend} failed ({type(error).__name__}: {error})")
+            return float("nan")
+
+
 def report_speed(device):
     """Print the torch path's and the kernels' median time of each workload on `device`."""
     print(f"  {'workload':<56} {'torch ms':>10} {'triton ms':>10} {'speed-up':>9}")
     for name, make in SPEED.items():
-        timings = []
-        for backend in ("torch", "triton"):
-            with kernel_backend(backend):
-                try:
-                    timings.append(_timed(make(device=device), device))
-                except Exception as error:  # report and go on: the point is a readable report
-                    timings.append(float("nan"))
-                    print(f"  {name}: {backend} failed ({type(error).__name__}: {error})")
+        timings = [_time_on(backend, name, make, device) for backend in ("torch", "triton")]
         print(f"  {name:<56} {timings[0]:>10.3f} {timings[1]:>10.3f} {timings[0] / timings[1]:>8.1f}x")
 
 
@@ -398,14 +355,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
     args = parser.parse_args(argv)
     device, why_not = _pick_device(args.device)
-    print("BriLLM kernel self-check")
-    for line in _versions(device or torch.device("cpu")):
-        print("  " + line)
-    if device is None:
-        print(why_not)
-        return 0
-    if not HAVE_TRITON:
-        print("triton is missing: the torch path runs everywhere.")
+    print("\n  ".join(["BriLLM kernel self-check", *_versions(device or torch.device("cpu"))]))
+    if device is None or not HAVE_TRITON:
+        print(why_not or "triton is missing: the torch path runs everywhere.")
         return 0
     print(f"Correctness on {device} (each kernel against its torch reference, tolerance {TOLERANCE:g}):")
     passed = report_checks(device)
