@@ -97,10 +97,7 @@ class BriLLMConfig(PreTrainedConfig):
         # each field on its own: transformers builds a bare `BriLLMConfig()`; a model checks the graph's size too
         self.check()
 
-    # `generate()` and other generic code read these names.
-    @property
-    def hidden_size(self) -> int:
-        return self.node_size
+    hidden_size = property(lambda self: self.node_size)  # the name `generate()` and other generic code read
 
     @property
     def num_edge_rows(self) -> int:

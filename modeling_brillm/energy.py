@@ -1,10 +1,9 @@
 """Energies of every candidate edge in torch: the costly part of BriLLM, computed block by block (naive.py defines it).
 
-For a signal x on node u, every real successor v of u gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, every other node
-the shared edge's (row 0; plus `non_edge_bias[v]`). Positions are grouped by source so each source's block of edge
-matrices (contiguous, CSR order) is read in place once per call: a group of m positions and n successors is one
-(n, m, d) `baddbmm` forward and two products backward, whose gradients go to the touched rows only (dense or sparse
-COO), in buffers reused across steps; with an `EdgeGradLink` the recurrence's edge gradients join them."""
+For a signal x on node u, every real successor v gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, every other node the shared
+edge's (row 0; plus `non_edge_bias[v]`). Grouped by source, each block of edge matrices (CSR order) is read in place
+once a call: m positions × n successors are one (n, m, d) `baddbmm` forward, two products backward, the gradients going
+to the touched rows only (dense or sparse COO, the recurrence's joining them via an `EdgeGradLink`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """BriLLM in transformers' generation loop: `generate()`, pipelines, beam search, and the one-token step.
 
-BriLLM carries an O(d) state (`BriLLMState`) where a Transformer carries key/value caches: the state is fed only the
-new columns, beams reorder it, and the length checks count real tokens against the position limit. Greedy decoding
-and sampling run in one loop (`decode_loop`), shared by `generate()` and `energy_generate`, along one of two paths
-(`model.decode_mode` says which):
+BriLLM carries an O(d) state (`BriLLMState`) where a Transformer carries key/value caches: fed only the new columns,
+reordered by beams, its length checked in real tokens. Greedy decoding and sampling run in one loop (`decode_loop`),
+shared by `generate()` and `energy_generate`, on one of two paths (`model.decode_mode` says which):
 
     the general path    `forward` over any number of new tokens: the scan, then the energies ("off")
     the one-token step  `BriLLMModel.decode_step`, fixed shapes (torch or Triton, replayed from a CUDA graph on a

@@ -1,8 +1,7 @@
 """BriLLM's training objectives over candidate energies, shared by the model and the edge-sharded trainer.
 
-The exact loss is the cross-entropy over all V nodes: log Z − E_target, where Z sums exp(energy) over the real
-successors of the source and, in a sparse graph, over every other node with the shared edge's energy. The
-sampled loss is the original release's objective: a cross-entropy over the target and K negatives of the source."""
+The exact loss is log Z − E_target over all V nodes (Z: the real successors' exp(energy) and, in a sparse graph, every
+other node's at the shared energy); the sampled loss (the release's) a cross-entropy over the target and K negatives."""
 
 from __future__ import annotations
 

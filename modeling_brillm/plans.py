@@ -1,6 +1,5 @@
-"""Which edge rows each position reads (`CandidatePlan` for the torch path, `KernelPlan` for the kernels' tiles),
-and the hand-over of the candidate backward's gradient buffers to the recurrence's (`EdgeGradLink`), so each edge
-table gets one gradient. Both backends import this module; it imports neither."""
+"""Which edge rows each position reads (`CandidatePlan` for the torch path, `KernelPlan` for the kernels' tiles), and
+the hand-over of the candidate backward's gradient buffers to the recurrence's (`EdgeGradLink`)."""
 
 from dataclasses import dataclass
 

@@ -1,8 +1,7 @@
 """What BriLLM's steps pass around: the running mix (`Mix`), a sequence's state (`BriLLMState`), the columns a scan
-crosses (`Columns`), a batch after the recurrence (`Signals`), and transformers' output classes around them.
-
-The state needed to continue a sequence is O(d) numbers whatever its length (the mix's running sums);
-transformers' generation loop carries it where a Transformer's key/value cache goes, under the name `CACHE`."""
+crosses (`Columns`), a batch after the recurrence (`Signals`), and transformers' output classes around them. The state
+needed to continue a sequence is O(d) numbers whatever its length (the mix's running sums); transformers' generation
+loop carries it where a Transformer's key/value cache goes, under the name `CACHE`."""
 
 from __future__ import annotations
 

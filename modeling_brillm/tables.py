@@ -1,6 +1,5 @@
-"""The tables the steps read (`EdgeTable`, `GraphView`), and those a BriLLM derives from its graph and config, built on
-demand and cached per version of what they read: the real edges' sorted keys, the count prior as a dense table, the
-successors by count (the sampled loss's negatives)."""
+"""The tables the steps read (`EdgeTable`, `GraphView`, ...) and those a BriLLM derives from its graph and config,
+cached per version of what they read (the edges' sorted keys, the dense count prior, the successors by count)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass.
 
-For a signal x at a position on node u, every real successor v gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂. A
-persistent grid walks the plan's tiles (`plans.KernelPlan`: source u, `tile_successors` of its successors): LSE mode
-keeps per (position, tile) the largest energy and Σ exp(E − it), LOGITS mode writes E_v into rows prefilled with the
+A persistent grid walks the plan's tiles (`plans.KernelPlan`: a source u, `tile_successors` of its successors): LSE mode
+keeps per (position, tile) the largest energy E_v and Σ exp(E − it), LOGITS mode writes E_v into rows prefilled with the
 shared energy; the backward recomputes E and writes each edge row's gradient once. The shared edge (row 0) and
-`non_edge_bias` stay in torch; 16-bit tables are read as stored, computed in float32. Design: docs/gpu.md."""
+`non_edge_bias` stay in torch; 16-bit tables are read as stored, in float32 math. Design: docs/gpu.md."""
 
 from __future__ import annotations
 
