@@ -123,8 +123,9 @@ def _signature(model, device) -> tuple:
     tensors = [model.weights, model.biases, model.positions, model.position_table(device)]
     if cfg.graph == "sparse":
         tensors += [model.graph_indptr, model.graph_indices, model.edge_keys()]
-    # the step adds the non-successors' offsets to their logits and x·edge_base to every edge's input
-    tensors += [t for t in (model.non_edge_bias, model.edge_base) if t is not None]
+    # the extensions the step reads: the non-successors' offsets, edge_base, the nodes' vectors and readout
+    extensions = (model.non_edge_bias, model.edge_base, model.node_embedding, model.node_readout)
+    tensors += [t for t in extensions if t is not None]
     if cfg.count_prior:  # the step adds the prior's row of every token
         tensors += [model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values]
         if model.prior_table() is not None:
