@@ -294,7 +294,7 @@ def recipe_text(settings: dict) -> str:
 
 
 def gpt2_row(size, data, points, args, accelerator) -> dict:
-    row = quality.gpt2_row(size, data, points, args, accelerator)
+    row = quality.gpt2_row(size, data, points, args, args.batch_size)
     return dict(row, recipe_text=f"AdamW lr {size[3]:g}, {row['schedule']}")
 
 
@@ -435,7 +435,7 @@ def run(args) -> dict:
     argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
     # every variant checked by pretrain.py's own rules before any of them trains
     fields = [quality.pretrain.settle(quality.parse_pretrain(argv)).section("model") for argv in argvs]
-    pretrain_data, first, accelerator = quality.shared_data(argvs[0])  # no variant key changes the data
+    pretrain_data, first, accelerator = quality.shared_data(argvs[0], out / "data")  # no variant changes the data
     probe_of = Prober(pretrain_data)
     epochs = quality.pretrain.planned_epochs(first, pretrain_data, accelerator)
     variants = [(name, with_probe_choice(settings, probe_of, epochs, first, model_fields))
