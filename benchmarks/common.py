@@ -1,13 +1,10 @@
-"""Shared pieces of the benchmark scripts: synthetic graphs, Zipf token paths, timing and memory helpers.
+"""Shared pieces of the benchmark scripts: synthetic graphs and Zipf token paths, CPU load, and `write_record`.
 
-A synthetic graph has exactly `successors` real successors per node (distinct targets drawn uniformly, self
-loops allowed), with bigram counts that fall off as 1/rank over a random order of each node's successors.
-Token paths start at a Zipf-distributed node and walk real edges, picking each successor with Zipf weights
-(1/rank) over that node's successor list, so every token pair of a batch is a real edge.
-
-`write_record` is what every benchmark calls at its end: one JSON file per run under `--results_dir`
-(`benchmarks/results/<benchmark>-<UTC time>.json`) with the command line, the commit, the machine, the arguments and
-the figures the run printed.
+A synthetic graph has exactly `successors` real successors per node (distinct targets drawn uniformly, self loops
+allowed), with bigram counts falling off as 1/rank over a random order of each node's successors. Token paths start
+at a Zipf-distributed node and walk real edges, each successor picked with Zipf weights, so every pair is a real edge.
+`write_record` ends every benchmark: one JSON file per run, `benchmarks/results/<benchmark>-<UTC time>.json`, with the
+command line, the commit, the machine, the arguments and the figures.
 """
 
 import argparse
@@ -104,25 +101,7 @@ def rss_gb() -> float:
 
 
 def machine() -> str:
-    name = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core {name}, torch {torch.__version__}, {torch.get_num_threads()} threads"
-
-
-class Timer:
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.t0
+    return f"{os.cpu_count()}-core {cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def _cpu_ticks():

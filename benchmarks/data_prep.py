@@ -4,20 +4,12 @@
     python benchmarks/data_prep.py --size_mb 5 --num_proc 2 --stages tokenization graph
     BRILLM_ROOT=/path/to/other/checkout python benchmarks/data_prep.py   # the same on another copy of the code
 
-The text is generated offline: Python's documentation (the built-in corpus, ten paragraphs a document), then the
-standard library's own source files (one file a document), cycled until `--size_mb`; it is written as a JSONL file
-and read as pretraining reads `--train_file` (`training.data.load_raw_data`, into a fresh datasets cache). Stages,
-each timed once, as `examples/pretrain.py` runs them:
-
-* tokenizer: `build_tokenizer` (byte-level BPE, `--vocab_size`) on the training split;
-* tokenization: `training.data.tokenize_splits` in sentence mode and in contiguous mode (blocks of `--block_size`,
-  `--num_proc` processes; none given: the code's default);
-* graph: `build_sparse_graph(block_sequences(...))` over the sentence blocks, with the count prior.
-
-Every figure is text MB (of the training split) per second of that stage, and per CPU-second (this process's
-threads and the processes it started: MB/s per core, which other load on the machine changes less). A digest of
-each stage's result (the token ids of every block, the graph's edges and counts) is recorded so that two checkouts
-can be shown to agree.
+The text: Python's documentation (the built-in corpus, ten paragraphs a document), then the standard library's own
+source files, cycled to `--size_mb`, read as pretraining reads `--train_file` (into a fresh datasets cache). Each stage
+is timed once as `examples/pretrain.py` runs it: the tokenizer (byte-level BPE), the blocks (sentence and contiguous
+mode, `--num_proc` processes), the graph (with the count prior) over the sentence blocks; in MB per second and per
+CPU-second (this process's threads and the processes it started). A digest of each stage's result is recorded, so
+that two checkouts can be shown to agree.
 """
 
 from __future__ import annotations

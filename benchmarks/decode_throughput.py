@@ -3,20 +3,12 @@
     python benchmarks/decode_throughput.py                  # both shapes
     python benchmarks/decode_throughput.py --shape paper --contexts 16 512
 
-For every context length c (16 ... 512) a prompt of c − G tokens (a Zipf path along real edges) is read once
-and G = min(64, c/2) tokens are then decoded greedily, so the decoded tokens sit at positions up to c:
-
-* fast path: a tight loop calling `model(next_token[:, None], cache=state, logits_to_keep=1,
-  use_cache=True)` and `argmax` (what an application would write; BriLLM's state is O(d) per sequence);
-* generate(): `model.generate(prompt, max_new_tokens=G, do_sample=False, eos_token_id=...)`, its time minus the same
-  prompt's forward, i.e. per decoded token (the EOS id one the greedy path never picks: every step runs, with the
-  EOS check a user's call makes); beside it the same with `model.decode_mode = "off"` (the general one-token path,
-  the one-row host step is measured against);
-* batched: the fast path with `--batch` sequences at once (tokens/s counts every sequence's tokens).
-
-Each figure is the median over `--repeats` runs (at least 256 decoded tokens for one sequence), under
-torch.inference_mode(). Both shapes are the training
-benchmark's synthetic graphs (random weights: the decoded text is meaningless, the cost is not).
+For every context length c a prompt of c - G tokens (a Zipf path) is read and G = min(64, c/2) tokens are decoded
+greedily: the fast path (a loop of `model(next_token[:, None], cache=state, logits_to_keep=1)` and argmax);
+generate() (its time minus the prompt's forward, with an EOS id the greedy path never picks, so every step runs with
+the check a user's call makes); the same with `model.decode_mode = "off"` (the general path); and the fast path with
+`--batch` sequences. Each figure is the median of `--repeats` runs (at least 256 decoded tokens), under
+torch.inference_mode(), on the training benchmark's synthetic graphs.
 """
 
 import argparse

@@ -1,17 +1,14 @@
-"""pretrain.py's default step on a GPU: the batch it chooses with no batch flag (the recipe's GPU_STEP_TOKENS,
-fitted to the device's free memory), and the training tokens/s it reaches beside gpu_throughput.py's for the shape.
+"""pretrain.py's default step on a GPU: the batch it chooses with no batch flag (GPU_STEP_TOKENS, fitted to the
+device's free memory) and the training tokens/s it reaches, beside gpu_throughput.py's for the shape.
 
     python benchmarks/gpu_default_batch.py                       # on a GPU: the paper's shape, 60 s of training
     python benchmarks/gpu_default_batch.py --vocab 64 --successors 8 --tokens 20000 --seconds 2   # a smoke test
 
-The corpus is synthetic: lines of Zipf paths along a graph of `--vocab` nodes with `--successors` successors each
-(benchmarks/common.py), one character per node, so the character tokenizer (`--tokenizer_kind char`) makes every
-node a token; `--min_bigram_count 1` gives every bigram seen an edge, and contiguous blocks of 32 are full. At the
-defaults the graph approaches the paper's (V 4000, 227 successors, d 32, 0.96B parameters) as far as `--tokens`
-visit its edges. pretrain.py runs in this process with no batch flag for `--seconds` of training
-(`--max_train_time`). The record holds the batch it chose and its start-up line, the graph trained, its training
-tokens/s, the peak memory beside the start-up estimate, and the training rows of gpu_throughput's newest record in
-`--results_dir` (else the newest committed one) for comparison.
+The corpus is synthetic: lines of Zipf paths along a graph of `--vocab` nodes with `--successors` successors each, one
+character per node (`--tokenizer_kind char`, `--min_bigram_count 1`, contiguous blocks of 32), so the graph approaches
+the paper's as far as `--tokens` visit its edges. pretrain.py runs in this process for `--seconds` of training. The
+record: the batch and its start-up line, the graph, tokens/s, the peak memory beside the estimate, and the training
+rows of gpu_throughput's newest record in `--results_dir` (else the newest committed one).
 """
 
 from __future__ import annotations

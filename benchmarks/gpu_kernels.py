@@ -1,21 +1,15 @@
-"""The GPU kernels, measured side by side with the torch path: candidate energies and the decode step.
+"""The GPU kernels beside the torch path: the candidate energies of a training step, and the decode step.
 
     python benchmarks/gpu_kernels.py                       # on a CUDA machine: both parts, paper shape
     python benchmarks/gpu_kernels.py --part energies --batches 32x32 1024x64
     python benchmarks/gpu_kernels.py --part decode --decode-batches 1 32 256 --long 20000
     TRITON_INTERPRET=1 python benchmarks/gpu_kernels.py --smoke    # CPU: tiny shape, checks the script runs
 
-Candidate energies: `make_plan` + `candidate_energies` + `target_energies` + `exact_log_partition` forward and
-backward (sparse row gradients), the part of a training step these kernels replace, on Zipf paths of the training
-benchmark's synthetic graph, for BRILLM_BACKEND torch and triton in the same process: median ms (CUDA events), CUDA
-kernel launches per pass (torch.profiler), host synchronisations (torch.cuda.set_sync_debug_mode), the relative
-difference of loss and gradients between the two (fp32, TF32 off), and the fraction of the bandwidth floor (edge
-rows touched x 4.2 KB read forward, read backward, written backward, at the copy bandwidth measured here).
-
-Decode: greedy `energy_generate` tokens/s at each batch size with `decode_mode` "off" (the general path: what ran
-before the kernels), "eager" (the sync-free step: Triton kernels, launched one by one) and "auto" (the same step
-replayed from a CUDA graph); then per-token time over a `--long` generation at batch 1 (position_overflow="extend"), in
-windows of 1,000 tokens, to show whether it stays flat.
+Energies: make_plan + candidate_energies + target_energies + exact_log_partition, forward and backward (sparse row
+gradients), for each backend in one process: median ms, CUDA launches, host synchronisations, the relative difference
+of loss and gradients, and the fraction of the bandwidth floor (touched edge rows read forward, read and written
+backward). Decode: greedy energy_generate tokens/s with decode_mode off / eager / auto (captured), then the per-token
+time of a `--long` generation at batch 1 in windows of 1,000 tokens.
 """
 
 from __future__ import annotations

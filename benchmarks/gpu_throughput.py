@@ -4,35 +4,17 @@
     python benchmarks/gpu_throughput.py --shape paper --batches 1024x64 --objective exact --optimizer sparse_adamw
     python benchmarks/gpu_throughput.py --device cpu --shape tiny        # smoke test without a GPU
 
-Training: for every shape ("paper" = V 4000, 227 successors, d 32, 0.96B parameters; "small" = V 1000, 100
-successors; "tiny" = V 64, 8 successors, d 8, for smoke tests), batch × length (32x32, 256x64, 1024x64),
-objective ("exact" full softmax; "sampled" = the release's K=400 frequency negatives), optimizer
-("sparse_adamw" = sparse gradients + SparseAdamW; "sparse_adamw_bf16" = the same with bfloat16 moments,
-stochastically rounded, what --mixed_precision bf16 picks on a GPU; "adamw" = dense gradients + torch's fused
-AdamW) and backend
-("torch" = `kernel_backend("torch")`, the reference path; "triton" = `kernel_backend("triton")`), on the same
-model, with synthetic Zipf paths along real edges (benchmarks/common.py). Each row reports:
-
-* tokens/s: B·L input tokens over the median step (forward + backward + optimizer step + zero_grad), timed
-  after warm-up steps with the device synchronised around each step;
-* launches: CUDA kernels (and memcpy/memset) the profiler sees in one step (on CPU: aten ops dispatched from
-  Python, autograd or a custom autograd function, i.e. not from inside another aten op, views and allocations
-  left out: roughly what becomes kernel launches on a GPU; Triton kernels in the interpreter are not counted);
-* busy: the kernels' summed time over the median step time (the GPU-busy fraction);
-* peak GB: torch.cuda.max_memory_allocated over the configuration (on CPU: the process's RSS high-water);
-* floor ms / of floor: the step's bandwidth floor (bytes a step must move, over the copy bandwidth measured on
-  this device at start-up) and the fraction of it reached (floor / measured step). Bytes, with R the edge rows
-  the step touches (every successor block of a scored source, the shared row) and P all rows, each
-  (d² + d)·4 bytes: sparse_adamw 10·R rows (read forward, read + write gradient backward, 7 optimizer passes;
-  8·R with bfloat16 moments, whose 4 passes move half the bytes);
-  adamw 3·R + 8·P rows (the dense gradient is zero-filled, then 7 passes over every row).
-
-Decoding: generate() greedy at batch 1, 32, 256 (`--decode-batches`), tokens/s over `--decode-tokens` new
-tokens per row, per backend; and one long generation at batch 1 (`--long-tokens`, default 20,000 on a GPU, with
-position_overflow="extend"), reporting the per-token time over its first and last tenth (flat = ratio ~1).
-
-On a CPU (`--device cpu`) the Triton column runs in Triton's interpreter (TRITON_INTERPRET=1): it checks that the
-script and the kernels run, and its times are NOT speed figures (rows are flagged "interpreted").
+Training, per shape ("paper" = V 4000, 227 successors, d 32, 0.96B parameters; "small" = V 1000, 100 successors;
+"tiny" = V 64, 8 successors, d 8), batch x length, objective (exact; sampled: K=400 frequency negatives), optimizer
+(sparse_adamw; sparse_adamw_bf16: bfloat16 moments; adamw: dense gradients, fused AdamW) and backend (torch, triton),
+on the same model and benchmarks/common.py's Zipf paths: tokens/s over the median step (forward, backward, optimizer,
+zero_grad, the device synchronised around it); launches in one step (CUDA kernels; on a CPU the aten ops dispatched
+from Python, autograd or a custom function); busy (kernel time over step time); peak GB; the bandwidth floor (bytes
+a step must move over the copy bandwidth measured here: with R the touched edge rows and P all rows, each (d² + d)·4
+bytes, sparse_adamw moves 10·R rows, bf16 moments 8·R, adamw 3·R + 8·P) and the fraction of it reached. Decoding:
+greedy generate() at each --decode-batches size, tokens/s per backend, and the per-token time over the first and last
+tenth of one --long-tokens generation (position_overflow="extend"). On a CPU the Triton column runs in Triton's
+interpreter: its times are no speed figures (rows flagged "interpreted").
 """
 
 from __future__ import annotations

@@ -4,20 +4,11 @@
     python benchmarks/long_context.py --model outputs/demo     # a saved model (the demo's)
     python benchmarks/long_context.py --tokens 5000 --ways generate
 
-BriLLM's state is O(d) per sequence, so a token costs the same at position 20,000 as at position 10, and nothing
-grows with the length but the output ids. For each way of decoding one sequence greedily from a 1-token prompt,
-a single call generates `--tokens` tokens past the trained range (max_position_embeddings, 512) and the script
-records a timestamp and the process memory after every token, then prints:
-
-* per-token time (median, and mean) of the first and the last 1,000 tokens and their ratio;
-* memory: resident set size (CPU) or allocated CUDA memory after token 1,000 and after the last token, and the
-  peak over the call.
-
-Ways: `generate` (`model.generate(..., max_new_tokens=N)`: transformers' loop, which appends to its `input_ids`
-each step), `energy` (`model.energy_generate`, BriLLM's own loop, recording the energy path), `loop` (a bare loop
-of `model(token, cache=state, logits_to_keep=1)`). The synthetic graph has random weights (the text is
-meaningless, the cost is not) and `--successors` real successors per node (the paper's graph has ~227; 32 keeps
-the edge tables at 0.5 GB on a shared machine: the cost per token grows with the successors, not with length).
+BriLLM's state is O(d) per sequence: a token costs the same at position 20,000 as at 10. For each way of decoding one
+sequence greedily from a 1-token prompt (`generate`, `energy` = energy_generate, `loop` = a bare loop of
+`model(token, cache=state)`), one call generates `--tokens` tokens, recording a timestamp and the memory (RSS, or
+allocated CUDA memory) after every token: the per-token median and mean of the first and the last `--window` tokens,
+and the memory after 1,000 tokens and at the end. The synthetic graph has `--successors` real successors per node.
 """
 
 import argparse

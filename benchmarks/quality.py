@@ -312,7 +312,7 @@ def write_json_atomic(path: Path, obj):
     os.replace(tmp, path)
 
 
-def plot(results: dict, path: Path):
+def plot(results: dict, path: Path, title: str = "BriLLM vs GPT-2"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -325,16 +325,17 @@ def plot(results: dict, path: Path):
             ax.plot([p[x] for p in curve], [p["perplexity"] for p in curve], marker="o", markersize=3,
                     linewidth=2.2 if model["kind"] == "brillm" else 1.4, label=model["label"])
     for ax, name in zip(axes, ("training seconds (evaluation excluded)", "training tokens")):
-        ax.axhline(results["bigram_add_0_1_perplexity"], color="black", linewidth=0.8, linestyle="--",
-                   label="bigram counts (add-0.1)")
+        if "bigram_add_0_1_perplexity" in results:
+            ax.axhline(results["bigram_add_0_1_perplexity"], color="black", linewidth=0.8, linestyle="--",
+                       label="bigram counts (add-0.1)")
         ax.set(xscale="log", yscale="log", xlabel=name, ylabel="held-out perplexity (token-weighted)")
         ax.grid(True, which="both", linewidth=0.3)
-    for budget in results["settings"]["budgets"]:
+    for budget in results["settings"].get("budgets", []):
         axes[0].axvline(budget, color="grey", linewidth=0.6, linestyle=":")
     axes[0].legend(fontsize=8)
     s = results["settings"]
-    fig.suptitle(f"BriLLM vs GPT-2, same tokenizer (V={results['data']['vocab_size']}), blocks and budget; "
-                 f"{s['threads']} thread(s), {s['device']}", fontsize=10)
+    fig.suptitle(f"{title}, the same tokenizer (V={results['data']['vocab_size']}) and blocks; {s['threads']} "
+                 f"thread(s), {s['device']}", fontsize=10)
     fig.tight_layout()
     tmp = path.with_name(f".tmp-{path.name}")
     fig.savefig(tmp, format="png")

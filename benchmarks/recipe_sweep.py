@@ -1,53 +1,23 @@
-"""Recipe sweep: BriLLM training recipes side by side on one corpus at one training-time budget (quality.py's rules),
-or at a fixed number of steps (an ablation of the recipe's rules against the seed noise).
+"""Recipe sweep: BriLLM recipes side by side on one corpus under quality.py's rules, at one training-time budget or
+at fixed steps (an ablation of the recipe's rules against the seed noise).
 
-    python benchmarks/recipe_sweep.py --train_file outputs/corpora/small/train.jsonl \
-        --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 --budget 90 \
-        --variant base= wd=lazy_wd:1,wd:0.1 drop=dropout:0.1 --gpt2 4x256@1e-3
     python benchmarks/recipe_sweep.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 --seed 1 \
         --max_train_steps 900 --eval_steps 300 --noise 0.015 --variant base= prior=prior:0 wd=wd:0
 
-Every variant IS an examples/pretrain.py run, as a quality.py BriLLM row is: the script's own `run()` in this process
-(the data prepared once and shared), with `--max_train_time` the budget and the curve points as `--eval_seconds`; the
-equivalent command line is printed for each variant and stored in recipe_sweep.json (`pretrain_command`), and
-running it gives the same losses and held-out figures (up to the timing of the steps). The curve is read from the
-run's train_log.jsonl; its folder is <output_dir>/<NAME>. The runs go one after the other (run it on a quiet machine:
-the load other processes put on it during each run is reported). --gpt2 adds references in quality.py's GPT-2
-harness, on the same blocks, batch order and held-out targets.
+Every variant IS an examples/pretrain.py run, as a quality.py BriLLM row is (its command printed and stored as
+`pretrain_command`, its folder <output_dir>/<NAME>); --gpt2 adds references in gpt2.py's harness. A variant is
+NAME=key:value,... over pretrain.py's built-in recipe or --config's (NAME= alone: the recipe); the keys (KEYS below)
+are pretrain.py flags (a 0/1 key turns a flag on or off; `schedule` is constant, cosine or linear), and at fixed steps
+also the probe's numbers (recipe.py): `recurrence`, `probe_runs` (`blocks`: every block a run), `probe_every`; the
+count and the dropout the probe then chooses are passed as numbers, so the printed command reproduces the run.
 
-Fixed steps (`--eval_steps` with `--max_train_steps`): no time budget; every variant trains exactly
---max_train_steps steps, evaluated every --eval_steps, with pretrain.py's own schedule and evaluation batch: the flags
-of benchmarks/seed_noise.py's runs, so with the same --seed the base variant IS a seed-noise run and its seed-to-seed
-spread (`--noise`, a fraction) is the bar. Each variant's final perplexity is then compared with the base's (the
-variant named `base`, else the first; or `--base_perplexity`, a base recorded before): the change in % and in units
-of the noise, and whether it passes twice the noise. The result does not depend on the machine's load.
-
-A variant is NAME=key:value,key:value over pretrain.py's built-in recipe, or --config's; every key is a pretrain.py
-flag (NAME= alone is the recipe itself; a 0/1 key is the flag's on / off switch):
-
-    lr         --learning_rate                           wd         --weight_decay
-    lazy_wd    --lazy_weight_decay                       warmup     --num_warmup_steps
-    schedule   constant (--lr_scheduler_type constant_with_warmup, the default under a budget), cosine (over the
-               training clock, to zero at the budget) or linear (the recipe's; the default at fixed steps)
-    shared_lr  --shared_edge_lr_scale                    node_lr    --node_lr_scale
-    clip       --max_grad_norm (0: off)                  d          --node_size
-    min_count  --min_bigram_count (or auto: chosen from the data and the epochs this variant's budget buys)
-    dropout    --signal_dropout (or auto, the same rule) dropout_warmup  --signal_dropout_warmup_epochs
-    non_edge   --non_edge_bias                           readout    --node_readout
-    recency    --position_recency                        backoff    --edge_backoff
-    embed      --node_embedding                          prior      --count_prior
-
-The probe's numbers (recipe.py), at fixed steps only: `recurrence` (RECURRENCE; 0: every count class comes back, so
-c0 = 1), `probe_runs` (RUNS; `blocks`: every block its own run) and `probe_every` (PROBE_EVERY). The count and the
-dropout the probe then chooses for this run are given to pretrain.py as numbers, so the printed command reproduces it.
-
-Variants whose pretrain.py flags are the same (a probe variant that chooses the recipe's count, say) train once: the
-later ones copy the first's row (`same_run_as`). A variant keeps its last model (--no-keep_best_model), and its final
-held-out NLL is also split by target: bigrams u->v that are real edges of the variant's graph ("seen") and those that
-are not ("unseen": every non-successor of u gets the shared energy). Writes <output_dir>/recipe_sweep.json,
-recipe_sweep.md (the table) and recipe_sweep.png (held-out perplexity and training loss against training seconds), and
-the record (benchmarks/results). Exit status 2 with a one-line message on bad input.
+Fixed steps (`--eval_steps` with `--max_train_steps`): every variant trains exactly that many steps with
+benchmarks/seed_noise.py's flags (with the same --seed, the base variant IS a seed-noise run), and its final perplexity
+is compared with the base's (the variant named base, else the first, or --base_perplexity): the change in % and in
+units of --noise, past twice which it counts. Variants with the same flags train once (`same_run_as`). A variant keeps
+its last model, and its final held-out NLL is split into targets that are real edges of its graph and those that are
+not. Writes <output_dir>/recipe_sweep.{json,md,png} and the record; exit status 2 with one line on bad input.
 """
 
 from __future__ import annotations
@@ -352,41 +322,6 @@ def markdown(results) -> str:
     return "\n".join(lines)
 
 
-def plot(results, path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = results["settings"]
-    x = "train_seconds" if s["budget"] is not None else "steps"  # at fixed steps, the steps
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=80)
-    for m in results["models"]:
-        curve = [p for p in m["curve"] if p["steps"] > 0]
-        style = dict(marker="o", markersize=3, linewidth=2.0 if m["kind"] == "brillm" else 1.2,
-                     linestyle="-" if m["kind"] == "brillm" else "--")
-        line, = axes[0].plot([p[x] for p in curve], [p["perplexity"] for p in curve], label=m["label"], **style)
-        losses = [(p[x], math.exp(p["train_loss"])) for p in curve if p.get("train_loss") is not None]
-        if losses:
-            axes[1].plot(*zip(*losses), color=line.get_color(), **style)
-    for ax, title in zip(axes, ("held-out perplexity",
-                                "training perplexity (exp of the mean loss since the last point)")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("training seconds (evaluation excluded)" if x == "train_seconds" else "steps")
-        ax.set_title(title, fontsize=9)
-        ax.grid(True, which="both", linewidth=0.3)
-    axes[0].legend(fontsize=7)
-    length = f"{s['budget']:g} s" if s["budget"] is not None else f"{s['max_train_steps']} steps"
-    fig.suptitle(f"BriLLM recipes, {length} each, batch {s['batch_size']}, {s['threads']} thread(s); "
-                 f"{results['data']['description'][:70]}", fontsize=9)
-    fig.tight_layout()
-    tmp = path.with_name(f".tmp-{path.name}")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(path)
-
-
 def check_args(args):
     if not (args.budget > 0 and math.isfinite(args.budget)):
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}.")
@@ -472,7 +407,7 @@ def run(args) -> dict:
     quality.write_json_atomic(out / "recipe_sweep.json", results)
     table = markdown(results)
     (out / "recipe_sweep.md").write_text(table + "\n", encoding="utf-8")
-    plot(results, out / "recipe_sweep.png")
+    quality.plot(results, out / "recipe_sweep.png", "BriLLM recipes")
     print("\n" + table)
     for m in models:
         if m["kind"] == "brillm":

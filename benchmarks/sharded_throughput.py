@@ -3,24 +3,14 @@
     python benchmarks/sharded_throughput.py                       # both shapes
     python benchmarks/sharded_throughput.py --shape text --steps 8
 
-Modes (each in its own process group of fresh processes, so peak memory is its own):
-  single-sparse   1 process, 2 threads, sparse row gradients + SparseAdamW
-  single-dense    1 process, 2 threads, dense gradients + torch AdamW (fused)
-  single-sparse-1t  as single-sparse with 1 thread (faster than 2 on a machine that other processes keep busy)
-  ddp             2 processes (gloo), 1 thread each, DDP + dense torch AdamW: examples/pretrain.py's default path
-  sharded         2 processes (gloo), 1 thread each, ShardedBriLLM + SparseAdamW (--edge_sharding source)
-The global batch is the same in every mode (each of 2 processes takes half the rows). CPU s/step: each process's
-own CPU time per step (time.process_time), which depends far less than wall time on other processes' load. tokens/s =
-global batch x
-length over the median step time (forward + backward + gradient exchange + optimizer step). Bytes sent per step
-and process: counted by ShardedBriLLM's transport (rows, signals, ids, counts, both directions, and the
-all-reduce of the replicated parameters); for DDP the ring all-reduce of the dense gradient, 2 (W-1)/W x 4 B x
-parameters (arithmetic: gloo does not count). Peak memory: each process's resident-set high-water mark.
-
-Shapes: "paper" = V 4000, 227 successors per node, d 32 (0.959B parameters), batch 32 x 32; "text" = V 2000,
-48 successors per node (96,000 edges, like the ~95,748 of a real 2000-token BPE corpus), d 32, batch 64 x 64.
-DDP at the paper shape needs ~19 GB per process (weights, gradient, two moments, DDP's gradient buckets): two do
-not fit a 24 GB machine, so it is skipped there unless --ddp-paper.
+Modes, each in fresh processes (so peak memory is its own): single-sparse (1 process, 2 threads, SparseAdamW),
+single-dense (fused torch AdamW), single-sparse-1t (1 thread), ddp (2 gloo processes of 1 thread, DDP + dense AdamW:
+pretrain.py's default path), sharded (2 processes, ShardedBriLLM + SparseAdamW: --edge_sharding source). The global
+batch is the same in every mode. tokens/s: global batch x length over the median step; CPU s/step: each process's own
+CPU time; bytes sent per step and process: the sharded transport's count, for DDP the ring all-reduce of the dense
+gradient, 2 (W-1)/W x 4 B x parameters (arithmetic); peak memory: each process's resident high-water mark. Shapes:
+"paper" (V 4000, 227 successors, batch 32 x 32; DDP needs ~19 GB a process and is skipped unless --ddp-paper) and
+"text" (V 2000, 48 successors, like a real 2000-token BPE corpus's graph, batch 64 x 64).
 """
 
 import argparse
