@@ -94,7 +94,8 @@ def heldout_nll(model, held, batch_size: int, accelerator) -> tuple[float, int]:
     same targets for every model. Leaves the model in training mode."""
     device = accelerator.device
     batches = ({"input_ids": ids.to(device), "attention_mask": mask.to(device),
-                "labels": labels_of(ids, mask).to(device)} for ids, mask in zip(held[0].split(batch_size), held[1].split(batch_size)))
+                "labels": labels_of(ids, mask).to(device)}
+               for ids, mask in zip(held[0].split(batch_size), held[1].split(batch_size)))
     loss, _, count = evaluate(model, batches, accelerator)
     return (loss * count if count else 0.0), count
 
