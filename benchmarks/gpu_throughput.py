@@ -12,9 +12,9 @@ zero_grad, the device synchronised around it); launches in one step (CUDA kernel
 from Python, autograd or a custom function); busy (kernel time over step time); peak GB; the bandwidth floor (bytes
 a step must move over the copy bandwidth measured here: with R the touched edge rows and P all rows, each (d² + d)·4
 bytes, sparse_adamw moves 10·R rows, bf16 moments 8·R, adamw 3·R + 8·P) and the fraction of it reached. Decoding:
-greedy generate() at each --decode-batches size, tokens/s per backend, and the per-token time over the first and last
-tenth of one --long-tokens generation (position_overflow="extend"). On a CPU the Triton column runs in Triton's
-interpreter: its times are no speed figures (rows flagged "interpreted").
+greedy and sampled generate() at each --decode-batches size, tokens/s per backend, and the per-token time over the
+first and last tenth of one --long-tokens generation (position_overflow="extend"). On a CPU the Triton column runs in
+Triton's interpreter: its times are no speed figures (rows flagged "interpreted").
 """
 
 from __future__ import annotations
@@ -199,18 +199,17 @@ def decode_rows(args, model, paths, device, backend):
     model.eval()
     common = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     with kernel_backend(backend), torch.inference_mode():
-        for B in args.decode_batches:
-            prompt = paths.batch(B, 8).to(device)
-            N = args.decode_tokens
-            model.generate(prompt, max_new_tokens=2, min_new_tokens=2, **common)  # warm-up (compiles kernels)
+        for B, sampled in ((B, sampled) for B in args.decode_batches for sampled in (False, True)):
+            prompt, N, how = paths.batch(B, 8).to(device), args.decode_tokens, dict(common, do_sample=sampled)
+            model.generate(prompt, max_new_tokens=2, min_new_tokens=2, **how)  # warm-up (compiles kernels)
             sync(device)
             t0 = time.perf_counter()
-            out = model.generate(prompt, max_new_tokens=N, min_new_tokens=N, **common)
+            out = model.generate(prompt, max_new_tokens=N, min_new_tokens=N, **how)
             sync(device)
             seconds = time.perf_counter() - t0
             assert out.shape == (B, 8 + N)
-            rows.append(dict(kind="decode", B=B, new_tokens=N, backend=backend, tokens_per_s=B * N / seconds,
-                             interpreted=backend == "triton" and device.type != "cuda"))
+            rows.append(dict(kind="decode", B=B, sampled=sampled, new_tokens=N, backend=backend,
+                             tokens_per_s=B * N / seconds, interpreted=backend == "triton" and device.type != "cuda"))
         if args.long_tokens:
             overflow = model.config.position_overflow
             model.config.position_overflow = "extend"
@@ -290,12 +289,13 @@ def print_tables(rows, device_name):
                   f"{fmt(r['busy'], '.0%')} | {r['peak_gb']:.2f} | {r['floor_ms']:.3f} | {r['of_floor']:.1%} |")
     decode = [r for r in rows if r["kind"] == "decode"]
     if decode:
-        print(f"\n## Decoding, generate() greedy ({device_name})")
-        print("| shape | batch | backend | new tokens/row | tokens/s |")
-        print("|---|---|---|---|---|")
+        print(f"\n## Decoding, generate() ({device_name})")
+        print("| shape | batch | decoding | backend | new tokens/row | tokens/s |")
+        print("|---|---|---|---|---|---|")
         for r in decode:
             flag = " (interpreted)" if r["interpreted"] else ""
-            print(f"| {r['shape']} | {r['B']} | {r['backend']}{flag} | {r['new_tokens']} | {r['tokens_per_s']:,.0f} |")
+            print(f"| {r['shape']} | {r['B']} | {'sampled' if r['sampled'] else 'greedy'} | {r['backend']}{flag} | "
+                  f"{r['new_tokens']} | {r['tokens_per_s']:,.0f} |")
     long = [r for r in rows if r["kind"] == "long"]
     if long:
         print("\n## One long generation, batch 1: per-token time over the first and the last tenth")
@@ -326,7 +326,6 @@ def main(argv=None):
     parser.add_argument("--non-edge-bias", action="store_true",
                         help="the model the demo preset trains (a learned energy per non-successor; exact loss only)")
     parser.add_argument("--no-profile", dest="profile", action="store_false", default=True)
-    parser.add_argument("--json", default=None, help="also write every row to this file")
     args = add_results_dir(parser).parse_args(argv)
     device = torch.device(args.device)
     gpu = device.type == "cuda"
@@ -368,9 +367,6 @@ def main(argv=None):
     for name in shapes:
         rows.extend(run_shape(args, name, device, bandwidth))
     print_tables(rows, device_name)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=device_name, bandwidth=bandwidth, rows=rows), f, indent=1)
     write_record("gpu_throughput", args, dict(device=device_name, bandwidth=bandwidth, rows=rows), argv=argv)
     return rows
 
