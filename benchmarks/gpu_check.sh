@@ -73,18 +73,21 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], 'wb') as dst: shutil.copyf
 done
 if [ "${GPU_CHECK_ON_CPU:-0}" = 1 ]; then  # tiny settings: the script's plumbing, not a measurement
     quality=(--node_sizes 4 8 --gpt2 1x16x2 2x16x2 --gpt2_batch 8 --budgets 0.5 --curve_points 1 --vocab_size 300
-             --block_size 16 --threads 1)
+             --block_size 16 --threads 1 "--pretrain_flags=--no-keep_best_model --preprocessing_num_workers 2")
 else
     quality=(--node_sizes 32 64 128 --gpt2 4x256@1e-3 6x384@1e-3 --gpt2_batch 1024 --budgets 120 --curve_points 4
-             --vocab_size 2000 --block_size 64 --max_eval_blocks 2048 --threads 8)
+             --vocab_size 2000 --block_size 64 --max_eval_blocks 2048 --threads 8
+             "--pretrain_flags=--no-keep_best_model --preprocessing_num_workers 16")
 fi
+# the tokenizer pretrain.py would train on the corpus, trained by gpu_prepare.sh: a minute less here
+[ -f "$GPU_DATA/tokenizer/tokenizer.json" ] && quality+=(--tokenizer_name "$GPU_DATA/tokenizer")
 
 step selfcheck 90 "$PY" -m modeling_brillm.selfcheck
 if [ -f "$corpus/train.jsonl" ]; then
-    # the last model, not the best: a best model of d = 128 is 20 GB, written at each better evaluation
+    # on the GPU, the last model, not the best: a best model of d = 128 is 20 GB, written at each better evaluation
     step quality 780 "$PY" benchmarks/quality.py --train_file "$corpus/train.jsonl" --validation_file \
-        "$corpus/validation.jsonl" "${quality[@]}" --pretrain_flags=--no-keep_best_model --no-wait-quiet \
-        --output_dir "$RESULTS/quality" --results_dir "$RESULTS"
+        "$corpus/validation.jsonl" "${quality[@]}" --no-wait-quiet --output_dir "$RESULTS/quality" \
+        --results_dir "$RESULTS"
 elif [[ " $STEPS " == *" quality "* ]]; then
     echo "quality        skipped: no corpus in $GPU_DATA/joined (benchmarks/gpu_prepare.sh builds it)"
     status=1

@@ -280,8 +280,13 @@ def run(args) -> dict:
           f"{time.time() - started:.1f}s\nmachine: {machine()}, device {accelerator.device}; curve points "
           f"{[round(p, 1) for p in points]}", flush=True)
     load_before = wait_for_quiet(max_wait_s=60) if args.wait_quiet else None
-    models = [brillm_row(argv, pretrain_data, suffix) for argv, suffix in brillm_rows(args, argv0, first, points)]
-    models += [gpt2_row(size, data, points, args, gpt2_batch(args)) for size in sizes]
+    out, models = Path(args.output_dir), []
+    for argv, suffix in brillm_rows(args, argv0, first, points):
+        models.append(brillm_row(argv, pretrain_data, suffix))
+        write_json_atomic(out / "quality.json", dict(partial=True, models=models))  # a cut-off run keeps its rows
+    for size in sizes:
+        models.append(gpt2_row(size, data, points, args, gpt2_batch(args)))
+        write_json_atomic(out / "quality.json", dict(partial=True, models=models))
     budgets = sorted(args.budgets)
     results = dict(
         settings=dict(budgets=budgets, curve_points=points, batch_size=args.batch_size,
@@ -298,7 +303,6 @@ def run(args) -> dict:
         models=models, bigram_add_0_1_perplexity=round(bigram_reference(data), 3),
         perplexity_at_budget={str(b): {m["label"]: round(at_budget(m["curve"], b)["perplexity"], 3) for m in models}
                               for b in budgets})
-    out = Path(args.output_dir)
     write_json_atomic(out / "quality.json", results)
     plot(results, out / "quality.png")
     report(results)
