@@ -43,4 +43,7 @@ fi
 versions=$("$PY" -c "import datasets, dill, multiprocess as m; print(f'datasets=={datasets.__version__} dill=={dill.__version__} multiprocess=={m.__version__}')")
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform any -d "$OUT/wheels" $versions
+for wheel in datasets dill multiprocess; do
+    compgen -G "$OUT/wheels/$wheel-*.whl" >/dev/null || { echo "error: no $wheel wheel in $OUT/wheels"; exit 1; }
+done
 du -sh "$OUT"
