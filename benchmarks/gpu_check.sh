@@ -4,9 +4,9 @@
 #     bash benchmarks/gpu_prepare.sh                    # first, on a machine with the package registries (see there)
 #     bash benchmarks/gpu_check.sh [RESULTS_DIR] [STEP...]   # RESULTS_DIR default benchmarks/results; STEPs: below
 #
-# selfcheck      every Triton kernel against its torch reference, and their speed-ups (~40 s)
 # quality        quality.py at the device-sized step on the joined corpus (>= 100 MB of text, carried in outputs/gpu):
-#                BriLLM's defaults at node size 32, 64 and 128 beside GPT-2 4L/256 and 6L/384, 2 minutes each (~12 min)
+#                BriLLM's defaults at node size 32, 64 and 128 beside GPT-2 4L/256 and 6L/384, 2 minutes each (~13 min)
+# selfcheck      every Triton kernel against its torch reference, and their speed-ups (~40 s)
 # throughput     training at the paper's shape (V 4000, 0.96B parameters), 32 x 32 and 1024 x 64, torch path and
 #                kernels side by side, and greedy and sampled generate() at batch 1 and 256
 # fsdp           a tiny pretrain.py run under gpu8_fsdp.yaml on one GPU: trains, keeps its best model, saves a folder
@@ -23,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS="${1:-benchmarks/results}"
 shift || true
-STEPS="${*:-selfcheck quality throughput fsdp default_batch cuda_tests}"
+STEPS="${*:-quality selfcheck throughput fsdp default_batch cuda_tests}"
 DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-840}))
 PY="${PYTHON:-python3}"
 GPU_DATA="${GPU_DATA:-outputs/gpu}"
@@ -82,16 +82,16 @@ fi
 # the tokenizer pretrain.py would train on the corpus, trained by gpu_prepare.sh: a minute less here
 [ -f "$GPU_DATA/tokenizer/tokenizer.json" ] && quality+=(--tokenizer_name "$GPU_DATA/tokenizer")
 
-step selfcheck 90 "$PY" -m modeling_brillm.selfcheck
 if [ -f "$corpus/train.jsonl" ]; then
     # on the GPU, the last model, not the best: a best model of d = 128 is 20 GB, written at each better evaluation
-    step quality 780 "$PY" benchmarks/quality.py --train_file "$corpus/train.jsonl" --validation_file \
+    step quality 830 "$PY" benchmarks/quality.py --train_file "$corpus/train.jsonl" --validation_file \
         "$corpus/validation.jsonl" "${quality[@]}" --no-wait-quiet --output_dir "$RESULTS/quality" \
         --results_dir "$RESULTS"
 elif [[ " $STEPS " == *" quality "* ]]; then
     echo "quality        skipped: no corpus in $GPU_DATA/joined (benchmarks/gpu_prepare.sh builds it)"
     status=1
 fi
+step selfcheck 90 "$PY" -m modeling_brillm.selfcheck
 step throughput 150 "$PY" benchmarks/gpu_throughput.py --shape paper --batches 32x32,1024x64 --objective exact \
     --optimizer sparse_adamw --decode-batches 1,256 --long-tokens 0 --results_dir "$RESULTS"
 out=$(mktemp -d)
