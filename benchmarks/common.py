@@ -178,12 +178,10 @@ def git_state() -> dict:
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        name = None
+    return name or platform.processor() or "unknown CPU"
 
 
 def machine_info() -> dict:

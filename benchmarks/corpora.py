@@ -169,15 +169,13 @@ def documents(package: str, tree: Path):
     seen: set[str] = set()  # the package's docstrings and comment blocks so far
     pages: set[str] = set()  # a book's pages so far: mdBook's index.html is the first chapter again
     skip = PACKAGE_SKIP.get(package, frozenset())
-    for path in paths:
-        for doc_id, text in file_documents(f"{package}/{path.relative_to(tree)}", path, seen, skip):
-            if len(text) < MIN_DOCUMENT_CHARS:
-                continue
-            if package in BOOK_PACKAGES:
-                if text in pages:
-                    continue
-                pages.add(text)
-            yield doc_id, text
+    found = (doc for path in paths for doc in file_documents(f"{package}/{path.relative_to(tree)}", path, seen, skip))
+    for doc_id, text in found:
+        if len(text) < MIN_DOCUMENT_CHARS or (package in BOOK_PACKAGES and text in pages):
+            continue
+        if package in BOOK_PACKAGES:
+            pages.add(text)
+        yield doc_id, text
 
 
 @functools.lru_cache(maxsize=None)

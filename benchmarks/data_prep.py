@@ -102,6 +102,72 @@ def blocks_digest(blocks) -> str:
     return h.hexdigest()[:16]
 
 
+def train_tokenizer(args, raw, tok_dir, stage):
+    from transformers import AutoTokenizer
+
+    from tokenization import build_tokenizer
+
+    if "tokenizer" in args.stages:
+        with Timed() as timed:
+            tokenizer = build_tokenizer(raw["train"], kind="bpe", vocab_size=args.vocab_size, output_dir=tok_dir)
+        stage("tokenizer", timed, tokens=len(tokenizer),
+              vocab_digest=hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:16])
+    else:  # a tokenizer from the first 200 documents: the later stages need one, fast
+        build_tokenizer(raw["train"].select(range(min(200, len(raw["train"])))), kind="bpe",
+                        vocab_size=args.vocab_size, output_dir=tok_dir)
+    return AutoTokenizer.from_pretrained(tok_dir)  # as the other processes of a run load it
+
+
+def cut_blocks(args, raw, tokenizer, stage):
+    """The sentence blocks (for the graph), each mode timed when the tokenization stage is asked for."""
+    from modeling_brillm.training.data import tokenize_splits
+
+    sentence = None
+    for mode in ("sentence", "contiguous") if "tokenization" in args.stages else ("sentence",):
+        prep = SimpleNamespace(block_mode=mode, text_column="text", block_size=args.block_size,
+                               preprocessing_num_workers=args.num_proc, overwrite_cache=True)
+        with Timed() as timed:
+            blocks = tokenize_splits(raw, tokenizer, prep, OneProcess())["train"]
+        if "tokenization" in args.stages:
+            stage(f"tokenization_{mode}", timed, blocks=len(blocks), blocks_digest=blocks_digest(blocks))
+        sentence = blocks if mode == "sentence" else sentence
+    return sentence
+
+
+def run_stages(args, tmp: str) -> dict:
+    import datasets
+
+    from modeling_brillm import build_sparse_graph
+    from modeling_brillm.training.data import block_sequences, load_raw_data
+
+    datasets.disable_progress_bars()
+    path = os.path.join(tmp, "train.jsonl")
+    mb = write_corpus(path, int(args.size_mb * 1e6)) / 1e6
+    t0 = time.perf_counter()
+    raw, _ = load_raw_data(SimpleNamespace(dataset_name=None, train_file=path, validation_file=None,
+                                           text_column="text", validation_split_percentage=0))
+    figures = {"text_mb": mb, "documents": len(raw["train"]), "read_s": time.perf_counter() - t0}
+    print(f"code: {ROOT}\nmachine: {machine()}\ntext: {mb:.1f} MB in {len(raw['train']):,} documents "
+          f"(read in {figures['read_s']:.1f}s)")
+
+    def stage(name, timed, **extra):
+        figures[name] = {"seconds": timed.wall, "mb_per_s": mb / timed.wall, "cpu_seconds": timed.cpu,
+                         "mb_per_cpu_s": mb / timed.cpu, **extra}
+        print(f"{name:<24} {timed.wall:7.2f}s {mb / timed.wall:7.2f} MB/s {mb / timed.cpu:7.2f} MB/CPU-s  "
+              + "  ".join(f"{k}={v}" for k, v in extra.items()))
+
+    tokenizer = train_tokenizer(args, raw, os.path.join(tmp, "tokenizer"), stage)
+    if "tokenization" in args.stages or "graph" in args.stages:
+        sentence = cut_blocks(args, raw, tokenizer, stage)
+    if "graph" in args.stages:
+        with Timed() as timed:
+            graph = build_sparse_graph(block_sequences(sentence, tokenizer.pad_token_id), len(tokenizer),
+                                       ignore_ids=(tokenizer.pad_token_id,), with_prior=True)
+        stage("graph", timed, edges=graph.num_edges,
+              graph_digest=digest(graph.indptr.numpy(), graph.indices.numpy(), graph.counts.numpy()))
+    return figures
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size_mb", type=float, default=20.0, help="MB of generated training text. [20]")
@@ -110,71 +176,10 @@ def main(argv=None):
     parser.add_argument("--vocab_size", type=int, default=4000)
     parser.add_argument("--block_size", type=int, default=32)
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
-    add_results_dir(parser)
-    args = parser.parse_args(argv)
-
+    args = add_results_dir(parser).parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["HF_DATASETS_CACHE"] = os.path.join(tmp, "cache")  # nothing reused from an earlier run
-        import datasets
-
-        datasets.disable_progress_bars()
-        from transformers import AutoTokenizer
-
-        from modeling_brillm import build_sparse_graph
-        from modeling_brillm.training.data import block_sequences, load_raw_data, tokenize_splits
-        from tokenization import build_tokenizer
-
-        path = os.path.join(tmp, "train.jsonl")
-        text_bytes = write_corpus(path, int(args.size_mb * 1e6))
-        load_args = SimpleNamespace(dataset_name=None, train_file=path, validation_file=None, text_column="text",
-                                    validation_split_percentage=0)
-        t0 = time.perf_counter()
-        raw, _ = load_raw_data(load_args)
-        read_s = time.perf_counter() - t0
-        mb = text_bytes / 1e6
-        print(f"code: {ROOT}\nmachine: {machine()}\ntext: {mb:.1f} MB in {len(raw['train']):,} documents "
-              f"(read in {read_s:.1f}s)")
-        figures = {"text_mb": mb, "documents": len(raw["train"]), "read_s": read_s}
-
-        def stage(name, timed, **extra):
-            figures[name] = {"seconds": timed.wall, "mb_per_s": mb / timed.wall, "cpu_seconds": timed.cpu,
-                             "mb_per_cpu_s": mb / timed.cpu, **extra}
-            print(f"{name:<24} {timed.wall:7.2f}s {mb / timed.wall:7.2f} MB/s {mb / timed.cpu:7.2f} MB/CPU-s  "
-                  + "  ".join(f"{k}={v}" for k, v in extra.items()))
-
-        tok_dir = os.path.join(tmp, "tokenizer")
-        if "tokenizer" in args.stages:
-            with Timed() as timed:
-                tokenizer = build_tokenizer(raw["train"], kind="bpe", vocab_size=args.vocab_size, output_dir=tok_dir)
-            stage("tokenizer", timed, tokens=len(tokenizer),
-                  vocab_digest=hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
-                  .hexdigest()[:16])
-        else:  # a tokenizer from the first 200 documents: the later stages need one, fast
-            tokenizer = build_tokenizer(raw["train"].select(range(min(200, len(raw["train"])))), kind="bpe",
-                                        vocab_size=args.vocab_size, output_dir=tok_dir)
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)  # as the other processes of a run load it
-
-        sentence = None
-        if "tokenization" in args.stages or "graph" in args.stages:
-            for mode in ("sentence", "contiguous"):
-                if mode == "contiguous" and "tokenization" not in args.stages:
-                    continue
-                prep = SimpleNamespace(block_mode=mode, text_column="text", block_size=args.block_size,
-                                       preprocessing_num_workers=args.num_proc, overwrite_cache=True)
-                with Timed() as timed:
-                    blocks = tokenize_splits(raw, tokenizer, prep, OneProcess())["train"]
-                if "tokenization" in args.stages:
-                    stage(f"tokenization_{mode}", timed, blocks=len(blocks), blocks_digest=blocks_digest(blocks))
-                if mode == "sentence":
-                    sentence = blocks
-
-        if "graph" in args.stages:
-            with Timed() as timed:
-                graph = build_sparse_graph(block_sequences(sentence, tokenizer.pad_token_id), len(tokenizer),
-                                           ignore_ids=(tokenizer.pad_token_id,), with_prior=True)
-            stage("graph", timed, edges=graph.num_edges,
-                  graph_digest=digest(graph.indptr.numpy(), graph.indices.numpy(), graph.counts.numpy()))
-
+        figures = run_stages(args, tmp)
     write_record("data_prep", args, figures)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -243,21 +244,15 @@ def run_shape(args, name, device, bandwidth):
     rows = []
     for B, L in args.batches:
         batches = [paths.batch(B, L).to(device) for _ in range(min(4, args.warmup + args.steps))]
-        for optimizer_name in args.optimizer:
-            for objective in args.objective:
-                for backend in args.backends:
-                    row = train_row(args, model, batches, device, B, L, objective, optimizer_name, backend,
-                                    bandwidth)
-                    row.update(shape=name, params=params)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+        for optimizer_name, objective, backend in itertools.product(args.optimizer, args.objective, args.backends):
+            rows.append(dict(train_row(args, model, batches, device, B, L, objective, optimizer_name, backend,
+                                       bandwidth), shape=name, params=params))
+            print(json.dumps(rows[-1]), flush=True)
         del batches
-    if args.decode_batches or args.long_tokens:
-        for backend in args.backends:
-            for row in decode_rows(args, model, paths, device, backend):
-                row.update(shape=name, params=params)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for backend in args.backends if args.decode_batches or args.long_tokens else []:
+        for row in decode_rows(args, model, paths, device, backend):
+            rows.append(dict(row, shape=name, params=params))
+            print(json.dumps(rows[-1]), flush=True)
     del model
     gc.collect()
     if device.type == "cuda":
@@ -328,7 +323,23 @@ def main(argv=None):
     parser.add_argument("--no-profile", dest="profile", action="store_false", default=True)
     args = add_results_dir(parser).parse_args(argv)
     device = torch.device(args.device)
-    gpu = device.type == "cuda"
+    shapes = settle(args, device.type == "cuda")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the exactness checks use it
+        torch.backends.cudnn.allow_tf32 = False
+        device_name = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    else:
+        device_name = machine()
+    bandwidth = copy_bandwidth(device)
+    print(f"# {device_name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s (read + write)", flush=True)
+    rows = [row for name in shapes for row in run_shape(args, name, device, bandwidth)]
+    print_tables(rows, device_name)
+    write_record("gpu_throughput", args, dict(device=device_name, bandwidth=bandwidth, rows=rows), argv=argv)
+    return rows
+
+
+def settle(args, gpu: bool) -> list[str]:
+    """The command line's defaults for the device (a GPU: the whole table; a CPU: a smoke test); the shapes."""
     args.backends = [b for b in args.backends.split(",") if b]
     if any(b not in ("torch", "triton") for b in args.backends):
         raise SystemExit(f"--backends takes torch and/or triton, got {args.backends}")
@@ -355,20 +366,7 @@ def main(argv=None):
     args.decode_batches = [int(b) for b in decode.split(",") if b]
     args.decode_tokens = args.decode_tokens or (256 if gpu else 4)
     args.long_tokens = args.long_tokens if args.long_tokens is not None else (20000 if gpu else 16)
-    if gpu:
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the exactness checks use it
-        torch.backends.cudnn.allow_tf32 = False
-        device_name = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    else:
-        device_name = machine()
-    bandwidth = copy_bandwidth(device)
-    print(f"# {device_name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s (read + write)", flush=True)
-    rows = []
-    for name in shapes:
-        rows.extend(run_shape(args, name, device, bandwidth))
-    print_tables(rows, device_name)
-    write_record("gpu_throughput", args, dict(device=device_name, bandwidth=bandwidth, rows=rows), argv=argv)
-    return rows
+    return shapes
 
 
 if __name__ == "__main__":
