@@ -83,10 +83,12 @@ fi
 [ -f "$GPU_DATA/tokenizer/tokenizer.json" ] && quality+=(--tokenizer_name "$GPU_DATA/tokenizer")
 
 if [ -f "$corpus/train.jsonl" ]; then
-    # on the GPU, the last model, not the best: a best model of d = 128 is 20 GB, written at each better evaluation
+    # on the GPU, the last model, not the best: a best model of d = 128 is 20 GB, written at each better evaluation;
+    # the models stay in a temporary folder, quality.json and quality.png come to RESULTS_DIR (a cut-off run's too)
     step quality 830 "$PY" benchmarks/quality.py --train_file "$corpus/train.jsonl" --validation_file \
-        "$corpus/validation.jsonl" "${quality[@]}" --no-wait-quiet --output_dir "$RESULTS/quality" \
+        "$corpus/validation.jsonl" "${quality[@]}" --no-wait-quiet --output_dir "$corpus/quality" \
         --results_dir "$RESULTS"
+    cp "$corpus"/quality/quality.{json,png} "$RESULTS/" 2>/dev/null
 elif [[ " $STEPS " == *" quality "* ]]; then
     echo "quality        skipped: no corpus in $GPU_DATA/joined (benchmarks/gpu_prepare.sh builds it)"
     status=1

@@ -211,6 +211,9 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
     if pretrain.run(pargs, data=data) != 0:
         raise RuntimeError(f"the pretraining run failed: {command_line(argv)}")
     load, wall = monitor.stop(), time.perf_counter() - wall
+    peak = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the next row's model is as large again
     out = Path(pargs.output_dir)
     summary = json.loads((out / pretrain.SUMMARY_NAME).read_text(encoding="utf-8"))
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
@@ -228,7 +231,7 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
                 curve=log_curve(out), steps=summary["steps"], train_seconds=summary["train_seconds"],
                 tokens_per_second=summary["tokens_per_second"], other_cpu_load=round(load, 3),
                 wall_seconds=round(wall, 1),
-                peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if torch.cuda.is_available() else None,
+                peak_gb=peak and round(peak, 2),
                 **{k: config[k] for k in CONFIG_KEYS})
 
 

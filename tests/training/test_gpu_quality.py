@@ -46,7 +46,8 @@ def test_the_quality_step_runs_on_the_cpu_and_records(tmp_path):
     assert all(m["curve"][-1]["train_seconds"] >= 0.5 for m in figures["models"])
     assert {m["batch_size"] for m in figures["models"][2:]} == {8}
     assert all("--no-keep_best_model" in m["pretrain_command"] for m in figures["models"][:2])
-    assert (results / "quality" / "quality.png").read_bytes()[:4] == b"\x89PNG"
+    assert (results / "quality.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((results / "quality.json").read_text())["models"] == figures["models"]
     assert "the best BriLLM" in (results / "gpu_check-quality.log").read_text()
 
 
