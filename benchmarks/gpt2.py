@@ -1,10 +1,10 @@
-"""The GPT-2 side of quality.py and recipe_sweep.py: transformers' GPT2LMHeadModel trained against the same clock as a
-BriLLM row, on the same blocks and batch order, through the pretraining code's step, clock, schedule and evaluator.
+"""The GPT-2 side of quality.py and recipe_sweep.py: transformers' GPT2LMHeadModel on a BriLLM row's blocks, batch
+order, step, training clock, schedule and evaluator (the pretraining code's).
 
-GPT-2's recipe: fused AdamW (weight decay 0.01 on matrices, none on vectors), `--gpt2_warmup` steps of linear warmup
-then the rule every model follows over the training clock (epochs.make_schedule), the gradient norm clipped at 1.0,
-dropout 0, tied embeddings. The learning rate is the size's `@lr`, else `--gpt2_lr`: 3e-3 was the best of 1e-3 / 3e-3 /
-6e-3 / 1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better at 1e-3.
+GPT-2's recipe: fused AdamW (weight decay 0.01 on matrices, none on vectors), `--gpt2_warmup` steps of linear warmup,
+then the rule every model follows over the training clock; gradient norm clipped at 1.0, dropout 0, tied embeddings.
+The rate is the size's `@lr`, else `--gpt2_lr`: 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 / 1.2e-2 for 2x64 and 4x128
+at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better at 1e-3.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ SCHEDULERS = {"linear": "linear", "constant": "constant_with_warmup", "cosine": 
 
 def sizes(specs, default_lr: float) -> list[tuple[int, int, int, float]]:
     """(layers, width, heads, learning rate) of every --gpt2 spec; none for `--gpt2 none`."""
-    if [spec.lower() for spec in specs] == ["none"]:
-        return []
-    return [size(spec, default_lr) for spec in specs]
+    return [] if [s.lower() for s in specs] == ["none"] else [size(spec, default_lr) for spec in specs]
 
 
 def size(spec: str, default_lr: float) -> tuple[int, int, int, float]:
@@ -38,10 +36,9 @@ def size(spec: str, default_lr: float) -> tuple[int, int, int, float]:
                          "4x256@1e-3.")
     layers, width = int(match.group(1)), int(match.group(2))
     heads = int(match.group(3)) if match.group(3) else max(1, width // 32)
-    if min(layers, width, heads) < 1:
-        raise UsageError(f"--gpt2 {spec!r}: layers, width and heads must be positive.")
-    if width % heads:
-        raise UsageError(f"--gpt2 {spec!r}: the width {width} must be a multiple of the heads {heads}.")
+    if min(layers, width, heads) < 1 or width % heads:
+        raise UsageError(f"--gpt2 {spec!r}: layers, width and heads must be positive, the width a multiple of the "
+                         "heads.")
     try:
         lr = float(match.group(4)) if match.group(4) else default_lr
     except ValueError:
@@ -56,7 +53,7 @@ def labels_of(ids, mask):
 
 
 def target_mask(mask):
-    """The targets both models are scored on: position t+1 where tokens t and t+1 are real."""
+    """The targets every model is scored on: position t+1 where tokens t and t+1 are real."""
     return (mask[:, 1:] != 0) & (mask[:, :-1] != 0)
 
 
@@ -78,10 +75,9 @@ class BatchOrder:
 def make_gpt2(data, size, seed: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    layers, width, heads = size[:3]
     tok = data["tokenizer"]
-    config = GPT2Config(vocab_size=len(tok), n_positions=data["train"][0].shape[1], n_embd=width, n_layer=layers,
-                        n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.bos_token_id,
+    config = GPT2Config(vocab_size=len(tok), n_positions=data["train"][0].shape[1], n_embd=size[1], n_layer=size[0],
+                        n_head=size[2], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.bos_token_id,
                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config)
@@ -90,12 +86,11 @@ def make_gpt2(data, size, seed: int):
 
 
 def heldout_nll(model, held, batch_size: int, accelerator) -> tuple[float, int]:
-    """(summed NLL in nats, targets) over the held-out blocks through training.loop.evaluate, the full softmax at the
+    """(summed NLL in nats, targets) of the held-out blocks through training.loop.evaluate: the full softmax at the
     same targets for every model. Leaves the model in training mode."""
-    device = accelerator.device
-    batches = ({"input_ids": ids.to(device), "attention_mask": mask.to(device),
-                "labels": labels_of(ids, mask).to(device)}
+    batches = ({"input_ids": ids, "attention_mask": mask, "labels": labels_of(ids, mask)}
                for ids, mask in zip(held[0].split(batch_size), held[1].split(batch_size)))
+    batches = ({k: v.to(accelerator.device) for k, v in batch.items()} for batch in batches)
     loss, _, count = evaluate(model, batches, accelerator)
     return (loss * count if count else 0.0), count
 
@@ -115,24 +110,17 @@ def bigram_reference(data, k: float = 0.1) -> float:
     return math.exp(float(-probs[hu, hv].log().mean()))
 
 
-def schedule_text(schedule: str, budget: float) -> str:
-    if schedule == "constant":
-        return "constant after warmup"
-    return f"{schedule} over {budget:g} training seconds to zero, after warmup"
-
-
 class BudgetRun:
     """One GPT-2 trained until its clock (seconds of forward, backward and optimizer step) passes the last of `points`
-    or `max_steps`, evaluated each time the clock passes a point."""
+    or --max_train_steps, evaluated each time the clock passes a point."""
 
     def __init__(self, label, model, data, points, args, batch_size: int, lr: float):
         self.label, self.model, self.data, self.args = label, model, data, args
         accelerator = data["accelerator"]
         self.device = accelerator.device
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        matrices = [p for p in model.parameters() if p.dim() >= 2]
-        vectors = [p for p in model.parameters() if p.dim() < 2]
-        groups = [{"params": matrices, "weight_decay": 0.01}, {"params": vectors, "weight_decay": 0.0}]
+        groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.01},
+                  {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(groups, lr=lr, fused=self.device.type in ("cpu", "cuda"))
         self.clock = TrainingClock(max(points))
         scheduler = make_schedule(optimizer, SCHEDULERS[args.schedule], args.gpt2_warmup, clock=self.clock)
@@ -151,7 +139,7 @@ class BudgetRun:
                      eval_tokens=count)
         self.losses = []
         print(f"  {self.label:>18} {self.clock.seconds:8.1f}s step {self.steps:6d}  held-out perplexity "
-              f"{point['perplexity']:10.2f}" + (f"  (train loss {last:.3f})" if last is not None else ""), flush=True)
+              f"{point['perplexity']:10.2f}", flush=True)
         return point
 
     def step(self):
@@ -178,19 +166,19 @@ class BudgetRun:
                 self.curve.append(self.evaluate())
         if self.curve[-1]["steps"] < self.steps:  # stopped by the step cap: its final evaluation
             self.curve.append(self.evaluate())
-        load = monitor.stop()
         return dict(curve=self.curve, steps=self.steps, train_seconds=round(self.clock.seconds, 3),
                     tokens_per_second=round(self.tokens / max(self.clock.seconds, 1e-9), 1),
-                    other_cpu_load=round(load, 3), wall_seconds=round(time.perf_counter() - wall, 1))
+                    other_cpu_load=round(monitor.stop(), 3), wall_seconds=round(time.perf_counter() - wall, 1))
 
 
 def row(size, data, points, args, batch_size: int) -> dict:
     """One GPT-2 row: the same blocks, batch order, step, clock, schedule and evaluator as the BriLLM rows."""
     model = make_gpt2(data, size, args.seed)
-    label = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h"
-    parameters = sum(p.numel() for p in model.parameters())
+    label, parameters = f"GPT-2 {size[0]}L {size[1]}w {size[2]}h", sum(p.numel() for p in model.parameters())
     print(f"\n{label}: {parameters:,} parameters; AdamW (fused) lr {size[3]}, batch {batch_size}", flush=True)
     result = BudgetRun(label, model, data, points, args, batch_size, size[3]).train()
-    return dict(kind="gpt2", label=label, parameters=parameters, size=dict(zip(("layers", "width", "heads"), size[:3])),
+    schedule = ("constant after warmup" if args.schedule == "constant"
+                else f"{args.schedule} over {max(points):g} training seconds to zero, after warmup")
+    return dict(kind="gpt2", label=label, parameters=parameters, size=dict(zip(("layers", "width", "heads"), size)),
                 optimizer="adamw (fused)", lr=size[3], weight_decay=0.01, warmup_steps=args.gpt2_warmup,
-                schedule=schedule_text(args.schedule, max(points)), grad_clip=1.0, batch_size=batch_size, **result)
+                schedule=schedule, grad_clip=1.0, batch_size=batch_size, **result)
