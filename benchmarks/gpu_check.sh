@@ -11,7 +11,8 @@
 #                kernels side by side, and greedy and sampled generate() at batch 1 and 256
 # fsdp           a tiny pretrain.py run under gpu8_fsdp.yaml on one GPU: trains, keeps its best model, saves a folder
 #                that loads and generates (fsdp_load)
-# default_batch  pretrain.py's default step at the paper's shape: the batch GPU_STEP_TOKENS chose, its tokens/s
+# default_batch  gpu_throughput.py --default_batch: pretrain.py's default step at the paper's shape, the batch
+#                GPU_STEP_TOKENS chose, its tokens/s
 # cuda_tests     pytest -k cuda
 # The steps run in that order (all of them without a STEP); one that does not start before the 14 minutes are out is
 # reported as skipped, one that fails or runs out of time is reported and the next one runs. Figures go to
@@ -112,7 +113,7 @@ tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
 ids = tokenizer("The", return_tensors="pt").input_ids.cuda()
 print("loaded; greedy:", repr(tokenizer.decode(model.generate(ids, max_new_tokens=8)[0])))
 EOF
-step default_batch 150 "$PY" benchmarks/gpu_default_batch.py --seconds 30 --results_dir "$RESULTS"
+step default_batch 150 "$PY" benchmarks/gpu_throughput.py --default_batch 30 --results_dir "$RESULTS"
 step cuda_tests 200 "$PY" -m pytest -q -x -n 8 -k cuda -p no:cacheprovider
 rm -rf "$out" "$corpus"
 exit $status

@@ -8,7 +8,7 @@
 
 Every BriLLM row IS an examples/pretrain.py run (`pretraining.run()` in this process on data prepared once, the
 largest budget its --max_train_time, the curve points its --eval_seconds), its command printed and stored
-(`pretrain_command`); `--node_sizes` trains one per node size, `--more_brillm` one per preset. Every model gets
+(`pretrain_command`); `--node_sizes` trains one per node size. Every model gets
 pretrain.py's tokenizer, blocks, held-out blocks and seeded batch order, the pretraining code's step, clock (forward,
 backward, optimizer step), schedule (after a warmup, --schedule over the clock, to zero at the largest budget) and
 evaluator (the full softmax, the same targets). BriLLM's batch is pretrain.py's own, GPT-2's --gpt2_batch (64).
@@ -58,7 +58,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="GPT-2 sizes (heads: width/32); `none`: no GPT-2")
     p.add_argument("--no_brillm", action="store_true", help="only the GPT-2 models")
     p.add_argument("--config", help="BriLLM's preset (default: pretrain.py's built-in defaults)")
-    p.add_argument("--more_brillm", nargs="*", default=[], metavar="PRESET", help="more BriLLM recipes")
     p.add_argument("--node_sizes", type=int, nargs="*", default=[], metavar="D", help="one BriLLM per node size")
     p.add_argument("--pretrain_flags", default="", help="more pretrain.py flags for every BriLLM row (one string)")
     p.add_argument("--train_file", help="training text (default: the embedded corpus)")
@@ -104,39 +103,24 @@ def curve_points(budgets, extra: int) -> list[float]:
     return sorted(set(budgets) | {top / 64 * 64 ** (i / extra) for i in range(extra)})
 
 
-def data_flags(args, first=None) -> list[str]:
-    """pretrain.py's data flags: the command line's, or (`first`: the first row's settled arguments) that row's."""
-    argv = [x for flag in ("train_file", "validation_file", "tokenizer_name") if getattr(args, flag, None)
-            for x in (f"--{flag}", str(getattr(args, flag)))]
-    if first is None:
-        return argv + [x for flag in ("vocab_size", "block_size") if getattr(args, flag) is not None
-                       for x in (f"--{flag}", str(getattr(args, flag)))]
-    return argv + ["--vocab_size", str(first.vocab_size), "--tokenizer_kind", first.tokenizer_kind,
-                   "--tokenizer_min_frequency", str(first.tokenizer_min_frequency), "--block_size",
-                   str(first.block_size), f"--{first.block_mode}_blocks", "--validation_split_percentage",
-                   f"{first.validation_split_percentage:g}"]
-
-
-def brillm_argv(args, preset, points, first=None, name=None, schedule=None, node_size=None) -> list[str]:
-    """pretrain.py's flags for one BriLLM row. `first`: the first row's settled arguments (a --more_brillm row keeps
-    its data); `name`: its folder under --output_dir; `schedule`: another than --schedule."""
+def brillm_argv(args, points, name: str = "brillm", node_size=None) -> list[str]:
+    """pretrain.py's flags for one BriLLM row, its folder `name` under --output_dir."""
     top = max(args.budgets)
-    argv = ["--seed", str(args.seed), "--text_column", args.text_column, *(["--config", preset] if preset else []),
-            *data_flags(args, first)]
+    argv = ["--seed", str(args.seed), "--text_column", args.text_column] + (["--config", args.config] if args.config
+                                                                           else [])
+    argv += [x for flag in ("train_file", "validation_file", "tokenizer_name", "vocab_size", "block_size")
+             if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
     argv += ["--per_device_train_batch_size", str(args.batch_size)] if args.batch_size else []
     argv += ["--per_device_eval_batch_size", str(args.eval_batch_size)]
     argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
     argv += ["--max_train_time", f"{top:g}"]
     argv += ["--eval_seconds", *(f"{p:.6g}" for p in points if p < top)] if any(p < top for p in points) else []
     argv += ["--max_train_steps", str(args.max_train_steps)] if args.max_train_steps else []
-    schedule = schedule or args.schedule
-    if schedule != "linear" or preset:  # linear is pretrain.py's default; a preset may name another
-        argv += ["--lr_scheduler_type", SCHEDULERS[schedule]]
+    if args.schedule != "linear" or args.config:  # linear is pretrain.py's default; a preset may name another
+        argv += ["--lr_scheduler_type", SCHEDULERS[args.schedule]]
     argv += ["--node_size", str(node_size)] if node_size else []
-    name = name or ("brillm" if first is None else f"brillm-{Path(preset).stem}")
-    return argv + shlex.split(getattr(args, "pretrain_flags", "")) + ["--torch_threads", str(args.threads),
-                                                                      "--num_generations", "0", "--output_dir",
-                                                                      str(Path(args.output_dir) / name)]
+    return argv + shlex.split(args.pretrain_flags) + ["--torch_threads", str(args.threads), "--num_generations", "0",
+                                                      "--output_dir", str(Path(args.output_dir) / name)]
 
 
 def command_line(argv) -> str:
@@ -240,24 +224,12 @@ def at_budget(curve, budget: float) -> dict:
     return next((p for p in curve if p["train_seconds"] >= budget), curve[-1])
 
 
-def brillm_rows(args, argv0, first, points) -> list[tuple[list[str], str]]:
-    """(pretrain.py flags, label suffix) of every BriLLM row."""
-    if args.no_brillm:
-        return []
-    if args.node_sizes:
-        return [(brillm_argv(args, args.config, points, name=f"brillm-d{d}", node_size=d), "") for d in args.node_sizes]
-    first_suffix = f" ({Path(args.config).stem if args.config else 'defaults'})" if args.more_brillm else ""
-    return [(argv0, first_suffix)] + [(brillm_argv(args, preset, points, first), f" ({Path(preset).stem})")
-                                      for preset in args.more_brillm]
-
-
 def run(args) -> dict:
     check_args(args)
     sizes, points = gpt2_sizes(args.gpt2, args.gpt2_lr), curve_points(args.budgets, args.curve_points)
     started = time.time()
-    d0 = (args.node_sizes or [None])[0]
-    argv0 = brillm_argv(args, args.config, points, name=d0 and f"brillm-d{d0}", node_size=d0)
-    pretrain_data, first, accelerator = shared_data(argv0, Path(args.output_dir) / "data")
+    argvs = [brillm_argv(args, points, f"brillm-d{d}", d) for d in args.node_sizes] or [brillm_argv(args, points)]
+    pretrain_data, first, accelerator = shared_data(argvs[0], Path(args.output_dir) / "data")
     data = harness_data(pretrain_data, first, accelerator, gpt2_batch(args))
     fields = data_fields(pretrain_data, data)
     print(f"data: {fields['description']}; {fields['train_blocks']:,} training blocks, {fields['heldout_blocks']:,} "
@@ -270,8 +242,8 @@ def run(args) -> dict:
         models.append(row)
         write_json_atomic(out / "quality.json", dict(partial=True, models=models))
 
-    for argv, suffix in brillm_rows(args, argv0, first, points):
-        keep(brillm_row(argv, pretrain_data, suffix))
+    for argv in [] if args.no_brillm else argvs:
+        keep(brillm_row(argv, pretrain_data, ""))
     for size in sizes:
         keep(gpt2_row(size, data, points, args, gpt2_batch(args)))
     budgets = sorted(args.budgets)

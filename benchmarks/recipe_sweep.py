@@ -1,5 +1,5 @@
-"""Recipe sweep: BriLLM recipes side by side on one corpus under quality.py's rules, at a training-time budget or at
-fixed steps (an ablation against the seed noise); --seeds: the seed noise; --novelty: the probe's novelty, untrained.
+"""Recipe sweep: BriLLM recipes side by side on one corpus at fixed steps, each against the base and the seed noise
+(an ablation); --seeds: the seed noise; --novelty: the probe's novelty, without training.
 
     python benchmarks/recipe_sweep.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 --seed 1 \
@@ -8,16 +8,17 @@ fixed steps (an ablation against the seed noise); --seeds: the seed noise; --nov
     python benchmarks/recipe_sweep.py --novelty outputs/corpora/small outputs/corpora/linux-docs demo
 
 A variant IS an examples/pretrain.py run, as a quality.py BriLLM row is (its command printed and stored as
-`pretrain_command`, its folder <output_dir>/<NAME>): NAME=key:value,... over pretrain.py's recipe or --config's
+`pretrain_command`, its folder <output_dir>/<NAME>), of --max_train_steps steps evaluated every --eval_steps (no
+time budget, so the machine's load does not enter): NAME=key:value,... over pretrain.py's recipe or --config's
 (NAME= alone: the recipe). The keys (KEYS) are pretrain.py flags (a 0/1 key turns a flag on or off; `schedule` is
-constant, cosine or linear) and, at fixed steps, the probe's numbers (`recurrence`, `probe_runs` (`blocks`: every
-block a run), `probe_every`), whose chosen count and dropout are passed on as numbers. --gpt2 adds references.
-Fixed steps (--eval_steps with --max_train_steps): no time budget; each variant's final perplexity against the base's
-(the variant named base, else the first, or --base_perplexity), in % and in units of --noise; a change counts past
-twice the noise. --seeds: every variant once per seed (NAME-sSEED) and, at each evaluation, the spread (max - min) /
-mean. Variants with the same flags train once (`same_run_as`). --novelty: per corpus folder (`demo`: the demo's
-manual, make demo's flags) the probe of pretrain.py's training blocks: c0, and the novelty at c0 and at counts 1-4.
-Writes <output_dir>/recipe_sweep.{json,png} and the record; exit status 2 with one line on bad input.
+constant, cosine or linear) and the probe's numbers (`recurrence`, `probe_runs` (`blocks`: every block a run),
+`probe_every`), whose chosen count and dropout are passed on as numbers. Each variant's final perplexity is compared
+with the base's (the variant named base, else the first, or --base_perplexity), in % and in units of --noise; a
+change counts past twice the noise. --seeds: every variant once per seed (NAME-sSEED) and, at each evaluation, the
+spread (max - min) / mean. Variants with the same flags train once (`same_run_as`). --novelty: per corpus folder
+(`demo`: the demo's manual, make demo's flags) the probe of pretrain.py's training blocks: c0, and the novelty at c0
+and at counts 1-4. Writes <output_dir>/recipe_sweep.{json,png} and the record; exit status 2 with one line on bad
+input.
 """
 
 from __future__ import annotations
@@ -57,18 +58,12 @@ DEMO = ["--config", "demo", "--vocab_size", "512", "--block_size", "32"]  # make
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", nargs="+", default=["base="], metavar="NAME=key:value,...")
-    p.add_argument("--budget", type=float, default=90.0, help="training seconds per variant")
-    p.add_argument("--curve_points", type=int, default=6, help="evaluations, log-spaced up to the budget")
-    p.add_argument("--max_train_steps", type=int)
-    p.add_argument("--eval_steps", type=int, help="fixed steps: every run trains --max_train_steps, evaluated so often")
+    p.add_argument("--max_train_steps", type=int, default=900)
+    p.add_argument("--eval_steps", type=int, default=300)
     p.add_argument("--noise", type=float, metavar="SPREAD", help="the seed noise of the base's final perplexity")
     p.add_argument("--base_perplexity", type=float, help="compare with this (a base run recorded before)")
     p.add_argument("--seeds", type=int, nargs="+", help="every variant once per seed, and their spread")
     p.add_argument("--novelty", nargs="+", metavar="CORPUS", help="only the probe's novelty of these folders")
-    p.add_argument("--gpt2", nargs="*", default=[], metavar="LxE[xH][@LR]", help="GPT-2 references (quality.py's)")
-    p.add_argument("--gpt2_lr", type=float, default=3e-3)
-    p.add_argument("--gpt2_warmup", type=int, default=20)
-    p.add_argument("--gpt2_schedule", choices=["constant", "cosine"], default="constant")
     p.add_argument("--config", help="a preset (default: pretrain.py's built-in recipe)")
     for flag in ("train_file", "validation_file"):
         p.add_argument(f"--{flag}")
@@ -122,25 +117,19 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name, settings
 
 
-def variant_argv(args, name: str, settings: dict, points) -> list[str]:
-    """The pretrain.py flags of one variant: quality.py's row flags for this data, batch, budget and clock points, or
-    at fixed steps --max_train_steps evaluated every --eval_steps with pretrain.py's schedule; then its own flags.
-    It keeps its last model."""
-    args = argparse.Namespace(**{**vars(args), "seed": settings.get("seed", args.seed)})
-    schedule = settings.get("schedule")
-    if not args.eval_steps:
-        argv = quality.brillm_argv(args, args.config, points, name=name, schedule=schedule or "constant")
-    else:
-        argv = ["--seed", str(args.seed), "--text_column", args.text_column]
-        argv += ["--config", args.config] if args.config else []
-        argv += [x for flag in ("train_file", "validation_file", "vocab_size", "block_size")
-                 if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
-        argv += ["--per_device_train_batch_size", str(args.batch_size), "--max_train_steps", str(args.max_train_steps),
-                 "--eval_steps", str(args.eval_steps)]
-        argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
-        argv += ["--torch_threads", str(args.threads), "--num_generations", "0",
-                 "--output_dir", str(Path(args.output_dir) / name)]
-        argv += ["--lr_scheduler_type", quality.SCHEDULERS[schedule]] if schedule else []
+def variant_argv(args, name: str, settings: dict) -> list[str]:
+    """The pretrain.py flags of one variant: --max_train_steps evaluated every --eval_steps with pretrain.py's schedule
+    and evaluation batch, then its own flags; it keeps its last model."""
+    seed = settings.get("seed", args.seed)
+    argv = ["--seed", str(seed), "--text_column", args.text_column] + (["--config", args.config] if args.config else [])
+    argv += [x for flag in ("train_file", "validation_file", "vocab_size", "block_size")
+             if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
+    argv += ["--per_device_train_batch_size", str(args.batch_size), "--max_train_steps", str(args.max_train_steps),
+             "--eval_steps", str(args.eval_steps)]
+    argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
+    argv += ["--torch_threads", str(args.threads), "--num_generations", "0", "--output_dir",
+             str(Path(args.output_dir) / name)]
+    argv += ["--lr_scheduler_type", quality.SCHEDULERS[settings["schedule"]]] if "schedule" in settings else []
     for key, value in settings.items():
         flag = KEYS[key][0]
         if flag and KEYS[key][1] == SWITCH:
@@ -268,33 +257,22 @@ def markdown(results) -> str:
 
 
 def check_args(args):
-    if not (args.budget > 0 and math.isfinite(args.budget)):
-        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}.")
     for name in ("batch_size", "eval_batch_size", "threads", "max_train_steps", "max_eval_blocks", "eval_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
-    if args.curve_points < 0:
-        raise UsageError(f"--curve_points must be >= 0, got {args.curve_points}.")
     for name in ("noise", "base_perplexity"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name} must be a positive number, got {value}.")
     variants = [parse_variant(v) for v in args.variant]
-    if args.eval_steps and args.max_train_steps is None:
-        raise UsageError("--eval_steps trains a fixed number of steps: give --max_train_steps too.")
-    if args.eval_steps and args.gpt2:
-        raise UsageError("--gpt2 references train to a time budget: leave them out with --eval_steps.")
-    if not args.eval_steps and any(key in PROBE for _, settings in variants for key in settings):
-        raise UsageError(f"the probe's keys ({', '.join(PROBE)}) need fixed steps: give --eval_steps and "
-                         "--max_train_steps (under a time budget the count depends on the timed epochs).")
     variants = [(f"{n}-s{s}", {**st, "seed": s}) for n, st in variants for s in args.seeds] if args.seeds else variants
     if len({n for n, _ in variants}) != len(variants):
         raise UsageError(f"--variant names must differ: {[n for n, _ in variants]}.")
     return variants
 
 
-def train(args, variants, argvs, pretrain_data, data, points) -> list[dict]:
-    """Every variant's row (those with the same pretrain.py flags, their folder aside, trained once), then GPT-2's."""
+def train(variants, argvs, pretrain_data) -> list[dict]:
+    """Every variant's row; those with the same pretrain.py flags (their folder aside) train once."""
     models, trained = [], {}
     for argv, (name, settings) in zip(argvs, variants):
         at = argv.index("--output_dir")
@@ -307,30 +285,25 @@ def train(args, variants, argvs, pretrain_data, data, points) -> list[dict]:
         row = quality.brillm_row(argv, pretrain_data, f" ({name})")
         models.append(dict(row, label=name, recipe_text=recipe_text(settings), edges=row["num_edges"]))
         trained[flags] = models[-1]
-    for size in quality.gpt2_sizes(args.gpt2, args.gpt2_lr):
-        row = quality.gpt2_row(size, data, points, args, args.batch_size)
-        models.append(dict(row, recipe_text=f"AdamW lr {size[3]:g}, {row['schedule']}"))
     return models
 
 
 def run(args) -> dict:
-    variants, started = check_args(args), time.time()
-    args.budgets, args.schedule = [args.budget], args.gpt2_schedule  # what quality's rows read
-    out, points = Path(args.output_dir), quality.curve_points([args.budget], args.curve_points)
-    argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
+    variants, started, out = check_args(args), time.time(), Path(args.output_dir)
+    argvs = [variant_argv(args, name, settings) for name, settings in variants]
     # every variant checked by pretrain.py's own rules before any of them trains
     fields = [quality.pretrain.settle(quality.parse_pretrain(argv)).section("model") for argv in argvs]
     pretrain_data, first, accelerator = quality.shared_data(argvs[0], out / "data")  # no variant changes the data
     probe_of, epochs = Prober(pretrain_data), quality.pretrain.planned_epochs(first, pretrain_data, accelerator)
     variants = [(name, with_probe_choice(settings, probe_of, epochs, first, model_fields))
                 for (name, settings), model_fields in zip(variants, fields)]
-    argvs = [variant_argv(args, name, settings, points) for name, settings in variants]
+    argvs = [variant_argv(args, name, settings) for name, settings in variants]
     data = quality.harness_data(pretrain_data, first, accelerator, args.batch_size)
     load_before = wait_for_quiet(max_wait_s=30) if args.wait_quiet else None
-    models = train(args, variants, argvs, pretrain_data, data, points)
-    settings = dict(budget=None if args.eval_steps else args.budget, device=str(accelerator.device),
-                    order="one run after the other", other_cpu_load_before=load_before and round(load_before, 3),
-                    machine=machine(), started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+    models = train(variants, argvs, pretrain_data)
+    settings = dict(budget=None, device=str(accelerator.device), order="one run after the other",
+                    other_cpu_load_before=load_before and round(load_before, 3), machine=machine(),
+                    started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
                     **{k: getattr(args, k) for k in ("batch_size", "threads", "max_train_steps", "eval_steps", "seed",
                                                      "config", "seeds")})
     results = dict(settings=settings, data=quality.data_fields(pretrain_data, data), models=models,

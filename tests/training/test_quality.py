@@ -40,11 +40,8 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     train.write_text("\n".join(lines) + "\n", encoding="utf-8")
     valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    recipe = tmp_path / "recipe.json"
-    recipe.write_text(json.dumps({"model": {"node_size": 16, "non_edge_bias": True},
-                                  "training": {"min_bigram_count": 3, "lazy_weight_decay": True}}))
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
-            "--more_brillm", str(recipe), "--schedule", "cosine",
+            "--node_sizes", "16", "8", "--schedule", "cosine",
             "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
             "--threads", "1",
             "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
@@ -53,9 +50,9 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     results = json.loads((out / "quality.json").read_text())
     assert [m["kind"] for m in results["models"]] == ["brillm", "brillm", "gpt2"]
     assert results["models"][2]["lr"] == 2e-3
-    second = results["models"][1]
-    assert second["label"] == "BriLLM d=16 (recipe)" and second["lazy_weight_decay"] and second["non_edge_bias"]
-    assert second["min_bigram_count"] == 3 and "cosine" in second["schedule"] and second["batch_size"] == 8
+    assert [m["label"] for m in results["models"][:2]] == ["BriLLM d=16", "BriLLM d=8"]
+    for row in results["models"][:2]:
+        assert row["schedule"] == "cosine" and row["batch_size"] == 8 and row["min_bigram_count"] == "auto"
     assert results["settings"]["budgets"] == [0.4, 1.0]
     for model in results["models"]:
         curve = model["curve"]
@@ -83,8 +80,6 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
         assert model["pretrain_command"].startswith("python examples/pretrain.py ")
         assert model["pretrain_command"] in text
         assert "--max_train_time 1 --eval_seconds" in model["pretrain_command"]
-    second_argv = results["models"][1]["pretrain_argv"]  # the same data flags as the first row
-    assert second_argv[second_argv.index("--vocab_size") + 1] == "300" and "--sentence_blocks" in second_argv
 
 
 def test_a_brillm_row_is_the_pretrain_command_it_prints(tmp_path):
@@ -219,13 +214,13 @@ def test_recipe_sweep_writes_table_and_plot(tmp_path, capsys):
     sweep = load_sweep()
     out = tmp_path / "sweep"
     argv = tiny_files(tmp_path) + [
-        "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2", "--no-wait-quiet",
+        "--max_train_steps", "4", "--eval_steps", "2", "--output_dir", str(out), "--no-wait-quiet",
         "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:1,shared_lr:0.5,node_lr:2,schedule:cosine",
         "pruned=min_count:60,d:4,clip:0,lr:0.01", "--results_dir", str(tmp_path / "records")]
     assert sweep.main(argv) == 0
     results = json.loads((out / "recipe_sweep.json").read_text())
-    assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w 2h"]
-    base, knobs, pruned = results["models"][:3]
+    assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned"]
+    base, knobs, pruned = results["models"]
     assert base["min_bigram_count"] == "auto" and base["node_readout"]  # pretrain.py's built-in recipe
     assert (base["node_lr_scale"], base["shared_edge_lr_scale"]) == (1.0, 1.0)
     assert knobs["lazy_weight_decay"] and knobs["non_edge_bias"] and knobs["weight_decay"] == 0.5
@@ -235,11 +230,11 @@ def test_recipe_sweep_writes_table_and_plot(tmp_path, capsys):
     text = capsys.readouterr().out
     for model in (base, knobs, pruned):  # every variant printed as the pretrain.py run it is
         assert model["pretrain_command"] in text and (out / model["label"] / "train_log.jsonl").exists()
-        assert "--max_train_time 0.6 --eval_seconds" in model["pretrain_command"]
+        assert "--max_train_steps 4 --eval_steps 2" in model["pretrain_command"]
     assert "--non_edge_bias --shared_edge_lr_scale 0.5" in knobs["pretrain_command"]
     for model in results["models"]:
         times = [p["train_seconds"] for p in model["curve"]]
-        assert model["curve"][0]["steps"] == 0 and times[-1] >= 0.6 and times == sorted(times)
+        assert [p["steps"] for p in model["curve"]] == [0, 2, 4] and times == sorted(times)
         assert {p["eval_tokens"] for p in model["curve"]} == {base["curve"][0]["eval_tokens"]}  # the same targets
     assert f"| knobs | {knobs['recipe_text']} | **{knobs['curve'][-1]['perplexity']:.2f}** |" in text
     assert (out / "recipe_sweep.png").read_bytes()[:4] == b"\x89PNG"
@@ -251,7 +246,7 @@ def test_a_sweep_variant_is_the_pretrain_command_it_prints(tmp_path):
     figures are those of its printed pretrain.py command run on its own."""
     sweep = load_sweep()
     out = tmp_path / "sweep"
-    argv = tiny_files(tmp_path) + ["--budget", "30", "--curve_points", "2", "--max_train_steps", "5",
+    argv = tiny_files(tmp_path) + ["--max_train_steps", "5", "--eval_steps", "5",
                                    "--variant", "v=d:8,min_count:2,dropout:0.1,lazy_wd:1,wd:0.05,warmup:2,readout:0",
                                    "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path / "r")]
     assert sweep.main(argv) == 0
@@ -279,12 +274,12 @@ def test_recipe_sweep_bad_variant_is_one_clear_line(variant, message, tmp_path, 
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
-def test_recipe_sweep_refuses_repeated_names_and_a_bad_budget(tmp_path, capsys):
+def test_recipe_sweep_refuses_repeated_names(tmp_path, capsys):
     sweep = load_sweep()
     assert sweep.main(["--variant", "a=", "a=lr:0.01", "--output_dir", str(tmp_path)]) == 2
     assert "names must differ" in capsys.readouterr().err
-    assert sweep.main(["--budget", "0", "--output_dir", str(tmp_path)]) == 2
-    assert "--budget must be a positive number" in capsys.readouterr().err
+    assert sweep.main(["--variant", "a=", "--seeds", "1", "1", "--output_dir", str(tmp_path)]) == 2
+    assert "names must differ" in capsys.readouterr().err
 
 
 def test_seeds_train_every_variant_once_per_seed_and_give_the_spread(tmp_path, capsys):
@@ -308,7 +303,7 @@ def test_seeds_train_every_variant_once_per_seed_and_give_the_spread(tmp_path, c
     assert noise["4"]["spread"] == pytest.approx((max(values) - min(values)) / (sum(values) / 2))
     assert f"base step 4: {values[0]:.3f}  {values[1]:.3f}   spread" in capsys.readouterr().out
     args = sweep.parse_args(argv)
-    constant = sweep.variant_argv(args, "c", {"schedule": "constant"}, points=[])
+    constant = sweep.variant_argv(args, "c", {"schedule": "constant"})
     assert constant[constant.index("--lr_scheduler_type") + 1] == "constant_with_warmup"
 
 
@@ -378,12 +373,10 @@ def test_a_given_base_perplexity_is_the_base(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--eval_steps", "30"], "give --max_train_steps too"),
     (["--eval_steps", "0", "--max_train_steps", "5"], "--eval_steps must be a positive integer"),
-    (["--eval_steps", "3", "--max_train_steps", "6", "--gpt2", "1x16"], "leave them out with --eval_steps"),
+    (["--max_train_steps", "0"], "--max_train_steps must be a positive integer"),
     (["--noise", "0"], "--noise must be a positive number"),
     (["--base_perplexity", "nan"], "--base_perplexity must be a positive number"),
-    (["--variant", "x=recurrence:0"], "the probe's keys (recurrence, probe_runs, probe_every) need fixed steps"),
 ])
 def test_recipe_sweep_fixed_step_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
     assert load_sweep().main(argv + ["--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
@@ -413,14 +406,15 @@ def test_a_decay_follows_the_training_clock(schedule, at):
 
 def test_by_default_a_brillm_row_is_pretrain_py_with_its_own_batch_and_schedule():
     args = quality.parse_args(["--budgets", "60", "600", "--vocab_size", "2000"])
-    argv = quality.brillm_argv(args, None, quality.curve_points(args.budgets, 2))
+    argv = quality.brillm_argv(args, quality.curve_points(args.budgets, 2))
     assert "--per_device_train_batch_size" not in argv and "--lr_scheduler_type" not in argv  # the recipe's
     assert argv[argv.index("--max_train_time") + 1] == "600" and quality.gpt2_batch(args) == quality.GPT2_BATCH
     constant = quality.parse_args(["--schedule", "constant", "--batch_size", "16"])
-    argv = quality.brillm_argv(constant, None, [30.0, 90.0])
+    argv = quality.brillm_argv(constant, [30.0, 90.0])
     assert argv[argv.index("--lr_scheduler_type") + 1] == "constant_with_warmup"
     assert argv[argv.index("--per_device_train_batch_size") + 1] == "16" and quality.gpt2_batch(constant) == 16
-    preset = quality.brillm_argv(args, "demo", [30.0, 90.0])  # a preset's own schedule gives way to the rule
+    args.config = "demo"
+    preset = quality.brillm_argv(args, [30.0, 90.0])  # a preset's own schedule gives way to the rule
     assert preset[preset.index("--lr_scheduler_type") + 1] == "linear"
 
 
