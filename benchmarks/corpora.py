@@ -5,26 +5,18 @@
 
 The embedded corpus is too small to rank recipes, and package registries are the only sources reachable here:
 `apt-get download` fetches a `.deb` without installing it, `dpkg-deb -x` unpacks it; every package is in Debian main
-(redistributable licences). Nothing is committed: this script rebuilds the same files. The corpora (training text):
-
-    small        git's manual pages and user manual (one HTML page a document): ~3 MB
-    large        small + the PostgreSQL 15 manual, Perl's pod, SQLite's documentation, the Debian reference, policy
-                 and developers' reference, bash and gnuplot manuals: ~27 MB
-    literature   the King James Bible (one chapter a document) and quotations of four fortune files (20 a document)
-    code         the docstrings and whole-line comments of CPython 3.11's standard library (one module a document;
-                 legal text, commented-out code and text repeated within a package left out): ~2.6 MB
-    code-large   code + SymPy, NumPy, SciPy, pandas, Matplotlib, Django, scikit-learn, NetworkX: ~25 MB
-    code-django  Django and NetworkX; code-plots: Matplotlib and NetworkX (slices of code-large)
-    rust-books   the Rust project's mdBook books (one page a document): ~2.9 MB
-    code-go      the comments of Go 1.19's standard library (no tests, test data, vendored code or commands)
-    linux-docs   the Linux kernel's documentation (English Sphinx pages): ~30 MB
-    cmake-docs   CMake's reference documentation; handbook-de: the Debian Administrator's Handbook in German
-    joined       every package above and Python 3.11's documentation (HTML): ~100 MB, the GPU check's corpus
-
-Every 20th document by a hash of its id (its path; `#chapter` or `#group` where one file holds many) is held out, so
-train and validation never share a page, a chapter, a group of quotes or a module. Each corpus is `<name>/train.jsonl`
-and `<name>/validation.jsonl`, one `{"text": ..., "source": ...}` per document (the readers: corpus_text.py), and
-`<name>/stats.json` (the packages and their versions, the document counts, the sizes).
+(redistributable licences) and nothing is committed. The corpora (training text): small (git's manuals, ~3 MB);
+large (small, the PostgreSQL 15 manual, Perl's pod, SQLite's documentation, the Debian reference, policy and
+developers' reference, the bash and gnuplot manuals, ~27 MB); literature (the King James Bible, a chapter a
+document, and quotations of four fortune files); code (the docstrings and whole-line comments of CPython 3.11's
+standard library, ~2.6 MB); code-large (code, SymPy, NumPy, SciPy, pandas, Matplotlib, Django, scikit-learn,
+NetworkX, ~25 MB) and its slices code-django (Django, NetworkX) and code-plots (Matplotlib, NetworkX); rust-books (the
+Rust project's mdBook books, ~2.9 MB); code-go (the comments of Go 1.19's standard library); linux-docs (the kernel's
+documentation, ~30 MB); cmake-docs; handbook-de (the Debian Administrator's Handbook in German); joined (every
+package above and Python 3.11's documentation, ~100 MB: the GPU check's corpus). Every 20th document by a hash of its
+id (its path; `#chapter` or `#group` where one file holds many) is held out, so train and validation never share a
+page, a chapter, a group of quotes or a module: <name>/train.jsonl and validation.jsonl, one {"text", "source"} a
+document (the readers: corpus_text.py), and <name>/stats.json (the packages and versions, the counts, the sizes).
 """
 
 from __future__ import annotations
@@ -42,10 +34,9 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus_text import PACKAGE_SKIP, bible_chapters, fortune_groups, go_text, html_to_text, pod_to_text, python_text  # noqa: E402,F401
+from corpus_text import PACKAGE_SKIP, bible_chapters, fortune_groups, go_text, html_to_text, pod_to_text, python_text
 
-# package -> which of its files are documents (glob under the unpacked tree)
-DOC_PACKAGES = {
+DOC_PACKAGES = {  # package -> its files that are documents (globs in the unpacked tree)
     "git-doc": ["usr/share/doc/git-doc/**/*.html"],
     "postgresql-doc-15": ["usr/share/doc/postgresql-doc-15/html/*.html"],
     "perl-doc": ["usr/share/perl/*/pod/*.pod"],
@@ -56,38 +47,27 @@ DOC_PACKAGES = {
     "bash-doc": ["usr/share/doc/bash/**/*.html"],
     "gnuplot-doc": ["usr/share/doc/gnuplot/htmldocs/*.html"],
 }
-RUST_DOC = "usr/share/doc/rust-doc/html/"
-# the Rust project's mdBook books (not the API reference, which is code comments); of The Rust Programming Language
-# only the current edition's chapters: the older editions' pages are the same text again, or stubs pointing to it
-BOOK_PACKAGES = {
-    "rust-doc": [RUST_DOC + "book/" + page for page in ("ch*.html", "appendix-*.html", "foreword.html")]
-                + [RUST_DOC + book + "/**/*.html" for book in ("reference", "nomicon", "rust-by-example",
-                                                               "edition-guide", "embedded-book", "rustc")],
-}
+RUST = "usr/share/doc/rust-doc/html/"
+# the mdBook books (not the API reference: code comments); of The Rust Programming Language only the current
+# edition's chapters (the older editions' pages are the same text again, or stubs pointing to it)
+BOOK_PACKAGES = {"rust-doc": [RUST + "book/" + page for page in ("ch*.html", "appendix-*.html", "foreword.html")]
+                 + [RUST + book + "/**/*.html" for book in ("reference", "nomicon", "rust-by-example", "edition-guide",
+                                                             "embedded-book", "rustc")]}
 FORTUNES = "usr/share/games/fortunes/"
 LITERATURE_PACKAGES = {
     "bible-kjv-text": ["usr/lib/bible.data"],
     "fortunes-min": [FORTUNES + name for name in ("fortunes", "literature", "riddles")],
-    # quotations of named people; not the jokes, ASCII art, song lyrics or Unix lore of the other files, and not
-    # the fortunes-off package
+    # quotations of named people; not the jokes, ASCII art, song lyrics or Unix lore, nor fortunes-off
     "fortunes": [FORTUNES + name for name in ("people", "wisdom", "humorists", "love")],
 }
-STDLIB = "usr/lib/python3.11/**/*.py"
 SITE = "usr/lib/python3/dist-packages/"
 # Debian splits CPython 3.11's standard library over these six packages (its tests, left out, over more)
 STDLIB_PACKAGES = ["libpython3.11-minimal", "libpython3.11-stdlib", "python3-distutils", "python3-lib2to3",
                    "python3-tk", "idle-python3.11"]
-CODE_PACKAGES = {
-    **{package: [STDLIB] for package in STDLIB_PACKAGES},
-    "python3-sympy": [SITE + "sympy/**/*.py"],
-    "python3-numpy": [SITE + "numpy/**/*.py"],
-    "python3-scipy": [SITE + "scipy/**/*.py"],
-    "python3-pandas": [SITE + "pandas/**/*.py"],
-    "python3-matplotlib": [SITE + "matplotlib/**/*.py", SITE + "mpl_toolkits/**/*.py"],
-    "python3-django": [SITE + "django/**/*.py"],
-    "python3-sklearn": [SITE + "sklearn/**/*.py"],
-    "python3-networkx": [SITE + "networkx/**/*.py"],
-}
+CODE_PACKAGES = {**{package: ["usr/lib/python3.11/**/*.py"] for package in STDLIB_PACKAGES},
+                 **{f"python3-{name}": [SITE + f"{name}/**/*.py"] for name in ("sympy", "numpy", "scipy", "pandas")},
+                 "python3-matplotlib": [SITE + "matplotlib/**/*.py", SITE + "mpl_toolkits/**/*.py"],
+                 **{f"python3-{name}": [SITE + f"{name}/**/*.py"] for name in ("django", "sklearn", "networkx")}}
 GO_PACKAGES = {"golang-1.19-src": ["usr/share/go-1.19/src/**/*.go"]}
 KERNEL_PACKAGES = {"linux-doc-6.1": ["usr/share/doc/linux-doc-6.1/html/**/*.html"]}
 REFERENCE_PACKAGES = {"cmake-doc": ["usr/share/doc/cmake-data/html/**/*.html"]}
@@ -95,92 +75,75 @@ GERMAN_PACKAGES = {"debian-handbook": ["usr/share/doc/debian-handbook/html/de-DE
 PYTHON_DOC = {"python3.11-doc": ["usr/share/doc/python3.11/html/**/*.html"]}
 PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES, **GO_PACKAGES,
             **KERNEL_PACKAGES, **REFERENCE_PACKAGES, **GERMAN_PACKAGES, **PYTHON_DOC}
-# files matched above that are no document of their own: mdBook's page that repeats a whole book (kept, it would
-# put every held-out chapter in the training text), Go's tests, test data, vendored copies of other modules and
-# the toolchain's commands (the standard library is the corpus, as CPython's is for `code`), and the kernel
-# documentation's translations (not English), Sphinx's index and search pages and its copies of the sources
+# matched files that are no document of their own: mdBook's page that repeats a whole book (it would put every
+# held-out chapter in the training text), Go's tests, test data, vendored modules and the toolchain's commands, the
+# kernel documentation's translations, and Sphinx's index and search pages and its copies of the sources
 LEFT_OUT = re.compile(r"/print\.html$|_test\.go$|/testdata/|/vendor/|/go-1\.19/src/cmd/"
                       r"|/linux-doc-6\.1/html/(translations/|_sources/|_static/|genindex\.html$|search\.html$)"
                       r"|/(cmake-data|python3\.11)/html/(_sources/|_static/|genindex\.html$|search\.html$)")
-CORPORA = {
-    "small": ["git-doc"],
-    "large": list(DOC_PACKAGES),
-    "literature": list(LITERATURE_PACKAGES),
-    "code": STDLIB_PACKAGES,
-    "code-large": list(CODE_PACKAGES),
-    "code-django": ["python3-django", "python3-networkx"],
-    "code-plots": ["python3-matplotlib", "python3-networkx"],
-    "rust-books": list(BOOK_PACKAGES),
-    "code-go": list(GO_PACKAGES),
-    "linux-docs": list(KERNEL_PACKAGES),
-    "cmake-docs": list(REFERENCE_PACKAGES),
-    "handbook-de": list(GERMAN_PACKAGES),
-}
+CORPORA = {"small": ["git-doc"], "large": list(DOC_PACKAGES), "literature": list(LITERATURE_PACKAGES),
+           "code": STDLIB_PACKAGES, "code-large": list(CODE_PACKAGES), "code-django": ["python3-django",
+                                                                                    "python3-networkx"],
+           "code-plots": ["python3-matplotlib", "python3-networkx"],
+           "rust-books": list(BOOK_PACKAGES), "code-go": list(GO_PACKAGES), "linux-docs": list(KERNEL_PACKAGES),
+           "cmake-docs": list(REFERENCE_PACKAGES), "handbook-de": list(GERMAN_PACKAGES)}
 CORPORA["joined"] = [*dict.fromkeys(p for packages in CORPORA.values() for p in packages), *PYTHON_DOC]
 HOLD_OUT_EVERY = 20
 MIN_DOCUMENT_CHARS = 200  # index pages, redirects and empty stubs carry no language
 
 
 def held_out(document_id: str) -> bool:
-    """Every HOLD_OUT_EVERY-th document, chosen by a hash of its path (stable across rebuilds and orderings)."""
+    """Every HOLD_OUT_EVERY-th document, by a hash of its id (stable across rebuilds and orderings)."""
     return int(hashlib.sha1(document_id.encode()).hexdigest(), 16) % HOLD_OUT_EVERY == 0
 
 
 def fetch_package(package: str, workdir: Path) -> tuple[Path, str]:
-    """(unpacked tree, version) of a Debian package: `apt-get download` then `dpkg-deb -x` (nothing installed)."""
-    tree = workdir / package
+    """(unpacked tree, version) of a Debian package: `apt-get download`, then `dpkg-deb -x` (nothing installed)."""
     debs = workdir / "debs"
     debs.mkdir(parents=True, exist_ok=True)
-    found = sorted(debs.glob(f"{package}_*.deb"))
-    if not found:
+    if not sorted(debs.glob(f"{package}_*.deb")):
         result = subprocess.run(["apt-get", "download", package], cwd=debs, capture_output=True, text=True)
-        found = sorted(debs.glob(f"{package}_*.deb"))
-        if result.returncode != 0 or not found:
+        if result.returncode != 0 or not sorted(debs.glob(f"{package}_*.deb")):
             raise SystemExit(f"error: apt-get download {package} failed ({result.stderr.strip().splitlines()[-1:]}); "
                              "run `apt-get update` first, or check that Debian's archive is reachable.")
-    deb = found[-1]
+    deb, tree = sorted(debs.glob(f"{package}_*.deb"))[-1], workdir / package
     if not tree.is_dir():
         subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True)
-    version = urllib.parse.unquote(deb.name.split("_")[1])
-    return tree, version
+    return tree, urllib.parse.unquote(deb.name.split("_")[1])
 
 
 def file_documents(doc_id: str, path: Path, seen: set[str], skip: frozenset = frozenset()):
-    """(document id, text) of the documents in one file, read by its kind: a Python module, the Bible's data file,
-    a fortune file (no suffix), a POD file or an HTML page."""
-    if path.suffix == ".py":
-        yield doc_id, python_text(path.read_bytes(), seen)
-    elif path.suffix == ".go":
-        yield doc_id, go_text(path.read_bytes(), seen)
+    """(document id, text) of the documents in one file, read by its kind."""
+    if path.suffix in (".py", ".go"):
+        yield doc_id, (python_text if path.suffix == ".py" else go_text)(path.read_bytes(), seen)
     elif path.name == "bible.data":
         yield from bible_chapters(doc_id, path.read_bytes())
+    elif not path.suffix:  # a fortune file
+        yield from fortune_groups(doc_id, path.read_bytes().decode("utf-8", errors="replace"))
     else:
         raw = path.read_bytes().decode("utf-8", errors="replace")
-        if not path.suffix:
-            yield from fortune_groups(doc_id, raw)
-        else:
-            yield doc_id, pod_to_text(raw) if path.suffix == ".pod" else html_to_text(raw, skip)
+        yield doc_id, pod_to_text(raw) if path.suffix == ".pod" else html_to_text(raw, skip)
 
 
 def documents(package: str, tree: Path):
-    """(document id, text) of every document of an unpacked package, sorted by path."""
+    """(document id, text) of every document of an unpacked package, by path; a book's page given twice once
+    (mdBook's index.html is the first chapter again)."""
     paths = sorted({p for pattern in PACKAGES[package] for p in tree.glob(pattern)
                     if p.is_file() and not LEFT_OUT.search(f"/{p.relative_to(tree).as_posix()}")})
-    seen: set[str] = set()  # the package's docstrings and comment blocks so far
-    pages: set[str] = set()  # a book's pages so far: mdBook's index.html is the first chapter again
+    seen, pages = set(), set()  # the package's docstrings and comment blocks so far; a book's pages so far
     skip = PACKAGE_SKIP.get(package, frozenset())
-    found = (doc for path in paths for doc in file_documents(f"{package}/{path.relative_to(tree)}", path, seen, skip))
-    for doc_id, text in found:
-        if len(text) < MIN_DOCUMENT_CHARS or (package in BOOK_PACKAGES and text in pages):
-            continue
-        if package in BOOK_PACKAGES:
-            pages.add(text)
-        yield doc_id, text
+    for path in paths:
+        for doc_id, text in file_documents(f"{package}/{path.relative_to(tree)}", path, seen, skip):
+            if len(text) < MIN_DOCUMENT_CHARS or text in pages:
+                continue
+            if package in BOOK_PACKAGES:
+                pages.add(text)
+            yield doc_id, text
 
 
 @functools.lru_cache(maxsize=None)
 def package_documents(package: str, workdir: Path) -> tuple[str, list[tuple[str, str]]]:
-    """(version, documents) of a package, read once per run: `all` builds corpora that share packages."""
+    """(version, documents) of a package, read once per run: corpora share packages."""
     tree, version = fetch_package(package, workdir)
     return version, list(documents(package, tree))
 
@@ -206,8 +169,7 @@ def build(name: str, output_dir: Path, workdir: Path) -> dict:
             handle.close()
     for split, path in tmp.items():
         os.replace(path, folder / f"{split}.jsonl")
-    with open(folder / "stats.json", "w", encoding="utf-8") as handle:
-        json.dump(stats, handle, indent=1)
+    (folder / "stats.json").write_text(json.dumps(stats, indent=1), encoding="utf-8")
     return stats
 
 
@@ -215,13 +177,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", choices=[*CORPORA, "all"], default="all")
     p.add_argument("--output_dir", default="outputs/corpora")
-    p.add_argument("--workdir", default=None, help="Where .debs are downloaded and unpacked (default: a temp dir).")
+    p.add_argument("--workdir", help="where the .debs are downloaded and unpacked (default: a temporary folder)")
     args = p.parse_args(argv)
-    names = list(CORPORA) if args.corpus == "all" else [args.corpus]
     with tempfile.TemporaryDirectory(prefix="brillm-corpora-") as default_work:
-        workdir = Path(args.workdir or default_work)
-        for name in names:
-            s = build(name, Path(args.output_dir), workdir)
+        for name in list(CORPORA) if args.corpus == "all" else [args.corpus]:
+            s = build(name, Path(args.output_dir), Path(args.workdir or default_work))
             print(f"{name}: {s['train_documents']:,} training documents ({s['train_chars'] / 1e6:.1f} M characters), "
                   f"{s['validation_documents']:,} held out ({s['validation_chars'] / 1e6:.2f} M); "
                   f"packages {', '.join(k + ' ' + v['version'] for k, v in s['packages'].items())}")
