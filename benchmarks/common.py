@@ -1,13 +1,9 @@
-"""Shared pieces of the benchmark scripts: synthetic graphs, Zipf token paths, timing and memory helpers.
+"""The benchmarks' shared parts: synthetic graphs and Zipf token paths, the CPU load others cause, `write_record`.
 
-A synthetic graph has exactly `successors` real successors per node (distinct targets drawn uniformly, self
-loops allowed), with bigram counts that fall off as 1/rank over a random order of each node's successors.
-Token paths start at a Zipf-distributed node and walk real edges, picking each successor with Zipf weights
-(1/rank) over that node's successor list, so every token pair of a batch is a real edge.
-
-`write_record` is what every benchmark calls at its end: one JSON file per run under `--results_dir`
-(`benchmarks/results/<benchmark>-<UTC time>.json`) with the command line, the commit, the machine, the arguments and
-the figures the run printed.
+A synthetic graph has exactly `successors` real successors per node (distinct targets drawn uniformly, self loops
+allowed), with bigram counts falling off as 1/rank. Token paths start at a Zipf-distributed node and walk real
+edges, each successor picked with its count's weight. `write_record` ends every benchmark: one JSON file per run,
+`benchmarks/results/<benchmark>-<UTC time>.json`: the command line, the commit, the machine, the arguments, the figures.
 """
 
 import argparse
@@ -32,48 +28,37 @@ if ROOT not in sys.path:
 
 from modeling_brillm import BriLLMForCausalLM, graph_from_edges  # noqa: E402
 
-SHAPES = {
-    # name: vocab, successors per node, batch, length (the paper's English shape and a small one)
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SHAPES = {  # the paper's English shape and a small one
     "paper": dict(vocab=4000, successors=227, batch=32, length=32),
     "small": dict(vocab=1000, successors=100, batch=32, length=32),
 }
 
 
-def synthetic_graph(vocab: int, successors: int, seed: int = 0, zipf_s: float = 1.0):
-    """CSR graph with exactly `successors` real successors per node and 1/rank bigram counts."""
+def synthetic_graph(vocab: int, successors: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    scores = torch.rand(vocab, vocab, generator=g)
-    targets = scores.topk(successors, dim=1).indices  # (V, k) distinct successors, random order = frequency rank
-    ranks = torch.arange(1, successors + 1, dtype=torch.float64)
-    counts = (1_000_000 / ranks.pow(zipf_s)).round().long().expand(vocab, successors)
+    targets = torch.rand(vocab, vocab, generator=g).topk(successors, dim=1).indices  # random order = frequency rank
+    counts = (1_000_000 / torch.arange(1, successors + 1, dtype=torch.float64)).round().long().expand(vocab, -1)
     sources = torch.arange(vocab).unsqueeze(1).expand(vocab, successors)
     return graph_from_edges(sources.reshape(-1), targets.reshape(-1), vocab, counts.reshape(-1))
 
 
 class ZipfPaths:
-    """Batches of token paths along the real edges of `graph`, Zipf start nodes and Zipf successor choice."""
+    """Batches of token paths along the real edges of `graph`: Zipf start nodes, successors by their counts."""
 
-    def __init__(self, graph, seed: int = 0, zipf_s: float = 1.0):
-        self.graph = graph
-        V = graph.vocab_size
+    def __init__(self, graph, seed: int = 0):
+        V, indptr = graph.vocab_size, graph.indptr
         self.gen = torch.Generator().manual_seed(seed)
-        start_rank = torch.randperm(V, generator=self.gen)  # which node has which frequency rank
         self.start_weights = torch.empty(V, dtype=torch.float64)
-        self.start_weights[start_rank] = 1.0 / torch.arange(1, V + 1, dtype=torch.float64).pow(zipf_s)
-        indptr, counts = graph.indptr, graph.counts.double()
-        self.indptr, self.indices = indptr, graph.indices
-        degree = indptr.diff()
-        if int(degree.min()) <= 0:
+        self.start_weights[torch.randperm(V, generator=self.gen)] = 1.0 / torch.arange(1, V + 1, dtype=torch.float64)
+        self.indptr, self.indices, self.degree = indptr, graph.indices, indptr.diff()
+        if int(self.degree.min()) <= 0:
             raise ValueError("every node needs a successor for the walks")
-        k = int(degree.max())
-        # per node, cumulative successor probabilities (padded) for inverse-CDF sampling
-        table = torch.zeros(V, k, dtype=torch.float64)
-        src = torch.repeat_interleave(torch.arange(V), degree)
-        within = torch.arange(indptr[-1]) - indptr[src]
-        table[src, within] = counts.clamp_min(1)
+        table = torch.zeros(V, int(self.degree.max()), dtype=torch.float64)  # each node's counts, padded
+        src = torch.repeat_interleave(torch.arange(V), self.degree)
+        table[src, torch.arange(indptr[-1]) - indptr[src]] = graph.counts.double().clamp_min(1)
         cdf = table.cumsum(1)
-        cdf /= cdf[:, -1:].clone()
-        self.cdf, self.degree = cdf, degree
+        self.cdf = cdf / cdf[:, -1:]  # for inverse-CDF sampling
 
     def batch(self, batch: int, length: int) -> torch.Tensor:
         tokens = torch.empty(batch, length, dtype=torch.long)
@@ -89,13 +74,11 @@ class ZipfPaths:
 def make_model(vocab: int, successors: int, seed: int = 0, node_size: int = 32, **config):
     graph = synthetic_graph(vocab, successors, seed)
     torch.manual_seed(seed)
-    model = BriLLMForCausalLM.from_graph(graph, node_size=node_size, **config)
-    return model, graph
+    return BriLLMForCausalLM.from_graph(graph, node_size=node_size, **config), graph
 
 
 def peak_rss_gb() -> float:
-    """High-water resident set size of this process (resource.getrusage ru_maxrss, KiB on Linux), in GB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
 
 
 def rss_gb() -> float:
@@ -103,81 +86,59 @@ def rss_gb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
-def machine() -> str:
-    name = "unknown CPU"
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     except OSError:
-        pass
-    return f"{os.cpu_count()}-core {name}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+        name = None
+    return name or platform.processor() or "unknown CPU"
 
 
-class Timer:
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.t0
+def machine() -> str:
+    return f"{os.cpu_count()}-core {cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def _cpu_ticks():
+def _ticks() -> tuple[int, int]:
+    """(busy ticks of the whole machine, ticks of this process and its finished children)."""
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields[:8]) - idle  # busy ticks of the whole machine
-
-
-def _own_ticks():
     with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])  # utime stime cutime cstime
+        own = f.read().rsplit(")", 1)[1].split()
+    return sum(fields[:8]) - fields[3] - fields[4], sum(int(v) for v in own[11:15])
 
 
 class CpuMonitor:
-    """CPU cores used by *other* processes between start() and stop() (machine busy minus this process)."""
+    """CPU cores used by *other* processes between start() and stop() (the machine's busy time minus ours)."""
 
     def start(self):
-        self.t0, self.busy0, self.own0 = time.perf_counter(), _cpu_ticks(), _own_ticks()
+        self.t0, self.ticks = time.perf_counter(), _ticks()
 
     def stop(self) -> float:
         try:
-            hz = os.sysconf("SC_CLK_TCK")
-            elapsed = time.perf_counter() - self.t0
-            others = (_cpu_ticks() - self.busy0) - (_own_ticks() - self.own0)
-            return max(0.0, others / hz / max(elapsed, 1e-9))
+            (busy, own), (busy0, own0) = _ticks(), self.ticks
+            elapsed = max(time.perf_counter() - self.t0, 1e-9)
+            return max(0.0, ((busy - busy0) - (own - own0)) / os.sysconf("SC_CLK_TCK") / elapsed)
         except (OSError, AttributeError, ValueError):
             return float("nan")
 
 
 def wait_for_quiet(max_wait_s: float = 300.0, window_s: float = 2.0, threshold: float = 0.15) -> float:
-    """Block until other processes used < `threshold` cores over a `window_s` window (or `max_wait_s` passed).
-
-    The benchmark machine is shared; figures taken while another process computes are meaningless (two torch
-    processes on two cores make every parallel region wait for a descheduled thread). Returns the load seen.
-    """
+    """Wait until other processes use under `threshold` cores (or `max_wait_s` passed); the load seen. On a shared
+    machine a figure taken while another process computes means nothing."""
     deadline = time.perf_counter() + max_wait_s
     while True:
-        mon = CpuMonitor()
-        mon.start()
+        monitor = CpuMonitor()
+        monitor.start()
         time.sleep(window_s)
-        load = mon.stop()
+        load = monitor.stop()
         if load < threshold or time.perf_counter() > deadline:
             return load
 
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-
-
 def add_results_dir(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """`--results_dir`: where `write_record` puts this run's JSON record."""
     parser.add_argument("--results_dir", default=str(RESULTS_DIR),
-                        help="write this run's record (argv, commit, machine, arguments, figures) here as "
-                             "<benchmark>-<UTC time>.json")
+                        help="where this run's record goes, as <benchmark>-<UTC time>.json")
     return parser
 
 
@@ -189,40 +150,21 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def git_state() -> dict:
-    """The commit of the measured checkout (ROOT) and whether tracked files differ from it."""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine_info() -> dict:
-    """The machine a record was measured on, as data."""
     try:
         import transformers
         transformers_version = transformers.__version__
     except ImportError:
         transformers_version = None
-    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers_version, "cuda_device": cuda}
+            "transformers": transformers_version,
+            "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def _plain(value):
-    """`value` as strict JSON: tensors and tuples as lists, paths as strings (relative to the repository where they
-    lie in it, so a record reads the same on any checkout), NaN and infinities as null."""
+    """`value` as strict JSON: tensors and tuples as lists, NaN and infinities as null, other objects as text (paths
+    inside the repository relative to it, so that a record reads the same on any checkout)."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
@@ -237,17 +179,19 @@ def _plain(value):
 
 
 def write_record(benchmark: str, args, figures, results_dir=None, argv=None) -> Path:
-    """Write this run's record to `results_dir` (default: `args.results_dir`, else benchmarks/results) atomically
-    (a temporary file renamed into place) and return its path. `args`: the parsed arguments (Namespace or dict);
-    `figures`: what the run printed, as data; `argv`: the arguments a `main(argv)` was called with (default: the
-    process's command line)."""
+    """Write this run's record into `results_dir` (default `args.results_dir`) whole (a temporary file renamed) and
+    return its path. `args`: the parsed arguments; `figures`: what the run printed, as data; `argv`: the arguments
+    a `main(argv)` was given (default: the process's command line)."""
     arguments = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     folder = Path(results_dir or arguments.get("results_dir") or RESULTS_DIR)
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
-    command = list(sys.argv) if argv is None else [f"benchmarks/{benchmark}.py", *map(str, argv)]
-    record = {"benchmark": benchmark, "time_utc": now.isoformat(timespec="seconds"), "argv": command,
-              **git_state(), "machine": machine_info(), "arguments": arguments, "figures": figures}
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    record = {"benchmark": benchmark, "time_utc": now.isoformat(timespec="seconds"),
+              "argv": list(sys.argv) if argv is None else [f"benchmarks/{benchmark}.py", *map(str, argv)],
+              "commit": commit, "dirty": None if status is None else bool(status), "machine": machine_info(),
+              "arguments": arguments, "figures": figures}
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
     path, n = folder / f"{benchmark}-{stamp}.json", 1
     while path.exists():  # two runs in one second keep both records

@@ -2,30 +2,21 @@
 
     python benchmarks/data_prep.py                          # 20 MB of text, every stage
     python benchmarks/data_prep.py --size_mb 5 --num_proc 2 --stages tokenization graph
-    BRILLM_ROOT=/path/to/other/checkout python benchmarks/data_prep.py   # the same on another copy of the code
 
-The text is generated offline: Python's documentation (the built-in corpus, ten paragraphs a document), then the
-standard library's own source files (one file a document), cycled until `--size_mb`; it is written as a JSONL file
-and read as pretraining reads `--train_file` (`training.data.load_raw_data`, into a fresh datasets cache). Stages,
-each timed once, as `examples/pretrain.py` runs them:
-
-* tokenizer: `build_tokenizer` (byte-level BPE, `--vocab_size`) on the training split;
-* tokenization: `training.data.tokenize_splits` in sentence mode and in contiguous mode (blocks of `--block_size`,
-  `--num_proc` processes; none given: the code's default);
-* graph: `build_sparse_graph(block_sequences(...))` over the sentence blocks, with the count prior.
-
-Every figure is text MB (of the training split) per second of that stage, and per CPU-second (this process's
-threads and the processes it started: MB/s per core, which other load on the machine changes less). A digest of
-each stage's result (the token ids of every block, the graph's edges and counts) is recorded so that two checkouts
-can be shown to agree.
+The text: Python's documentation (the built-in corpus, ten paragraphs a document), then the standard library's
+source files, cycled to --size_mb and read as pretraining reads --train_file (into a fresh datasets cache). Each stage
+is timed once as examples/pretrain.py runs it: the byte-level BPE tokenizer, the blocks (sentence and contiguous,
+--num_proc processes), the graph with the count prior over the sentence blocks; in MB per second and per CPU-second
+(this process's threads and the processes it started).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import glob
-import hashlib
+import itertools
 import json
 import os
 import resource
@@ -35,53 +26,34 @@ import time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, add_results_dir, machine, write_record  # noqa: E402
+from common import add_results_dir, machine, write_record
 
 STAGES = ("tokenizer", "tokenization", "graph")
 
 
-def documents():
-    """The generated corpus's documents, in a fixed order (endless: the caller stops at the size it wants)."""
+def write_corpus(path: str, size_bytes: int) -> float:
+    """JSONL documents ("text") until `size_bytes` of text; the MB written."""
     from modeling_brillm.training.data import embedded_corpus
 
-    paragraphs = embedded_corpus()
+    paragraphs, stdlib = embedded_corpus(), os.path.dirname(os.__file__)
     docs = ["\n\n".join(paragraphs[i:i + 10]) for i in range(0, len(paragraphs), 10)]
-    stdlib = os.path.dirname(os.__file__)
-    for path in sorted(glob.glob(os.path.join(stdlib, "*.py")) + glob.glob(os.path.join(stdlib, "*", "*.py"))):
-        if "site-packages" not in path and os.sep + "test" not in path:
-            with open(path, encoding="utf-8", errors="replace") as handle:
+    for file in sorted(glob.glob(os.path.join(stdlib, "*.py")) + glob.glob(os.path.join(stdlib, "*", "*.py"))):
+        if "site-packages" not in file and os.sep + "test" not in file:
+            with open(file, encoding="utf-8", errors="replace") as handle:
                 docs.append(handle.read())
-    while True:
-        yield from docs
-
-
-def write_corpus(path: str, size_bytes: int) -> int:
-    """Write documents to `path` (JSONL, a "text" field) until `size_bytes` of text; returns the text bytes."""
     written = 0
     with open(path, "w", encoding="utf-8") as handle:
-        for doc in documents():
+        for doc in itertools.cycle(docs):
             if written >= size_bytes:
                 break
             handle.write(json.dumps({"text": doc}) + "\n")
             written += len(doc.encode("utf-8"))
-    return written
+    return written / 1e6
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process's threads and of its finished child processes (datasets.map's workers)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-class Timed:
-    """Wall and CPU seconds of the `with` body."""
-
-    def __enter__(self):
-        self.wall, self.cpu = time.perf_counter(), cpu_seconds()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self.wall, cpu_seconds() - self.cpu
 
 
 class OneProcess:
@@ -93,97 +65,62 @@ class OneProcess:
         return contextlib.nullcontext()
 
 
-def digest(*arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()[:16]
+def run_stages(args, tmp: str) -> dict:
+    import datasets
+    from transformers import AutoTokenizer
 
+    from modeling_brillm import build_sparse_graph
+    from modeling_brillm.training.data import block_sequences, load_raw_data, tokenize_splits
+    from tokenization import build_tokenizer
 
-def blocks_digest(blocks) -> str:
-    import numpy as np
+    datasets.disable_progress_bars()
+    path, tok_dir = os.path.join(tmp, "train.jsonl"), os.path.join(tmp, "tokenizer")
+    mb = write_corpus(path, int(args.size_mb * 1e6))
+    raw, _ = load_raw_data(SimpleNamespace(dataset_name=None, train_file=path, validation_file=None,
+                                           text_column="text", validation_split_percentage=0))
+    figures = {"text_mb": mb, "documents": len(raw["train"])}
+    print(f"machine: {machine()}\ntext: {mb:.1f} MB in {len(raw['train']):,} documents")
 
-    h = hashlib.sha256()
-    for batch in blocks.with_format("numpy").iter(batch_size=65536):
-        for name in ("input_ids", "attention_mask"):
-            h.update(np.ascontiguousarray(batch[name], dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
+    def timed(name, work, **extra):
+        wall, cpu = time.perf_counter(), cpu_seconds()
+        result = work()
+        wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+        if name.split("_")[0] in args.stages:
+            figures[name] = dict(seconds=wall, mb_per_s=mb / wall, cpu_seconds=cpu, mb_per_cpu_s=mb / cpu, **extra)
+            print(f"{name:<24} {wall:7.2f}s {mb / wall:7.2f} MB/s {mb / cpu:7.2f} MB/CPU-s", flush=True)
+        return result
+
+    # without the tokenizer stage, one from the first 200 documents: the later stages need one, fast
+    texts = raw["train"] if "tokenizer" in args.stages else raw["train"].select(range(min(200, len(raw["train"]))))
+    timed("tokenizer", lambda: build_tokenizer(texts, kind="bpe", vocab_size=args.vocab_size, output_dir=tok_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)  # as the other processes of a run load it
+    modes = ("sentence", "contiguous") if "tokenization" in args.stages else ("sentence",) * ("graph" in args.stages)
+    blocks = {}
+    for mode in modes:
+        prep = SimpleNamespace(block_mode=mode, text_column="text", block_size=args.block_size,
+                               preprocessing_num_workers=args.num_proc, overwrite_cache=True)
+        blocks[mode] = timed(f"tokenization_{mode}", functools.partial(tokenize_splits, raw, tokenizer, prep,
+                                                                     OneProcess()))["train"]
+    sentences = blocks.get("sentence")
+    if "graph" in args.stages:
+        timed("graph", lambda: build_sparse_graph(block_sequences(sentences, tokenizer.pad_token_id), len(tokenizer),
+                                                  ignore_ids=(tokenizer.pad_token_id,), with_prior=True))
+    return figures
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size_mb", type=float, default=20.0, help="MB of generated training text. [20]")
-    parser.add_argument("--num_proc", type=int, default=None,
-                        help="--preprocessing_num_workers for the datasets.map calls (default: the code's default).")
+    parser.add_argument("--size_mb", type=float, default=20.0, help="MB of generated training text")
+    parser.add_argument("--num_proc", type=int, help="--preprocessing_num_workers (default: the code's default)")
     parser.add_argument("--vocab_size", type=int, default=4000)
     parser.add_argument("--block_size", type=int, default=32)
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
-    add_results_dir(parser)
-    args = parser.parse_args(argv)
-
+    args = add_results_dir(parser).parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["HF_DATASETS_CACHE"] = os.path.join(tmp, "cache")  # nothing reused from an earlier run
-        import datasets
-
-        datasets.disable_progress_bars()
-        from transformers import AutoTokenizer
-
-        from modeling_brillm import build_sparse_graph
-        from modeling_brillm.training.data import block_sequences, load_raw_data, tokenize_splits
-        from tokenization import build_tokenizer
-
-        path = os.path.join(tmp, "train.jsonl")
-        text_bytes = write_corpus(path, int(args.size_mb * 1e6))
-        load_args = SimpleNamespace(dataset_name=None, train_file=path, validation_file=None, text_column="text",
-                                    validation_split_percentage=0)
-        t0 = time.perf_counter()
-        raw, _ = load_raw_data(load_args)
-        read_s = time.perf_counter() - t0
-        mb = text_bytes / 1e6
-        print(f"code: {ROOT}\nmachine: {machine()}\ntext: {mb:.1f} MB in {len(raw['train']):,} documents "
-              f"(read in {read_s:.1f}s)")
-        figures = {"text_mb": mb, "documents": len(raw["train"]), "read_s": read_s}
-
-        def stage(name, timed, **extra):
-            figures[name] = {"seconds": timed.wall, "mb_per_s": mb / timed.wall, "cpu_seconds": timed.cpu,
-                             "mb_per_cpu_s": mb / timed.cpu, **extra}
-            print(f"{name:<24} {timed.wall:7.2f}s {mb / timed.wall:7.2f} MB/s {mb / timed.cpu:7.2f} MB/CPU-s  "
-                  + "  ".join(f"{k}={v}" for k, v in extra.items()))
-
-        tok_dir = os.path.join(tmp, "tokenizer")
-        if "tokenizer" in args.stages:
-            with Timed() as timed:
-                tokenizer = build_tokenizer(raw["train"], kind="bpe", vocab_size=args.vocab_size, output_dir=tok_dir)
-            stage("tokenizer", timed, tokens=len(tokenizer),
-                  vocab_digest=hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
-                  .hexdigest()[:16])
-        else:  # a tokenizer from the first 200 documents: the later stages need one, fast
-            tokenizer = build_tokenizer(raw["train"].select(range(min(200, len(raw["train"])))), kind="bpe",
-                                        vocab_size=args.vocab_size, output_dir=tok_dir)
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)  # as the other processes of a run load it
-
-        sentence = None
-        if "tokenization" in args.stages or "graph" in args.stages:
-            for mode in ("sentence", "contiguous"):
-                if mode == "contiguous" and "tokenization" not in args.stages:
-                    continue
-                prep = SimpleNamespace(block_mode=mode, text_column="text", block_size=args.block_size,
-                                       preprocessing_num_workers=args.num_proc, overwrite_cache=True)
-                with Timed() as timed:
-                    blocks = tokenize_splits(raw, tokenizer, prep, OneProcess())["train"]
-                if "tokenization" in args.stages:
-                    stage(f"tokenization_{mode}", timed, blocks=len(blocks), blocks_digest=blocks_digest(blocks))
-                if mode == "sentence":
-                    sentence = blocks
-
-        if "graph" in args.stages:
-            with Timed() as timed:
-                graph = build_sparse_graph(block_sequences(sentence, tokenizer.pad_token_id), len(tokenizer),
-                                           ignore_ids=(tokenizer.pad_token_id,), with_prior=True)
-            stage("graph", timed, edges=graph.num_edges,
-                  graph_digest=digest(graph.indptr.numpy(), graph.indices.numpy(), graph.counts.numpy()))
-
-    write_record("data_prep", args, figures)
+        figures = run_stages(args, tmp)
+    write_record("data_prep", args, figures, argv=argv)
+    return figures
 
 
 if __name__ == "__main__":

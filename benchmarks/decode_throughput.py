@@ -1,26 +1,20 @@
-"""Decoding throughput: greedy tokens/s against context length, fast path and generate(), one sequence and a batch.
+"""Decoding throughput: greedy tokens/s by context length, or (--long N) per-token time and memory over N tokens.
 
-    python benchmarks/decode_throughput.py                  # both shapes
-    python benchmarks/decode_throughput.py --shape paper --contexts 16 512
+    python benchmarks/decode_throughput.py --contexts 16 128 512              # both shapes
+    python benchmarks/decode_throughput.py --long 20000                       # three ways, 20,000 tokens
+    python benchmarks/decode_throughput.py --long 1500 --window 500 --ways loop --vocab 1000   # ~10 s check
 
-For every context length c (16 ... 512) a prompt of c − G tokens (a Zipf path along real edges) is read once
-and G = min(64, c/2) tokens are then decoded greedily, so the decoded tokens sit at positions up to c:
-
-* fast path: a tight loop calling `model(next_token[:, None], cache=state, logits_to_keep=1,
-  use_cache=True)` and `argmax` (what an application would write; BriLLM's state is O(d) per sequence);
-* generate(): `model.generate(prompt, max_new_tokens=G, do_sample=False, eos_token_id=...)`, its time minus the same
-  prompt's forward, i.e. per decoded token (the EOS id one the greedy path never picks: every step runs, with the
-  EOS check a user's call makes); beside it the same with `model.decode_mode = "off"` (the general one-token path,
-  the one-row host step is measured against);
-* batched: the fast path with `--batch` sequences at once (tokens/s counts every sequence's tokens).
-
-Each figure is the median over `--repeats` runs (at least 256 decoded tokens for one sequence), under
-torch.inference_mode(). Both shapes are the training
-benchmark's synthetic graphs (random weights: the decoded text is meaningless, the cost is not).
+For each context c, a prompt of c - G tokens (a Zipf path) is read and G = min(64, c/2) tokens decoded: the fast path
+(a loop of `model(next_token, cache=state, logits_to_keep=1)` and argmax); generate() (its time minus the prompt's
+forward, with an EOS id greedy never picks, so every step makes a user's EOS check); the same with
+`model.decode_mode = "off"` (the general path); the fast path with `--batch` rows. A figure is the median of
+`--repeats` runs (at least 256 tokens). --long: one sequence from a 1-token prompt, position_overflow="extend", on a
+graph of --vocab nodes with --successors each (or --model), per way (generate; energy: energy_generate; loop: the
+fast path): the per-token median and mean over the first and the last --window tokens, the memory (RSS, or CUDA
+allocated) after 1,000 tokens and at the end.
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,22 +23,22 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, CpuMonitor, ZipfPaths, add_results_dir, machine, make_model, wait_for_quiet, write_record  # noqa: E402
+from common import SHAPES, CpuMonitor, ZipfPaths, add_results_dir, make_model, rss_gb, wait_for_quiet, write_record
 
 
-def fast_decode(model, prompt, steps):
+def fast_decode(model, prompt, steps, put=lambda token: None):
     out = model(prompt, use_cache=True, logits_to_keep=1)
     state, token = out.state, out.logits[:, -1].argmax(-1)
     t0 = time.perf_counter()
     for _ in range(steps):
+        put(token)
         out = model(token[:, None], cache=state, logits_to_keep=1, use_cache=True)
         state, token = out.state, out.logits[:, -1].argmax(-1)
     return time.perf_counter() - t0
 
 
 def unused_token(model, prompt, steps) -> int:
-    """An id the greedy continuation of `prompt` never picks: generate()'s EOS id, so that it runs every step with
-    the EOS check a user's call makes."""
+    """An id the greedy continuation of `prompt` never picks: generate()'s EOS id."""
     out = model.generate(prompt, max_new_tokens=steps, do_sample=False, pad_token_id=0, eos_token_id=None)
     picked = set(out[:, prompt.shape[1]:].flatten().tolist())
     return next(t for t in range(model.config.vocab_size - 1, -1, -1) if t not in picked)
@@ -53,75 +47,150 @@ def unused_token(model, prompt, steps) -> int:
 def generate_decode(model, prompt, steps, eos):
     t0 = time.perf_counter()
     model(prompt, use_cache=True, logits_to_keep=1)
-    prefill = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    prefill, t0 = time.perf_counter() - t0, time.perf_counter()
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps, do_sample=False,
                          pad_token_id=0, eos_token_id=eos)
-    total = time.perf_counter() - t0
     assert out.shape[1] == prompt.shape[1] + steps
-    return max(total - prefill, 1e-9)
+    return max(time.perf_counter() - t0 - prefill, 1e-9)
 
 
-def run_shape(args, shape_name):
-    shape = SHAPES[shape_name]
-    model, graph = make_model(shape["vocab"], shape["successors"])
-    model.eval()
-    model.generation_config.pad_token_id = 0
-    paths = ZipfPaths(graph, seed=2)
+def context_row(args, model, paths, c) -> dict:
+    steps = min(64, c // 2)
+    prompt, batch_prompt = paths.batch(1, c - steps), paths.batch(args.batch, c - steps)
+    eos = unused_token(model, prompt, steps)
+    if args.wait_quiet:
+        wait_for_quiet()
+    monitor = CpuMonitor()
+    monitor.start()
+    repeats = max(args.repeats, -(-256 // steps))
+    fast = statistics.median(fast_decode(model, prompt, steps) for _ in range(repeats))
+    gen = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
+    model.decode_mode = "off"  # the general one-token path, side by side: what the default step gains
+    general = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
+    model.decode_mode = "auto"
+    batched = statistics.median(fast_decode(model, batch_prompt, steps) for _ in range(args.repeats))
+    return dict(context=c, decoded=steps, fast_tokens_per_s=steps / fast, generate_tokens_per_s=steps / gen,
+                general_path_generate_tokens_per_s=steps / general, batch=args.batch,
+                batched_tokens_per_s=args.batch * steps / batched, other_cpu_load=monitor.stop())
+
+
+def context_rows(args) -> dict:
     rows = []
+    for shape_name in ["paper", "small"] if args.shape == "all" else [args.shape]:
+        shape = SHAPES[shape_name]
+        model, graph = make_model(shape["vocab"], shape["successors"])
+        model.eval().generation_config.pad_token_id = 0
+        paths = ZipfPaths(graph, seed=2)
+        with torch.inference_mode():
+            warm = paths.batch(1, 8)
+            fast_decode(model, warm, 20)
+            generate_decode(model, warm, 8, None)
+            for c in args.contexts:
+                rows.append(dict(shape=shape_name, **context_row(args, model, paths, c)))
+                print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rows[-1].items()),
+                      flush=True)
+    return dict(rows=rows)
+
+
+class Clock:
+    """A streamer (`put`: the prompt, then each new token) that records the time and, every 100 tokens, the memory."""
+
+    def __init__(self, device):
+        self.device, self.times, self.memory, self.t0 = device, [], {}, None
+
+    def memory_now(self) -> float:
+        return torch.cuda.memory_allocated(self.device) / 1e9 if self.device.type == "cuda" else rss_gb()
+
+    def put(self, value):
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.times.append(time.perf_counter())
+        if len(self.times) % 100 == 0:
+            self.memory[len(self.times)] = self.memory_now()
+
+    def end(self):
+        pass
+
+
+def measure_long(model, way: str, steps: int, window: int) -> dict:
+    device, prompt = model.device, torch.tensor([[1]], device=model.device)
+    clock = Clock(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start_memory = clock.memory_now()
     with torch.inference_mode():
-        warm = paths.batch(1, 8)
-        fast_decode(model, warm, 20)
-        generate_decode(model, warm, 8, None)
-        for c in args.contexts:
-            steps = min(64, c // 2)
-            prompt = paths.batch(1, c - steps)
-            batch_prompt = paths.batch(args.batch, c - steps)
-            eos = unused_token(model, prompt, steps)
-            if args.wait_quiet:
-                wait_for_quiet()
-            monitor = CpuMonitor()
-            monitor.start()
-            repeats = max(args.repeats, -(-256 // steps))  # at least 256 decoded tokens per figure
-            fast = statistics.median(fast_decode(model, prompt, steps) for _ in range(repeats))
-            gen = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
-            model.decode_mode = "off"  # the general one-token path, side by side: what the default step gains
-            general = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
-            model.decode_mode = "auto"
-            batched = statistics.median(fast_decode(model, batch_prompt, steps) for _ in range(args.repeats))
-            row = dict(shape=shape_name, context=c, decoded=steps, fast_tokens_per_s=steps / fast,
-                       generate_tokens_per_s=steps / gen, general_path_generate_tokens_per_s=steps / general,
-                       batch=args.batch,
-                       batched_tokens_per_s=args.batch * steps / batched, other_cpu_load=monitor.stop())
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    return rows
+        if way == "generate":
+            model.generate(prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, streamer=clock,
+                           eos_token_id=None, pad_token_id=0)
+        elif way == "energy":
+            model.energy_generate(prompt, max_new_tokens=steps, eos_token_id=[], streamer=clock, num_alternatives=0)
+        else:
+            clock.put(prompt)
+            fast_decode(model, prompt, steps, clock.put)
+    assert len(clock.times) == steps, len(clock.times)
+    times = [clock.t0] + clock.times
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    first, last = statistics.median(gaps[:window]), statistics.median(gaps[-window:])
+    first_mean, last_mean = statistics.fmean(gaps[:window]), statistics.fmean(gaps[-window:])
+    memory = clock.memory
+    peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else max(memory.values())
+    return {"way": way, "tokens": len(gaps), "first_ms": first * 1e3, "last_ms": last * 1e3, "ratio": last / first,
+            "first_mean_ms": first_mean * 1e3, "last_mean_ms": last_mean * 1e3, "mean_ratio": last_mean / first_mean,
+            "total_s": times[-1] - times[0], "memory_start_gb": start_memory,
+            "memory_at_1000_gb": memory[min(1000, max(memory))], "memory_end_gb": memory[max(memory)],
+            "memory_peak_gb": peak}
 
 
-def main():
+def long_rows(args) -> dict:
+    if args.model:
+        from modeling_brillm import BriLLMForCausalLM
+
+        model = BriLLMForCausalLM.from_pretrained(args.model)
+        shape = f"{args.model} (V={model.config.vocab_size}, d={model.config.node_size}, E={model.config.num_edges:,})"
+    else:
+        model, _ = make_model(args.vocab, args.successors)
+        shape = f"synthetic V={args.vocab}, d=32, {args.successors} successors per node (E={model.config.num_edges:,})"
+    model.config.position_overflow = "extend"
+    model.generation_config.eos_token_id = None
+    model = model.to(args.device).eval()
+    print(f"{shape}; device {args.device}")
+    results = []
+    for way in args.ways:
+        results.append(measure_long(model, way, args.long, args.window))
+        r = results[-1]
+        print(f"{way:9s} {r['tokens']:,} tokens in {r['total_s']:.1f} s: per token {r['first_ms']:.3f} -> "
+              f"{r['last_ms']:.3f} ms (medians), {r['first_mean_ms']:.3f} -> {r['last_mean_ms']:.3f} ms (means); "
+              f"memory {r['memory_at_1000_gb']:.3f} GB after 1,000 -> {r['memory_end_gb']:.3f} GB", flush=True)
+    return {"shape": shape, "results": results}
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=["paper", "small", "all"], default="all")
     parser.add_argument("--contexts", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false", default=True,
-                        help="do not wait (up to 5 min) for other processes to leave the CPUs before timing")
-    args = add_results_dir(parser).parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"# machine: {machine()}")
-    rows = []
-    for shape in (["paper", "small"] if args.shape == "all" else [args.shape]):
-        rows.extend(run_shape(args, shape))
-    print()
-    print(f"{'shape':6} {'context':>7} {'fast path tok/s':>15} {'generate() tok/s':>16} {'general path':>12} "
-          f"{'batch':>5} {'batched tok/s':>13} {'other load':>10}")
-    for r in rows:
-        print(f"{r['shape']:6} {r['context']:7d} {r['fast_tokens_per_s']:15.0f} {r['generate_tokens_per_s']:16.0f} "
-              f"{r['general_path_generate_tokens_per_s']:12.0f} {r['batch']:5d} {r['batched_tokens_per_s']:13.0f} "
-              f"{r['other_cpu_load']:10.2f}")
-    write_record("decode_throughput", args, dict(rows=rows))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 with --long)")
+    parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false",
+                        help="do not wait (up to 5 min) for other processes to leave the CPUs")
+    parser.add_argument("--long", type=int, default=0, metavar="N", help="one N-token generation instead")
+    parser.add_argument("--window", type=int, default=1000, help="--long: tokens at each end compared")
+    ways = ["generate", "energy", "loop"]
+    parser.add_argument("--ways", nargs="+", default=ways, choices=ways, help="--long's")
+    parser.add_argument("--model", help="--long: a saved BriLLM folder (default: a synthetic graph)")
+    parser.add_argument("--vocab", type=int, default=4000)
+    parser.add_argument("--successors", type=int, default=32)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="--long's")
+    args = add_results_dir(parser).parse_args(argv)
+    threads = args.threads or (1 if args.long else None)
+    if threads:
+        torch.set_num_threads(threads)
+    figures = long_rows(args) if args.long else context_rows(args)
+    write_record("decode_throughput", args, figures, argv=argv)
+    return figures
 
 
 if __name__ == "__main__":

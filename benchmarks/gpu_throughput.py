@@ -1,75 +1,62 @@
-"""GPU throughput: the torch path and the Triton kernels side by side in one run.
+"""GPU throughput, the torch path and the Triton kernels side by side in one run: training steps, the candidate
+energies alone, decoding; or (--default_batch) pretrain.py's default step on the device.
 
     python benchmarks/gpu_throughput.py                                  # on a GPU: the whole table
-    python benchmarks/gpu_throughput.py --shape paper --batches 1024x64 --objective exact --optimizer sparse_adamw
+    python benchmarks/gpu_throughput.py --shape paper --batches 32x32,1024x64 --objective exact --optimizer sparse_adamw
+    python benchmarks/gpu_throughput.py --shape paper --parts energies decode --decode_modes off,eager,auto
+    python benchmarks/gpu_throughput.py --default_batch 60               # pretrain.py's default step, 60 s
     python benchmarks/gpu_throughput.py --device cpu --shape tiny        # smoke test without a GPU
 
-Training: for every shape ("paper" = V 4000, 227 successors, d 32, 0.96B parameters; "small" = V 1000, 100
-successors; "tiny" = V 64, 8 successors, d 8, for smoke tests), batch × length (32x32, 256x64, 1024x64),
-objective ("exact" full softmax; "sampled" = the release's K=400 frequency negatives), optimizer
-("sparse_adamw" = sparse gradients + SparseAdamW; "sparse_adamw_bf16" = the same with bfloat16 moments,
-stochastically rounded, what --mixed_precision bf16 picks on a GPU; "adamw" = dense gradients + torch's fused
-AdamW) and backend
-("torch" = `kernel_backend("torch")`, the reference path; "triton" = `kernel_backend("triton")`), on the same
-model, with synthetic Zipf paths along real edges (benchmarks/common.py). Each row reports:
-
-* tokens/s: B·L input tokens over the median step (forward + backward + optimizer step + zero_grad), timed
-  after warm-up steps with the device synchronised around each step;
-* launches: CUDA kernels (and memcpy/memset) the profiler sees in one step (on CPU: aten ops dispatched from
-  Python, autograd or a custom autograd function, i.e. not from inside another aten op, views and allocations
-  left out: roughly what becomes kernel launches on a GPU; Triton kernels in the interpreter are not counted);
-* busy: the kernels' summed time over the median step time (the GPU-busy fraction);
-* peak GB: torch.cuda.max_memory_allocated over the configuration (on CPU: the process's RSS high-water);
-* floor ms / of floor: the step's bandwidth floor (bytes a step must move, over the copy bandwidth measured on
-  this device at start-up) and the fraction of it reached (floor / measured step). Bytes, with R the edge rows
-  the step touches (every successor block of a scored source, the shared row) and P all rows, each
-  (d² + d)·4 bytes: sparse_adamw 10·R rows (read forward, read + write gradient backward, 7 optimizer passes;
-  8·R with bfloat16 moments, whose 4 passes move half the bytes);
-  adamw 3·R + 8·P rows (the dense gradient is zero-filled, then 7 passes over every row).
-
-Decoding: generate() greedy at batch 1, 32, 256 (`--decode-batches`), tokens/s over `--decode-tokens` new
-tokens per row, per backend; and one long generation at batch 1 (`--long-tokens`, default 20,000 on a GPU, with
-position_overflow="extend"), reporting the per-token time over its first and last tenth (flat = ratio ~1).
-
-On a CPU (`--device cpu`) the Triton column runs in Triton's interpreter (TRITON_INTERPRET=1): it checks that the
-script and the kernels run, and its times are NOT speed figures (rows are flagged "interpreted").
+Shapes: paper (V 4000, 227 successors, d 32, 0.96B parameters), small (V 1000, 100), tiny (V 64, 8, d 8), on
+common.py's Zipf paths. train: per batch x length, objective (exact; sampled: K=400 frequency negatives), optimizer
+(sparse_adamw; sparse_adamw_bf16: bfloat16 moments; adamw: dense, fused) and backend, tokens/s over the median step,
+launches in a step (CUDA kernels; on a CPU the aten ops dispatched), busy (kernel over step time), peak GB and the
+bandwidth floor: the bytes a step must move (R touched edge rows, P all rows, (d² + d)·4 bytes each: sparse_adamw
+10·R, bf16 moments 8·R, adamw 3·R + 8·P) over the copy bandwidth measured here. energies: the exact loss's candidate
+energies, forward and backward with sparse row gradients: ms, launches, host syncs, the relative difference of loss
+and gradients to torch's, the floor (rows read forward, read and written backward). decode: greedy and sampled
+generate() per --decode-batches size, backend and `model.decode_mode`, tokens/s (greedy: whether every mode gave the
+same tokens); long: the per-token time over the first and last tenth of a --long-tokens generation. On a CPU the
+Triton column runs in Triton's interpreter: no speed figures ("interpreted"). --default_batch SECONDS: pretrain.py
+with no batch flag on a corpus of the shape's graph (one character a node): the batch GPU_STEP_TOKENS chose, tokens/s,
+peak memory beside its estimate, beside the Triton rows of the newest record with training rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import itertools
 import json
 import os
+import re
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-
-def _device_arg(argv) -> str:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return pre.parse_known_args(argv)[0].device
-
-
-# On a CPU the Triton column runs in Triton's interpreter, which must be chosen before triton is first imported
-# (transformers imports torch._dynamo, which imports triton, so before `common` below).
-if not _device_arg(sys.argv[1:]).startswith("cuda"):
+# On a CPU the Triton column runs in Triton's interpreter, chosen before triton is first imported (transformers imports
+# torch._dynamo, which imports triton: before `common`).
+_pre = argparse.ArgumentParser(add_help=False)
+_pre.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+if not _pre.parse_known_args()[0].device.startswith("cuda"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ZipfPaths, add_results_dir, machine, make_model, peak_rss_gb, write_record  # noqa: E402
+import common
 
-SHAPES = {
-    # name: vocab, successors per node, node size
-    "paper": dict(vocab=4000, successors=227, node_size=32),
-    "small": dict(vocab=1000, successors=100, node_size=32),
-    "tiny": dict(vocab=64, successors=8, node_size=8),
-}
-OPTIMIZERS = ("sparse_adamw", "sparse_adamw_bf16", "adamw")
-OBJECTIVES = ("exact", "sampled")
+SHAPES = {"paper": dict(vocab=4000, successors=227, node_size=32),
+          "small": dict(vocab=1000, successors=100, node_size=32), "tiny": dict(vocab=64, successors=8, node_size=8)}
+OPTIMIZERS, OBJECTIVES = ("sparse_adamw", "sparse_adamw_bf16", "adamw"), ("exact", "sampled")
+_NO_KERNEL = {"view", "slice", "select", "as_strided", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute",
+              "reshape", "_reshape_alias", "unbind", "split", "split_with_sizes", "chunk", "narrow", "detach", "alias",
+              "lift_fresh", "empty", "empty_like", "empty_strided", "resize_", "to", "_to_copy_noop", "numpy_T",
+              "_unsafe_view", "contiguous", "result_type", "is_nonzero", "item", "_local_scalar_dense", "size",
+              "stride", "dim", "set_"}  # aten ops that launch no kernel
 
 
 def parse_batches(text: str) -> list[tuple[int, int]]:
@@ -84,34 +71,22 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def copy_bandwidth(device) -> float:
-    """Bytes per second of a large device-to-device copy (read + write counted), the floor's yardstick."""
-    n = (256 << 20) if device.type == "cuda" else (16 << 20)  # 1 GB of float32 on a GPU, 64 MB on a CPU
-    src = torch.ones(n, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    sync(device)
+def timed(fn, device, runs: int) -> list[float]:
     times = []
-    for _ in range(5):
+    for _ in range(runs):
+        sync(device)
         t0 = time.perf_counter()
-        dst.copy_(src)
+        fn()
         sync(device)
         times.append(time.perf_counter() - t0)
-    del src, dst
-    return 2 * n * 4 / min(times)
+    return times
 
 
-def floor_bytes(model, batch: torch.Tensor, optimizer: str) -> int:
-    """Bytes a training step must move at least (module docstring)."""
-    d = model.config.node_size
-    row = (d * d + d) * 4
-    indptr, _ = model.csr()
-    degree = indptr.diff().cpu()
-    sources = torch.unique(batch[:, :-1].cpu())
-    R = int(degree[sources].sum()) + (1 if model.config.graph == "sparse" else 0)
-    P = model.base_model.weights.shape[0]
-    rows = {"sparse_adamw": 10 * R, "sparse_adamw_bf16": 8 * R}.get(optimizer, 3 * R + 8 * P)
-    return row * rows
+def copy_bandwidth(device) -> float:
+    """Bytes per second of a large copy (read + write counted): the floor's yardstick."""
+    src = torch.ones((256 << 20) if device.type == "cuda" else (16 << 20), device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / min(timed(lambda: dst.copy_(src), device, 6))
 
 
 def profile_step(step, device) -> tuple[int, float]:
@@ -119,82 +94,118 @@ def profile_step(step, device) -> tuple[int, float]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")) as prof:
         step()
         sync(device)
-    events = prof.events()
     if device.type == "cuda":
-        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
         return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) * 1e-6
-    # aten ops called from Python, autograd or a custom autograd function (not from inside another aten op) that
-    # compute something (views and allocations launch no kernel)
-    ops = [e for e in events if e.name.startswith("aten::") and e.name[6:] not in _NO_KERNEL
-           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
-    return len(ops), float("nan")
+    # aten ops called from Python, autograd or a custom function (not inside another aten op) that compute something
+    return len([e for e in prof.events() if e.name.startswith("aten::") and e.name[6:] not in _NO_KERNEL
+                and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]), float("nan")
 
 
-_NO_KERNEL = {"view", "slice", "select", "as_strided", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute",
-              "reshape", "_reshape_alias", "unbind", "split", "split_with_sizes", "chunk", "narrow", "detach", "alias",
-              "lift_fresh", "empty", "empty_like", "empty_strided", "resize_", "to", "_to_copy_noop", "numpy_T",
-              "_unsafe_view", "contiguous", "result_type", "is_nonzero", "item", "_local_scalar_dense", "size",
-              "stride", "dim", "set_"}
+def count_syncs(fn, device) -> int:
+    if device.type != "cuda":
+        return -1
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
 
 
-def set_objective(model, objective):
-    model.config.loss_type = "exact" if objective == "exact" else "sampled"
-    if objective == "sampled":
-        model.config.num_negatives = min(400, model.config.vocab_size // 2)
-        model.config.negative_sampling = "frequency"
-
-
-def train_row(args, model, batches, device, B, L, objective, optimizer_name, backend, bandwidth):
+def train_row(args, model, batches, device, objective, optimizer_name, backend) -> dict:
     from modeling_brillm.backend import kernel_backend
     from modeling_brillm.optimization import SparseAdamW
 
-    set_objective(model, objective)
-    sparse = optimizer_name.startswith("sparse_adamw")
-    model.sparse_gradients = sparse
-    params = list(model.parameters())
-    if sparse:
-        moments = "bfloat16" if optimizer_name.endswith("bf16") else "float32"
-        optimizer = SparseAdamW(params, lr=1e-3, moment_dtype=moments)
+    model.config.loss_type = "exact" if objective == "exact" else "sampled"
+    model.config.num_negatives, model.config.negative_sampling = min(400, model.config.vocab_size // 2), "frequency"
+    model.sparse_gradients = optimizer_name.startswith("sparse_adamw")
+    if model.sparse_gradients:
+        optimizer = SparseAdamW(model.parameters(), lr=1e-3, moment_dtype="bfloat16" if "bf16" in optimizer_name
+                                else "float32")
     else:
-        optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    it = iter(range(1 << 30))
+    it, last = itertools.count(), {}
 
     def step():
         batch = batches[next(it) % len(batches)]
-        loss = model(input_ids=batch, labels=batch, return_logits=False).loss
-        loss.backward()
+        last["loss"] = model(input_ids=batch, labels=batch, return_logits=False).loss
+        last["loss"].backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss
 
-    times = []
     with kernel_backend(backend):
-        for k in range(args.warmup + args.steps):
-            sync(device)
-            t0 = time.perf_counter()
-            loss = step()
-            sync(device)
-            if k >= args.warmup:
-                times.append(time.perf_counter() - t0)
+        step_s = statistics.median(timed(step, device, args.warmup + args.steps)[args.warmup:])
         launches, kernel_s = profile_step(step, device) if args.profile else (None, float("nan"))
-    step_s = statistics.median(times)
-    peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else peak_rss_gb()
-    floor_s = floor_bytes(model, batches[0], optimizer_name) / bandwidth
-    row = dict(kind="train", B=B, L=L, objective=objective, optimizer=optimizer_name, backend=backend,
-               tokens_per_s=B * L / step_s, step_ms=step_s * 1e3, launches=launches,
-               busy=kernel_s / step_s, peak_gb=peak, floor_ms=floor_s * 1e3, of_floor=floor_s / step_s,
-               loss=float(loss.detach()), interpreted=backend == "triton" and device.type != "cuda")
-    optimizer = None  # free the moments before the next row
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return row
+    floor_s = floor_bytes(model, batches[0], optimizer_name) / args.bandwidth
+    B, L = batches[0].shape
+    peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else common.peak_rss_gb()
+    return dict(kind="train", B=B, L=L, objective=objective, optimizer=optimizer_name, backend=backend,
+                tokens_per_s=B * L / step_s, step_ms=step_s * 1e3, launches=launches, busy=kernel_s / step_s,
+                peak_gb=peak, floor_ms=floor_s * 1e3, of_floor=floor_s / step_s, loss=float(last["loss"].detach()))
+
+
+def floor_bytes(model, batch: torch.Tensor, optimizer: str) -> int:
+    d, (indptr, _) = model.config.node_size, model.csr()
+    R = int(indptr.diff().cpu()[torch.unique(batch[:, :-1].cpu())].sum()) + (model.config.graph == "sparse")
+    P = model.base_model.weights.shape[0]
+    return (d * d + d) * 4 * {"sparse_adamw": 10 * R, "sparse_adamw_bf16": 8 * R}.get(optimizer, 3 * R + 8 * P)
+
+
+def energies_pass(model, tokens, x, pe, backend):
+    """One forward + backward of the exact loss's candidate part: (loss, gradients of W, b and the signals)."""
+    from modeling_brillm.backend import kernel_backend
+    from modeling_brillm.ops import candidate_energies, exact_log_partition, make_plan, target_energies
+
+    V, (indptr, indices) = model.config.vocab_size, model.csr()
+    sources, targets = tokens[:, :-1].reshape(-1), tokens[:, 1:].reshape(-1)
+    w, b, xs = model.base_model.weights, model.base_model.biases, x.detach().requires_grad_()
+    with kernel_backend(backend):
+        plan = make_plan(sources, indptr, indices, V)
+        src, tgt = sources[plan.order], targets[plan.order]
+        energies, shared = candidate_energies(xs[plan.order], pe[plan.order], w, b, plan, True)
+        true = target_energies(energies, shared, plan, tgt, model.edge_rows(src, tgt), indptr[src] + 1)
+        loss = (exact_log_partition(energies, shared, plan, V) - true).mean()
+        loss.backward()
+    grads = (w.grad, b.grad, xs.grad)
+    w.grad = b.grad = None
+    return loss.detach(), grads
+
+
+def rel(a, b) -> float:
+    a, b = (t.to_dense() if t.is_sparse else t for t in (a, b))
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def energy_rows(args, model, tokens, device) -> list[dict]:
+    B, L = tokens.shape
+    d = model.config.node_size
+    x = (torch.rand(B * (L - 1), d, generator=torch.Generator().manual_seed(0)) * 0.5).to(device)
+    pe = model.base_model.position_encoding(torch.arange(1, L, device=device).repeat(B)).float()
+    touched = int(model.csr()[0].diff().cpu()[tokens[:, :-1].reshape(-1).unique().cpu()].sum())
+    floor_s = 3 * touched * (d * d + d) * 4 / args.bandwidth  # read forward, read and written backward
+    rows, ref = [], None
+    for backend in args.backends:
+        run = functools.partial(energies_pass, model, tokens, x, pe, backend)
+        run()  # warm-up: compiles the kernels
+        seconds = statistics.median(timed(run, device, args.steps))
+        loss, grads = run()
+        rows.append(dict(kind="energies", B=B, L=L, backend=backend, ms=seconds * 1e3,
+                         launches=profile_step(run, device)[0], syncs=count_syncs(run, device),
+                         floor_ms=floor_s * 1e3, of_floor=floor_s / seconds,  # against the first backend's
+                         loss_rel=rel(loss, ref[0]) if ref else None,
+                         grad_rel=max(rel(a, b) for a, b in zip(grads, ref[1])) if ref else None))
+        ref = ref or (loss, grads)
+    return rows
 
 
 class _Clock:
@@ -208,189 +219,196 @@ class _Clock:
         return scores
 
 
-def decode_rows(args, model, paths, device, backend):
-    from transformers import LogitsProcessorList
+def generate(model, prompt, n: int, sampled: bool):
+    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=sampled, pad_token_id=0,
+                          eos_token_id=None)
 
+
+def decode_rows(args, model, paths, device, backend) -> list[dict]:
     from modeling_brillm.backend import kernel_backend
 
-    rows = []
-    model.eval()
-    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    rows, N = [], args.decode_tokens
     with kernel_backend(backend), torch.inference_mode():
-        for B in args.decode_batches:
-            prompt = paths.batch(B, 8).to(device)
-            N = args.decode_tokens
-            model.generate(prompt, max_new_tokens=2, min_new_tokens=2, **common)  # warm-up (compiles kernels)
-            sync(device)
-            t0 = time.perf_counter()
-            out = model.generate(prompt, max_new_tokens=N, min_new_tokens=N, **common)
-            sync(device)
-            seconds = time.perf_counter() - t0
-            assert out.shape == (B, 8 + N)
-            rows.append(dict(kind="decode", B=B, new_tokens=N, backend=backend, tokens_per_s=B * N / seconds,
-                             interpreted=backend == "triton" and device.type != "cuda"))
+        for B, sampled in itertools.product(args.decode_batches, (False, True)):
+            prompt, first = paths.batch(B, 8).to(device), None
+            for mode in args.decode_modes:
+                model.decode_mode = mode
+                generate(model, prompt, 2, sampled)  # warm-up: compiles the kernels, captures the step
+                sync(device)
+                t0 = time.perf_counter()
+                out = generate(model, prompt, N, sampled)
+                sync(device)
+                seconds, first = time.perf_counter() - t0, out if first is None else first
+                same = None if sampled else torch.equal(out, first)  # greedy: every mode the same tokens
+                rows.append(dict(kind="decode", B=B, sampled=sampled, mode=mode, new_tokens=N, backend=backend,
+                                 tokens_per_s=B * N / seconds, same_tokens=same))
+        model.decode_mode = "auto"
         if args.long_tokens:
-            overflow = model.config.position_overflow
-            model.config.position_overflow = "extend"
-            clock = _Clock()
-            N = args.long_tokens
-            prompt = paths.batch(1, 8).to(device)
-            try:
-                model.generate(prompt, max_new_tokens=N, min_new_tokens=N,
-                               logits_processor=LogitsProcessorList([clock]), **common)
-            finally:
-                model.config.position_overflow = overflow
-            gaps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
-            tenth = max(1, len(gaps) // 10)
-            first, last = statistics.mean(gaps[:tenth]), statistics.mean(gaps[-tenth:])
-            rows.append(dict(kind="long", B=1, new_tokens=N, backend=backend, first_ms=first * 1e3,
-                             last_ms=last * 1e3, last_over_first=last / first,
-                             interpreted=backend == "triton" and device.type != "cuda"))
-    model.train()
+            rows.append(long_row(model, paths.batch(1, 8).to(device), args.long_tokens, backend))
     return rows
 
 
-def run_shape(args, name, device, bandwidth):
+def long_row(model, prompt, N: int, backend: str) -> dict:
+    from transformers import LogitsProcessorList
+
+    overflow, model.config.position_overflow, clock = model.config.position_overflow, "extend", _Clock()
+    try:
+        model.generate(prompt, max_new_tokens=N, min_new_tokens=N, logits_processor=LogitsProcessorList([clock]),
+                       do_sample=False, pad_token_id=0, eos_token_id=None)
+    finally:
+        model.config.position_overflow = overflow
+    gaps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+    tenth = max(1, len(gaps) // 10)
+    first, last = statistics.mean(gaps[:tenth]), statistics.mean(gaps[-tenth:])
+    return dict(kind="long", B=1, new_tokens=N, backend=backend, first_ms=first * 1e3, last_ms=last * 1e3,
+                last_over_first=last / first)
+
+
+def run_shape(args, name, device) -> list[dict]:
     shape = SHAPES[name]
     torch.manual_seed(0)
-    model, graph = make_model(shape["vocab"], shape["successors"], node_size=shape["node_size"],
+    model, graph = common.make_model(shape["vocab"], shape["successors"], node_size=shape["node_size"],
                               non_edge_bias=args.non_edge_bias)
     model.generation_config.pad_token_id = 0
     model.to(device)
-    paths = ZipfPaths(graph, seed=1)
-    params = sum(p.numel() for p in model.parameters())
-    rows = []
-    for B, L in args.batches:
+    paths, rows = common.ZipfPaths(graph, seed=1), []
+    for B, L in args.batches if {"train", "energies"} & set(args.parts) else []:
         batches = [paths.batch(B, L).to(device) for _ in range(min(4, args.warmup + args.steps))]
-        for optimizer_name in args.optimizer:
-            for objective in args.objective:
-                for backend in args.backends:
-                    row = train_row(args, model, batches, device, B, L, objective, optimizer_name, backend,
-                                    bandwidth)
-                    row.update(shape=name, params=params)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-        del batches
-    if args.decode_batches or args.long_tokens:
-        for backend in args.backends:
-            for row in decode_rows(args, model, paths, device, backend):
-                row.update(shape=name, params=params)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        for optimizer, objective, backend in itertools.product(args.optimizer, args.objective, args.backends):
+            if "train" in args.parts:
+                rows.append(train_row(args, model, batches, device, objective, optimizer, backend))
+                free(device)  # the optimizer's moments, before the next row
+        rows += energy_rows(args, model, batches[0], device) if "energies" in args.parts else []
+    model.eval()
+    for backend in args.backends if "decode" in args.parts else []:
+        rows += decode_rows(args, model, paths, device, backend)
+    rows = [dict(row, shape=name, interpreted=row["backend"] == "triton" and device.type != "cuda") for row in rows]
+    for row in rows:
+        print(json.dumps(row), flush=True)
     del model
+    free(device)
+    return rows
+
+
+def free(device):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows
 
 
-def fmt(value, spec, missing="-"):
-    if value is None or (isinstance(value, float) and value != value):
-        return missing
-    return format(value, spec)
+def throughput_rows(results_dir: Path) -> tuple[str | None, list]:
+    """(the record, its Triton training rows at the paper's shape, exact loss) of the newest record with training
+    rows in `results_dir`, else in benchmarks/results. A run's record has `rows`; a transcribed one a `train` table."""
+    for record in [p for folder in (results_dir, common.RESULTS_DIR)
+                   for p in sorted(Path(folder).glob("gpu_throughput-*.json"), reverse=True)]:
+        figures = json.loads(record.read_text())["figures"]
+        rows = [dict(batch=f"{r['B']}x{r['L']}", tokens_per_s=r["tokens_per_s"], peak_gb=r["peak_gb"],
+                     optimizer=r["optimizer"]) for r in figures.get("rows", []) if r["kind"] == "train"
+                and r["shape"] == "paper" and r["backend"] == "triton" and r["objective"] == "exact"]
+        rows = rows or [dict(batch=r["batch"].replace(" × ", "x"), tokens_per_s=r["triton_tokens_per_s"],
+                             peak_gb=r["peak_gb"]) for r in figures.get("train", [])]
+        if rows:
+            return str(record.resolve()).replace(os.path.join(common.ROOT, ""), ""), rows
+    return None, []
 
 
-def print_tables(rows, device_name):
-    train = [r for r in rows if r["kind"] == "train"]
-    if train:
-        print(f"\n## Training ({device_name})")
-        print("| shape | B x L | objective | optimizer | backend | tokens/s | step ms | x torch | launches | busy | "
-              "peak GB | floor ms | of floor |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for r in train:
-            ref = next((t for t in train if t["backend"] == "torch" and all(
-                t[k] == r[k] for k in ("shape", "B", "L", "objective", "optimizer"))), None)
-            speedup = r["tokens_per_s"] / ref["tokens_per_s"] if ref else None
-            flag = " (interpreted: not a speed figure)" if r["interpreted"] else ""
-            print(f"| {r['shape']} | {r['B']}x{r['L']} | {r['objective']} | {r['optimizer']} | {r['backend']}{flag} | "
-                  f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.2f} | {fmt(speedup, '.2f')} | "
-                  f"{fmt(r['launches'], ',')} | "
-                  f"{fmt(r['busy'], '.0%')} | {r['peak_gb']:.2f} | {r['floor_ms']:.3f} | {r['of_floor']:.1%} |")
-    decode = [r for r in rows if r["kind"] == "decode"]
-    if decode:
-        print(f"\n## Decoding, generate() greedy ({device_name})")
-        print("| shape | batch | backend | new tokens/row | tokens/s |")
-        print("|---|---|---|---|---|")
-        for r in decode:
-            flag = " (interpreted)" if r["interpreted"] else ""
-            print(f"| {r['shape']} | {r['B']} | {r['backend']}{flag} | {r['new_tokens']} | {r['tokens_per_s']:,.0f} |")
-    long = [r for r in rows if r["kind"] == "long"]
-    if long:
-        print("\n## One long generation, batch 1: per-token time over the first and the last tenth")
-        print("| shape | backend | tokens | first ms/token | last ms/token | last / first |")
-        print("|---|---|---|---|---|---|")
-        for r in long:
-            flag = " (interpreted)" if r["interpreted"] else ""
-            print(f"| {r['shape']} | {r['backend']}{flag} | {r['new_tokens']:,} | {r['first_ms']:.3f} | "
-                  f"{r['last_ms']:.3f} | {r['last_over_first']:.2f} |")
+def default_batch(args, device) -> dict:
+    """pretrain.py's default step: its batch, tokens/s and peak memory beside the estimate it printed."""
+    from modeling_brillm.training import pretraining as pretrain
+
+    shape = SHAPES[args.shapes[0]]
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus, out = Path(tmp) / "corpus.txt", Path(tmp) / "run"
+        paths = common.ZipfPaths(common.synthetic_graph(shape["vocab"], shape["successors"]), seed=1)
+        corpus.write_text("".join("".join(chr(0x4E00 + t) for t in row) + "\n"  # node k: the character U+4E00 + k
+                                  for row in paths.batch(max(1, args.corpus_tokens // 256), 256).tolist()))
+        if pretrain.main(["--train_file", str(corpus), "--tokenizer_kind", "char", "--vocab_size",
+                          str(shape["vocab"] + 4), "--min_bigram_count", "1", "--contiguous_blocks", "--block_size",
+                          "32", "--node_size", str(shape["node_size"]), "--validation_split_percentage", "0",
+                          "--num_generations", "0", "--max_train_time", str(args.default_batch), "--output_dir",
+                          str(out)]) != 0:
+            raise SystemExit("pretrain.py failed")
+        summary = json.loads((out / pretrain.SUMMARY_NAME).read_text())
+        batch = {s["name"]: s for s in json.loads((out / "recipe.json").read_text())["settings"]}[
+            "per_device_train_batch_size"]
+    estimate = re.search(r"needs ~([\d.]+ [KMGT]?B)|using \d+ \(~([\d.]+ [KMGT]?B)\)", batch["why"] or "")
+    record, rows = throughput_rows(Path(args.results_dir))
+    figures = dict(batch=batch["value"], block_size=32, rule=batch["rule"], startup_line=batch["why"],
+                   estimate=next(filter(None, estimate.groups())) if estimate else None,
+                   peak_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None,
+                   throughput_record=record, throughput_rows=rows,
+                   **{k: summary[k] for k in ("vocab_size", "num_edges", "num_parameters", "steps", "train_seconds")},
+                   tokens_per_s=summary["tokens_per_second"])
+    print(f"default batch {figures['batch']} x 32 [{figures['rule']}]: {figures['tokens_per_s']:,.0f} tokens/s over "
+          f"{figures['train_seconds']} s; peak {figures['peak_gb'] or 0:.1f} GB, estimate {figures['estimate']}; "
+          f"beside {record}: {[r['tokens_per_s'] for r in rows]}")
+    return figures
 
 
-def main(argv=None):
-    on_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if on_gpu else "cpu")
-    parser.add_argument("--shape", choices=list(SHAPES) + ["all"], default=None,
-                        help="default: paper and small on a GPU, tiny on a CPU")
-    parser.add_argument("--batches", default=None, help="BxL list (default 32x32,256x64,1024x64; 2x8 on a CPU)")
-    parser.add_argument("--objective", choices=list(OBJECTIVES) + ["all"], default="all")
-    parser.add_argument("--optimizer", choices=list(OPTIMIZERS) + ["all"], default="all")
-    parser.add_argument("--backends", default="torch,triton", help="comma list of torch, triton")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 5 on a GPU, 1 on a CPU)")
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 2 on a GPU, 1 on a CPU)")
-    parser.add_argument("--decode-batches", default=None, help="comma list (default 1,32,256; 1 on a CPU; '' = none)")
-    parser.add_argument("--decode-tokens", type=int, default=None, help="new tokens per row (default 256; 4 on a CPU)")
-    parser.add_argument("--long-tokens", type=int, default=None,
-                        help="tokens of the long generation (default 20000 on a GPU, 16 on a CPU; 0 = none)")
-    parser.add_argument("--non-edge-bias", action="store_true",
-                        help="the model the demo preset trains (a learned energy per non-successor; exact loss only)")
-    parser.add_argument("--no-profile", dest="profile", action="store_false", default=True)
-    parser.add_argument("--json", default=None, help="also write every row to this file")
-    args = add_results_dir(parser).parse_args(argv)
-    device = torch.device(args.device)
-    gpu = device.type == "cuda"
+def settle(args, gpu: bool):
+    """The command line's defaults for the device: on a GPU the whole table, on a CPU a smoke test."""
+    from modeling_brillm.backend import HAVE_TRITON, interpreting
+
     args.backends = [b for b in args.backends.split(",") if b]
     if any(b not in ("torch", "triton") for b in args.backends):
         raise SystemExit(f"--backends takes torch and/or triton, got {args.backends}")
-    from modeling_brillm.backend import HAVE_TRITON, interpreting
-
     if "triton" in args.backends and not gpu and not interpreting():
         raise SystemExit("the triton column on a CPU needs Triton's interpreter: run with TRITON_INTERPRET=1 (this "
                          "script sets it when the command line says --device cpu), or --backends torch")
-
     if "triton" in args.backends and not HAVE_TRITON:
         print("# triton is not installed: the triton column is skipped (pip install triton)")
-        args.backends = [b for b in args.backends if b != "triton"]
-    shapes = args.shape or ("all" if gpu else "tiny")
-    shapes = ["paper", "small"] if shapes == "all" else [shapes]
+        args.backends.remove("triton")
+    args.shapes = {None: ["paper", "small"] if gpu else ["tiny"], "all": ["paper", "small"]}.get(args.shape,
+                                                                                                [args.shape])
     args.batches = parse_batches(args.batches or ("32x32,256x64,1024x64" if gpu else "2x8"))
     args.objective = list(OBJECTIVES) if args.objective == "all" else [args.objective]
-    if args.non_edge_bias and "sampled" in args.objective:  # the model refuses the sampled loss with the bias
+    if args.non_edge_bias and "sampled" in args.objective:  # the bias needs the exact loss
         print("# --non-edge-bias: the sampled objective is skipped (the bias needs the exact loss)")
-        args.objective = [o for o in args.objective if o != "sampled"]
+        args.objective.remove("sampled")
     args.optimizer = list(OPTIMIZERS) if args.optimizer == "all" else [args.optimizer]
     args.steps = args.steps if args.steps is not None else (5 if gpu else 1)
     args.warmup = args.warmup if args.warmup is not None else (2 if gpu else 1)
-    decode = args.decode_batches if args.decode_batches is not None else ("1,32,256" if gpu else "1")
-    args.decode_batches = [int(b) for b in decode.split(",") if b]
+    args.decode_batches = [int(b) for b in (args.decode_batches if args.decode_batches is not None
+                                            else "1,32,256" if gpu else "1").split(",") if b]
+    args.decode_modes = args.decode_modes.split(",")
     args.decode_tokens = args.decode_tokens or (256 if gpu else 4)
     args.long_tokens = args.long_tokens if args.long_tokens is not None else (20000 if gpu else 16)
-    if gpu:
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the exactness checks use it
-        torch.backends.cudnn.allow_tf32 = False
-        device_name = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", choices=list(SHAPES) + ["all"], help="default: paper and small (a CPU: tiny)")
+    parser.add_argument("--parts", nargs="+", choices=["train", "energies", "decode"], default=["train", "decode"])
+    parser.add_argument("--batches", help="BxL list (default 32x32,256x64,1024x64; a CPU: 2x8)")
+    parser.add_argument("--objective", choices=list(OBJECTIVES) + ["all"], default="all")
+    parser.add_argument("--optimizer", choices=list(OPTIMIZERS) + ["all"], default="all")
+    parser.add_argument("--backends", default="torch,triton", help="comma list of torch, triton")
+    parser.add_argument("--steps", type=int, help="timed steps (default 5; a CPU: 1)")
+    parser.add_argument("--warmup", type=int, help="warm-up steps (default 2; a CPU: 1)")
+    parser.add_argument("--decode-batches", help="comma list (default 1,32,256; a CPU: 1; '': none)")
+    parser.add_argument("--decode_modes", default="auto", help="comma list of model.decode_mode: off, eager, auto")
+    parser.add_argument("--decode-tokens", type=int, help="new tokens per row (default 256; a CPU: 4)")
+    parser.add_argument("--long-tokens", type=int, help="the long generation's tokens (default 20000; a CPU: 16)")
+    parser.add_argument("--non-edge-bias", action="store_true", help="the demo preset's model (exact loss only)")
+    parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--default_batch", type=float, metavar="SECONDS", help="pretrain.py's default step instead")
+    parser.add_argument("--corpus_tokens", type=int, default=8_000_000, help="--default_batch's corpus")
+    args = common.add_results_dir(parser).parse_args(argv)
+    device = torch.device(args.device)
+    settle(args, device.type == "cuda")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32, as the exactness checks
+    name = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}" if device.type == "cuda" else None
+    name = name or common.machine()
+    if args.default_batch:
+        figures = dict(device=name, default_batch=default_batch(args, device))
     else:
-        device_name = machine()
-    bandwidth = copy_bandwidth(device)
-    print(f"# {device_name}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s (read + write)", flush=True)
-    rows = []
-    for name in shapes:
-        rows.extend(run_shape(args, name, device, bandwidth))
-    print_tables(rows, device_name)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=device_name, bandwidth=bandwidth, rows=rows), f, indent=1)
-    write_record("gpu_throughput", args, dict(device=device_name, bandwidth=bandwidth, rows=rows), argv=argv)
-    return rows
+        args.bandwidth = copy_bandwidth(device)
+        print(f"# {name}; copy bandwidth {args.bandwidth / 1e9:,.0f} GB/s (read + write)", flush=True)
+        rows = [row for shape in args.shapes for row in run_shape(args, shape, device)]
+        figures = dict(device=name, bandwidth=args.bandwidth, rows=rows)
+    common.write_record("gpu_throughput", args, figures, argv=argv)
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,26 +1,21 @@
-"""Source-sharded training against DDP and one process, side by side on the same synthetic batches.
+"""Source-sharded training against DDP and one process on the same synthetic batches; or (--shares CORPUS) how evenly
+8 owners share the sharded work on a real corpus's graph.
 
     python benchmarks/sharded_throughput.py                       # both shapes
     python benchmarks/sharded_throughput.py --shape text --steps 8
+    python benchmarks/sharded_throughput.py --shares outputs/corpora/small    # benchmarks/corpora.py --corpus small
 
-Modes (each in its own process group of fresh processes, so peak memory is its own):
-  single-sparse   1 process, 2 threads, sparse row gradients + SparseAdamW
-  single-dense    1 process, 2 threads, dense gradients + torch AdamW (fused)
-  single-sparse-1t  as single-sparse with 1 thread (faster than 2 on a machine that other processes keep busy)
-  ddp             2 processes (gloo), 1 thread each, DDP + dense torch AdamW: examples/pretrain.py's default path
-  sharded         2 processes (gloo), 1 thread each, ShardedBriLLM + SparseAdamW (--edge_sharding source)
-The global batch is the same in every mode (each of 2 processes takes half the rows). CPU s/step: each process's
-own CPU time per step (time.process_time), which depends far less than wall time on other processes' load. tokens/s =
-global batch x
-length over the median step time (forward + backward + gradient exchange + optimizer step). Bytes sent per step
-and process: counted by ShardedBriLLM's transport (rows, signals, ids, counts, both directions, and the
-all-reduce of the replicated parameters); for DDP the ring all-reduce of the dense gradient, 2 (W-1)/W x 4 B x
-parameters (arithmetic: gloo does not count). Peak memory: each process's resident-set high-water mark.
-
-Shapes: "paper" = V 4000, 227 successors per node, d 32 (0.959B parameters), batch 32 x 32; "text" = V 2000,
-48 successors per node (96,000 edges, like the ~95,748 of a real 2000-token BPE corpus), d 32, batch 64 x 64.
-DDP at the paper shape needs ~19 GB per process (weights, gradient, two moments, DDP's gradient buckets): two do
-not fit a 24 GB machine, so it is skipped there unless --ddp-paper.
+Modes, each in fresh processes (peak memory its own), the same global batch: single-sparse (1 process, 2 threads,
+SparseAdamW), single-dense (fused AdamW), single-sparse-1t (1 thread), ddp (2 gloo processes, DDP + dense AdamW),
+sharded (2 processes, ShardedBriLLM + SparseAdamW: --edge_sharding source). tokens/s: global batch x length over the
+median step; CPU seconds per step and process; bytes sent per step and process (the sharded transport's count; DDP:
+the ring all-reduce of the dense gradient, 2 (W-1)/W x 4 B x parameters); peak memory per process. Shapes: paper (V
+4000, 227 successors, 32 x 32; DDP needs ~19 GB a process: only with --ddp-paper), text (V 2000, 48 successors, like a
+2000-token BPE corpus's graph, 64 x 64). --shares: a BPE tokenizer of --vocab_size on the corpus's training text,
+blocks of 64, the graph of the bigrams seen --min_count times, the owners a sharded run chooses; 8 gloo processes run
+--steps steps (forward, backward, reduction, clipping; no optimizer) of 16 blocks each. Per owner: its edge rows, the
+positions it scores, their candidate energies (the work the split balances), the bytes it sends, each as largest
+over mean (the busiest owner sets the step's pace).
 """
 
 import argparse
@@ -33,159 +28,195 @@ import tempfile
 import time
 
 import torch
+import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ZipfPaths, add_results_dir, machine, make_model, peak_rss_gb, wait_for_quiet, write_record  # noqa: E402
+import common
 
-SHAPES = {
-    "paper": dict(vocab=4000, successors=227, batch=32, length=32),
-    "text": dict(vocab=2000, successors=48, batch=64, length=64),
-}
+SHAPES = {"paper": dict(vocab=4000, successors=227, batch=32, length=32),
+          "text": dict(vocab=2000, successors=48, batch=64, length=64)}
 
 
-def _batches(graph, shape, steps):
-    paths = ZipfPaths(graph, seed=1)
-    return [paths.batch(shape["batch"], shape["length"]) for _ in range(steps)]
-
-
-def _rank_main(rank, world, mode, shape_name, steps, warmup, init_file, out_dir):
-    torch.set_num_threads(1 if world > 1 or mode.endswith("-1t") else 2)
+def _step_fn(model, mode):
+    """(the callable a step runs, its optimizer, the ShardedBriLLM or None)."""
     from modeling_brillm.optimization import SparseAdamW
 
-    if world > 1:
-        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    shape = SHAPES[shape_name]
-    torch.manual_seed(0)
-    model, graph = make_model(shape["vocab"], shape["successors"])
-    batches = _batches(graph, shape, warmup + steps)
-    rows = torch.arange(shape["batch"]).tensor_split(world)[rank]
-    P = sum(p.numel() for p in model.parameters())
-    sharded = None
     if mode == "sharded":
         from modeling_brillm.sharding import ShardedBriLLM
 
         sharded = ShardedBriLLM(model)
-        optimizer = SparseAdamW(sharded.parameter_groups(), lr=1e-3)
-        step_fn = sharded
-    elif mode.startswith("single-sparse"):
+        return sharded, SparseAdamW(sharded.parameter_groups(), lr=1e-3), sharded
+    if mode.startswith("single-sparse"):
         model.sparse_gradients = True
-        optimizer = SparseAdamW(model.parameters(), lr=1e-3)
-        step_fn = model
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-        step_fn = model
-        if mode == "ddp":
-            step_fn = torch.nn.parallel.DistributedDataParallel(model)
+        return model, SparseAdamW(model.parameters(), lr=1e-3), None
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
+    return ddp, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True), None
+
+
+def _rank_main(rank, world, mode, shape_name, steps, warmup, folder):
+    torch.set_num_threads(1 if world > 1 or mode.endswith("-1t") else 2)
+    if world > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=world)
+    shape = SHAPES[shape_name]
+    model, graph = common.make_model(shape["vocab"], shape["successors"])
+    paths, P = common.ZipfPaths(graph, seed=1), sum(p.numel() for p in model.parameters())
+    rows = torch.arange(shape["batch"]).tensor_split(world)[rank]
+    step_fn, optimizer, sharded = _step_fn(model, mode)
     times, sent, cpu = [], [], []
-    for i, tokens in enumerate(batches):
+    for i, tokens in enumerate([paths.batch(shape["batch"], shape["length"]) for _ in range(warmup + steps)]):
         ids = tokens[rows]
         if world > 1:
             torch.distributed.barrier()
-        before = sharded.bytes_sent if sharded is not None else 0
-        t0, c0 = time.perf_counter(), time.process_time()
-        if sharded is not None:
-            out = sharded(ids, labels=ids)
-            out.loss.backward()
+        before, t0, c0 = sharded.bytes_sent if sharded else 0, time.perf_counter(), time.process_time()
+        if sharded:
+            sharded(ids, labels=ids).loss.backward()
             sharded.reduce_gradients()
         else:
-            out = step_fn(input_ids=ids, labels=ids, return_logits=False)
-            out.loss.backward()
+            step_fn(input_ids=ids, labels=ids, return_logits=False).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-            sent.append(sharded.bytes_sent - before if sharded is not None
-                        else (2 * (world - 1) / world * 4 * P if world > 1 else 0))
-    result = {"rank": rank, "median_s": statistics.median(times), "cpu_s": statistics.median(cpu),
-              "bytes_per_step": statistics.median(sent),
-              "peak_gb": peak_rss_gb(), "params": P,
-              "local_rows": int(sharded.model.base_model.weights.shape[0]) if sharded is not None
-                            else int(model.base_model.weights.shape[0])}
-    with open(os.path.join(out_dir, f"{mode}-{rank}.json"), "w") as f:
-        json.dump(result, f)
+            sent.append(sharded.bytes_sent - before if sharded else 2 * (world - 1) / world * 4 * P)
+    local = (sharded.model if sharded else model).base_model.weights.shape[0]
+    with open(os.path.join(folder, f"{mode}-{rank}.json"), "w") as f:
+        json.dump({"median_s": statistics.median(times), "cpu_s": statistics.median(cpu), "local_rows": int(local),
+                   "bytes_per_step": statistics.median(sent), "peak_gb": common.peak_rss_gb()}, f)
     if world > 1:
         torch.distributed.destroy_process_group()
 
 
-def run_mode(mode, shape_name, steps, warmup):
+def run_mode(mode, shape_name, args) -> dict:
     world = 2 if mode in ("ddp", "sharded") else 1
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--shape", shape_name,
-               "--steps", str(steps), "--warmup", str(warmup), "--out", tmp]
         env = dict(os.environ, OMP_NUM_THREADS="1" if world > 1 or mode.endswith("-1t") else "2")
         started = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", mode, "--shape", shape_name,
+                               "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", tmp], env=env,
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             return {"mode": mode, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
         ranks = [json.load(open(os.path.join(tmp, f"{mode}-{r}.json"))) for r in range(world)]
-    shape = SHAPES[shape_name]
-    step = max(r["median_s"] for r in ranks)
-    return {"mode": mode, "processes": world, "tokens_per_s": shape["batch"] * shape["length"] / step,
-            "step_s": step, "cpu_s": [round(r.get("cpu_s", float("nan")), 3) for r in ranks],
-            "bytes_per_step": max(r["bytes_per_step"] for r in ranks),
+    shape, step = SHAPES[shape_name], max(r["median_s"] for r in ranks)
+    return {"mode": mode, "processes": world, "tokens_per_s": shape["batch"] * shape["length"] / step, "step_s": step,
+            "cpu_s": [round(r["cpu_s"], 3) for r in ranks], "bytes_per_step": max(r["bytes_per_step"] for r in ranks),
             "peak_gb": [round(r["peak_gb"], 2) for r in ranks], "local_rows": [r["local_rows"] for r in ranks],
             "wall_s": time.perf_counter() - started}
 
 
-def worker(args):
-    world = 2 if args.worker in ("ddp", "sharded") else 1
-    if world == 1:
-        _rank_main(0, 1, args.worker, args.shape, args.steps, args.warmup, None, args.out)
-        return
-    import torch.multiprocessing as mp
-
-    init_file = os.path.join(args.out, "init")
-    mp.start_processes(_rank_main, args=(world, args.worker, args.shape, args.steps, args.warmup, init_file, args.out),
-                       nprocs=world, join=True, start_method="spawn")
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", choices=list(SHAPES), nargs="+", default=["text", "paper"])
-    p.add_argument("--modes", nargs="+", default=["single-sparse", "single-dense", "ddp", "sharded"])
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--ddp-paper", action="store_true", help="Also run DDP at the paper shape (~38 GB of RAM).")
-    p.add_argument("--no-wait-quiet", action="store_true")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = add_results_dir(p).parse_args()
-    if args.worker:
-        args.shape = args.shape[0] if isinstance(args.shape, list) else args.shape
-        return worker(args)
-    print(machine())
+def throughput(args) -> dict:
     figures = {}
     for shape_name in args.shape:
-        shape = SHAPES[shape_name]
-        print(f"\nshape {shape_name}: V={shape['vocab']}, {shape['successors']} successors, d=32, "
-              f"batch {shape['batch']} x {shape['length']}")
-        print(f"{'mode':<16} {'procs':>5} {'tokens/s':>10} {'step s':>8} {'CPU s/step per proc':>20} "
-              f"{'MB sent/step/proc':>18} {'peak GB per process':>22} {'edge rows per process':>24} {'other load':>10}")
         results = []
         for mode in args.modes:
             if mode == "ddp" and shape_name == "paper" and not args.ddp_paper:
-                print(f"{mode:<14} skipped: 2 x ~19 GB does not fit this machine (--ddp-paper to try)")
+                print(f"{shape_name} {mode}: skipped (2 x ~19 GB; --ddp-paper to try)")
                 continue
-            load = float("nan") if args.no_wait_quiet else wait_for_quiet()
-            r = run_mode(mode, shape_name, args.steps, args.warmup)
-            if "error" in r:
-                print(f"{mode:<14} failed: {r['error']}")
-                continue
-            results.append(dict(r, other_cpu_load=load))
-            print(f"{mode:<16} {r['processes']:>5} {r['tokens_per_s']:>10,.0f} {r['step_s']:>8.3f} "
-                  f"{str(r['cpu_s']):>20} {r['bytes_per_step'] / 1e6:>18,.1f} {str(r['peak_gb']):>22} "
-                  f"{str(r['local_rows']):>24} "
-                  f"{load:>10.2f}", flush=True)
-        by = {r["mode"]: r for r in results}
-        if "sharded" in by:
-            single = max((r["tokens_per_s"] for m, r in by.items() if m.startswith("single")), default=None)
-            if single:
-                print(f"sharded / best single process: {by['sharded']['tokens_per_s'] / single:.2f}x")
-            if "ddp" in by:
-                print(f"sharded / DDP: {by['sharded']['tokens_per_s'] / by['ddp']['tokens_per_s']:.2f}x")
-        figures[shape_name] = dict(shape, modes=results)
-    write_record("sharded_throughput", args, figures)
+            load = float("nan") if args.no_wait_quiet else common.wait_for_quiet()
+            results.append(dict(run_mode(mode, shape_name, args), other_cpu_load=load))
+            print(shape_name, json.dumps(results[-1]), flush=True)
+        figures[shape_name] = dict(SHAPES[shape_name], modes=[r for r in results if "error" not in r])
+    return figures
+
+
+def _owner_main(rank, world, folder, steps, batch):
+    """One owner of --shares: `steps` sharded steps of its blocks; what it holds, scores and sends."""
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=world)
+    from modeling_brillm.sharding import ShardedBriLLM
+
+    saved = torch.load(os.path.join(folder, "inputs.pt"), weights_only=False)
+    sharded, sent, scored = ShardedBriLLM.from_config(saved["config"], saved["graph"]), [], []
+    for step in range(steps):
+        ids = saved["blocks"][step * batch * world:(step + 1) * batch * world].tensor_split(world)[rank]
+        before = sharded.bytes_sent
+        out = sharded(ids, labels=ids)
+        out.loss.backward()
+        sharded.reduce_gradients()
+        sharded.clip_grad_norm_(1.0)
+        sharded.zero_grad(set_to_none=True)
+        sent.append(sharded.bytes_sent - before)
+        scored.append(out.owned_targets)
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+        json.dump({"edge_rows": int(sharded.model.base_model.weights.shape[0]) - 1, "scored_per_step": scored,
+                   "bytes_per_step": sent, "owners": sharded.owners.tolist()}, f)
+    torch.distributed.destroy_process_group()
+
+
+def corpus_blocks(args) -> tuple[torch.Tensor, int]:
+    """(blocks of the corpus's training text, shuffled, the tokenizer's vocabulary size)."""
+    from tokenization import build_tokenizer
+
+    with open(os.path.join(args.shares, "train.jsonl"), encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    tokenizer = build_tokenizer(texts, vocab_size=args.vocab_size)
+    ids = torch.tensor([t for text in texts for t in tokenizer(text)["input_ids"]])
+    blocks = ids[: len(ids) // args.block_size * args.block_size].view(-1, args.block_size)
+    return blocks[torch.randperm(len(blocks), generator=torch.Generator().manual_seed(0))], len(tokenizer)
+
+
+def shares(args) -> dict:
+    from modeling_brillm import BriLLMConfig, build_sparse_graph
+
+    blocks, vocab = corpus_blocks(args)
+    W, B, steps = args.processes, args.batch, args.steps
+    if len(blocks) < steps * B * W:
+        raise SystemExit(f"error: {len(blocks)} blocks cannot fill {steps} steps of {B} x {W}; lower --steps.")
+    graph = build_sparse_graph(blocks.tolist(), vocab, min_count=args.min_count)
+    config = BriLLMConfig(vocab_size=vocab, node_size=32, graph="sparse", num_edges=graph.num_edges,
+                          max_position_embeddings=args.block_size)
+    print(f"{args.shares}: {len(blocks):,} blocks, V = {vocab:,}, {graph.num_edges:,} edges; {W} owners")
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save({"config": config, "graph": graph, "blocks": blocks}, os.path.join(folder, "inputs.pt"))
+        mp.start_processes(_owner_main, args=(W, folder, steps, B), nprocs=W, join=True, start_method="spawn")
+        ranks = [json.load(open(os.path.join(folder, f"rank{r}.json"))) for r in range(W)]
+    # every position but a block's last is scored by the owner of its token: its candidates are its successors
+    sources = blocks[: steps * B * W, :-1].reshape(-1)
+    owner = torch.tensor(ranks[0]["owners"])[sources]
+    assert torch.bincount(owner, minlength=W).tolist() == [sum(r["scored_per_step"]) for r in ranks]
+    candidates = torch.zeros(W, dtype=torch.float64).index_add_(0, owner, graph.indptr.diff()[sources].double())
+    per_owner = {"edge_rows": [r["edge_rows"] for r in ranks],
+                 "tokens_per_step": [sum(r["scored_per_step"]) / steps for r in ranks],
+                 "candidates_per_step": (candidates / steps).tolist(),
+                 "bytes_per_step": [sum(r["bytes_per_step"]) / steps for r in ranks]}
+    spread = lambda values: max(values) / (sum(values) / len(values))  # largest over mean
+    figures = {"vocab_size": vocab, "num_edges": graph.num_edges, "blocks": len(blocks), "per_owner": per_owner,
+               "largest_over_mean": {k: spread(v) for k, v in per_owner.items()},
+               "worst_step_largest_over_mean": {k: max(spread([r[key][s] for r in ranks]) for s in range(steps)) for k,
+                                                key in (("tokens_per_step", "scored_per_step"),
+                                                        ("bytes_per_step", "bytes_per_step"))}}
+    print(json.dumps({k: figures[k] for k in ("largest_over_mean", "worst_step_largest_over_mean")}))
+    return figures
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=list(SHAPES), nargs="+", default=["text", "paper"])
+    p.add_argument("--modes", nargs="+", default=["single-sparse", "single-dense", "ddp", "sharded"])
+    p.add_argument("--steps", type=int, help="timed steps (default 6; --shares: 4)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--ddp-paper", action="store_true", help="also DDP at the paper shape (~38 GB of RAM)")
+    p.add_argument("--no-wait-quiet", action="store_true")
+    p.add_argument("--shares", metavar="CORPUS", help="a corpus folder of benchmarks/corpora.py (train.jsonl)")
+    p.add_argument("--processes", type=int, default=8, help="--shares: owners")
+    p.add_argument("--vocab_size", type=int, default=4000, help="--shares")
+    p.add_argument("--block_size", type=int, default=64, help="--shares")
+    p.add_argument("--batch", type=int, default=16, help="--shares: blocks per process and step")
+    p.add_argument("--min_count", type=int, default=1, help="--shares: the graph keeps the bigrams seen this often")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = common.add_results_dir(p).parse_args(argv)
+    args.steps = args.steps or (4 if args.shares else 6)
+    if args.worker:
+        world = 2 if args.worker in ("ddp", "sharded") else 1
+        job = (world, args.worker, args.shape[0], args.steps, args.warmup, args.out)
+        if world == 1:
+            return _rank_main(0, *job)
+        return mp.start_processes(_rank_main, args=job, nprocs=world, join=True, start_method="spawn")
+    print(common.machine())
+    figures = shares(args) if args.shares else throughput(args)
+    common.write_record("sharded_throughput", args, figures, argv=argv)
 
 
 if __name__ == "__main__":

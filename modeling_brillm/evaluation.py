@@ -50,6 +50,9 @@ def load_texts(data, text_column: str = "text") -> list:
     if isinstance(data, os.PathLike) or (isinstance(data, str) and "\n" not in data and os.path.isfile(data)):
         with open(os.fspath(data), encoding="utf-8") as f:
             return [line.rstrip("\r\n") for line in f if line.strip()]
+    if isinstance(data, str) and looks_like_a_path(data):
+        raise FileNotFoundError(f"{data}: no such file (to score this string as a text, pass it in a list: "
+                                f"perplexity(model, tokenizer, [{data!r}])).")
     if isinstance(data, str):
         return [data]
     if isinstance(data, torch.Tensor):
@@ -73,6 +76,12 @@ def load_texts(data, text_column: str = "text") -> list:
     except TypeError:
         raise TypeError(f"cannot read texts from a {type(data).__name__}: give a list of strings, a file path, "
                         "a datasets.Dataset, or token ids.") from None
+
+
+def looks_like_a_path(text: str) -> bool:
+    """One word with a folder separator or a text file's extension: a path, not a text to score."""
+    return not any(c.isspace() for c in text) and (os.sep in text or "/" in text or os.path.splitext(text)[1].lower()
+                                                   in (".txt", ".text", ".json", ".jsonl", ".csv"))
 
 
 def _encode(items, tokenizer, add_special_tokens: bool, add_eos: bool) -> list[torch.Tensor]:

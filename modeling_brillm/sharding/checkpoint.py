@@ -1,7 +1,6 @@
-"""Checkpoints of the sharded trainer, and the whole model gathered from the shards. A checkpoint holds one
-`edge_shard_<rank>_of_<world>.safetensors` per process (its sources; their rows of each row-indexed parameter with
-their AdamW state) and `edge_shared.safetensors` (the assignment, the replicated parameters, row 0, their optimizer
-state, the step counts). Any process count reads it: each process its own sources' rows, from whichever file."""
+"""Checkpoints of the sharded trainer: one `edge_shard_<rank>_of_<world>.safetensors` per process (its sources' rows
+with their AdamW state) and `edge_shared.safetensors` (the assignment, the replicated parameters and row 0 with theirs,
+the step counts), read on any process count; and the whole model gathered from the shards."""
 
 from __future__ import annotations
 
@@ -12,27 +11,25 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..optimization import group_moment_dtype
-from .gradients import replicated_parameters
-from .table import global_rows_of
+from .table import global_rows_of, replicated_parameters
 
 SHARED_FILE = "edge_shared.safetensors"
 SHARD_PATTERN = "edge_shard_{rank:05d}_of_{world:05d}.safetensors"
 MOMENTS = ("exp_avg", "exp_avg_sq")
 ROW_STATE = (*MOMENTS, "decayed_at")  # per-row optimizer state (decayed_at: how far lazy decay has gone)
+EXTENSIONS = ("non_edge_bias", "node_readout", "edge_base", "node_embedding")  # replicated, when the model has them
 # checkpoints saved before a replicated parameter trained sharded lack its key: it was absent then
-ABSENT = dict.fromkeys(("start_signals", "non_edge_bias", "node_readout", "edge_base", "node_embedding",
-                        "count_prior"), "0")
+ABSENT = dict.fromkeys(("start_signals", *EXTENSIONS, "count_prior"), "0")
 
 
 def shape_meta(sharded) -> dict:
     """What a checkpoint must match: the shapes, and which replicated parameters the model has."""
     cfg, m = sharded.config, sharded.model.base_model
-    has = {name: str(int(getattr(m, name) is not None))
-           for name in ("non_edge_bias", "node_readout", "edge_base", "node_embedding")}
     learned = getattr(cfg, "start_signal", "uniform") == "learned"
     return {"vocab_size": str(cfg.vocab_size), "node_size": str(cfg.node_size), "num_edge_rows": str(cfg.num_edge_rows),
             "graph": cfg.graph, "max_position_embeddings": str(cfg.max_position_embeddings),
-            "start_signals": str(cfg.num_start_signals if learned else 0), **has,
+            "start_signals": str(cfg.num_start_signals if learned else 0),
+            **{name: str(int(getattr(m, name) is not None)) for name in EXTENSIONS},
             "count_prior": str(int(bool(getattr(cfg, "count_prior", False))))}
 
 
@@ -42,8 +39,8 @@ def _state(optimizer, p) -> dict:
 
 
 def save_shard(sharded, directory, optimizer=None):
-    """Write this process's rows (+ their AdamW state) into `directory`, rank 0 also the shared file; on every
-    process (the caller writes into a temporary folder and renames it once all have written)."""
+    """Write this process's rows and their AdamW state into `directory`, rank 0 also the shared file (on every
+    process; the caller writes into a temporary folder and renames it once all have written)."""
     m, names, rank = sharded.model.base_model, sharded.table.names, sharded.rank
     os.makedirs(directory, exist_ok=True)
     tensors = {"sources": sharded.table.owned_sources()}
@@ -87,13 +84,12 @@ def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
 
 
 def load_shard(sharded, directory, optimizer=None):
-    """Read the rows of the sources this process owns now and the replicated parameters (any saved process
-    count); with `optimizer` (a SparseAdamW over `sharded`'s parameters) their AdamW state too."""
+    """The rows of the sources this process owns now and the replicated parameters (with `optimizer`, a SparseAdamW
+    over `sharded`'s parameters, their AdamW state), from a checkpoint of any process count."""
     m, names = sharded.model.base_model, sharded.table.names
     shared, saved_world = _read_shared(sharded, directory)
     files = [os.path.join(directory, SHARD_PATTERN.format(rank=r, world=saved_world)) for r in range(saved_world)]
-    missing = [p for p in files if not os.path.exists(p)]
-    if missing:
+    if missing := [p for p in files if not os.path.exists(p)]:
         raise ValueError(f"{directory}: shard file(s) {missing} are missing; the checkpoint is incomplete.")
     states = _saved_states(sharded, shared) if optimizer is not None and f"{names[0]}.exp_avg" in shared else {}
     with torch.no_grad():
@@ -115,8 +111,7 @@ def load_shard(sharded, directory, optimizer=None):
 
 def _read_shared(sharded, directory) -> tuple[dict, int]:
     """The shared file's tensors and the saved process count, after checking it was saved for this model."""
-    path = os.path.join(directory, SHARED_FILE)
-    if not os.path.exists(path):
+    if not os.path.exists(path := os.path.join(directory, SHARED_FILE)):
         raise ValueError(f"{directory} holds no source-sharded checkpoint ({SHARED_FILE} is missing): it was "
                          "saved without --edge_sharding source; resume it the way it was trained.")
     with safe_open(path, "pt") as f:
@@ -155,8 +150,7 @@ def _saved_states(sharded, shared) -> dict:
 def _read_rows(table, files, targets, directory):
     """Copy the blocks of this process's sources from the shard files into `targets` ((key, local tensor))."""
     need = set(table.owned_sources().tolist())
-    degree, local = table.global_indptr.cpu().diff(), table.local_indptr.cpu().tolist()
-    found = 0
+    degree, local, found = table.global_indptr.cpu().diff(), table.local_indptr.cpu().tolist(), 0
     for path in files:
         with safe_open(path, "pt") as f:
             sources = f.get_tensor("sources")
@@ -171,8 +165,7 @@ def _read_rows(table, files, targets, directory):
                          "with edges; the checkpoint is incomplete or belongs to another graph.")
 
 
-def _copy_blocks(targets, slices, blocks):
-    """Rows [first, first + n) of each file slice into rows [local, local + n) of its target tensor."""
+def _copy_blocks(targets, slices, blocks):  # rows [first, first + n) of each slice into [local, local + n)
     for key, t in targets:
         for first, n, local in blocks:
             t[local:local + n].copy_(slices[key][first:first + n])
@@ -203,10 +196,8 @@ def full_state_dict(sharded) -> dict | None:
         t[0] = p[0].cpu()
     for r in range(transport.world):
         rows = global_rows_of((table.owners.cpu() == r).nonzero().flatten(), table.global_indptr.cpu())
-        if r == transport.rank:
-            got = [p[1:] for p in params]
-        else:
-            got = [p.new_empty(rows.numel(), *p.shape[1:]) for p in params] if main else []
+        mine = r == transport.rank  # rank r sends its rows, rank 0 receives them
+        got = [p[1:] if mine else p.new_empty(rows.numel(), *p.shape[1:]) for p in params] if main or mine else []
         transport.to_main(got, r)
         for t, g in zip(full, got):
             t.index_copy_(0, rows, g.cpu())

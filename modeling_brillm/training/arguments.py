@@ -65,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
     g.add_argument("--train_file", help="Training text: .txt/.text (one text per line), .json/.jsonl, .csv.")
     g.add_argument("--validation_file", help="Validation text, same formats as --train_file.")
     g.add_argument("--text_column", default="text", help="Column/field holding the text in json/csv/hub data.")
+    g.add_argument("--skip_records_without_text", action="store_true", help="Train on the records that have the "
+                   "--text_column field and say how many lack it (without this flag such records are refused).")
     setting(g, "training.validation_split_percentage", "Share of the training texts held out (every k-th) when "
             "there is no validation set.", type=float)
     setting(g, "training.max_eval_samples", "Evaluate on at most this many blocks.", type=int)
@@ -146,6 +148,8 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
     setting(g, "training.checkpoints_total_limit", "Keep only the last N checkpoints.", type=int)
     g.add_argument("--resume_from_checkpoint", help="A checkpoint folder, or 'latest' (newest in --output_dir).")
     g.add_argument("--output_dir", default="outputs/pretrain", help="Where the model, tokenizer, logs go.")
+    g.add_argument("--overwrite_output_dir", action="store_true", help="Replace the earlier run in --output_dir: its "
+                   "checkpoints and log go once this run's inputs are checked, its model when this run's is saved.")
     g.add_argument("--with_tracking", action="store_true", help="Log to experiment trackers (--report_to).")
     g.add_argument("--report_to", default="all", help="Trackers: tensorboard, wandb, ... or 'all'.")
 
@@ -155,7 +159,8 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
     g.add_argument("--prompts", nargs="+", help="Prompts to continue (default: built in or from validation).")
     g.add_argument("--push_to_hub", action="store_true", help="Upload the final folder to the Hub.")
     g.add_argument("--hub_model_id", help="Repository name for --push_to_hub (default: output_dir's name).")
-    g.add_argument("--hub_token", help="Token for --push_to_hub.")
+    g.add_argument("--hub_token", help="Token for --push_to_hub; better HF_TOKEN or `hf auth login`, which keep it off "
+                   "the command line.")
     g.add_argument("--no_malloc_tuning", action="store_true", help="Do not make glibc keep freed memory (CPU).")
     p.add_argument("--available_memory_gb", type=float, help=S)  # tests: pretend this much memory is free
     p.add_argument("--step_sleep", type=float, default=0.0, help=S)  # tests: sleep after every optimizer step

@@ -1,8 +1,6 @@
-"""Keep the best model by held-out loss, as transformers' `Trainer(load_best_model_at_end=True)` does: a better
-evaluation writes the weights to `<output_dir>/best_model.safetensors` (atomically), every checkpoint carries a copy
-and the best step and loss (so a resumed run knows the same best model), and at the end the best weights go back into
-the model before it is saved. The untrained model (step 0) never counts.
-"""
+"""Keep the best model by held-out loss, as `Trainer(load_best_model_at_end=True)` does: a better evaluation writes the
+weights to `<output_dir>/best_model.safetensors` (atomically), every checkpoint carries them and the best step and loss
+(a resumed run knows the same best), and they go back into the model before the final save. Step 0 never counts."""
 
 from __future__ import annotations
 
@@ -13,9 +11,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from .fsdp import full_state_dict
-
-BEST_FILE = "best_model.safetensors"
+from .checkpoints import BEST_FILE, RESUME, TMP_PREFIX, writing
+from .fsdp import full_state_dict, reshard
 
 
 class BestModel:
@@ -38,9 +35,12 @@ class BestModel:
         gather = getattr(model, "full_state_dict", None)  # a source-sharded model gathers its own table
         state_dict = gather() if gather is not None else full_state_dict(self.accelerator, model)
         if self.accelerator.is_main_process:
-            tmp = self.path.with_name(f".tmp-{BEST_FILE}")
+            tmp = self.path.with_name(TMP_PREFIX + BEST_FILE)
             tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
-            save_file(tensors, str(tmp), metadata={"step": str(step), "eval_loss": repr(eval_loss)})
+            need = sum(t.numel() * t.element_size() for t in tensors.values())
+            with writing(self.path.parent, "the best model", "the checkpoints are intact; " + RESUME, need,
+                         cleanup=lambda: tmp.unlink(missing_ok=True)):
+                save_file(tensors, str(tmp), metadata={"step": str(step), "eval_loss": repr(eval_loss)})
             os.replace(tmp, self.path)
         self.accelerator.wait_for_everyone()
         self.step, self.eval_loss = step, eval_loss
@@ -48,13 +48,11 @@ class BestModel:
 
     def write_into(self, folder):
         """Put the best weights into a checkpoint folder (main process; a hard link, else a copy)."""
-        if not self.enabled or self.step is None or not self.accelerator.is_main_process:
-            return
-        target = Path(folder) / BEST_FILE
-        try:
-            os.link(self.path, target)
-        except OSError:
-            shutil.copyfile(self.path, target)
+        if self.enabled and self.step is not None and self.accelerator.is_main_process:
+            try:
+                os.link(self.path, Path(folder) / BEST_FILE)
+            except OSError:
+                shutil.copyfile(self.path, Path(folder) / BEST_FILE)
 
     def restore(self, state: dict | None, checkpoint):
         """Resume: the best step and loss from the checkpoint's train state, its weights file back in place."""
@@ -62,7 +60,7 @@ class BestModel:
             return
         source = Path(checkpoint) / BEST_FILE
         if self.accelerator.is_main_process and source.is_file():
-            tmp = self.path.with_name(f".tmp-{BEST_FILE}")
+            tmp = self.path.with_name(TMP_PREFIX + BEST_FILE)
             shutil.copyfile(source, tmp)
             os.replace(tmp, self.path)
         self.accelerator.wait_for_everyone()
@@ -73,8 +71,6 @@ class BestModel:
         if prepared is not None:  # FSDP: the main process reads, torch broadcasts into every shard
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-            from .fsdp import reshard
-
             reshard(prepared)  # the last evaluation left the weights gathered
             full = load_file(str(self.path)) if self.accelerator.is_main_process else {}
             set_model_state_dict(prepared, full, options=StateDictOptions(full_state_dict=True,
@@ -82,11 +78,10 @@ class BestModel:
         elif hasattr(unwrapped, "load_full_state_dict"):  # source-sharded: each process reads its own rows
             unwrapped.load_full_state_dict(self.path)
         else:
-            device = next(unwrapped.parameters()).device
-            unwrapped.load_state_dict(load_file(str(self.path), device=str(device)))
+            unwrapped.load_state_dict(load_file(str(self.path), device=str(next(unwrapped.parameters()).device)))
         self.accelerator.wait_for_everyone()
 
     def discard(self):
         """Remove the working file once the final folder holds the kept model."""
-        if self.accelerator.is_main_process and self.path.exists():
-            self.path.unlink()
+        if self.accelerator.is_main_process:
+            self.path.unlink(missing_ok=True)

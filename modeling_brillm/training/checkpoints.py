@@ -1,22 +1,214 @@
-"""Checkpoints and the training log: listing and resolving `step_N` folders, atomic saves (a temporary folder,
-then one rename), and the jsonl log of steps and evaluations."""
+"""A run's output folder (`RunFolder`: its lock, the earlier run it may replace, the final model staged and swapped
+in), its checkpoints (`step_N`: a temporary folder renamed whole) and its train log (every line whole or absent)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import re
 import shutil
+import socket
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import UsageError
+from accelerate.utils import broadcast_object_list
 
-LOG_NAME = "train_log.jsonl"
-STATE_NAME = "train_state.json"
+from .errors import UsageError
+from .memory import human_bytes
+
+LOG_NAME, STATE_NAME, LOCK_NAME, BEST_FILE = "train_log.jsonl", "train_state.json", ".lock", "best_model.safetensors"
 CHECKPOINT_RE = re.compile(r"^step_(\d+)$")
 TMP_PREFIX = ".tmp-"
+MODEL_FILE = re.compile(r".+\.(safetensors|json|py|model|tiktoken)|README\.md|merges\.txt")  # what a save writes
+RESUME = "free space and continue with --resume_from_checkpoint latest"
 
 
+# ------------------------------------------------------------------------------------------------- writing
+def out_of_space(err: Exception, folder, need: float = 0.0) -> bool:
+    """Whether a failed write ran out of space: the error says so, or (torch.save does not) less than it needed is
+    free."""
+    said = getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err) or "os error 28" in str(err)
+    return said or shutil.disk_usage(folder).free < need
+
+
+@contextmanager
+def writing(folder, what: str, fix: str, need: float = 0.0, cleanup=None):
+    """A write into `folder`; a disk that ran out of space is one line naming the folder, what was written (and the
+    `need`ed bytes) and `fix`; `cleanup` first removes what the failed write left."""
+    try:
+        yield
+    except Exception as err:
+        full = out_of_space(err, folder, need)
+        if cleanup is not None:
+            cleanup()
+        if not full:
+            raise
+        size = f"about {human_bytes(need)}; " if need else ""
+        free = human_bytes(shutil.disk_usage(folder).free)
+        raise UsageError(f"no space left in {folder} for {what} ({size}{free} free): {fix}.") from None
+
+
+def write_json(path: Path, data):
+    """`path` written whole or not at all: a temporary file, flushed to disk, then renamed."""
+    tmp = path.with_name(TMP_PREFIX + path.name)
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def remove_dir(path: Path):
+    """Delete a folder so that a crash midway never leaves something that looks like a checkpoint."""
+    doomed = path.with_name(f"{TMP_PREFIX}delete-{path.name}-{os.getpid()}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def size_of(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# --------------------------------------------------------------------------------------------- the folder
+class RunFolder:
+    """`--output_dir`, this run's from `lock` to `release` (an exclusive flock on `.lock`, which names the holder's
+    PID and host; a lock a dead run left is taken over, with a message). An earlier run's checkpoints, log and
+    model are refused unless `--overwrite_output_dir` says to replace them; its model then stays in place until
+    `install` swaps in the staged new one."""
+
+    def __init__(self, path):
+        self.path, self.handle, self.created = Path(path), None, not Path(path).exists()
+        self.staged = self.path / f"{TMP_PREFIX}final"
+
+    def lock(self, say=print):
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = self.path / LOCK_NAME
+        while self.handle is None:
+            handle = open(lock, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise UsageError(f"--output_dir {self.path} is in use by another run ({holder}): wait for it to end, "
+                                 "or choose another --output_dir.") from None
+            if lock.exists() and lock.stat().st_ino == os.fstat(handle.fileno()).st_ino:
+                self.handle = handle
+            else:  # the holder removed its lock as this process opened it: take the new one
+                handle.close()
+        self.handle.seek(0)
+        left = self.handle.read().strip()
+        if left:
+            say(f"taking over the lock of a run that ended without releasing it ({left})")
+        self.handle.truncate(0)
+        self.handle.write(f"PID {os.getpid()} on {socket.gethostname()}\n")
+        self.handle.flush()
+        for debris in self.path.glob(TMP_PREFIX + "*"):  # of saves killed midway: no other run writes here now
+            if debris.is_dir():
+                shutil.rmtree(debris)
+            else:
+                debris.unlink()
+
+    def release(self):
+        if self.handle is None:  # not the holder (another process of the run), or released
+            return
+        (self.path / LOCK_NAME).unlink(missing_ok=True)
+        self.handle.close()
+        self.handle = None
+        if self.created and not any(self.path.iterdir()):
+            self.path.rmdir()  # a run refused before it wrote anything leaves no folder behind
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def model_files(self) -> list[Path]:
+        return [p for p in self.path.iterdir() if p.is_file() and MODEL_FILE.fullmatch(p.name) and p.name != BEST_FILE]
+
+    def earlier_run(self) -> list[str]:
+        """What an earlier run left: its checkpoints, its log, its saved model."""
+        found, checkpoints = [], len(list_checkpoints(self.path))
+        if checkpoints:
+            found.append(f"{checkpoints} checkpoint(s)")
+        if (self.path / LOG_NAME).exists():
+            found.append("a train log")
+        if self.model_files():
+            found.append("a saved model")
+        return found
+
+    def refuse_earlier_run(self, overwrite: bool, resumable: bool = True):
+        found = self.earlier_run()
+        if found and not overwrite:
+            resumable = resumable and "checkpoint" in found[0]
+            resume = "continue it with --resume_from_checkpoint latest, " if resumable else ""
+            raise UsageError(f"--output_dir {self.path} holds an earlier run ({', '.join(found)}): {resume}replace it "
+                             "with --overwrite_output_dir (its model stays until the new one is saved), or choose "
+                             "another --output_dir.")
+
+    def claim(self, need: float, what: str, fresh: bool = True, say=print):
+        """Everything is checked: with room for `need` bytes (`what` says of what), a `fresh` run removes the earlier
+        run's checkpoints, log and best model; its saved model stays until `install`."""
+        old = [path for _, path in list_checkpoints(self.path)] if fresh else []
+        free = shutil.disk_usage(self.path).free + sum(map(size_of, old))
+        if need > free:
+            raise UsageError(f"no space for this run in {self.path}: it needs about {human_bytes(need)} ({what}), "
+                             f"{human_bytes(free)} is free; free space or choose another --output_dir.")
+        if old:
+            say(f"removing {len(old)} checkpoint(s) of the earlier run in {self.path} (--overwrite_output_dir; its "
+                "model stays until this run's is saved)")
+        for path in old:
+            remove_dir(path)
+        for name in (LOG_NAME, BEST_FILE) if fresh else ():
+            (self.path / name).unlink(missing_ok=True)
+
+    def stage(self) -> Path:
+        """An empty folder for the new model, which `install` swaps in."""
+        self.unstage()
+        self.staged.mkdir()
+        return self.staged
+
+    def unstage(self):
+        shutil.rmtree(self.staged, ignore_errors=True)
+
+    def install(self):
+        """The staged model in place of the old one: the old config goes first and the new one comes last, so a crash
+        midway leaves a folder that does not load, never one that mixes two runs."""
+        new = sorted(p.name for p in self.staged.iterdir())
+        (self.path / "config.json").unlink(missing_ok=True)
+        for path in self.model_files():
+            if path.name not in new:
+                path.unlink()
+        for name in sorted(new, key=lambda name: name == "config.json"):
+            os.replace(self.staged / name, self.path / name)
+        self.staged.rmdir()
+
+
+def open_folder(path, accelerator, overwrite: bool, resuming_here: bool = False, resumable: bool = True) -> RunFolder:
+    """`path` locked by the main process, an earlier run there refused unless `overwrite` (or the run resumes its
+    checkpoint; `resumable`: whether the message may offer that); a refusal stops every process."""
+    folder, error = RunFolder(path), None
+    if accelerator.is_main_process:
+        try:
+            folder.lock(accelerator.print)
+            if not resuming_here:
+                folder.refuse_earlier_run(overwrite, resumable)
+        except UsageError as err:
+            folder.release()
+            error = str(err)
+    if accelerator.num_processes > 1:
+        error = broadcast_object_list([error])[0]
+    if error:
+        raise UsageError(error)
+    return folder
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     """Complete checkpoints (step_N folders holding train_state.json), oldest first."""
     found = []
@@ -28,106 +220,114 @@ def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def resolve_checkpoint(args) -> Path | None:
+def read_train_state(checkpoint) -> dict:
+    """A checkpoint's train state: its position, clock, planned epochs, signature and best model."""
+    path = Path(checkpoint) / STATE_NAME
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        state = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if not isinstance(state, dict) or "completed_steps" not in state:
+        raise UsageError(f"{path} is corrupt ({state if isinstance(state, str) else 'no completed_steps'}): resume "
+                         "from another checkpoint, or start over.")
+    return state
+
+
+def resolve_checkpoint(args, say=print) -> Path | None:
+    """The checkpoint `--resume_from_checkpoint` names: 'latest' is the newest whose train state reads (a corrupt
+    one is skipped, with a warning); None without one."""
     if not args.resume_from_checkpoint:
         return None
-    if args.resume_from_checkpoint == "latest":
-        found = list_checkpoints(args.output_dir)
-        return found[-1][1] if found else None
-    path = Path(args.resume_from_checkpoint)
-    if not path.is_dir():
-        raise UsageError(f"--resume_from_checkpoint {path}: no such folder.")
-    if not (path / STATE_NAME).is_file():
-        raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint (no {STATE_NAME}).")
-    return path
-
-
-def remove_dir(path: Path):
-    """Delete a folder so that a crash midway never leaves something that looks like a checkpoint."""
-    doomed = path.with_name(f"{TMP_PREFIX}delete-{path.name}-{os.getpid()}")
-    os.replace(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+    if args.resume_from_checkpoint != "latest":
+        path = Path(args.resume_from_checkpoint)
+        if not path.is_dir():
+            raise UsageError(f"--resume_from_checkpoint {path}: no such folder.")
+        if not (path / STATE_NAME).is_file():
+            raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint (no {STATE_NAME}).")
+        read_train_state(path)
+        return path
+    for _, path in reversed(list_checkpoints(args.output_dir)):
+        try:
+            read_train_state(path)
+            return path
+        except UsageError as err:
+            say(f"warning: skipping {path.name}: {err}")
+    say(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}, starting from scratch.")
+    return None
 
 
 def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, tokenizer, limit: int | None,
-                    write_extra=None) -> Path:
-    """accelerator.save_state into a temporary folder, then one rename: step_N is complete or absent.
-    `write_extra(tmp)`, called on every process before the rename, adds files (the recipe, a sharded run's shards)."""
+                    write_extra=None, need: float = 0.0) -> Path:
+    """accelerator.save_state into a temporary folder, then one rename: step_N is complete or absent, and the older
+    checkpoints go only then. `write_extra(tmp)`, called on every process before the rename, adds files (the recipe,
+    a sharded run's shards); `need`: the checkpoint's bytes, named when the disk is full."""
     final = Path(output_dir) / f"step_{step}"
-    tmp = Path(output_dir) / f"{TMP_PREFIX}step_{step}"
+    tmp = final.with_name(TMP_PREFIX + final.name)
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    if write_extra is not None:
-        write_extra(tmp)
-    accelerator.wait_for_everyone()
+    with writing(output_dir, f"checkpoint {final.name}", "the checkpoints before it are intact; " + RESUME, need,
+                 cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True)):
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        if write_extra is not None:
+            write_extra(tmp)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            tokenizer.save_pretrained(tmp / "tokenizer")
+            write_json(tmp / STATE_NAME, state)
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(tmp / "tokenizer")
-        with open(tmp / STATE_NAME, "w", encoding="utf-8") as handle:
-            json.dump(state, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
         if final.exists():
             remove_dir(final)
         os.replace(tmp, final)
-        if limit:
-            for _, old in list_checkpoints(output_dir)[:-limit]:
-                remove_dir(old)
+        for _, old in list_checkpoints(output_dir)[:-limit] if limit else []:
+            remove_dir(old)
     accelerator.wait_for_everyone()
     return final
 
 
-def read_log(path) -> list[dict]:
-    if not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def prepare_output_dir(output_dir, checkpoint: Path | None, resume_requested: bool, accelerator) -> Path:
-    """Create `output_dir` and clear the debris of killed saves. A run that does not resume removes the
-    checkpoints and the log of an earlier run there (they would mix with this one's)."""
-    out_dir = Path(output_dir)
-    if accelerator.is_main_process:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for entry in out_dir.glob(TMP_PREFIX + "*"):  # debris of a run killed while saving
-            shutil.rmtree(entry, ignore_errors=True)
-        if resume_requested and checkpoint is None:
-            accelerator.print(f"--resume_from_checkpoint latest: no checkpoint in {out_dir}, starting from scratch.")
-        if checkpoint is None:
-            _clear_earlier_run(out_dir, accelerator.print)
-    accelerator.wait_for_everyone()
-    return out_dir
-
-
-def _clear_earlier_run(out_dir: Path, say):
-    stale = list_checkpoints(out_dir)
-    if stale:
-        say(f"removing {len(stale)} checkpoint(s) of an earlier run in {out_dir} (this run starts over; use "
-            "--resume_from_checkpoint latest to continue one).")
-    for _, path in stale:
-        remove_dir(path)
-    if os.path.exists(out_dir / LOG_NAME):
-        os.remove(out_dir / LOG_NAME)
-
-
 def load_checkpoint(accelerator, checkpoint: Path) -> dict:
     """Restore model, optimizer, scheduler and RNG states (`accelerator.load_state`); return the train state."""
+    state = read_train_state(checkpoint)
     try:
         accelerator.load_state(str(checkpoint))
     except Exception as err:
-        raise UsageError(
-            f"could not restore {checkpoint}: {type(err).__name__}: {str(err).splitlines()[0]}. Was it saved "
-            "by a run with the same data, tokenizer and graph?"
-        ) from None
-    return read_train_state(checkpoint)
+        raise UsageError(f"could not restore {checkpoint}: {type(err).__name__}: {str(err).splitlines()[0]}. Was it "
+                         "saved by a run with the same data, tokenizer and graph?") from None
+    return state
 
 
-def read_train_state(checkpoint) -> dict:
-    """A checkpoint's train state: its position, clock, planned epochs, signature and best model."""
-    with open(Path(checkpoint) / STATE_NAME, encoding="utf-8") as handle:
-        return json.load(handle)
+# --------------------------------------------------------------------------------------------- the log
+def read_log(path) -> list[dict]:
+    """The records of a train log; a torn last line (a crash while it was written) is read past, with a warning."""
+    if not os.path.isfile(path):
+        return []
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records += [json.loads(line)] if line.strip() else []
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise UsageError(f"{path}, line {number}: not a JSON record; the log is corrupt.") from None
+            print(f"warning: the last line of {path} is torn (a crash while it was written): read past it",
+                  file=sys.stderr)
+    return records
+
+
+def append_line(path: Path, record: dict):
+    """One record appended whole, or not at all: a short write is cut back off."""
+    line = (json.dumps(record) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(errno.ENOSPC, "No space left on device (a short write)")
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 class TrainLog:
@@ -141,13 +341,14 @@ class TrainLog:
     def truncate(self, last_step: int):
         """Keep what happened up to `last_step` (the checkpoint a run resumes from)."""
         if self.accelerator.is_main_process:
-            kept = [r for r in read_log(self.path) if r.get("step", 0) <= last_step]
-            with open(self.path, "w", encoding="utf-8") as handle:
-                handle.writelines(json.dumps(r) + "\n" for r in kept)
+            kept = "".join(json.dumps(r) + "\n" for r in read_log(self.path) if r.get("step", 0) <= last_step)
+            tmp = self.path.with_name(TMP_PREFIX + LOG_NAME)
+            tmp.write_text(kept, encoding="utf-8")
+            os.replace(tmp, self.path)
 
     def __call__(self, record: dict):
         if self.accelerator.is_main_process:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+            with writing(self.path.parent, "the train log", "the checkpoints are intact; " + RESUME):
+                append_line(self.path, record)
         if self.tracking:
             self.accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])

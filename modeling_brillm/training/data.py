@@ -8,18 +8,23 @@ import itertools
 import math
 import os
 import re
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow.compute as pc
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tokenization import build_tokenizer
 from tokenization.text_files import utf8_problem
 
-from .errors import UsageError
+from .checkpoints import TMP_PREFIX
+from .errors import UsageError, first_line
+from .errors import load_tokenizer as load_saved_tokenizer
 
 HELD_OUT = "held out for validation"  # in load_raw_data's description when the validation texts were split off
 FILE_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
@@ -77,12 +82,16 @@ def split_validation(dataset, percentage: float):
 
 def load_raw_data(args):
     """(DatasetDict with "train" and maybe "validation", a sentence naming the data): the Hub, files or the
-    built-in corpus, the validation texts held out of the training ones where none are given."""
+    built-in corpus, the validation texts held out of the training ones where none are given. A record without the
+    text field is refused (or, with --skip_records_without_text, left out and counted); so is data without text."""
     raw, description = _hub_data(args) if args.dataset_name else _file_data(args) if args.train_file else _builtin()
     for split in list(raw):
-        if args.text_column not in raw[split].column_names:
-            raise UsageError(f"the {split} data has no {args.text_column!r} column (columns: "
-                             f"{raw[split].column_names}); pass --text_column NAME.")
+        raw[split], skipped = records_with_text(raw[split], split, args)
+        if skipped:
+            description += f"; {skipped:,} {split} records without a {args.text_column!r} field left out"
+    texts = pc.utf8_length(pc.utf8_trim_whitespace(raw["train"].data.column(args.text_column)))
+    if not pc.any(pc.greater(texts, 0)).as_py():
+        raise UsageError(f"the training data ({description}) contains no text: {len(raw['train'])} rows, all empty.")
     if "validation" not in raw:
         train, validation = split_validation(raw["train"], args.validation_split_percentage)
         raw = datasets.DatasetDict({"train": train, **({"validation": validation} if validation is not None else {})})
@@ -91,8 +100,26 @@ def load_raw_data(args):
     return raw, description
 
 
-def _first_line(err) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+def records_with_text(dataset, split: str, args):
+    """(the records that have the text field, how many do not): refused unless --skip_records_without_text."""
+    column = args.text_column
+    if column not in dataset.column_names:
+        raise UsageError(f"the {split} data has no {column!r} column (columns: {dataset.column_names}); pass "
+                         "--text_column NAME.")
+    kind = getattr(dataset.features[column], "dtype", None)
+    if kind not in ("string", "large_string"):
+        raise UsageError(f"the {split} data's {column!r} field holds {kind or dataset.features[column]}, not text; "
+                         "pass --text_column NAME.")
+    missing = pc.is_null(dataset.data.column(column))
+    count = pc.sum(missing).as_py() or 0
+    if count and not args.skip_records_without_text:
+        first = pc.index(missing, True).as_py()
+        raise UsageError(f"{count:,} of the {len(dataset):,} {split} records have no {column!r} field (the first: "
+                         f"record {first + 1}); give every record one, or pass --skip_records_without_text to train "
+                         "on the others.")
+    if count:
+        dataset = dataset.select(np.flatnonzero(~np.asarray(missing)))
+    return dataset, count
 
 
 def _hub_data(args):
@@ -101,7 +128,7 @@ def _hub_data(args):
         raw = datasets.load_dataset(name, config)
     except Exception as err:  # offline, unknown name, ...: say so in one line
         raise UsageError(f"could not load the dataset {name!r}" + (f" ({config})" if config else "")
-                         + f": {_first_line(err)}. Without network access pass --train_file, or no data flag for "
+                         + f": {first_line(err)}. Without network access pass --train_file, or no data flag for "
                          "the built-in corpus.") from None
     if "train" not in raw:
         raise UsageError(f"dataset {name!r} has no 'train' split (splits: {list(raw)}).")
@@ -118,7 +145,7 @@ def _file_data(args):
     except Exception as err:  # the usual cause, found only on failure: name the file, line and byte
         problem = next(filter(None, map(utf8_problem, files.values())), None)
         raise UsageError(problem or f"could not read {', '.join(files.values())} as {builder}: "
-                         f"{_first_line(err)}") from None
+                         f"{first_line(err)}") from None
     return raw, f"file {args.train_file}" + (f" (validation: {args.validation_file})" if args.validation_file else "")
 
 
@@ -232,8 +259,6 @@ class ContiguousBlocks:
         self.block_size = block_size
 
     def __call__(self, batch):
-        import pyarrow.compute as pc  # with datasets
-
         T = self.block_size
         column = batch["input_ids"]
         if hasattr(column, "type"):  # arrow: flattened without a Python int per token
@@ -296,18 +321,8 @@ def tokenize_splits(raw, tokenizer, args, accelerator):
     return datasets.DatasetDict(blocks)
 
 
-def text_stats(dataset, text_column) -> tuple[int, int]:
-    """(texts, non-blank texts) of a raw split."""
-    n = nonblank = 0
-    for text in (text for batch in dataset.iter(batch_size=1000) for text in batch[text_column]):
-        n, nonblank = n + 1, nonblank + bool(text and text.strip())
-    return n, nonblank
-
-
 def block_sequences(dataset, pad_id):
     """The real tokens of every block (padding dropped) as int64 tensors: views of one tensor per 4096 blocks."""
-    import pyarrow.compute as pc
-
     for batch in dataset.with_format("arrow").iter(batch_size=4096):
         ids = np.asarray(pc.list_flatten(batch["input_ids"]), dtype=np.int64)
         mask = np.asarray(pc.list_flatten(batch["attention_mask"])).astype(bool).reshape(batch.num_rows, -1)
@@ -329,34 +344,43 @@ def count_targets(batch):
 
 
 def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator):
-    """`--tokenizer_name`, else the resumed checkpoint's, else one trained on the training texts (main process,
-    saved into `out_dir`, then loaded by the others). Returns (tokenizer, line)."""
+    """`--tokenizer_name`, else the resumed checkpoint's, else one trained on the training texts (main process; with
+    several processes shared through a temporary folder in `out_dir`). Returns (tokenizer, line)."""
     if args.tokenizer_name:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
-        except Exception as err:
-            raise UsageError(f"could not load the tokenizer {args.tokenizer_name}: {err}") from None
+        tokenizer = load_saved_tokenizer(args.tokenizer_name, "pass a folder that holds a saved tokenizer")
         return tokenizer, f"tokenizer: {args.tokenizer_name} ({len(tokenizer)} tokens)"
     if checkpoint is not None and (checkpoint / "tokenizer").is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
+        tokenizer = load_saved_tokenizer(checkpoint / "tokenizer", "resume from another checkpoint")
         return tokenizer, f"tokenizer: from the checkpoint {checkpoint} ({len(tokenizer)} tokens)"
+    shared = Path(out_dir) / f"{TMP_PREFIX}tokenizer" if accelerator.num_processes > 1 else None
+    started = time.time()
     with accelerator.main_process_first():
         if not accelerator.is_main_process:
-            return AutoTokenizer.from_pretrained(out_dir), None
-        started = time.time()
-        try:  # no model_max_length: the model enforces its own max_position_embeddings, a long text does not warn
-            tokenizer = build_tokenizer(raw["train"], kind=tok_settings["kind"], vocab_size=tok_settings["vocab_size"],
-                                        output_dir=str(out_dir), text_column=args.text_column,
-                                        min_frequency=tok_settings["min_frequency"])
-        except (ValueError, TypeError) as err:
-            raise UsageError(f"could not train the tokenizer: {err}") from None
+            tokenizer = AutoTokenizer.from_pretrained(shared)
+        else:
+            try:  # no model_max_length: the model enforces its own max_position_embeddings, a long text does not warn
+                tokenizer = build_tokenizer(raw["train"], kind=tok_settings["kind"], output_dir=shared,
+                                            vocab_size=tok_settings["vocab_size"], text_column=args.text_column,
+                                            min_frequency=tok_settings["min_frequency"])
+            except (ValueError, TypeError) as err:
+                raise UsageError(f"could not train the tokenizer: {err}") from None
+    if shared is not None:
+        accelerator.wait_for_everyone()  # every process has read it
+        if accelerator.is_main_process:
+            shutil.rmtree(shared)
     return tokenizer, (f"tokenizer: trained {tok_settings['kind']} with {len(tokenizer)} tokens (asked "
-                       f"{tok_settings['vocab_size']}) in {time.time() - started:.1f}s, saved to {out_dir}")
+                       f"{tok_settings['vocab_size']}) in {time.time() - started:.1f}s")
+
+
+def scored_tokens(blocks) -> int:
+    """The positions of these blocks the loss scores: every real token but each block's first."""
+    masks = (np.asarray(b["attention_mask"]) for b in blocks.with_format("numpy").iter(batch_size=4096))
+    return sum(int(mask.sum()) - int(mask[:, 0].sum()) for mask in masks)
 
 
 def prepare_blocks(raw, tokenizer, args, accelerator):
-    """(training blocks, validation blocks or None, a line describing them); nothing to train on is refused, the
-    validation set cut to `--max_eval_samples`."""
+    """(training blocks, validation blocks or None, a line describing them); nothing to train on is refused, and a
+    --validation_file that gives no block; the validation set is cut to `--max_eval_samples`."""
     blocks = tokenize_splits(raw, tokenizer, args, accelerator)
     train_blocks = blocks["train"]
     if len(train_blocks) == 0 and args.block_mode == "contiguous":
@@ -366,6 +390,10 @@ def prepare_blocks(raw, tokenizer, args, accelerator):
         raise UsageError("every training text is shorter than two tokens: there is no bigram to learn from. Give "
                          "longer texts.")
     eval_blocks = blocks["validation"] if "validation" in blocks else None
+    if eval_blocks is not None and len(eval_blocks) == 0 and args.validation_file:
+        raise UsageError(f"--validation_file {args.validation_file} gives no validation block (every text is shorter "
+                         "than two tokens, or than --block_size in contiguous mode): give longer texts, or leave it "
+                         "out to hold out training texts instead.")
     if eval_blocks is not None and args.max_eval_samples:
         eval_blocks = eval_blocks.select(range(min(args.max_eval_samples, len(eval_blocks))))
     eval_blocks = eval_blocks if eval_blocks is not None and len(eval_blocks) else None

@@ -159,7 +159,7 @@ def checkpoint_now(job: Job, args, position: Position, write=print):
         job.best.write_into(tmp)
 
     path = save_checkpoint(job.accelerator, args.output_dir, position.completed_steps, state, job.tokenizer,
-                           args.checkpoints_total_limit, write_extra=extra)
+                           args.checkpoints_total_limit, write_extra=extra, need=getattr(args, "checkpoint_bytes", 0))
     if job.accelerator.is_local_main_process:
         write(f"step {position.completed_steps}: checkpoint {path}")
 

@@ -1,7 +1,15 @@
-"""The one exception of the training scripts, and how a script reports it."""
+"""The one exception of the training scripts, how a script reports it, and a saved folder loaded with one clear line
+for each way it can be broken (no tokenizer, a truncated file, weights that are not finite)."""
 
+from __future__ import annotations
+
+import json
 import os
 import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 class UsageError(Exception):
@@ -17,3 +25,50 @@ def run_cli(parse_args, run, argv=None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+
+
+def first_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def load_tokenizer(path, fix: str = "pass --tokenizer_name"):
+    """`AutoTokenizer.from_pretrained(path)`; a folder without its tokenizer.json, or with a truncated one, is named."""
+    if Path(path).is_dir():
+        check_tokenizer_files(Path(path), fix)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # a Hub id that is not there, offline, ...
+        raise UsageError(f"could not load the tokenizer of {path}: {first_line(err)}; {fix}.") from None
+
+
+def check_tokenizer_files(folder: Path, fix: str):
+    vocabularies = [p for p in folder.iterdir() if p.name in ("vocab.json", "vocab.txt") or p.suffix == ".model"]
+    if not (folder / "tokenizer.json").is_file() and not vocabularies:
+        raise UsageError(f"{folder} has no tokenizer (no tokenizer.json): save the model's tokenizer there "
+                         f"(tokenizer.save_pretrained), or {fix}.")
+    for path in (folder / "tokenizer.json", folder / "tokenizer_config.json"):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except ValueError as err:
+            raise UsageError(f"{path} is truncated or corrupt (not JSON: {err}): save the tokenizer again.") from None
+
+
+def check_finite(model):
+    """Refuse a model whose weights hold NaN or infinity (it would generate padding), naming the first such tensor."""
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+            bad = int((~torch.isfinite(param)).sum())
+            raise UsageError(f"the weights are broken: {name} holds {bad:,} NaN or infinite value(s) of "
+                             f"{param.numel():,}; load an earlier checkpoint or retrain.")
+    return model
+
+
+def load_model(path, model_class=AutoModelForCausalLM, **kwargs):
+    """`model_class.from_pretrained(path)` (the installed package answers for the brillm type), its weights checked."""
+    try:
+        model = model_class.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"could not load the model {path}: {first_line(err)}") from None
+    return check_finite(model)

@@ -1,26 +1,24 @@
 """Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: what
 examples/finetune.py runs). `--train_only` trains every parameter, the edges the data crosses, the node biases or the
-start signal (prompt tuning); frozen parameters stay bit for bit as they were."""
+start signal (prompt tuning); frozen parameters stay bit for bit as they were. The output folder is the run's own, as
+pretraining's: locked, an earlier model replaced only with --overwrite_output_dir and only once the new one is saved."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import shutil
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, get_scheduler
+from transformers import get_scheduler
 
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.model_card import write_model_card
 
-from .errors import UsageError, run_cli
+from .checkpoints import open_folder, write_json, writing
+from .errors import UsageError, load_model, load_tokenizer, run_cli
 from .launch import make_accelerator
 from .loop import TrainStep, evaluate
 from .optimizers import build_optimizer, choose_optimizer
@@ -67,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
     p.add_argument("--max_new_tokens", type=int, default=32, help="Tokens per sample completion.")
     p.add_argument("--logging_steps", type=int, default=10, help="Print the loss every N optimizer steps.")
     p.add_argument("--output_dir", default="outputs/finetune", help="Where the fine-tuned folder goes.")
+    p.add_argument("--overwrite_output_dir", action="store_true", help="Replace the model in --output_dir (once the "
+                   "new one is saved).")
     p.add_argument("--with_tracking", action="store_true", help="Log to experiment trackers (--report_to).")
     p.add_argument("--report_to", default="all", help="Trackers: tensorboard, wandb, ... or 'all'.")
     p.add_argument("--no_malloc_tuning", action="store_true", help=argparse.SUPPRESS)
@@ -101,31 +101,31 @@ def run(args) -> int:
     accelerator, setup_line = make_accelerator(args)
     say = accelerator.print
     say(f"fine-tuning: {setup_line}")
-    data = load_everything(args, accelerator)
-    sample_records = [r for r in data.val_records if "prompt" in r][: args.num_samples]
-    samples_before = complete(data.model, data.tokenizer, sample_records, args.signal_id, args.max_new_tokens) \
-        if accelerator.is_main_process else []
-    job = prepare_training(args, data, accelerator)
+    with open_folder(args.output_dir, accelerator, args.overwrite_output_dir, resumable=False) as folder:
+        data = load_everything(args, accelerator)
+        sample_records = [r for r in data.val_records if "prompt" in r][: args.num_samples]
+        samples_before = complete(data.model, data.tokenizer, sample_records, args.signal_id, args.max_new_tokens) \
+            if accelerator.is_main_process else []
+        job = prepare_training(args, data, accelerator)
 
-    before = evaluate_completions(job.model, job.val_loader, accelerator)
-    say(f"before: completion perplexity {before['perplexity']:,.2f} (loss {before['loss']:.4f}, "
-        f"{before['tokens']:,} completion tokens)")
-    completed, losses, seconds = train(args, data, job, accelerator)
-    after = evaluate_completions(job.model, job.val_loader, accelerator)
-    say(f"after: completion perplexity {after['perplexity']:,.2f} (loss {after['loss']:.4f}); before "
-        f"{before['perplexity']:,.2f}; {completed} steps in {seconds:.1f}s")
+        before = evaluate_completions(job.model, job.val_loader, accelerator)
+        say(f"before: completion perplexity {before['perplexity']:,.2f} (loss {before['loss']:.4f}, "
+            f"{before['tokens']:,} completion tokens)")
+        completed, losses, seconds = train(args, data, job, accelerator)
+        after = evaluate_completions(job.model, job.val_loader, accelerator)
+        say(f"after: completion perplexity {after['perplexity']:,.2f} (loss {after['loss']:.4f}); before "
+            f"{before['perplexity']:,.2f}; {completed} steps in {seconds:.1f}s")
 
-    samples = compare_samples(args, data, job, sample_records, samples_before, accelerator)
-    out_dir = Path(args.output_dir)
-    results = {
-        "base_model": args.model_name_or_path, "train_only": args.train_only, "trainable_parameters": job.trainable,
-        "total_parameters": job.total, "signal_id": args.signal_id if data.learned else None,
-        "learning_rate": job.lr, "steps": completed, "train_seconds": round(seconds, 2),
-        "train_sequences": len(data.train_rows), "validation_sequences": len(data.val_rows), "before": before,
-        "after": after, "final_train_loss": losses[-1] if losses else None, "samples": samples,
-    }
-    save_folder(accelerator, job.model, data.tokenizer, out_dir, results, data.line)
-    say(f"saved to {out_dir} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
+        samples = compare_samples(args, data, job, sample_records, samples_before, accelerator)
+        results = {
+            "base_model": args.model_name_or_path, "train_only": args.train_only, "trainable_parameters": job.trainable,
+            "total_parameters": job.total, "signal_id": args.signal_id if data.learned else None,
+            "learning_rate": job.lr, "steps": completed, "train_seconds": round(seconds, 2),
+            "train_sequences": len(data.train_rows), "validation_sequences": len(data.val_rows), "before": before,
+            "after": after, "final_train_loss": losses[-1] if losses else None, "samples": samples,
+        }
+        save_folder(accelerator, job.model, data.tokenizer, folder, results, data.line)
+        say(f"saved to {folder.path} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
     if args.with_tracking:
         accelerator.end_training()
     return 0
@@ -149,14 +149,10 @@ def load_model_and_tokenizer(args, signal_ids: set[int]):
     if (args.train_only == "start_signal" or needed > 1) and config.start_signal == "uniform":
         # the release's uniform start as learned signals initialised to 1/d: the same model, now trainable
         overrides = {"start_signal": "learned", "num_start_signals": needed}
-    model = BriLLMForCausalLM.from_pretrained(path, **overrides)
+    model = load_model(path, BriLLMForCausalLM, **overrides)
     if model.base_model.start_signals is not None and model.config.num_start_signals < needed:
         grow_start_signals(model, needed)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or path)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"no tokenizer at {args.tokenizer_name or path} ({str(err).splitlines()[0]}); pass "
-                         "--tokenizer_name.") from None
+    tokenizer = load_tokenizer(args.tokenizer_name or path)
     if len(tokenizer) > model.config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {model.config.vocab_size} nodes: "
                          "use the tokenizer the model was trained with (--tokenizer_name).")
@@ -210,7 +206,19 @@ def mask_untouched_rows(model, touched, optimizer=None):
     weights, biases = model.base_model.weights, model.base_model.biases
     allowed = torch.zeros(weights.shape[0], dtype=torch.bool, device=weights.device)
     allowed[touched.to(allowed.device)] = True
-    mask = _row_mask_hook(allowed)
+
+    def mask(param):
+        grad = param.grad
+        if grad is None:
+            return
+        keep = allowed.to(grad.device)  # the model may have moved since the mask was made
+        if grad.is_sparse:
+            indices, values = grad._indices(), grad._values()
+            kept = keep[indices[0]]
+            param.grad = torch.sparse_coo_tensor(indices[:, kept], values[kept], grad.shape, check_invariants=False)
+        else:
+            grad.masked_fill_(~keep.view(-1, *([1] * (grad.dim() - 1))), 0)
+
     for param in (weights, biases):
         param.requires_grad_(True)
         param.register_post_accumulate_grad_hook(mask)
@@ -220,25 +228,6 @@ def mask_untouched_rows(model, touched, optimizer=None):
             mask(biases)
 
         optimizer.register_step_pre_hook(before_step)
-
-
-def _row_mask_hook(allowed):
-    """After a gradient is accumulated: keep only the rows in `allowed` (dense: zero the rest; sparse: drop them)."""
-    def hook(param):
-        nonlocal allowed
-        grad = param.grad
-        if grad is None:
-            return
-        if allowed.device != grad.device:  # the model was moved after the mask was made
-            allowed = allowed.to(grad.device)
-        if grad.is_sparse:
-            indices, values = grad._indices(), grad._values()
-            keep = allowed[indices[0]]
-            param.grad = torch.sparse_coo_tensor(indices[:, keep], values[keep], grad.shape, check_invariants=False)
-        else:
-            grad.masked_fill_(~allowed.view(-1, *([1] * (grad.dim() - 1))), 0)
-
-    return hook
 
 
 # -------------------------------------------------------------------------------------------------- data
@@ -277,12 +266,6 @@ def load_everything(args, accelerator):
                            pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
 
 
-def make_loader(rows, batch_size, data, shuffle: bool, seed: int):
-
-    return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, generator=torch.Generator().manual_seed(seed),
-                      collate_fn=lambda batch: collate_sft(batch, data.pad_id, data.learned))
-
-
 # --------------------------------------------------------------------------------------- train, evaluate
 def prepare_training(args, data, accelerator):
     """Optimizer (over what --train_only leaves trainable), loaders and schedule, prepared by accelerate."""
@@ -295,9 +278,13 @@ def prepare_training(args, data, accelerator):
     total = sum(p.numel() for p in model.parameters())
     accelerator.print(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} "
                       f"numbers ({trainable / total:.4%})")
-    train_loader = make_loader(data.train_rows, args.per_device_train_batch_size, data, True, args.seed)
-    val_loader = make_loader(data.val_rows, args.per_device_eval_batch_size, data, False, args.seed) \
-        if data.val_rows else None
+
+    def loader(rows, batch_size, shuffle):
+        return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, collate_fn=lambda batch: collate_sft(
+            batch, data.pad_id, data.learned), generator=torch.Generator().manual_seed(args.seed))
+
+    train_loader = loader(data.train_rows, args.per_device_train_batch_size, True)
+    val_loader = loader(data.val_rows, args.per_device_eval_batch_size, False) if data.val_rows else None
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps,
@@ -368,33 +355,29 @@ def compare_samples(args, data, job, sample_records, samples_before, accelerator
 
 
 # ------------------------------------------------------------------------------------------------- save
-def save_folder(accelerator, model, tokenizer, out_dir: Path, results: dict, data_line: str):
-    """save_pretrained + tokenizer + model card + results into a temporary folder, then one rename."""
+def save_folder(accelerator, model, tokenizer, folder, results: dict, data_line: str):
+    """save_pretrained, tokenizer, model card and results staged beside the old model, then swapped in."""
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.sparse_gradients = False
     state_dict = accelerator.get_state_dict(model)
-    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        folder.stage()
     accelerator.wait_for_everyone()
-    unwrapped.save_pretrained(tmp, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
-                              state_dict=state_dict, safe_serialization=True)
+    with writing(folder.path, "the fine-tuned model", f"the model that was in {folder.path} is intact",
+                 cleanup=folder.unstage):
+        unwrapped.save_pretrained(folder.staged, is_main_process=accelerator.is_main_process,
+                                  save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
+        if accelerator.is_main_process:
+            tokenizer.model_max_length = unwrapped.config.max_position_embeddings
+            tokenizer.save_pretrained(folder.staged)
+            write_card(folder.staged, unwrapped, tokenizer, results, data_line, folder.path.name)
+            write_json(folder.staged / RESULTS_NAME, results)
     if accelerator.is_main_process:
-        tokenizer.model_max_length = unwrapped.config.max_position_embeddings
-        tokenizer.save_pretrained(tmp)
-        write_card(tmp, unwrapped, tokenizer, results, data_line)
-        with open(tmp / RESULTS_NAME, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=1)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        if out_dir.exists():
-            doomed = out_dir.with_name(f".tmp-delete-{out_dir.name}-{os.getpid()}")
-            os.replace(out_dir, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-        os.replace(tmp, out_dir)
+        folder.install()
     accelerator.wait_for_everyone()
 
 
-def write_card(folder, model, tokenizer, results: dict, data_line: str):
+def write_card(folder, model, tokenizer, results: dict, data_line: str, name: str):
     """The fine-tuned folder's model card: what was trained, on what, the completion perplexity before and after."""
     before, after = results["before"]["perplexity"], results["after"]["perplexity"]
     signal = f"; generate with `signal_ids=torch.tensor([{results['signal_id']}])`." if results["signal_id"] else "."
@@ -405,4 +388,4 @@ def write_card(folder, model, tokenizer, results: dict, data_line: str):
                    f"{before:,.2f} before, {after:,.2f} after.")
     write_model_card(folder, model, tokenizer, metrics={"completion_perplexity": after,
                                                         "completion_perplexity_before": before},
-                     description=description, tags=["fine-tuned"])
+                     description=description, tags=["fine-tuned"], model_name=name)

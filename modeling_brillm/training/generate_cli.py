@@ -13,10 +13,11 @@ import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+from transformers import TextStreamer
 
-import modeling_brillm  # noqa: F401  (registers the brillm model type)
 from modeling_brillm.decoding import energy_generate
+
+from .errors import UsageError, load_model, load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
             run_energy(args, model, tokenizer, enc, max_new, streamer, options)
         else:
             run_transformers(args, model, tokenizer, enc, max_new, streamer, options)
-    except (ValueError, TypeError, OSError) as error:
+    except (UsageError, ValueError, TypeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -77,8 +78,8 @@ def main(argv=None) -> int:
 
 def load_for_run(args):
     """The model and tokenizer (the installed package registers the brillm type), with --extend and --seed."""
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    tokenizer = load_tokenizer(args.model, "save the tokenizer beside the model")
+    model = load_model(args.model).eval()
     if args.extend:
         model.config.position_overflow = "extend"
     if reads_past_range(model):  # the tokenizer's model_max_length (the trained range) would warn falsely

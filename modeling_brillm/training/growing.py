@@ -1,8 +1,7 @@
-"""Growing a trained BriLLM without retraining it (what `examples/grow_graph.py` runs): new tokens become nodes and
-the new text's bigrams edges, both starting from the shared edge so no old logit moves (checked exactly); a short
-fine-tune of what is new only (or of everything), with a replay of old training text; perplexity before and after on
-held-out new and old text; save and reload as remote code with the same logits.
-"""
+"""Growing a trained BriLLM without retraining it (examples/grow_graph.py): new tokens become nodes and the new text's
+bigrams edges, both starting from the shared edge so that no old logit moves (checked exactly); a short fine-tune of
+what is new (or of everything) with a replay of old training text; perplexity before and after on held-out new and old
+text; the folder saved and reloaded, as remote code too, with the same logits."""
 
 from __future__ import annotations
 
@@ -10,16 +9,18 @@ import argparse
 import json
 import math
 import re
+import sys
 from collections import Counter
 from types import SimpleNamespace
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from modeling_brillm import BriLLMForCausalLM
 from modeling_brillm.graph_editing import NODE_ROWS
 
 from .data import embedded_corpus, held_out_indices, split_sentences
+from .errors import UsageError, load_model, load_tokenizer
 
 
 def parse_args(argv=None):  # a flag list: exempt from the function length
@@ -45,21 +46,26 @@ def parse_args(argv=None):  # a flag list: exempt from the function length
 
 
 def main(argv=None, default_new_text=None) -> dict:
-    """The five steps; returns the figures (and writes them to --json). `default_new_text`: the file read without
-    --new_text."""
+    """The five steps; returns the figures (and writes them to --json). `default_new_text`: read without
+    --new_text. A problem with the input is one `error:` line and exit status 2."""
     args = parse_args(argv)
     args.new_text = args.new_text or default_new_text
-    if args.new_text is None:
-        raise SystemExit("error: give --new_text FILE (one text per line).")
-    torch.manual_seed(args.seed)
-    model = BriLLMForCausalLM.from_pretrained(args.model).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    try:
+        if args.new_text is None:
+            raise UsageError("give --new_text FILE (one text per line).")
+        torch.manual_seed(args.seed)
+        model, tokenizer = load_model(args.model, BriLLMForCausalLM).eval(), load_tokenizer(args.model)
+        return grow(args, model, tokenizer)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def grow(args, model, tokenizer) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     old = {"vocab": model.config.vocab_size, "edges": model.config.num_edges}
     texts = load_texts(args, tokenizer, pad_id)
-    probe_before = logits_of(model, *texts.probe)
-    ppl_old_before = perplexity(model, texts.old_seqs, pad_id)[0]
-
+    probe_before, ppl_old_before = logits_of(model, *texts.probe), perplexity(model, texts.old_seqs, pad_id)[0]
     nodes = add_nodes(args, model, tokenizer, texts, probe_before)  # 1. nodes
     grown = add_edges(args, model, tokenizer, texts, pad_id, nodes["probe"])  # 2. edges
     before = {**measure(model, grown, texts, pad_id, nodes["new_ids"]), "old": ppl_old_before}
@@ -84,8 +90,11 @@ def main(argv=None, default_new_text=None) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- text
 def read_lines(path):
-    with open(path, encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError as err:
+        raise UsageError(f"{path}: {err.strerror.lower()}.") from None
 
 
 def builtin_old_text():
@@ -101,18 +110,16 @@ def builtin_old_text():
 def load_texts(args, tokenizer, pad_id):
     """The new text (training / held-out lines: every 4th held out), the old held-out text and replay lines,
     tokenized before the tokenizer grows, and a probe batch of old text."""
-    new_texts = read_lines(args.new_text)
+    new = read_lines(args.new_text)
     if args.old_text:
-        old_texts = read_lines(args.old_text)
-        old_train_texts = read_lines(args.old_train_text) if args.old_train_text else []
+        old, old_train = read_lines(args.old_text), read_lines(args.old_train_text) if args.old_train_text else []
     else:
-        old_texts, old_train_texts = builtin_old_text()
-    old_seqs = encode(tokenizer, old_texts, args.max_length)
-    return SimpleNamespace(
-        new=new_texts, new_train=[t for i, t in enumerate(new_texts) if i % 4 != 3],
-        new_held=[t for i, t in enumerate(new_texts) if i % 4 == 3], old=old_texts, old_train=old_train_texts,
-        old_seqs=old_seqs, replay=encode(tokenizer, old_train_texts, args.max_length) if args.replay else [],
-        probe=batch_of(old_seqs[:32], pad_id))
+        old, old_train = builtin_old_text()
+    old_seqs = encode(tokenizer, old, args.max_length)
+    replay = encode(tokenizer, old_train, args.max_length) if args.replay else []
+    return SimpleNamespace(new=new, new_train=[t for i, t in enumerate(new) if i % 4 != 3],
+                           new_held=[t for i, t in enumerate(new) if i % 4 == 3], old=old, old_train=old_train,
+                           old_seqs=old_seqs, replay=replay, probe=batch_of(old_seqs[:32], pad_id))
 
 
 def pick_new_tokens(tokenizer, texts, count, old_texts):
@@ -145,16 +152,15 @@ def logits_of(model, ids, mask):
 def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
     """exp(mean NLL) over every next token, and over the next tokens whose id is in `focus` (or None)."""
     total = count = focus_total = focus_count = 0.0
-    focus_t = torch.tensor(sorted(focus)) if focus else None
+    focus_t = torch.tensor(sorted(focus)) if focus else torch.zeros(0, dtype=torch.long)
     for i in range(0, len(seqs), batch_size):
         ids, mask = batch_of(seqs[i:i + batch_size], pad_id)
         logp = torch.log_softmax(model(ids, attention_mask=mask).logits[:, :-1], -1)
         target, real = ids[:, 1:], mask[:, 1:].bool()
         nll = -logp.gather(2, target.unsqueeze(2)).squeeze(2)
+        hit = real & torch.isin(target, focus_t)
         total, count = total + float(nll[real].sum()), count + int(real.sum())
-        if focus_t is not None:
-            hit = real & torch.isin(target, focus_t)
-            focus_total, focus_count = focus_total + float(nll[hit].sum()), focus_count + int(hit.sum())
+        focus_total, focus_count = focus_total + float(nll[hit].sum()), focus_count + int(hit.sum())
     return math.exp(total / count), (math.exp(focus_total / focus_count) if focus_count else None)
 
 
@@ -175,11 +181,10 @@ def add_edges(args, model, tokenizer, texts, pad_id, probe_nodes) -> dict:
     """Step 2: the new text's bigrams become real edges (copies of the shared edge): no energy may move, except that
     with `non_edge_bias` a new pair u→v no longer adds v's non-successor offset."""
     train_seqs = encode(tokenizer, texts.new_train, args.max_length)
-    held_seqs = encode(tokenizer, texts.new_held, args.max_length)
     rows = model.add_edges_from_sequences(train_seqs, ignore_ids=[pad_id])
     probe = logits_of(model, *texts.probe)
     expected = probe_nodes - lost_offsets(model, rows, texts.probe[0])
-    return {"rows": rows, "train_seqs": train_seqs, "held_seqs": held_seqs,
+    return {"rows": rows, "train_seqs": train_seqs, "held_seqs": encode(tokenizer, texts.new_held, args.max_length),
             "edges_exact": bool(torch.allclose(probe, expected, rtol=0, atol=1e-5)),
             "edges_diff": float((probe - expected).abs().max()),
             "same_argmax": bool(torch.equal(probe.argmax(-1), probe_nodes.argmax(-1)))}
@@ -192,61 +197,50 @@ def lost_offsets(model, rows, ids) -> torch.Tensor | float:
         return 0.0
     graph = model.get_graph()
     edges = rows - 1  # edge-table row r is edge r - 1 in the graph's CSR order
-    sources = torch.searchsorted(graph.indptr, edges, right=True) - 1
-    targets = graph.indices[edges]
+    sources, targets = torch.searchsorted(graph.indptr, edges, right=True) - 1, graph.indices[edges]
     hit = (ids.unsqueeze(-1) == sources).float()  # (B, T, new edges): the position's node is the edge's source
     offsets = torch.zeros(*ids.shape, model.config.vocab_size)
     return offsets.scatter_add_(-1, targets.expand_as(hit), hit * bias.detach()[targets])
 
 
-def rows_of_new(edge_rows, old_vocab: int) -> dict:
-    """Parameter name -> its rows that growing added: the new edges' table rows, the new nodes' rows."""
+def new_rows(model, edge_rows, old_vocab: int) -> dict:
+    """Parameter name -> True for its rows that growing added (the new edges' table rows, the new nodes' rows)."""
     nodes = slice(old_vocab, None)
-    return {"weights": edge_rows, "biases": edge_rows, "node_bias": nodes, **{name: nodes for name in NODE_ROWS}}
-
-
-def new_row_mask(param, rows) -> torch.Tensor:
-    """(rows of `param`,) True for the rows that `rows` (indices or a slice) names."""
-    keep = torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
-    keep[rows] = True
-    return keep
-
-
-def fine_tune(model, seqs, pad_id, args, new_rows: dict, replay=()):
-    """AdamW on the new text (and `args.replay` old lines a step). With --train new only the rows growing added
-    get gradients; weight decay 0 and Adam's zero moments then leave every old row exactly as it was."""
-    params = dict(model.base_model.named_parameters())
-    if args.train != "all":
-        params = {name: p for name, p in params.items() if name in new_rows}
-    optimizer = torch.optim.AdamW(params.values(), lr=args.lr, weight_decay=0.0)
-    masks = {name: new_row_mask(p, new_rows[name]) for name, p in params.items() if args.train != "all"}
-    losses = []
-    model.train()
-    for _ in range(args.steps):
-        batch = list(seqs) + ([replay[i] for i in torch.randperm(len(replay))[:args.replay].tolist()]
-                              if args.replay and len(replay) else [])
-        ids, mask = batch_of(batch, pad_id)
-        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
-        optimizer.zero_grad()
-        loss.backward()
-        for name, keep in masks.items():
-            params[name].grad[~keep] = 0
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
+    rows = {"weights": edge_rows, "biases": edge_rows, "node_bias": nodes, **{name: nodes for name in NODE_ROWS}}
+    masks = {}
+    for name, param in model.base_model.named_parameters():
+        if name in rows:
+            masks[name] = torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
+            masks[name][rows[name]] = True
+    return masks
 
 
 def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
-    """Step 3: fine-tune, and check that (with --train new) no old row of any parameter moved."""
-    base = model.base_model
-    before = {name: p.detach().clone() for name, p in base.named_parameters()}
-    new_rows = rows_of_new(grown["rows"], old_vocab)
-    losses = fine_tune(model, grown["train_seqs"], pad_id, args, new_rows, texts.replay)
-    unchanged = True
-    for name, p in base.named_parameters():
-        old = ~new_row_mask(p, new_rows[name]) if name in new_rows else slice(None)
-        unchanged &= bool(torch.equal(p.detach()[old], before[name][old]))
+    """Step 3: AdamW on the new text (and `--replay` old lines a step); with --train new only the rows growing added
+    get gradients, and weight decay 0 and Adam's zero moments leave every old row as it was (checked)."""
+    params = dict(model.base_model.named_parameters())
+    before = {name: p.detach().clone() for name, p in params.items()}
+    masks = new_rows(model, grown["rows"], old_vocab)
+    trained = params if args.train == "all" else {name: params[name] for name in masks}
+    optimizer, losses = torch.optim.AdamW(trained.values(), lr=args.lr, weight_decay=0.0), []
+    model.train()
+    for _ in range(args.steps):
+        replay = [texts.replay[i] for i in torch.randperm(len(texts.replay))[:args.replay].tolist()] \
+            if texts.replay else []
+        ids, mask = batch_of(list(grown["train_seqs"]) + replay, pad_id)
+        loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
+        optimizer.zero_grad()
+        loss.backward()
+        for name in masks if args.train != "all" else ():
+            params[name].grad[~masks[name]] = 0
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+
+    def old_rows(name, tensor):
+        return tensor[~masks[name]] if name in masks else tensor
+
+    unchanged = all(torch.equal(old_rows(name, p.detach()), old_rows(name, before[name])) for name, p in params.items())
     return {"losses": losses, "old_rows_unchanged": unchanged}
 
 

@@ -12,10 +12,11 @@ import json
 import sys
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig
 
-import modeling_brillm  # noqa: F401  (registers brillm with AutoModelForCausalLM, for the metric too)
 from modeling_brillm.evaluation import per_text_perplexity, perplexity
+
+from .errors import UsageError, load_model, load_tokenizer
 
 
 def read_texts(args) -> list[str]:
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(out, f, indent=1)
-    except (ValueError, TypeError, OSError) as error:
+    except (UsageError, ValueError, TypeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -93,8 +94,8 @@ def main(argv=None) -> int:
 
 def score(args) -> dict:
     """Both perplexities of the texts, printed; the --json record."""
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    tokenizer = load_tokenizer(args.model, "save the tokenizer beside the model")
+    model = load_model(args.model).eval()
     texts = read_texts(args)
     if args.extend:
         model.config.position_overflow = "extend"

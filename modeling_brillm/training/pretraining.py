@@ -1,13 +1,14 @@
-"""Pretraining BriLLM with accelerate: what examples/pretrain.py runs, one sequence of named steps (`run`): the
-settings (presets.resolve_settings), the data and tokenizer (data.py), the plan (planning.py), the model prepared by
-accelerate or sharded by source node, the epoch loop (epochs.py), the final folder, its card and `--push_to_hub`.
-"""
+"""Pretraining BriLLM with accelerate: what examples/pretrain.py runs, as one sequence of named steps (`run`). Nothing
+in the output folder changes before the data, tokenizer, graph, memory and disk space are checked."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import itertools
 import math
+import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -15,61 +16,55 @@ from torch.utils.data import DataLoader
 
 from modeling_brillm import BriLLMForCausalLM
 
+from . import memory, optimizers, presets, sharded
 from .arguments import check_args, parse_args
 from .best import BestModel
-from .checkpoints import TrainLog, prepare_output_dir, resolve_checkpoint
-from .data import collate, load_raw_data, load_tokenizer, prepare_blocks, text_stats
-from .epochs import Job, Position, TrainingClock, eval_record, make_schedule, resume, train_epochs
+from .checkpoints import RESUME, TrainLog, open_folder, read_train_state, resolve_checkpoint, write_json, writing
+from .data import collate, load_raw_data, load_tokenizer, prepare_blocks, scored_tokens
+from .epochs import Job, Position, TrainingClock, eval_record, make_schedule, resume, seconds_per_step, train_epochs
 from .errors import UsageError, run_cli
 from .fsdp import fsdp_on_cpu, full_state_dict, is_fsdp, own_class, prepare_on_cpu
 from .launch import make_accelerator
 from .loop import TrainStep, choose_prompts, generate_samples
 from .loop import evaluate as evaluate_dense
-from .optimizers import apply_pending_weight_decay, build_optimizer
-from .planning import global_batch, plan_model, planned_epochs
-from .presets import resolve_settings
+from .optimizers import apply_pending_weight_decay, build_optimizer, choose_optimizer, resolve_moment_dtype
 from .publishing import push_folder, write_training_card
-from .sharded import (
-    ShardedTrainStep,
-    build_sharded,
-    build_sharded_optimizer,
-    checkpoint_kind_error,
-    evaluate_sharded,
-    load_sharded_checkpoint,
-    resolve_optimizer,
-    whole_model_fits,
-)
+from .recipe import RunPlan, Setting
 
-__all__ = ["SUMMARY_NAME", "load_data", "main", "parse_args", "planned_epochs", "run", "settle"]
+__all__ = ["SUMMARY_NAME", "load_data", "main", "parse_args", "planned_epochs", "run", "settle", "start_run"]
 
 SUMMARY_NAME = "pretrain_summary.json"
+SECRET = re.compile(r"(^|_)(token|key|password|secret)(_|$)")  # flags never logged, saved or printed
+MIN_EVAL_TOKENS = 100  # fewer scored validation tokens: a loss too noisy to choose the best model by
 
 
 def run(args, data=None) -> int:
     """The whole job. `data`: what load_data returned for the same data flags (benchmarks/quality.py shares one
     preparation between runs); by default it is loaded here."""
     resolved = settle(args)
-    accelerator, checkpoint, out_dir = start_run(args)
-    data = data or load_data(args, resolved, accelerator, out_dir, checkpoint)
-    config, graph, plan = plan_model(args, resolved, data, accelerator, checkpoint)
-    model = build_model(args, config, graph, accelerator)
-    parts = prepare_model_and_optimizer(args, model, plan, make_loaders(args, data, accelerator), config, graph,
-                                        checkpoint, accelerator)
-    job = make_job(args, parts, plan, data, config, accelerator, out_dir)
-    init_tracking(args, accelerator)
+    accelerator, checkpoint, folder = start_run(args)
+    with folder:  # the output folder is this run's until it ends
+        data = data or load_data(args, resolved, accelerator, folder.path, checkpoint)
+        config, graph, plan = plan_model(args, resolved, data, accelerator, checkpoint)
+        model = build_model(args, config, graph, accelerator)
+        parts = prepare_model_and_optimizer(args, model, plan, make_loaders(args, data, accelerator), config, graph,
+                                            checkpoint, accelerator)
+        job = make_job(args, parts, plan, data, config, accelerator, folder.path)
+        claim_folder(args, job, config, folder, checkpoint)
+        init_tracking(args, accelerator)
 
-    position = resume_or_start(args, job, checkpoint)
-    accelerator.print(describe_training(args, job, config))
-    summary = start_summary(args, config, data, accelerator)
-    if job.eval_loader is not None and checkpoint is None:
-        evaluate_before(job, summary)
+        position = resume_or_start(args, job, checkpoint)
+        accelerator.print(describe_training(args, job, config))
+        summary = start_summary(args, config, data, accelerator)
+        if job.eval_loader is not None and checkpoint is None:
+            evaluate_before(job, summary)
 
-    stats = train_epochs(job, args, position)
+        stats = train_epochs(job, args, position)
 
-    evaluate_after(job, stats, summary)
-    unwrapped = save_final(args, job, data.tokenizer, out_dir)
-    show_generations(args, job, unwrapped, data, summary)
-    publish(args, job, unwrapped, data, plan, summary, out_dir)
+        evaluate_after(job, stats, summary)
+        unwrapped = save_final(args, job, data.tokenizer, folder)
+        show_generations(args, job, unwrapped, data, summary)
+        publish(args, job, unwrapped, data, plan, summary, folder)
     return 0
 
 
@@ -81,44 +76,183 @@ def main(argv=None) -> int:
 def settle(args):
     """The run's settings (their auto values still to choose), checked where no data is needed."""
     args.shared_rate_from_preset = args.shared_edge_lr_scale is None  # a preset or default rate yields to dense AdamW
-    resolved = resolve_settings(args)
+    resolved = presets.resolve_settings(args)
     check_args(args, resolved.value("model", "max_position_embeddings"))
-    args.optimizer = resolve_optimizer(args.edge_sharding, args.optimizer)
+    args.optimizer = sharded.resolve_optimizer(args.edge_sharding, args.optimizer)
     args.sharding = args.edge_sharding == "source"
     return resolved
 
 
 def start_run(args):
-    """The accelerator, the checkpoint to resume from, and the output folder (cleared of an earlier run)."""
+    """The accelerator, the checkpoint to resume from, and the output folder, locked by the main process (another
+    run's, or an earlier run's without --overwrite_output_dir, is refused on every process)."""
     accelerator, setup = make_accelerator(args, shards_on_cpu=True)
-    accelerator.print(f"BriLLM pretraining: {setup}, preset {args.config or '(none: built-in defaults)'}")
-    checkpoint = resolve_checkpoint(args)
-    if checkpoint is not None and checkpoint_kind_error(checkpoint, args.sharding):
-        raise checkpoint_kind_error(checkpoint, args.sharding)
-    out_dir = prepare_output_dir(args.output_dir, checkpoint, bool(args.resume_from_checkpoint), accelerator)
-    return accelerator, checkpoint, out_dir
+    say = accelerator.print
+    say(f"BriLLM pretraining: {setup}, preset {args.config or '(none: built-in defaults)'}")
+    if args.hub_token:
+        say("warning: --hub_token puts the token on the command line, where the process list and a failing launch "
+            "show it; set HF_TOKEN or run `hf auth login` instead")
+    checkpoint = resolve_checkpoint(args, say)
+    if checkpoint is not None and sharded.checkpoint_kind_error(checkpoint, args.sharding):
+        raise sharded.checkpoint_kind_error(checkpoint, args.sharding)
+    here = checkpoint is not None and checkpoint.resolve().parent == Path(args.output_dir).resolve()
+    folder = open_folder(args.output_dir, accelerator, args.overwrite_output_dir, resuming_here=here)
+    return accelerator, checkpoint, folder
 
 
 def load_data(args, resolved, accelerator, out_dir, checkpoint):
     """Raw texts, the tokenizer (loaded or trained), and the training / validation blocks."""
-    say = accelerator.print
     raw, description = load_raw_data(args)
-    say(f"data: {description}")
-    n_texts, n_nonblank = text_stats(raw["train"], args.text_column)
-    if n_nonblank == 0:
-        raise UsageError(f"the training data ({description}) contains no text: {n_texts} rows, all empty.")
+    accelerator.print(f"data: {description}")
     tokenizer, line = load_tokenizer(args, resolved.section("tokenizer"), raw, out_dir, checkpoint, accelerator)
     if line:
-        say(line)
+        accelerator.print(line)
     train_blocks, eval_blocks, line = prepare_blocks(raw, tokenizer, args, accelerator)
-    say(line)
+    accelerator.print(line)
+    eval_tokens = scored_tokens(eval_blocks) if eval_blocks is not None else 0
+    if eval_blocks is not None and eval_tokens < MIN_EVAL_TOKENS and args.keep_best_model:
+        accelerator.print(f"warning: the validation set has {eval_tokens} scored tokens, too few to choose the best "
+                          f"model by (under {MIN_EVAL_TOKENS} its loss is mostly chance): keeping the last model; "
+                          "give a larger --validation_file to keep the best")
     return SimpleNamespace(raw=raw, description=description, tokenizer=tokenizer, train=train_blocks,
-                           eval=eval_blocks)
+                           eval=eval_blocks, eval_tokens=eval_tokens)
 
 
+# ------------------------------------------------------------------------------------------------ the plan
+def global_batch(args, accelerator) -> int:
+    return args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+
+
+def plan_model(args, resolved, data, accelerator, checkpoint=None):
+    """The optimizer (its moments count in the memory check), the batch on a GPU, the config and graph of the
+    training blocks for the run's length, the memory check; returns (config, graph, optimizer plan)."""
+    say = accelerator.print
+    plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,
+                            fsdp=is_fsdp(accelerator))
+    args.moment_dtype = resolve_moment_dtype(args.moment_dtype, plan, accelerator.mixed_precision,
+                                             accelerator.device.type)
+    device_type, free = memory.device_facts(accelerator.device)
+    saved = read_train_state(checkpoint).get("signature", {}) if checkpoint is not None else {}
+    step = presets.choose_step_batch(args, device_type, len(data.train), accelerator.num_processes,
+                                     saved.get("global_batch"))
+    config, graph, min_count = plan_length_and_config(args, resolved, data, accelerator, checkpoint, step,
+                                                      memory.agreed_free(accelerator, free))
+    V, P, edges = config.vocab_size, config.num_parameters_formula(), config.num_edges
+    say(f"graph: {config.graph}, V={V} nodes, {edges:,} real edges of {V * V:,} possible ({edges / (V * V):.2%})"
+        + (f", bigrams seen >= {min_count} times" if graph is not None else "")
+        + f"; d={config.node_size}; parameters {P:,} ({memory.human_bytes(4 * P)} fp32)"
+        + (f"; count prior of all {config.count_prior_bigrams:,} bigrams seen" if config.count_prior else ""))
+    if args.sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
+        plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
+                                   "owns")
+    say(optimizers.describe_optimizer(plan, args.max_grad_norm, args.moment_dtype))
+    if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and args.shared_rate_from_preset:
+        say(f"the recipe's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
+            f"{plan.name} the shared edge trains at the base rate")
+        args.shared_edge_lr_scale = 1.0
+    say(memory.check_memory(config, accelerator, args))
+    recipe = args.recipe_choice
+    recipe.add(Setting("training", "moment_dtype", args.moment_dtype, recipe.rule("training.moment_dtype"),
+                       f"{plan.name} on {accelerator.device.type}, mixed precision {accelerator.mixed_precision}"))
+    recipe.inputs.update(preset=args.config, recipe_file=args.recipe)
+    say(recipe.describe())
+    return config, graph, plan
+
+
+def plan_length_and_config(args, resolved, data, accelerator, checkpoint, step, free):
+    """The run's planned epochs and the recipe's config and graph for them, with a batch that fits the device: where
+    the memory check halves the batch and the run's length in epochs follows from it, both are planned again."""
+    while True:
+        args.planned_epochs = planned_epochs(args, data, accelerator, checkpoint)
+        if args.planned_epochs is None:  # a time budget: the epochs it buys, timed
+            args.planned_epochs = epochs_in_budget(args, resolved, data, accelerator, step, free)
+        base = dataclasses.replace(resolved, settings={key: dataclasses.replace(s, value=getattr(args, s.name))
+                                                       if s.section == "training" else s
+                                                       for key, s in resolved.settings.items()})
+        budgeted = args.max_train_time is not None and args.min_bigram_count == "auto"  # a sparser graph trains faster
+        run_plan = RunPlan(args.planned_epochs, budgeted, args.max_train_steps, global_batch(args, accelerator),
+                           len(data.train), accelerator.device.type, accelerator.mixed_precision)
+        recipe, sequences = presets.plan_recipe(base, data.tokenizer, data.train, run_plan, say=accelerator.print)
+        config, graph = presets.build_from_recipe(recipe, data.tokenizer, data.train, sequences)
+        args.learning_rate, args.recipe_choice = recipe.value("training", "learning_rate"), recipe
+        batch = args.per_device_train_batch_size
+        line = presets.fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
+        if line:
+            accelerator.print(line)
+        if step is not None:  # the batch the device left, and why, in recipe.json
+            recipe.add(Setting("training", "per_device_train_batch_size", args.per_device_train_batch_size,
+                               recipe.rule("training.per_device_train_batch_size"), line or ""))
+        if args.per_device_train_batch_size == batch or planned_epochs(args, data, accelerator, checkpoint) == \
+                args.planned_epochs:
+            return config, graph, recipe.value("training", "min_bigram_count")
+        accelerator.print(f"planning the run again for batch {args.per_device_train_batch_size}")
+
+
+def planned_epochs(args, data, accelerator, checkpoint=None) -> float | None:
+    """The run's length in epochs of the training blocks, before the loaders exist; None for a time budget
+    (epochs_in_budget times it). A resumed run takes the length its checkpoint was planned with, so `auto` choices
+    rebuild the graph the checkpoint was trained on even when the run is extended."""
+    state = {} if checkpoint is None else read_train_state(checkpoint)
+    saved = state.get("signature", {})
+    if state.get("planned_epochs"):
+        return state["planned_epochs"]
+    if saved.get("max_train_steps") and saved.get("global_batch"):
+        return saved["max_train_steps"] * saved["global_batch"] / max(len(data.train), 1)
+    if getattr(args, "max_train_time", None) is not None:
+        return None
+    if args.max_train_steps is None:
+        return float(args.num_train_epochs)
+    return args.max_train_steps * global_batch(args, accelerator) / max(len(data.train), 1)
+
+
+def epochs_in_budget(args, resolved, data, accelerator, step=None, free=None) -> float:
+    """The epochs --max_train_time buys (at most --max_train_steps'): a few steps of the run's batches timed on a
+    throwaway model of the data's graph at no planned length (the slowest process's pace), without touching the
+    run's random state. A batch the device chose (`step`) is first fitted to the device's `free` memory."""
+    device = accelerator.device
+    config, graph, _ = presets.build_config_and_graph(resolved, data.tokenizer, data.train)
+    presets.fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        pace = time_steps(args, config, graph, data, accelerator)
+    accelerator.step = 0  # the probe's micro-batches do not count towards the run's accumulation
+    pace = float(accelerator.gather(torch.tensor([pace], device=device)).max())
+    blocks = global_batch(args, accelerator) / len(data.train)
+    epochs = args.max_train_time / pace * blocks
+    if args.max_train_steps is not None:
+        epochs = min(epochs, args.max_train_steps * blocks)
+    accelerator.print(f"--max_train_time {args.max_train_time:g}s: {pace:.4f}s per step (timed on a throwaway "
+                      f"model) plans {epochs:.2f} epoch(s)")
+    return epochs
+
+
+def time_steps(args, config, graph, data, accelerator) -> float:
+    """Seconds per optimizer step of a throwaway model (unprepared: no gradient exchange) on the run's batches."""
+    device = accelerator.device
+    plan = choose_optimizer(args.optimizer, accelerator.num_processes, args.max_grad_norm, fsdp=is_fsdp(accelerator))
+    model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)
+    optimizer = build_optimizer(
+        model, plan, args.learning_rate, args.weight_decay, accelerator, lazy_weight_decay=args.lazy_weight_decay,
+        node_lr_scale=args.node_lr_scale, moment_dtype=resolve_moment_dtype(
+            args.moment_dtype, plan, accelerator.mixed_precision, device.type),
+        shared_edge_lr_scale=args.shared_edge_lr_scale if plan.name == "sparse_adamw" else 1.0)
+    step = TrainStep(accelerator, model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+                     per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
+                     max_grad_norm=args.max_grad_norm, clip=plan.clip, learning_rate=args.learning_rate)
+    loader = DataLoader(data.train, shuffle=True, collate_fn=collate, drop_last=True,
+                        batch_size=args.per_device_train_batch_size, generator=torch.Generator().manual_seed(args.seed))
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))
+
+    def one_step():  # one optimizer step: the accumulated micro-batches
+        for _ in range(args.gradient_accumulation_steps):
+            step({k: v.to(device) for k, v in next(batches).items()})
+
+    return seconds_per_step(one_step, torch.cuda.synchronize if device.type == "cuda" else (lambda: None))
+
+
+# --------------------------------------------------------------------------------------- the model and job
 def build_model(args, config, graph, accelerator):
     """The model on every process, or None when a sharded run must build each process's shard directly."""
-    if args.sharding and not whole_model_fits(config, accelerator, args):
+    if args.sharding and not sharded.whole_model_fits(config, accelerator, args):
         accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
                           "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
                           "initialisation)")
@@ -146,16 +280,16 @@ def prepare_model_and_optimizer(args, model, plan, loaders, config, graph, check
     options = dict(lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
                    shared_edge_lr_scale=args.shared_edge_lr_scale, moment_dtype=args.moment_dtype)
     if args.sharding:  # not prepared: no DDP wrapper
-        model = build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
-        optimizer = build_sharded_optimizer(model, args.learning_rate, args.weight_decay, **options)
+        model = sharded.build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
+        optimizer = sharded.build_sharded_optimizer(model, args.learning_rate, args.weight_decay, **options)
         train_loader = accelerator.prepare(train_loader)
         rows = [int(r) for r in accelerator.gather(torch.tensor([model.model.base_model.weights.shape[0] - 1],
                                                                 device=accelerator.device)).tolist()]
         accelerator.print(f"edge sharding by source: edge rows per process {rows} of {config.num_edge_rows - 1:,}")
         return model, optimizer, train_loader, eval_loader
     if fsdp_on_cpu(accelerator):  # accelerate does not shard on the CPU: torch's fully_shard, by the script
-        return prepare_on_cpu(accelerator, model, lambda sharded: build_optimizer(
-            sharded, plan, args.learning_rate, args.weight_decay, accelerator, **options), train_loader, eval_loader)
+        return prepare_on_cpu(accelerator, model, lambda shard: build_optimizer(
+            shard, plan, args.learning_rate, args.weight_decay, accelerator, **options), train_loader, eval_loader)
     optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator, **options)
     if eval_loader is not None:
         return accelerator.prepare(model, optimizer, train_loader, eval_loader)
@@ -177,7 +311,7 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
     common = dict(learning_rate=args.learning_rate, per_device_batch_size=args.per_device_train_batch_size,
                   block_size=args.block_size, seed=args.seed)
     if args.sharding:  # the sharded model has no logits; evaluate_sharded gives the same figures
-        train_step = ShardedTrainStep(accelerator, model, optimizer, lr_scheduler,
+        train_step = sharded.ShardedTrainStep(accelerator, model, optimizer, lr_scheduler,
                                       max_grad_norm=args.max_grad_norm if plan.clip else None, **common)
     else:
         train_step = TrainStep(accelerator, model, optimizer, lr_scheduler, max_grad_norm=args.max_grad_norm,
@@ -187,7 +321,7 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
                  "vocab_size": config.vocab_size, "max_train_steps": args.max_train_steps,
                  "max_train_time": args.max_train_time,
                  "signal_dropout_warmup_epochs": args.signal_dropout_warmup_epochs}
-    keep = args.keep_best_model and eval_loader is not None
+    keep = args.keep_best_model and eval_loader is not None and data.eval_tokens >= MIN_EVAL_TOKENS
 
     def write_extra(tmp):  # every checkpoint holds the run's recipe.json (`--recipe` reads it there) and shards
         if args.sharding:
@@ -196,17 +330,41 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
             args.recipe_choice.save(tmp)
 
     return Job(accelerator, model, optimizer, lr_scheduler, train_loader, eval_loader, train_step,
-               evaluate_sharded if args.sharding else evaluate_dense,
+               sharded.evaluate_sharded if args.sharding else evaluate_dense,
                log=TrainLog(out_dir, accelerator, tracking=args.with_tracking),
                best=BestModel(out_dir, accelerator, enabled=keep), tokenizer=data.tokenizer, signature=signature,
                clock=clock, write_extra=write_extra)
 
 
+def claim_folder(args, job: Job, config, folder, checkpoint):
+    """Everything is checked: the disk must hold what the run writes (its checkpoints, best and final model), then a
+    fresh run removes the earlier run's checkpoints and log (its model stays until this run's is saved)."""
+    weights = args.model_bytes = 4 * config.num_parameters_formula()
+    args.checkpoint_bytes = weights * (1 + (1 if args.moment_dtype == "bfloat16" else 2))  # weights + moments
+    kept = checkpoints_kept(args)
+    need = kept * args.checkpoint_bytes + weights * (1 + job.best.enabled)
+    what = f"{kept} checkpoint(s) of {memory.human_bytes(args.checkpoint_bytes)} and " if kept else ""
+    what += f"the model{' and its best evaluation' if job.best.enabled else ''}, {memory.human_bytes(weights)} each"
+    if job.accelerator.is_main_process:
+        folder.claim(need, what, fresh=checkpoint is None, say=job.accelerator.print)
+    job.accelerator.wait_for_everyone()
+
+
+def checkpoints_kept(args) -> int:
+    """The most checkpoints on disk at once: each is written before the ones past --checkpoints_total_limit go."""
+    every, steps, limit = args.checkpointing_steps, args.max_train_steps, args.checkpoints_total_limit
+    if every is None:
+        return 0
+    planned = (steps // every if isinstance(every, int) else args.num_train_epochs) if steps else None
+    return min(planned or limit + 1, limit + 1) if limit else planned or 1
+
+
 def init_tracking(args, accelerator):
-    """Experiment trackers (--with_tracking) with the run's flags and the model's fields as hyperparameters."""
+    """Experiment trackers (--with_tracking) with the run's flags (never a token, key or password) and the model's
+    fields as hyperparameters."""
     if args.with_tracking:
         plain = (int, float, str, bool)
-        hparams = {k: v for k, v in vars(args).items() if isinstance(v, plain)}
+        hparams = {k: v for k, v in vars(args).items() if isinstance(v, plain) and not SECRET.search(k)}
         fields = args.recipe_choice.section("model")
         model = {f"model_{k}": v for k, v in fields.items() if isinstance(v, plain)}
         accelerator.init_trackers("brillm_pretrain", {**hparams, **model})
@@ -215,12 +373,11 @@ def init_tracking(args, accelerator):
 def resume_or_start(args, job: Job, checkpoint) -> Position:
     """Where training starts: the checkpoint's position (its states restored), or the beginning."""
     if checkpoint is None:
-        job.best.discard()  # an earlier run's best model is not this run's
         return Position()
     load_shards = None
     if args.sharding:
         def load_shards():
-            load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
+            sharded.load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
     return resume(job, checkpoint, load_shards)
 
 
@@ -247,6 +404,7 @@ def start_summary(args, config, data, accelerator) -> dict:
             "processes": accelerator.num_processes, "global_batch": global_batch(args, accelerator)}
 
 
+# -------------------------------------------------------------------------------------------- after training
 def evaluate_before(job: Job, summary: dict):
     """Validation of the untrained model (step 0 of the log and the card's 'before' figure)."""
     started = time.time()
@@ -276,39 +434,48 @@ def evaluate_after(job: Job, stats, summary: dict):
     summary.update(perplexity=ppl1, eval_loss=loss1)
     best = job.best
     if best.enabled and best.step is not None and not loss1 <= best.eval_loss:
-        fsdp = is_fsdp(job.accelerator)
-        best.load_into(job.accelerator.unwrap_model(job.model), prepared=job.model if fsdp else None)
+        prepared = job.model if is_fsdp(job.accelerator) else None
+        best.load_into(job.accelerator.unwrap_model(job.model), prepared=prepared)
+        best_ppl = math.exp(min(best.eval_loss, 700.0))
         say(f"kept the best model: step {best.step} (validation loss {best.eval_loss:.4f}, perplexity "
-            f"{math.exp(min(best.eval_loss, 700.0)):,.2f}), not the last step {steps} ({loss1:.4f})")
-        summary.update(perplexity=math.exp(min(best.eval_loss, 700.0)), eval_loss=best.eval_loss,
-                       best_step=best.step, last_eval_loss=loss1)
+            f"{best_ppl:,.2f}), not the last step {steps} ({loss1:.4f})")
+        summary.update(perplexity=best_ppl, eval_loss=best.eval_loss, best_step=best.step, last_eval_loss=loss1)
     elif best.enabled and best.step is not None:
         say(f"kept the best model: the last step {steps} (validation loss {loss1:.4f})")
         summary.update(best_step=steps)
 
 
-def save_final(args, job: Job, tokenizer, out_dir):
-    """The Hugging Face folder (a sharded run's table gathered on the main process); returns the plain model."""
-    accelerator, model = job.accelerator, job.model
-    accelerator.wait_for_everyone()
-    if args.sharding:  # gathered on the main process (host RAM for the whole table), a plain BriLLM folder
-        unwrapped = model.export_model()
-        if accelerator.is_main_process:
-            unwrapped.save_pretrained(out_dir, safe_serialization=True)
-    else:
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.sparse_gradients = False
-        state_dict = full_state_dict(accelerator, model)
-        with own_class(unwrapped):  # FSDP: the model's own code, not torch's FSDP class, goes into the folder
-            unwrapped.save_pretrained(out_dir, is_main_process=accelerator.is_main_process,
-                                      save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
+def final_fix(args, folder) -> str:
+    """What a failed final save leaves, and what to do."""
+    kept = "the training state is in its last checkpoint: " + RESUME if args.checkpointing_steps else \
+        "this run kept no checkpoint (--checkpointing_steps), so its training is lost"
+    return f"the model that was in {folder.path} is intact; {kept}"
+
+
+def save_final(args, job: Job, tokenizer, folder):
+    """The Hugging Face folder, staged beside the old model (a sharded run's table gathered on the main process);
+    returns the plain model."""
+    accelerator, model, staged = job.accelerator, job.model, folder.staged
     if accelerator.is_main_process:
-        tokenizer.model_max_length = unwrapped.config.max_position_embeddings  # pipelines and harnesses read it
-        tokenizer.save_pretrained(out_dir)
-        args.recipe_choice.save(out_dir)  # --recipe out_dir/recipe.json builds the same config
-    job.best.discard()
-    accelerator.print(f"saved the model and tokenizer to {out_dir} "
-                      "(AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
+        folder.stage()
+    accelerator.wait_for_everyone()
+    with writing(folder.path, "the final model", final_fix(args, folder), args.model_bytes, cleanup=folder.unstage):
+        if args.sharding:  # gathered on the main process (host RAM for the whole table), a plain BriLLM folder
+            unwrapped = model.export_model()
+            if accelerator.is_main_process:
+                unwrapped.save_pretrained(staged, safe_serialization=True)
+        else:
+            unwrapped = accelerator.unwrap_model(model)
+            unwrapped.sparse_gradients = False
+            state_dict = full_state_dict(accelerator, model)
+            with own_class(unwrapped):  # FSDP: the model's own code, not torch's FSDP class, goes into the folder
+                unwrapped.save_pretrained(staged, is_main_process=accelerator.is_main_process,
+                                          save_function=accelerator.save, state_dict=state_dict,
+                                          safe_serialization=True)
+        if accelerator.is_main_process:
+            tokenizer.model_max_length = unwrapped.config.max_position_embeddings  # pipelines and harnesses read it
+            tokenizer.save_pretrained(staged)
+            args.recipe_choice.save(staged)  # --recipe out_dir/recipe.json builds the same config
     return unwrapped
 
 
@@ -327,22 +494,27 @@ def show_generations(args, job: Job, unwrapped, data, summary: dict):
         summary["generations"] = samples
 
 
-def publish(args, job: Job, unwrapped, data, plan, summary: dict, out_dir):
-    """pretrain_summary.json, the model card, and --push_to_hub."""
-    accelerator, say = job.accelerator, job.accelerator.print
+def publish(args, job: Job, unwrapped, data, plan, summary: dict, folder):
+    """pretrain_summary.json and the model card beside the staged model, the model swapped in, --push_to_hub."""
+    accelerator, say, out_dir = job.accelerator, job.accelerator.print, folder.path
 
-    def write_card(repo_id=None):  # README.md with metadata, the final perplexity and usage, as Trainer writes
-        return write_training_card(out_dir, unwrapped, data.tokenizer, args, summary, data.description,
-                                   repo_id=repo_id, optimizer=plan.name)
+    def write_card(target, repo_id=None):  # README.md with metadata, the final perplexity and usage, as Trainer writes
+        return write_training_card(target, unwrapped, data.tokenizer, args, summary, data.description,
+                                   repo_id=repo_id, optimizer=plan.name, name=out_dir.name)
 
     if accelerator.is_main_process:
-        with open(out_dir / SUMMARY_NAME, "w", encoding="utf-8") as handle:
-            json.dump(summary, handle, indent=1)
-        say(f"model card: {write_card(args.hub_model_id if args.push_to_hub else None)}")
+        with writing(out_dir, "the final model", final_fix(args, folder), cleanup=folder.unstage):
+            write_json(folder.staged / SUMMARY_NAME, summary)
+            write_card(folder.staged, args.hub_model_id if args.push_to_hub else None)
+        folder.install()
+        job.best.discard()
+        say(f"saved the model and tokenizer to {out_dir} (AutoModelForCausalLM.from_pretrained(..., "
+            "trust_remote_code=True))")
+        say(f"model card: {out_dir / 'README.md'}")
     if args.with_tracking:
         accelerator.end_training()
     if args.push_to_hub and accelerator.is_main_process:
         repo_id = push_folder(out_dir, args.hub_model_id or out_dir.resolve().name, args.hub_token,
-                              "BriLLM pretraining", before_upload=write_card)
+                              "BriLLM pretraining", before_upload=lambda repo: write_card(out_dir, repo))
         say(f"pushed to https://huggingface.co/{repo_id}")
     accelerator.wait_for_everyone()

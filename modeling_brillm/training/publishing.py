@@ -42,7 +42,7 @@ def data_facts(args, description: str) -> tuple[list[str], str | None, str]:
 
 
 def write_training_card(out_dir, model, tokenizer, args, summary: dict, description: str, repo_id: str | None = None,
-                        optimizer: str | None = None) -> str:
+                        optimizer: str | None = None, name: str | None = None) -> str:
     """README.md of a trained folder: metadata (library_name, pipeline_tag, tags, datasets, the final validation
     perplexity as a model-index metric), the run's facts and a usage snippet. Returns its path."""
     ids, text, held = data_facts(args, description)
@@ -61,7 +61,8 @@ def write_training_card(out_dir, model, tokenizer, args, summary: dict, descript
     if "perplexity_before" in summary:
         training["validation perplexity before training"] = summary["perplexity_before"]
     return write_model_card(out_dir, model, tokenizer, datasets=ids, metrics=metrics, repo_id=repo_id,
-                            training_data=text, training=training, eval_dataset_name=held if metrics else None,
+                            model_name=None if repo_id else name, training_data=text, training=training,
+                            eval_dataset_name=held if metrics else None,
                             tags=["pretraining"])
 
 

@@ -14,27 +14,27 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
 DOCS = (DOC, ROOT / "docs" / "ablations.md")  # the pages whose tables are read from records
 # scripts under benchmarks/ that print no figures of a run: helpers, and the corpus builder (its stats.json)
-NOT_BENCHMARKS = {"common.py", "reference_impl.py", "corpora.py"}
+NOT_BENCHMARKS = {"common.py", "reference_impl.py", "corpora.py", "corpus_text.py", "gpt2.py"}
 
 
 def test_a_run_writes_its_record(tmp_path):
-    bench = load_script("benchmarks/long_context.py", "brillm_long_context_benchmark")
-    argv = ["--tokens", "120", "--window", "20", "--ways", "loop", "--vocab", "40", "--successors", "4",
+    bench = load_script("benchmarks/decode_throughput.py", "brillm_decode_throughput_benchmark")
+    argv = ["--long", "120", "--window", "20", "--ways", "loop", "--vocab", "40", "--successors", "4",
             "--results_dir", str(tmp_path)]
-    results = bench.main(argv)
+    figures = bench.main(argv)
     files = list(tmp_path.iterdir())
-    assert [f.name[:len("long_context-")] for f in files] == ["long_context-"], files  # no temporary file left
+    assert [f.name[:len("decode_throughput-")] for f in files] == ["decode_throughput-"], files  # no temporary file
     record = json.loads(files[0].read_text())
-    assert record["benchmark"] == "long_context"
-    assert record["argv"] == ["benchmarks/long_context.py", *argv]
+    assert record["benchmark"] == "decode_throughput"
+    assert record["argv"] == ["benchmarks/decode_throughput.py", *argv]
     assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]) and isinstance(record["dirty"], bool)
     machine = record["machine"]
     assert machine["cpu_count"] >= 1 and machine["cpu"] and machine["platform"]
     assert machine["torch"].startswith("2.") and machine["transformers"]
     assert "cuda_device" in machine
-    assert record["arguments"]["tokens"] == 120 and record["arguments"]["ways"] == ["loop"]
-    assert record["figures"]["results"][0]["tokens"] == 120 == results[0]["tokens"]
-    assert record["figures"]["results"][0]["first_ms"] == pytest.approx(results[0]["first_ms"])
+    assert record["arguments"]["long"] == 120 and record["arguments"]["ways"] == ["loop"]
+    assert record["figures"]["results"][0]["tokens"] == 120 == figures["results"][0]["tokens"]
+    assert record["figures"]["results"][0]["first_ms"] == pytest.approx(figures["results"][0]["first_ms"])
 
 
 def test_records_are_strict_json_and_written_whole(tmp_path):

@@ -1,7 +1,7 @@
 """benchmarks/quality.py and benchmarks/recipe_sweep.py: a run with tiny models and budgets of about a second writes
 the JSON and the PNG, with finite perplexities and curves monotone in time; both models are scored on the same
 targets; a BriLLM row and a sweep variant are the pretrain.py command they print (the same losses and held-out
-figures); bad input gets a one-line error."""
+figures); the seed noise and the probe's novelty; bad input gets a one-line error."""
 
 from __future__ import annotations
 
@@ -40,11 +40,8 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     train.write_text("\n".join(lines) + "\n", encoding="utf-8")
     valid.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    recipe = tmp_path / "recipe.json"
-    recipe.write_text(json.dumps({"model": {"node_size": 16, "non_edge_bias": True},
-                                  "training": {"min_bigram_count": 3, "lazy_weight_decay": True}}))
     argv = ["--train_file", str(train), "--validation_file", str(valid), "--vocab_size", "300", "--block_size", "16",
-            "--more_brillm", str(recipe), "--schedule", "cosine",
+            "--node_sizes", "16", "8", "--schedule", "cosine",
             "--budgets", "0.4", "1", "--curve_points", "3", "--gpt2", "1x16x2@2e-3", "--batch_size", "8",
             "--threads", "1",
             "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
@@ -53,9 +50,9 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     results = json.loads((out / "quality.json").read_text())
     assert [m["kind"] for m in results["models"]] == ["brillm", "brillm", "gpt2"]
     assert results["models"][2]["lr"] == 2e-3
-    second = results["models"][1]
-    assert second["label"] == "BriLLM d=16 (recipe)" and second["lazy_weight_decay"] and second["non_edge_bias"]
-    assert second["min_bigram_count"] == 3 and "cosine" in second["schedule"] and second["batch_size"] == 8
+    assert [m["label"] for m in results["models"][:2]] == ["BriLLM d=16", "BriLLM d=8"]
+    for row in results["models"][:2]:
+        assert row["schedule"] == "cosine" and row["batch_size"] == 8 and row["min_bigram_count"] == "auto"
     assert results["settings"]["budgets"] == [0.4, 1.0]
     for model in results["models"]:
         curve = model["curve"]
@@ -83,8 +80,6 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
         assert model["pretrain_command"].startswith("python examples/pretrain.py ")
         assert model["pretrain_command"] in text
         assert "--max_train_time 1 --eval_seconds" in model["pretrain_command"]
-    second_argv = results["models"][1]["pretrain_argv"]  # the same data flags as the first row
-    assert second_argv[second_argv.index("--vocab_size") + 1] == "300" and "--sentence_blocks" in second_argv
 
 
 def test_a_brillm_row_is_the_pretrain_command_it_prints(tmp_path):
@@ -215,17 +210,17 @@ def tiny_files(tmp_path):
             "--batch_size", "8", "--threads", "1"]
 
 
-def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
+def test_recipe_sweep_writes_table_and_plot(tmp_path, capsys):
     sweep = load_sweep()
     out = tmp_path / "sweep"
     argv = tiny_files(tmp_path) + [
-        "--budget", "0.6", "--curve_points", "2", "--output_dir", str(out), "--gpt2", "1x16x2", "--no-wait-quiet",
+        "--max_train_steps", "4", "--eval_steps", "2", "--output_dir", str(out), "--no-wait-quiet",
         "--variant", "base=", "knobs=lazy_wd:1,wd:0.5,dropout:0.1,non_edge:1,shared_lr:0.5,node_lr:2,schedule:cosine",
         "pruned=min_count:60,d:4,clip:0,lr:0.01", "--results_dir", str(tmp_path / "records")]
     assert sweep.main(argv) == 0
     results = json.loads((out / "recipe_sweep.json").read_text())
-    assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned", "GPT-2 1L 16w 2h"]
-    base, knobs, pruned = results["models"][:3]
+    assert [m["label"] for m in results["models"]] == ["base", "knobs", "pruned"]
+    base, knobs, pruned = results["models"]
     assert base["min_bigram_count"] == "auto" and base["node_readout"]  # pretrain.py's built-in recipe
     assert (base["node_lr_scale"], base["shared_edge_lr_scale"]) == (1.0, 1.0)
     assert knobs["lazy_weight_decay"] and knobs["non_edge_bias"] and knobs["weight_decay"] == 0.5
@@ -235,19 +230,13 @@ def test_recipe_sweep_writes_table_plot_and_unseen_split(tmp_path, capsys):
     text = capsys.readouterr().out
     for model in (base, knobs, pruned):  # every variant printed as the pretrain.py run it is
         assert model["pretrain_command"] in text and (out / model["label"] / "train_log.jsonl").exists()
-        assert "--max_train_time 0.6 --eval_seconds" in model["pretrain_command"]
+        assert "--max_train_steps 4 --eval_steps 2" in model["pretrain_command"]
     assert "--non_edge_bias --shared_edge_lr_scale 0.5" in knobs["pretrain_command"]
     for model in results["models"]:
         times = [p["train_seconds"] for p in model["curve"]]
-        assert model["curve"][0]["steps"] == 0 and times[-1] >= 0.6 and times == sorted(times)
+        assert [p["steps"] for p in model["curve"]] == [0, 2, 4] and times == sorted(times)
         assert {p["eval_tokens"] for p in model["curve"]} == {base["curve"][0]["eval_tokens"]}  # the same targets
-    last = base["curve"][-1]
-    assert last["seen_targets"] + last["unseen_targets"] == last["eval_tokens"]
-    # the split is the same NLL the run's final evaluation gives (of the model it saved: its last)
-    nll = (last["seen_nll"] * last["seen_targets"] + (last["unseen_nll"] or 0) * last["unseen_targets"])
-    assert nll / last["eval_tokens"] == pytest.approx(last["eval_nll"], rel=1e-5)
-    table = (out / "recipe_sweep.md").read_text()
-    assert table.count("\n") == 6 and "| knobs |" in table
+    assert f"| knobs | {knobs['recipe_text']} | **{knobs['curve'][-1]['perplexity']:.2f}** |" in text
     assert (out / "recipe_sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert len(list((tmp_path / "records").glob("recipe_sweep-*.json"))) == 1
 
@@ -257,7 +246,7 @@ def test_a_sweep_variant_is_the_pretrain_command_it_prints(tmp_path):
     figures are those of its printed pretrain.py command run on its own."""
     sweep = load_sweep()
     out = tmp_path / "sweep"
-    argv = tiny_files(tmp_path) + ["--budget", "30", "--curve_points", "2", "--max_train_steps", "5",
+    argv = tiny_files(tmp_path) + ["--max_train_steps", "5", "--eval_steps", "5",
                                    "--variant", "v=d:8,min_count:2,dropout:0.1,lazy_wd:1,wd:0.05,warmup:2,readout:0",
                                    "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path / "r")]
     assert sweep.main(argv) == 0
@@ -285,43 +274,36 @@ def test_recipe_sweep_bad_variant_is_one_clear_line(variant, message, tmp_path, 
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
-def test_recipe_sweep_refuses_repeated_names_and_a_bad_budget(tmp_path, capsys):
+def test_recipe_sweep_refuses_repeated_names(tmp_path, capsys):
     sweep = load_sweep()
     assert sweep.main(["--variant", "a=", "a=lr:0.01", "--output_dir", str(tmp_path)]) == 2
     assert "names must differ" in capsys.readouterr().err
-    assert sweep.main(["--budget", "0", "--output_dir", str(tmp_path)]) == 2
-    assert "--budget must be a positive number" in capsys.readouterr().err
+    assert sweep.main(["--variant", "a=", "--seeds", "1", "1", "--output_dir", str(tmp_path)]) == 2
+    assert "names must differ" in capsys.readouterr().err
 
 
-def test_a_fixed_step_base_is_the_seed_noise_run(tmp_path, monkeypatch):
-    """At fixed steps the base variant is benchmarks/seed_noise.py's run of the same seed: the same pretrain.py
-    settings, the output folder aside (so the seed noise is the bar of a change against it)."""
-    seed_noise = load_script("benchmarks/seed_noise.py", "brillm_seed_noise_benchmark")
-    seen = []
-
-    def capture(cmd, **kwargs):
-        seen.append(cmd[2:])  # python examples/pretrain.py FLAGS
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(seed_noise.subprocess, "run", capture)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for name in ("train.jsonl", "validation.jsonl"):
-        (corpus / name).write_text('{"text": "a b"}\n')
-    with pytest.raises(KeyboardInterrupt):
-        seed_noise.main(["--corpora", str(corpus), "--seeds", "7", "--steps", "90", "--eval_steps", "30",
-                         "--results_dir", str(tmp_path)])
+def test_seeds_train_every_variant_once_per_seed_and_give_the_spread(tmp_path, capsys):
+    """--seeds: the seed noise, each variant once per seed at fixed steps (pretrain.py's own schedule, no time budget),
+    and each evaluation's spread (max - min) / mean of their held-out perplexities."""
     sweep = load_sweep()
-    args = sweep.parse_args(["--train_file", str(corpus / "train.jsonl"), "--validation_file",
-                             str(corpus / "validation.jsonl"), "--vocab_size", "2000", "--block_size", "64",
-                             "--seed", "7", "--max_train_steps", "90", "--eval_steps", "30"])
-    ours = sweep.variant_argv(args, "base", {}, points=[])
-    settings = [vars(quality.parse_pretrain(argv)) for argv in (seen[0], ours)]
-    for s in settings:
-        s.pop("output_dir")
-    assert settings[0] == settings[1]
-    assert "--max_train_time" not in ours and "--lr_scheduler_type" not in ours  # pretrain.py's (the recipe's)
-    constant = sweep.variant_argv(args, "c", {"schedule": "constant"}, points=[])
+    out = tmp_path / "sweep"
+    argv = tiny_files(tmp_path) + ["--max_train_steps", "4", "--eval_steps", "2", "--seeds", "7", "8", "--variant",
+                                   "base=", "--no-wait-quiet", "--output_dir", str(out), "--results_dir", str(tmp_path)]
+    assert sweep.main(argv) == 0
+    results = json.loads((out / "recipe_sweep.json").read_text())
+    first, second = results["models"]
+    assert (first["label"], second["label"]) == ("base-s7", "base-s8")
+    assert "--seed 7 " in first["pretrain_command"] and "--seed 8 " in second["pretrain_command"]
+    for m in (first, second):
+        assert "--max_train_time" not in m["pretrain_command"] and "--lr_scheduler_type" not in m["pretrain_command"]
+    values = [first["curve"][-1]["perplexity"], second["curve"][-1]["perplexity"]]
+    assert values[0] != values[1]  # another seed, another run
+    noise = results["seed_noise"]["base"]
+    assert sorted(noise) == ["2", "4"] and noise["4"]["perplexity"] == values
+    assert noise["4"]["spread"] == pytest.approx((max(values) - min(values)) / (sum(values) / 2))
+    assert f"base step 4: {values[0]:.3f}  {values[1]:.3f}   spread" in capsys.readouterr().out
+    args = sweep.parse_args(argv)
+    constant = sweep.variant_argv(args, "c", {"schedule": "constant"})
     assert constant[constant.index("--lr_scheduler_type") + 1] == "constant_with_warmup"
 
 
@@ -343,10 +325,11 @@ def test_a_fixed_step_sweep_compares_each_variant_with_the_base_in_noise_units(t
     assert first["vs_base_percent"] == pytest.approx(100 * change)
     assert first["vs_base_in_noise"] == pytest.approx(change / 0.01)
     assert first["verdict"] == sweep.verdict(change / 0.01)
-    assert first["vs_base"] == sweep.comparison_line(first) and first["vs_base"] in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert first["vs_base"] == sweep.comparison_line(first) and first["vs_base"] in printed
     text = first["vs_base"]
     assert f"first: perplexity {first['curve'][-1]['perplexity']:.3f}, {100 * change:+.2f}% vs base" in text
-    assert f"{first['vs_base_percent']:+.1f}% ({change / 0.01:+.1f}x noise) |" in (out / "recipe_sweep.md").read_text()
+    assert f"{first['vs_base_percent']:+.1f}% ({change / 0.01:+.1f}x noise) |" in printed
 
 
 def test_a_probe_variant_trains_with_the_count_its_probe_chooses(tmp_path, capsys):
@@ -390,12 +373,10 @@ def test_a_given_base_perplexity_is_the_base(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--eval_steps", "30"], "give --max_train_steps too"),
     (["--eval_steps", "0", "--max_train_steps", "5"], "--eval_steps must be a positive integer"),
-    (["--eval_steps", "3", "--max_train_steps", "6", "--gpt2", "1x16"], "leave them out with --eval_steps"),
+    (["--max_train_steps", "0"], "--max_train_steps must be a positive integer"),
     (["--noise", "0"], "--noise must be a positive number"),
     (["--base_perplexity", "nan"], "--base_perplexity must be a positive number"),
-    (["--variant", "x=recurrence:0"], "the probe's keys (recurrence, probe_runs, probe_every) need fixed steps"),
 ])
 def test_recipe_sweep_fixed_step_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
     assert load_sweep().main(argv + ["--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
@@ -425,14 +406,15 @@ def test_a_decay_follows_the_training_clock(schedule, at):
 
 def test_by_default_a_brillm_row_is_pretrain_py_with_its_own_batch_and_schedule():
     args = quality.parse_args(["--budgets", "60", "600", "--vocab_size", "2000"])
-    argv = quality.brillm_argv(args, None, quality.curve_points(args.budgets, 2))
+    argv = quality.brillm_argv(args, quality.curve_points(args.budgets, 2))
     assert "--per_device_train_batch_size" not in argv and "--lr_scheduler_type" not in argv  # the recipe's
     assert argv[argv.index("--max_train_time") + 1] == "600" and quality.gpt2_batch(args) == quality.GPT2_BATCH
     constant = quality.parse_args(["--schedule", "constant", "--batch_size", "16"])
-    argv = quality.brillm_argv(constant, None, [30.0, 90.0])
+    argv = quality.brillm_argv(constant, [30.0, 90.0])
     assert argv[argv.index("--lr_scheduler_type") + 1] == "constant_with_warmup"
     assert argv[argv.index("--per_device_train_batch_size") + 1] == "16" and quality.gpt2_batch(constant) == 16
-    preset = quality.brillm_argv(args, "demo", [30.0, 90.0])  # a preset's own schedule gives way to the rule
+    args.config = "demo"
+    preset = quality.brillm_argv(args, [30.0, 90.0])  # a preset's own schedule gives way to the rule
     assert preset[preset.index("--lr_scheduler_type") + 1] == "linear"
 
 
@@ -458,9 +440,9 @@ def test_gpt2_sizes_and_none():
 
 
 def test_novelty_probes_the_blocks_pretrain_makes(tmp_path, capsys):
-    """benchmarks/novelty.py: the probe of a corpus's training blocks, c0's novelty among those at counts 1-4, in a
+    """recipe_sweep.py --novelty: the probe of a corpus's training blocks, c0's novelty among those at counts 1-4, in a
     record; a folder without the corpus files is one clear line."""
-    novelty = load_script("benchmarks/novelty.py", "brillm_novelty_benchmark")
+    sweep = load_sweep()
     files = tiny_files(tmp_path)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -468,13 +450,13 @@ def test_novelty_probes_the_blocks_pretrain_makes(tmp_path, capsys):
         lines = open(given, encoding="utf-8").read().splitlines()
         (corpus / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
     records = tmp_path / "records"
-    argv = ["--corpus", str(corpus), "--vocab_size", "300", "--block_size", "16", "--output_dir",
+    argv = ["--novelty", str(corpus), "--vocab_size", "300", "--block_size", "16", "--output_dir",
             str(tmp_path / "out"), "--results_dir", str(records)]
-    assert novelty.main(argv) == 0
-    (row,) = json.loads(next(records.glob("novelty-*.json")).read_text())["figures"]["rows"]
+    assert sweep.main(argv) == 0
+    (row,) = json.loads(next(records.glob("recipe_sweep-*.json")).read_text())["figures"]["rows"]
     assert row["corpus"] == "corpus" and row["tokens"] > 0 and row["c0"] >= 1
     at = [row["novelty_at"][str(c)] for c in range(1, 5)]
     assert at == sorted(at) and row["novelty"] == row["novelty_at"][str(row["c0"])]
     assert f"| corpus | {row['tokens']:,} | {row['c0']} |" in capsys.readouterr().out
-    assert novelty.main(["--corpus", str(tmp_path / "none"), "--results_dir", str(records)]) == 2
+    assert sweep.main(["--novelty", str(tmp_path / "none"), "--results_dir", str(records)]) == 2
     assert "has no train.jsonl" in capsys.readouterr().err
