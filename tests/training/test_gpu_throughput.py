@@ -1,6 +1,5 @@
 """benchmarks/gpu_throughput.py runs on a CPU (tiny shape, Triton column in the interpreter) and reports its rows:
-training steps, decoding in every decode mode; and pretrain.py's default
-step beside the throughput record."""
+training steps and decoding in every decode mode (its --default_batch: tests/training/test_device_batch.py)."""
 
 import json
 
@@ -43,22 +42,3 @@ def test_batch_list_is_parsed_and_bad_input_is_refused():
     assert bench.parse_batches("32x32,1024x64") == [(32, 32), (1024, 64)]
     with pytest.raises(SystemExit, match="BxL"):
         bench.parse_batches("32by32")
-
-
-def test_the_default_batch_runs_and_records_beside_the_throughput(tmp_path, capsys):
-    bench = load_bench()
-    run = {"rows": [dict(kind="train", shape="paper", backend=backend, objective="exact", optimizer="sparse_adamw",
-                         B=1024, L=64, tokens_per_s=speed, peak_gb=15.5) for backend, speed in
-                    (("torch", 120_000.0), ("triton", 1_500_000.0))]}
-    (tmp_path / "gpu_throughput-20990101T000000Z.json").write_text(json.dumps({"figures": run}))
-    figures = bench.main(["--device", "cpu", "--shape", "tiny", "--default_batch", "1", "--corpus_tokens", "12000",
-                          "--results_dir", str(tmp_path)])["default_batch"]
-    assert figures["batch"] == 32 and figures["rule"] == "per_device_train_batch_size"  # the CPU's
-    assert figures["tokens_per_s"] > 0 and figures["num_edges"] > 0
-    assert figures["throughput_rows"] == [dict(batch="1024x64", tokens_per_s=1_500_000.0, peak_gb=15.5,
-                                               optimizer="sparse_adamw")]
-    (record,) = [p for p in tmp_path.glob("gpu_throughput-*.json") if "20990101" not in p.name]
-    assert json.loads(record.read_text())["figures"]["default_batch"]["batch"] == 32
-    assert "default batch 32 x 32" in capsys.readouterr().out
-    committed, rows = bench.throughput_rows(tmp_path / "none")  # no run's record: the committed one
-    assert committed.startswith("benchmarks/results/gpu_throughput-") and rows and all(r["tokens_per_s"] for r in rows)
