@@ -1,8 +1,6 @@
 """benchmarks/gpu_throughput.py runs on a CPU (tiny shape, Triton column in the interpreter) and reports its rows:
 training steps and decoding in every decode mode (its --default_batch: tests/training/test_device_batch.py)."""
 
-import json
-
 import pytest
 import torch
 
