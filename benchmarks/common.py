@@ -1,9 +1,7 @@
-"""The benchmarks' shared parts: synthetic graphs and Zipf token paths, the CPU load others cause, `write_record`.
-
-A synthetic graph has exactly `successors` real successors per node (distinct targets drawn uniformly, self loops
-allowed), with bigram counts falling off as 1/rank. Token paths start at a Zipf-distributed node and walk real
-edges, each successor picked with its count's weight. `write_record` ends every benchmark: one JSON file per run,
-`benchmarks/results/<benchmark>-<UTC time>.json`: the command line, the commit, the machine, the arguments, the figures.
+"""The benchmarks' shared parts: synthetic graphs (exactly `successors` successors per node, drawn uniformly, counts
+falling off as 1/rank) and Zipf token paths along their edges, the CPU load others cause, and `write_record`, which
+ends every benchmark: benchmarks/results/<benchmark>-<UTC time>.json, the command line, commit, machine, arguments and
+figures of the run.
 """
 
 import argparse
@@ -29,10 +27,8 @@ if ROOT not in sys.path:
 from modeling_brillm import BriLLMForCausalLM, graph_from_edges  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SHAPES = {  # the paper's English shape and a small one
-    "paper": dict(vocab=4000, successors=227, batch=32, length=32),
-    "small": dict(vocab=1000, successors=100, batch=32, length=32),
-}
+SHAPES = {"paper": dict(vocab=4000, successors=227, batch=32, length=32),  # the paper's English shape
+          "small": dict(vocab=1000, successors=100, batch=32, length=32)}
 
 
 def synthetic_graph(vocab: int, successors: int, seed: int = 0):
@@ -82,17 +78,15 @@ def peak_rss_gb() -> float:
 
 
 def rss_gb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        name = None
-    return name or platform.processor() or "unknown CPU"
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
 
 
 def machine() -> str:
@@ -137,28 +131,24 @@ def wait_for_quiet(max_wait_s: float = 300.0, window_s: float = 2.0, threshold: 
 
 
 def add_results_dir(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--results_dir", default=str(RESULTS_DIR),
-                        help="where this run's record goes, as <benchmark>-<UTC time>.json")
+    parser.add_argument("--results_dir", default=str(RESULTS_DIR), help="where this run's record goes")
     return parser
 
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
+        done = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done.stdout.strip()
 
 
 def machine_info() -> dict:
-    try:
-        import transformers
-        transformers_version = transformers.__version__
-    except ImportError:
-        transformers_version = None
+    import transformers
+
     return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers_version,
+            "transformers": transformers.__version__,
             "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 

@@ -3,20 +3,12 @@
     python benchmarks/corpora.py --output_dir outputs/corpora            # every corpus (needs apt-get, dpkg-deb)
     python benchmarks/corpora.py --corpus small --output_dir outputs/corpora
 
-The embedded corpus is too small to rank recipes, and package registries are the only sources reachable here:
-`apt-get download` fetches a `.deb` without installing it, `dpkg-deb -x` unpacks it; every package is in Debian main
-(redistributable licences) and nothing is committed. The corpora (training text): small (git's manuals, ~3 MB);
-large (small, the PostgreSQL 15 manual, Perl's pod, SQLite's documentation, the Debian reference, policy and
-developers' reference, the bash and gnuplot manuals, ~27 MB); literature (the King James Bible, a chapter a
-document, and quotations of four fortune files); code (the docstrings and whole-line comments of CPython 3.11's
-standard library, ~2.6 MB); code-large (code, SymPy, NumPy, SciPy, pandas, Matplotlib, Django, scikit-learn,
-NetworkX, ~25 MB) and its slices code-django (Django, NetworkX) and code-plots (Matplotlib, NetworkX); rust-books (the
-Rust project's mdBook books, ~2.9 MB); code-go (the comments of Go 1.19's standard library); linux-docs (the kernel's
-documentation, ~30 MB); cmake-docs; handbook-de (the Debian Administrator's Handbook in German); joined (every
-package above and Python 3.11's documentation, ~100 MB: the GPU check's corpus). Every 20th document by a hash of its
-id (its path; `#chapter` or `#group` where one file holds many) is held out, so train and validation never share a
-page, a chapter, a group of quotes or a module: <name>/train.jsonl and validation.jsonl, one {"text", "source"} a
-document (the readers: corpus_text.py), and <name>/stats.json (the packages and versions, the counts, the sizes).
+Package registries are the only sources reachable here: `apt-get download` fetches a `.deb` (Debian main:
+redistributable licences), `dpkg-deb -x` unpacks it, nothing is installed or committed. CORPORA lists each corpus's
+packages (joined: every one, and Python 3.11's documentation: the GPU check's corpus); the readers are corpus_text.py.
+Every 20th document by a hash of its id (its path; `#chapter` or `#group` where a file holds many) is held out, so
+train and validation never share a page, a chapter, a group of quotes or a module: <name>/train.jsonl and
+validation.jsonl ({"text", "source"} a document) and <name>/stats.json (the packages, their versions, the sizes).
 """
 
 from __future__ import annotations
@@ -154,19 +146,16 @@ def build(name: str, output_dir: Path, workdir: Path) -> dict:
     stats = dict(corpus=name, packages={}, hold_out=f"every {HOLD_OUT_EVERY}th document by sha1 of its id",
                  train_documents=0, validation_documents=0, train_chars=0, validation_chars=0)
     tmp = {split: folder / f".tmp-{split}.jsonl" for split in ("train", "validation")}
-    handles = {split: open(path, "w", encoding="utf-8") for split, path in tmp.items()}
-    try:
+    with open(tmp["train"], "w", encoding="utf-8") as train, open(tmp["validation"], "w", encoding="utf-8") as held:
         for package in CORPORA[name]:
             version, docs = package_documents(package, workdir)
             for doc_id, text in docs:
                 split = "validation" if held_out(doc_id) else "train"
-                handles[split].write(json.dumps({"text": text, "source": doc_id}, ensure_ascii=False) + "\n")
+                (held if split == "validation" else train).write(json.dumps({"text": text, "source": doc_id},
+                                                                       ensure_ascii=False) + "\n")
                 stats[f"{split}_documents"] += 1
                 stats[f"{split}_chars"] += len(text)
             stats["packages"][package] = dict(version=version, documents=len(docs))
-    finally:
-        for handle in handles.values():
-            handle.close()
     for split, path in tmp.items():
         os.replace(path, folder / f"{split}.jsonl")
     (folder / "stats.json").write_text(json.dumps(stats, indent=1), encoding="utf-8")

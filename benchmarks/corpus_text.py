@@ -139,11 +139,10 @@ def pod_to_text(source: str) -> str:
 
 
 def bible_chapters(doc_id: str, data: bytes):
-    """(id, text) of every chapter of bible-kjv-text's `bible.data`: "EC02", a description, big-endian uint32s (the
-    number of segments at 0x58, one more offsets from 0x5c) and the segments, each Unix `compress` (LZW) data without
-    its 3-byte header (gzip reads it; Python's standard library has no LZW), 64 KiB of text uncompressed: a title
-    line, then a verse a line, `Ge1:1 In the beginning ...`. A chapter's verses are one paragraph, the references
-    dropped (they are not language, and a verse is often half a sentence)."""
+    """(id, text) of every chapter of bible-kjv-text's `bible.data`: "EC02", big-endian uint32s (the segments' count
+    at 0x58, one more offsets from 0x5c), the segments (Unix `compress` data less its 3-byte header: gzip reads it),
+    64 KiB of text each: a title line, then a verse a line, `Ge1:1 In the beginning ...`. A chapter is a paragraph,
+    the references dropped (not language; a verse is often half a sentence)."""
     if not data.startswith(b"EC02"):
         raise SystemExit(f"error: {doc_id} is not the EC02 format this script reads")
     count = struct.unpack_from(">I", data, 0x58)[0]

@@ -1,19 +1,15 @@
 """Data preparation speed: training the tokenizer, cutting blocks and building the graph, in MB of text per second.
 
-    python benchmarks/data_prep.py                          # 20 MB of text, every stage
-    python benchmarks/data_prep.py --size_mb 5 --num_proc 2 --stages tokenization graph
+    python benchmarks/data_prep.py --size_mb 20 --stages tokenizer tokenization graph
 
-The text: Python's documentation (the built-in corpus, ten paragraphs a document), then the standard library's
-source files, cycled to --size_mb and read as pretraining reads --train_file (into a fresh datasets cache). Each stage
-is timed once as examples/pretrain.py runs it: the byte-level BPE tokenizer, the blocks (sentence and contiguous,
---num_proc processes), the graph with the count prior over the sentence blocks; in MB per second and per CPU-second
-(this process's threads and the processes it started).
+The text: Python's documentation (the built-in corpus) and standard library, cycled to --size_mb, read as pretraining
+reads --train_file. Each stage timed once as examples/pretrain.py runs it (BPE tokenizer; sentence and contiguous
+blocks on --num_proc processes; the graph with the count prior), per second and per CPU-second (children included).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import glob
 import itertools
@@ -23,6 +19,7 @@ import resource
 import sys
 import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,8 +36,7 @@ def write_corpus(path: str, size_bytes: int) -> float:
     docs = ["\n\n".join(paragraphs[i:i + 10]) for i in range(0, len(paragraphs), 10)]
     for file in sorted(glob.glob(os.path.join(stdlib, "*.py")) + glob.glob(os.path.join(stdlib, "*", "*.py"))):
         if "site-packages" not in file and os.sep + "test" not in file:
-            with open(file, encoding="utf-8", errors="replace") as handle:
-                docs.append(handle.read())
+            docs.append(Path(file).read_text(encoding="utf-8", errors="replace"))
     written = 0
     with open(path, "w", encoding="utf-8") as handle:
         for doc in itertools.cycle(docs):
@@ -51,22 +47,13 @@ def write_corpus(path: str, size_bytes: int) -> float:
     return written / 1e6
 
 
-def cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-class OneProcess:
-    """The accelerator's part `tokenize_splits` uses: this process is the main one."""
-
-    is_main_process = True
-
-    def main_process_first(self):
-        return contextlib.nullcontext()
+def cpu_seconds() -> float:  # this process's threads and its finished children (datasets.map's workers)
+    return sum(sum(resource.getrusage(who)[:2]) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
 def run_stages(args, tmp: str) -> dict:
     import datasets
+    from accelerate import PartialState  # the accelerator's part tokenize_splits uses: one process, the main one
     from transformers import AutoTokenizer
 
     from modeling_brillm import build_sparse_graph
@@ -100,7 +87,7 @@ def run_stages(args, tmp: str) -> dict:
         prep = SimpleNamespace(block_mode=mode, text_column="text", block_size=args.block_size,
                                preprocessing_num_workers=args.num_proc, overwrite_cache=True)
         blocks[mode] = timed(f"tokenization_{mode}", functools.partial(tokenize_splits, raw, tokenizer, prep,
-                                                                     OneProcess()))["train"]
+                                                                     PartialState()))["train"]
     sentences = blocks.get("sentence")
     if "graph" in args.stages:
         timed("graph", lambda: build_sparse_graph(block_sequences(sentences, tokenizer.pad_token_id), len(tokenizer),

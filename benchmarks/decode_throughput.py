@@ -2,19 +2,17 @@
 
     python benchmarks/decode_throughput.py --contexts 16 128 512              # both shapes
     python benchmarks/decode_throughput.py --long 20000                       # three ways, 20,000 tokens
-    python benchmarks/decode_throughput.py --long 1500 --window 500 --ways loop --vocab 1000   # ~10 s check
 
-For each context c, a prompt of c - G tokens (a Zipf path) is read and G = min(64, c/2) tokens decoded: the fast path
-(a loop of `model(next_token, cache=state, logits_to_keep=1)` and argmax); generate() (its time minus the prompt's
-forward, with an EOS id greedy never picks, so every step makes a user's EOS check); the same with
-`model.decode_mode = "off"` (the general path); the fast path with `--batch` rows. A figure is the median of
-`--repeats` runs (at least 256 tokens). --long: one sequence from a 1-token prompt, position_overflow="extend", on a
-graph of --vocab nodes with --successors each (or --model), per way (generate; energy: energy_generate; loop: the
-fast path): the per-token median and mean over the first and the last --window tokens, the memory (RSS, or CUDA
-allocated) after 1,000 tokens and at the end.
+For each context c, a prompt of c - G tokens (a Zipf path), then G = min(64, c/2) tokens: the fast path (a loop of
+`model(next_token, cache=state, logits_to_keep=1)`), generate() (less the prompt's forward, with an EOS id greedy never
+picks: every step makes a user's EOS check), the same with `decode_mode = "off"` (the general path), the fast path
+with --batch rows; medians of --repeats runs. --long: one sequence from a 1-token prompt, position_overflow="extend",
+per way (generate, energy: energy_generate, loop: the fast path), the per-token median and mean of the first and last
+--window tokens and the memory (RSS, or CUDA allocated) after 1,000 tokens and at the end.
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -87,8 +85,7 @@ def context_rows(args) -> dict:
             generate_decode(model, warm, 8, None)
             for c in args.contexts:
                 rows.append(dict(shape=shape_name, **context_row(args, model, paths, c)))
-                print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rows[-1].items()),
-                      flush=True)
+                print(json.dumps(rows[-1]), flush=True)
     return dict(rows=rows)
 
 
@@ -98,9 +95,6 @@ class Clock:
     def __init__(self, device):
         self.device, self.times, self.memory, self.t0 = device, [], {}, None
 
-    def memory_now(self) -> float:
-        return torch.cuda.memory_allocated(self.device) / 1e9 if self.device.type == "cuda" else rss_gb()
-
     def put(self, value):
         if self.t0 is None:
             self.t0 = time.perf_counter()
@@ -109,18 +103,15 @@ class Clock:
             torch.cuda.synchronize(self.device)
         self.times.append(time.perf_counter())
         if len(self.times) % 100 == 0:
-            self.memory[len(self.times)] = self.memory_now()
+            cuda = self.device.type == "cuda"
+            self.memory[len(self.times)] = torch.cuda.memory_allocated(self.device) / 1e9 if cuda else rss_gb()
 
     def end(self):
         pass
 
 
 def measure_long(model, way: str, steps: int, window: int) -> dict:
-    device, prompt = model.device, torch.tensor([[1]], device=model.device)
-    clock = Clock(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    start_memory = clock.memory_now()
+    prompt, clock = torch.tensor([[1]], device=model.device), Clock(model.device)
     with torch.inference_mode():
         if way == "generate":
             model.generate(prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, streamer=clock,
@@ -132,35 +123,23 @@ def measure_long(model, way: str, steps: int, window: int) -> dict:
             fast_decode(model, prompt, steps, clock.put)
     assert len(clock.times) == steps, len(clock.times)
     times = [clock.t0] + clock.times
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    first, last = statistics.median(gaps[:window]), statistics.median(gaps[-window:])
-    first_mean, last_mean = statistics.fmean(gaps[:window]), statistics.fmean(gaps[-window:])
-    memory = clock.memory
-    peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else max(memory.values())
-    return {"way": way, "tokens": len(gaps), "first_ms": first * 1e3, "last_ms": last * 1e3, "ratio": last / first,
-            "first_mean_ms": first_mean * 1e3, "last_mean_ms": last_mean * 1e3, "mean_ratio": last_mean / first_mean,
-            "total_s": times[-1] - times[0], "memory_start_gb": start_memory,
-            "memory_at_1000_gb": memory[min(1000, max(memory))], "memory_end_gb": memory[max(memory)],
-            "memory_peak_gb": peak}
+    gaps, memory = [b - a for a, b in zip(times, times[1:])], clock.memory
+    ms = {f"{end}_{kind}ms": f(part) * 1e3 for end, part in (("first", gaps[:window]), ("last", gaps[-window:]))
+          for kind, f in (("", statistics.median), ("mean_", statistics.fmean))}
+    return {"way": way, "tokens": len(gaps), "total_s": times[-1] - times[0], **ms,
+            "memory_at_1000_gb": memory[min(1000, max(memory))], "memory_end_gb": memory[max(memory)]}
 
 
 def long_rows(args) -> dict:
-    if args.model:
-        from modeling_brillm import BriLLMForCausalLM
-
-        model = BriLLMForCausalLM.from_pretrained(args.model)
-        shape = f"{args.model} (V={model.config.vocab_size}, d={model.config.node_size}, E={model.config.num_edges:,})"
-    else:
-        model, _ = make_model(args.vocab, args.successors)
-        shape = f"synthetic V={args.vocab}, d=32, {args.successors} successors per node (E={model.config.num_edges:,})"
+    model, _ = make_model(args.vocab, args.successors)
+    shape = f"synthetic V={args.vocab}, d=32, {args.successors} successors per node (E={model.config.num_edges:,})"
     model.config.position_overflow = "extend"
     model.generation_config.eos_token_id = None
     model = model.to(args.device).eval()
     print(f"{shape}; device {args.device}")
     results = []
     for way in args.ways:
-        results.append(measure_long(model, way, args.long, args.window))
-        r = results[-1]
+        results.append(r := measure_long(model, way, args.long, args.window))
         print(f"{way:9s} {r['tokens']:,} tokens in {r['total_s']:.1f} s: per token {r['first_ms']:.3f} -> "
               f"{r['last_ms']:.3f} ms (medians), {r['first_mean_ms']:.3f} -> {r['last_mean_ms']:.3f} ms (means); "
               f"memory {r['memory_at_1000_gb']:.3f} GB after 1,000 -> {r['memory_end_gb']:.3f} GB", flush=True)
@@ -180,7 +159,6 @@ def main(argv=None):
     parser.add_argument("--window", type=int, default=1000, help="--long: tokens at each end compared")
     ways = ["generate", "energy", "loop"]
     parser.add_argument("--ways", nargs="+", default=ways, choices=ways, help="--long's")
-    parser.add_argument("--model", help="--long: a saved BriLLM folder (default: a synthetic graph)")
     parser.add_argument("--vocab", type=int, default=4000)
     parser.add_argument("--successors", type=int, default=32)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="--long's")

@@ -1,10 +1,8 @@
-"""The GPT-2 side of quality.py and recipe_sweep.py: transformers' GPT2LMHeadModel on a BriLLM row's blocks, batch
-order, step, training clock, schedule and evaluator (the pretraining code's).
-
-GPT-2's recipe: fused AdamW (weight decay 0.01 on matrices, none on vectors), `--gpt2_warmup` steps of linear warmup,
-then the rule every model follows over the training clock; gradient norm clipped at 1.0, dropout 0, tied embeddings.
-The rate is the size's `@lr`, else `--gpt2_lr`: 3e-3 was the best of 1e-3 / 3e-3 / 6e-3 / 1.2e-2 for 2x64 and 4x128
-at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better at 1e-3.
+"""The GPT-2 side of quality.py: transformers' GPT2LMHeadModel on a BriLLM row's blocks, batch order, step, training
+clock, schedule and evaluator (the pretraining code's). GPT-2's recipe: fused AdamW (weight decay 0.01 on matrices),
+--gpt2_warmup steps of linear warmup, then the rule every model follows over the clock; gradient norm clipped at 1.0,
+dropout 0, tied embeddings. The rate: the size's `@lr`, else --gpt2_lr (3e-3 was the best of 1e-3 / 3e-3 / 6e-3 /
+1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better at 1e-3).
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ def size(spec: str, default_lr: float) -> tuple[int, int, int, float]:
     return layers, width, heads, lr
 
 
-def labels_of(ids, mask):
+def labels_of(ids, mask):  # padding is no target
     return ids.masked_fill(mask == 0, -100)
 
 
@@ -133,10 +131,9 @@ class BudgetRun:
 
     def evaluate(self) -> dict:
         total, count = heldout_nll(self.model, self.data["held"], self.args.eval_batch_size, self.data["accelerator"])
-        last = sum(self.losses) / len(self.losses) if self.losses else None
         point = dict(train_seconds=round(self.clock.seconds, 3), steps=self.steps, train_tokens=self.tokens,
-                     train_loss=last, eval_nll=total / count, perplexity=math.exp(min(total / count, 700.0)),
-                     eval_tokens=count)
+                     train_loss=sum(self.losses) / len(self.losses) if self.losses else None, eval_nll=total / count,
+                     perplexity=math.exp(min(total / count, 700.0)), eval_tokens=count)
         self.losses = []
         print(f"  {self.label:>18} {self.clock.seconds:8.1f}s step {self.steps:6d}  held-out perplexity "
               f"{point['perplexity']:10.2f}", flush=True)

@@ -96,7 +96,7 @@ elif [[ " $STEPS " == *" quality "* ]]; then
 fi
 step selfcheck 90 "$PY" -m modeling_brillm.selfcheck
 step throughput 150 "$PY" benchmarks/gpu_throughput.py --shape paper --batches 32x32,1024x64 --objective exact \
-    --optimizer sparse_adamw --decode-batches 1,256 --long-tokens 0 --results_dir "$RESULTS"
+    --optimizer sparse_adamw --decode-batches 1,256 --results_dir "$RESULTS"
 out=$(mktemp -d)
 step fsdp 100 "$PY" -m accelerate.commands.launch --config_file configuration/accelerate/gpu8_fsdp.yaml \
     --num_processes 1 examples/pretrain.py --vocab_size 512 --block_size 32 --max_train_steps 20 --eval_steps 10 \

@@ -1,31 +1,24 @@
-"""GPU throughput, the torch path and the Triton kernels side by side in one run: training steps, the candidate
-energies alone, decoding; or (--default_batch) pretrain.py's default step on the device.
+"""GPU throughput, the torch path and the Triton kernels side by side: training steps and decoding; or
+(--default_batch SECONDS) pretrain.py's default step on the device.
 
     python benchmarks/gpu_throughput.py                                  # on a GPU: the whole table
     python benchmarks/gpu_throughput.py --shape paper --batches 32x32,1024x64 --objective exact --optimizer sparse_adamw
-    python benchmarks/gpu_throughput.py --shape paper --parts energies decode --decode_modes off,eager,auto
+    python benchmarks/gpu_throughput.py --shape paper --parts decode --decode_modes off,eager,auto
     python benchmarks/gpu_throughput.py --default_batch 60               # pretrain.py's default step, 60 s
-    python benchmarks/gpu_throughput.py --device cpu --shape tiny        # smoke test without a GPU
+    python benchmarks/gpu_throughput.py --device cpu --shape tiny        # without a GPU: the kernels interpreted
 
-Shapes: paper (V 4000, 227 successors, d 32, 0.96B parameters), small (V 1000, 100), tiny (V 64, 8, d 8), on
-common.py's Zipf paths. train: per batch x length, objective (exact; sampled: K=400 frequency negatives), optimizer
-(sparse_adamw; sparse_adamw_bf16: bfloat16 moments; adamw: dense, fused) and backend, tokens/s over the median step,
-launches in a step (CUDA kernels; on a CPU the aten ops dispatched), busy (kernel over step time), peak GB and the
-bandwidth floor: the bytes a step must move (R touched edge rows, P all rows, (d² + d)·4 bytes each: sparse_adamw
-10·R, bf16 moments 8·R, adamw 3·R + 8·P) over the copy bandwidth measured here. energies: the exact loss's candidate
-energies, forward and backward with sparse row gradients: ms, launches, host syncs, the relative difference of loss
-and gradients to torch's, the floor (rows read forward, read and written backward). decode: greedy and sampled
-generate() per --decode-batches size, backend and `model.decode_mode`, tokens/s (greedy: whether every mode gave the
-same tokens); long: the per-token time over the first and last tenth of a --long-tokens generation. On a CPU the
-Triton column runs in Triton's interpreter: no speed figures ("interpreted"). --default_batch SECONDS: pretrain.py
-with no batch flag on a corpus of the shape's graph (one character a node): the batch GPU_STEP_TOKENS chose, tokens/s,
-peak memory beside its estimate, beside the Triton rows of the newest record with training rows.
+Shapes: paper (V 4000, 227 successors, d 32), small (V 1000, 100), tiny (V 64, 8, d 8), on common.py's Zipf paths.
+train: tokens/s over the median step, launches, busy (kernel over step time), peak GB, the bandwidth floor (bytes a
+step must move over the copy bandwidth measured here; R touched and P all edge rows of (d² + d)·4 bytes: sparse_adamw
+10·R, bf16 moments 8·R, adamw 3·R + 8·P). decode: generate() tokens/s per batch, greedy and sampled, backend and
+decode mode (a long generation: decode_throughput.py --long --device cuda). --default_batch: pretrain.py without a
+batch flag on a corpus of the shape's graph (a character a node): its batch, tokens/s, peak memory, estimate, beside
+the newest training rows.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import itertools
 import json
@@ -105,21 +98,6 @@ def profile_step(step, device) -> tuple[int, float]:
                 and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]), float("nan")
 
 
-def count_syncs(fn, device) -> int:
-    if device.type != "cuda":
-        return -1
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
-
-
 def train_row(args, model, batches, device, objective, optimizer_name, backend) -> dict:
     from modeling_brillm.backend import kernel_backend
     from modeling_brillm.optimization import SparseAdamW
@@ -127,11 +105,8 @@ def train_row(args, model, batches, device, objective, optimizer_name, backend) 
     model.config.loss_type = "exact" if objective == "exact" else "sampled"
     model.config.num_negatives, model.config.negative_sampling = min(400, model.config.vocab_size // 2), "frequency"
     model.sparse_gradients = optimizer_name.startswith("sparse_adamw")
-    if model.sparse_gradients:
-        optimizer = SparseAdamW(model.parameters(), lr=1e-3, moment_dtype="bfloat16" if "bf16" in optimizer_name
-                                else "float32")
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    optimizer = SparseAdamW(model.parameters(), lr=1e-3, moment_dtype="bfloat16" if "bf16" in optimizer_name else
+                            "float32") if model.sparse_gradients else torch.optim.AdamW(model.parameters(), fused=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     it, last = itertools.count(), {}
@@ -161,64 +136,6 @@ def floor_bytes(model, batch: torch.Tensor, optimizer: str) -> int:
     return (d * d + d) * 4 * {"sparse_adamw": 10 * R, "sparse_adamw_bf16": 8 * R}.get(optimizer, 3 * R + 8 * P)
 
 
-def energies_pass(model, tokens, x, pe, backend):
-    """One forward + backward of the exact loss's candidate part: (loss, gradients of W, b and the signals)."""
-    from modeling_brillm.backend import kernel_backend
-    from modeling_brillm.ops import candidate_energies, exact_log_partition, make_plan, target_energies
-
-    V, (indptr, indices) = model.config.vocab_size, model.csr()
-    sources, targets = tokens[:, :-1].reshape(-1), tokens[:, 1:].reshape(-1)
-    w, b, xs = model.base_model.weights, model.base_model.biases, x.detach().requires_grad_()
-    with kernel_backend(backend):
-        plan = make_plan(sources, indptr, indices, V)
-        src, tgt = sources[plan.order], targets[plan.order]
-        energies, shared = candidate_energies(xs[plan.order], pe[plan.order], w, b, plan, True)
-        true = target_energies(energies, shared, plan, tgt, model.edge_rows(src, tgt), indptr[src] + 1)
-        loss = (exact_log_partition(energies, shared, plan, V) - true).mean()
-        loss.backward()
-    grads = (w.grad, b.grad, xs.grad)
-    w.grad = b.grad = None
-    return loss.detach(), grads
-
-
-def rel(a, b) -> float:
-    a, b = (t.to_dense() if t.is_sparse else t for t in (a, b))
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
-
-
-def energy_rows(args, model, tokens, device) -> list[dict]:
-    B, L = tokens.shape
-    d = model.config.node_size
-    x = (torch.rand(B * (L - 1), d, generator=torch.Generator().manual_seed(0)) * 0.5).to(device)
-    pe = model.base_model.position_encoding(torch.arange(1, L, device=device).repeat(B)).float()
-    touched = int(model.csr()[0].diff().cpu()[tokens[:, :-1].reshape(-1).unique().cpu()].sum())
-    floor_s = 3 * touched * (d * d + d) * 4 / args.bandwidth  # read forward, read and written backward
-    rows, ref = [], None
-    for backend in args.backends:
-        run = functools.partial(energies_pass, model, tokens, x, pe, backend)
-        run()  # warm-up: compiles the kernels
-        seconds = statistics.median(timed(run, device, args.steps))
-        loss, grads = run()
-        rows.append(dict(kind="energies", B=B, L=L, backend=backend, ms=seconds * 1e3,
-                         launches=profile_step(run, device)[0], syncs=count_syncs(run, device),
-                         floor_ms=floor_s * 1e3, of_floor=floor_s / seconds,  # against the first backend's
-                         loss_rel=rel(loss, ref[0]) if ref else None,
-                         grad_rel=max(rel(a, b) for a, b in zip(grads, ref[1])) if ref else None))
-        ref = ref or (loss, grads)
-    return rows
-
-
-class _Clock:
-    """A logits processor that only records when generate() asks for each new token."""
-
-    def __init__(self):
-        self.stamps = []
-
-    def __call__(self, input_ids, scores):
-        self.stamps.append(time.perf_counter())
-        return scores
-
-
 def generate(model, prompt, n: int, sampled: bool):
     return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=sampled, pad_token_id=0,
                           eos_token_id=None)
@@ -243,42 +160,22 @@ def decode_rows(args, model, paths, device, backend) -> list[dict]:
                 rows.append(dict(kind="decode", B=B, sampled=sampled, mode=mode, new_tokens=N, backend=backend,
                                  tokens_per_s=B * N / seconds, same_tokens=same))
         model.decode_mode = "auto"
-        if args.long_tokens:
-            rows.append(long_row(model, paths.batch(1, 8).to(device), args.long_tokens, backend))
     return rows
-
-
-def long_row(model, prompt, N: int, backend: str) -> dict:
-    from transformers import LogitsProcessorList
-
-    overflow, model.config.position_overflow, clock = model.config.position_overflow, "extend", _Clock()
-    try:
-        model.generate(prompt, max_new_tokens=N, min_new_tokens=N, logits_processor=LogitsProcessorList([clock]),
-                       do_sample=False, pad_token_id=0, eos_token_id=None)
-    finally:
-        model.config.position_overflow = overflow
-    gaps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
-    tenth = max(1, len(gaps) // 10)
-    first, last = statistics.mean(gaps[:tenth]), statistics.mean(gaps[-tenth:])
-    return dict(kind="long", B=1, new_tokens=N, backend=backend, first_ms=first * 1e3, last_ms=last * 1e3,
-                last_over_first=last / first)
 
 
 def run_shape(args, name, device) -> list[dict]:
     shape = SHAPES[name]
     torch.manual_seed(0)
-    model, graph = common.make_model(shape["vocab"], shape["successors"], node_size=shape["node_size"],
-                              non_edge_bias=args.non_edge_bias)
+    model, graph = common.make_model(shape["vocab"], shape["successors"], node_size=shape["node_size"])
     model.generation_config.pad_token_id = 0
     model.to(device)
     paths, rows = common.ZipfPaths(graph, seed=1), []
-    for B, L in args.batches if {"train", "energies"} & set(args.parts) else []:
+    for B, L in args.batches if "train" in args.parts else []:
         batches = [paths.batch(B, L).to(device) for _ in range(min(4, args.warmup + args.steps))]
         for optimizer, objective, backend in itertools.product(args.optimizer, args.objective, args.backends):
-            if "train" in args.parts:
-                rows.append(train_row(args, model, batches, device, objective, optimizer, backend))
-                free(device)  # the optimizer's moments, before the next row
-        rows += energy_rows(args, model, batches[0], device) if "energies" in args.parts else []
+            rows.append(train_row(args, model, batches, device, objective, optimizer, backend))
+            gc.collect()  # the optimizer's moments, before the next row
+            torch.cuda.empty_cache()  # (nothing where CUDA never started)
     model.eval()
     for backend in args.backends if "decode" in args.parts else []:
         rows += decode_rows(args, model, paths, device, backend)
@@ -286,14 +183,9 @@ def run_shape(args, name, device) -> list[dict]:
     for row in rows:
         print(json.dumps(row), flush=True)
     del model
-    free(device)
-    return rows
-
-
-def free(device):
     gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
+    return rows
 
 
 def throughput_rows(results_dir: Path) -> tuple[str | None, list]:
@@ -350,7 +242,7 @@ def settle(args, gpu: bool):
     from modeling_brillm.backend import HAVE_TRITON, interpreting
 
     args.backends = [b for b in args.backends.split(",") if b]
-    if any(b not in ("torch", "triton") for b in args.backends):
+    if not set(args.backends) <= {"torch", "triton"}:
         raise SystemExit(f"--backends takes torch and/or triton, got {args.backends}")
     if "triton" in args.backends and not gpu and not interpreting():
         raise SystemExit("the triton column on a CPU needs Triton's interpreter: run with TRITON_INTERPRET=1 (this "
@@ -358,28 +250,23 @@ def settle(args, gpu: bool):
     if "triton" in args.backends and not HAVE_TRITON:
         print("# triton is not installed: the triton column is skipped (pip install triton)")
         args.backends.remove("triton")
-    args.shapes = {None: ["paper", "small"] if gpu else ["tiny"], "all": ["paper", "small"]}.get(args.shape,
-                                                                                                [args.shape])
+    args.shapes = [args.shape] if args.shape in SHAPES else ["paper", "small"] if gpu or args.shape else ["tiny"]
     args.batches = parse_batches(args.batches or ("32x32,256x64,1024x64" if gpu else "2x8"))
     args.objective = list(OBJECTIVES) if args.objective == "all" else [args.objective]
-    if args.non_edge_bias and "sampled" in args.objective:  # the bias needs the exact loss
-        print("# --non-edge-bias: the sampled objective is skipped (the bias needs the exact loss)")
-        args.objective.remove("sampled")
     args.optimizer = list(OPTIMIZERS) if args.optimizer == "all" else [args.optimizer]
-    args.steps = args.steps if args.steps is not None else (5 if gpu else 1)
-    args.warmup = args.warmup if args.warmup is not None else (2 if gpu else 1)
+    args.steps = args.steps if args.steps is not None else 5 if gpu else 1
+    args.warmup = args.warmup if args.warmup is not None else 2 if gpu else 1
     args.decode_batches = [int(b) for b in (args.decode_batches if args.decode_batches is not None
                                             else "1,32,256" if gpu else "1").split(",") if b]
     args.decode_modes = args.decode_modes.split(",")
     args.decode_tokens = args.decode_tokens or (256 if gpu else 4)
-    args.long_tokens = args.long_tokens if args.long_tokens is not None else (20000 if gpu else 16)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", choices=list(SHAPES) + ["all"], help="default: paper and small (a CPU: tiny)")
-    parser.add_argument("--parts", nargs="+", choices=["train", "energies", "decode"], default=["train", "decode"])
+    parser.add_argument("--parts", nargs="+", choices=["train", "decode"], default=["train", "decode"])
     parser.add_argument("--batches", help="BxL list (default 32x32,256x64,1024x64; a CPU: 2x8)")
     parser.add_argument("--objective", choices=list(OBJECTIVES) + ["all"], default="all")
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS) + ["all"], default="all")
@@ -389,8 +276,6 @@ def main(argv=None):
     parser.add_argument("--decode-batches", help="comma list (default 1,32,256; a CPU: 1; '': none)")
     parser.add_argument("--decode_modes", default="auto", help="comma list of model.decode_mode: off, eager, auto")
     parser.add_argument("--decode-tokens", type=int, help="new tokens per row (default 256; a CPU: 4)")
-    parser.add_argument("--long-tokens", type=int, help="the long generation's tokens (default 20000; a CPU: 16)")
-    parser.add_argument("--non-edge-bias", action="store_true", help="the demo preset's model (exact loss only)")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--default_batch", type=float, metavar="SECONDS", help="pretrain.py's default step instead")
     parser.add_argument("--corpus_tokens", type=int, default=8_000_000, help="--default_batch's corpus")
@@ -398,8 +283,7 @@ def main(argv=None):
     device = torch.device(args.device)
     settle(args, device.type == "cuda")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32, as the exactness checks
-    name = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}" if device.type == "cuda" else None
-    name = name or common.machine()
+    name = common.machine() if device.type != "cuda" else f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     if args.default_batch:
         figures = dict(device=name, default_batch=default_batch(args, device))
     else:

@@ -1,19 +1,15 @@
 """Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same training-time budget.
 
-    python benchmarks/quality.py                                   # embedded corpus, budgets 30 90 180 s
     python benchmarks/quality.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
         --budgets 60 600 --gpt2 4x128 4x256@1e-3
     python benchmarks/quality.py --node_sizes 32 64 128 --gpt2 4x256@1e-3 6x384@1e-3 --gpt2_batch 1024 ...  # a GPU
 
-Every BriLLM row IS an examples/pretrain.py run (`pretraining.run()` in this process on data prepared once, the
-largest budget its --max_train_time, the curve points its --eval_seconds), its command printed and stored
-(`pretrain_command`); `--node_sizes` trains one per node size. Every model gets
-pretrain.py's tokenizer, blocks, held-out blocks and seeded batch order, the pretraining code's step, clock (forward,
-backward, optimizer step), schedule (after a warmup, --schedule over the clock, to zero at the largest budget) and
-evaluator (the full softmax, the same targets). BriLLM's batch is pretrain.py's own, GPT-2's --gpt2_batch (64).
-Writes <output_dir>/quality.json (rewritten after every model) and quality.png, and the record. Exit status 2 with a
-one-line message on bad input.
+A BriLLM row IS an examples/pretrain.py run (in this process, on data prepared once; the largest budget its
+--max_train_time, the curve points its --eval_seconds), its command printed and kept (`pretrain_command`). Every
+model gets pretrain.py's tokenizer, blocks and seeded batch order, the pretraining code's step, clock (forward,
+backward, optimizer step), schedule (--schedule over the clock, to zero at the largest budget) and evaluator (the full
+softmax, the same targets). Writes <output_dir>/quality.json (after every model) and quality.png, and the record.
 """
 
 from __future__ import annotations
@@ -50,6 +46,20 @@ ROW_ARGS = dict(batch_size="per_device_train_batch_size", optimizer="optimizer",
                 signal_dropout_warmup_epochs="signal_dropout_warmup_epochs", preset="config")
 
 
+def shared_arguments(p, **defaults) -> argparse.ArgumentParser:
+    """The flags quality.py and recipe_sweep.py share: the preset, the data, the batch, threads, seed, folders."""
+    for name in ("config", "train_file", "validation_file", "tokenizer_name"):  # default: pretrain.py's (the
+        p.add_argument(f"--{name}")  # built-in recipe, the embedded corpus, every 20th text held out, one trained)
+    p.add_argument("--text_column", default="text")
+    for name in ("vocab_size", "block_size", "batch_size", "eval_batch_size", "max_eval_blocks", "max_train_steps",
+                 "threads", "seed"):
+        p.add_argument(f"--{name}", type=int, default=defaults.get(name))
+    p.add_argument("--output_dir", default=defaults["output_dir"])
+    p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
+                   help="do not wait for other processes to leave the CPUs")
+    return add_results_dir(p)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budgets", type=float, nargs="+", default=[30.0, 90.0, 180.0], help="training seconds")
@@ -57,37 +67,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpt2", nargs="*", default=["2x64", "4x128", "4x256@1e-3"], metavar="LxE[xH][@LR]",
                    help="GPT-2 sizes (heads: width/32); `none`: no GPT-2")
     p.add_argument("--no_brillm", action="store_true", help="only the GPT-2 models")
-    p.add_argument("--config", help="BriLLM's preset (default: pretrain.py's built-in defaults)")
     p.add_argument("--node_sizes", type=int, nargs="*", default=[], metavar="D", help="one BriLLM per node size")
     p.add_argument("--pretrain_flags", default="", help="more pretrain.py flags for every BriLLM row (one string)")
-    p.add_argument("--train_file", help="training text (default: the embedded corpus)")
-    p.add_argument("--validation_file", help="held-out text (default: every 20th training text)")
-    p.add_argument("--text_column", default="text")
-    p.add_argument("--tokenizer_name", help="a saved tokenizer folder (default: pretrain.py trains one)")
-    p.add_argument("--vocab_size", type=int)
-    p.add_argument("--block_size", type=int)
-    p.add_argument("--batch_size", type=int, help="blocks per step for every model (default: each model's own)")
-    p.add_argument("--gpt2_batch", type=int, help=f"GPT-2's (default --batch_size, else {GPT2_BATCH})")
-    p.add_argument("--eval_batch_size", type=int, default=256)
-    p.add_argument("--max_eval_blocks", type=int)
+    p.add_argument("--gpt2_batch", type=int, help=f"GPT-2's batch (default --batch_size, else {GPT2_BATCH})")
     p.add_argument("--gpt2_lr", type=float, default=3e-3, help="GPT-2's peak rate without an @lr")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2's warmup steps")
     p.add_argument("--schedule", choices=list(SCHEDULERS), default="linear", help="every model's (pretrain.py's)")
-    p.add_argument("--max_train_steps", type=int)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output_dir", default="outputs/quality")
-    p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
-                   help="do not wait (up to a minute) for other processes to leave the CPUs")
-    return add_results_dir(p).parse_args(argv)
+    return shared_arguments(p, eval_batch_size=256, threads=2, seed=42, output_dir="outputs/quality").parse_args(argv)
+
+
+def check_positive(args, names):
+    for name in names:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
 
 
 def check_args(args):
     if any(not (b > 0 and math.isfinite(b)) for b in args.budgets) or len(set(args.budgets)) < len(args.budgets):
         raise UsageError(f"--budgets must be positive numbers of seconds, none repeated; got {args.budgets}.")
-    for name in ("batch_size", "gpt2_batch", "eval_batch_size", "threads", "max_train_steps", "max_eval_blocks"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    check_positive(args, ("batch_size", "gpt2_batch", "eval_batch_size", "threads", "max_train_steps",
+                          "max_eval_blocks"))
     if args.curve_points < 0 or any(d < 1 for d in args.node_sizes) or not args.gpt2_lr > 0 or args.gpt2_warmup < 0:
         raise UsageError("--curve_points and --gpt2_warmup must be >= 0, --node_sizes and --gpt2_lr positive.")
     if args.no_brillm and not args.gpt2:
@@ -197,26 +196,18 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
                 **{k: getattr(pargs, v) for k, v in ROW_ARGS.items()}, **{k: config[k] for k in CONFIG_KEYS})
 
 
-def tensors(blocks):
-    rows = blocks.with_format("torch")[:]
-    return rows["input_ids"].long(), rows["attention_mask"].long()
-
-
 def harness_data(pretrain_data, first, accelerator, batch_size: int) -> dict:
-    """The shared blocks as tensors, for the GPT-2 harness and the bigram reference."""
-    data = dict(tokenizer=pretrain_data.tokenizer, train=tensors(pretrain_data.train),
-                held=tensors(pretrain_data.eval), pargs=first, accelerator=accelerator)
-    if len(data["train"][0]) < batch_size:
-        raise UsageError(f"{len(data['train'][0])} training blocks cannot fill one batch of {batch_size}; lower "
-                         "--batch_size or give more text.")
-    return data
-
-
-def data_fields(pretrain_data, data) -> dict:
-    return dict(description=pretrain_data.description, vocab_size=len(data["tokenizer"]),
-                block_size=int(data["train"][0].shape[1]), train_blocks=len(data["train"][0]),
-                train_tokens=int(data["train"][1].sum()), heldout_blocks=len(data["held"][0]),
-                heldout_targets=int(target_mask(data["held"][1]).sum()))
+    """The shared blocks as tensors, for the GPT-2 harness and the bigram reference, and what they are (`fields`)."""
+    train, held = ((rows["input_ids"].long(), rows["attention_mask"].long()) for rows in
+                   (blocks.with_format("torch")[:] for blocks in (pretrain_data.train, pretrain_data.eval)))
+    if len(train[0]) < batch_size:
+        raise UsageError(f"{len(train[0])} training blocks cannot fill one batch of {batch_size}; lower --batch_size "
+                         "or give more text.")
+    fields = dict(description=pretrain_data.description, vocab_size=len(pretrain_data.tokenizer),
+                  block_size=int(train[0].shape[1]), train_blocks=len(train[0]), train_tokens=int(train[1].sum()),
+                  heldout_blocks=len(held[0]), heldout_targets=int(target_mask(held[1]).sum()))
+    return dict(tokenizer=pretrain_data.tokenizer, train=train, held=held, pargs=first, accelerator=accelerator,
+                fields=fields)
 
 
 def at_budget(curve, budget: float) -> dict:
@@ -231,7 +222,7 @@ def run(args) -> dict:
     argvs = [brillm_argv(args, points, f"brillm-d{d}", d) for d in args.node_sizes] or [brillm_argv(args, points)]
     pretrain_data, first, accelerator = shared_data(argvs[0], Path(args.output_dir) / "data")
     data = harness_data(pretrain_data, first, accelerator, gpt2_batch(args))
-    fields = data_fields(pretrain_data, data)
+    fields = data["fields"]
     print(f"data: {fields['description']}; {fields['train_blocks']:,} training blocks, {fields['heldout_blocks']:,} "
           f"held out ({fields['heldout_targets']:,} targets), prepared in {time.time() - started:.1f}s\nmachine: "
           f"{machine()}, device {accelerator.device}; curve points {[round(p, 1) for p in points]}", flush=True)
@@ -264,10 +255,8 @@ def run(args) -> dict:
 
 
 def write_json_atomic(path: Path, obj):
-    tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=1)
-    os.replace(tmp, path)
+    path.with_name(f".tmp-{path.name}").write_text(json.dumps(obj, indent=1), encoding="utf-8")
+    os.replace(path.with_name(f".tmp-{path.name}"), path)
 
 
 def plot(results: dict, path: Path, title: str = "BriLLM vs GPT-2"):
@@ -294,10 +283,9 @@ def plot(results: dict, path: Path, title: str = "BriLLM vs GPT-2"):
     fig.suptitle(f"{title}, the same tokenizer (V={results['data']['vocab_size']}) and blocks; {s['threads']} "
                  f"thread(s), {s['device']}", fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".tmp-{path.name}")
-    fig.savefig(tmp, format="png")
+    fig.savefig(path.with_name(f".tmp-{path.name}"), format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    os.replace(path.with_name(f".tmp-{path.name}"), path)
 
 
 def report(results):
@@ -309,15 +297,11 @@ def report(results):
               + " | ".join(f"{at[str(b)][m['label']]:,.1f}" for b in budgets)
               + f" | {m['steps']:,} | {m['tokens_per_second']:,.0f} | {m['other_cpu_load']} |")
     print(f"bigram counts, add-0.1 (reference): held-out perplexity {results['bigram_add_0_1_perplexity']:.2f}")
-    for m in (m for m in results["models"] if m["kind"] == "brillm"):
-        print(f"{m['label']} is: {m['pretrain_command']}")
-    top = str(budgets[-1])
-    best = {kind: min((at[top][m["label"]], m["label"]) for m in results["models"] if m["kind"] == kind)
-            for kind in {m["kind"] for m in results["models"]}}
+    best = {m["kind"]: min((at[str(budgets[-1])][n["label"]], n["label"]) for n in results["models"]
+                           if n["kind"] == m["kind"]) for m in results["models"]}
     if len(best) == 2:
-        ratio = best["brillm"][0] / best["gpt2"][0]
-        print(f"at {float(top):g} s the best BriLLM ({best['brillm'][1]}) is {ratio:.2f}x the best GPT-2's perplexity "
-              f"({best['gpt2'][1]})")
+        print(f"at {budgets[-1]:g} s the best BriLLM ({best['brillm'][1]}) is {best['brillm'][0] / best['gpt2'][0]:.2f}"
+              f"x the best GPT-2's perplexity ({best['gpt2'][1]})")
 
 
 def main(argv=None) -> int:

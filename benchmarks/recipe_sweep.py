@@ -1,24 +1,20 @@
 """Recipe sweep: BriLLM recipes side by side on one corpus at fixed steps, each against the base and the seed noise
-(an ablation); --seeds: the seed noise; --novelty: the probe's novelty, without training.
+(an ablation); --seeds: the seed noise itself.
 
     python benchmarks/recipe_sweep.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 --seed 1 \
         --max_train_steps 900 --eval_steps 300 --noise 0.015 --variant base= prior=prior:0 wd=wd:0
     python benchmarks/recipe_sweep.py --train_file ... --max_train_steps 900 --eval_steps 300 --seeds 1 2 3
-    python benchmarks/recipe_sweep.py --novelty outputs/corpora/small outputs/corpora/linux-docs demo
 
-A variant IS an examples/pretrain.py run, as a quality.py BriLLM row is (its command printed and stored as
-`pretrain_command`, its folder <output_dir>/<NAME>), of --max_train_steps steps evaluated every --eval_steps (no
-time budget, so the machine's load does not enter): NAME=key:value,... over pretrain.py's recipe or --config's
-(NAME= alone: the recipe). The keys (KEYS) are pretrain.py flags (a 0/1 key turns a flag on or off; `schedule` is
-constant, cosine or linear) and the probe's numbers (`recurrence`, `probe_runs` (`blocks`: every block a run),
-`probe_every`), whose chosen count and dropout are passed on as numbers. Each variant's final perplexity is compared
-with the base's (the variant named base, else the first, or --base_perplexity), in % and in units of --noise; a
-change counts past twice the noise. --seeds: every variant once per seed (NAME-sSEED) and, at each evaluation, the
-spread (max - min) / mean. Variants with the same flags train once (`same_run_as`). --novelty: per corpus folder
-(`demo`: the demo's manual, make demo's flags) the probe of pretrain.py's training blocks: c0, and the novelty at c0
-and at counts 1-4. Writes <output_dir>/recipe_sweep.{json,png} and the record; exit status 2 with one line on bad
-input.
+A variant IS an examples/pretrain.py run, as a quality.py BriLLM row is (its command printed and kept as
+`pretrain_command`, its folder <output_dir>/<NAME>), of --max_train_steps steps evaluated every --eval_steps (no time
+budget: the machine's load does not enter): NAME=key:value,... over pretrain.py's recipe or --config's (NAME= alone:
+the recipe). The keys (KEYS) are pretrain.py flags (a 0/1 key turns a flag on or off; `schedule`: constant, cosine or
+linear) and the probe's numbers (`recurrence`, `probe_runs` (`blocks`: every block a run), `probe_every`), whose
+chosen count and dropout are passed on as numbers. Each final perplexity is compared with the base's (the variant
+named base, else the first, or --base_perplexity), in % and in units of --noise; a change counts past twice the
+noise. --seeds: each variant once per seed (NAME-sSEED) and, at each evaluation, the spread (max - min) / mean.
+Variants with the same flags train once (`same_run_as`). Writes <output_dir>/recipe_sweep.{json,png} and the record.
 """
 
 from __future__ import annotations
@@ -34,10 +30,10 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 
 import quality  # (pretrain.py rows, the GPT-2 harness)
-from common import add_results_dir, machine, wait_for_quiet, write_record
+from common import machine, wait_for_quiet, write_record
 
 UsageError = quality.UsageError
-SWITCH = "0/1"  # a key whose value turns a pretrain.py --flag / --no-flag on or off
+SWITCH = ("0", "1")  # a key whose value turns a pretrain.py --flag / --no-flag on or off
 KEYS = {"lr": ("--learning_rate", float), "wd": ("--weight_decay", float),
         "lazy_wd": ("--lazy_weight_decay", SWITCH), "warmup": ("--num_warmup_steps", int),
         "schedule": (None, ("constant", "cosine", "linear")), "shared_lr": ("--shared_edge_lr_scale", float),
@@ -52,41 +48,24 @@ PROBE = {"recurrence": "recurrence", "probe_runs": "runs", "probe_every": "probe
 LEAST = {"probe_runs": 1, "probe_every": 2, "recurrence": 0}
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 BAR = 2.0  # a change counts where it passes this many times the seed-to-seed spread
-DEMO = ["--config", "demo", "--vocab_size", "512", "--block_size", "32"]  # make demo's data
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", nargs="+", default=["base="], metavar="NAME=key:value,...")
-    p.add_argument("--max_train_steps", type=int, default=900)
     p.add_argument("--eval_steps", type=int, default=300)
     p.add_argument("--noise", type=float, metavar="SPREAD", help="the seed noise of the base's final perplexity")
     p.add_argument("--base_perplexity", type=float, help="compare with this (a base run recorded before)")
     p.add_argument("--seeds", type=int, nargs="+", help="every variant once per seed, and their spread")
-    p.add_argument("--novelty", nargs="+", metavar="CORPUS", help="only the probe's novelty of these folders")
-    p.add_argument("--config", help="a preset (default: pretrain.py's built-in recipe)")
-    for flag in ("train_file", "validation_file"):
-        p.add_argument(f"--{flag}")
-    p.add_argument("--text_column", default="text")
-    p.add_argument("--vocab_size", type=int)
-    p.add_argument("--block_size", type=int)
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--eval_batch_size", type=int, default=64)
-    p.add_argument("--max_eval_blocks", type=int)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output_dir", default="outputs/recipe_sweep")
-    p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
-                   help="do not wait (up to 30 s) for other processes to leave the CPUs")
-    return add_results_dir(p).parse_args(argv)
+    return quality.shared_arguments(p, max_train_steps=900, batch_size=64, eval_batch_size=64, threads=1, seed=42,
+                                    output_dir="outputs/recipe_sweep").parse_args(argv)
 
 
 def parse_value(spec: str, key: str, value: str):
     kind = KEYS[key][1]
-    if kind == SWITCH or isinstance(kind, tuple):
-        choices = ("0", "1") if kind == SWITCH else kind
-        if value not in choices:
-            raise UsageError(f"--variant {spec!r}: {key} is one of {', '.join(choices)}, got {value!r}.")
+    if isinstance(kind, tuple):
+        if value not in kind:
+            raise UsageError(f"--variant {spec!r}: {key} is one of {', '.join(kind)}, got {value!r}.")
         return value
     if kind in ("auto", "blocks") and value == kind:
         return value
@@ -122,7 +101,7 @@ def variant_argv(args, name: str, settings: dict) -> list[str]:
     and evaluation batch, then its own flags; it keeps its last model."""
     seed = settings.get("seed", args.seed)
     argv = ["--seed", str(seed), "--text_column", args.text_column] + (["--config", args.config] if args.config else [])
-    argv += [x for flag in ("train_file", "validation_file", "vocab_size", "block_size")
+    argv += [x for flag in ("train_file", "validation_file", "tokenizer_name", "vocab_size", "block_size")
              if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
     argv += ["--per_device_train_batch_size", str(args.batch_size), "--max_train_steps", str(args.max_train_steps),
              "--eval_steps", str(args.eval_steps)]
@@ -190,10 +169,6 @@ def with_probe_choice(settings: dict, probe_of: Prober, epochs, pargs, model_fie
     return {**settings, **({} if same else chosen)}
 
 
-def recipe_text(settings: dict) -> str:
-    return ", ".join(f"{k}:{v}" for k, v in settings.items()) or "preset"
-
-
 def verdict(units: float) -> str:
     if units > BAR:
         return f"worse by more than {BAR:g}x the noise: the setting it changes earns its place"
@@ -241,25 +216,18 @@ def seed_spread(models, groups: dict) -> dict:
 
 
 def markdown(results) -> str:
-    compared = results.get("comparison") is not None
-    lines = ["| variant | recipe | final ppl | best ppl (at s) | train loss | steps | tokens/s |"
-             + (" vs base |" if compared else "")]
-    lines.append("|" + "---|" * (lines[0].count("|") - 1))
+    lines = ["| variant | recipe | final ppl | steps | tokens/s | vs base |", "|---|---|---|---|---|---|"]
     for m in results["models"]:
-        last, best = m["curve"][-1], min(m["curve"][1:] or m["curve"], key=lambda p: p["perplexity"])
-        loss = f"{last['train_loss']:.3f}" if last.get("train_loss") is not None else ""
-        lines.append(f"| {m['label']} | {m['recipe_text']} | **{last['perplexity']:.2f}** | {best['perplexity']:.2f} "
-                     f"({best['train_seconds']:.0f}) | {loss} | {m['steps']:,} | {m['tokens_per_second']:,.0f} |")
-        if compared:
-            units = f" ({m['vs_base_in_noise']:+.1f}x noise)" if "vs_base_in_noise" in m else ""
-            lines[-1] += f" {m['vs_base_percent']:+.1f}%{units} |" if "vs_base_percent" in m else " |"
+        units = f" ({m['vs_base_in_noise']:+.1f}x noise)" if "vs_base_in_noise" in m else ""
+        change = f"{m['vs_base_percent']:+.1f}%{units}" if "vs_base_percent" in m else ""
+        lines.append(f"| {m['label']} | {m['recipe_text']} | **{m['curve'][-1]['perplexity']:.2f}** | {m['steps']:,} | "
+                     f"{m['tokens_per_second']:,.0f} | {change} |")
     return "\n".join(lines)
 
 
 def check_args(args):
-    for name in ("batch_size", "eval_batch_size", "threads", "max_train_steps", "max_eval_blocks", "eval_steps"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+    quality.check_positive(args, ("batch_size", "eval_batch_size", "threads", "max_train_steps", "max_eval_blocks",
+                                  "eval_steps"))
     for name in ("noise", "base_perplexity"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -275,15 +243,14 @@ def train(variants, argvs, pretrain_data) -> list[dict]:
     """Every variant's row; those with the same pretrain.py flags (their folder aside) train once."""
     models, trained = [], {}
     for argv, (name, settings) in zip(argvs, variants):
-        at = argv.index("--output_dir")
+        at, text = argv.index("--output_dir"), ", ".join(f"{k}:{v}" for k, v in settings.items()) or "preset"
         flags = tuple(argv[:at] + argv[at + 2:])
         if flags in trained:
             print(f"\n{name}: the same pretrain.py run as {trained[flags]['label']}")
-            models.append(dict(trained[flags], label=name, recipe_text=recipe_text(settings),
-                               same_run_as=trained[flags]["label"]))
+            models.append(dict(trained[flags], label=name, recipe_text=text, same_run_as=trained[flags]["label"]))
             continue
         row = quality.brillm_row(argv, pretrain_data, f" ({name})")
-        models.append(dict(row, label=name, recipe_text=recipe_text(settings), edges=row["num_edges"]))
+        models.append(dict(row, label=name, recipe_text=text, edges=row["num_edges"]))
         trained[flags] = models[-1]
     return models
 
@@ -306,7 +273,7 @@ def run(args) -> dict:
                     started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
                     **{k: getattr(args, k) for k in ("batch_size", "threads", "max_train_steps", "eval_steps", "seed",
                                                      "config", "seeds")})
-    results = dict(settings=settings, data=quality.data_fields(pretrain_data, data), models=models,
+    results = dict(settings=settings, data=data["fields"], models=models,
                    comparison=compare(models, args))
     if args.seeds:
         names = dict.fromkeys(name.rsplit("-s", 1)[0] for name, _ in variants)
@@ -320,35 +287,10 @@ def run(args) -> dict:
     return results
 
 
-def novelty(args) -> dict:
-    """The probe of pretrain.py's training blocks of each --novelty folder (nothing trains)."""
-    rows = []
-    for corpus in map(Path, args.novelty):
-        argv = DEMO
-        if str(corpus) != "demo":
-            for split in ("train", "validation"):
-                if not (corpus / f"{split}.jsonl").is_file():
-                    raise UsageError(f"{corpus} has no {split}.jsonl: give folders that benchmarks/corpora.py built.")
-            argv = ["--train_file", str(corpus / "train.jsonl"), "--validation_file", str(corpus / "validation.jsonl"),
-                    "--vocab_size", str(args.vocab_size or 2000), "--block_size", str(args.block_size or 64)]
-        data, _, _ = quality.shared_data([*argv, "--output_dir", str(Path(args.output_dir) / corpus.name)])
-        prober = Prober(data)
-        held = prober().held_out
-        at = {str(c): v for c, v in held.novelty_at.items()}
-        rows.append(dict(corpus=corpus.name, tokens=int(sum(len(s) for s in prober.sequences)), c0=held.data_count,
-                         novelty=held.novelty, novelty_at=at,
-                         percent={"c0": 100 * held.novelty, **{c: 100 * v for c, v in at.items()}}))
-    print("| corpus | tokens | c0 | ν at c0 | at 1 | at 2 | at 3 | at 4 |")
-    for r in rows:
-        print(f"| {r['corpus']} | {r['tokens']:,} | {r['c0']} | {r['novelty']:.1%} | "
-              + " | ".join(f"{r['novelty_at'][str(c)]:.1%}" for c in range(1, 5)) + " |")
-    return dict(rows=rows)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        results = novelty(args) if args.novelty else run(args)
+        results = run(args)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -2,20 +2,15 @@
 8 owners share the sharded work on a real corpus's graph.
 
     python benchmarks/sharded_throughput.py                       # both shapes
-    python benchmarks/sharded_throughput.py --shape text --steps 8
     python benchmarks/sharded_throughput.py --shares outputs/corpora/small    # benchmarks/corpora.py --corpus small
 
-Modes, each in fresh processes (peak memory its own), the same global batch: single-sparse (1 process, 2 threads,
-SparseAdamW), single-dense (fused AdamW), single-sparse-1t (1 thread), ddp (2 gloo processes, DDP + dense AdamW),
-sharded (2 processes, ShardedBriLLM + SparseAdamW: --edge_sharding source). tokens/s: global batch x length over the
-median step; CPU seconds per step and process; bytes sent per step and process (the sharded transport's count; DDP:
-the ring all-reduce of the dense gradient, 2 (W-1)/W x 4 B x parameters); peak memory per process. Shapes: paper (V
-4000, 227 successors, 32 x 32; DDP needs ~19 GB a process: only with --ddp-paper), text (V 2000, 48 successors, like a
-2000-token BPE corpus's graph, 64 x 64). --shares: a BPE tokenizer of --vocab_size on the corpus's training text,
-blocks of 64, the graph of the bigrams seen --min_count times, the owners a sharded run chooses; 8 gloo processes run
---steps steps (forward, backward, reduction, clipping; no optimizer) of 16 blocks each. Per owner: its edge rows, the
-positions it scores, their candidate energies (the work the split balances), the bytes it sends, each as largest
-over mean (the busiest owner sets the step's pace).
+Modes, each in fresh processes, the same global batch: single-sparse (SparseAdamW, 2 threads; -1t: 1), single-dense
+(fused AdamW), ddp (2 gloo processes, dense AdamW), sharded (2 processes, --edge_sharding source). Per mode: tokens/s
+over the median step, CPU seconds, bytes sent per step and process (DDP: the ring all-reduce, 2 (W-1)/W x 4 B x
+parameters), peak memory. Shapes: paper (V 4000, 227 successors, 32 x 32; DDP ~19 GB a process: --ddp-paper), text
+(V 2000, 48 successors, 64 x 64). --shares: the corpus's BPE tokenizer, blocks and bigram graph, the owners a sharded
+run chooses, --steps steps (no optimizer) on 8 gloo processes; per owner its edge rows, scored positions, candidate
+energies (the work the split balances) and bytes sent, each as largest over mean (the busiest owner sets the pace).
 """
 
 import argparse
@@ -38,16 +33,15 @@ SHAPES = {"paper": dict(vocab=4000, successors=227, batch=32, length=32),
 
 
 def _step_fn(model, mode):
-    """(the callable a step runs, its optimizer, the ShardedBriLLM or None)."""
+    """(the model a step runs, its optimizer, the ShardedBriLLM or None)."""
     from modeling_brillm.optimization import SparseAdamW
+    from modeling_brillm.sharding import ShardedBriLLM
 
     if mode == "sharded":
-        from modeling_brillm.sharding import ShardedBriLLM
-
         sharded = ShardedBriLLM(model)
         return sharded, SparseAdamW(sharded.parameter_groups(), lr=1e-3), sharded
-    if mode.startswith("single-sparse"):
-        model.sparse_gradients = True
+    model.sparse_gradients = mode.startswith("single-sparse")
+    if model.sparse_gradients:
         return model, SparseAdamW(model.parameters(), lr=1e-3), None
     ddp = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
     return ddp, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True), None
@@ -68,11 +62,9 @@ def _rank_main(rank, world, mode, shape_name, steps, warmup, folder):
         if world > 1:
             torch.distributed.barrier()
         before, t0, c0 = sharded.bytes_sent if sharded else 0, time.perf_counter(), time.process_time()
+        step_fn(ids, labels=ids, **({} if sharded else {"return_logits": False})).loss.backward()
         if sharded:
-            sharded(ids, labels=ids).loss.backward()
             sharded.reduce_gradients()
-        else:
-            step_fn(input_ids=ids, labels=ids, return_logits=False).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if i >= warmup:

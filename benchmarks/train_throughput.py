@@ -1,19 +1,14 @@
-"""Training throughput: tokens/s of forward + backward + optimizer step and peak memory; how the cost scales
-(--sweep); the activation memory gradient checkpointing saves (--checkpointing).
+"""Training throughput: tokens/s of forward + backward + optimizer step and peak memory, or (--checkpointing) the
+activation memory gradient checkpointing saves.
 
-    python benchmarks/train_throughput.py                      # both shapes, all objectives, + reference
-    python benchmarks/train_throughput.py --shape small --grads dense --no-reference   # dense grads + torch AdamW
-    python benchmarks/train_throughput.py --sweep successors            # around the small shape, one knob at a time
+    python benchmarks/train_throughput.py                      # both shapes, every objective
+    python benchmarks/train_throughput.py --shape small --grads dense   # dense gradients + torch AdamW
     python benchmarks/train_throughput.py --checkpointing --shape paper --batch 8 --length 256
 
-Shapes (common.py's synthetic graphs and Zipf paths): paper (V 4000, d 32, 227 successors, 0.959B parameters) and
-small (V 1000, 100 successors, 106M), batch 32 x 32 (--batch, --length). Objectives: exact (the full softmax), freq /
-uniform (K=400 negatives by frequency / uniformly). Each shape runs in a subprocess of its own, so its peak memory (the
-resident high-water mark) is its own; tokens/s is B x L over the median step. --reference (small shape): also
-reference_impl.py's per-candidate loop on the same batch. --sweep batch|length|successors|vocab|all: the small shape
-with one knob changed (SparseAdamW): tokens/s, step time and the edge rows a step touches (the successors of a batch's
-distinct sources, plus row 0). --checkpointing: the bytes autograd keeps for the backward (distinct storages,
-parameters excluded) and the forward + backward time, model.gradient_checkpointing_enable() off and on.
+Shapes: common.py's paper (V 4000, 227 successors, d 32) and small (V 1000, 100) at 32 x 32. Objectives: exact, freq /
+uniform (K=400 negatives by frequency / uniformly). A shape runs in a subprocess of its own (its peak memory, the
+resident high-water mark, its own); tokens/s is B x L over the median step. --checkpointing: the bytes autograd keeps
+for the backward (distinct storages, parameters excluded) and the step time, gradient checkpointing off and on.
 """
 
 import argparse
@@ -32,8 +27,6 @@ import common
 OBJECTIVES = {"exact": dict(loss_type="exact"),
               "freq": dict(loss_type="sampled", num_negatives=400, negative_sampling="frequency"),
               "uniform": dict(loss_type="sampled", num_negatives=400, negative_sampling="uniform")}
-SWEEPS = {"batch": [8, 16, 32, 64, 128], "length": [16, 32, 64, 128], "successors": [25, 50, 100, 200, 400],
-          "vocab": [500, 1000, 2000, 4000]}
 
 
 def set_objective(model, name):
@@ -42,8 +35,8 @@ def set_objective(model, name):
 
 
 def timed_steps(model, optimizer, paths, B, L, args):
-    """(step seconds, (forward, backward, optimizer) seconds, distinct sources) of each timed step; the load others put
-    on the CPUs meanwhile; the last loss."""
+    """((step, forward, backward, optimizer) seconds of each timed step, the load others put on the CPUs, the last
+    loss)."""
     times, monitor = [], common.CpuMonitor()
     for step in range(args.warmup + args.steps):
         batch = paths.batch(B, L)
@@ -57,29 +50,8 @@ def timed_steps(model, optimizer, paths, B, L, args):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step >= args.warmup:
-            times.append((time.perf_counter() - t0, (t1 - t0, t2 - t1, time.perf_counter() - t2),
-                          torch.unique(batch[:, :-1]).numel()))
+            times.append((time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2))
     return times, monitor.stop(), float(out.loss.detach())
-
-
-def reference_rows(args, model, paths, rows, B, L):
-    """The per-candidate reference, last, so that the peak memory above is ours alone; its first step sees our
-    parameters, so its loss equals ours (but for uniform negatives, which are random)."""
-    from reference_impl import PerCandidateReference
-
-    for row in rows:
-        set_objective(model, row["objective"])
-        ref, batch = PerCandidateReference(model, lr=args.lr), paths.batch(B, L)
-        with torch.no_grad():
-            ours = float(model(input_ids=batch, labels=batch, return_logits=False).loss)
-        seconds, losses = [], []
-        for _ in range(args.reference_steps):
-            t0 = time.perf_counter()
-            losses.append(float(ref.train_step(batch)))
-            seconds.append(time.perf_counter() - t0)
-        row.update(reference_tokens_per_s=B * L / min(seconds), ratio=row["tokens_per_s"] * min(seconds) / (B * L),
-                   reference_loss_matches=None if row["objective"] == "uniform"
-                   else abs(losses[0] - ours) <= 1e-4 * max(1.0, abs(ours)))
 
 
 def run_shape(args, shape_name) -> list[dict]:
@@ -96,34 +68,10 @@ def run_shape(args, shape_name) -> list[dict]:
         if args.wait_quiet:
             common.wait_for_quiet()
         times, load, loss = timed_steps(model, optimizer, paths, B, L, args)
-        fwd, bwd, opt = (statistics.median(p[i] for _, p, _ in times) for i in range(3))
-        rows.append(dict(shape=shape_name, objective=objective, grads=args.grads,
-                         params=sum(p.numel() for p in model.parameters()),
-                         tokens_per_s=B * L / statistics.median(t for t, _, _ in times), forward_s=fwd, backward_s=bwd,
+        step, fwd, bwd, opt = (statistics.median(t[i] for t in times) for i in range(4))
+        rows.append(dict(shape=shape_name, objective=objective, grads=args.grads, tokens_per_s=B * L / step,
+                         params=sum(p.numel() for p in model.parameters()), forward_s=fwd, backward_s=bwd,
                          optimizer_s=opt, peak_rss_gb=common.peak_rss_gb(), other_cpu_load=load, loss=loss))
-    if args.reference and shape_name == "small":
-        reference_rows(args, model, paths, rows, B, L)
-    return rows
-
-
-def sweep_rows(args) -> list[dict]:
-    from modeling_brillm.optimization import SparseAdamW
-
-    rows = []
-    for name in SWEEPS if args.sweep == "all" else [args.sweep]:
-        for value in SWEEPS[name]:
-            cfg = dict(common.SHAPES["small"], **{name: value})
-            model, graph = common.make_model(cfg["vocab"], cfg["successors"])
-            model.sparse_gradients = True
-            if args.wait_quiet:
-                common.wait_for_quiet()
-            times, load, _ = timed_steps(model, SparseAdamW(model.parameters(), lr=1e-3),
-                                         common.ZipfPaths(graph, seed=1), cfg["batch"], cfg["length"], args)
-            step_s = statistics.median(t for t, _, _ in times)
-            rows.append(dict(cfg, sweep=name, params=sum(p.numel() for p in model.parameters()), step_ms=1e3 * step_s,
-                             tokens_per_s=cfg["batch"] * cfg["length"] / step_s, other_cpu_load=load,
-                             touched_rows=statistics.mean(n for _, _, n in times) * cfg["successors"] + 1))
-            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -163,16 +111,12 @@ def checkpointing_rows(args) -> list[dict]:
     return rows
 
 
-def shape_rows(args) -> list[dict]:
-    """Each shape's rows from a subprocess of its own (its peak memory is its own)."""
+def shape_rows(args, argv) -> list[dict]:
+    """Each shape's rows from a subprocess of its own (its peak memory is its own), given this command line."""
     rows = []
     for shape in ["small", "paper"] if args.shape == "all" else [args.shape]:
-        flags = ["--child", "--shape", shape, "--grads", args.grads, "--steps", str(args.steps), "--warmup",
-                 str(args.warmup), "--lr", str(args.lr), "--reference-steps", str(args.reference_steps), "--threads",
-                 str(args.threads), "--objective", args.objective[0] if len(args.objective) == 1 else "all"]
-        flags += [f"--{k}={getattr(args, k)}" for k in ("batch", "length") if getattr(args, k)]
-        flags += ["--no-reference"] * (not args.reference) + ["--no-wait-quiet"] * (not args.wait_quiet)
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *flags], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", "--shape", shape],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{shape}: the child failed\n{proc.stderr[-3000:]}")
         rows += json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
@@ -189,13 +133,10 @@ def main(argv=None):
     parser.add_argument("--objective", choices=list(OBJECTIVES) + ["all"], default="all")
     parser.add_argument("--grads", choices=["sparse", "dense"], default="sparse",
                         help="sparse: model.sparse_gradients and SparseAdamW; dense: torch.optim.AdamW")
-    parser.add_argument("--sweep", choices=list(SWEEPS) + ["all"], help="scale one knob around the small shape")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing off and on")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--no-reference", dest="reference", action="store_false")
-    parser.add_argument("--reference-steps", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false",
                         help="do not wait (up to 5 min) for other processes to leave the CPUs")
@@ -207,13 +148,11 @@ def main(argv=None):
         print("RESULT " + json.dumps(run_shape(args, args.shape)), flush=True)
         return
     print(f"# machine: {common.machine()}")
-    if args.sweep:
-        figures = dict(sweep=sweep_rows(args))
-    elif args.checkpointing:
+    if args.checkpointing:
         args.shape = "paper" if args.shape == "all" else args.shape
         figures = dict(checkpointing=checkpointing_rows(args))
     else:
-        figures = dict(rows=shape_rows(args))
+        figures = dict(rows=shape_rows(args, sys.argv[1:] if argv is None else argv))
     common.write_record("train_throughput", args, figures, argv=argv)
 
 

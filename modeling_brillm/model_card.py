@@ -86,7 +86,13 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
         lines += ["## Evaluation", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
         lines += [""]
-    lines += [
+    return "\n".join(lines + _usage(rid, model.config))
+
+
+def _usage(rid: str, config) -> list[str]:
+    """The card's usage, limitations and citation."""
+    extend = getattr(config, "position_overflow", "error") == "extend"
+    return [
         "## Usage", "",
         "The model code ships with the weights (`trust_remote_code=True`):", "",
         "```python",
@@ -113,16 +119,14 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
         "`trust_remote_code`): `import modeling_brillm` first, or use `modeling_brillm.evaluation.perplexity`.", "",
         "## Limitations", "",
         (f"- Sequences of any length are read and generated (`position_overflow=\"extend\"`): positions past the "
-         f"trained {model.config.max_position_embeddings} reuse the last learned position weight (the model "
-         "learned one weight per position up to there only)."
-         if getattr(model.config, "position_overflow", "error") == "extend" else
-         f"- Sequences hold at most {model.config.max_position_embeddings} tokens (one learned position weight per "
+         f"trained {config.max_position_embeddings} reuse the last learned position weight (the model learned one "
+         "weight per position up to there only)." if extend else
+         f"- Sequences hold at most {config.max_position_embeddings} tokens (one learned position weight per "
          "position); longer prompts raise an error (`position_overflow=\"extend\"` reads past them)."),
         "- Generations are mostly fluent for a few tokens and then drift (as reported for BriLLM by its authors).",
         "- No safety tuning: outputs reflect the training data.", "",
         "## Citation", "", f"{PAPER}.", "",
     ]
-    return "\n".join(lines)
 
 
 def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=None, repo_id: str | None = None,
@@ -187,65 +191,69 @@ def check_hub_ready(directory) -> list[str]:
     generation_config.json, and a README.md whose metadata has library_name transformers, pipeline_tag
     text-generation and the `brillm` tag."""
     directory = os.fspath(directory)
-    problems = []
     files = set(os.listdir(directory)) if os.path.isdir(directory) else set()
     if not files:
         return [f"{directory} is not a folder or is empty."]
+    problems = []
     if "model.safetensors" not in files and "model.safetensors.index.json" not in files:
         problems.append("no safetensors weights (model.safetensors or model.safetensors.index.json).")
     if any(f.endswith(".bin") for f in files):
         problems.append("pickle weights (*.bin) present: ship safetensors only.")
-    config = {}
-    if "config.json" not in files:
-        problems.append("no config.json.")
-    else:
-        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-        if config.get("model_type") != "brillm":
-            problems.append(f"config.json model_type is {config.get('model_type')!r}, not 'brillm'.")
-        auto_map = config.get("auto_map") or {}
-        for key in ("AutoConfig", "AutoModelForCausalLM"):
-            if key not in auto_map:
-                problems.append(f"config.json auto_map lacks {key} (save with `import modeling_brillm` done).")
-        pending = [ref.split(".")[0] + ".py" for ref in auto_map.values() if isinstance(ref, str)]
-        seen = set()
-        while pending:
-            module = pending.pop()
-            if module in seen:
-                continue
-            seen.add(module)
-            if module not in files:
-                problems.append(f"remote-code file {module} (named by auto_map or imported) is missing.")
-                continue
-            with open(os.path.join(directory, module), encoding="utf-8") as f:
-                source = f.read()
-            for rel in re.findall(r"^\s*from\s+\.(\w+)\s+import", source, flags=re.MULTILINE):
-                pending.append(rel + ".py")
-    if not ({"tokenizer.json", "tokenizer_config.json"} & files):
-        problems.append("no tokenizer (tokenizer.json / tokenizer_config.json): save the tokenizer beside the model.")
-    elif "tokenizer_config.json" in files:
-        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
-            tok_cfg = json.load(f)
-        if tok_cfg.get("pad_token") is None:
-            problems.append("the tokenizer has no pad token: batched pipelines and the `evaluate` perplexity metric "
-                            "need one.")
+    problems += _config_problems(directory, files) + _tokenizer_problems(directory, files)
     if "generation_config.json" not in files:
         problems.append("no generation_config.json.")
-    if "README.md" not in files:
-        problems.append("no README.md model card (modeling_brillm.model_card.write_model_card).")
-    else:
-        with open(os.path.join(directory, "README.md"), encoding="utf-8") as f:
-            meta = _front_matter(f.read())
-        if meta is None:
-            problems.append("README.md has no YAML metadata header.")
-        else:
-            if meta.get("library_name") != "transformers":
-                problems.append("README.md metadata: library_name should be transformers.")
-            if meta.get("pipeline_tag") != "text-generation":
-                problems.append("README.md metadata: pipeline_tag should be text-generation.")
-            if "brillm" not in (meta.get("tags") or []):
-                problems.append("README.md metadata: tags should include brillm.")
+    problems += _card_problems(directory, files)
     if os.path.isdir(os.path.join(directory, "custom_generate")):
         problems.append("custom_generate/ folder present: transformers would replace model.generate with it when "
                         "loading with trust_remote_code=True; publish it as its own repo instead.")
     return problems
+
+
+def _config_problems(directory: str, files: set) -> list[str]:
+    """config.json: the brillm type, an auto_map, and the code files it names (with their relative imports)."""
+    if "config.json" not in files:
+        return ["no config.json."]
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    problems = [] if config.get("model_type") == "brillm" else [
+        f"config.json model_type is {config.get('model_type')!r}, not 'brillm'."]
+    auto_map = config.get("auto_map") or {}
+    problems += [f"config.json auto_map lacks {key} (save with `import modeling_brillm` done)."
+                 for key in ("AutoConfig", "AutoModelForCausalLM") if key not in auto_map]
+    pending, seen = [ref.split(".")[0] + ".py" for ref in auto_map.values() if isinstance(ref, str)], set()
+    while pending:
+        module = pending.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if module not in files:
+            problems.append(f"remote-code file {module} (named by auto_map or imported) is missing.")
+            continue
+        with open(os.path.join(directory, module), encoding="utf-8") as f:
+            pending += [rel + ".py" for rel in re.findall(r"^\s*from\s+\.(\w+)\s+import", f.read(), flags=re.MULTILINE)]
+    return problems
+
+
+def _tokenizer_problems(directory: str, files: set) -> list[str]:
+    if not ({"tokenizer.json", "tokenizer_config.json"} & files):
+        return ["no tokenizer (tokenizer.json / tokenizer_config.json): save the tokenizer beside the model."]
+    if "tokenizer_config.json" in files:
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            if json.load(f).get("pad_token") is None:
+                return ["the tokenizer has no pad token: batched pipelines and the `evaluate` perplexity metric "
+                        "need one."]
+    return []
+
+
+def _card_problems(directory: str, files: set) -> list[str]:
+    if "README.md" not in files:
+        return ["no README.md model card (modeling_brillm.model_card.write_model_card)."]
+    with open(os.path.join(directory, "README.md"), encoding="utf-8") as f:
+        meta = _front_matter(f.read())
+    if meta is None:
+        return ["README.md has no YAML metadata header."]
+    expected = (("library_name", "transformers", "library_name should be transformers"),
+                ("pipeline_tag", "text-generation", "pipeline_tag should be text-generation"))
+    problems = [f"README.md metadata: {why}." for key, value, why in expected if meta.get(key) != value]
+    return problems + ([] if "brillm" in (meta.get("tags") or []) else ["README.md metadata: tags should include "
+                                                                         "brillm."])

@@ -98,12 +98,12 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
             raise ValueError("Empty training input: the list of texts/files is empty.")
         if all(isinstance(item, os.PathLike) or (isinstance(item, str) and os.path.isfile(item)) for item in data):
             return _iter_files([Path(item) for item in data])
-        for item in data:
-            if isinstance(item, os.PathLike) or (isinstance(item, str) and "\n" not in item
-                                                 and item.lower().endswith(_TEXT_FILE_SUFFIXES)):
-                if os.path.isfile(item):
-                    raise ValueError("The input mixes file paths and raw texts; pass only paths or only texts.")
-                raise FileNotFoundError(f"Training file not found: {os.fspath(item)!r}")
+        named = [item for item in data if isinstance(item, os.PathLike) or (
+            isinstance(item, str) and "\n" not in item and item.lower().endswith(_TEXT_FILE_SUFFIXES))]
+        if named and os.path.isfile(named[0]):
+            raise ValueError("The input mixes file paths and raw texts; pass only paths or only texts.")
+        if named:
+            raise FileNotFoundError(f"Training file not found: {os.fspath(named[0])!r}")
         return iter(data)
     if isinstance(data, Iterable):
         return iter(data)

@@ -11,15 +11,12 @@ from collections import OrderedDict
 
 import torch
 
-from .build import explore
-from .loading import folder_problem, load_model, one_line, quiet
-from .page import Explorer
+from .build import Explorer, explore, folder_problem, load_model, one_line, quiet
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from a local tool, set before Gradio loads
 HOST = "127.0.0.1"
 EXTEND_FIX = ": tick \u201cread past the trained positions\u201d to read past them."
 HEIGHT = 760
-CACHE_SIZE = 2  # models kept loaded; the least recently used one goes first
 NOT_LISTED = "this app opens only the models it was started with: pick one from the list."
 CANNOT_OPEN = "cannot open {name!r} as a BriLLM model (a saved model folder this server can read, or a Hub id)."
 
@@ -32,19 +29,17 @@ def resolve(name: str) -> str:
 
 class Models:
     """The models served (`listed`, or any when `allow_any`), loaded on first use into a least-recently-used cache of
-    `size` by resolved folder; `lock` serialises the requests, which each set the position overflow they ask for."""
+    `size` by resolved folder; `lock` serialises the requests, each setting the position overflow it asks for."""
 
-    def __init__(self, listed=(), allow_any: bool = False, size: int = CACHE_SIZE):
+    def __init__(self, listed=(), allow_any: bool = False, size: int = 2):
         self.listed = {resolve(n): n for n in listed}
         self.allow_any, self.size = bool(allow_any), max(1, int(size))
         self.loaded: OrderedDict = OrderedDict()
         self.lock = threading.Lock()
 
     def get(self, name: str):
-        """(model, tokenizer, its own position overflow), or a one-line ValueError that for a name off the list is
-        the same whatever the server holds there."""
-        key = resolve(name)
-        if key in self.loaded:
+        """(model, tokenizer, its own overflow), or a one-line ValueError that tells nothing of the server's files."""
+        if (key := resolve(name)) in self.loaded:
             self.loaded.move_to_end(key)
             return self.loaded[key]
         if key not in self.listed and not self.allow_any:
@@ -80,10 +75,9 @@ def explore_prompt(models: Models, name, prompt, new_tokens, sample, temperature
         message = one_line(error, EXTEND_FIX)
         return Explorer.error(message).iframe(HEIGHT), f"error: {message}"
     trace, generated = page.data["paths"]
-    summary = trace["summary"]
-    status = (f"{len(trace['steps'])} steps traced (perplexity {summary['perplexity']:.3f}, top-1 "
-              f"{summary['top1_accuracy']:.0%}), {len(generated['steps'])} tokens generated")
-    return page.iframe(HEIGHT), status
+    s = trace["summary"]
+    return page.iframe(HEIGHT), (f"{len(trace['steps'])} steps traced (perplexity {s['perplexity']:.3f}, top-1 "
+                                 f"{s['top1_accuracy']:.0%}), {len(generated['steps'])} tokens generated")
 
 
 def build(models=(), extend: bool = False, allow_any: bool = False):
@@ -113,7 +107,6 @@ def build(models=(), extend: bool = False, allow_any: bool = False):
         handler = lambda *values: explore_prompt(served, *values)
         run.click(handler, inputs, [view, status])
         prompt.submit(handler, inputs, [view, status])
-    app.models = served
     return app
 
 
@@ -127,8 +120,7 @@ def check_listed(names: list[str], allow_any: bool) -> str | None:
     """The command line's mistakes, said before the server starts: no model, a listed folder that cannot be one."""
     if not names and not allow_any:
         return "give --model FOLDER_OR_HUB_ID (one or more): the app opens only the models it is started with"
-    problems = (folder_problem(os.path.expanduser(name.strip())) for name in names)
-    return next((p for p in problems if p), None)
+    return next((p for name in names if (p := folder_problem(os.path.expanduser(name.strip())))), None)
 
 
 def main(argv=None, description=None) -> int:

@@ -1,28 +1,145 @@
-"""The page of a text through one model (`explore`) or through two (`compare`): the checks on the input, the paths,
-the nodes and every token's text, gathered into the `Explorer` that writes the page."""
+"""A saved BriLLM loaded quietly by this package's code (never the folder's own), and the page of a text through one
+model (`explore`) or two (`compare`): the input checked, the paths, the nodes and every token's text gathered into
+the `Explorer` that writes it as one self-contained HTML file (docs/explorer.md). Every mistake: one line."""
 
 from __future__ import annotations
 
+import html
+import json
 import math
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from huggingface_hub.utils import logging as hub_logging
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from .. import energy_generate, energy_trace
-from .edges import neighbourhoods
-from .loading import display_name, quiet
-from .page import Explorer
-from .paths import generation_path, position_logits, trace_path
+from .records import generation_path, neighbourhoods, position_logits, trace_path
 from .text import TokenText, label, prose
 
 FOLLOW = 400  # nodes the Node view's tables lead to whose own edges the page also holds (each one short forward)
 CHANGED = 10  # steps listed in the diff view as those whose rank changed most
 PYTHON_FIX = ('; load the model with load_model(name, extend=True), or set model.config.position_overflow = '
               '"extend", to read past them.')
+_STATIC = Path(__file__).resolve().parent / "static"
+# the page's script in the order it runs: helpers, the energy chart, the path, Node and diff views, the start
+SCRIPTS = ("base.js", "chart.js", "path.js", "node.js", "diff.js", "main.js")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # a Hub id: a name, or a namespace and a name
+SAVED = "give the folder save_pretrained wrote."
+
+
+@contextmanager
+def quiet():
+    """transformers' and the Hub's warnings and progress bars off for the block (lengths are checked here)."""
+    level, hub_level = hf_logging.get_verbosity(), hub_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        hub_logging.set_verbosity(hub_level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def one_line(error: BaseException, fix: str = "") -> str:
+    """The line a user reads: a `TooLong`'s problem with the `fix` of the place it is read in, else the first line."""
+    if getattr(error, "problem", None):
+        return error.problem + fix
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def folder_problem(name: str) -> str | None:
+    """What is wrong with `name` as a saved folder (none, a file, missing, no config.json), or None: may be a model.
+    A name that can only be a path (not a Hub id), or reads "folder/name" with the folder here, is missing."""
+    if not name:
+        return "no model given: name a saved BriLLM folder or a Hub id."
+    if os.path.isfile(name):
+        return f"{name!r} is a file, not a model folder: {SAVED}"
+    if not os.path.isdir(name):
+        local = (os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1
+                 or not _HUB_ID.match(name) or ("/" in name and os.path.isdir(name.split("/", 1)[0])))
+        return f"no such folder: {name!r}." if local else None
+    if not os.path.isfile(os.path.join(name, "config.json")):
+        return f"{name!r} is not a BriLLM model folder (it holds no config.json): {SAVED}"
+    return None
+
+
+def load_model(name_or_path: str, extend: bool = False):
+    """(model, tokenizer) of a saved folder or Hub id in eval mode, by this package's BriLLM, or a one-line ValueError;
+    `extend`: read past the trained positions."""
+    name = os.path.expanduser(str(name_or_path).strip())
+    with quiet():
+        if problem := folder_problem(name):
+            raise ValueError(problem)
+        try:
+            config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+        except (OSError, ValueError, KeyError) as error:
+            if os.path.isdir(name):
+                raise ValueError(f"{name!r} is not a BriLLM model folder ({one_line(error)}).") from None
+            raise ValueError(f"no such folder, and no Hub model {name!r} could be read ({one_line(error)}).") from None
+        if getattr(config, "model_type", None) != "brillm":
+            raise ValueError(f"{name!r} holds a {config.model_type!r} model, not a BriLLM: give a folder saved by "
+                             "BriLLM's save_pretrained.")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=False).eval()
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot load the BriLLM model {name!r}: {one_line(error)}") from None
+    if extend:
+        model.config.position_overflow = "extend"
+        tokenizer.model_max_length = int(1e30)  # the trained range would warn of indexing errors falsely
+    return model, tokenizer
+
+
+@dataclass
+class Explorer:
+    """The page's data (`data`, JSON-ready) and its renderings: `to_html()`, `save(path)`, `_repr_html_()`."""
+
+    data: dict
+
+    @classmethod
+    def error(cls, message: str) -> Explorer:
+        """A page that shows `message` in place of the views (bad input, a model that would not load, ...)."""
+        return cls({"title": "BriLLM explorer", "error": str(message)})
+
+    def to_html(self) -> str:
+        payload = json.dumps(self.data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        style = (_STATIC / "explorer.css").read_text(encoding="utf-8")
+        script = "\n".join((_STATIC / name).read_text(encoding="utf-8") for name in SCRIPTS)
+        title = html.escape(str(self.data.get("title", "BriLLM explorer")))
+        return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>\n'
+                f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+                f"<style>\n{style}</style></head>\n<body>\n<div id=\"app\"></div>\n"
+                f'<script type="application/json" id="brillm-data">{payload}</script>\n'
+                f'<script>\n(function () {{\n  "use strict";\n{script}\n}})();\n</script>\n</body></html>\n')
+
+    def save(self, path) -> str:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(self.to_html(), encoding="utf-8")
+        return os.fspath(path)
+
+    def iframe(self, height: int = 720) -> str:
+        """The page inside a sandboxed iframe (scripts run, nothing else is allowed): for notebooks and Gradio."""
+        return (f'<iframe class="brillm-explorer" sandbox="allow-scripts" style="width:100%;height:'
+                f'{int(height)}px;border:1px solid #ddd;border-radius:6px" '
+                f'srcdoc="{html.escape(self.to_html(), quote=True)}"></iframe>')
+
+    def _repr_html_(self) -> str:
+        return self.iframe()
 
 
 class TooLong(ValueError):
-    """A text past the trained positions: `problem` says what, the message adds Python's fix (the command line and
-    the app add their own: a flag, a checkbox)."""
+    """A text past the trained positions: `problem` says what; the message adds Python's fix, `one_line` another."""
 
     def __init__(self, problem: str):
         self.problem = problem
@@ -64,8 +181,7 @@ def _text_ids(text, tokenizer) -> list[int]:
 
 
 def check_text(model, text, tokenizer=None) -> list[int]:
-    """The token ids `energy_trace` reads for `text` (a string with its tokenizer, or ids), or a one-line ValueError:
-    an empty text, a single token, a text past the trained positions (`TooLong`)."""
+    """The token ids `energy_trace` reads for `text` (a string with its tokenizer, or ids), or a one-line ValueError."""
     _check_model(model)
     ids = _text_ids(text, tokenizer)
     _check_length(model, len(ids), f"the text holds {len(ids)} tokens, more than")
@@ -101,16 +217,16 @@ def _node_id(node, tokenizer) -> int:
 
 
 def _model_facts(model) -> dict:
-    config = model.config
-    return {"name": display_name(getattr(config, "_name_or_path", "")), "vocab_size": int(config.vocab_size),
-            "max_positions": int(config.max_position_embeddings), "graph": str(config.graph),
-            "edges": int(config.num_edges) if getattr(config, "num_edges", None) else None,
+    config, name = model.config, str(getattr(model.config, "_name_or_path", "") or "").strip()
+    # a folder's own name (the last part of its path), a Hub id as it is
+    name = (os.path.basename(os.path.realpath(name)) or name) if os.path.isdir(name) else name or "BriLLM"
+    return {"name": name, "vocab_size": int(config.vocab_size), "max_positions": int(config.max_position_embeddings),
+            "graph": str(config.graph), "edges": int(config.num_edges) if getattr(config, "num_edges", None) else None,
             "extend": getattr(config, "position_overflow", "error") == "extend"}
 
 
 def _token_data(texts: TokenText, paths: list[dict], hoods: dict) -> dict:
-    """Every token on the page as a chip shows it (labels), the paths' tokens as prose shows them, the bytes (hex) of
-    those that are pieces of a character, and the special tokens."""
+    """Every token's chip label, the paths' tokens as prose, the bytes of those that are pieces of a character."""
     in_paths = sorted({t for p in paths for t in p["tokens"]})
     used = set(in_paths) | set(hoods) | {v for p in paths for s in p["steps"] for v in
                                          [s["tgt"], s.get("pred", s["tgt"])] + [a for a, _ in s["alts"]]}
@@ -125,11 +241,9 @@ def _token_data(texts: TokenText, paths: list[dict], hoods: dict) -> dict:
 
 
 def explore(model, text=None, tokenizer=None, *, prompt=None, max_new_tokens: int = 20, top_k: int = 5,
-            neighbours: int = 10, nodes=(), title: str | None = None, **generate_kwargs) -> Explorer:
-    """The page of `text` (a string with `tokenizer`, or token ids) and, with `prompt` (a string or ids), of the
-    continuation `energy_generate` writes (`generate_kwargs`: greedy unless they say otherwise); `top_k` alternatives
-    a step, `neighbours` real edges a node, `nodes` (ids or token texts) added to the Node view. Bad input: a one-line
-    ValueError (`TooLong` past the trained positions)."""
+            neighbours: int = 10, nodes=(), **generate_kwargs) -> Explorer:
+    """The page of `text` (a string with `tokenizer`, or token ids) and, with `prompt`, of the continuation
+    `energy_generate` writes (`generate_kwargs`: greedy unless they say otherwise); bad input: a one-line ValueError."""
     if text is None and prompt is None:
         raise ValueError("nothing to show: give a text to trace, a prompt to continue, or both.")
     _check_model(model)
@@ -147,17 +261,9 @@ def explore(model, text=None, tokenizer=None, *, prompt=None, max_new_tokens: in
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else model.config.bos_token_id
     hoods = neighbourhoods(model, [p["tokens"] for p in paths], extra, neighbours, bos, follow=FOLLOW)
     facts = _model_facts(model)
-    data = {"title": title or f"BriLLM explorer: {facts['name']}", "model": facts,
-            **_token_data(texts, paths, hoods), "positions": position_logits(model), "paths": paths,
-            "nodes": {str(u): h for u, h in hoods.items()}, "added": extra, "focus": extra[0] if extra else None}
-    return Explorer(data)
-
-
-def _changed(a: dict, b: dict) -> list[int]:
-    """The steps whose rank changed most between the two traces, by the factor between the ranks."""
-    factor = [abs(math.log(sb["rank"] / sa["rank"])) for sa, sb in zip(a["steps"], b["steps"])]
-    order = sorted(range(len(factor)), key=lambda i: (-factor[i], i))
-    return [i for i in order[:CHANGED] if factor[i] > 0]
+    return Explorer({"title": f"BriLLM explorer: {facts['name']}", "model": facts,
+                     **_token_data(texts, paths, hoods), "positions": position_logits(model), "paths": paths,
+                     "nodes": {str(u): h for u, h in hoods.items()}, "added": extra, "focus": (extra or [None])[0]})
 
 
 def _check_pair(model_a, model_b, text, tokenizer, tokenizer_b) -> list[int]:
@@ -176,11 +282,9 @@ def _check_pair(model_a, model_b, text, tokenizer, tokenizer_b) -> list[int]:
     return ids
 
 
-def compare(model_a, model_b, text, tokenizer=None, tokenizer_b=None, *, names=None, top_k: int = 5,
-            title: str | None = None) -> Explorer:
-    """The diff page of one text through two BriLLMs (say before and after fine-tuning): both energies and ranks a
-    step, and the steps whose rank changed most. `tokenizer_b` (default `tokenizer`) must read the same tokens;
-    `names` label the models (default: their folder or Hub names)."""
+def compare(model_a, model_b, text, tokenizer=None, tokenizer_b=None, *, names=None, top_k: int = 5) -> Explorer:
+    """The diff page of one text through two BriLLMs: both energies and ranks a step, and the `CHANGED` steps whose
+    rank changed most (by the factor between the ranks); `tokenizer_b` (default `tokenizer`) reads the same tokens."""
     tokenizer_b = tokenizer if tokenizer_b is None else tokenizer_b
     ids = _check_pair(model_a, model_b, text, tokenizer, tokenizer_b)
     facts = [_model_facts(model_a), _model_facts(model_b)]
@@ -192,9 +296,10 @@ def compare(model_a, model_b, text, tokenizer=None, tokenizer_b=None, *, names=N
         for model, tt, name in zip((model_a, model_b), texts, names):
             path = trace_path(energy_trace(model, source, tt.tokenizer, top_k=top_k), tt)
             paths.append({**path, "name": name, "positions": position_logits(model)})
+    factor = [abs(math.log(sb["rank"] / sa["rank"])) for sa, sb in zip(paths[0]["steps"], paths[1]["steps"])]
+    changed = [i for i in sorted(range(len(factor)), key=lambda i: (-factor[i], i))[:CHANGED] if factor[i] > 0]
     tokens = _token_data(texts[0], paths, {})
     tokens["labels"] = {**_token_data(texts[1], paths, {})["labels"], **tokens["labels"]}
-    data = {"title": title or f"BriLLM diff: {names[0]} \u2192 {names[1]}", "model": facts[0], **tokens,
-            "positions": paths[0]["positions"], "paths": paths, "nodes": {}, "added": [], "focus": None,
-            "diff": {"names": names, "models": facts, "changed": _changed(*paths)}}
-    return Explorer(data)
+    return Explorer({"title": f"BriLLM diff: {names[0]} \u2192 {names[1]}", "model": facts[0], **tokens,
+                     "positions": paths[0]["positions"], "paths": paths, "nodes": {}, "added": [], "focus": None,
+                     "diff": {"names": names, "models": facts, "changed": changed}})

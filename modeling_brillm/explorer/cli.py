@@ -8,8 +8,7 @@ import json
 import sys
 
 from .. import energy_trace, plot_energy_path
-from .build import check_text, compare, explore
-from .loading import load_model, one_line, quiet
+from .build import check_text, compare, explore, load_model, one_line, quiet
 
 EXTEND_FIX = ": pass --extend to read past them."
 
@@ -44,57 +43,44 @@ def check(args) -> str | None:
             return f"{flag} adds to the interactive page: give --html PAGE.html too"
     if args.top_k < 1 or args.max_steps < 1:
         return "--top_k and --max_steps take a number, 1 or more"
-    if args.text == "":
-        return "the text is empty: give --text some words to trace"
-    return None
+    return "the text is empty: give --text some words to trace" if args.text == "" else None
 
 
-def write_page(args, model, tokenizer):
+def run(args) -> None:
+    """Load, write what was asked for, and print the path's summary and steps (and a diff's changed steps)."""
+    model, tokenizer = load_model(args.model, args.extend)
+    check_text(model, args.text, tokenizer)
     top_k = max(args.top_k, 5)
     if args.compare:
         other, other_tokenizer = load_model(args.compare, args.extend)
         page = compare(model, other, args.text, tokenizer, other_tokenizer, top_k=top_k)
-    else:  # --node values: digits are an id, anything else a token's text
+    elif args.html:  # --node values: digits are an id, anything else a token's text
         nodes = [int(n) if n.strip().isdigit() else n for n in args.node]
         page = explore(model, args.text, tokenizer, prompt=args.text if args.generate > 0 else None,
                        max_new_tokens=args.generate, top_k=top_k, nodes=nodes)
-    page.save(args.html)
-    return page
-
-
-def run(args) -> None:
-    model, tokenizer = load_model(args.model, args.extend)
-    check_text(model, args.text, tokenizer)
-    page = write_page(args, model, tokenizer) if args.html else None
-    trace = energy_trace(model, args.text, tokenizer, top_k=max(args.top_k, 5))
+    if args.html:
+        page.save(args.html)
+    trace = energy_trace(model, args.text, tokenizer, top_k=top_k)
     if args.output:
         plot_energy_path(trace, args.output, top_k=args.top_k, max_steps=args.max_steps)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"text": args.text, "summary": trace.summary(), "steps": trace.to_records()}, f, indent=1)
-    report(trace, [f for f in (args.output, args.html, args.json) if f])
-    if args.compare:
-        report_diff(page.data)
-
-
-def report(trace, written):
-    summary = trace.summary()
+    summary, written = trace.summary(), ", ".join(f for f in (args.output, args.html, args.json) if f)
     print(f"{summary['steps']} steps, perplexity {summary['perplexity']:.3f}, "
-          f"top-1 {summary['top1_accuracy']:.1%}, mean rank {summary['mean_rank']:.2f}; wrote {', '.join(written)}")
+          f"top-1 {summary['top1_accuracy']:.1%}, mean rank {summary['mean_rank']:.2f}; wrote {written}")
     for step in trace.steps():
         marker = "" if step.rank == 1 else f"   (model prefers {step.predicted_text!r}: {step.predicted_energy:.2f})"
         print(f"  {step.position:3d} {step.source_text!r:>10} -> {step.target_text!r:<10} "
               f"energy {step.energy:8.3f} rank {step.rank}{'' if step.real_edge else ' [shared edge]'}{marker}")
-
-
-def report_diff(data):
-    a, b = data["paths"]
-    for path in (a, b):
-        s = path["summary"]
-        print(f"{path['name']}: perplexity {s['perplexity']:.3f}, top-1 {s['top1_accuracy']:.1%}, mean rank "
-              f"{s['mean_rank']:.2f}")
-    for i in data["diff"]["changed"]:
-        print(f"  step {i:3d}: rank {a['steps'][i]['rank']} -> {b['steps'][i]['rank']}")
+    if args.compare:
+        a, b = page.data["paths"]
+        for path in (a, b):
+            s = path["summary"]
+            print(f"{path['name']}: perplexity {s['perplexity']:.3f}, top-1 {s['top1_accuracy']:.1%}, mean rank "
+                  f"{s['mean_rank']:.2f}")
+        for i in page.data["diff"]["changed"]:
+            print(f"  step {i:3d}: rank {a['steps'][i]['rank']} -> {b['steps'][i]['rank']}")
 
 
 def main(argv=None, description=None) -> int:

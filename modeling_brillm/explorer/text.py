@@ -1,6 +1,5 @@
-"""Token texts as a reader sees them. A byte-level BPE token (the demo's and BriLLM0.5's English tokenizers) is a
-run of bytes, and a character outside ASCII (é, 中, 😀) often spans tokens, so each token decoded alone shows "�":
-the page shows such tokens as the character they make together (`char_groups`), invisible characters as marks."""
+"""Token texts as a reader sees them: the characters byte-level tokens make together (`char_groups`), every invisible
+character as a mark (docs/explorer.md, "Characters, not bytes")."""
 
 from __future__ import annotations
 
@@ -20,22 +19,15 @@ _BYTES_OF = {ch: b for b, ch in bytes_to_unicode().items()}  # the byte-level al
 
 def _escape(ch: str) -> str:
     """A character that would be invisible (or turn the text's direction) as a visible mark; others unchanged."""
-    if ord(ch) < 0x20:
-        return chr(0x2400 + ord(ch))  # the C0 control pictures: ␀ ... ␟
-    if ch == "\x7f":
-        return "\u2421"
-    if unicodedata.category(ch) in _INVISIBLE or ch in "\u2028\u2029\ufeff":
-        return f"\\u{ord(ch):04x}"
-    return ch
+    if ord(ch) < 0x20 or ch == "\x7f":  # the control pictures: ␀ ... ␟, ␡
+        return chr(0x2400 + ord(ch)) if ch != "\x7f" else "\u2421"
+    return f"\\u{ord(ch):04x}" if unicodedata.category(ch) in _INVISIBLE else ch
 
 
 def label(text: str | None, token: int | None = None) -> str:
-    """A token's text as a chip shows it: newline ↵, tab ⇥, controls as their control pictures, bidi and zero-width
-    characters as \\uXXXX, a space at either end as ␣, "∅" for an empty text, "#id" without a tokenizer's text."""
-    if text is None:
-        return f"#{token}"
-    if text == "":
-        return "\u2205"
+    """A token's text as a chip shows it (docs/explorer.md): "∅" when empty, "#id" without a tokenizer's text."""
+    if not text:
+        return f"#{token}" if text is None else "\u2205"
     core, lead = text.strip(" "), len(text) - len(text.lstrip(" "))
     inner = "".join(" " if ch == " " else _WHITESPACE.get(ch) or _escape(ch) for ch in core)
     return "\u2423" * lead + inner + "\u2423" * (len(text) - lead - len(core))
@@ -44,11 +36,6 @@ def label(text: str | None, token: int | None = None) -> str:
 def prose(text: str) -> str:
     """A text as running prose shows it: spaces, tabs and newlines as themselves, other invisible characters marked."""
     return "".join(ch if ch in " \n\t" else _WHITESPACE.get(ch) or _escape(ch) for ch in text)
-
-
-def decode(data: bytes) -> str:
-    """Bytes as text: valid UTF-8 as its characters, every byte that is not part of one as \\xNN."""
-    return data.decode("utf-8", errors="backslashreplace")
 
 
 class TokenText:
@@ -61,7 +48,7 @@ class TokenText:
         self.byte_level, self.byte_fallback = '"type": "ByteLevel"' in decoder, '"type": "ByteFallback"' in decoder
         self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.added = {int(i) for i in (getattr(tokenizer, "added_tokens_decoder", None) or {})}
-        self.bytes = functools.cache(self._bytes)  # the token's bytes, computed once each
+        self.bytes = functools.cache(self._bytes)
 
     def _decoded(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -81,16 +68,14 @@ class TokenText:
 
     def text(self, token: int) -> str | None:
         """The token's text alone: its characters, with bytes that make no whole character as \\xNN."""
-        data = self.bytes(token)
-        if data is not None:
-            return decode(data)
+        if (data := self.bytes(token)) is not None:
+            return data.decode("utf-8", errors="backslashreplace")
         return None if self.tokenizer is None else self._decoded(int(token))
 
     def whole(self, token: int) -> bool:
         """Whether the token's bytes are whole characters (False for a byte piece of one)."""
-        data = self.bytes(token)
         try:
-            return data is None or data.decode("utf-8") is not None
+            return (data := self.bytes(token)) is None or data.decode("utf-8") is not None
         except UnicodeDecodeError:
             return False
 
@@ -108,14 +93,12 @@ def _states(pieces: list[bytes | None]):
 
 
 def char_groups(pieces: list[bytes | None]) -> list[tuple[int, int]]:
-    """(first, last) of every run of two or more tokens whose bytes make whole characters only together; a special
-    token (None) ends a run, and so does the end."""
+    """(first, last) of every run of two or more tokens whose bytes make whole characters only together."""
     groups, start = [], 0
     for i, waiting in enumerate(_states(pieces)):
         if waiting:
             continue
-        last = i - 1 if waiting is None else i
-        if last > start:
+        if (last := i - 1 if waiting is None else i) > start:
             groups.append((start, last))
         start = i + 1
     if len(pieces) - 1 > start:

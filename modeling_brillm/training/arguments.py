@@ -1,6 +1,6 @@
-"""The command line of `examples/pretrain.py`: the flags of transformers' `run_clm_no_trainer.py` wherever the
-concept is the same, plus BriLLM's own, and the checks that need no data. A flag left out takes the preset's value,
-or the default preset's (shown in brackets: recipe.RULES)."""
+"""The command line of `examples/pretrain.py` (the flags of transformers' `run_clm_no_trainer.py` where the concept is
+the same, plus BriLLM's own) and the checks that need no data. A flag left out takes the preset's value, or the default
+preset's (shown in brackets: recipe.RULES)."""
 
 from __future__ import annotations
 
@@ -18,23 +18,13 @@ SCHEDULERS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constan
               "inverse_sqrt", "warmup_stable_decay"]
 
 
-def count_or_auto(value: str):
-    """--min_bigram_count: a positive count, or "auto" (pruning.decide_min_count)."""
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
-
-
-def number_in(valid, expected: str, auto: bool = False):
-    """An argparse type: a number for which `valid` holds (and "auto" where `auto`)."""
+def number_in(valid, expected: str, auto: bool = False, kind=float):
+    """An argparse type: a number (of `kind`) for which `valid` holds, or "auto" where `auto`."""
     def parse(value: str):
         if auto and value == "auto":
             return value
         try:
-            number = float(value)
+            number = kind(value)
         except ValueError:
             number = None
         if number is None or not valid(number):
@@ -44,6 +34,7 @@ def number_in(valid, expected: str, auto: bool = False):
     return parse
 
 
+count_or_auto = number_in(lambda count: True, "a positive integer", auto=True, kind=int)  # checked with the preset's
 positive_rate = number_in(lambda r: 0 < r < float("inf"), "a positive learning rate")
 probability_or_auto = number_in(lambda p: 0 <= p < 1, "a probability in [0, 1)", auto=True)
 
@@ -172,26 +163,22 @@ POSITIVE = ("block_size", "per_device_train_batch_size", "per_device_eval_batch_
 POSITIVE_IF_GIVEN = ("max_train_steps", "eval_steps", "checkpoints_total_limit", "max_eval_samples")
 
 
+def positive(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"--{name} must be a positive integer, got {value}.")
+
+
 def check_args(args, max_positions: int):
     """The checks that need no data, on the resolved settings (a preset's values included)."""
-    def positive(name, value):
-        if value is None or value < 1:
-            raise UsageError(f"--{name} must be a positive integer, got {value}.")
-
-    for name in POSITIVE:
+    for name in POSITIVE + tuple(n for n in POSITIVE_IF_GIVEN if getattr(args, n) is not None):
         positive(name, getattr(args, name))
-    for name in POSITIVE_IF_GIVEN:
-        if getattr(args, name) is not None:
-            positive(name, getattr(args, name))
-    check_graph_and_dropout(args)
-    check_time_budget(args)
     if args.block_size > max_positions:
-        raise UsageError(
-            f"--block_size {args.block_size} is beyond the model's max_position_embeddings={max_positions}: "
-            f"BriLLM has {max_positions} learned position weights; use --block_size <= {max_positions}.")
+        raise UsageError(f"--block_size {args.block_size} is beyond the model's max_position_embeddings="
+                         f"{max_positions}: BriLLM has {max_positions} learned position weights; use --block_size <= "
+                         f"{max_positions}.")
     if args.block_size < 2:
         raise UsageError("--block_size must be at least 2 (a block needs one bigram).")
-    if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
+    if args.checkpointing_steps not in (None, "epoch"):
         try:
             args.checkpointing_steps = int(args.checkpointing_steps)
         except ValueError:
@@ -201,16 +188,18 @@ def check_args(args, max_positions: int):
     for name in ("shared_edge_lr_scale", "node_lr_scale"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name} must be a positive number, got {getattr(args, name)}.")
+    check_graph_and_dropout(args)
+    check_time_budget(args)
     check_data_flags(args)
 
 
 def check_graph_and_dropout(args):
     count, warmup = args.min_bigram_count, args.signal_dropout_warmup_epochs
-    if count != "auto" and (not isinstance(count, int) or count < 1):
-        if isinstance(count, int):
-            raise UsageError(f"--min_bigram_count must be a positive integer, got {count}.")
-        raise UsageError(f"--min_bigram_count must be a positive integer or 'auto', got {count!r} "
-                         "(check the preset's training section).")
+    if count != "auto" and not isinstance(count, int):
+        raise UsageError(f"--min_bigram_count must be a positive integer or 'auto', got {count!r} (check the preset's "
+                         "training section).")
+    if count != "auto":
+        positive("min_bigram_count", count)
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < float("inf"):
         raise UsageError(f"--signal_dropout_warmup_epochs must be a number of epochs >= 0 (0: the full dropout from "
                          f"the first step), got {warmup!r}.")
@@ -238,8 +227,7 @@ def check_data_flags(args):
         raise UsageError("--validation_file needs --train_file (or --dataset_name) too.")
     if args.train_file and args.dataset_name:
         raise UsageError("give either --train_file or --dataset_name, not both.")
-    for flag in ("train_file", "validation_file"):
-        path = getattr(args, flag)
+    for flag, path in (("train_file", args.train_file), ("validation_file", args.validation_file)):
         if path is not None:
             file_builder(path, flag)
             if not os.path.isfile(path):

@@ -1,6 +1,6 @@
 """Keep the best model by held-out loss, as `Trainer(load_best_model_at_end=True)` does: a better evaluation writes the
-weights to `<output_dir>/best_model.safetensors` (atomically), every checkpoint carries them and the best step and loss
-(a resumed run knows the same best), and they go back into the model before the final save. Step 0 never counts."""
+weights to `<output_dir>/best_model.safetensors`, every checkpoint carries them (a resumed run knows the same best),
+and they go back into the model before the final save. Step 0 never counts."""
 
 from __future__ import annotations
 

@@ -27,21 +27,15 @@ RESUME = "free space and continue with --resume_from_checkpoint latest"
 
 
 # ------------------------------------------------------------------------------------------------- writing
-def out_of_space(err: Exception, folder, need: float = 0.0) -> bool:
-    """Whether a failed write ran out of space: the error says so, or (torch.save does not) less than it needed is
-    free."""
-    said = getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err) or "os error 28" in str(err)
-    return said or shutil.disk_usage(folder).free < need
-
-
 @contextmanager
 def writing(folder, what: str, fix: str, need: float = 0.0, cleanup=None):
-    """A write into `folder`; a disk that ran out of space is one line naming the folder, what was written (and the
-    `need`ed bytes) and `fix`; `cleanup` first removes what the failed write left."""
+    """A write into `folder`: a disk that ran out of space (the error says so, or, as torch.save does not, less than
+    `need` bytes are free) is one line naming the folder, `what` and `fix`; `cleanup` first removes what it left."""
     try:
         yield
     except Exception as err:
-        full = out_of_space(err, folder, need)
+        said = getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err) or "os error 28" in str(err)
+        full = said or shutil.disk_usage(folder).free < need
         if cleanup is not None:
             cleanup()
         if not full:
@@ -68,16 +62,11 @@ def remove_dir(path: Path):
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def size_of(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 # --------------------------------------------------------------------------------------------- the folder
 class RunFolder:
     """`--output_dir`, this run's from `lock` to `release` (an exclusive flock on `.lock`, which names the holder's
-    PID and host; a lock a dead run left is taken over, with a message). An earlier run's checkpoints, log and
-    model are refused unless `--overwrite_output_dir` says to replace them; its model then stays in place until
-    `install` swaps in the staged new one."""
+    PID and host; a dead run's lock is taken over). An earlier run is refused unless `--overwrite_output_dir`; its
+    model then stays in place until `install` swaps in the staged new one."""
 
     def __init__(self, path):
         self.path, self.handle, self.created = Path(path), None, not Path(path).exists()
@@ -131,19 +120,11 @@ class RunFolder:
     def model_files(self) -> list[Path]:
         return [p for p in self.path.iterdir() if p.is_file() and MODEL_FILE.fullmatch(p.name) and p.name != BEST_FILE]
 
-    def earlier_run(self) -> list[str]:
-        """What an earlier run left: its checkpoints, its log, its saved model."""
-        found, checkpoints = [], len(list_checkpoints(self.path))
-        if checkpoints:
-            found.append(f"{checkpoints} checkpoint(s)")
-        if (self.path / LOG_NAME).exists():
-            found.append("a train log")
-        if self.model_files():
-            found.append("a saved model")
-        return found
-
     def refuse_earlier_run(self, overwrite: bool, resumable: bool = True):
-        found = self.earlier_run()
+        """What an earlier run left (its checkpoints, log, model) is refused without `overwrite`."""
+        n = len(list_checkpoints(self.path))
+        found = [what for what, there in ((f"{n} checkpoint(s)", n), ("a train log", (self.path / LOG_NAME).exists()),
+                                          ("a saved model", self.model_files())) if there]
         if found and not overwrite:
             resumable = resumable and "checkpoint" in found[0]
             resume = "continue it with --resume_from_checkpoint latest, " if resumable else ""
@@ -155,7 +136,8 @@ class RunFolder:
         """Everything is checked: with room for `need` bytes (`what` says of what), a `fresh` run removes the earlier
         run's checkpoints, log and best model; its saved model stays until `install`."""
         old = [path for _, path in list_checkpoints(self.path)] if fresh else []
-        free = shutil.disk_usage(self.path).free + sum(map(size_of, old))
+        freed = sum(p.stat().st_size for folder in old for p in folder.rglob("*") if p.is_file())
+        free = shutil.disk_usage(self.path).free + freed
         if need > free:
             raise UsageError(f"no space for this run in {self.path}: it needs about {human_bytes(need)} ({what}), "
                              f"{human_bytes(free)} is free; free space or choose another --output_dir.")
@@ -167,11 +149,10 @@ class RunFolder:
         for name in (LOG_NAME, BEST_FILE) if fresh else ():
             (self.path / name).unlink(missing_ok=True)
 
-    def stage(self) -> Path:
+    def stage(self):
         """An empty folder for the new model, which `install` swaps in."""
         self.unstage()
         self.staged.mkdir()
-        return self.staged
 
     def unstage(self):
         shutil.rmtree(self.staged, ignore_errors=True)
@@ -234,8 +215,7 @@ def read_train_state(checkpoint) -> dict:
 
 
 def resolve_checkpoint(args, say=print) -> Path | None:
-    """The checkpoint `--resume_from_checkpoint` names: 'latest' is the newest whose train state reads (a corrupt
-    one is skipped, with a warning); None without one."""
+    """The checkpoint `--resume_from_checkpoint` names ('latest': the newest whose train state reads), or None."""
     if not args.resume_from_checkpoint:
         return None
     if args.resume_from_checkpoint != "latest":
@@ -259,8 +239,7 @@ def resolve_checkpoint(args, say=print) -> Path | None:
 def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, tokenizer, limit: int | None,
                     write_extra=None, need: float = 0.0) -> Path:
     """accelerator.save_state into a temporary folder, then one rename: step_N is complete or absent, and the older
-    checkpoints go only then. `write_extra(tmp)`, called on every process before the rename, adds files (the recipe,
-    a sharded run's shards); `need`: the checkpoint's bytes, named when the disk is full."""
+    ones go only then. `write_extra(tmp)`, on every process before the rename, adds files (the recipe, shards)."""
     final = Path(output_dir) / f"step_{step}"
     tmp = final.with_name(TMP_PREFIX + final.name)
     if accelerator.is_main_process and tmp.exists():
@@ -331,8 +310,7 @@ def append_line(path: Path, record: dict):
 
 
 class TrainLog:
-    """`<output_dir>/train_log.jsonl`, one JSON record per line, written by the main process; records also go to
-    the experiment trackers when `tracking` is on."""
+    """`<output_dir>/train_log.jsonl`, one JSON record per line (main process), and the trackers' with `tracking`."""
 
     def __init__(self, output_dir, accelerator, tracking: bool = False):
         self.path = Path(output_dir) / LOG_NAME

@@ -1,5 +1,5 @@
-"""Training data: reading files, the Hub or the embedded corpus, the validation split, sentence splitting, the
-`datasets.map` functions that cut blocks, the tokenizer, and the collate / target-count helpers of the loop."""
+"""Training data: files, the Hub or the embedded corpus, the validation split, sentences, the `datasets.map` functions
+that cut blocks, the tokenizer, and the collate and target-count helpers of the loop."""
 
 from __future__ import annotations
 
@@ -33,10 +33,8 @@ FILE_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "js
 def file_builder(path: str, flag: str) -> str:
     extension = os.path.splitext(path)[1].lower()
     if extension not in FILE_BUILDERS:
-        raise UsageError(
-            f"--{flag} {path}: unknown file extension {extension or '(none)'!r}; use .txt/.text (one text per "
-            "line), .json/.jsonl (records with a text field) or .csv (a text column)."
-        )
+        raise UsageError(f"--{flag} {path}: unknown file extension {extension or '(none)'!r}; use .txt/.text (one text "
+                         "per line), .json/.jsonl (records with a text field) or .csv (a text column).")
     return FILE_BUILDERS[extension]
 
 
@@ -46,16 +44,14 @@ _NO_LANGUAGE = re.compile(r"([!-/:-@\[-`{-~])\1{3,}|[-=~^*#]{4,}|[~^]{2,}")
 
 
 def doc_paragraphs(text: str) -> list[str]:
-    """The paragraphs of reST-derived documentation text without the lines that hold no language (_NO_LANGUAGE);
-    grid-table borders and code stay: they are part of the text a user reads."""
+    """The paragraphs of reST-derived text without the lines that hold no language (grid tables and code stay)."""
     kept = ("\n".join(line for line in paragraph.split("\n") if not _NO_LANGUAGE.fullmatch(line.strip())).strip("\n")
             for paragraph in re.split(r"\n[ \t]*\n", text))
     return [paragraph for paragraph in kept if paragraph.strip()]
 
 
 def embedded_corpus() -> list[str]:
-    """The English documentation text inside every CPython install (`pydoc_data.topics`), one paragraph per text in
-    a fixed order: a corpus that exists offline on any machine."""
+    """The English documentation inside every CPython install (`pydoc_data.topics`), a paragraph per text: offline."""
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip pydoc_data
@@ -66,24 +62,12 @@ def embedded_corpus() -> list[str]:
 
 def held_out_indices(n: int, percentage: float) -> list[int]:
     """Every k-th item, spread evenly, `percentage` % of `n` (deterministic, the same for any process count)."""
-    if percentage <= 0:
-        return []
     return [i for i in range(n) if math.floor((i + 1) * percentage / 100) > math.floor(i * percentage / 100)]
 
 
-def split_validation(dataset, percentage: float):
-    """(train, validation) of a datasets.Dataset: the held-out rows and the rest."""
-    held = held_out_indices(len(dataset), percentage)
-    if not held:
-        return dataset, None
-    rest = sorted(set(range(len(dataset))) - set(held))
-    return dataset.select(rest), dataset.select(held)
-
-
 def load_raw_data(args):
-    """(DatasetDict with "train" and maybe "validation", a sentence naming the data): the Hub, files or the
-    built-in corpus, the validation texts held out of the training ones where none are given. A record without the
-    text field is refused (or, with --skip_records_without_text, left out and counted); so is data without text."""
+    """(DatasetDict with "train" and maybe "validation", a sentence naming the data): the Hub, files or the built-in
+    corpus, validation texts held out of the training ones where none are given; data without text is refused."""
     raw, description = _hub_data(args) if args.dataset_name else _file_data(args) if args.train_file else _builtin()
     for split in list(raw):
         raw[split], skipped = records_with_text(raw[split], split, args)
@@ -92,11 +76,11 @@ def load_raw_data(args):
     texts = pc.utf8_length(pc.utf8_trim_whitespace(raw["train"].data.column(args.text_column)))
     if not pc.any(pc.greater(texts, 0)).as_py():
         raise UsageError(f"the training data ({description}) contains no text: {len(raw['train'])} rows, all empty.")
-    if "validation" not in raw:
-        train, validation = split_validation(raw["train"], args.validation_split_percentage)
-        raw = datasets.DatasetDict({"train": train, **({"validation": validation} if validation is not None else {})})
-        if validation is not None:
-            description += f"; every {100 / args.validation_split_percentage:.0f}th text {HELD_OUT}"
+    held = held_out_indices(len(raw["train"]), args.validation_split_percentage) if "validation" not in raw else []
+    if held:
+        rest = sorted(set(range(len(raw["train"]))) - set(held))
+        raw = datasets.DatasetDict({"train": raw["train"].select(rest), "validation": raw["train"].select(held)})
+        description += f"; every {100 / args.validation_split_percentage:.0f}th text {HELD_OUT}"
     return raw, description
 
 
@@ -160,8 +144,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|(?<=[。！？])")
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences of a text: paragraphs with their wrapped lines joined, cut after . ! ? (and white space) or 。！？;
-    a paragraph whose lines are all indented (code, grammar listings) gives one sentence per line."""
+    """Paragraphs with their wrapped lines joined, cut after . ! ? (and white space) or 。！？; a paragraph whose lines
+    are all indented (code, grammar listings) gives one sentence per line."""
     sentences = []
     for paragraph in re.split(r"\n[ \t]*\n", text):
         lines = [line for line in paragraph.splitlines() if line.strip()]
@@ -205,8 +189,8 @@ def _ragged_arange(lengths):
 
 
 class SentenceBlocks:
-    """datasets.map function: every sentence of at least two tokens becomes one block `<s> tokens </s>` truncated to
-    `block_size`, right-padded with `<pad>` (attention_mask 0); with `arrays`, one int64 array per column."""
+    """datasets.map function: every sentence of two tokens or more as one block `<s> tokens </s>`, cut to `block_size`
+    and right-padded (attention_mask 0); with `arrays`, one int64 array per column."""
 
     def __init__(self, tokenizer, text_column: str, block_size: int, arrays: bool = False):
         self.encode, self.text_column, self.block_size = TokenIds(tokenizer), text_column, block_size
@@ -252,8 +236,8 @@ class DocumentTokens:
 
 
 class ContiguousBlocks:
-    """datasets.map function: concatenate token lists (or an arrow batch) and cut full blocks of `block_size` (a map
-    batch's tail that fills no block is dropped, as in run_clm)."""
+    """datasets.map function: token lists (or an arrow batch) concatenated and cut into full blocks of `block_size` (a
+    map batch's tail that fills no block is dropped, as in run_clm)."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
@@ -301,8 +285,7 @@ def _map(dataset, function, workers, args, desc, **kw):
 
 
 def tokenize_splits(raw, tokenizer, args, accelerator):
-    """Blocks of every split (input_ids / attention_mask rows of block_size), tokenized on `map_workers` processes;
-    contiguous blocks are cut in this process, so they are the same for any count."""
+    """Blocks of every split, tokenized on `map_workers` processes (contiguous blocks cut here: the same for any)."""
     if args.block_mode == "sentence" and tokenizer.pad_token is None:
         missing = [name for name in ("bos_token", "eos_token", "pad_token") if getattr(tokenizer, name) is None]
         raise UsageError(f"sentence blocks need a tokenizer with a pad token (this one lacks {missing}); use "

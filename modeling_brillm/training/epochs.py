@@ -1,6 +1,5 @@
-"""The epoch loop of a pretraining run (`train_epochs` over a `Job`, from a `Position`: what a checkpoint stores), and
-the one training clock and schedule every model of a time budget shares (BriLLM here, GPT-2 in benchmarks/quality.py).
-"""
+"""The epoch loop of a pretraining run (`train_epochs` over a `Job` from a `Position`, what a checkpoint stores), and
+the one training clock and schedule every model of a time budget shares (BriLLM here, GPT-2 in benchmarks/)."""
 
 from __future__ import annotations
 
@@ -17,6 +16,18 @@ from transformers import get_scheduler
 from .checkpoints import load_checkpoint, save_checkpoint
 from .optimizers import apply_pending_weight_decay
 
+CLOCK_STEPS = 1_000_000  # past its warmup, a schedule following the clock runs over this many virtual steps
+
+
+@dataclass
+class TrainingClock:
+    """Seconds of training steps (not evaluations or checkpoints) out of an optional budget; the loop sets them."""
+    budget: float | None = None
+    seconds: float = 0.0
+
+    def fraction(self) -> float:
+        return min(1.0, self.seconds / self.budget)
+
 
 @dataclass
 class Job:
@@ -32,7 +43,7 @@ class Job:
     best: object  # best.BestModel
     tokenizer: object
     signature: dict  # what must match for a resume to be an exact continuation
-    clock: TrainingClock = field(default_factory=lambda: TrainingClock())  # with the time budget, if any
+    clock: TrainingClock = field(default_factory=TrainingClock)  # with the time budget, if any
     write_extra: Callable | None = None  # adds files to a checkpoint's temporary folder (the edge shards)
 
 
@@ -46,24 +57,18 @@ class Position:
 
 
 @dataclass
-class TrainingClock:
-    """Seconds of training steps (data, forward, backward, optimizer step; not evaluations or checkpoints), out of
-    an optional budget. The loop sets `seconds` before every step; a schedule over the clock reads it."""
-    budget: float | None = None
-    seconds: float = 0.0
-
-    def fraction(self) -> float:
-        return min(1.0, self.seconds / self.budget)
-
-
-# Past its warmup, a schedule following the clock runs over this many virtual steps: the clock's share of them
-CLOCK_STEPS = 1_000_000
+class TrainStats:
+    completed_steps: int
+    train_time: float = 0.0
+    train_tokens: int = 0
+    last_loss: float = float("nan")
+    pending: list = field(default_factory=list)  # the --eval_seconds points the clock has not passed yet
 
 
 def make_schedule(optimizer, name: str, warmup_steps: int, total_steps: int | None = None,
                   clock: TrainingClock | None = None):
-    """transformers' schedule `name` over `total_steps`, or past its warmup (in steps) over a budgeted clock: its
-    progress is the clock's share of the budget, so it ends with the budget whatever the pace of the steps."""
+    """transformers' schedule `name` over `total_steps`, or past its warmup over a budgeted clock's share of the
+    budget: it then ends with the budget whatever the pace of the steps."""
     if clock is None or clock.budget is None:
         return get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
     scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps,
@@ -77,8 +82,7 @@ def make_schedule(optimizer, name: str, warmup_steps: int, total_steps: int | No
 
 
 def seconds_per_step(step: Callable, sync: Callable = lambda: None, warmup: int = 2, timed: int = 5) -> float:
-    """The median time of `timed` calls of `step`, after `warmup` untimed ones: the first steps allocate the
-    optimizer's moments and compile kernels, and the median keeps one more slow step from passing for the pace."""
+    """The median time of `timed` calls of `step` after `warmup` untimed ones (which allocate and compile)."""
     for _ in range(warmup):
         step()
     times = []
@@ -91,18 +95,8 @@ def seconds_per_step(step: Callable, sync: Callable = lambda: None, warmup: int 
     return sorted(times)[timed // 2]
 
 
-@dataclass
-class TrainStats:
-    completed_steps: int
-    train_time: float = 0.0
-    train_tokens: int = 0
-    last_loss: float = float("nan")
-    pending: list = field(default_factory=list)  # the --eval_seconds points the clock has not passed yet
-
-
 def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position:
     """Restore the states saved in `checkpoint` (and the best model so far); where the run continues."""
-    say = job.accelerator.print
     state = load_checkpoint(job.accelerator, checkpoint)
     if load_extra is not None:
         load_extra()
@@ -114,36 +108,35 @@ def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position
     changed = {k: (saved.get(k), v) for k, v in job.signature.items()
                if saved.get(k) != v and k not in ("max_train_steps", "max_train_time")}
     if changed:
-        say(f"warning: this run differs from the checkpoint's in {changed}: not an exact continuation.")
+        job.accelerator.print(f"warning: this run differs from the checkpoint's in {changed}: not an exact "
+                              "continuation.")
     job.best.restore(state.get("best"), checkpoint)
-    say(f"resumed from {checkpoint}: step {position.completed_steps}, epoch {position.epoch}, "
-        f"skipping {position.batches_in_epoch} batches of that epoch, training clock {position.train_seconds:.1f}s"
+    job.accelerator.print(
+        f"resumed from {checkpoint}: step {position.completed_steps}, epoch {position.epoch}, skipping "
+        f"{position.batches_in_epoch} batches of that epoch, training clock {position.train_seconds:.1f}s"
         + (f"; best model so far: step {job.best.step}" if job.best.step is not None else ""))
     job.log.truncate(position.completed_steps)  # the log keeps what happened up to the checkpoint
     return position
 
 
-def evaluate_now(job: Job, step: int, train_loss: float | None = None, write=print, seconds: float = 0.0,
-                 tokens: int = 0) -> tuple[float, float]:
-    """Validate (lazily decayed rows brought up to date first), log it on the clock, offer the model as the best."""
+def eval_record(step: int, loss: float, ppl: float, count: int, seconds: float, tokens: int) -> dict:
+    """A validation's line of the train log, with where on the training clock it was taken."""
+    return {"step": step, "eval_loss": loss, "perplexity": ppl, "eval_tokens": count,
+            "train_seconds": round(seconds, 4), "train_tokens": tokens}
+
+
+def evaluate_now(job: Job, stats: TrainStats, write=print):
+    """Validate (lazily decayed rows brought up to date first), log it, offer the model as the best. The random state
+    is kept as it was, so what follows (the sampled loss's negatives) does not depend on when evaluations happen."""
     apply_pending_weight_decay(job.optimizer)
     device = job.accelerator.device
-    # the loader draws its seed from the global generator: kept as it was, the training after an evaluation (the
-    # sampled loss's uniform negatives) does not depend on when evaluations happen
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         loss, ppl, count = job.evaluate(job.model, job.eval_loader, job.accelerator)
     if job.accelerator.is_local_main_process:
-        head = f"step {step}: " + (f"train loss {train_loss:.4f}, " if train_loss is not None else "")
-        write(f"{head}validation loss {loss:.4f}, perplexity {ppl:,.2f}")
-    job.log(eval_record(step, loss, ppl, count, seconds, tokens))
-    job.best.update(job.model, step, loss)
-    return loss, ppl
-
-
-def eval_record(step: int, loss: float, ppl: float, count: int, seconds: float, tokens: int) -> dict:
-    """A validation's line of the train log: where on the training clock (seconds, real tokens) it was taken."""
-    return {"step": step, "eval_loss": loss, "perplexity": ppl, "eval_tokens": count,
-            "train_seconds": round(seconds, 4), "train_tokens": tokens}
+        write(f"step {stats.completed_steps}: train loss {stats.last_loss:.4f}, validation loss {loss:.4f}, "
+              f"perplexity {ppl:,.2f}")
+    job.log(eval_record(stats.completed_steps, loss, ppl, count, stats.train_time, stats.train_tokens))
+    job.best.update(job.model, stats.completed_steps, loss)
 
 
 def checkpoint_now(job: Job, args, position: Position, write=print):
@@ -164,20 +157,6 @@ def checkpoint_now(job: Job, args, position: Position, write=print):
         write(f"step {position.completed_steps}: checkpoint {path}")
 
 
-def _checkpoint_due(args, steps: int, epoch_end: bool) -> bool:
-    every = args.checkpointing_steps
-    return (isinstance(every, int) and steps % every == 0) or (every == "epoch" and epoch_end)
-
-
-def _epoch_batches(job: Job, epoch: int, start: Position):
-    """The loader of `epoch` (seeded per epoch) and the batches already consumed, skipping them on a resume."""
-    job.train_loader.set_epoch(epoch)
-    if epoch == start.epoch and start.batches_in_epoch:
-        skipped = job.accelerator.skip_first_batches(job.train_loader, start.batches_in_epoch)
-        return skipped, start.batches_in_epoch
-    return job.train_loader, 0
-
-
 def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
     """Apply the share epochs_trained / warmup_epochs (at most all) of config.signal_dropout to the BriLLMModel."""
     scale = min(1.0, epochs_trained / warmup_epochs) if warmup_epochs > 0 else 1.0
@@ -187,10 +166,8 @@ def warm_signal_dropout(model, epochs_trained: float, warmup_epochs: float):
 
 
 def train_epochs(job: Job, args, start: Position) -> TrainStats:
-    """Train from `start` to `args.max_train_steps` (None: no step limit) or until the training clock passes
-    `args.max_train_time`: log every step, validate every `eval_steps` and whenever the clock passes one of
-    `eval_seconds` (not at the last step: the caller evaluates the final model), checkpoint every
-    `checkpointing_steps` (or 'epoch'). The signal dropout warms up over `signal_dropout_warmup_epochs`."""
+    """Train from `start` to `max_train_steps` or the clock's `max_train_time`: log every step, validate at
+    `eval_steps` and `eval_seconds` (the caller evaluates the last step), checkpoint at `checkpointing_steps`."""
     acc = job.accelerator
     progress = tqdm(total=args.max_train_steps, initial=start.completed_steps, desc="train",
                     disable=not acc.is_local_main_process, dynamic_ncols=True)
@@ -199,10 +176,10 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
     model = acc.unwrap_model(job.model)
     job.model.train()
     epochs = range(start.epoch, args.num_train_epochs) if args.num_train_epochs else itertools.count(start.epoch)
-    for epoch in epochs:
-        if _done(args, stats):
-            break
-        loader, batches = _epoch_batches(job, epoch, start)
+    for epoch in itertools.takewhile(lambda _: not done(args, stats), epochs):
+        job.train_loader.set_epoch(epoch)  # the loader's order is seeded per epoch; a resume skips what it consumed
+        batches = start.batches_in_epoch if epoch == start.epoch else 0
+        loader = acc.skip_first_batches(job.train_loader, batches) if batches else job.train_loader
         step_started = time.time()
         for batch in loader:
             warm_signal_dropout(model, epoch + batches / len(job.train_loader), args.signal_dropout_warmup_epochs)
@@ -211,22 +188,22 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
             batches += 1
             if result is None:  # a micro-batch of an accumulation: no optimizer step yet
                 continue
-            _count_step(job, args, stats, result, epoch, time.time() - step_started, progress)
-            _validate_and_checkpoint(job, args, stats, Position(stats.completed_steps, epoch, batches), progress)
+            count_step(job, args, stats, result, epoch, time.time() - step_started, progress)
+            validate_and_checkpoint(job, args, stats, Position(stats.completed_steps, epoch, batches), progress)
             step_started = time.time()
-            if _done(args, stats):
+            if done(args, stats):
                 break
     progress.close()
     warm_signal_dropout(model, 1.0, 0.0)  # the model leaves the loop with its configured dropout
     return stats
 
 
-def _done(args, stats: TrainStats) -> bool:
+def done(args, stats: TrainStats) -> bool:
     limit, budget = args.max_train_steps, getattr(args, "max_train_time", None)
     return limit is not None and stats.completed_steps >= limit or budget is not None and stats.train_time >= budget
 
 
-def _count_step(job: Job, args, stats: TrainStats, result, epoch: int, elapsed: float, progress):
+def count_step(job: Job, args, stats: TrainStats, result, epoch: int, elapsed: float, progress):
     """The step's figures into the stats, the train log and the progress bar."""
     stats.completed_steps += 1
     stats.last_loss, stats.train_time = result.loss, stats.train_time + elapsed
@@ -240,15 +217,15 @@ def _count_step(job: Job, args, stats: TrainStats, result, epoch: int, elapsed: 
         time.sleep(args.step_sleep)
 
 
-def _validate_and_checkpoint(job: Job, args, stats: TrainStats, at: Position, progress):
+def validate_and_checkpoint(job: Job, args, stats: TrainStats, at: Position, progress):
     """Validate at an --eval_steps step or --eval_seconds point (not the last step); checkpoint when due."""
-    steps, done = stats.completed_steps, _done(args, stats)
+    steps, every = stats.completed_steps, args.checkpointing_steps
     passed = bool(stats.pending) and stats.train_time >= stats.pending[0]
     stats.pending = [s for s in stats.pending if s > stats.train_time]
     due = passed or bool(args.eval_steps) and steps % args.eval_steps == 0
-    if due and job.eval_loader is not None and not done:
-        evaluate_now(job, steps, stats.last_loss, write=progress.write, seconds=stats.train_time,
-                     tokens=stats.train_tokens)
-    if _checkpoint_due(args, steps, at.batches_in_epoch >= len(job.train_loader)):
+    if due and job.eval_loader is not None and not done(args, stats):
+        evaluate_now(job, stats, write=progress.write)
+    epoch_end = at.batches_in_epoch >= len(job.train_loader)
+    if isinstance(every, int) and steps % every == 0 or every == "epoch" and epoch_end:
         position = Position(steps, at.epoch, at.batches_in_epoch, stats.train_time, stats.train_tokens)
         checkpoint_now(job, args, position, write=progress.write)

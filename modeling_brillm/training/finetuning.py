@@ -1,12 +1,18 @@
-"""Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: what
-examples/finetune.py runs). `--train_only` trains every parameter, the edges the data crosses, the node biases or the
-start signal (prompt tuning); frozen parameters stay bit for bit as they were. The output folder is the run's own, as
-pretraining's: locked, an earlier model replaced only with --overwrite_output_dir and only once the new one is saved."""
+"""Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: examples/finetune.py).
+`--train_only` trains every parameter, the edges the data crosses, the node biases or the start signal (prompt tuning);
+frozen parameters stay bit for bit as they were. The output folder is the run's own, as pretraining's.
+
+The data: {"prompt", "completion"} records (TRL's SFT convention; the loss on the completion and EOS) or {"text"}
+records, in .jsonl, .json or .txt files, each optionally with a "signal_id", or a built-in set from Python's
+documentation. Prompt and completion are tokenized apart: the prompt gives the tokens a user's prompt gives."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import re
 import time
 from types import SimpleNamespace
 
@@ -22,7 +28,6 @@ from .errors import UsageError, load_model, load_tokenizer, run_cli
 from .launch import make_accelerator
 from .loop import TrainStep, evaluate
 from .optimizers import build_optimizer, choose_optimizer
-from .sft_data import builtin_pairs, collate_sft, load_records, split_records, tokenize_records
 
 TRAIN_ONLY = ("all", "touched_edges", "node_bias", "start_signal")
 # Peak learning rates by what is trained (--learning_rate overrides): a few d-numbers move far less per step than
@@ -96,7 +101,7 @@ def check_args(args):
 
 
 def run(args) -> int:
-    """The whole job: data and model, the completions and perplexity before, training, after, the saved folder."""
+    """The whole job: data and model, completions and perplexity before, training, after, the saved folder."""
     check_args(args)
     accelerator, setup_line = make_accelerator(args)
     say = accelerator.print
@@ -200,9 +205,8 @@ def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=
 
 
 def mask_untouched_rows(model, touched, optimizer=None):
-    """Train only the edge rows `touched`: their gradients are masked as each is accumulated (so clipping sees the
-    masked gradient) and again before every `optimizer` step (so nothing that rewrites gradients in between, e.g.
-    DDP's all-reduce, can move an untouched row)."""
+    """Train only the edge rows `touched`: their gradients are masked as each is accumulated (clipping sees the
+    masked gradient) and again before every `optimizer` step (DDP's all-reduce in between cannot move a row)."""
     weights, biases = model.base_model.weights, model.base_model.biases
     allowed = torch.zeros(weights.shape[0], dtype=torch.bool, device=weights.device)
     allowed[touched.to(allowed.device)] = True
@@ -231,22 +235,16 @@ def mask_untouched_rows(model, touched, optimizer=None):
 
 
 # -------------------------------------------------------------------------------------------------- data
-def load_data(args):
-    """(train records, validation records, a line describing them)."""
-    if args.train_file:
-        records = load_records(args.train_file)
-        if args.validation_file:
-            return records, load_records(args.validation_file), f"{args.train_file} + {args.validation_file}"
-        train, val = split_records(records, args.validation_split_percentage)
-        return train, val, f"{args.train_file} ({len(val)} of {len(records)} records held out)"
-    records = builtin_pairs()
-    train, val = split_records(records, args.validation_split_percentage)
-    return train, val, f"built-in topic/summary pairs of pydoc_data ({len(val)} of {len(records)} held out)"
-
-
 def load_everything(args, accelerator):
     """Records, model and tokenizer (on the training device), and the tokenized training / validation rows."""
-    train_records, val_records, data_line = load_data(args)
+    records = load_records(args.train_file) if args.train_file else builtin_pairs()
+    if args.validation_file:
+        train_records, val_records = records, load_records(args.validation_file)
+        data_line = f"{args.train_file} + {args.validation_file}"
+    else:
+        train_records, val_records = split_records(records, args.validation_split_percentage)
+        data_line = (f"{args.train_file} ({len(val_records)} of {len(records)} records held out)" if args.train_file
+                     else f"built-in topic/summary pairs of pydoc_data ({len(val_records)} of {len(records)} held out)")
     signal_ids = {r.get("signal_id", args.signal_id) for r in train_records + val_records}
     model, tokenizer = load_model_and_tokenizer(args, signal_ids)
     # On the training device from here on, so every tensor made from the model (the samples before training, the
@@ -335,7 +333,7 @@ def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
 
 
 def evaluate_completions(model, loader, accelerator) -> dict:
-    loss, ppl, n = evaluate(model, loader, accelerator) if loader is not None else (float("nan"), float("nan"), 0)
+    loss, ppl, n = evaluate(model, loader, accelerator) if loader is not None else (math.nan, math.nan, 0)
     return {"loss": loss, "perplexity": ppl, "tokens": n}
 
 
@@ -389,3 +387,163 @@ def write_card(folder, model, tokenizer, results: dict, data_line: str, name: st
     write_model_card(folder, model, tokenizer, metrics={"completion_perplexity": after,
                                                         "completion_perplexity_before": before},
                      description=description, tags=["fine-tuned"], model_name=name)
+
+
+# -------------------------------------------------------------------------------------------------- records
+class SFTDataError(UsageError, ValueError):
+    """Unusable fine-tuning data (a missing field, an empty file): the message names the problem and the fix."""
+
+
+_HEADING = re.compile(r"^\s*([*=~^#-])\1{3,}\s*$")
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9)\"'][.!?])\s+(?=[A-Z\"'(])")
+
+
+def builtin_pairs() -> list[dict]:
+    """Topic/summary pairs from `pydoc_data.topics` (no download): the prompt names a section heading, the completion
+    is the first sentence (5 to 40 words) of the prose under it; sorted topics, repeated headings dropped."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data
+        raise SFTDataError("this Python has no pydoc_data (the built-in fine-tuning set); pass --train_file.") from None
+    pairs, seen = [], set()
+    for key in sorted(topics):
+        lines = topics[key].split("\n")
+        for i, title in ((i, lines[i].strip()) for i in range(len(lines) - 1)):
+            if not title or not _HEADING.match(lines[i + 1]) or len(lines[i + 1].strip()) != len(title):
+                continue
+            answer, title = _first_sentence(lines[i + 2:]), title.strip('"').replace('"', "")
+            if answer is not None and title.lower() not in seen and len(title) <= 60:
+                seen.add(title.lower())
+                pairs.append({"prompt": f"Topic: {title}\nSummary:", "completion": " " + answer})
+    return pairs
+
+
+def _first_sentence(lines: list[str]) -> str | None:
+    """The first sentence of the first prose paragraph in `lines` (before the next heading), or None."""
+    paragraph: list[str] = []
+    for j, line in enumerate(lines):
+        heading = j + 1 < len(lines) and _HEADING.match(lines[j + 1]) and line.strip()
+        prose = line.strip() and not line.startswith((" ", "\t")) and not _HEADING.match(line)  # not code or a table
+        if heading or (paragraph and not prose):
+            break
+        if prose:
+            paragraph.append(line.strip())
+    text = " ".join(paragraph).replace('"', "")
+    sentence = _SENTENCE_END.split(text)[0]
+    return sentence if paragraph and sentence.endswith((".", ":")) and 5 <= len(sentence.split()) <= 40 else None
+
+
+def load_records(path) -> list[dict]:
+    """Records from a .jsonl / .json / .txt file, checked with `check_records`."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise SFTDataError(f"{path}: no such file.")
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in (".txt", ".text", ".jsonl", ".json"):
+        raise SFTDataError(f"{path}: unknown file extension {extension or '(none)'!r}; use .jsonl (one "
+                           "{\"prompt\": ..., \"completion\": ...} object per line), .json (a list of them) "
+                           "or .txt (one plain text per line).")
+    with open(path, encoding="utf-8") as f:
+        if extension in (".txt", ".text"):
+            return check_records([{"text": line.rstrip("\n")} for line in f if line.strip()], path)
+        return check_records(_jsonl_records(f, path) if extension == ".jsonl" else _json_records(f, path), path)
+
+
+def _jsonl_records(f, path) -> list[dict]:
+    records = []
+    for number, line in enumerate(f, 1):
+        try:
+            records += [json.loads(line)] if line.strip() else []
+        except json.JSONDecodeError as err:
+            raise SFTDataError(f"{path}, line {number}: not valid JSON ({err.msg}); a .jsonl file holds one "
+                               "JSON object per line.") from None
+    return records
+
+
+def _json_records(f, path) -> list[dict]:
+    try:
+        records = json.load(f)
+    except json.JSONDecodeError as err:
+        raise SFTDataError(f"{path}: not valid JSON ({err.msg}).") from None
+    if isinstance(records, dict) and isinstance(records.get("data"), list):
+        records = records["data"]
+    if not isinstance(records, list):
+        raise SFTDataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}).")
+    return records
+
+
+def check_records(records, source: str = "the data") -> list[dict]:
+    """Raise `SFTDataError` naming the first bad record; returns the records."""
+    if not records:
+        raise SFTDataError(f"{source} holds no records: give at least one {{\"prompt\": ..., \"completion\": ...}} "
+                           "(or {\"text\": ...}) record.")
+    for number, record in enumerate(records, 1):
+        problem = _record_problem(record)
+        if problem:
+            raise SFTDataError(f"{source}, record {number}{problem}")
+    return list(records)
+
+
+def _record_problem(record) -> str | None:
+    """What is wrong with one record (the text after "record N"), or None."""
+    if not isinstance(record, dict):
+        return f" is a {type(record).__name__}, not an object with prompt/completion fields."
+    pair = "prompt" in record or "completion" in record
+    missing = [k for k in ("prompt", "completion") if k not in record] if pair else []
+    if missing:
+        return (f" has no {missing[0]!r} field: prompt/completion data needs both fields in every record (the loss "
+                "is on the completion); for plain text use {\"text\": ...} records or a .txt file.")
+    if not pair and "text" not in record:
+        return (f" has neither 'prompt'/'completion' nor 'text' (fields: {sorted(record) or 'none'}); give "
+                "{\"prompt\": ..., \"completion\": ...}.")
+    for name in ("prompt", "completion") if pair else ("text",):
+        if not isinstance(record[name], str):
+            return f": {name!r} must be a string, got {type(record[name]).__name__}."
+    if not record["completion" if pair else "text"].strip():
+        return ": the completion is empty, so there is nothing to learn from it." if pair else ": the text is empty."
+    sid = record.get("signal_id", 0)
+    if not isinstance(sid, int) or isinstance(sid, bool) or sid < 0:
+        return f": signal_id must be a non-negative integer, got {sid!r}."
+    return None
+
+
+def split_records(records: list[dict], percentage: float) -> tuple[list[dict], list[dict]]:
+    """(train, validation): every k-th record held out, `percentage` % of them, deterministically."""
+    held = {i for i in range(len(records)) if int((i + 1) * percentage / 100) > int(i * percentage / 100)}
+    return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
+
+
+def tokenize_records(records: list[dict], tokenizer, max_length: int, default_signal_id: int = 0
+                     ) -> tuple[list[dict], int]:
+    """Token ids (prompt with its special tokens + completion without + EOS), labels (-100 on the prompt) and signal
+    id of every record, cut to `max_length`; (rows, records dropped for want of a scored transition)."""
+    eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    rows = []
+    for record in records:
+        if "completion" in record:
+            prompt = tokenizer(record["prompt"])["input_ids"]
+            completion = tokenizer(record["completion"], add_special_tokens=False)["input_ids"] + eos
+        else:
+            prompt, completion = [], tokenizer(record["text"])["input_ids"] + eos
+        labels = ([-100] * len(prompt) + completion)[:max_length]
+        if any(label != -100 for label in labels[1:]):  # labels[0] is never a target
+            rows.append({"input_ids": (prompt + completion)[:max_length], "labels": labels,
+                         "signal_id": record.get("signal_id", default_signal_id)})
+    return rows, len(records) - len(rows)
+
+
+def collate_sft(rows: list[dict], pad_id: int, with_signal_ids: bool = False) -> dict:
+    """Right-padded batch: input_ids, attention_mask, labels (-100 on prompt and padding), optionally signal_ids."""
+    width = max(len(r["input_ids"]) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        input_ids[i, :n] = torch.tensor(r["input_ids"])
+        labels[i, :n] = torch.tensor(r["labels"])
+        attention_mask[i, :n] = 1
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    if with_signal_ids:
+        batch["signal_ids"] = torch.tensor([r["signal_id"] for r in rows], dtype=torch.long)
+    return batch

@@ -1,9 +1,7 @@
 """The command line of `examples/generate.py`: BriLLM's energy decoding, transformers' generate(), or the pipeline.
-
-Inputs that do not fit are refused before any computation (exit code 2): an empty prompt starts from the tokenizer's
-BOS token; a prompt past max_position_embeddings is an error and --max_new_tokens past it is lowered (with a note),
-unless the model reads past its trained range (config.position_overflow="extend", or --extend for this run).
-"""
+Inputs that do not fit are refused before any computation (exit code 2): a prompt past max_position_embeddings is an
+error and --max_new_tokens past it is lowered, unless the model reads past its trained range (position_overflow
+"extend", saved or --extend)."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import sys
 import time
 
 import torch
-from transformers import TextStreamer
+from transformers import TextStreamer, pipeline
 
 from modeling_brillm.decoding import energy_generate
 
@@ -65,11 +63,11 @@ def main(argv=None) -> int:
         enc, lengths = encode(tokenizer, args.prompt)
         max_new = fit_new_tokens(lengths, args.max_new_tokens, model.config.max_position_embeddings,
                                  reads_past_range(model))
-        streamer, options = make_streamer(args, tokenizer), decoding_options(args)
-        if args.mode == "energy":
-            run_energy(args, model, tokenizer, enc, max_new, streamer, options)
-        else:
-            run_transformers(args, model, tokenizer, enc, max_new, streamer, options)
+        if args.stream and len(args.prompt) != 1:
+            raise ValueError("--stream prints one sequence: give a single prompt.")
+        streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True) if args.stream else None
+        (run_energy if args.mode == "energy" else run_transformers)(args, model, tokenizer, enc, max_new, streamer,
+                                                                    decoding_options(args))
     except (UsageError, ValueError, TypeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -77,7 +75,7 @@ def main(argv=None) -> int:
 
 
 def load_for_run(args):
-    """The model and tokenizer (the installed package registers the brillm type), with --extend and --seed."""
+    """The model and tokenizer (the installed package answers for the brillm type), with --extend and --seed."""
     tokenizer = load_tokenizer(args.model, "save the tokenizer beside the model")
     model = load_model(args.model).eval()
     if args.extend:
@@ -95,9 +93,9 @@ def reads_past_range(model) -> bool:
 
 def fit_new_tokens(prompt_lengths: list[int], max_new_tokens: int, max_positions: int, extends: bool = False) -> int:
     """max_new_tokens, lowered to what fits in max_positions; unchanged for a model that reads past its range."""
+    longest = max(prompt_lengths)
     if extends:
         return max_new_tokens
-    longest = max(prompt_lengths)
     if longest > max_positions:
         raise ValueError(f"the prompt holds {longest} tokens but this model reads at most max_position_embeddings="
                          f"{max_positions}; shorten the prompt, or pass --extend to read past the trained range.")
@@ -105,8 +103,7 @@ def fit_new_tokens(prompt_lengths: list[int], max_new_tokens: int, max_positions
     if max_new_tokens > room:
         print(f"note: max_new_tokens={max_new_tokens} lowered to {room}: a prompt of {longest} tokens leaves room for "
               f"{room} new ones (max_position_embeddings={max_positions}).", file=sys.stderr)
-        return room
-    return max_new_tokens
+    return min(max_new_tokens, room)
 
 
 def encode(tokenizer, prompts: list[str]):
@@ -123,8 +120,7 @@ def encode(tokenizer, prompts: list[str]):
 def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
     """Tokens per second of energy_generate and of generate() (best of 3 after a warm-up), and whether they agree."""
     enc, lengths = encode(tokenizer, [prompt])
-    n = fit_new_tokens(lengths, n, model.config.max_position_embeddings, reads_past_range(model))
-    ids = enc["input_ids"]
+    n, ids = fit_new_tokens(lengths, n, model.config.max_position_embeddings, reads_past_range(model)), enc["input_ids"]
     runs = {"energy_generate": lambda: energy_generate(model, ids, max_new_tokens=n, eos_token_id=[],
                                                        exclude_self_loops=False).sequences,
             "generate": lambda: model.generate(ids, attention_mask=enc["attention_mask"], max_new_tokens=n,
@@ -141,15 +137,6 @@ def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
         result[f"{name}_tokens_per_s"] = round(n / best, 1)
     result["same_tokens"] = bool(torch.equal(outputs["energy_generate"], outputs["generate"]))
     return result
-
-
-def make_streamer(args, tokenizer):
-    """A TextStreamer for --stream (one prompt), else None."""
-    if not args.stream:
-        return None
-    if len(args.prompt) != 1:
-        raise ValueError("--stream prints one sequence: give a single prompt.")
-    return TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
 
 
 def decoding_options(args) -> dict:
@@ -198,8 +185,6 @@ def run_transformers(args, model, tokenizer, enc, max_new, streamer, options):
                              no_repeat_ngram_size=args.no_repeat_ngram_size or None, **kwargs)
         texts = tokenizer.batch_decode(out, skip_special_tokens=True)
     else:
-        from transformers import pipeline
-
         results = pipeline("text-generation", model=model, tokenizer=tokenizer)(
             args.prompt, batch_size=len(args.prompt), **kwargs)
         texts = [candidate["generated_text"] for r in results for candidate in r]

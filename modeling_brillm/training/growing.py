@@ -46,8 +46,7 @@ def parse_args(argv=None):  # a flag list: exempt from the function length
 
 
 def main(argv=None, default_new_text=None) -> dict:
-    """The five steps; returns the figures (and writes them to --json). `default_new_text`: read without
-    --new_text. A problem with the input is one `error:` line and exit status 2."""
+    """The five steps' figures (also to --json); `default_new_text`: read without --new_text. Bad input: exit 2."""
     args = parse_args(argv)
     args.new_text = args.new_text or default_new_text
     try:
@@ -98,8 +97,7 @@ def read_lines(path):
 
 
 def builtin_old_text():
-    """The demo's (validation, training) texts: every 20th paragraph of the built-in corpus and the rest, split
-    into sentences as pretraining splits them."""
+    """The demo's (validation, training) sentences: every 20th paragraph of the built-in corpus, and the rest."""
     corpus = embedded_corpus()
     held = set(held_out_indices(len(corpus), 5))
     validation = [s for i in sorted(held) for s in split_sentences(corpus[i])]
@@ -108,8 +106,8 @@ def builtin_old_text():
 
 
 def load_texts(args, tokenizer, pad_id):
-    """The new text (training / held-out lines: every 4th held out), the old held-out text and replay lines,
-    tokenized before the tokenizer grows, and a probe batch of old text."""
+    """The new text (every 4th line held out), the old held-out and replay text tokenized before the tokenizer grows,
+    and a probe batch of old text."""
     new = read_lines(args.new_text)
     if args.old_text:
         old, old_train = read_lines(args.old_text), read_lines(args.old_train_text) if args.old_train_text else []
@@ -123,7 +121,7 @@ def load_texts(args, tokenizer, pad_id):
 
 
 def pick_new_tokens(tokenizer, texts, count, old_texts):
-    """The most frequent words of the new text the tokenizer splits into 2 or more pieces and old text never uses."""
+    """The most frequent words of the new text that the tokenizer splits and old text never uses."""
     old_words = {w for t in old_texts for w in re.findall(r"[a-z]+", t.lower())}
     words = Counter(w for t in texts for w in re.findall(r"[A-Za-z]{5,}", t.lower()))
     split = [w for w, _ in words.most_common()
@@ -245,8 +243,7 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
 
 
 def measure(model, grown, texts, pad_id, new_ids) -> dict:
-    """Step 4: perplexity of the held-out new text (all tokens, and the new tokens as targets), its training lines,
-    and the held-out old text."""
+    """Step 4: perplexity of the held-out new text (and of its new tokens), its training lines, the old text."""
     new, focus = perplexity(model, grown["held_seqs"], pad_id, new_ids)
     return {"new": new, "focus": focus, "train": perplexity(model, grown["train_seqs"], pad_id)[0],
             "old": perplexity(model, texts.old_seqs, pad_id)[0]}
@@ -263,7 +260,6 @@ def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
     reload_ok = torch.equal(logits_of(BriLLMForCausalLM.from_pretrained(output_dir).eval(), ids, mask), expected)
     remote = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
     remote_ok = torch.equal(logits_of(remote, ids, mask), expected)
-    # in this process the installed package's registered class answers; tests load the folder's own code alone
     print(f"saved to {output_dir}; BriLLMForCausalLM.from_pretrained gives the same logits: {reload_ok}; "
           f"AutoModelForCausalLM.from_pretrained(trust_remote_code=True) too: {remote_ok}")
     return {"reload_ok": reload_ok, "remote_ok": remote_ok, "output_dir": output_dir}

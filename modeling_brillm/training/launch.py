@@ -16,33 +16,25 @@ from .fsdp import fsdp_on_cpu, is_fsdp, truthy
 from .memory import keep_freed_memory
 
 
-def visible_gpus() -> int:
-    """Accelerator devices this process can see (CUDA, or torch's current accelerator type), 0 on a CPU machine."""
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: whichever accelerator type torch was built for
-    if accelerator is not None and accelerator.is_available():
-        return accelerator.device_count()
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
     """Whether a multi-process launch trains on the CPU: `ACCELERATE_USE_CPU`, or a config that hides every GPU
-    (cpu_2.yaml), whatever the machine has. A GPU launch with more processes on this machine than visible GPUs is
-    refused before any work (rank k would ask for a cuda:k that does not exist)."""
+    (cpu_2.yaml). A GPU launch of more processes on this machine than visible GPUs is refused before any work."""
     if truthy(environ.get("ACCELERATE_USE_CPU")):
         return True
-    gpus = visible_gpus() if gpus is None else gpus
-    if gpus == 0 and environ.get("CUDA_VISIBLE_DEVICES") is not None:
+    if gpus is None:  # torch's current accelerator type (torch >= 2.6), else CUDA
+        device = getattr(torch, "accelerator", None)
+        gpus = device.device_count() if device is not None and device.is_available() else torch.cuda.device_count()
+    hidden = environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus == 0 and hidden is not None:
         return True  # the launch hid the GPUs on purpose
     local = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("WORLD_SIZE") or 1)
     if local > gpus:
         seen = "no GPU is visible" if gpus == 0 else f"only {gpus} GPU{'s are' if gpus > 1 else ' is'} visible"
         fix = f"launch at most {gpus} process{'es' if gpus > 1 else ''} (--num_processes {gpus}), or " if gpus else ""
-        hidden = environ.get("CUDA_VISIBLE_DEVICES")
         raise UsageError(
             f"this launch asks for GPUs, one per process, and starts {local} processes on this machine, but {seen}"
-            f"{f' (CUDA_VISIBLE_DEVICES={hidden})' if hidden is not None else ''}"
-            f": {fix}train on the CPU with `accelerate launch --config_file configuration/accelerate/cpu_2.yaml` "
-            "(or ACCELERATE_USE_CPU=1).")
+            f"{f' (CUDA_VISIBLE_DEVICES={hidden})' if hidden is not None else ''}: {fix}train on the CPU with "
+            "`accelerate launch --config_file configuration/accelerate/cpu_2.yaml` (or ACCELERATE_USE_CPU=1).")
     return False
 
 
@@ -64,18 +56,17 @@ def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False
     """The error when the launch asked for FSDP but no FSDP run can follow: accelerate forms FSDP only on GPU-type
     devices; on the CPU a script that shards the model itself (`shards_on_cpu`: pretraining, fsdp.py) runs FSDP2 where
     the config allows it, any other would silently train as DDP."""
-    if not truthy(environ.get("ACCELERATE_USE_FSDP")) or accelerator.distributed_type.value == "FSDP":
+    kind = accelerator.distributed_type.value
+    if not truthy(environ.get("ACCELERATE_USE_FSDP")) or kind == "FSDP":
         return None
-
     formed = (f"this launch asks for FSDP (distributed_type: FSDP) but accelerate {accelerate.__version__} formed a "
-              f"{accelerator.distributed_type.value} run on {accelerator.device.type}")
-    if accelerator.distributed_type.value == "MULTI_CPU" and shards_on_cpu:
+              f"{kind} run on {accelerator.device.type}")
+    if kind == "MULTI_CPU" and shards_on_cpu:
         wrong = [why for name, refused, why in CPU_FSDP_LIMITS if refused(environ.get(name, ""))]
-        if not wrong:
-            return None
-        return (f"{formed}, where this script shards the model itself with torch's FSDP2, which needs: "
-                f"{'; '.join(wrong)}. Fix the launch config (configuration/accelerate/cpu_2_fsdp.yaml has them).")
-    if accelerator.distributed_type.value == "MULTI_CPU":
+        return None if not wrong else (
+            f"{formed}, where this script shards the model itself with torch's FSDP2, which needs: {'; '.join(wrong)}. "
+            "Fix the launch config (configuration/accelerate/cpu_2_fsdp.yaml has them).")
+    if kind == "MULTI_CPU":
         return (f"{formed}: accelerate shards with FSDP only on GPUs, and this script does not shard the model itself "
                 "on the CPU (examples/pretrain.py does), so it would train as plain DDP. Launch FSDP on GPUs "
                 "(configuration/accelerate/gpu8_fsdp.yaml), or train data parallel on the CPU with "
@@ -89,37 +80,15 @@ def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False
 
 
 def make_accelerator(args, shards_on_cpu: bool = False):
-    """The Accelerator of a training script, with the launch checked, logging quieted on other processes, the seed
-    set and the CPU tuned (`shards_on_cpu`: the script applies FSDP itself on the CPU). Returns (it, a line)."""
-    # A CPU launch of several processes needs cpu=True: without it accelerate would start independent runs.
-    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """The Accelerator of a training script, the launch checked, logging quieted on other processes, the seed set and
+    the CPU tuned (`shards_on_cpu`: the script applies FSDP itself on the CPU). Returns (it, a line)."""
+    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # a CPU launch of several needs cpu=True, else independent runs
     accelerator = Accelerator(
         cpu=multi and launch_on_cpu(),
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=args.gradient_accumulation_steps),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
         step_scheduler_with_optimizer=False,  # stepped by hand, once per optimizer step, whatever the processes
         log_with=args.report_to if args.with_tracking else None, project_dir=args.output_dir)
-    check_launch(accelerator, multi, shards_on_cpu)
-    for library in (datasets.utils.logging, transformers.utils.logging):
-        (library.set_verbosity_warning if accelerator.is_main_process else library.set_verbosity_error)()
-    if not accelerator.is_main_process:
-        datasets.disable_progress_bars()
-    set_seed(args.seed)
-    if args.torch_threads and accelerator.device.type == "cpu":
-        torch.set_num_threads(args.torch_threads)
-    kept = accelerator.device.type == "cpu" and not args.no_malloc_tuning and keep_freed_memory()
-    kind = ("MULTI_CPU, sharded by the script with torch's FSDP2" if fsdp_on_cpu(accelerator)
-            else accelerator.distributed_type.value)
-    line = (f"{accelerator.num_processes} process(es) [{kind}] on {accelerator.device}"
-            + (f" ({torch.get_num_threads()} threads{', malloc keeps freed memory' if kept else ''})"
-               if accelerator.device.type == "cpu" else "") + f", mixed precision {accelerator.mixed_precision}")
-    # autocast does not reach BriLLM's math (exact_precision); FSDP's policy casts the gathered parameters instead
-    if accelerator.mixed_precision in ("bf16", "fp16") and not is_fsdp(accelerator):
-        line += " (autocast does not reach BriLLM's float32 math: see docs/gpu.md, 'Mixed precision')"
-    return accelerator, line
-
-
-def check_launch(accelerator, multi: bool, shards_on_cpu: bool):
     if multi and accelerator.num_processes == 1:
         raise UsageError("WORLD_SIZE > 1 but accelerate did not form a process group.")
     if truthy(os.environ.get("ACCELERATE_USE_CPU")) and os.environ.get("MASTER_PORT") and not multi \
@@ -128,6 +97,23 @@ def check_launch(accelerator, multi: bool, shards_on_cpu: bool):
             "`accelerate launch --cpu --num_processes N` (N > 1) started ONE process: accelerate starts several CPU "
             "processes only through mpirun. Use `accelerate launch --config_file configuration/accelerate/cpu_2.yaml "
             "...` (torchrun + gloo), or `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`.")
-    fsdp_error = fsdp_not_formed(accelerator, shards_on_cpu=shards_on_cpu)
-    if fsdp_error:
-        raise UsageError(fsdp_error)
+    error = fsdp_not_formed(accelerator, shards_on_cpu=shards_on_cpu)
+    if error:
+        raise UsageError(error)
+    for library in (datasets.utils.logging, transformers.utils.logging):
+        (library.set_verbosity_warning if accelerator.is_main_process else library.set_verbosity_error)()
+    if not accelerator.is_main_process:
+        datasets.disable_progress_bars()
+    set_seed(args.seed)
+    cpu = accelerator.device.type == "cpu"
+    if args.torch_threads and cpu:
+        torch.set_num_threads(args.torch_threads)
+    kept = cpu and not args.no_malloc_tuning and keep_freed_memory()
+    kind = "MULTI_CPU, sharded by the script with torch's FSDP2" if fsdp_on_cpu(accelerator) else \
+        accelerator.distributed_type.value
+    line = (f"{accelerator.num_processes} process(es) [{kind}] on {accelerator.device}"
+            + (f" ({torch.get_num_threads()} threads{', malloc keeps freed memory' if kept else ''})" if cpu else "")
+            + f", mixed precision {accelerator.mixed_precision}")
+    if accelerator.mixed_precision in ("bf16", "fp16") and not is_fsdp(accelerator):  # FSDP casts the gathered weights
+        line += " (autocast does not reach BriLLM's float32 math: see docs/gpu.md, 'Mixed precision')"
+    return accelerator, line

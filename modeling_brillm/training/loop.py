@@ -1,11 +1,6 @@
-"""The training step, evaluation and sample generation.
-
-`TrainStep` is one call per micro-batch: forward, backward with the token-weighted rescale to the global mean, and on
-the last micro-batch of an accumulation the clipping, optimizer and scheduler step, so a step's loss and gradient are
-those of the mean over the whole global batch whatever the process count. The signal dropout masks are keyed by each
-row's index in the step's global batch and the step's seed, so one process, DDP, FSDP and source sharding drop the
-same entries.
-"""
+"""The training step, evaluation and sample generation. A step's loss and gradient are those of the mean over the
+whole global batch, whatever the process count; the signal dropout masks are keyed by each row's index in the step's
+global batch and the step's seed, so one process, DDP, FSDP and source sharding drop the same entries."""
 
 from __future__ import annotations
 
@@ -34,14 +29,6 @@ def step_seed(seed: int, step: int) -> int:
     return mix64(seed, step)
 
 
-def dropout_inputs(accelerator, seed: int, micro: int, per_device_batch_size: int, rows: int) -> dict:
-    """The model's `dropout_rows` / `dropout_seed` for micro-batch `micro` of a step on this process. Accelerate deals
-    batch k to process k mod W from one order of the blocks, so local row i is row (micro · W + rank) · batch + i of
-    the step's global batch: the index the same block has with one process and W times the batch."""
-    first = (micro * accelerator.num_processes + accelerator.process_index) * per_device_batch_size
-    return {"dropout_rows": torch.arange(first, first + rows, device=accelerator.device), "dropout_seed": seed}
-
-
 class StepKeys:
     """Where a training step object stands, for the dropout masks: `steps` optimizer steps completed, `micro`
     micro-batches into the next; `seed` the run's (None: torch's initial seed, read so a run keeps its stream)."""
@@ -52,9 +39,13 @@ class StepKeys:
         self.steps = self.micro = 0
 
     def dropout_inputs(self, batch, step: int | None) -> dict:
-        seed = step_seed(self.seed, self.steps if step is None else step)
-        return dropout_inputs(self.keys_accelerator, seed, self.micro, self.per_device_batch_size,
-                              batch["input_ids"].shape[0])
+        """The model's `dropout_rows` / `dropout_seed`. Accelerate deals batch k to process k mod W from one order of
+        the blocks, so local row i is row (micro · W + rank) · batch + i of the step's global batch: the index the same
+        block has with one process and W times the batch."""
+        acc, rows = self.keys_accelerator, batch["input_ids"].shape[0]
+        first = (self.micro * acc.num_processes + acc.process_index) * self.per_device_batch_size
+        return {"dropout_rows": torch.arange(first, first + rows, device=acc.device),
+                "dropout_seed": step_seed(self.seed, self.steps if step is None else step)}
 
     def advance(self, stepped: bool):
         """Count a micro-batch, and the optimizer step it completed."""
@@ -82,26 +73,15 @@ def _coalesced(grad):
     return grad.coalesce()
 
 
-def _square_sum(tensor, chunk: int = 1 << 22):
-    """The sum of squares, in slices: squaring a gradient of most of a large table at once would copy it whole."""
-    flat = tensor.reshape(-1)
-    if flat.numel() <= chunk:
-        return flat.float().pow(2).sum()
-    return sum(part.float().pow(2).sum() for part in flat.split(chunk))
-
-
 def clip_grad_norm_(params, max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` (L2, in place, returns the norm before clipping) that also takes sparse COO
-    gradients, coalesced first so the norm is the dense gradient's."""
+    gradients, coalesced first so the norm is the dense gradient's; squared in slices, not copied whole."""
     squares = []
-    for p in params:
-        grad = p.grad
-        if grad is None:
-            continue
-        if grad.is_sparse:
-            p.grad = grad = _coalesced(grad)
-            grad = grad._values()
-        squares.append(_square_sum(grad.detach()))
+    for p in (p for p in params if p.grad is not None):
+        if p.grad.is_sparse:
+            p.grad = _coalesced(p.grad)
+        flat = (p.grad._values() if p.grad.is_sparse else p.grad).detach().reshape(-1)
+        squares.append(sum(part.float().pow(2).sum() for part in flat.split(1 << 22)))
     if not squares:
         return 0.0
     total = float(torch.stack(squares).sum().sqrt())
@@ -113,12 +93,10 @@ def clip_grad_norm_(params, max_norm: float) -> float:
 
 
 class TrainStep(StepKeys):
-    """The single-process / DDP / FSDP step over `accelerator.prepare`d model, optimizer and scheduler.
-
-    Every process backpropagates (sum of its token losses) / ref, ref = per-device batch x block size; when gradients
-    sync they are multiplied by G x W x ref / (global targets), undoing accelerate's division by the G accumulation
-    steps and DDP's average over W processes: the gradient of the mean loss over every target of the global batch.
-    """
+    """The single-process / DDP / FSDP step over `accelerator.prepare`d model, optimizer and scheduler, one call per
+    micro-batch. Every process backpropagates (sum of its token losses) / ref, ref = per-device batch x block size;
+    when gradients sync they are multiplied by G x W x ref / (global targets), undoing accelerate's division by the G
+    accumulation steps and DDP's average over W processes: the gradient of the mean loss over the global batch."""
 
     def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
                  max_grad_norm: float | None, clip: bool, learning_rate: float, seed: int | None = None):
@@ -190,8 +168,7 @@ def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
     loss_sum, count = float(total[0]), int(total[1])
     if count == 0:
         return float("nan"), float("nan"), 0
-    loss = loss_sum / count
-    return loss, math.exp(min(loss, 700.0)), count
+    return loss_sum / count, math.exp(min(loss_sum / count, 700.0)), count
 
 
 def choose_prompts(args, raw_validation, used_builtin: bool) -> list[str]:
@@ -200,8 +177,7 @@ def choose_prompts(args, raw_validation, used_builtin: bool) -> list[str]:
         return args.prompts[: max(args.num_generations, len(args.prompts))]
     if used_builtin:
         return DEFAULT_PROMPTS[: args.num_generations]
-    texts = raw_validation[args.text_column] if raw_validation is not None else []
-    prompts = []
+    prompts, texts = [], raw_validation[args.text_column] if raw_validation is not None else []
     for sentence in (s for text in texts for s in split_sentences(text or "")):
         words = sentence.split()
         if len(words) >= 4:

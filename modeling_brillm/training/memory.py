@@ -1,8 +1,9 @@
-"""Training memory: the per-process estimate, what is available, the check run before the model is allocated,
-and glibc malloc tuning for the CPU path."""
+"""Training memory: the estimate of what one process needs, what is available, the check run before the model is
+allocated, the step's memory on a GPU, and glibc malloc tuning for the CPU path."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import sys
@@ -19,10 +20,14 @@ from .errors import UsageError
 from .fsdp import fsdp_on_cpu
 
 MEMORY_ENV = "BRILLM_AVAILABLE_MEMORY_GB"  # pretend this much memory is available (tests, containers)
+# Upper estimates of a step's activations: the recipe's step on the torch path (readout and count prior on) stays below
+LOGIT_COPIES = 6  # (tokens, V) float32 tensors alive at the step's peak: logits, readout, prior, softmax, gradients
+CANDIDATE_COPIES = 4  # (candidates, d) float32 buffers of the torch path's candidate energies and their gradients
+
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TB"
@@ -31,41 +36,34 @@ def human_bytes(n: float) -> str:
 def training_memory(num_params: int, strategy: str = "single", world_size: int = 1,
                     mixed_precision: str = "no", moment_bytes: int = 8) -> dict:
     """Bytes one process needs to train `num_params` fp32 parameters with AdamW, +10%: parameters, gradients and
-    the moments (`moment_bytes`: 8, or 4 in bfloat16); DDP adds its buckets; FSDP shards those over `world_size`
-    and gathers the whole table's parameters and gradients (BriLLM is one module) in the compute dtype."""
-    parts = {}
+    moments (`moment_bytes`: 8, or 4 in bfloat16); DDP adds its buckets; FSDP shards those over `world_size` and
+    gathers the whole table's parameters and gradients (BriLLM is one module) in the compute dtype."""
     if strategy == "fsdp":
-        parts["sharded params+grads+AdamW"] = (8 + moment_bytes) * num_params / max(world_size, 1)
         width = 2 if mixed_precision in ("fp16", "bf16") else 4
-        parts["gathered params+grads"] = 2 * width * num_params
+        parts = {"sharded params+grads+AdamW": (8 + moment_bytes) * num_params / max(world_size, 1),
+                 "gathered params+grads": 2 * width * num_params}
     else:
-        parts["params"] = 4 * num_params
-        parts["grads"] = 4 * num_params
-        parts["AdamW moments"] = moment_bytes * num_params
+        parts = {"params": 4 * num_params, "grads": 4 * num_params, "AdamW moments": moment_bytes * num_params}
         if strategy == "ddp":
             parts["DDP buckets"] = 4 * num_params
-    total = sum(parts.values()) * 1.1
-    return {"total": total, "parts": parts}
+    return {"total": sum(parts.values()) * 1.1, "parts": parts}
 
 
 def sharded_training_memory(config, world_size: int, tokens_per_process: int, moment_bytes: int = 8) -> dict:
-    """Bytes one process needs with `--edge_sharding source` (`modeling_brillm.sharding.sharded_memory`, +10%), and
-    `whole_model`: the model built whole before sharding (when that does not fit, each process builds its own)."""
+    """`--edge_sharding source`: `modeling_brillm.sharding.sharded_memory` +10%, and `whole_model`: the model built
+    whole before sharding (when that does not fit, each process builds its own)."""
     parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size, moment_bytes=moment_bytes)
     parts.pop("total")
-    steady = sum(parts.values())
-    return {"total": steady * 1.1, "parts": parts, "whole_model": 4 * config.num_parameters_formula() * 1.1}
+    whole = 4 * config.num_parameters_formula() * 1.1
+    return {"total": sum(parts.values()) * 1.1, "parts": parts, "whole_model": whole}
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory in the process: a step allocates and frees the same large temporaries every
-    step, each above the mmap threshold a fresh mmap page-faulted in again (~40% of the demo's wall time in the
-    kernel; 16 s instead of 26 s with these settings). Linux/glibc only."""
+    """Ask glibc to keep freed memory: a step frees and allocates the same large temporaries, each above the mmap
+    threshold a fresh mmap page-faulted in again (~40% of the demo's wall time in the kernel). Linux only."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
         return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
@@ -82,23 +80,20 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
             raise UsageError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} is not a number of GB.") from None
     if override_gb is not None:
         return override_gb * 1024 ** 3, "set by --available_memory_gb / " + MEMORY_ENV
-    device = accelerator.device
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return float(free), f"free memory of {torch.cuda.get_device_name(device)}"
-
-    avail, source = psutil.virtual_memory().available, "available RAM (psutil)"
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes if accelerator.num_processes else 1))
+    if accelerator.device.type == "cuda":
+        return float(torch.cuda.mem_get_info(accelerator.device)[0]), \
+            f"free memory of {torch.cuda.get_device_name(accelerator.device)}"
+    avail = float(psutil.virtual_memory().available)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes or 1))
     if local > 1:
-        return avail / local, f"{source} shared by {local} processes on this machine"
-    return float(avail), source
+        return avail / local, f"available RAM (psutil) shared by {local} processes on this machine"
+    return avail, "available RAM (psutil)"
 
 
 def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
     """`training_memory` (or `sharded_training_memory`, over `tokens` per process: by default batch x block) for this
     run's processes, strategy and moments: {"total", "parts"}."""
-    dist = accelerator.distributed_type
-    fsdp = dist == DistributedType.FSDP or fsdp_on_cpu(accelerator)  # on the CPU the script shards (fsdp.py)
+    fsdp = accelerator.distributed_type == DistributedType.FSDP or fsdp_on_cpu(accelerator)  # CPU: the script shards
     strategy = "fsdp" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
     moment_bytes = 4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8
     if getattr(args, "edge_sharding", "none") == "source":
@@ -110,44 +105,35 @@ def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
 
 def check_memory(config, accelerator, args) -> str:
     """Refuse (UsageError) a model whose training state cannot fit; return a line describing the estimate."""
-    P = config.num_parameters_formula()
     need = state_memory(config, accelerator, args)
     have, source = available_memory(accelerator, args.available_memory_gb)
     if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
         have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
     parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in need["parts"].items())
-    line = (f"training memory estimate: {human_bytes(need['total'])} per process ({parts}, +10%); "
-            f"available: {human_bytes(have)} ({source})")
     if need["total"] > have:
         what = "dense" if config.graph == "dense" else f"sparse ({config.num_edges:,} real edges)"
         raise UsageError(
             f"refusing to build the model: the {what} graph with V={config.vocab_size}, d={config.node_size} has "
-            f"{P:,} parameters and training it needs about {human_bytes(need['total'])} per process ({parts}), "
-            f"but only {human_bytes(have)} is available ({source}). Use a sparse graph (drop --dense_graph) and "
-            "raise --min_bigram_count to keep only frequent bigrams, or lower --node_size / --vocab_size, or shard "
-            "the edge table over processes by source node (--edge_sharding source, configuration/accelerate/"
-            "gpu8_sharded.yaml) or the model with FSDP (gpu8_fsdp.yaml)."
-        )
-    return line
+            f"{config.num_parameters_formula():,} parameters and training it needs about {human_bytes(need['total'])} "
+            f"per process ({parts}), but only {human_bytes(have)} is available ({source}). Use a sparse graph (drop "
+            "--dense_graph) and raise --min_bigram_count to keep only frequent bigrams, or lower --node_size / "
+            "--vocab_size, or shard the edge table over processes by source node (--edge_sharding source, "
+            "configuration/accelerate/gpu8_sharded.yaml) or the model with FSDP (gpu8_fsdp.yaml).")
+    return (f"training memory estimate: {human_bytes(need['total'])} per process ({parts}, +10%); available: "
+            f"{human_bytes(have)} ({source})")
 
 
 # ------------------------------------------------------------------------------- the step's memory on a device
-# Upper estimates: the recipe's step on the torch path (readout and count prior on) stays below them.
-LOGIT_COPIES = 6  # (tokens, V) float32 tensors alive at the step's peak: logits, readout, prior, softmax, gradients
-CANDIDATE_COPIES = 4  # (candidates, d) float32 buffers of the torch path's candidate energies and their gradients
-
-
 def device_facts(device) -> tuple[str, float | None]:
     """(the device's type, the bytes free on it, counting what torch's allocator holds unused; None off CUDA)."""
     if device.type != "cuda":
         return device.type, None
-    free, _total = torch.cuda.mem_get_info(device)
     unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return "cuda", float(free + unused)
+    return "cuda", float(torch.cuda.mem_get_info(device)[0] + unused)
 
 
 def successors_per_token(config, graph=None) -> float:
-    """The successors a training token's source scores, on average over tokens (the degree weighted by the bigram
+    """The successors a training token's source scores, averaged over tokens (the degree weighted by the bigram
     counts; V on a dense graph; the mean degree without counts)."""
     V = config.vocab_size
     if config.graph == "dense":
@@ -160,25 +146,20 @@ def successors_per_token(config, graph=None) -> float:
     return float((tokens * degree).sum() / tokens.sum())
 
 
-def activation_memory(config, tokens: int, successors: float, kernels: bool) -> float:
-    """Bytes of a step's activations over `tokens` per process, an upper estimate of the exact loss: per token,
-    LOGIT_COPIES rows of V logits, its source's candidate energies (CANDIDATE_COPIES (successors, d) buffers on the
-    torch path, an energy and its gradient with the kernels) and the edge row it crosses with its gradient."""
-    d = config.node_size
-    candidates = 4 * successors * (2 if kernels else CANDIDATE_COPIES * d)
-    return tokens * (4 * LOGIT_COPIES * config.vocab_size + candidates + 2 * 4 * (d * d + d))
-
-
 def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
-    """blocks -> the bytes one process needs to train with a batch of `blocks`: the state and the activations."""
+    """blocks -> the bytes one process needs to train a batch of `blocks`: the state, and per token (an upper
+    estimate of the exact loss) LOGIT_COPIES rows of V logits, its source's candidate energies (CANDIDATE_COPIES
+    (successors, d) buffers on the torch path, an energy and its gradient with the kernels) and the edge row it
+    crosses with its gradient."""
     kernels = accelerator.device.type == "cuda" and HAVE_TRITON and current_backend() != "torch"
-    successors = successors_per_token(config, graph)
+    d, candidates = config.node_size, successors_per_token(config, graph)
+    per_token = 4 * LOGIT_COPIES * config.vocab_size + 4 * candidates * (2 if kernels else CANDIDATE_COPIES * d) \
+        + 2 * 4 * (d * d + d)
     sharded = getattr(args, "edge_sharding", "none") == "source"
 
     def need(blocks: int) -> float:
         tokens = blocks * args.block_size
-        state = state_memory(config, accelerator, args, tokens)["total"]
-        return state + (0.0 if sharded else 1.1 * activation_memory(config, tokens, successors, kernels))
+        return state_memory(config, accelerator, args, tokens)["total"] + (0.0 if sharded else 1.1 * tokens * per_token)
 
     return need
 
@@ -187,5 +168,4 @@ def agreed_free(accelerator, free: float | None) -> float | None:
     """The least free memory over the processes, so that every process chooses the same batch."""
     if free is None or accelerator.num_processes == 1:
         return free
-
     return float(accelerator.gather(torch.tensor([free], dtype=torch.float64, device=accelerator.device)).min())

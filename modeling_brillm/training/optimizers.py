@@ -1,9 +1,6 @@
-"""Which optimizer a run uses (`choose_optimizer`, which says why) and building it (`build_optimizer`).
-
-`--optimizer auto` picks SparseAdamW (modeling_brillm.optimization: only the edge rows a step touches are read and
-updated) in one process, torch's fused AdamW on dense gradients with several processes and under FSDP. Both clip the
-global gradient norm (loop.clip_grad_norm_ takes a sparse gradient's over its coalesced rows).
-"""
+"""Which optimizer a run uses (`choose_optimizer`, which says why) and building it: `--optimizer auto` picks
+SparseAdamW (only the edge rows a step touches are read and updated) in one process, torch's fused AdamW on dense
+gradients with several processes and under FSDP."""
 
 from __future__ import annotations
 
@@ -29,31 +26,29 @@ class OptimizerPlan:
 
 def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | None,
                      fsdp: bool = False) -> OptimizerPlan:
-    """The optimizer for `--optimizer requested` with `num_processes` processes; UsageError if it cannot run. FSDP
-    shards dense gradients only, with any process count."""
+    """The optimizer for `--optimizer requested` with `num_processes` processes (FSDP shards dense gradients only,
+    with any process count); UsageError if it cannot run."""
     clip = bool(max_grad_norm)
-    if fsdp:
-        if requested == "sparse_adamw":
-            raise UsageError("--optimizer sparse_adamw needs sparse row gradients, which FSDP cannot shard; use "
-                             "--optimizer adamw (or auto) under FSDP, or --edge_sharding source for a sharded "
-                             "sparse update.")
-        if requested in ("auto", "adamw"):
-            why = "auto: FSDP shards dense gradients" if requested == "auto" else "--optimizer adamw"
-            return OptimizerPlan("adamw", False, clip, f"{why} ({num_processes} process(es))")
-    if requested == "auto":
-        if num_processes > 1:
-            return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients "
-                                 "DDP/FSDP all-reduce")
-        return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches "
-                             "are read and updated")
-    if requested == "adamw":
-        return OptimizerPlan("adamw", False, clip, "--optimizer adamw")
+    if requested not in OPTIMIZERS:
+        raise UsageError(f"--optimizer {requested!r}: choose one of {', '.join(OPTIMIZERS)}.")
+    if requested == "sparse_adamw" and fsdp:
+        raise UsageError("--optimizer sparse_adamw needs sparse row gradients, which FSDP cannot shard; use "
+                         "--optimizer adamw (or auto) under FSDP, or --edge_sharding source for a sharded sparse "
+                         "update.")
+    if requested == "sparse_adamw" and num_processes > 1:
+        raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw (or auto).")
     if requested == "sparse_adamw":
-        if num_processes > 1:
-            raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw "
-                             "(or auto).")
         return OptimizerPlan("sparse_adamw", True, clip, "--optimizer sparse_adamw")
-    raise UsageError(f"--optimizer {requested!r}: choose one of {', '.join(OPTIMIZERS)}.")
+    if requested == "adamw":
+        return OptimizerPlan("adamw", False, clip, f"--optimizer adamw ({num_processes} process(es))" if fsdp else
+                             "--optimizer adamw")
+    if fsdp:
+        return OptimizerPlan("adamw", False, clip, f"auto: FSDP shards dense gradients ({num_processes} process(es))")
+    if num_processes > 1:
+        return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients DDP/FSDP "
+                             "all-reduce")
+    return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches are read "
+                         "and updated")
 
 
 MOMENT_DTYPES = ("float32", "bfloat16")
@@ -61,8 +56,7 @@ MOMENT_DTYPES = ("float32", "bfloat16")
 
 def resolve_moment_dtype(requested: str | None, plan: OptimizerPlan, mixed_precision: str,
                          device_type: str = "cuda") -> str:
-    """The dtype of the AdamW moments: `--moment_dtype` if given, else bfloat16 under `--mixed_precision bf16` with
-    SparseAdamW on a GPU (docs/gpu.md, "Mixed precision"), else float32."""
+    """`--moment_dtype`, else bfloat16 under bf16 with SparseAdamW on a GPU (docs/gpu.md), else float32."""
     if requested is None:
         wanted = mixed_precision == "bf16" and plan.name == "sparse_adamw" and device_type == "cuda"
         return "bfloat16" if wanted else "float32"
@@ -75,7 +69,7 @@ def resolve_moment_dtype(requested: str | None, plan: OptimizerPlan, mixed_preci
 
 
 def describe_optimizer(plan: OptimizerPlan, max_grad_norm: float | None, moment_dtype: str = "float32") -> str:
-    """One line for the start-up summary: the optimizer, why, the clipping and the moments' dtype."""
+    """The start-up line: the optimizer, why, the clipping and the moments' dtype."""
     kind = "SparseAdamW on sparse row gradients" if plan.name == "sparse_adamw" else "AdamW on dense gradients"
     clip = f"gradient norm clipped to {max_grad_norm:g}" if plan.clip else "no gradient clipping"
     moments = ("; moments in bfloat16 with stochastic rounding (4 bytes per parameter instead of 8)"

@@ -1,9 +1,6 @@
-"""The command line of `examples/perplexity.py`: the built-in, token-weighted perplexity of a saved BriLLM
-(`modeling_brillm.evaluation.perplexity`) and the `evaluate` "perplexity" metric (the mean of per-text perplexities;
-its script comes from the Hub at run time, and offline the same steps run in-process,
-`modeling_brillm.evaluation.per_text_perplexity`). Importing `modeling_brillm` registers the brillm type, so the
-metric's `AutoModelForCausalLM.from_pretrained(model_id)` loads the model without trust_remote_code.
-"""
+"""The command line of `examples/perplexity.py`: the built-in, token-weighted perplexity and the `evaluate` metric's
+mean of per-text perplexities (its script comes from the Hub at run time; offline the same steps run in-process). The
+imported package registers the brillm type, so the metric loads the model without trust_remote_code."""
 
 from __future__ import annotations
 
@@ -23,15 +20,12 @@ def read_texts(args) -> list[str]:
     texts = list(args.text or [])
     if args.texts:
         with open(args.texts, encoding="utf-8") as f:
-            texts += [line.rstrip("\r\n") for line in f if line.strip()]
+            texts += [line.rstrip("\r\n") for line in f]
     if args.dataset:
         import datasets
 
-        ds = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
-        texts += [t for t in ds[args.text_column] if t and t.strip()]
-    texts = [t for t in texts if t.strip()]
-    if args.limit:
-        texts = texts[: args.limit]
+        texts += datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)[args.text_column]
+    texts = [t for t in texts if t and t.strip()][: args.limit or None]
     if not texts:
         raise ValueError("no texts: give --text, --texts FILE or --dataset.")
     return texts

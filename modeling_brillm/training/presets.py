@@ -1,11 +1,8 @@
 """A run's settings: the default preset (recipe.DEFAULT_PRESET) with a preset file's changes or a saved recipe, then
 the flags, resolved in one function (`resolve_settings`); the "auto" values the data probe and the run's length choose
-(`choose_auto`); the config and graph they give; the batch on a GPU.
-
-A preset file (configuration/models/*.json) has the sections "model" (fields of BriLLMConfig), "tokenizer" (the
-tokenizer to train) and "training" (flag values) and states only what it changes, with the reason in each section's
-"_why" object (keys starting with "_" are comments).
-"""
+(`choose_auto`); the config and graph they give; the batch on a GPU. A preset file (configuration/models/*.json) has
+the sections "model" (BriLLMConfig fields), "tokenizer" and "training" (flag values) and states only what it changes,
+with the reason in each section's "_why" object (keys starting with "_" are comments)."""
 
 from __future__ import annotations
 
@@ -39,32 +36,25 @@ def known_presets() -> list[str]:
 
 
 def load_preset(name_or_path: str | None) -> dict:
-    """The preset's sections {"model", "tokenizer", "training"}: what it changes in the default preset. `name_or_path`
-    is a name in configuration/models/ or a path to a JSON file."""
+    """The preset's sections {"model", "tokenizer", "training"}: what it changes in the default preset.
+    `name_or_path`: a name in configuration/models/ or the path of a JSON file."""
+    preset = {section: {} for section in SECTIONS}
     if name_or_path is None:
-        return {section: {} for section in SECTIONS}
+        return preset
     path = Path(name_or_path)
-    if not (path.suffix == ".json" and path.is_file()):
-        path = PRESET_DIR / f"{name_or_path}.json"
+    path = path if path.suffix == ".json" and path.is_file() else PRESET_DIR / f"{name_or_path}.json"
     if not path.is_file():
-        raise UsageError(
-            f"unknown preset {name_or_path!r}: known presets are {', '.join(known_presets()) or '(none)'} "
-            f"(in {PRESET_DIR}), or pass the path of a JSON file."
-        )
+        raise UsageError(f"unknown preset {name_or_path!r}: known presets are {', '.join(known_presets()) or '(none)'}"
+                         f" (in {PRESET_DIR}), or pass the path of a JSON file.")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise UsageError(f"preset {path} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise UsageError(f"preset {path} must hold a JSON object with 'model', 'tokenizer' and 'training' sections.")
-    preset = {section: {} for section in SECTIONS}
-    for key, value in data.items():
-        if key.startswith("_"):
-            continue  # comments
-        if key not in preset:
-            raise UsageError(f"preset {path}: unknown section {key!r}; sections are {sorted(preset)}.")
-        if not isinstance(value, dict):
-            raise UsageError(f"preset {path}: section {key!r} must be a JSON object.")
+    for key, value in ((k, v) for k, v in data.items() if not k.startswith("_")):  # "_..." keys are comments
+        if key not in preset or not isinstance(value, dict):
+            raise UsageError(f"preset {path}: section {key!r} is not one of {sorted(preset)} holding a JSON object.")
         allowed = {name.split(".", 1)[1] for name in DEFAULT_PRESET if name.startswith(key + ".")}
         unknown = sorted(k for k in value if not k.startswith("_") and k not in allowed)
         if unknown:
@@ -79,10 +69,9 @@ def resolve_settings(args) -> RecipeChoice:
     `args.recipe_choice`; returns it ("auto" values still to choose)."""
     choice = _preset_or_recipe(args)
     for key in list(choice.settings):
-        flag = flag_of(key)
-        value = getattr(args, flag, None)
+        value = getattr(args, flag_of(key), None)
         if value is not None:
-            _set(choice, key, value, f"flag --{flag}")
+            _set(choice, key, value, f"flag --{flag_of(key)}")
     if getattr(args, "dense_graph", None):
         _set(choice, "model.graph", "dense", "flag --dense_graph")
     for rule in GIVES_WAY:
@@ -106,10 +95,8 @@ def _set(choice: RecipeChoice, key: str, value, rule: str, given: bool = True):
 def default_choice() -> RecipeChoice:
     """The default preset as a choice: every setting with the rule that gives it (model, training, tokenizer)."""
     choice = RecipeChoice()
-    for section in SECTIONS:
-        for key, rule in DEFAULT_PRESET.items():
-            if key.startswith(section + "."):
-                _set(choice, key, rule.value, rule.name, given=False)
+    for key, rule in sorted(DEFAULT_PRESET.items(), key=lambda item: SECTIONS.index(item[0].split(".")[0])):
+        _set(choice, key, rule.value, rule.name, given=False)
     return choice
 
 
@@ -135,19 +122,25 @@ def _preset_or_recipe(args) -> RecipeChoice:
 
 
 # ------------------------------------------------------------------------------------------ the auto values
+def _get(choice: RecipeChoice, key: str):
+    return choice.settings[key].value if key in choice.settings else None
+
+
+def _auto_count(choice) -> bool:
+    return _get(choice, "model.graph") != "dense" and _get(choice, "training.min_bigram_count") == "auto"
+
+
 def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
     """A copy of `choice` with the count and the dropout decided where they are "auto": `probe` is
     `pruning.probe_bigrams` of the training blocks, `plan` the run's length."""
     plan = plan or RunPlan()
     out = RecipeChoice(dict(choice.settings), {"plan": asdict(plan), "probe": probe.summary() if probe else None},
                        given=set(choice.given))
-    sparse = _get(choice, "model.graph") != "dense"
-    if sparse and _get(choice, "training.min_bigram_count") == "auto":
-        pruned = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
-        out.pruning = pruned
-        out.add(Setting("training", "min_bigram_count", pruned.min_count, _count_rule(pruned), pruned.describe()))
+    if _auto_count(choice):
+        pruned = out.pruning = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
+        rule = "RECURRENCE" if pruned.min_count <= pruned.data_count else "FIT_EPOCHS" if pruned.grown else "MIN_VISITS"
+        out.add(Setting("training", "min_bigram_count", pruned.min_count, rule, pruned.describe()))
     if _get(choice, "model.signal_dropout") == "auto":
-        # the epochs planned at the least count: what a sparser graph buys depends on the machine (pruning.py)
         p, why = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
         out.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "FIT_EPOCHS", why))
     return out
@@ -165,24 +158,11 @@ def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None
     return choose_auto(choice, probe, plan)
 
 
-def _get(choice: RecipeChoice, key: str):
-    return choice.settings[key].value if key in choice.settings else None
-
-
-def _count_rule(pruned) -> str:
-    """The rule that set the count last."""
-    if pruned.min_count <= pruned.data_count:
-        return "RECURRENCE"
-    return "FIT_EPOCHS" if pruned.grown else "MIN_VISITS"  # the floor where text strays, or the visits
-
-
 def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | None = None, say=None):
     """(the choice with its auto values, the blocks' token sequences or None): the probe runs where a count or a
-    dropout is "auto" (then the sequences it read come back for the graph). `say` gets what the data chose."""
-    auto = (_get(choice, "model.graph") != "dense" and _get(choice, "training.min_bigram_count") == "auto"
-            or _get(choice, "model.signal_dropout") == "auto")
+    dropout is "auto" (the sequences it read then come back for the graph). `say` gets what the data chose."""
     probe = sequences = None
-    if auto:
+    if _auto_count(choice) or _get(choice, "model.signal_dropout") == "auto":
         sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))  # the graph below reuses them
         probe = probe_bigrams(sequences, len(tokenizer))
     try:
@@ -197,28 +177,25 @@ def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | N
 
 def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=None):
     """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary and
-    special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count."""
-    V = len(tokenizer)
-    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id, unk_token_id=tokenizer.unk_token_id)
+    special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count (a fixed count
+    streams the blocks: a large corpus is never held in memory)."""
+    V, graph, extra = len(tokenizer), None, {}
     fields = {k: v for k, v in choice.section("model").items() if k != "graph"}
-    try:
-        if choice.value("model", "graph") == "dense":
-            return BriLLMConfig(vocab_size=V, graph="dense", **fields, **special), None
-        if sequences is None:  # a fixed count streams the blocks: a large corpus is never held in memory
-            sequences = block_sequences(train_blocks, tokenizer.pad_token_id)
+    if choice.value("model", "graph") != "dense":
         ignore = () if tokenizer.pad_token_id is None else (tokenizer.pad_token_id,)
+        seqs = block_sequences(train_blocks, tokenizer.pad_token_id) if sequences is None else sequences
         try:
-            graph = build_sparse_graph(sequences, V, min_count=choice.value("training", "min_bigram_count"),
+            graph = build_sparse_graph(seqs, V, min_count=choice.value("training", "min_bigram_count"),
                                        ignore_ids=ignore, with_prior=bool(fields.get("count_prior")))
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise UsageError(f"cannot build the graph: {err}") from None
-        prior = {"count_prior_bigrams": graph.prior.num_bigrams} if graph.prior is not None else {}
-        return BriLLMConfig(vocab_size=V, graph="sparse", num_edges=graph.num_edges, **fields, **prior,
-                            **special), graph
+        extra = {"num_edges": graph.num_edges}
+        extra.update({"count_prior_bigrams": graph.prior.num_bigrams} if graph.prior is not None else {})
+    try:
+        return BriLLMConfig(vocab_size=V, graph=choice.value("model", "graph"), bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                            unk_token_id=tokenizer.unk_token_id, **fields, **extra), graph
     except (ValueError, TypeError) as err:
-        if isinstance(err, UsageError):
-            raise
         raise UsageError(str(err)) from None
 
 
@@ -229,21 +206,20 @@ def build_config_and_graph(choice: RecipeChoice, tokenizer, train_blocks, min_bi
     if min_bigram_count is not None:
         choice = RecipeChoice(dict(choice.settings), given=set(choice.given))
         _set(choice, "training.min_bigram_count", min_bigram_count, "given")
-    plan = RunPlan(planned_epochs, epochs_grow_with_pruning)
-    chosen, sequences = plan_recipe(choice, tokenizer, train_blocks, plan, say=say)
+    chosen, sequences = plan_recipe(choice, tokenizer, train_blocks, RunPlan(planned_epochs, epochs_grow_with_pruning),
+                                    say=say)
     config, graph = build_from_recipe(chosen, tokenizer, train_blocks, sequences)
-    if graph is None:
-        return config, None, None
-    return config, graph, chosen.pruning or chosen.value("training", "min_bigram_count")
+    return config, graph, None if graph is None else chosen.pruning or chosen.value("training", "min_bigram_count")
 
 
 # ------------------------------------------------------------------------------------- the step on a GPU
 @dataclass
 class StepBatch:
     """The batch GPU_STEP_TOKENS chose for a CUDA device: `rule_batch` blocks per process before the memory check;
-    `resumed`: the checkpoint's batch, kept so that the run continues it exactly."""
+    `capped`: fewer training blocks per process than the rule's; `resumed`: the checkpoint's batch, kept so that the
+    run continues it exactly."""
     rule_batch: int
-    capped: bool = False  # fewer training blocks per process than GPU_STEP_TOKENS // block_size
+    capped: bool = False
     resumed: bool = False
 
 
@@ -252,18 +228,16 @@ def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
     """GPU_STEP_TOKENS on a CUDA device where no preset, recipe file or flag gave the batch: the blocks per process
     that make GPU_STEP_TOKENS tokens a step, at most the training blocks per process; a resumed run keeps its
     checkpoint's. Sets the batch on `args` and in its choice; None (nothing changed) elsewhere."""
-    choice = args.recipe_choice
-    if device_type != "cuda" or STEP_BATCH in choice.given:
+    if device_type != "cuda" or STEP_BATCH in args.recipe_choice.given:
         return None
     per_step = processes * args.gradient_accumulation_steps
     if checkpoint_global_batch and checkpoint_global_batch % per_step == 0:
         args.per_device_train_batch_size = checkpoint_global_batch // per_step
-        _set(choice, STEP_BATCH, args.per_device_train_batch_size, "the checkpoint's batch")
+        _set(args.recipe_choice, STEP_BATCH, args.per_device_train_batch_size, "the checkpoint's batch")
         return StepBatch(args.per_device_train_batch_size, resumed=True)
     rule = GPU_STEP_TOKENS // args.block_size
-    batch = max(1, min(rule, train_blocks // max(processes, 1)))
-    args.per_device_train_batch_size = batch
-    _set(choice, STEP_BATCH, batch, "GPU_STEP_TOKENS")
+    args.per_device_train_batch_size = batch = max(1, min(rule, train_blocks // max(processes, 1)))
+    _set(args.recipe_choice, STEP_BATCH, batch, "GPU_STEP_TOKENS")
     return StepBatch(batch, capped=batch < rule)
 
 
@@ -277,9 +251,9 @@ def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], f
     if step is None or step.resumed:
         if need(batch) <= free:
             return None
-        given = args.recipe_choice.rule(STEP_BATCH)
         return (f"warning: batch {batch} x {L} would need ~{size(need(batch))}, {size(free)} free: it may run out "
-                f"of memory (kept as {given} set it; lower --per_device_train_batch_size to fit)")
+                f"of memory (kept as {args.recipe_choice.rule(STEP_BATCH)} set it; lower --per_device_train_batch_size "
+                "to fit)")
     while batch > 1 and need(batch) > FREE_SHARE * free:
         batch //= 2
     args.per_device_train_batch_size = batch

@@ -46,9 +46,7 @@ def run(args, data=None) -> int:
     with folder:  # the output folder is this run's until it ends
         data = data or load_data(args, resolved, accelerator, folder.path, checkpoint)
         config, graph, plan = plan_model(args, resolved, data, accelerator, checkpoint)
-        model = build_model(args, config, graph, accelerator)
-        parts = prepare_model_and_optimizer(args, model, plan, make_loaders(args, data, accelerator), config, graph,
-                                            checkpoint, accelerator)
+        parts = prepare(args, config, graph, plan, data, accelerator, checkpoint)
         job = make_job(args, parts, plan, data, config, accelerator, folder.path)
         claim_folder(args, job, config, folder, checkpoint)
         init_tracking(args, accelerator)
@@ -250,18 +248,9 @@ def time_steps(args, config, graph, data, accelerator) -> float:
 
 
 # --------------------------------------------------------------------------------------- the model and job
-def build_model(args, config, graph, accelerator):
-    """The model on every process, or None when a sharded run must build each process's shard directly."""
-    if args.sharding and not sharded.whole_model_fits(config, accelerator, args):
-        accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
-                          "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
-                          "initialisation)")
-        return None
-    return BriLLMForCausalLM.from_graph(graph, config=config)
-
-
-def make_loaders(args, data, accelerator):
-    """Training loader (shuffled, whole batches) and validation loader (None without validation blocks)."""
+def prepare(args, config, graph, plan, data, accelerator, checkpoint):
+    """The model, the loaders (training: shuffled, whole batches) and the optimizer, handed to accelerate or sharded
+    by source node (each process builds only its own sources where the whole model does not fit one)."""
     W = accelerator.num_processes
     if len(data.train) < args.per_device_train_batch_size * W:
         raise UsageError(f"{len(data.train)} training blocks cannot fill one global batch of "
@@ -270,31 +259,29 @@ def make_loaders(args, data, accelerator):
                               batch_size=args.per_device_train_batch_size)
     # a sharded run does not prepare the validation loader: every process reads every batch and scores its share
     eval_batch = args.per_device_eval_batch_size * (W if args.sharding else 1)
-    eval_loader = DataLoader(data.eval, collate_fn=collate, batch_size=eval_batch) if data.eval is not None else None
-    return train_loader, eval_loader
-
-
-def prepare_model_and_optimizer(args, model, plan, loaders, config, graph, checkpoint, accelerator):
-    """The optimizer, and everything handed to accelerate (or sharded by source node)."""
-    train_loader, eval_loader = loaders
+    eval_loader = None if data.eval is None else DataLoader(data.eval, collate_fn=collate, batch_size=eval_batch)
     options = dict(lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
                    shared_edge_lr_scale=args.shared_edge_lr_scale, moment_dtype=args.moment_dtype)
+    whole = not args.sharding or sharded.whole_model_fits(config, accelerator, args)
+    if not whole:
+        accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
+                          "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
+                          "initialisation)")
+    model = BriLLMForCausalLM.from_graph(graph, config=config) if whole else None
     if args.sharding:  # not prepared: no DDP wrapper
         model = sharded.build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
         optimizer = sharded.build_sharded_optimizer(model, args.learning_rate, args.weight_decay, **options)
-        train_loader = accelerator.prepare(train_loader)
-        rows = [int(r) for r in accelerator.gather(torch.tensor([model.model.base_model.weights.shape[0] - 1],
-                                                                device=accelerator.device)).tolist()]
-        accelerator.print(f"edge sharding by source: edge rows per process {rows} of {config.num_edge_rows - 1:,}")
-        return model, optimizer, train_loader, eval_loader
+        rows = torch.tensor([model.model.base_model.weights.shape[0] - 1], device=accelerator.device)
+        accelerator.print(f"edge sharding by source: edge rows per process "
+                          f"{[int(r) for r in accelerator.gather(rows).tolist()]} of {config.num_edge_rows - 1:,}")
+        return model, optimizer, accelerator.prepare(train_loader), eval_loader
     if fsdp_on_cpu(accelerator):  # accelerate does not shard on the CPU: torch's fully_shard, by the script
         return prepare_on_cpu(accelerator, model, lambda shard: build_optimizer(
             shard, plan, args.learning_rate, args.weight_decay, accelerator, **options), train_loader, eval_loader)
     optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator, **options)
     if eval_loader is not None:
         return accelerator.prepare(model, optimizer, train_loader, eval_loader)
-    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
-    return model, optimizer, train_loader, None
+    return (*accelerator.prepare(model, optimizer, train_loader), None)
 
 
 def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
@@ -312,7 +299,7 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
                   block_size=args.block_size, seed=args.seed)
     if args.sharding:  # the sharded model has no logits; evaluate_sharded gives the same figures
         train_step = sharded.ShardedTrainStep(accelerator, model, optimizer, lr_scheduler,
-                                      max_grad_norm=args.max_grad_norm if plan.clip else None, **common)
+                                              max_grad_norm=args.max_grad_norm if plan.clip else None, **common)
     else:
         train_step = TrainStep(accelerator, model, optimizer, lr_scheduler, max_grad_norm=args.max_grad_norm,
                                clip=plan.clip, **common)
@@ -338,25 +325,19 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
 
 def claim_folder(args, job: Job, config, folder, checkpoint):
     """Everything is checked: the disk must hold what the run writes (its checkpoints, best and final model), then a
-    fresh run removes the earlier run's checkpoints and log (its model stays until this run's is saved)."""
+    fresh run removes the earlier run's checkpoints and log (its model stays until this run's is saved). The most
+    checkpoints on disk at once: each is written before the ones past --checkpoints_total_limit go."""
+    every, steps, limit = args.checkpointing_steps, args.max_train_steps, args.checkpoints_total_limit
+    planned = (steps // every if isinstance(every, int) else args.num_train_epochs) if steps and every else None
+    kept = 0 if every is None else (min(planned or limit + 1, limit + 1) if limit else planned or 1)
     weights = args.model_bytes = 4 * config.num_parameters_formula()
-    args.checkpoint_bytes = weights * (1 + (1 if args.moment_dtype == "bfloat16" else 2))  # weights + moments
-    kept = checkpoints_kept(args)
-    need = kept * args.checkpoint_bytes + weights * (1 + job.best.enabled)
+    args.checkpoint_bytes = weights * (2 if args.moment_dtype == "bfloat16" else 3)  # weights + moments
     what = f"{kept} checkpoint(s) of {memory.human_bytes(args.checkpoint_bytes)} and " if kept else ""
     what += f"the model{' and its best evaluation' if job.best.enabled else ''}, {memory.human_bytes(weights)} each"
     if job.accelerator.is_main_process:
+        need = kept * args.checkpoint_bytes + weights * (1 + job.best.enabled)
         folder.claim(need, what, fresh=checkpoint is None, say=job.accelerator.print)
     job.accelerator.wait_for_everyone()
-
-
-def checkpoints_kept(args) -> int:
-    """The most checkpoints on disk at once: each is written before the ones past --checkpoints_total_limit go."""
-    every, steps, limit = args.checkpointing_steps, args.max_train_steps, args.checkpoints_total_limit
-    if every is None:
-        return 0
-    planned = (steps // every if isinstance(every, int) else args.num_train_epochs) if steps else None
-    return min(planned or limit + 1, limit + 1) if limit else planned or 1
 
 
 def init_tracking(args, accelerator):
@@ -374,11 +355,8 @@ def resume_or_start(args, job: Job, checkpoint) -> Position:
     """Where training starts: the checkpoint's position (its states restored), or the beginning."""
     if checkpoint is None:
         return Position()
-    load_shards = None
-    if args.sharding:
-        def load_shards():
-            sharded.load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
-    return resume(job, checkpoint, load_shards)
+    shards = lambda: sharded.load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
+    return resume(job, checkpoint, shards if args.sharding else None)
 
 
 def describe_training(args, job: Job, config) -> str:

@@ -1,13 +1,6 @@
 """The data probe behind the "auto" values: which bigrams get their own edge (`--min_bigram_count auto`) and how much
-of the signal drops (`--signal_dropout auto`), from held-out parts of the training text and the run's planned epochs
-E. The numbers and their formulas are rows of recipe.RULES (docs/training.md's rule table, with a worked example).
-
-The probe cuts the training blocks, in order, into RUNS runs and holds every PROBE_EVERY-th run out (other documents,
-as a validation set is); the data count c0 is the smallest c whose count class c..2c-1 comes back in the held-out
-runs at RECURRENCE of its expected rate, and the novelty is the share of the held-out bigram occurrences without an
-edge at c0. The count then fits the run (MIN_VISITS, FIT_EPOCHS) and the dropout follows the run's length
-(MAX_DROPOUT).
-"""
+of the signal drops (`--signal_dropout auto`), from held-out runs of the training blocks and the run's planned epochs.
+The numbers and formulas are rows of recipe.RULES (docs/training.md's rule table, with a worked example)."""
 
 from __future__ import annotations
 
@@ -16,15 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .recipe import (  # the numbers of the recipe are defined in recipe.py, with why and evidence
-    FIT_EPOCHS,
-    MAX_DROPOUT,
-    MIN_VISITS,
-    NOVEL,
-    PROBE_EVERY,
-    RECURRENCE,
-    RUNS,
-)
+from .recipe import FIT_EPOCHS, MAX_DROPOUT, MIN_VISITS, NOVEL, PROBE_EVERY, RECURRENCE, RUNS
 
 
 @dataclass
@@ -66,8 +51,7 @@ def _bigram_keys(sequences, V: int) -> torch.Tensor:
 
 @dataclass
 class BigramProbe:
-    """What the probe reads from the training sequences: the held-out estimate, and the bigrams' counts (sorted
-    keys u·V + v) that say what a count costs in time."""
+    """The held-out estimate, and the bigrams' counts (sorted keys u·V + v) that say what a count costs in time."""
     held_out: PruningChoice
     keys: torch.Tensor
     counts: torch.Tensor
@@ -85,8 +69,8 @@ class BigramProbe:
 
 def probe_bigrams(sequences, vocab_size: int, runs: int = RUNS, probe_every: int = PROBE_EVERY,
                   recurrence: float = RECURRENCE) -> BigramProbe:
-    """The held-out estimate and the bigram counts of these training sequences (int64 token tensors in data order);
-    an ablation varies the probe's numbers, the recipe keeps recipe.py's."""
+    """The held-out estimate and bigram counts of these training sequences (int64 tensors in data order); an
+    ablation varies the probe's numbers, the recipe keeps recipe.py's."""
     sequences = list(sequences)
     keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
     held_out = _held_out_choice(sequences, vocab_size, runs, probe_every, recurrence)
@@ -133,8 +117,7 @@ def straying(novelty: float) -> float:
 
 
 def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int):
-    """c -> the mean number of successors the exact loss scores per training token when bigrams seen at least c
-    times are edges (a token u scores every successor of u)."""
+    """c -> the successors the exact loss scores per training token when bigrams seen c times are edges."""
     sources = keys // vocab_size
     occurrences = torch.zeros(vocab_size, dtype=torch.float64).index_add_(0, sources, counts.double())
     per_edge = occurrences[sources]  # every occurrence of an edge's source scores it
@@ -144,7 +127,9 @@ def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int
 
 def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: int,
                      recurrence: float) -> PruningChoice:
-    """The held-out estimate: the data count c0, the recurrence of each count class, the novelty at c0."""
+    """The held-out estimate: every PROBE_EVERY-th of `runs` runs of the sequences held out (other documents, as a
+    validation set is); the data count c0 (the smallest c whose class c..2c-1 comes back at `recurrence` of its
+    expected rate), each class's recurrence, the novelty (held-out bigram occurrences without an edge) at c0."""
     n = len(sequences)
     run = max(1, -(-n // runs))
     fit = [s for i, s in enumerate(sequences) if (i // run) % probe_every != probe_every - 1]
@@ -182,8 +167,7 @@ def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: i
 
 
 def choose_signal_dropout(novelty: float, epochs: float | None) -> tuple[float, str]:
-    """`--signal_dropout auto` for text of this `novelty` and a run of `epochs` planned passes (None: not known,
-    taken as one): (p, why); see the module."""
+    """`--signal_dropout auto` for text of this `novelty` and a run of `epochs` planned passes (None: one): (p, why)."""
     s = straying(novelty)
     strays = f"{novelty:.1%} of the held-out tenth's bigrams have no edge"
     if epochs is None or epochs <= FIT_EPOCHS or s == 0:

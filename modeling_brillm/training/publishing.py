@@ -1,6 +1,6 @@
-"""Publishing: the model card written at a training run's final save, the upload to the Hub, and the command line
-of `examples/push_to_hub.py` (`push_main`): check a saved folder is Hub-ready, write a model card when it has none,
-upload it (nothing of it offline, exit code 2)."""
+"""Publishing: the model card of a training run's final save, the upload to the Hub, and `push_main`, the command line
+of examples/push_to_hub.py (the folder checked Hub-ready, a card written where it has none, uploaded; offline: exit 2).
+The token is huggingface_hub's: `hf auth login` or HF_TOKEN, unless a flag gives one."""
 
 from __future__ import annotations
 
@@ -12,38 +12,33 @@ import huggingface_hub  # read at call time: HfApi and HF_HUB_OFFLINE as they ar
 
 from modeling_brillm.model_card import check_hub_ready, write_model_card
 
-from .checkpoints import TMP_PREFIX
+from .checkpoints import LOCK_NAME, TMP_PREFIX
 from .data import HELD_OUT
-from .errors import UsageError
+from .errors import UsageError, load_model, load_tokenizer
 
-# what an upload of a saved folder leaves out: training checkpoints, half-written files, bytecode
-HUB_IGNORE = ["step_*", "step_*/**", TMP_PREFIX + "*", "__pycache__/*", "*.pyc"]
+# what an upload of a saved folder leaves out: training checkpoints, half-written files, the run's lock, bytecode
+HUB_IGNORE = ["step_*", "step_*/**", TMP_PREFIX + "*", LOCK_NAME, "__pycache__/*", "*.pyc"]
 
 
 def data_facts(args, description: str) -> tuple[list[str], str | None, str]:
     """(dataset ids for the card's metadata, a sentence on data without an id, what validation ran on);
     `description` is data.load_raw_data's sentence (it says when texts were held out)."""
+    ids = [args.dataset_name] if args.dataset_name else []
     if args.dataset_name:
-        ids = [args.dataset_name]
         text = f"configuration `{args.dataset_config_name}`" if args.dataset_config_name else None
     elif args.train_file:
-        ids = []
         text = f"a local text file (`{os.path.basename(args.train_file)}`)"
     else:
-        ids = []
         text = "the English documentation text shipped with CPython (`pydoc_data.topics`)"
     if HELD_OUT in description:
-        held = f"every {100 / args.validation_split_percentage:.0f}th training text, held out"
-    elif args.validation_file:
-        held = f"`{os.path.basename(args.validation_file)}`"
-    else:
-        held = "the dataset's validation split"
-    return ids, text, held
+        return ids, text, f"every {100 / args.validation_split_percentage:.0f}th training text, held out"
+    return ids, text, f"`{os.path.basename(args.validation_file)}`" if args.validation_file else \
+        "the dataset's validation split"
 
 
 def write_training_card(out_dir, model, tokenizer, args, summary: dict, description: str, repo_id: str | None = None,
                         optimizer: str | None = None, name: str | None = None) -> str:
-    """README.md of a trained folder: metadata (library_name, pipeline_tag, tags, datasets, the final validation
+    """README.md of a trained folder (named `name`): metadata (library, pipeline, tags, datasets, the final validation
     perplexity as a model-index metric), the run's facts and a usage snippet. Returns its path."""
     ids, text, held = data_facts(args, description)
     metrics = {"perplexity": round(summary["perplexity"], 4)} if "perplexity" in summary else None
@@ -56,29 +51,28 @@ def write_training_card(out_dir, model, tokenizer, args, summary: dict, descript
         "processes": summary.get("processes"),
     }
     if "eval_loss" in summary:
-        training["validation loss"] = summary["eval_loss"]
-        training["validation data"] = held
+        training.update({"validation loss": summary["eval_loss"], "validation data": held})
     if "perplexity_before" in summary:
         training["validation perplexity before training"] = summary["perplexity_before"]
     return write_model_card(out_dir, model, tokenizer, datasets=ids, metrics=metrics, repo_id=repo_id,
                             model_name=None if repo_id else name, training_data=text, training=training,
-                            eval_dataset_name=held if metrics else None,
-                            tags=["pretraining"])
+                            eval_dataset_name=held if metrics else None, tags=["pretraining"])
 
 
-def push_folder(out_dir, repo_id: str, token: str | None, message: str, before_upload=None) -> str:
-    """Create (or reuse) the Hub repository and upload `out_dir` without its checkpoints; returns the full repo
-    id. `before_upload(repo_id)` runs once the full id (with namespace) is known, e.g. to rewrite the card."""
+def push_folder(out_dir, repo_id: str, token: str | None, message: str, before_upload=None, private: bool = False,
+                ignore=()) -> str:
+    """Create (or reuse) the Hub repository and upload `out_dir` without its checkpoints; returns the full repo id.
+    `before_upload(repo_id)` runs once the full id (with namespace) is known, e.g. to rewrite the card."""
     try:
         api = huggingface_hub.HfApi(token=token)
-        repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
+        repo_id = getattr(api.create_repo(repo_id, private=private, exist_ok=True), "repo_id", repo_id)
         if before_upload is not None:
             before_upload(repo_id)
         api.upload_folder(folder_path=str(out_dir), repo_id=repo_id, commit_message=message,
-                          ignore_patterns=HUB_IGNORE)
-    except Exception as err:
-        raise UsageError(f"push to the Hub ({repo_id}) failed: {type(err).__name__}: {err}. The model is "
-                         f"saved in {out_dir}.") from None
+                          ignore_patterns=HUB_IGNORE + list(ignore))
+    except Exception as err:  # network, auth, permission: say what happened, upload nothing further
+        raise UsageError(f"upload to {repo_id} failed ({type(err).__name__}: {err}). Check the network and your token "
+                         f"(`hf auth login` or HF_TOKEN); the model is in {out_dir}.") from None
     return repo_id
 
 
@@ -87,7 +81,7 @@ def parse_push_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="saved model folder (save_pretrained of model and tokenizer)")
     p.add_argument("--repo_id", required=True, help="namespace/name on the Hub")
     p.add_argument("--private", action="store_true")
-    p.add_argument("--token", default=None)
+    p.add_argument("--token", default=None, help="better `hf auth login` or HF_TOKEN, off the command line")
     p.add_argument("--dataset", action="append", help="training dataset id for the card (repeatable)")
     p.add_argument("--metric", action="append", help="name=value for the card (repeatable)")
     p.add_argument("--rewrite_card", action="store_true", help="write README.md even if the folder has one")
@@ -98,10 +92,9 @@ def parse_push_args(argv=None) -> argparse.Namespace:
 
 def parse_metrics(items) -> dict:
     metrics = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
+    for name, sep, value in (item.partition("=") for item in items or []):
         if not sep or not name:
-            raise ValueError(f"--metric takes name=value, got {item!r}.")
+            raise ValueError(f"--metric takes name=value, got {name + sep + value!r}.")
         try:
             metrics[name] = float(value)
         except ValueError:
@@ -116,10 +109,16 @@ def push_main(argv=None) -> int:
         if args.dry_run:
             print(f"{args.model} is Hub-ready; dry run, nothing uploaded.")
             return 0
-        return upload(args)
-    except (ValueError, OSError) as error:
+        if huggingface_hub.constants.HF_HUB_OFFLINE:
+            raise ValueError("offline (HF_HUB_OFFLINE is set): nothing uploaded. The folder is Hub-ready; run again "
+                             "with network access.")
+        repo_id = push_folder(args.model, args.repo_id, args.token, args.commit_message, private=args.private,
+                              ignore=["*.bin", ".git/*"])
+    except (UsageError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    print(f"uploaded {args.model} to https://huggingface.co/{repo_id}")
+    return 0
 
 
 def prepare_folder(args):
@@ -129,36 +128,13 @@ def prepare_folder(args):
         raise ValueError(f"{folder} is not a folder: save the model with save_pretrained first.")
     readme = os.path.join(folder, "README.md")
     if args.rewrite_card or not os.path.exists(readme):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        import modeling_brillm  # noqa: F401
-
-        model = AutoModelForCausalLM.from_pretrained(folder)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-        except (OSError, ValueError):
-            tokenizer = None
-        write_model_card(folder, model, tokenizer, datasets=args.dataset, metrics=parse_metrics(args.metric) or None,
-                         repo_id=args.repo_id)
+            tokenizer = load_tokenizer(folder)
+        except UsageError:
+            tokenizer = None  # the readiness check below names it
+        write_model_card(folder, load_model(folder), tokenizer, datasets=args.dataset, repo_id=args.repo_id,
+                         metrics=parse_metrics(args.metric) or None)
         print(f"wrote the model card {readme}")
     problems = check_hub_ready(folder)
     if problems:
         raise ValueError("the folder is not Hub-ready:\n  - " + "\n  - ".join(problems))
-
-
-def upload(args) -> int:
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
-        print("error: offline (HF_HUB_OFFLINE is set): nothing uploaded. The folder is Hub-ready; run again with "
-              "network access.", file=sys.stderr)
-        return 2
-    api = huggingface_hub.HfApi(token=args.token)
-    try:
-        url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
-        api.upload_folder(folder_path=args.model, repo_id=args.repo_id, repo_type="model",
-                          commit_message=args.commit_message, ignore_patterns=HUB_IGNORE + ["*.bin", ".git/*"])
-    except Exception as error:  # network, auth, permission: say what happened, upload nothing further
-        print(f"error: upload to {args.repo_id} failed ({type(error).__name__}: {error}). Check the network and "
-              "your token (`hf auth login` or HF_TOKEN).", file=sys.stderr)
-        return 2
-    print(f"uploaded {args.model} to {url}")
-    return 0

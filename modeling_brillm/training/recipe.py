@@ -1,10 +1,6 @@
-"""Every setting of a pretraining run as one table (`RULES`, docs/training.md's rule table), the default preset
-generated from it, and what a run chose (`RecipeChoice`, saved as `recipe.json`). A rule's `evidence` is a
-`benchmarks/results/*.json` record, a section of `docs/ablations.md` (§"...") or another source; `tuned=False` marks
-the paper's, the literature's, a library's or the run's own value; `run=True` a setting of the run (its length,
-evaluation, output) that a preset may set but `recipe.json` does not replay. `BriLLMConfig()` is the released model;
-the default preset turns on the extensions that earn their place and sizes the graph and the dropout to the data.
-"""
+"""Every setting of a pretraining run as one table (`RULES`: docs/training.md's rule table, each with its evidence:
+a `benchmarks/results/*.json` record, a §section of docs/ablations.md or another source), the default preset generated
+from it, and what a run chose (`RecipeChoice`, saved as `recipe.json`, which does not replay the run's own settings)."""
 
 from __future__ import annotations
 
@@ -18,18 +14,15 @@ from .errors import UsageError
 RECIPE_NAME = "recipe.json"
 RECIPE_FORMAT = 1
 
-# ------------------------------------------------------------------------------------- the probe's numbers
 RECURRENCE = 0.8  # the share of its expected held-out occurrences a count class must show to keep its edges
 RUNS, PROBE_EVERY = 100, 10  # the training blocks cut into RUNS runs, every PROBE_EVERY-th one held out
 MIN_VISITS = 2  # a kept edge is a training target this often (c · E >= 2), and seen this often where text strays
 NOVEL = 0.05  # held-out text strays where this share of its bigrams has no edge; the long-run rules weigh in from here
 
-# ------------------------------------------------------------------------------------- the run's length
 FIT_EPOCHS = 2.0  # past this many planned epochs E the count grows and the signal drops (where text strays)
 MAX_DROPOUT = 0.5  # p = MAX_DROPOUT · s · (1 - FIT_EPOCHS / E): a half at most, reached in very long runs
 RATE = 2e-2  # the peak learning rate, with or without dropout
 
-# ------------------------------------------------------------------------------------- the step on a GPU
 GPU_STEP_TOKENS = 65_536  # tokens per process and step on a CUDA device where nothing else gives the batch
 FREE_SHARE = 0.9  # the share of the device's free memory the step's estimate may fill
 GPU_RECORD = "benchmarks/results/gpu_throughput-20261126T164207Z.json"
@@ -37,8 +30,8 @@ GPU_RECORD = "benchmarks/results/gpu_throughput-20261126T164207Z.json"
 
 @dataclass(frozen=True)
 class Rule:
-    """One number or setting: `sets` names the setting it is the default of ("model.node_size"); `when` ((field,
-    value) of the model section) makes it a default that gives way."""
+    """One number or setting: `sets` names the setting it is the default of; `when` ((field, value) of the model
+    section) makes it a default that gives way."""
     name: str
     value: object
     why: str
@@ -52,11 +45,9 @@ class Rule:
     @property
     def numbers(self) -> int:
         """How many tuned numbers the rule holds (a switch or "auto" holds none)."""
-        def count(value):
-            if isinstance(value, tuple):
-                return sum(map(count, value))
-            return int(isinstance(value, (int, float)) and not isinstance(value, bool))
-        return count(self.value) if self.tuned and self.evidence != PAPER else 0
+        values = self.value if isinstance(self.value, tuple) else (self.value,)
+        tuned = self.tuned and self.evidence != PAPER
+        return tuned * sum(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
     @property
     def shown(self) -> str:
@@ -226,11 +217,10 @@ def recipe_table_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-# ------------------------------------------------------------------------------------------ a run's choice
 @dataclass
 class RunPlan:
     """The run's length in epochs (None: not known), whether a time budget lets a sparser graph train more of them,
-    and what is recorded with the choice."""
+    and what recipe.json records with the choice."""
     planned_epochs: float | None = None
     epochs_grow_with_pruning: bool = False
     max_train_steps: int | None = None
@@ -271,17 +261,11 @@ class RecipeChoice:
 
     def describe(self) -> str:
         width = max((len(key) for key in self.settings), default=0)
-        recipe = [key for key in self.settings if key not in RUN_SETTINGS]
-        lines = [f"the recipe (saved as {RECIPE_NAME}; --recipe FILE applies it again):"]
-        lines += [self._line(key, width) for key in recipe]
-        run = [key for key in self.settings if key in RUN_SETTINGS]
-        if run:
-            lines += ["the run (not part of the recipe):"] + [self._line(key, width) for key in run]
-        return "\n".join(lines)
-
-    def _line(self, key: str, width: int) -> str:
-        s = self.settings[key]
-        return f"  {key:<{width}} = {s.value!r:<8} [{s.rule}]"
+        lines = {False: [f"the recipe (saved as {RECIPE_NAME}; --recipe FILE applies it again):"],
+                 True: ["the run (not part of the recipe):"]}
+        for key, s in self.settings.items():
+            lines[key in RUN_SETTINGS].append(f"  {key:<{width}} = {s.value!r:<8} [{s.rule}]")
+        return "\n".join(lines[False] + (lines[True] if len(lines[True]) > 1 else []))
 
     def to_json(self) -> dict:
         saved = [asdict(s) for key, s in self.settings.items() if key not in RUN_SETTINGS]

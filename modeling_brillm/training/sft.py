@@ -1,11 +1,6 @@
-"""`BriLLMSFTTrainer`: TRL's `SFTTrainer` with its loss and metrics from BriLLM's own forward.
-
-TRL computes its loss through a fused linear LM head, which BriLLM (its logits are edge energies) does not have: this
-trainer keeps the model's forward, takes BriLLM's loss on TRL's labels, summed over `num_items_in_batch` as TRL does
-(so accumulation weighs every token once), and logs `entropy` and `mean_token_accuracy` from its logits. The rest
-(dataset formats, tokenization, collation, logging, saving) is TRL's. Packing is refused: BriLLM's signal runs
-through a whole row, so packed documents would feed each other. `modeling_brillm.training` imports it lazily (trl).
-"""
+"""`BriLLMSFTTrainer`: TRL's `SFTTrainer` with its loss and metrics from BriLLM's own forward. TRL's loss goes through a
+fused linear LM head, which BriLLM (its logits are edge energies) does not have; the rest (datasets, tokenization,
+collation, logging, saving) is TRL's. Packing is refused: BriLLM's signal runs through a whole row."""
 
 from __future__ import annotations
 

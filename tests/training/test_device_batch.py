@@ -228,18 +228,18 @@ def test_a_cpu_run_is_unchanged(corpus, monkeypatch, capsys, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- the benchmark
 def test_the_default_batch_benchmark_runs_and_records_beside_the_throughput(tmp_path, capsys):
-    bench = load_script("benchmarks/gpu_default_batch.py", "brillm_gpu_default_batch")
+    bench = load_script("benchmarks/gpu_throughput.py", "brillm_gpu_throughput")
     run = {"rows": [dict(kind="train", shape="paper", backend=backend, objective="exact", optimizer="sparse_adamw",
                          B=1024, L=64, tokens_per_s=speed, peak_gb=15.5) for backend, speed in
                     (("torch", 120_000.0), ("triton", 1_500_000.0))]}
     (tmp_path / "gpu_throughput-20990101T000000Z.json").write_text(json.dumps({"figures": run}))
-    figures = bench.main(["--vocab", "40", "--successors", "6", "--tokens", "12000", "--seconds", "1",
-                          "--results_dir", str(tmp_path)])
+    figures = bench.main(["--device", "cpu", "--shape", "tiny", "--default_batch", "1", "--corpus_tokens", "12000",
+                          "--results_dir", str(tmp_path)])["default_batch"]
     assert figures["batch"] == 32 and figures["rule"] == "per_device_train_batch_size"  # the CPU's
     assert figures["tokens_per_s"] > 0 and figures["num_edges"] > 0
     assert figures["throughput_rows"] == [dict(batch="1024x64", tokens_per_s=1_500_000.0, peak_gb=15.5,
                                                optimizer="sparse_adamw")]
-    record = json.loads(next(tmp_path.glob("gpu_default_batch-*.json")).read_text())
-    assert record["figures"]["batch"] == 32 and "default batch 32 x 32" in capsys.readouterr().out
+    record = json.loads(next(p for p in tmp_path.glob("gpu_throughput-*.json") if "2099" not in p.name).read_text())
+    assert record["figures"]["default_batch"]["batch"] == 32 and "default batch 32 x 32" in capsys.readouterr().out
     committed, rows = bench.throughput_rows(tmp_path / "none")  # no run's record: the committed one
     assert committed.startswith("benchmarks/results/gpu_throughput-") and rows and all(r["tokens_per_s"] for r in rows)

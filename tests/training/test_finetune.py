@@ -1,4 +1,4 @@
-"""Fine-tuning: completion-only data (training/sft_data.py) and what examples/finetune.py runs
+"""Fine-tuning: completion-only data and what examples/finetune.py runs
 (training/finetuning.py) on a tiny saved model, in-process: every --train_only mode trains what it says and leaves
 the rest bit for bit unchanged; bad input gets a one-line error."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from modeling_brillm import BriLLMForCausalLM
-from modeling_brillm.training.sft_data import (
+from modeling_brillm.training.finetuning import (
     SFTDataError,
     builtin_pairs,
     check_records,

@@ -1,7 +1,7 @@
 """benchmarks/quality.py and benchmarks/recipe_sweep.py: a run with tiny models and budgets of about a second writes
 the JSON and the PNG, with finite perplexities and curves monotone in time; both models are scored on the same
 targets; a BriLLM row and a sweep variant are the pretrain.py command they print (the same losses and held-out
-figures); the seed noise and the probe's novelty; bad input gets a one-line error."""
+figures); the seed noise; bad input gets a one-line error."""
 
 from __future__ import annotations
 
@@ -437,26 +437,3 @@ def test_gpt2_sizes_and_none():
     assert quality.gpt2_sizes(["none"], 3e-3) == quality.gpt2_sizes([], 3e-3) == []
     with pytest.raises(quality.UsageError, match="layers x width"):
         quality.gpt2_sizes(["4x128", "none"], 3e-3)
-
-
-def test_novelty_probes_the_blocks_pretrain_makes(tmp_path, capsys):
-    """recipe_sweep.py --novelty: the probe of a corpus's training blocks, c0's novelty among those at counts 1-4, in a
-    record; a folder without the corpus files is one clear line."""
-    sweep = load_sweep()
-    files = tiny_files(tmp_path)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for name, given in (("train.jsonl", files[1]), ("validation.jsonl", files[3])):
-        lines = open(given, encoding="utf-8").read().splitlines()
-        (corpus / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
-    records = tmp_path / "records"
-    argv = ["--novelty", str(corpus), "--vocab_size", "300", "--block_size", "16", "--output_dir",
-            str(tmp_path / "out"), "--results_dir", str(records)]
-    assert sweep.main(argv) == 0
-    (row,) = json.loads(next(records.glob("recipe_sweep-*.json")).read_text())["figures"]["rows"]
-    assert row["corpus"] == "corpus" and row["tokens"] > 0 and row["c0"] >= 1
-    at = [row["novelty_at"][str(c)] for c in range(1, 5)]
-    assert at == sorted(at) and row["novelty"] == row["novelty_at"][str(row["c0"])]
-    assert f"| corpus | {row['tokens']:,} | {row['c0']} |" in capsys.readouterr().out
-    assert sweep.main(["--novelty", str(tmp_path / "none"), "--results_dir", str(records)]) == 2
-    assert "has no train.jsonl" in capsys.readouterr().err

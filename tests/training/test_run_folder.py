@@ -95,9 +95,10 @@ def test_a_second_run_into_a_held_folder_stops_at_once(earlier, corpus, in_proce
 
 def test_two_processes_cannot_hold_one_folder(tmp_path):
     """Another process's lock, live: refused; once it is dead, taken over with a message naming it."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from modeling_brillm.training.checkpoints import "
-                               f"RunFolder; folder = RunFolder({str(tmp_path)!r}); folder.lock(); print('held', "
-                               "flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, socket, sys, time; "  # RunFolder.lock's file
+                               f"f = open({str(tmp_path / LOCK_NAME)!r}, 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+                               "f.write(f'PID {os.getpid()} on {socket.gethostname()}\\n'); f.flush(); print('held', "
+                               "flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UsageError, match=f"in use by another run \\(PID {holder.pid} on "):
@@ -142,6 +143,7 @@ def test_a_failed_rerun_changes_nothing(case, earlier, corpus, tmp_path, in_proc
     assert digests(earlier) == before
 
 
+@pytest.mark.slow
 def test_a_rerun_replaces_the_earlier_run_once_its_model_is_saved(earlier, tmp_path, in_process):
     code, out, _ = in_process(*FINISHED, "--train_file", other_corpus(tmp_path), "--vocab_size", "280",
                               "--output_dir", earlier, "--overwrite_output_dir")
@@ -233,6 +235,7 @@ def test_a_torn_last_line_is_read_past_and_a_line_is_written_whole(tmp_path, cap
     assert log.read_text() == '{"step": 1}\n'
 
 
+@pytest.mark.slow
 def test_a_resume_reads_past_a_torn_log_and_skips_a_corrupt_checkpoint(earlier, corpus, in_process):  # noqa: F811
     with open(earlier / checkpoints.LOG_NAME, "a") as handle:
         handle.write('{"step": 9, "lo')
@@ -263,6 +266,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["step_4"] and checkpoints.list_checkpoints(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_the_final_save_keeps_the_old_model(earlier, corpus, in_process, monkeypatch):  # noqa: F811
     from transformers import PreTrainedModel
 
@@ -278,17 +282,17 @@ def test_a_full_disk_at_the_final_save_keeps_the_old_model(earlier, corpus, in_p
     assert not list(earlier.glob(".tmp-*"))
 
 
-def test_a_disk_too_small_for_the_run_is_said_before_training(corpus, tmp_path):  # noqa: F811
+def test_a_disk_too_small_for_the_run_is_said_before_training(corpus, tmp_path, in_process):  # noqa: F811
     mount = tmp_path / "small"
     mount.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(mount)],
                                            capture_output=True).returncode != 0:
         pytest.skip("mounting a small tmpfs needs root")
     try:
-        result = run(["--train_file", corpus, "--output_dir", mount, *FINISHED], check=False)
-        message = error_of(result)
-        assert f"no space for this run in {mount}: it needs about " in message and "2 checkpoint(s) of" in message
-        assert "step 1" not in result.stdout and os.listdir(mount) == []
+        code, out, err = in_process("--train_file", corpus, "--output_dir", mount, *FINISHED)
+        message = one_error(err)
+        assert code == 2 and f"no space for this run in {mount}: it needs about " in message
+        assert "2 checkpoint(s) of" in message and "step 1" not in out and os.listdir(mount) == []
     finally:
         subprocess.run(["umount", str(mount)], check=True)
 
@@ -334,6 +338,7 @@ def test_records_without_the_text_field_are_refused_or_counted(tmp_path):
     assert "20 train records without a 'text' field left out" in description
 
 
+@pytest.mark.slow
 def test_a_validation_set_too_small_or_empty_is_said(corpus, tmp_path, in_process):  # noqa: F811
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("The cat.\n")
