@@ -70,7 +70,7 @@ setup-latest: $(LATEST_VENV)/.installed
 # Main job: tokenizer + graph from the embedded corpus, pretrain a small BriLLM, evaluate, generate.
 demo: setup
 	$(VENV)/bin/accelerate launch -q --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py \
-		--config demo --output_dir outputs/demo
+		--config demo --output_dir outputs/demo --overwrite_output_dir
 
 # The whole suite on the latest releases.
 test: setup $(VENV)/.clients

@@ -120,6 +120,11 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
             raise OSError(f"{pretrained_model_name_or_path}: the weights file is corrupt or incomplete ({error}); "
                           "save or download it again.") from error
         model.check_graph()
+        for name, param in model.named_parameters():  # NaN weights would generate padding without a word
+            bad = 0 if param.device.type == "meta" else int((~torch.isfinite(param)).sum())
+            if bad:
+                raise ValueError(f"{pretrained_model_name_or_path}: the weights are broken: {name} holds {bad:,} NaN "
+                                 f"or infinite value(s) of {param.numel():,}; load an earlier checkpoint or retrain.")
         return model
 
     def save_pretrained(self, save_directory, *args, **kwargs):

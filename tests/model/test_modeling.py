@@ -553,3 +553,16 @@ def test_num_items_in_batch_gives_the_summed_loss_over_that_count(device):
     mean = model(ids, labels=ids).loss
     count = (ids.shape[1] - 1) * ids.shape[0]
     torch.testing.assert_close(model(ids, labels=ids, num_items_in_batch=torch.tensor(3 * count)).loss, mean / 3)
+
+
+def test_weights_holding_nan_are_refused_at_load_with_the_tensor_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = BriLLMForCausalLM(BriLLMConfig(vocab_size=6, node_size=4, graph="dense"))
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["brillm.biases"].view(-1)[:2] = float("nan")
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"the weights are broken: brillm\.biases holds 2 NaN or infinite value\(s\) "
+                                         r"of 148; load an earlier checkpoint or retrain"):
+        BriLLMForCausalLM.from_pretrained(tmp_path)
