@@ -209,11 +209,16 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     def edge_parameters(self, rows: torch.Tensor):
         """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows`, as the edge kind defines them
         (`weights[rows]` for the release's edges; every edge also adds `edge_base` where the model has one)."""
-        return self.edges.compose(*(getattr(self, name)[rows] for name in self.edges.row_parameters))
+        return self.edges.compose(*self._fetch_rows(rows))
 
     def _fetch_rows(self, rows: torch.Tensor):
-        """`edge_fetch` of an edge kind the paths cannot read in place: the rows of its row parameters."""
-        return tuple(getattr(self, name)[rows] for name in self.edges.row_parameters)
+        """`edge_fetch` of an edge kind the paths cannot read in place: the rows of its row parameters, with sparse
+        row gradients under `sparse_gradients` (as nn.Embedding(sparse=True); the optimizers read only those rows)."""
+        if not self._sparse_gradients:
+            return tuple(getattr(self, name)[rows] for name in self.edges.row_parameters)
+        tables = (getattr(self, name) for name in self.edges.row_parameters)
+        return tuple(F.embedding(rows.reshape(-1), RowView.apply(p, (p.shape[0], -1)), sparse=True).view(
+            *rows.shape, *p.shape[1:]) for p in tables)
 
     def _block_table(self, sources, indptr, indices):
         """A table of the blocks of `sources`' nodes only, materialised (an edge kind the paths cannot read in place):

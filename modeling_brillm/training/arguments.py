@@ -100,6 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
     setting(g, "model.count_prior", "Add a fixed smoothed bigram model of the training text to every logit (off "
             "with --loss sampled or --dense_graph).", action=boolean)
     setting(g, "model.position_recency", "Position weights start at 1 + this x k (0: the paper's).", type=float)
+    g.add_argument("--config_overrides", metavar="FIELD=VALUE,...", help="Other BriLLMConfig fields, e.g. "
+                   "\"edge_rank=4\" (low-rank edges); a preset's \"model\" section takes them too [the config's own]")
 
     g = p.add_argument_group("training")
     setting(g, "training.per_device_train_batch_size", "Blocks per process (on a GPU, unless given: 65,536 tokens "
@@ -126,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="auto", help="auto: sparse_adamw (only the touched edge "
                    "rows) in one process and with --edge_sharding source, adamw (fused, dense) with several [auto]")
     g.add_argument("--edge_sharding", choices=EDGE_SHARDINGS, default="none", help="source: each process owns the "
-                   "edge blocks of a set of source nodes and their AdamW state (modeling_brillm/sharding.py) [none]")
+                   "edge blocks of a set of source nodes and their AdamW state (modeling_brillm/sharding/) [none]")
     setting(g, "training.seed", "Seed of initialisation and data order.", type=int)
     setting(g, "training.torch_threads", "CPU threads per process (none: torch's default).", type=int)
     setting(g, "training.eval_steps", "Validate every N optimizer steps.", type=int)

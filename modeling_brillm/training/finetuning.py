@@ -199,7 +199,8 @@ def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=
         return model.base_model.start_signals.numel(), f"the learned start signal{'s' if n > 1 else ''} ({n} x {d})"
     touched = touched_edge_rows(model, train_rows)
     mask_untouched_rows(model, touched, optimizer)
-    count = int(touched.numel()) * (d * d + d)
+    base = model.base_model
+    count = int(touched.numel()) * sum(getattr(base, n)[0].numel() for n in base.edge_row_parameters)
     return count, (f"the {touched.numel():,} edges the data crosses, of {model.config.num_edges:,} "
                    f"({touched.numel() / max(model.config.num_edges, 1):.1%})")
 
@@ -207,8 +208,9 @@ def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=
 def mask_untouched_rows(model, touched, optimizer=None):
     """Train only the edge rows `touched`: their gradients are masked as each is accumulated (clipping sees the
     masked gradient) and again before every `optimizer` step (DDP's all-reduce in between cannot move a row)."""
-    weights, biases = model.base_model.weights, model.base_model.biases
-    allowed = torch.zeros(weights.shape[0], dtype=torch.bool, device=weights.device)
+    base = model.base_model
+    rows = [getattr(base, name) for name in base.edge_row_parameters]  # every parameter indexed by edge row
+    allowed = torch.zeros(rows[0].shape[0], dtype=torch.bool, device=rows[0].device)
     allowed[touched.to(allowed.device)] = True
 
     def mask(param):
@@ -223,13 +225,13 @@ def mask_untouched_rows(model, touched, optimizer=None):
         else:
             grad.masked_fill_(~keep.view(-1, *([1] * (grad.dim() - 1))), 0)
 
-    for param in (weights, biases):
+    for param in rows:
         param.requires_grad_(True)
         param.register_post_accumulate_grad_hook(mask)
     if optimizer is not None:
         def before_step(*_):  # returns None: a pre-hook's return value would replace the step's arguments
-            mask(weights)
-            mask(biases)
+            for param in rows:
+                mask(param)
 
         optimizer.register_step_pre_hook(before_step)
 

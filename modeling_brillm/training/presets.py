@@ -25,6 +25,11 @@ SECTIONS = ("model", "training", "tokenizer")
 FLAG_OF = {"model.loss_type": "loss", "model.negative_sampling": "negatives", "tokenizer.kind": "tokenizer_kind",
            "tokenizer.min_frequency": "tokenizer_min_frequency"}
 STEP_BATCH = "training.per_device_train_batch_size"
+# BriLLMConfig's fields a preset's "model" section or --config_overrides may set besides the default preset's; the
+# config's own default (the release's) holds where none does. The run makes the rest (the graph's size, token ids).
+RUN_MADE = {"vocab_size", "num_edges", "count_prior_bigrams", "bos_token_id", "eos_token_id", "pad_token_id",
+            "unk_token_id", "tie_word_embeddings", "use_cache"}
+MODEL_FIELDS = sorted(set(BriLLMConfig.__annotations__) - RUN_MADE)
 
 
 def flag_of(key: str) -> str:
@@ -56,6 +61,7 @@ def load_preset(name_or_path: str | None) -> dict:
         if key not in preset or not isinstance(value, dict):
             raise UsageError(f"preset {path}: section {key!r} is not one of {sorted(preset)} holding a JSON object.")
         allowed = {name.split(".", 1)[1] for name in DEFAULT_PRESET if name.startswith(key + ".")}
+        allowed |= set(MODEL_FIELDS) if key == "model" else set()
         unknown = sorted(k for k in value if not k.startswith("_") and k not in allowed)
         if unknown:
             raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed)}.")
@@ -74,6 +80,13 @@ def resolve_settings(args) -> RecipeChoice:
             _set(choice, key, value, f"flag --{flag_of(key)}")
     if getattr(args, "dense_graph", None):
         _set(choice, "model.graph", "dense", "flag --dense_graph")
+    for name, value in config_overrides(getattr(args, "config_overrides", None)).items():
+        earlier = choice.settings.get(f"model.{name}")
+        flag = getattr(args, flag_of(f"model.{name}"), None)
+        if (flag is not None or getattr(args, "recipe", None)) and earlier is not None and earlier.value != value:
+            raise UsageError(f"--config_overrides {name}={value!r} differs from {earlier.rule}'s {earlier.value!r}: "
+                             "drop one of them.")
+        _set(choice, f"model.{name}", value, "flag --config_overrides")
     for rule in GIVES_WAY:
         field, value = rule.when
         if choice.value("model", field) == value and rule.sets not in choice.given:
@@ -83,6 +96,21 @@ def resolve_settings(args) -> RecipeChoice:
             setattr(args, setting.name, setting.value)
     args.recipe_choice = choice
     return choice
+
+
+def config_overrides(text: str | None) -> dict:
+    """`--config_overrides "edge_rank=4,node_readout=true"` (as transformers' run_clm.py) as {field: value}, each
+    value read as JSON (a bare word as a string)."""
+    overrides = {}
+    for item in filter(None, (text or "").split(",")):
+        name, sep, raw = item.strip().partition("=")
+        if not sep or name not in MODEL_FIELDS:
+            raise UsageError(f"--config_overrides {item!r}: expected FIELD=VALUE with FIELD one of {MODEL_FIELDS}.")
+        try:
+            overrides[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[name] = raw
+    return overrides
 
 
 def _set(choice: RecipeChoice, key: str, value, rule: str, given: bool = True):

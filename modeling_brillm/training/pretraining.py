@@ -271,7 +271,7 @@ def prepare(args, config, graph, plan, data, accelerator, checkpoint):
     if args.sharding:  # not prepared: no DDP wrapper
         model = sharded.build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
         optimizer = sharded.build_sharded_optimizer(model, args.learning_rate, args.weight_decay, **options)
-        rows = torch.tensor([model.model.base_model.weights.shape[0] - 1], device=accelerator.device)
+        rows = torch.tensor([model.model.base_model.biases.shape[0] - 1], device=accelerator.device)
         accelerator.print(f"edge sharding by source: edge rows per process "
                           f"{[int(r) for r in accelerator.gather(rows).tolist()]} of {config.num_edge_rows - 1:,}")
         return model, optimizer, accelerator.prepare(train_loader), eval_loader

@@ -33,7 +33,7 @@ def test_its_size_is_the_formula_and_a_fraction_of_full_edges():
     P, d = full.config.num_edge_rows, 8
     assert full.base_model.weights.numel() == P * d * d and low.base_model.edge_a.numel() == P * d * 2
     # A·Bᵀ starts with a full edge's spread of entries (uniform in ±initializer_range: variance r²/3)
-    product = low.base_model.edge_parameters(torch.arange(P))[0]
+    product = low.base_model.edge_parameters(torch.arange(P))[0].detach()
     assert float(product.var()) == pytest.approx(0.5 ** 2 / 3, rel=0.25)
 
 
@@ -49,6 +49,23 @@ def test_it_trains():
         optimizer.step()
         losses.append(float(loss))
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_sparse_gradients_touch_the_crossed_rows_and_equal_the_dense_ones():
+    ids = torch.stack(sequences(n=4, seed=2))
+    grads = {}
+    for sparse in (False, True):
+        model = build(2).train()
+        model.sparse_gradients = sparse
+        model(ids, labels=ids).loss.backward()
+        grads[sparse] = {n: p.grad for n, p in model.base_model.named_parameters() if n in ("edge_a", "edge_b",
+                                                                                             "biases")}
+    for name, dense in grads[False].items():
+        sparse = grads[True][name]
+        assert sparse.is_sparse and not dense.is_sparse, name
+        torch.testing.assert_close(sparse.to_dense(), dense, rtol=1e-5, atol=1e-6)
+        touched = sparse.coalesce().indices()[0]
+        assert 0 < touched.numel() < dense.shape[0] and (dense.flatten(1).abs().sum(1) > 0).sum() <= touched.numel()
 
 
 def test_a_bad_rank_is_a_clear_error():
