@@ -38,7 +38,7 @@ from modeling_brillm.training.errors import UsageError
 
 GPT2_BATCH = 64
 CONFIG_KEYS = ("node_size", "num_edges", "signal_dropout", "non_edge_bias", "node_readout", "edge_backoff",
-               "node_embedding", "count_prior", "position_recency")
+               "node_embedding", "count_prior", "position_recency", "edge_rank")
 ROW_ARGS = dict(batch_size="per_device_train_batch_size", optimizer="optimizer", lr="learning_rate",  # pretrain.py's
                 weight_decay="weight_decay", warmup_steps="num_warmup_steps", lazy_weight_decay="lazy_weight_decay",
                 shared_edge_lr_scale="shared_edge_lr_scale", node_lr_scale="node_lr_scale",
@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no_brillm", action="store_true", help="only the GPT-2 models")
     p.add_argument("--node_sizes", type=int, nargs="*", default=[], metavar="D", help="one BriLLM per node size")
     p.add_argument("--pretrain_flags", default="", help="more pretrain.py flags for every BriLLM row (one string)")
+    p.add_argument("--variants", nargs="*", default=[], metavar="NAME=FLAGS", help="one BriLLM row per variant, "
+                   "with its own pretrain.py flags, e.g. full= \"rank4=--config_overrides edge_rank=4\"")
     p.add_argument("--gpt2_batch", type=int, help=f"GPT-2's batch (default --batch_size, else {GPT2_BATCH})")
     p.add_argument("--gpt2_lr", type=float, default=3e-3, help="GPT-2's peak rate without an @lr")
     p.add_argument("--gpt2_warmup", type=int, default=20, help="GPT-2's warmup steps")
@@ -89,6 +91,11 @@ def check_args(args):
                           "max_eval_blocks"))
     if args.curve_points < 0 or any(d < 1 for d in args.node_sizes) or not args.gpt2_lr > 0 or args.gpt2_warmup < 0:
         raise UsageError("--curve_points and --gpt2_warmup must be >= 0, --node_sizes and --gpt2_lr positive.")
+    names = [variant.partition("=")[0] for variant in args.variants]
+    if any("=" not in v or not n for v, n in zip(args.variants, names)) or len(set(names)) < len(names) or \
+            (names and args.node_sizes):
+        raise UsageError("--variants takes NAME=FLAGS items with distinct names (FLAGS may be empty), without "
+                         "--node_sizes (give a variant --node_size D instead).")
     if args.no_brillm and not args.gpt2:
         raise UsageError("nothing to train: --no_brillm and no --gpt2 size.")
 
@@ -120,6 +127,15 @@ def brillm_argv(args, points, name: str = "brillm", node_size=None) -> list[str]
     argv += ["--node_size", str(node_size)] if node_size else []
     return argv + shlex.split(args.pretrain_flags) + ["--torch_threads", str(args.threads), "--num_generations", "0",
                                                       "--output_dir", str(Path(args.output_dir) / name)]
+
+
+def brillm_rows(args, points) -> list[tuple[list[str], str]]:
+    """(pretrain.py's flags, label suffix) of every BriLLM row: one per --variants, else per --node_sizes, else one."""
+    if args.variants:
+        named = [variant.partition("=")[::2] for variant in args.variants]
+        return [(brillm_argv(args, points, f"brillm-{name}") + shlex.split(flags), f" {name}") for name, flags in named]
+    return [(brillm_argv(args, points, f"brillm-d{d}", d), "") for d in args.node_sizes] or \
+        [(brillm_argv(args, points), "")]
 
 
 def command_line(argv) -> str:
@@ -193,7 +209,7 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
                 planned_epochs=round(pargs.planned_epochs, 3), curve=log_curve(out), steps=summary["steps"],
                 train_seconds=summary["train_seconds"], tokens_per_second=summary["tokens_per_second"],
                 other_cpu_load=round(load, 3), wall_seconds=round(wall, 1), peak_gb=peak,
-                **{k: getattr(pargs, v) for k, v in ROW_ARGS.items()}, **{k: config[k] for k in CONFIG_KEYS})
+                **{k: getattr(pargs, v) for k, v in ROW_ARGS.items()}, **{k: config.get(k) for k in CONFIG_KEYS})
 
 
 def harness_data(pretrain_data, first, accelerator, batch_size: int) -> dict:
@@ -219,8 +235,8 @@ def run(args) -> dict:
     check_args(args)
     sizes, points = gpt2_sizes(args.gpt2, args.gpt2_lr), curve_points(args.budgets, args.curve_points)
     started = time.time()
-    argvs = [brillm_argv(args, points, f"brillm-d{d}", d) for d in args.node_sizes] or [brillm_argv(args, points)]
-    pretrain_data, first, accelerator = shared_data(argvs[0], Path(args.output_dir) / "data")
+    rows = brillm_rows(args, points)
+    pretrain_data, first, accelerator = shared_data(rows[0][0], Path(args.output_dir) / "data")
     data = harness_data(pretrain_data, first, accelerator, gpt2_batch(args))
     fields = data["fields"]
     print(f"data: {fields['description']}; {fields['train_blocks']:,} training blocks, {fields['heldout_blocks']:,} "
@@ -233,8 +249,8 @@ def run(args) -> dict:
         models.append(row)
         write_json_atomic(out / "quality.json", dict(partial=True, models=models))
 
-    for argv in [] if args.no_brillm else argvs:
-        keep(brillm_row(argv, pretrain_data, ""))
+    for argv, suffix in [] if args.no_brillm else rows:
+        keep(brillm_row(argv, pretrain_data, suffix))
     for size in sizes:
         keep(gpt2_row(size, data, points, args, gpt2_batch(args)))
     budgets = sorted(args.budgets)
