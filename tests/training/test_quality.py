@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,6 +98,21 @@ def test_a_brillm_row_is_the_pretrain_command_it_prints(tmp_path):
     assert quality.main(argv) == 0
     row = json.loads((out / "quality.json").read_text())["models"][0]
     assert_row_is_its_command(row, out / "brillm", tmp_path / "alone", steps=6)
+
+
+def test_variants_are_rows_with_their_own_flags(tmp_path):
+    """--variants: one BriLLM row per variant, each its own pretrain.py run (its folder, label and flags)."""
+    out = tmp_path / "q"
+    argv = tiny_files(tmp_path) + ["--budgets", "2", "--curve_points", "0", "--gpt2", "--max_train_steps", "3",
+                                   "--variants", "full=--node_size 8",
+                                   "rank2=--node_size 8 --config_overrides edge_rank=2", "--no-wait-quiet",
+                                   "--output_dir", str(out), "--results_dir", str(tmp_path / "records")]
+    assert quality.main(argv) == 0
+    rows = json.loads((out / "quality.json").read_text())["models"]
+    assert [(r["label"], r["edge_rank"], Path(r["output_dir"]).name) for r in rows] == [
+        ("BriLLM d=8 full", 0, "brillm-full"), ("BriLLM d=8 rank2", 2, "brillm-rank2")]
+    assert rows[1]["parameters"] < rows[0]["parameters"] and "--config_overrides edge_rank=2" in rows[1][
+        "pretrain_command"]
 
 
 def run_alone(command: str, folder):
@@ -189,6 +205,9 @@ def test_gpt2_batches_are_the_pretrain_loaders():
     (["--train_file", "/nonexistent/train.txt"], "no such file"),
     (["--train_file", "data.parquet"], "unknown file extension"),
     (["--config", "no-such-preset"], "unknown preset"),
+    (["--variants", "full=", "full=--node_size 8"], "distinct names"),
+    (["--variants", "rank4"], "NAME=FLAGS"),
+    (["--variants", "a=", "--node_sizes", "8"], "without --node_sizes"),
 ])
 def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
     assert quality.main(argv + ["--output_dir", str(tmp_path), "--no-wait-quiet"]) == 2
