@@ -178,11 +178,8 @@ def _summed_nll(model, blocks, batch_size: int, device) -> float:
 @torch.no_grad()
 def per_text_perplexity(model, tokenizer, texts, batch_size: int = 16, add_start_token: bool = True,
                         max_length: int | None = None, device=None) -> dict:
-    """The `evaluate` "perplexity" metric's numbers, computed in-process (no Hub download): per-text perplexities
-    and their plain mean. Same steps as the metric: pad token from the special tokens when missing, tokenize with
-    add_special_tokens=False and padding, prepend a BOS column (mask 1), take `model(ids, attention_mask).logits`,
-    shift by one, masked cross-entropy mean per text, exp. Use it where the metric script cannot be downloaded.
-    """
+    """The `evaluate` "perplexity" metric's numbers (per-text perplexities and their plain mean) by the metric's own
+    steps, in-process: for where the metric's script cannot be downloaded."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts:
         raise ValueError("no texts to score.")

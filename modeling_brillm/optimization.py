@@ -41,9 +41,8 @@ def group_moment_dtype(group, param=None) -> torch.dtype:
 
 
 class SparseAdamW(Optimizer):
-    """AdamW for dense and sparse COO gradients (module docstring). `lr`, `betas`, `eps`, `weight_decay`, `foreach`
-    and `fused` are `torch.optim.AdamW`'s, and the dense update takes them as it does; the other options are per
-    group. Works as any `torch.optim.Optimizer` (schedulers, `state_dict()` / `load_state_dict()`, accelerate)."""
+    """AdamW for dense and sparse COO gradients (module docstring), used as any `torch.optim.Optimizer`. `lr`,
+    `betas`, `eps`, `weight_decay`, `foreach` and `fused` are `torch.optim.AdamW`'s; the other options are per group."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  *, foreach: bool | None = None, fused: bool | None = None, lazy_weight_decay: bool = False,
