@@ -21,22 +21,7 @@ BriLLMModel.register_for_auto_class("AutoModel")
 BriLLMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
-    "BriLLMConfig",
-    "BriLLMModel",
-    "BriLLMForCausalLM",
-    "BriLLMPreTrainedModel",
-    "BriLLMState",
-    "BigramGraph",
-    "build_sparse_graph",
-    "count_bigrams",
-    "graph_from_edges",
-    "merge_edges",
-    "positional_encoding",
-    "energy_generate",
-    "EnergyGenerateOutput",
-    "energy_trace",
-    "EnergyTrace",
-    "plot_energy_path",
-    "perplexity",
-    "write_model_card",
+    "BriLLMConfig", "BriLLMModel", "BriLLMForCausalLM", "BriLLMPreTrainedModel", "BriLLMState", "BigramGraph",
+    "build_sparse_graph", "count_bigrams", "graph_from_edges", "merge_edges", "positional_encoding", "energy_generate",
+    "EnergyGenerateOutput", "energy_trace", "EnergyTrace", "plot_energy_path", "perplexity", "write_model_card",
 ]

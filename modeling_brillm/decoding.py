@@ -275,9 +275,8 @@ def _beam_search(model, input_ids, mask, start, config, exclude_self_loops, toke
                   renormalize_logits=bool(penalised))
     if not config.eos_token_id and not config.pad_token_id:  # generate() would read pad 0 as unset and fall back
         config.pad_token_id = 1  # on eos[0]; the value only fills ended beams, which are masked out below
-    extra = {} if streamer is None else {"streamer": streamer}  # generate() says it cannot stream beams
     out = model.generate(input_ids, attention_mask=mask.long(), generation_config=config, logits_processor=processors,
-                         tokenizer=tokenizer, **extra, **start)
+                         tokenizer=tokenizer, streamer=streamer, **start)  # generate() says it cannot stream beams
     T, steps = input_ids.shape[1], out.beam_indices.shape[1]
     rows, at = out.beam_indices.clamp(min=0).long(), torch.arange(steps, device=out.beam_indices.device)
     raw = torch.stack(out.logits[:steps], 1)[rows, at]  # (sequences, steps, V): the energies each step saw
@@ -343,7 +342,6 @@ def energy_generate(model, input_ids, attention_mask: torch.Tensor | None = None
     fields, step_mask = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator,
                                 streamer, k)
     return _output(fields, step_mask, input_ids, mask, config.pad_token_id, tokenizer)
-
 
 
 _CUSTOM_GENERATE_README = (

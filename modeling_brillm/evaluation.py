@@ -1,22 +1,9 @@
-"""Fast built-in perplexity of a BriLLM, from the model's own (exact, all-V) loss.
-
-    from modeling_brillm.evaluation import perplexity
-    result = perplexity(model, tokenizer, ["a text", "another text"])     # or a file path, a datasets.Dataset,
-    result.perplexity, result.nll, result.num_tokens                      # or lists / tensors of token ids
-
-Perplexity here is token-weighted over the whole corpus: exp(total negative log-likelihood / predicted tokens),
-where every token of every text except the first is predicted from the ones before it (the tokenizer's BOS is
-prepended when it adds one, so the first real token is predicted from BOS). Texts longer than `block_size` are
-cut into consecutive blocks of at most `block_size` tokens, each scored on its own (the first token of each block
-is context only). A model with `config.position_overflow="extend"` reads past its trained range, so `block_size`
-may exceed `max_position_embeddings` there (`block_size=0`: every text whole). The `evaluate` "perplexity" metric
-instead averages per-text perplexities; see `examples/perplexity.py` for both.
-
-Uses the model's loss with `labels` (cross-entropy over all V nodes, exact even for a sparse graph, without building
-the (batch, length, V) logits), so it is fast. A model configured with the release's sampled loss is scored with
-the exact loss (a sampled loss is not a likelihood).
-
-This module imports nothing beyond torch (datasets are used duck-typed).
+"""Fast built-in perplexity of a BriLLM, from the model's own exact loss over all V nodes (without building the
+(batch, length, V) logits; a model configured with the release's sampled loss is scored with the exact loss, a
+sampled loss being no likelihood). Perplexity here is token-weighted over the whole corpus, exp(total NLL / predicted
+tokens), every token of a text but the first predicted (the tokenizer's BOS is prepended when it adds one); the
+`evaluate` metric instead averages per-text perplexities (`per_text_perplexity`, `examples/perplexity.py`). This
+module imports nothing beyond torch (datasets are used duck-typed).
 """
 
 from __future__ import annotations
@@ -94,13 +81,11 @@ def _encode(items, tokenizer, add_special_tokens: bool, add_eos: bool) -> list[t
         keep = [t for t in texts if t.strip()]
         if not keep:
             return []
+        if add_eos and tokenizer.eos_token_id is None:
+            raise ValueError("add_eos=True but the tokenizer has no eos token.")
+        eos = [tokenizer.eos_token_id] if add_eos else []
         encoded = tokenizer(keep, add_special_tokens=add_special_tokens)["input_ids"]
-        seqs = [torch.tensor(e, dtype=torch.long) for e in encoded]
-        if add_eos:
-            if tokenizer.eos_token_id is None:
-                raise ValueError("add_eos=True but the tokenizer has no eos token.")
-            seqs = [torch.cat([s, torch.tensor([tokenizer.eos_token_id])]) for s in seqs]
-        return seqs
+        return [torch.tensor(list(e) + eos, dtype=torch.long) for e in encoded]
     seqs = []
     for item in items:
         ids = torch.as_tensor(item)
@@ -114,20 +99,11 @@ def _encode(items, tokenizer, add_special_tokens: bool, add_eos: bool) -> list[t
 def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, batch_size: int = 16,
                text_column: str = "text", add_special_tokens: bool = True, add_eos: bool = False,
                device=None) -> PerplexityResult:
-    """Token-weighted perplexity of `model` on `data` (texts with `tokenizer`, or token ids with `tokenizer=None`).
-
-    Args:
-        model: a `BriLLMForCausalLM`.
-        tokenizer: its tokenizer (None when `data` holds token ids).
-        data: see `load_texts`: list of strings, file path, `datasets.Dataset`, token ids.
-        block_size: longest block scored at once; defaults to `config.max_position_embeddings` (the trained
-            range). Must be at least 2, and at most `max_position_embeddings` unless the model reads past its
-            range (`config.position_overflow="extend"`), where any length is accepted and `block_size=0` scores
-            every text whole, in one block.
-        batch_size: blocks per forward pass (blocks are sorted by length, so padding stays small).
-        add_special_tokens: let the tokenizer add its specials (our tokenizers prepend BOS).
-        add_eos: append the tokenizer's EOS to every text (score the end of the text too).
-    """
+    """Token-weighted perplexity of `model` on `data` (texts with `tokenizer`, token ids with `tokenizer=None`; the
+    forms of `load_texts`). Texts longer than `block_size` (default `config.max_position_embeddings`, at least 2) are
+    cut into consecutive blocks, each scored on its own (its first token context only); a model with
+    `config.position_overflow="extend"` takes any `block_size`, 0 scoring every text whole. `batch_size`: blocks per
+    forward pass (sorted by length); `add_eos`: append the tokenizer's EOS to every text (score its end too)."""
     if data is None:
         raise ValueError("perplexity needs data: a list of texts, a file path, a dataset, or token ids.")
     if batch_size < 1:
@@ -181,7 +157,7 @@ def _summed_nll(model, blocks, batch_size: int, device) -> float:
     model.eval()
     total = torch.zeros((), dtype=torch.float64)
     try:
-        config.loss_type = "exact" if loss_type != "exact" else loss_type
+        config.loss_type = "exact"
         for start in range(0, len(blocks), batch_size):
             batch = blocks[start:start + batch_size]
             lengths = torch.tensor([b.numel() for b in batch])
@@ -202,18 +178,13 @@ def _summed_nll(model, blocks, batch_size: int, device) -> float:
 @torch.no_grad()
 def per_text_perplexity(model, tokenizer, texts, batch_size: int = 16, add_start_token: bool = True,
                         max_length: int | None = None, device=None) -> dict:
-    """The `evaluate` "perplexity" metric's numbers, computed in-process (no Hub download): per-text perplexities
-    and their plain mean. Same steps as the metric: pad token from the special tokens when missing, tokenize with
-    add_special_tokens=False and padding, prepend a BOS column (mask 1), take `model(ids, attention_mask).logits`,
-    shift by one, masked cross-entropy mean per text, exp. Use it where the metric script cannot be downloaded.
-    """
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
+    """The `evaluate` "perplexity" metric's numbers (per-text perplexities and their plain mean) by the metric's own
+    steps, in-process: for where the metric's script cannot be downloaded."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts:
         raise ValueError("no texts to score.")
     if tokenizer.pad_token is None and batch_size > 1:
-        specials = [t for t in tokenizer.all_special_tokens]
+        specials = list(tokenizer.all_special_tokens)
         if not specials:
             raise ValueError("the tokenizer has neither a pad token nor any special token to pad with.")
         tokenizer.add_special_tokens({"pad_token": specials[0]})

@@ -1,11 +1,7 @@
 """Building and growing BriLLM graphs: count the bigrams of token-id sequences, build the sparse graph and its count
-prior, add nodes for added tokens and real edges for new bigrams. Tools of the package: a saved model's code
-carries only what reading a graph needs (csr.py), and the models' methods (`from_token_sequences`, `add_edges`,
-`resize_token_embeddings`) call these.
-
-Growing keeps the existing energies: a new node joins a sparse graph through the shared edge, and a new edge starts
-as a copy of the shared edge that served its pair so far (with `non_edge_bias`, its pair loses its node's
-non-successor offset). The edge tables are replaced by larger tensors, so an optimizer must be created after growing.
+prior, add nodes for added tokens and real edges for new bigrams (docs/training.md, "Growing the graph"). Tools of
+the package: a saved model's code carries only what reading a graph needs (csr.py); the models' methods
+(`from_token_sequences`, `add_edges`, `resize_token_embeddings`) call these.
 """
 
 from __future__ import annotations
@@ -23,12 +19,8 @@ from .graph_editing import NODE_ROWS
 def count_bigrams(
     sequences: Iterable, vocab_size: int, ignore_ids: Iterable[int] = (), chunk_tokens: int = 1 << 22
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Count every bigram u→v of the token-id sequences; returns sorted keys u·V+v and their counts.
-
-    `ignore_ids` (padding, say) never form an edge. Counting is vectorised per chunk of sequences (one flat tensor,
-    the pairs across two sequences dropped) and merged, so a corpus of hundreds of millions of tokens needs memory
-    for its distinct bigrams only, and a sequence costs one append.
-    """
+    """Count every bigram u→v of the token-id sequences (`ignore_ids`, padding say, never form one); returns sorted
+    keys u·V+v and their counts. Counted per chunk of sequences and merged, so memory follows the distinct bigrams."""
     ignore = torch.tensor(sorted(set(int(i) for i in ignore_ids)), dtype=torch.long)
     keys = torch.empty(0, dtype=torch.long)
     counts = torch.empty(0, dtype=torch.long)
@@ -58,9 +50,7 @@ def count_bigrams(
 
     pending_tokens = 0
     for seq in sequences:
-        seq = torch.as_tensor(seq, dtype=torch.long)
-        if seq.dim() != 1:
-            seq = seq.reshape(-1)
+        seq = torch.as_tensor(seq, dtype=torch.long).reshape(-1)
         n = seq.numel()
         if n < 2:
             continue  # no bigram, and (as before) never checked
@@ -74,17 +64,21 @@ def count_bigrams(
     return keys, counts
 
 
+def _bigrams_seen(sequences, vocab_size: int, min_count: int, ignore_ids):
+    """`count_bigrams`' keys and counts, and which of them were seen at least `min_count` times."""
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}.")
+    keys, counts = count_bigrams(sequences, vocab_size, ignore_ids)
+    return keys, counts, counts >= min_count
+
+
 def build_sparse_graph(
     sequences: Iterable, vocab_size: int, min_count: int = 1, ignore_ids: Iterable[int] = (), with_prior: bool = False
 ) -> BigramGraph:
     """The sparse graph of the bigrams seen at least `min_count` times in `sequences` (token-id lists), with the
     count prior of all of them when `with_prior` (`count_prior.py`)."""
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}.")
-    all_keys, all_counts = count_bigrams(sequences, vocab_size, ignore_ids)
-    keys, counts = all_keys, all_counts
-    keep = counts >= min_count
-    keys, counts = keys[keep], counts[keep]
+    all_keys, all_counts, keep = _bigrams_seen(sequences, vocab_size, min_count, ignore_ids)
+    keys, counts = all_keys[keep], all_counts[keep]
     if keys.numel() == 0:
         raise ValueError(
             "no bigram was seen "
@@ -99,39 +93,29 @@ def build_sparse_graph(
 
 def graph_from_edges(sources, targets, vocab_size: int, counts=None) -> BigramGraph:
     """CSR graph from edge lists (any order, no duplicates)."""
-    sources = torch.as_tensor(sources, dtype=torch.long)
-    targets = torch.as_tensor(targets, dtype=torch.long)
+    sources, targets = (torch.as_tensor(t, dtype=torch.long) for t in (sources, targets))
     counts = torch.zeros_like(sources) if counts is None else torch.as_tensor(counts, dtype=torch.long)
     keys, order = torch.sort(sources * vocab_size + targets)
     if keys.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
         raise ValueError("duplicate edges: each pair u→v may be listed once.")
-    indptr = torch.zeros(vocab_size + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(torch.bincount(sources, minlength=vocab_size), 0)
+    indptr = torch.cat([sources.new_zeros(1), torch.bincount(sources, minlength=vocab_size).cumsum(0)])
     return BigramGraph(indptr=indptr, indices=targets[order], counts=counts[order])
 
 
 def merge_edges(graph: BigramGraph, sources, targets, counts=None) -> tuple[BigramGraph, torch.Tensor, torch.Tensor]:
-    """`graph` plus the new edges source→target (none of them real yet, no duplicates: the caller checks).
-
-    Returns the merged graph and where its old edges and the new ones landed in the merged CSR order (edge
-    indices, i.e. edge-table rows minus one), so the caller can lay its edge tables out the same way.
-    """
-    V = graph.vocab_size
-    sources = torch.as_tensor(sources, dtype=torch.long, device=graph.indptr.device)
-    targets = torch.as_tensor(targets, dtype=torch.long, device=graph.indptr.device)
-    counts = torch.zeros_like(sources) if counts is None else torch.as_tensor(counts, dtype=torch.long,
-                                                                              device=sources.device)
-    old_sources = torch.repeat_interleave(torch.arange(V, device=sources.device), graph.indptr.diff())
+    """`graph` plus the new edges source→target (none real yet, no duplicates: the caller checks), and where its old
+    edges and the new ones land in the merged CSR order (edge-table rows minus one), to lay edge tables out alike."""
+    V, E, device = graph.vocab_size, graph.num_edges, graph.indptr.device
+    sources, targets = (torch.as_tensor(t, dtype=torch.long, device=device) for t in (sources, targets))
+    counts = torch.zeros_like(sources) if counts is None else torch.as_tensor(counts, dtype=torch.long, device=device)
+    old_sources = torch.repeat_interleave(torch.arange(V, device=device), graph.indptr.diff())
     keys = torch.cat([old_sources * V + graph.indices, sources * V + targets])
     order = torch.argsort(keys, stable=True)
     position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel(), device=order.device)  # merged index of every concatenated edge
-    all_counts = torch.cat([graph.counts, counts])[order]
-    merged_sources = torch.cat([old_sources, sources])
-    indptr = torch.zeros(V + 1, dtype=torch.long, device=sources.device)
-    indptr[1:] = torch.cumsum(torch.bincount(merged_sources, minlength=V), 0)
-    merged = BigramGraph(indptr=indptr, indices=keys[order] % V, counts=all_counts)
-    E = graph.num_edges
+    position[order] = torch.arange(order.numel(), device=device)  # merged index of every concatenated edge
+    degree = torch.bincount(torch.cat([old_sources, sources]), minlength=V)
+    merged = BigramGraph(indptr=torch.cat([degree.new_zeros(1), degree.cumsum(0)]), indices=keys[order] % V,
+                         counts=torch.cat([graph.counts, counts])[order])
     return merged, position[:E], position[E:]
 
 
@@ -149,8 +133,7 @@ def count_prior(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, disco
     total, weight = source_total[sources], backoff[sources]
     probability = (counts - discount).clamp_min(0) / total + weight * unigram[targets]
     values = probability.log() - weight.log() - unigram[targets].log()
-    indptr = torch.zeros(V + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(degree, 0)
+    indptr = torch.cat([degree.new_zeros(1), degree.cumsum(0)])
     return CountPrior(unigram.log().float(), indptr, targets, values.float())
 
 
@@ -177,28 +160,22 @@ def _check_new_size(new_num_tokens, pad_to_multiple_of, V: int) -> int:
 
 def _grow_dense_edges(model, V: int, new_V: int):
     """Re-lay the V² edge rows (row 1 + u·V + v) for the new V; new pairs start like a fresh model's edges."""
-    d, r = model.config.node_size, model.config.initializer_range
-    old_w, old_b = model.weights[1:].view(V, V, d, d), model.biases[1:].view(V, V, 1, d)
-    weights = model.weights.new_empty(1 + new_V ** 2, d, d).uniform_(-r, r)
-    biases = model.biases.new_empty(1 + new_V ** 2, 1, d).uniform_(-r, r)
-    weights[0], biases[0] = model.weights[0], model.biases[0]
-    weights[1:].view(new_V, new_V, d, d)[:V, :V] = old_w
-    biases[1:].view(new_V, new_V, 1, d)[:V, :V] = old_b
-    _replace_parameter(model, "weights", weights)
-    _replace_parameter(model, "biases", biases)
+    r = model.config.initializer_range
+    for name in ("weights", "biases"):
+        old = getattr(model, name)
+        shape = old.shape[1:]
+        rows = old.new_empty(1 + new_V ** 2, *shape).uniform_(-r, r)
+        rows[0] = old[0]
+        rows[1:].view(new_V, new_V, *shape)[:V, :V] = old[1:].view(V, V, *shape)
+        _replace_parameter(model, name, rows)
     model.config.num_edges = new_V ** 2
 
 
 def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: bool = True):
-    """Add nodes so the graph has one per token of a grown tokenizer (`model.resize_token_embeddings`).
-
-    A new node joins a sparse graph through the shared edge (row 0): every pair involving it is a non-edge until
-    `add_edges` makes it real, so the logits of the old nodes do not change. In a dense graph every new pair is a
-    real edge, initialised like a fresh model's. The new nodes' start biases are the mean of the old ones
-    (`mean_resizing=True`) or drawn like a fresh model's; their non-successor offsets, readouts and vectors the mean
-    of the old ones or zero. `pad_to_multiple_of` rounds the node count up, as in transformers. Shrinking is
-    refused. Parameters are replaced by larger tensors: create the optimizer after resizing.
-    """
+    """Add nodes so the graph has one per token of a grown tokenizer (`model.resize_token_embeddings`; shrinking is
+    refused). In a sparse graph a new node's pairs are non-edges, so old logits do not change; in a dense graph they
+    are real edges, initialised like a fresh model's. `mean_resizing`: the new nodes' rows start at the old nodes'
+    mean, else as a fresh model's (start biases) or zero (offsets, readouts, vectors)."""
     V = model.config.vocab_size
     if new_num_tokens is None:
         return None
@@ -216,12 +193,10 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
         if model.config.graph == "dense":
             _grow_dense_edges(model, V, new_V)
         else:  # new nodes have no real successors yet: their CSR rows are empty
-            indptr = model.graph_indptr
-            model.graph_indptr = torch.cat([indptr, indptr[-1:].expand(new_V - V)])
+            model.graph_indptr = torch.cat([model.graph_indptr, model.graph_indptr[-1:].expand(new_V - V)])
         _replace_parameter(model, "node_bias", bias)
         if model.config.count_prior:  # a new token was never seen: the smallest unigram, and no seen successor
-            node = model.prior_node
-            model.prior_node = torch.cat([node, node.min().expand(new_V - V)])
+            model.prior_node = torch.cat([model.prior_node, model.prior_node.min().expand(new_V - V)])
             model.prior_indptr = torch.cat([model.prior_indptr, model.prior_indptr[-1:].expand(new_V - V)])
         for name in NODE_ROWS:  # a new node's offset and readout: the old nodes' mean (or zero, a plain node)
             rows = getattr(model, name)
@@ -237,19 +212,16 @@ def _as_pairs(pairs, device) -> torch.Tensor:
     """(N, 2) long tensor of (source, target) pairs from a tensor or a list of pairs."""
     if isinstance(pairs, torch.Tensor):
         pairs = pairs.detach().to(device=device)
-        if pairs.is_floating_point() or pairs.dtype == torch.bool:
-            raise TypeError(f"add_edges: pairs must hold integer node ids, got dtype {pairs.dtype}.")
     else:
         pairs = list(pairs)
         if any(not hasattr(p, "__len__") or len(p) != 2 for p in pairs):
             raise ValueError("add_edges: pairs must be (source, target) node-id pairs, e.g. [(5, 7), (7, 9)].")
         pairs = torch.tensor(pairs, device=device).reshape(-1, 2) if pairs else torch.zeros(0, 2, dtype=torch.long)
-        if pairs.is_floating_point() or pairs.dtype == torch.bool:
-            raise TypeError(f"add_edges: pairs must hold integer node ids, got {pairs.dtype} values.")
-    pairs = pairs.long()
+    if pairs.is_floating_point() or pairs.dtype == torch.bool:
+        raise TypeError(f"add_edges: pairs must hold integer node ids, got dtype {pairs.dtype}.")
     if pairs.dim() != 2 or pairs.shape[1] != 2:
         raise ValueError(f"add_edges: pairs must have shape (N, 2) (source, target), got {tuple(pairs.shape)}.")
-    return pairs
+    return pairs.long()
 
 
 def _check_new_pairs(model, pairs: torch.Tensor):
@@ -276,14 +248,10 @@ def _check_new_pairs(model, pairs: torch.Tensor):
 
 
 def add_edges(model, pairs, counts=None) -> torch.Tensor:
-    """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph (`model.add_edges`).
-
-    Each new edge starts as a copy of the shared edge that served the pair so far, so no energy changes until it is
-    trained; with `non_edge_bias` the pair u→v no longer adds v's non-successor offset. `counts` (N,), optional,
-    are their bigram counts (the frequency negatives of the sampled loss read them). Every pair must name existing
-    nodes and not be a real edge yet (`add_edges_from_sequences` skips those). Returns the edge-table rows of the
-    new edges, in the order of `pairs` (e.g. to train only them); create the optimizer after growing.
-    """
+    """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph (`model.add_edges`),
+    each starting as a copy of the shared edge that served it. `counts` (N,): their bigram counts (the sampled loss's
+    frequency negatives read them). Every pair must name existing nodes and not be a real edge yet. Returns the
+    edge-table rows of the new edges, in the order of `pairs`."""
     if model.config.graph != "sparse":
         raise ValueError("add_edges: this graph is dense, so every pair u→v already is a real edge; there is "
                          "nothing to add (only a sparse graph has non-edges).")
@@ -299,13 +267,11 @@ def add_edges(model, pairs, counts=None) -> torch.Tensor:
     graph, old_at, new_at = merge_edges(model.get_graph(), pairs[:, 0], pairs[:, 1], counts)
     E, N = model.config.num_edges, pairs.shape[0]
     with torch.no_grad():
-        weights = model.weights.new_empty(1 + E + N, *model.weights.shape[1:])
-        biases = model.biases.new_empty(1 + E + N, *model.biases.shape[1:])
-        weights[0], biases[0] = model.weights[0], model.biases[0]
-        weights[1 + old_at], biases[1 + old_at] = model.weights[1:], model.biases[1:]
-        weights[1 + new_at], biases[1 + new_at] = model.weights[0], model.biases[0]  # copies of the shared edge
-        _replace_parameter(model, "weights", weights)
-        _replace_parameter(model, "biases", biases)
+        for name in ("weights", "biases"):
+            old = getattr(model, name)
+            rows = old.new_empty(1 + E + N, *old.shape[1:])
+            rows[0], rows[1 + old_at], rows[1 + new_at] = old[0], old[1:], old[0]  # new edges: the shared edge's
+            _replace_parameter(model, name, rows)
         model.graph_indptr, model.graph_indices, model.graph_counts = graph.indptr, graph.indices, graph.counts
     model.config.num_edges = E + N
     model.reset_caches()
@@ -314,11 +280,8 @@ def add_edges(model, pairs, counts=None) -> torch.Tensor:
 
 def add_edges_from_sequences(model, sequences, min_count: int = 1, ignore_ids=()) -> torch.Tensor:
     """Make real every bigram of `sequences` seen `min_count` times that is not real yet (with its count)."""
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}.")
     V = model.config.vocab_size
-    keys, counts = count_bigrams(sequences, V, ignore_ids)
-    keep = counts >= min_count
+    keys, counts, keep = _bigrams_seen(sequences, V, min_count, ignore_ids)
     keys, counts = keys[keep].to(model.graph_indices.device), counts[keep].to(model.graph_indices.device)
     if model.config.graph == "sparse" and keys.numel():
         fresh = model.edge_rows(keys // V, keys % V) == 0
@@ -369,14 +332,11 @@ def set_graph(model, graph: BigramGraph):
     if graph.vocab_size != model.config.vocab_size or graph.num_edges != model.config.num_edges:
         raise ValueError(f"graph has V={graph.vocab_size}, E={graph.num_edges} but the config says "
                          f"V={model.config.vocab_size}, num_edges={model.config.num_edges}.")
-    problem = check_csr(graph.indptr, graph.indices, graph.vocab_size)
-    if problem:
+    if problem := check_csr(graph.indptr, graph.indices, graph.vocab_size):
         raise ValueError(f"malformed graph: {problem}.")
-    base = model.base_model
     with torch.no_grad():
-        base.graph_indptr.copy_(graph.indptr)
-        base.graph_indices.copy_(graph.indices)
-        base.graph_counts.copy_(graph.counts)
+        for name in ("indptr", "indices", "counts"):
+            getattr(model.base_model, f"graph_{name}").copy_(getattr(graph, name))
     if model.config.count_prior:
         if graph.prior is None:
             raise ValueError("this config has count_prior=True but the graph carries no count prior: build it "
@@ -392,13 +352,11 @@ def set_count_prior(model, prior: CountPrior):
     if prior.node.numel() != V or prior.num_bigrams != K:
         raise ValueError(f"the count prior has V={prior.node.numel()}, {prior.num_bigrams} bigrams but the "
                          f"config says V={V}, count_prior_bigrams={K}.")
-    problem = check_csr(prior.indptr, prior.indices, V, "prior")
-    if problem:
+    if problem := check_csr(prior.indptr, prior.indices, V, "prior"):
         raise ValueError(f"malformed count prior: {problem}.")
-    base = model.base_model
     with torch.no_grad():
         for name in ("node", "indptr", "indices", "values"):
-            getattr(base, f"prior_{name}").copy_(getattr(prior, name))
+            getattr(model.base_model, f"prior_{name}").copy_(getattr(prior, name))
 
 
 __all__ = ["BigramGraph", "add_edges", "add_edges_from_sequences", "build_sparse_graph", "check_csr", "count_bigrams",

@@ -1,13 +1,6 @@
-"""Make a saved BriLLM folder Hub-ready: a model card (README.md with YAML metadata) and a readiness check.
-
-    model.save_pretrained(out); tokenizer.save_pretrained(out)
-    write_model_card(out, model, tokenizer, datasets=["wikimedia/wikipedia"], metrics={"perplexity": 41.2})
-    problems = check_hub_ready(out)     # [] when the folder loads from the Hub with trust_remote_code=True
-
-The card's metadata: `library_name: transformers`, `pipeline_tag: text-generation`, `tags: [brillm, ...]`, and
-`datasets` / `metrics` (and a `model-index` with the metric values) when given. Its body describes the graph
-(nodes, node size, real edges, parameters), the tokenizer, and shows how to load and generate, including BriLLM's
-own energy decoding. Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers).
+"""Make a saved BriLLM folder Hub-ready: `write_model_card` (README.md with YAML metadata: library_name, pipeline_tag,
+tags, datasets, metrics and their model-index) and `check_hub_ready` ([] when the folder loads from the Hub with
+trust_remote_code=True). Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers).
 """
 
 from __future__ import annotations
@@ -15,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 __all__ = ["write_model_card", "check_hub_ready", "model_card_text"]
 
@@ -24,9 +18,7 @@ PAPER = "BriLLM: Brain-inspired Large Language Model (Zhao et al., 2025)"
 def _as_list(value) -> list:
     if value is None:
         return []
-    if isinstance(value, (list, tuple, set)):
-        return list(value)
-    return [value]
+    return list(value) if isinstance(value, (list, tuple, set)) else [value]
 
 
 def _cell(value) -> str:
@@ -64,16 +56,14 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
     """The Markdown body of the card (no metadata header)."""
     name = model_name or (repo_id.split("/")[-1] if repo_id else "BriLLM model")
     rid = repo_id or "<namespace>/<model-name>"
-    lines = [f"# {name}", ""]
-    lines += [description or (
+    lines = [f"# {name}", "", description or (
         "A **BriLLM** language model: every token of the vocabulary is a node of a directed graph, every edge u→v is "
         "a d×d matrix plus a bias. A signal flows along the path of the input tokens; the next token is the node "
         "whose incoming edge delivers the most energy (the largest L2 norm of the edge's output). There is no "
         "attention and no layer stack; the model's size follows the vocabulary and the edges, not the sequence "
         f"length. Architecture from *{PAPER}*; implementation for 🤗 transformers."), ""]
     lines += ["## Model", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in _model_facts(model, tokenizer)]
-    lines += [""]
+    lines += [f"| {k} | {v} |" for k, v in _model_facts(model, tokenizer)] + [""]
     ds = _as_list(datasets)
     if ds or training_data:
         lines += ["## Training data", ""] + [f"- `{d}`" for d in ds]
@@ -84,8 +74,7 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
         lines += [f"| {k} | {_cell(v)} |" for k, v in training.items()] + [""]
     if isinstance(metrics, dict) and metrics:
         lines += ["## Evaluation", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
-        lines += [""]
+        lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()] + [""]
     return "\n".join(lines + _usage(rid, model.config))
 
 
@@ -133,15 +122,10 @@ def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=N
                      language=None, license: str | None = "apache-2.0", model_name: str | None = None,
                      tags=None, description: str | None = None, training_data: str | None = None,
                      training: dict | None = None, eval_dataset_name: str | None = None) -> str:
-    """Write `output_dir/README.md`: YAML metadata (library_name transformers, pipeline_tag text-generation, tags,
-    datasets, metrics, model-index for metric values) and a card body with a usage snippet. Returns its path.
-
-    `datasets`: dataset ids (str or list). `metrics`: a dict name → value (shown in a table and in `model-index`),
-    or a list of metric names. `training_data`: a sentence on data that has no dataset id (a local file, ...).
-    `training`: facts of the training run (name → value), shown as a table. `eval_dataset_name`: what the metric
-    values were measured on, when that is not the first dataset id (e.g. "held-out 5% of the training text").
-    The file is written to a temporary name and renamed, so a reader never sees half a card.
-    """
+    """Write `output_dir/README.md` (metadata and a card body with a usage snippet) and return its path.
+    `datasets`: dataset ids; `metrics`: name → value (a table and `model-index`) or metric names; `training_data`: a
+    sentence on data without a dataset id; `training`: the run's facts (a table); `eval_dataset_name`: what the
+    metrics were measured on, when not the first dataset. Written to a temporary name and renamed: never half a card."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     ds = _as_list(datasets)
@@ -150,19 +134,13 @@ def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=N
     name = model_name or (repo_id.split("/")[-1] if repo_id else os.path.basename(os.path.abspath(output_dir)))
     all_tags = ["brillm", "graph-language-model", "brain-inspired", "custom_code"]
     all_tags += [t for t in _as_list(tags) if t not in all_tags]
-    eval_results = None
-    if metric_values:
-        dataset = ds[0] if ds else "custom"
-        eval_results = [
-            EvalResult(task_type="text-generation", task_name="Text Generation", dataset_type=dataset,
-                       dataset_name=eval_dataset_name or dataset, metric_type=k, metric_name=k, metric_value=v)
-            for k, v in metric_values.items()
-        ]
-    data = ModelCardData(
-        library_name="transformers", pipeline_tag="text-generation", tags=all_tags, license=license,
-        language=_as_list(language) or None, datasets=ds or None, metrics=metric_names or None,
-        model_name=name if eval_results else None, eval_results=eval_results,
-    )
+    dataset = ds[0] if ds else "custom"
+    eval_results = [EvalResult(task_type="text-generation", task_name="Text Generation", dataset_type=dataset,
+                               dataset_name=eval_dataset_name or dataset, metric_type=k, metric_name=k, metric_value=v)
+                    for k, v in metric_values.items()] or None
+    data = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=all_tags, license=license,
+                         language=_as_list(language) or None, datasets=ds or None, metrics=metric_names or None,
+                         model_name=name if eval_results else None, eval_results=eval_results)
     body = model_card_text(model, tokenizer, ds, metric_values or None, repo_id=repo_id, model_name=name,
                            description=description, training_data=training_data, training=training)
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
@@ -186,10 +164,8 @@ def _front_matter(readme: str) -> dict | None:
 
 
 def check_hub_ready(directory) -> list[str]:
-    """What keeps `directory` from loading from the Hub as a BriLLM repo; [] when it is ready. Checks: safetensors
-    weights, config.json with `auto_map` naming files that exist (with their relative imports), a tokenizer,
-    generation_config.json, and a README.md whose metadata has library_name transformers, pipeline_tag
-    text-generation and the `brillm` tag."""
+    """What keeps `directory` from loading from the Hub as a BriLLM repo ([] when it is ready): its safetensors
+    weights, config.json and the code files its auto_map names, tokenizer, generation config and card metadata."""
     directory = os.fspath(directory)
     files = set(os.listdir(directory)) if os.path.isdir(directory) else set()
     if not files:
@@ -213,8 +189,7 @@ def _config_problems(directory: str, files: set) -> list[str]:
     """config.json: the brillm type, an auto_map, and the code files it names (with their relative imports)."""
     if "config.json" not in files:
         return ["no config.json."]
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
+    config = json.loads(Path(directory, "config.json").read_text(encoding="utf-8"))
     problems = [] if config.get("model_type") == "brillm" else [
         f"config.json model_type is {config.get('model_type')!r}, not 'brillm'."]
     auto_map = config.get("auto_map") or {}
@@ -229,31 +204,29 @@ def _config_problems(directory: str, files: set) -> list[str]:
         if module not in files:
             problems.append(f"remote-code file {module} (named by auto_map or imported) is missing.")
             continue
-        with open(os.path.join(directory, module), encoding="utf-8") as f:
-            pending += [rel + ".py" for rel in re.findall(r"^\s*from\s+\.(\w+)\s+import", f.read(), flags=re.MULTILINE)]
+        source = Path(directory, module).read_text(encoding="utf-8")
+        pending += [rel + ".py" for rel in re.findall(r"^\s*from\s+\.(\w+)\s+import", source, flags=re.MULTILINE)]
     return problems
 
 
 def _tokenizer_problems(directory: str, files: set) -> list[str]:
     if not ({"tokenizer.json", "tokenizer_config.json"} & files):
         return ["no tokenizer (tokenizer.json / tokenizer_config.json): save the tokenizer beside the model."]
-    if "tokenizer_config.json" in files:
-        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
-            if json.load(f).get("pad_token") is None:
-                return ["the tokenizer has no pad token: batched pipelines and the `evaluate` perplexity metric "
-                        "need one."]
+    path = Path(directory, "tokenizer_config.json")
+    if path.name in files and json.loads(path.read_text(encoding="utf-8")).get("pad_token") is None:
+        return ["the tokenizer has no pad token: batched pipelines and the `evaluate` perplexity metric need one."]
     return []
 
 
 def _card_problems(directory: str, files: set) -> list[str]:
     if "README.md" not in files:
         return ["no README.md model card (modeling_brillm.model_card.write_model_card)."]
-    with open(os.path.join(directory, "README.md"), encoding="utf-8") as f:
-        meta = _front_matter(f.read())
+    meta = _front_matter(Path(directory, "README.md").read_text(encoding="utf-8"))
     if meta is None:
         return ["README.md has no YAML metadata header."]
-    expected = (("library_name", "transformers", "library_name should be transformers"),
-                ("pipeline_tag", "text-generation", "pipeline_tag should be text-generation"))
-    problems = [f"README.md metadata: {why}." for key, value, why in expected if meta.get(key) != value]
-    return problems + ([] if "brillm" in (meta.get("tags") or []) else ["README.md metadata: tags should include "
-                                                                         "brillm."])
+    expected = {"library_name": "transformers", "pipeline_tag": "text-generation"}
+    problems = [f"README.md metadata: {key} should be {value}." for key, value in expected.items()
+                if meta.get(key) != value]
+    if "brillm" not in (meta.get("tags") or []):
+        problems.append("README.md metadata: tags should include brillm.")
+    return problems

@@ -1,14 +1,13 @@
-"""SparseAdamW: AdamW that also takes sparse COO row gradients and updates only the rows they touch, in place
-(`model.sparse_gradients = True` gives the edge tables such gradients; docs/training.md, "Optimizer and precision").
+"""SparseAdamW: AdamW that also takes sparse COO row gradients (`model.sparse_gradients = True` gives the edge tables
+such gradients; docs/training.md, "Optimizer and precision") and updates only the rows they touch, in place.
 
 Dense gradients get exactly `torch.optim.AdamW`. A sparse gradient's rows (explicit zero rows too, duplicates summed)
-take AdamW's update; untouched rows do not move, their moments do not decay, weight decay reaches touched rows
-only, and bias correction counts the steps in which the parameter (not the row) had a gradient. Group options:
-`lazy_weight_decay` applies the decay AdamW gives every row at every step when the row is next touched (state:
-`decay_log` = Σ log(1 − lr_s·wd) over the parameter's steps, `decayed_at` = the `decay_log` each row was decayed up
-to, float64 on the CPU; `apply_pending_weight_decay()` brings every row up to date before evaluating or saving);
-`first_row_lr_scale` steps row 0 (the shared edge) with lr·scale, its decay staying lr·wd; `moment_dtype="bfloat16"`
-keeps both moments in bfloat16 with stochastic rounding (docs/gpu.md, "Mixed precision").
+take AdamW's update; untouched rows neither move nor decay their moments, weight decay reaches touched rows only, and
+bias correction counts the parameter's steps. Group options: `lazy_weight_decay` gives a row, when next touched, the
+decay AdamW gave every row at every step (`decay_log` = Σ log(1 − lr_s·wd) over the steps, `decayed_at` = the
+`decay_log` each row was decayed up to, float64 on the CPU; `apply_pending_weight_decay()` brings every row up to
+date); `first_row_lr_scale` steps row 0 (the shared edge) with lr·scale, its decay staying lr·wd;
+`moment_dtype="bfloat16"` keeps both moments in bfloat16 with stochastic rounding (docs/gpu.md, "Mixed precision").
 """
 
 import math
@@ -23,6 +22,7 @@ from .row_adamw import coalesce_rows
 from .triton_optim import sparse_adamw_rows as kernel_adamw_rows
 
 MOMENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, *, unique: bool = False,
@@ -32,15 +32,17 @@ def adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, *, unique:
     update(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique, first_row_scale=first_row_scale)
 
 
-def group_moment_dtype(group) -> torch.dtype:
-    """The dtype of the AdamW moments of a SparseAdamW parameter group."""
+def group_moment_dtype(group, param=None) -> torch.dtype:
+    """The dtype of the AdamW moments of `param` in a SparseAdamW parameter group: float64 for a float64 parameter
+    (as torch.optim.AdamW), else the group's `moment_dtype`."""
+    if param is not None and param.dtype == torch.float64:
+        return torch.float64
     return MOMENT_DTYPES[group.get("moment_dtype", "float32")]
 
 
 class SparseAdamW(Optimizer):
-    """AdamW for dense and sparse COO gradients (module docstring). `lr`, `betas`, `eps`, `weight_decay`, `foreach`
-    and `fused` are `torch.optim.AdamW`'s, and the dense update takes them as it does; the other options are per
-    group. Works as any `torch.optim.Optimizer` (schedulers, `state_dict()` / `load_state_dict()`, accelerate)."""
+    """AdamW for dense and sparse COO gradients (module docstring), used as any `torch.optim.Optimizer`. `lr`,
+    `betas`, `eps`, `weight_decay`, `foreach` and `fused` are `torch.optim.AdamW`'s; the other options are per group."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  *, foreach: bool | None = None, fused: bool | None = None, lazy_weight_decay: bool = False,
@@ -67,8 +69,9 @@ class SparseAdamW(Optimizer):
         state = self.state[p]
         if len(state) == 0:  # as torch.optim.AdamW: the step on the CPU unless the fused dense kernel is used
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if group.get("fused") else "cpu")
-            for key in ("exp_avg", "exp_avg_sq"):
-                state[key] = torch.zeros_like(p, dtype=group_moment_dtype(group), memory_format=torch.preserve_format)
+            dtype = group_moment_dtype(group, p)
+            for key in MOMENTS:
+                state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return state
 
     @staticmethod
@@ -105,9 +108,9 @@ class SparseAdamW(Optimizer):
             if saved_id in kept:
                 self.state[p]["decayed_at"] = kept[saved_id].to(dtype=torch.float64, device="cpu").clone()
         for group in self.param_groups:  # bfloat16 moments were cast to float32 on the way in: exactly back
-            dtype = group_moment_dtype(group)
-            for state in (self.state[p] for p in group["params"] if p in self.state):
-                state.update({key: state[key].to(dtype) for key in ("exp_avg", "exp_avg_sq") if key in state})
+            for p in group["params"]:
+                state = self.state.get(p, {})
+                state.update({key: state[key].to(group_moment_dtype(group, p)) for key in MOMENTS if key in state})
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -52,29 +52,29 @@ def _pick_device(requested: str | None):
 
 
 # ------------------------------------------------------------------------------------- the checks
-def _problem(device, V=9, d=8, seed=0):
-    """A random sparse graph (one node with no successor, one with every node) and float32 edge tables."""
+def _random(device, seed: int):
+    """A seeded generator, and `randn(*shape, scale=1.0)` drawing from it onto `device`."""
     g = torch.Generator().manual_seed(seed)
+    return g, lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(device)
+
+
+def _problem(device, V=9, d=8, seed=0):
+    """`_random`'s pair, a random sparse graph (a node without successors, one with all) and float32 edge tables."""
+    g, randn = _random(device, seed)
     mask = torch.rand(V, V, generator=g) < 0.5
     mask[V - 1], mask[0] = False, True
     graph = graph_from_edges(*mask.nonzero(as_tuple=True), V)
-    weights = (torch.randn(graph.num_edges + 1, d, d, generator=g) * 0.5).to(device)
-    biases = (torch.randn(graph.num_edges + 1, 1, d, generator=g) * 0.5).to(device)
+    weights, biases = randn(graph.num_edges + 1, d, d, scale=0.5), randn(graph.num_edges + 1, 1, d, scale=0.5)
     indptr, indices = graph.indptr.to(device), graph.indices.to(device)
-    return g, GraphView(indptr, indices, ops.edge_keys(indptr, indices, V), V), weights, biases
-
-
-def _randn(g, *shape, device, scale=1.0):
-    return (torch.randn(*shape, generator=g) * scale).to(device)
+    return g, randn, GraphView(indptr, indices, ops.edge_keys(indptr, indices, V), V), weights, biases
 
 
 def _energies_outputs(kernel: bool, device):
     """Loss (log Z − target + logits), logits and every gradient of one exact-loss step on either path."""
-    g, graph, weights, biases = _problem(device)
+    g, randn, graph, weights, biases = _problem(device)
     V, d = graph.vocab_size, weights.shape[-1]
     sources, targets = (torch.randint(0, V, (12,), generator=g).to(device) for _ in range(2))
-    leaves = [t.clone().requires_grad_() for t in (_randn(g, 12, d, device=device), _randn(g, 12, d, device=device),
-                                                   weights, biases, _randn(g, V, device=device))]
+    leaves = [t.clone().requires_grad_() for t in (randn(12, d), randn(12, d), weights, biases, randn(V))]
     x, pe, weights, biases, bias = leaves  # PE: where x·edge_base goes
     plan = (make_kernel_plan if kernel else make_torch_plan)(sources, graph.indptr, graph.indices, V)
     src, tgt = sources[plan.order], targets[plan.order]
@@ -89,11 +89,11 @@ def _energies_outputs(kernel: bool, device):
 
 def _successor_outputs(kernel: bool, device):
     """One-token logits of 5 positions with a non-edge bias, on either path."""
-    g, graph, weights, biases = _problem(device, seed=1)
+    g, randn, graph, weights, biases = _problem(device, seed=1)
     V, d = graph.vocab_size, weights.shape[-1]
     sources = torch.randint(0, V, (5,), generator=g).to(device)
-    x, pe = _randn(g, 5, d, device=device), _randn(g, 5, d, device=device)
-    edges = EdgeTable(weights, biases, non_edge_bias=_randn(g, V, device=device))
+    x, pe = randn(5, d), randn(5, d)
+    edges = EdgeTable(weights, biases, non_edge_bias=randn(V))
     with torch.no_grad():
         run = ops.kernel_successor_logits if kernel else ref_successor_logits
         return [run(x, pe, edges, sources, graph, graph.max_degree)]
@@ -101,7 +101,7 @@ def _successor_outputs(kernel: bool, device):
 
 def _one_scan(kernel: bool, device, options: bool):
     """Signals, mix and gradients of a (3, 6) scan; `options`: the shared matrix, dropout and the nodes' vectors."""
-    g, _, weights, biases = _problem(device, seed=2)
+    g, randn, _, weights, biases = _problem(device, seed=2)
     P, d, B, L = weights.shape[0], weights.shape[-1], 3, 6
     rows = torch.randint(0, P, (B, L), generator=g).to(device)
     has_edge = (torch.rand(B, L, generator=g) < 0.8).to(device)
@@ -109,11 +109,11 @@ def _one_scan(kernel: bool, device, options: bool):
     mix = [signal, signal * norm.unsqueeze(1), norm, torch.randn(B, generator=g)]  # signal = sum / norm
     leaves = [t.to(device).requires_grad_() for t in (*mix, torch.randn(B, L, generator=g))]
     leaves += [weights.clone().requires_grad_(), biases.clone().requires_grad_()]
-    pe = _randn(g, B, L, d, device=device)  # fixed sinusoids in the model: no gradient (the kernel returns none)
+    pe = randn(B, L, d)  # fixed sinusoids in the model: no gradient (the kernel returns none)
     base = node_add = keep = None
     if options:
-        base = _randn(g, d, d, device=device, scale=0.5).requires_grad_()
-        node_add = _randn(g, B, L, d, device=device, scale=0.5).requires_grad_()
+        base = randn(d, d, scale=0.5).requires_grad_()
+        node_add = randn(B, L, d, scale=0.5).requires_grad_()
         leaves += [base, node_add]
         keep = ((torch.rand(B, L + 1, d, generator=g) > 0.25).float() / 0.75).to(device)  # dropout p = 0.25
     columns = Columns(rows, has_edge, pe, leaves[4], node_add, keep)
@@ -126,16 +126,16 @@ def _one_scan(kernel: bool, device, options: bool):
 
 def _one_decode(kernel: bool, device, options: bool):
     """Logits and mix of a decode step of 4 rows (edge, non-edge, no successor); `options` as in `_one_scan`."""
-    g, graph, weights, biases = _problem(device, seed=3)
+    g, randn, graph, weights, biases = _problem(device, seed=3)
     V, d, B = graph.vocab_size, weights.shape[-1], 4
     tokens = torch.randint(0, V, (B,), generator=g).to(device)
     last = torch.tensor([0, V - 1, 2, 3], device=device)
-    mix = Mix(_randn(g, B, d, device=device), torch.rand(B, d, generator=g).to(device),
-              (torch.rand(B, generator=g) + 1).to(device), _randn(g, B, device=device))
-    pe_now, pe_next, weight = (_randn(g, *shape, device=device) for shape in ((B, d), (B, d), (B,)))
-    base = _randn(g, d, d, device=device, scale=0.5) if options else None
-    node_add = _randn(g, B, d, device=device, scale=0.5) if options else None
-    edges = EdgeTable(weights, biases, base, _randn(g, V, device=device))
+    mix = Mix(randn(B, d), torch.rand(B, d, generator=g).to(device), (torch.rand(B, generator=g) + 1).to(device),
+              randn(B))
+    pe_now, pe_next, weight = randn(B, d), randn(B, d), randn(B)
+    base = randn(d, d, scale=0.5) if options else None
+    node_add = randn(B, d, scale=0.5) if options else None
+    edges = EdgeTable(weights, biases, base, randn(V))
     with torch.no_grad(), kernel_backend("triton" if kernel else "torch"):
         logits, mix = ops.decode_step(tokens, mix, StepAt(last, pe_now, pe_next, weight, node_add), edges, graph,
                                       graph.max_degree)
@@ -144,10 +144,10 @@ def _one_decode(kernel: bool, device, options: bool):
 
 def _adamw_outputs(kernel: bool, device):
     """Parameter and moments after one update of 7 rows (duplicates, row 0 at half the learning rate)."""
-    g = torch.Generator().manual_seed(4)
-    param, exp_avg = _randn(g, 12, 16, device=device), _randn(g, 12, 16, device=device, scale=0.1)
+    g, randn = _random(device, 4)
+    param, exp_avg = randn(12, 16), randn(12, 16, scale=0.1)
     exp_avg_sq = (torch.rand(12, 16, generator=g) * 0.01).to(device)
-    rows, values = torch.tensor([5, 0, 3, 5, 11, 0, 2], device=device), _randn(g, 7, 16, device=device)
+    rows, values = torch.tensor([5, 0, 3, 5, 11, 0, 2], device=device), randn(7, 16)
     run = optimization.kernel_adamw_rows if kernel else optimization.ref_adamw_rows
     run(param, exp_avg, exp_avg_sq, rows, values, torch.tensor(3.0), (1e-2, 0.9, 0.999, 1e-8, 0.1), first_row_scale=0.5)
     return [param, exp_avg, exp_avg_sq]
@@ -305,7 +305,7 @@ def _scan_step(device, B=32, L=64, d=32, P=4096):
 
 def _decode(device, B=32, V=2048, d=32):
     """One fixed-shape decode step of B rows."""
-    _, graph, weights, biases = _problem(device, V=V, d=d, seed=2)
+    _, _, graph, weights, biases = _problem(device, V=V, d=d, seed=2)
     tokens = torch.randint(0, V, (B,), device=device)
     mix = Mix(torch.full((B, d), 1 / d, device=device), torch.full((B, d), 1 / d, device=device),
               torch.ones(B, device=device), torch.zeros(B, device=device))

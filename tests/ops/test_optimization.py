@@ -33,6 +33,29 @@ def test_dense_gradients_equal_adamw_exactly():
             assert torch.equal(opt_a.state[p][key], opt_b.state[q][key])
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_float64_parameters_keep_float64_moments_and_follow_adamw(sparse):
+    """As torch.optim.AdamW: a float64 parameter's moments are float64 (float32 ones made the step crash), also after
+    a reload. The same rows every step and no decay: lazy AdamW is AdamW."""
+    torch.manual_seed(3)
+    rows, shape, hyper = [1, 4, 5], (6, 2, 2), {**HYPER, "weight_decay": 0.0}
+    p = torch.nn.Parameter(torch.randn(shape, dtype=torch.float64))
+    q = torch.nn.Parameter(p.detach().clone())
+    opt, ref = SparseAdamW([p], **hyper), torch.optim.AdamW([q], **hyper)
+    for _ in range(3):
+        values = torch.randn(len(rows), 2, 2, dtype=torch.float64)
+        dense = torch.zeros(shape, dtype=torch.float64)
+        dense[rows] = values
+        p.grad, q.grad = sparse_rows(rows, values, shape) if sparse else dense.clone(), dense
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(p, q)
+    reloaded = SparseAdamW([p], **hyper)
+    reloaded.load_state_dict(opt.state_dict())
+    for state in (opt.state[p], reloaded.state[p]):
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float64
+
+
 @pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 25, 30], [3, 17, 4, 29]])
 def test_first_sparse_step_equals_adamw_on_touched_rows(rows):
     torch.manual_seed(1)
