@@ -1,10 +1,7 @@
-"""The count prior: a fixed bigram model of the training text that every logit adds (`config.count_prior`).
-
-    logit(v | u, x) = BriLLM's logit + log p(v | u),   p(v | u) = max(c(u, v) − D, 0) / c(u) + λ(u) · p_uni(v)
-
-the interpolated absolute-discount bigram model of the training bigrams (graph.count_prior builds it). Stored
-without a V×V table: `node` (V,) = log p_uni and, CSR by source, every seen bigram's log p(v|u) − log λ(u) −
-log p_uni(v): log p(·|u) up to one constant per row, which softmax and argmax ignore."""
+"""The count prior (`config.count_prior`): a fixed interpolated absolute-discount bigram model of the training text
+whose log p(v | u) every logit adds (docs/model.md; graph.count_prior builds it). Stored without a V×V table: `node`
+(V,) = log p_uni and, CSR by source, every seen bigram's log p(v|u) − log λ(u) − log p_uni(v): log p(·|u) up to one
+constant per row, which softmax and argmax ignore."""
 
 from dataclasses import dataclass
 

@@ -1,7 +1,5 @@
-"""The BriLLM graph as the model reads it: which edges u→v are real, stored as CSR by source.
-
-Edge table row of the j-th real edge (in (source, target) order) is j + 1; every pair u→v that is not a real edge
-uses row 0, the shared edge. A dense graph has every pair real: the row of u→v is 1 + u·V + v. Building and growing
+"""The BriLLM graph as the model reads it, CSR by source: the j-th real edge (in (source, target) order) is edge-table
+row j + 1, every other pair u→v row 0 (the shared edge); a dense graph's u→v is row 1 + u·V + v. Building and growing
 graphs is the package's (graph.py)."""
 
 from dataclasses import dataclass

@@ -1,9 +1,6 @@
-"""Energies of every candidate edge in torch: the costly part of BriLLM, computed block by block (naive.py defines it).
-
-For a signal x on node u, every real successor v gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, every other node the shared
-edge's (row 0; plus `non_edge_bias[v]`). Grouped by source, each block of edge matrices (CSR order) is read in place
-once a call: m positions × n successors are one (n, m, d) `baddbmm` forward, two products backward, the gradients going
-to the touched rows only (dense or sparse COO, the recurrence's joining them via an `EdgeGradLink`)."""
+"""Energies of every candidate edge in torch, the costly part of BriLLM (naive.py defines them): grouped by source,
+each block of edge matrices (CSR order) is read in place once a call, m positions × n successors one (n, m, d)
+`baddbmm` forward, two products backward, the gradients going to the touched rows only (`EdgeGradLink`)."""
 
 from __future__ import annotations
 
@@ -249,8 +246,7 @@ def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block
 
 
 def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, grad_x, need_w: bool, need_b: bool):
-    """The blocks' share of the backward: x ⊗ dE/dh into the weight rows, W·dE/dh into dE/dx, dE/dh into the
-    bias rows (one product per group over its block read in place)."""
+    """The blocks' share of the backward (weight rows, dE/dx, bias rows): one product per group, its block in place."""
     d, M = x.shape[1], gh.shape[0]
     ms, ns = [m for _, m, _, _ in groups], [n for *_, n in groups]
     sizes = [m * n for m, n in zip(ms, ns)]

@@ -1,17 +1,9 @@
 """BriLLM in transformers' generation loop: `generate()`, pipelines, beam search, and the one-token step.
 
-BriLLM carries an O(d) state (`BriLLMState`) where a Transformer carries key/value caches: fed only the new columns,
-reordered by beams, its length checked in real tokens. Greedy decoding and sampling run in one loop (`decode_loop`),
-shared by `generate()` and `energy_generate`, on one of two paths (`model.decode_mode` says which):
-
-    the general path    `forward` over any number of new tokens: the scan, then the energies ("off")
-    the one-token step  `BriLLMModel.decode_step`, fixed shapes (torch or Triton, replayed from a CUDA graph on a
-                        GPU in "auto"; one row on the CPU makes its lookups on the host); "eager": never captured
-
-A one-token step (~60 small kernels: ~0.1 ms of GPU work, ~1.7 ms of host time launched one by one) reads nothing from
-the device at a fixed width (the position check uses a host-side bound), so `DecodeGraphs` records it once per batch
-size and replays it in one launch; the state it returns lives in the graph's buffers, advanced in place by the next
-replay (`generate()` hands out a copy), and a re-allocated table (growing, `.to()`, loading) is captured again."""
+The O(d) state (`BriLLMState`) stands where a Transformer's key/value caches go. Greedy decoding and sampling run in
+one loop (`decode_loop`), shared by `generate()` and `energy_generate`, on the general path (`forward`) or the
+one-token step (`BriLLMModel.decode_step`), which on a GPU `DecodeGraphs` records into a CUDA graph once per batch
+size and replays: ~60 small kernels in one launch (docs/gpu.md, `model.decode_mode`)."""
 
 from __future__ import annotations
 

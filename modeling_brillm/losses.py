@@ -1,7 +1,5 @@
-"""BriLLM's training objectives over candidate energies, shared by the model and the edge-sharded trainer.
-
-The exact loss is log Z − E_target over all V nodes (Z: the real successors' exp(energy) and, in a sparse graph, every
-other node's at the shared energy); the sampled loss (the release's) a cross-entropy over the target and K negatives."""
+"""BriLLM's training objectives over candidate energies (the exact loss, the release's sampled one), shared by the
+model and the edge-sharded trainer."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """BriLLM: a language model that is a directed graph of tokens (its equations: naive.py, which this computes fast).
 
-Every token u is a node; every edge u→v is a d×d matrix W[u→v] plus a bias b[u→v]. A signal (a d-vector) flows
-along the path of the input tokens u_0, u_1, ...:
-
     e_0     = GeLU(s + b_node[u_0] + PE_0)                               the start signal s (1/d, or learned)
     c_i     = GeLU(x_{i-1} · W[u_{i-1}→u_i] + b[u_{i-1}→u_i] + PE_i)     the edge u_{i-1}→u_i carries the signal
     x_i     = Σ_{k≤i} softmax_k(p_k) · c_k                               a softmax(position weights p) mix of edges
-    E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              the energy every candidate v receives
+    E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              the energy (the logit) of candidate v
 
-(x_0 = e_0.) The energies are the logits. A sparse graph keeps real edges for the bigrams seen in training; every
-other pair shares edge row 0. `BriLLMModel` runs the recurrence, `BriLLMForCausalLM` adds the energies and the loss;
-the hot operations run in ops.py (Triton kernels or torch)."""
+(x_0 = e_0; a sparse graph's other pairs share edge row 0.) The hot operations run in ops.py (Triton or torch)."""
 
 import dataclasses
 
@@ -42,8 +37,7 @@ from .triton_recurrence import unsupported_reason  # noqa: F401
 
 
 class FullEdges:
-    """The release's edges: each row its own matrix, `weights` (P, d, d), and bias, `biases` (P, 1, d), which every
-    path reads in place (`fused`); another kind (`EDGE_KINDS`) makes its rows, materialised where a call reads them."""
+    """The release's edges: each row its own matrix and bias, which every path reads in place (`fused`)."""
 
     fused = True
     row_parameters = ("weights", "biases")  # the parameters indexed by edge row (what sharding splits by source)
@@ -161,9 +155,7 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
 
 
 class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
-    """The parameters (the release's names and shapes) and the recurrence: `node_bias` (V, 1, d); `weights` (P, d, d)
-    and `biases` (P, 1, d), row 0 the shared edge, rows 1.. the real edges in CSR order by source; `positions`
-    (1, M, 1) the mix's weights; a sparse graph's edge list `graph_indptr`, `graph_indices`, `graph_counts`."""
+    """The parameters (the release's names and shapes, docs/model.md) and the recurrence."""
 
     def __init__(self, config: BriLLMConfig):
         super().__init__(config)
@@ -207,13 +199,11 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         return self.biases.dtype
 
     def edge_parameters(self, rows: torch.Tensor):
-        """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows`, as the edge kind defines them
-        (`weights[rows]` for the release's edges; every edge also adds `edge_base` where the model has one)."""
+        """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows` (`edge_base` not added)."""
         return self.edges.compose(*self._fetch_rows(rows))
 
     def _fetch_rows(self, rows: torch.Tensor):
-        """`edge_fetch` of an edge kind the paths cannot read in place: the rows of its row parameters, with sparse
-        row gradients under `sparse_gradients` (as nn.Embedding(sparse=True); the optimizers read only those rows)."""
+        """`edge_fetch` of a kind not read in place: its row parameters' rows (sparse under `sparse_gradients`)."""
         if not self._sparse_gradients:
             return tuple(getattr(self, name)[rows] for name in self.edges.row_parameters)
         tables = (getattr(self, name) for name in self.edges.row_parameters)
@@ -347,9 +337,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     def decode_step(self, tokens: torch.Tensor, state: BriLLMState, width: int | None = None,
                     tables: StepTables | None = None):
-        """The one-token step, (logits (B, V) after `tokens` (B,), the new state): 1. the edge last_token → token
-        joins the mix, 2. every successor's energy (`width` a row: None reads each row's degree, the graph's largest
-        reads nothing from the device), 3. the read-out. One CPU row looks up on the host (`recurrence.row_step`)."""
+        """The one-token step: (logits (B, V) after `tokens` (B,), the new state). `width`: None reads each row's
+        degree, the graph's largest reads nothing from the device. One CPU row looks up on the host (`row_step`)."""
         tables = self.step_tables() if tables is None else tables
         if tables.graph.host is not None and tokens.numel() == 1:
             logits, new_state = row_step(tokens, state, tables)
@@ -461,15 +450,11 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
         signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
             from (`start_signal="learned"`; default 0). Ignored with a `cache` (the start is consumed).
-        generation_step (`bool`): set by the decoding loop (generate(), energy_generate) for its one-token steps:
-            the new column of `attention_mask` is all ones and the ids are the model's own picks (or a finished row's
-            pad token), so the step skips the checks that read the device and may be replayed from a CUDA graph.
-        dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's index in the global batch,
-            for signal dropout (`config.signal_dropout`, train mode); default 0..batch-1. The mask is a function of
-            (`dropout_seed`, row index, position, dimension), so a batch split over processes that passes each
-            row's global index drops what the whole batch in one process does.
-        dropout_seed (`int`, *optional*): the masks' seed, the same on every process for one step (the training
-            loops derive it from the run's seed and the optimizer step); default: drawn from torch's generator.
+        generation_step (`bool`): set by the decoding loop for its one-token steps (the new mask column is all ones,
+            the ids its own picks), which skip the checks that read the device and may replay a CUDA graph.
+        dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's index in the global batch, for
+            signal dropout (docs/training.md); default 0..batch-1.
+        dropout_seed (`int`, *optional*): the masks' seed, one per step on every process; default: drawn from torch.
 
         Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
         """
@@ -530,8 +515,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
 
     # ------------------------------------------------------------------------------ BriLLM's own tools
     def energy_generate(self, input_ids, attention_mask=None, **kwargs):
-        """BriLLM's own decoding rule with its energy path recorded (`modeling_brillm.energy_generate`, a tool of
-        the package, not of a saved model's code). The standard `generate()` is unchanged."""
+        """BriLLM's own decoding with its energy path recorded (`modeling_brillm.energy_generate`, a package tool)."""
         return package_tool("decoding", "energy_generate").energy_generate(self, input_ids,
                                                                             attention_mask=attention_mask, **kwargs)
 

@@ -1,11 +1,8 @@
 """BriLLM's hot operations, each one function: the Triton kernel where it runs, else the torch path.
 
-The one module that chooses (`backend.use_triton`: Triton for CUDA tensors by default, `BRILLM_BACKEND` or
-`kernel_backend` to choose) and the only one that imports the kernel modules: the candidate energies' functions run
-energy.py on a `CandidatePlan` or triton_energy.py on a `KernelPlan`, `successor_logits` energy.py's or
-triton_energy.py's, `signal_scan` recurrence.py's or triton_recurrence.py's; `decode_step` is the edge (the scan's math,
-one column), then `successor_logits`. With the package installed, the first time the Triton path meets a CUDA device
-every kernel runs once beside its torch path (selfcheck.py); one that fails is switched off there with one warning."""
+The one module that chooses (`backend.use_triton`) and the only one that imports the kernel modules. With the package
+installed, a CUDA device's first kernel call runs every kernel once beside its torch path (selfcheck.py); one that
+fails is switched off there with one warning."""
 
 import os
 
@@ -97,10 +94,9 @@ def _torch_plan(plan) -> CandidatePlan:
 
 def candidate_energies(x, pe, weights, biases, plan, sparse_grad: bool = False, link: EdgeGradLink | None = None,
                        non_edge_bias=None):
-    """Energies of every real successor and the shared energy of every position (`energy.candidate_energies`). With a
-    `KernelPlan` the first result is the (N, T, 2) tile partials instead of the packed energies: pass it on to the
-    functions below unchanged. `non_edge_bias`: the model's (V,) offsets, the same tensor later given to
-    `scatter_logits` (on the kernel path the logits' gradient reaches it through this call's backward)."""
+    """Energies of every real successor and the shared energy of every position (`energy.candidate_energies`); on a
+    `KernelPlan` the first result is the (N, T, 2) tile partials: pass it on unchanged. `non_edge_bias`: the tensor
+    later given to `scatter_logits` (on the kernel path its logits' gradient comes back through this call)."""
     if _runs_kernels(plan, weights, x):
         return KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
     return ref_candidate_energies(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)
@@ -153,9 +149,8 @@ def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
 
 
 def decode_step(tokens, mix, at, edges, graph, width: int | None):
-    """One token per row, inference only: 1. the edge last→token joins the mix (the scan's math, one column: the Triton
-    scan or `recurrence.edge_update`), 2. every node's energy as the successor of `tokens` (B,) (`successor_logits`):
-    ((B, V) float32 logits, the new mix). A fixed `width` (the graph's largest degree) reads nothing from the device."""
+    """One token per row, inference only: the edge last→token joins the mix (one column of the scan), then every node's
+    energy as a successor of `tokens` (B,): ((B, V) float32 logits, the new mix); a fixed `width`: no host sync."""
     with without_onednn(tokens):
         rows = edge_rows_from_keys(graph.keys, at.last, tokens, graph.vocab_size)
         if kernel_enabled("signal_scan", edges.weights) and scan_kernel_unsupported(edges.weights, False) is None:

@@ -44,9 +44,8 @@ KERNEL_TILE_SUCCESSORS = 32  # successors per work tile of the Triton kernels (a
 
 @dataclass
 class KernelPlan:
-    """Work tiles of the Triton kernels, built on the device with static shapes (no host synchronisation): a source
-    present in the batch owns ceil(degree / tile_successors) tiles of consecutive successors; tile t is the
-    (t − tile_first[u])-th of u = tile_source[t]; the kernels read their number `tile_total` on the device."""
+    """Work tiles of the Triton kernels, built on the device with static shapes: a present source u owns ceil(degree /
+    tile_successors) tiles of its successors; tile t is the (t − tile_first[u])-th of u = tile_source[t]."""
 
     order: torch.Tensor  # (N,) positions sorted by source node (stable), as CandidatePlan.order
     sources: torch.Tensor  # (N,) the unsorted sources (kept to build the torch plan on a fallback)

@@ -1,8 +1,6 @@
 """The signal recurrence in torch: the scan over a batch's columns, one row's step, and the signal dropout's mask.
 
-One edge step: the signal x leaving token u crosses the edge u→v (edge-table row r), with output c = GeLU(x·W[r] +
-b[r] + PE); the signal leaving v is the softmax mix of every edge output so far, kept as a running (sum S, norm N,
-max M) so it costs O(d) a token:
+An edge's output c joins the softmax mix as a running (sum S, norm N, max M), O(d) a token:
 
     M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'"""
 
@@ -31,9 +29,8 @@ def plus_edge_base(pe, x, edge_base):
 
 
 def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
-    """One edge step of every row: the output GeLU(x·W + b + PE) of the edges `w` (B, d, d), `b`, `pe` (B, d) (in
-    float32 for tables of 16 bits), plus the entered node's vector `node_add` (B, d) where given, mixed into `mix`.
-    `x` is the signal entering the edges (the mix's own, or a dropped-out copy); the one place the step is written."""
+    """One edge step of every row, the one place it is written: GeLU(x·W + b + PE) of the edges `w` (B, d, d) (float32
+    for 16-bit tables), plus the entered node's vector `node_add` (B, d) where given, mixed into `mix`."""
     ct = torch.promote_types(w.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
     if w.dtype != ct:
         w, b = w.to(ct), b.to(ct)
@@ -45,9 +42,8 @@ def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
 
 
 def signal_scan(mix: Mix, columns: Columns, edges: EdgeTable, link=None) -> tuple[torch.Tensor, Mix]:
-    """The recurrence over all columns, one column at a time: (signals (B, L, d), the mix after the last column).
-    `signals[:, j]` is the signal leaving token j, what its candidates see (dropped out with `columns.keep`, whose entry
-    j + 1 is on it); the returned mix keeps the undropped one. `link`: as `energy.gather_edges`."""
+    """The recurrence, one column at a time: (signals (B, L, d), the mix after the last column). `signals[:, j]` leaves
+    token j, dropped out with `columns.keep[:, j + 1]`; the mix keeps the undropped one. `link`: as `gather_edges`."""
     w_steps, b_steps = gather_edges(edges.weights, edges.biases, columns.rows, edges.sparse_grad, link)
     keep, node_add = columns.keep, columns.node_add
     out = []

@@ -54,10 +54,8 @@ class GraphView:
 
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
-    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32:
-    "released" multiplies by 10000^(2j/d) (the release's formula), "sinusoidal" divides (the textbook one). In the
-    release's exact float32 steps: the angles reach pos·5.6e3, so an equal formula that rounds the frequency otherwise
-    (exp(2j·ln(10000)/d)) moves them by up to 0.25 rad, and released checkpoints would not see their trained values."""
+    """Sinusoidal rows (..., d) float32 of integer `positions`: "released" multiplies by 10000^(2j/d), "sinusoidal"
+    divides; in the release's own float32 steps, which an equal formula would not reproduce (docs/model.md)."""
     if positions.is_floating_point() or positions.is_complex():
         raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; pass e.g. torch.arange(n).")
     if variant not in ("released", "sinusoidal"):

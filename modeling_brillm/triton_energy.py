@@ -1,9 +1,7 @@
 """Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass.
 
-A persistent grid walks the plan's tiles (`plans.KernelPlan`: a source u, `tile_successors` of its successors): LSE mode
-keeps per (position, tile) the largest energy E_v and Σ exp(E − it), LOGITS mode writes E_v into rows prefilled with the
-shared energy; the backward recomputes E and writes each edge row's gradient once. The shared edge (row 0) and
-`non_edge_bias` stay in torch; 16-bit tables are read as stored, in float32 math. Design: docs/gpu.md."""
+A persistent grid walks the plan's tiles (`plans.KernelPlan`); the shared edge (row 0) and `non_edge_bias` stay in
+torch; 16-bit tables are read as stored, in float32 math. Design: docs/gpu.md."""
 
 from __future__ import annotations
 
@@ -454,9 +452,8 @@ class KernelEnergies(torch.autograd.Function):
 
 
 class KernelLogPartition(torch.autograd.Function):
-    """log Z = peak + log Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak) per sorted position (with
-    `log_mass`, exp(shared + log_mass − peak) for the non-successors), as energy.exact_log_partition. Backward: the
-    shared term's share to `shared` (and `log_mass`), the successors' to the kernel as (peak, g/total)."""
+    """log Z per sorted position from the tile partials and the shared term, as energy.exact_log_partition; the
+    backward gives the shared term's share to `shared` (and `log_mass`), the successors' to the kernel."""
 
     @staticmethod
     def forward(ctx, part, shared, plan, vocab_size: int, log_mass=None):
@@ -490,8 +487,7 @@ class KernelLogPartition(torch.autograd.Function):
 
 
 def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.Tensor:
-    """log Σ_v exp(E_v) per sorted position from the tile partials and the non-successors' shared energies (V −
-    degree of them, or `log_mass` (N,) in place of log(V − degree): energy.non_edge_log_mass)."""
+    """log Σ_v exp(E_v) per sorted position; `log_mass` (N,) in place of log(V − degree): energy.non_edge_log_mass."""
     call = plan.call
     if not call.partials_filled:  # inference: the forward left them for here
         _forward(*call.inputs, plan, part, lse=True)
