@@ -88,8 +88,7 @@ def launch(kernel, grid, *args, **kwargs):
 
 
 def package_tool(module: str, feature: str):
-    """The package's module `module` (`modeling_brillm.<module>`), for a model method that is one of its tools: the
-    tools work on any BriLLM, a saved model's code included, but that code does not carry them."""
+    """`modeling_brillm.<module>`, for a model method that is a tool of the package (not in saved code)."""
     try:
         return importlib.import_module(f"modeling_brillm.{module}")
     except ImportError:

@@ -1,9 +1,7 @@
 """BriLLM in transformers' generation loop: `generate()`, pipelines, beam search, and the one-token step.
 
-The O(d) state (`BriLLMState`) stands where a Transformer's key/value caches go. Greedy decoding and sampling run in
-one loop (`decode_loop`), shared by `generate()` and `energy_generate`, on the general path (`forward`) or the
-one-token step (`BriLLMModel.decode_step`), which on a GPU `DecodeGraphs` records into a CUDA graph once per batch
-size and replays: ~60 small kernels in one launch (docs/gpu.md, `model.decode_mode`)."""
+`decode_loop` (greedy decoding and sampling, shared by `generate()` and `energy_generate`) runs the general path or
+the one-token step, which on a GPU `DecodeGraphs` records into a CUDA graph per batch size (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -72,9 +70,8 @@ class Decoding:
 
 
 def decode_loop(input_ids, logits, state, step, run: Decoding):
-    """Greedy decoding or sampling from `logits` (B, V) float32 after `input_ids` (B, T), with `state` the model's,
-    `step(tokens (B,), state) -> (logits, state)` the next token's. Returns (the sequences, the final state, the
-    number of steps kept): the steps run after every row had finished, up to `run.check_every - 1`, are dropped."""
+    """Greedy decoding or sampling from `logits` (B, V) float32 after `input_ids` (B, T), `step(tokens, state)` the next
+    token's: (sequences, final state, steps kept), dropping the steps run after every row had finished."""
     run.one_row_on_the_host(input_ids)
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     alive, steps = [], 0  # per step since the last read: did any row still generate after it (device flags)
@@ -167,8 +164,7 @@ class DecodeGraphs:
         self.tables = self.signature = None  # the decoding loop's step tables, and the signature read with them
 
     def step(self, model, tokens: torch.Tensor, state, tables):
-        """Logits (B, V) and the new state (its tensors the graph's buffers) for `tokens` (B,) on top of `state`.
-        `tables`: the loop's `step_tables()`; the signature is read once per loop (it reads the config)."""
+        """Logits (B, V) and the new state (in the graph's buffers) of `tokens` (B,) on `state`, `tables` the loop's."""
         if tables is not self.tables:
             self.tables, self.signature = tables, _signature(model, tokens.device)
         signature = self.signature
@@ -199,7 +195,7 @@ class BriLLMGenerationMixin(GenerationMixin):
 
     # ------------------------------------------------------------------------------- the one-token step
     def steps_one_token(self, input_ids) -> bool:
-        """Whether one new column `input_ids` (B, 1) takes the one-token step (see the module docstring)."""
+        """Whether one new column `input_ids` (B, 1) takes the one-token step (docs/gpu.md, "Decoding")."""
         mode = self.decode_mode
         if mode not in DECODE_MODES:
             raise ValueError(f"decode_mode must be one of {DECODE_MODES}, got {mode!r}.")
@@ -216,8 +212,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return input_ids.shape[0] * width * d * d * base.weights.element_size() <= self.padded_decode_bytes
 
     def generation_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool, tables=None):
-        """One token per row: (logits (B, V), new state), or None for the general path (a padded new column). `trusted`:
-        the ids are the loop's own picks (a finished row's pad id clamped); `tables`: the loop's `step_tables()`."""
+        """One token per row: (logits (B, V), new state), or None: the general path (`trusted`: the loop's ids)."""
         if not isinstance(state, BriLLMState):
             raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
@@ -253,8 +248,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return input_ids[:, 0] if bool(mask.all()) else None
 
     def _replay_decode_graph(self, tokens, state, tables):
-        """The step from its CUDA graph (`DecodeGraphs`): (logits, new state); None where capturing fails, said
-        once: this model then decodes with the same step uncaptured (decode_mode becomes "eager")."""
+        """The step from its CUDA graph: (logits, new state), or None where capture fails (decode_mode -> "eager")."""
         if getattr(self, "_decode_graphs", None) is None:
             self._decode_graphs = DecodeGraphs()
         try:
@@ -319,9 +313,8 @@ class BriLLMGenerationMixin(GenerationMixin):
         return out
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
-        """transformers' greedy / sampling loop as `decode_loop` on BriLLM's state and one-token step (its processors,
-        criteria, draws, streamer calls and outputs, without the per-token output object and mask update); hidden
-        states, attentions, synced GPUs, assistants, a given cache or `use_cache=False` go to transformers' loop."""
+        """transformers' greedy / sampling loop as `decode_loop` on BriLLM's state and one-token step (the same
+        processors, criteria, draws, streamer calls and outputs); what it does not cover goes to transformers' loop."""
         config = generation_config
         if (kwargs.get("synced_gpus") or config.output_hidden_states or config.output_attentions
                 or getattr(config, "is_assistant", False) or kwargs.get(CACHE) is not None

@@ -1,5 +1,4 @@
-"""BriLLM's training objectives over candidate energies (the exact loss, the release's sampled one), shared by the
-model and the edge-sharded trainer."""
+"""BriLLM's training objectives (exact, sampled) over candidate energies: the model's and the sharded trainer's."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""BriLLM: a language model that is a directed graph of tokens (its equations: naive.py, which this computes fast).
-
-    e_0     = GeLU(s + b_node[u_0] + PE_0)                               the start signal s (1/d, or learned)
-    c_i     = GeLU(x_{i-1} · W[u_{i-1}→u_i] + b[u_{i-1}→u_i] + PE_i)     the edge u_{i-1}→u_i carries the signal
-    x_i     = Σ_{k≤i} softmax_k(p_k) · c_k                               a softmax(position weights p) mix of edges
-    E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              the energy (the logit) of candidate v
-
-(x_0 = e_0; a sparse graph's other pairs share edge row 0.) The hot operations run in ops.py (Triton or torch)."""
+"""BriLLM: a language model that is a directed graph of tokens (its equations: docs/model.md, naive.py, which this
+computes fast). `BriLLMModel` runs the signal recurrence, `BriLLMForCausalLM` adds the candidates' energies (the
+logits) and the loss; the hot operations run in ops.py (Triton kernels or torch)."""
 
 import dataclasses
 
@@ -420,36 +415,25 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         self.post_init()
 
     @exact_precision
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        cache: BriLLMState | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int = 0,
-        return_logits: bool = True,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        signal_ids: torch.LongTensor | None = None,
-        generation_step: bool = False,
-        past_key_values: BriLLMState | None = None,
-        dropout_rows: torch.LongTensor | None = None,
-        dropout_seed: int | None = None,
-        **kwargs,
-    ) -> BriLLMCausalLMOutput:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None, cache: BriLLMState | None = None, use_cache: bool | None = None,
+                logits_to_keep: int = 0, return_logits: bool = True, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, signal_ids: torch.LongTensor | None = None,
+                generation_step: bool = False, past_key_values: BriLLMState | None = None,
+                dropout_rows: torch.LongTensor | None = None, dropout_seed: int | None = None,
+                **kwargs) -> BriLLMCausalLMOutput:
         r"""
         input_ids (`torch.LongTensor` of shape `(batch, length)`): node ids.
-        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side). A padded row
-            gives exactly the logits of the row alone at its real positions; padded positions get zero logits.
-        labels (`torch.LongTensor`, *optional*): like `input_ids`; `logits[:, t]` is scored against
-            `labels[:, t + 1]` (shifted inside, as in every HF causal LM). -100 and padding are ignored.
+        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side); a padded row gets
+            exactly the logits of the row alone at its real positions, zero logits at padding.
+        labels (`torch.LongTensor`, *optional*): like `input_ids`, shifted inside (`logits[:, t]` is scored against
+            `labels[:, t + 1]`); -100 and padding are ignored.
         cache (`BriLLMState`, *optional*): the state a previous call returned (`output.state`); `input_ids` then
             holds only the new tokens. `past_key_values` is the same argument under its name before transformers 5.24.
         logits_to_keep (`int`): compute logits for the last this many columns only (0 = all).
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
-        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
-            from (`start_signal="learned"`; default 0). Ignored with a `cache` (the start is consumed).
+        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's learned start signal
+            (`start_signal="learned"`; default 0), ignored with a `cache`.
         generation_step (`bool`): set by the decoding loop for its one-token steps (the new mask column is all ones,
             the ids its own picks), which skip the checks that read the device and may replay a CUDA graph.
         dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's index in the global batch, for

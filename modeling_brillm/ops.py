@@ -70,8 +70,7 @@ def reset_self_check():
 # ------------------------------------------------------------------------------------- candidate energies
 def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
               max_degree: int | None = None) -> CandidatePlan | KernelPlan:
-    """Plan for positions whose current nodes are `sources` (N,); `indices=None` means a dense graph. A `KernelPlan`
-    (built on the device, no host read) when the kernels run these tensors, else the torch path's `CandidatePlan`."""
+    """A `KernelPlan` (no host read) where the kernels run these tensors, else the torch path's `CandidatePlan`."""
     if kernel_enabled("candidate_energies", sources):
         return make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
     return make_torch_plan(sources, indptr, indices, vocab_size)
@@ -137,12 +136,9 @@ def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.T
 
 # ------------------------------------------------------------------------------------- recurrence
 def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
-    """(signals (B, L, d), the `state.Mix` after the last column) as `recurrence.signal_scan`; the Triton scan (one
-    launch each way) runs for d ≤ 128 and, with gradients, float32 tables."""
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad
-        for t in (edges.weights, edges.biases, edges.edge_base, columns.weight, columns.pe, columns.node_add,
-                  *mix.tensors()))
+    """`recurrence.signal_scan`, by the Triton scan for d ≤ 128 (with gradients: float32 tables only)."""
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
+        edges.weights, edges.biases, edges.edge_base, columns.weight, columns.pe, columns.node_add, *mix.tensors()))
     if kernel_enabled("signal_scan", edges.weights) and scan_kernel_unsupported(edges.weights, grad) is None:
         return kernel_signal_scan(mix, columns, edges, link)
     return ref_signal_scan(mix, columns, edges, link)

@@ -80,8 +80,7 @@ def graph_max_degree(indptr: torch.Tensor) -> int:
 
 def make_kernel_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int,
                      max_degree: int | None = None) -> KernelPlan:
-    """`KernelPlan` for positions whose current nodes are `sources` (N,), of sizes known from N and V (it runs on
-    `device="meta"` and inside a CUDA graph). `max_degree` defaults to V (dense) or `graph_max_degree(indptr)`."""
+    """`KernelPlan` of positions on `sources` (N,), its sizes from N and V alone (runs on "meta", in CUDA graphs)."""
     device, V, N = sources.device, vocab_size, sources.numel()
     tile_successors = KERNEL_TILE_SUCCESSORS  # read at call time (tests shrink it)
     if max_degree is None:

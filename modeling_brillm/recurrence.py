@@ -63,8 +63,7 @@ def row_step(tokens, state: BriLLMState, tables):
     """`decode_step` of one row on the CPU, looked up on the host (`state.RowCache`): the crossed edge's output is the
     previous step's (it scored that edge), the mix's scalars host floats. (float32 logits (1, V), new state)"""
     v, edges, graph, positions = int(tokens), tables.edges, tables.graph, tables.positions
-    row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm),
-                                float(state.mix_max))
+    row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm), float(state.mix_max))
     with without_onednn(tokens):
         edge = graph.edge_row(row.node, v)
         if row.successors is not None:
@@ -137,10 +136,9 @@ def _fmix64_(x: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_mask(p: float, seed: int, rows: torch.Tensor, positions: torch.Tensor, d: int) -> torch.Tensor:
-    """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept (probability 1 − p), else 0. Entry (b, c, k) hashes
-    (`seed`, `rows[b]`, `positions[b, c]`, k): `rows` (B,) are the rows' indices in the global batch, `positions` (B, C)
-    the positions of the signals the columns carry (the signal leaving token t is at t + 1). The same arguments give the
-    same mask on any device and in any batch the row sits in."""
+    """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept, else 0. Entry (b, c, k) hashes (`seed`, `rows[b]`
+    the row's index in the global batch, `positions[b, c]` its signal's (leaving token t: t + 1), k), so it is the
+    same on any device and in any batch the row sits in."""
     if not 0 < p < 1:
         raise ValueError(f"dropout_mask: p must be in (0, 1), got {p!r}.")
     key = _fmix64_(rows.long() * _int64(_GOLDEN) + _int64(seed + _GOLDEN))  # each row's own stream

@@ -1,5 +1,4 @@
-"""The tables the steps read (`EdgeTable`, `GraphView`, ...) and those a BriLLM derives from its graph and config,
-cached per version of what they read (the edges' sorted keys, the dense count prior, the successors by count)."""
+"""The tables the steps read, and those a BriLLM derives from its graph and config (cached per version of inputs)."""
 
 from __future__ import annotations
 

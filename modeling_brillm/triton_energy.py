@@ -1,7 +1,5 @@
-"""Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass.
-
-A persistent grid walks the plan's tiles (`plans.KernelPlan`); the shared edge (row 0) and `non_edge_bias` stay in
-torch; 16-bit tables are read as stored, in float32 math. Design: docs/gpu.md."""
+"""Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass, a
+persistent grid over the plan's tiles; the shared edge (row 0) stays in torch. Design: docs/gpu.md."""
 
 from __future__ import annotations
 
@@ -341,8 +339,7 @@ def _row_gradients(ctx, plan, weights, link, need_w: bool, need_b: bool):
 
 
 def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values, b_values, grad_x, grad_pe):
-    """The shared edge's (row 0) share of every gradient, in torch; returns non_edge_bias's (from the logits'
-    non-successor columns, all the kernel left) when `bias_dtype` is given."""
+    """The shared edge's (row 0) share of every gradient, in torch; with `bias_dtype`, returns non_edge_bias's."""
     h, y, e = saved
     grad_bias = None
     if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
@@ -379,9 +376,8 @@ class KernelCall:
 
 
 class KernelEnergies(torch.autograd.Function):
-    """Triton twin of `energy._CandidateEnergies`: the (N, T, 2) tile partials (not differentiable) and (N,) shared
-    energies. The log Z, target and logits functions take `shared` as input (so their backward runs first) and hand
-    their gradients here via `plan.call`: one kernel pass writes every edge row's gradient (and `non_edge_bias`'s)."""
+    """Triton twin of `energy._CandidateEnergies`: (N, T, 2) tile partials and (N,) shared energies. The functions below
+    take `shared` (so their backward runs first) and hand their gradients here via `plan.call`, for one kernel pass."""
 
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link, non_edge_bias=None):
@@ -496,8 +492,7 @@ def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.T
 
 
 class KernelTarget(torch.autograd.Function):
-    """The energy each sorted position gives its target, a real successor (`within` its block), in torch; the
-    candidate backward's kernel adds its gradient at the target's entry (the row gets no second gradient tensor)."""
+    """Each sorted position's energy of its real-successor target, in torch; the candidate kernel takes its gradient."""
 
     @staticmethod
     def forward(ctx, shared, target_rows, within, plan):
@@ -532,8 +527,7 @@ def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.T
 
 
 class KernelLogits(torch.autograd.Function):
-    """(N, V) logits in sorted order: the shared energy (+ `non_edge_bias[v]`) everywhere, the kernel writes the
-    real successors'; the gradient (shared and bias parts included) goes to the candidate backward."""
+    """(N, V) sorted logits: the shared energy (+ `non_edge_bias`), the real successors' written by the kernel."""
 
     @staticmethod
     def forward(ctx, shared, plan, non_edge_bias=None):
@@ -561,8 +555,7 @@ def scatter_logits(part, shared, plan, non_edge_bias=None) -> torch.Tensor:
 
 @torch.no_grad()
 def successor_logits(x, pe, edges, sources, graph, width: int) -> torch.Tensor:
-    """(N, V) logits in the positions' own order (inference, one token per row; `edges` a `tables.EdgeTable`, `graph`
-    a `tables.GraphView`): the real successors' by one launch over a static (N, ceil(width / 32)) grid, no host read."""
+    """(N, V) logits in the positions' order (inference): the real successors' by one launch of a static grid."""
     N, d = x.shape
     V, weights, indices = graph.vocab_size, edges.weights, graph.indices
     b2 = edges.biases.reshape(weights.shape[0], d)

@@ -1,8 +1,5 @@
-"""The signal recurrence as one Triton scan: one launch forward, one backward, whatever the sequence length.
-
-It computes `recurrence.signal_scan`: one program per batch row walks its columns, reading each crossed edge's
-matrix in place with the next column's loads prefetched, the running mix (S, N, M) in registers. The backward is
-a reverse scan; with the adjoints ḡx of the signal and ḡS, ḡN, ḡM of the state after column j,
+"""The signal recurrence (`recurrence.signal_scan`) as one Triton scan, a program per batch row, the mix (S, N, M) in
+registers. The backward is a reverse scan; with the adjoints ḡx of the signal, ḡS, ḡN, ḡM of the state after column j,
 
     ḡS' = ḡS + ḡx / N'                ḡN' = ḡN − ⟨ḡx, x⟩ / N'
     ḡp  = e^{p−M'}·(⟨ḡS', c⟩ + ḡN')  ḡc  = e^{p−M'}·ḡS'           (the mix weight and the edge output)
