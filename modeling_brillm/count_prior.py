@@ -42,8 +42,7 @@ def dense_table(node: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
 
 def add_count_prior(logits: torch.Tensor, sources: torch.Tensor, node: torch.Tensor, indptr: torch.Tensor,
                     indices: torch.Tensor, values: torch.Tensor, max_degree: int) -> torch.Tensor:
-    """`logits` (N, V) of the successors of `sources` (N,) plus the prior, shapes fixed by (N, max_degree) (no device
-    read): each row gathers `max_degree` entries from its source's block, zero past its end."""
+    """`logits` (N, V) of the successors of `sources` (N,) plus the prior, its shapes fixed by (N, max_degree)."""
     out = logits + node.to(logits.dtype)
     if max_degree == 0:
         return out

@@ -41,7 +41,6 @@ def _energy_backward(h: torch.Tensor, y: torch.Tensor, e: torch.Tensor, grad_e: 
     return torch.ops.aten.gelu_backward(grad_y, h)
 
 
-# ------------------------------------------------------------------------------------- buffer reuse
 _WORKSPACES: dict = {}
 _CACHE_MIN_BYTES = 1 << 20  # smaller buffers come from malloc's free lists anyway
 
@@ -122,7 +121,6 @@ def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGra
     return _GatherEdges.apply(weights, biases, rows, sparse_grad, link)
 
 
-# ------------------------------------------------------------------------------------- candidate energies
 class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):

@@ -193,7 +193,6 @@ class BriLLMGenerationMixin(GenerationMixin):
     # without Triton a one-token step gathers rows × largest degree matrices: past this many bytes, the general path
     padded_decode_bytes = 512 * 2**20
 
-    # ------------------------------------------------------------------------------- the one-token step
     def steps_one_token(self, input_ids) -> bool:
         """Whether one new column `input_ids` (B, 1) takes the one-token step (docs/gpu.md, "Decoding")."""
         mode = self.decode_mode
@@ -278,7 +277,6 @@ class BriLLMGenerationMixin(GenerationMixin):
             return out.logits[:, -1].float(), out.state
         return general
 
-    # ------------------------------------------------------------------------- transformers' hooks
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # BriLLM carries its own O(d) state (`BriLLMState`), not attention key/value caches
@@ -313,8 +311,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return out
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
-        """transformers' greedy / sampling loop as `decode_loop` on BriLLM's state and one-token step (the same
-        processors, criteria, draws, streamer calls and outputs); what it does not cover goes to transformers' loop."""
+        """transformers' greedy / sampling loop as `decode_loop` on the one-token step (the rest: transformers')."""
         config = generation_config
         if (kwargs.get("synced_gpus") or config.output_hidden_states or config.output_attentions
                 or getattr(config, "is_assistant", False) or kwargs.get(CACHE) is not None

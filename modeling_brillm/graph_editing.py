@@ -16,7 +16,6 @@ NODE_ROWS = ("non_edge_bias", "node_readout", "node_embedding")
 class GraphMethods:
     """The graph's public methods, shared by `BriLLMModel` and `BriLLMForCausalLM` (they act on `base_model`)."""
 
-    # ------------------------------------------------------------------------------------------- building
     @classmethod
     def from_graph(cls, graph: BigramGraph | None, config=None, **config_kwargs):
         """A freshly initialised model on `graph` (a sparse `BigramGraph`, or None for a dense graph)."""
@@ -30,7 +29,6 @@ class GraphMethods:
         return package_tool("graph", "from_token_sequences").from_token_sequences(
             cls, sequences, vocab_size, min_count, dense, ignore_ids, **config_kwargs)
 
-    # -------------------------------------------------------------------------------------------- the graph
     def set_graph(self, graph: BigramGraph):
         """Store a sparse graph's edge list (its size must be the config's)."""
         package_tool("graph", "set_graph").set_graph(self, graph)

@@ -45,8 +45,7 @@ def sampled_loss(logits, shared, sources, targets, num_negatives: int, negative_
 
 def position_losses(energies, shared, plan, sources, targets, target_rows, block_first_row, config,
                     non_edge_bias=None, logits=None, successors_by_count=None, loss_type=None) -> torch.Tensor:
-    """Loss of every planned position (sorted as `plan`): exact (log Z − E_target) or sampled (`config.loss_type`,
-    or `loss_type`). `logits`, the scattered (N, V) logits, are needed by the sampled loss (built when absent)."""
+    """Loss of every planned position (sorted as `plan`): exact or sampled (`loss_type`, else `config.loss_type`)."""
     V = config.vocab_size
     true_energy = target_energies(energies, shared, plan, targets, target_rows, block_first_row, non_edge_bias)
     if (loss_type or config.loss_type) == "exact":

@@ -29,7 +29,6 @@ from .triton_energy import unsupported_reason as energy_kernel_unsupported
 from .triton_recurrence import signal_scan as kernel_signal_scan
 from .triton_recurrence import unsupported_reason as scan_kernel_unsupported
 
-# ------------------------------------------------------------------------------------- which kernels run
 CHECK_DEVICE_TYPES = {"cuda"}  # devices whose first kernel call runs the self-check (Triton's interpreter: opt-in)
 SELF_CHECK = None  # run_self_check(device): the package's (selfcheck.py registers it; a saved model's code has none)
 _checked: set = set()  # devices whose self-check has run
@@ -44,8 +43,7 @@ def device_key(device: torch.device) -> str:
 
 
 def kernel_enabled(name: str, tensor: torch.Tensor) -> bool:
-    """Whether the Triton kernel `name` runs for `tensor`: the backend picks Triton there and the kernel is not switched
-    off. A device's first call runs the self-check (not while capturing; `BRILLM_SELF_CHECK=0` skips it)."""
+    """Whether the Triton kernel `name` runs for `tensor` (on, and picked there); a device's first call self-checks."""
     if not use_triton(tensor):
         return False
     key = device_key(tensor.device)
@@ -67,7 +65,6 @@ def reset_self_check():
     _disabled.clear()
 
 
-# ------------------------------------------------------------------------------------- candidate energies
 def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
               max_degree: int | None = None) -> CandidatePlan | KernelPlan:
     """A `KernelPlan` (no host read) where the kernels run these tensors, else the torch path's `CandidatePlan`."""
@@ -134,7 +131,6 @@ def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.T
     return ref_successor_logits(x, pe, edges, sources, graph, width)
 
 
-# ------------------------------------------------------------------------------------- recurrence
 def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
     """`recurrence.signal_scan`, by the Triton scan for d ≤ 128 (with gradients: float32 tables only)."""
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
@@ -145,8 +141,7 @@ def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
 
 
 def decode_step(tokens, mix, at, edges, graph, width: int | None):
-    """One token per row, inference only: the edge last→token joins the mix (one column of the scan), then every node's
-    energy as a successor of `tokens` (B,): ((B, V) float32 logits, the new mix); a fixed `width`: no host sync."""
+    """One token per row (inference): ((B, V) float32 logits of the successors of `tokens` (B,), the mix after them)."""
     with without_onednn(tokens):
         rows = edge_rows_from_keys(graph.keys, at.last, tokens, graph.vocab_size)
         if kernel_enabled("signal_scan", edges.weights) and scan_kernel_unsupported(edges.weights, False) is None:

@@ -149,8 +149,7 @@ class EdgeGradLink:
 
 
 def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool, link):
-    """The edge tables' gradients from the values of the touched rows `index` (sorted, unique; None when dense):
-    published on `link`, returned as sparse COO tensors (`ctx.sparse_grad`) or as the dense values."""
+    """The edge tables' gradients (sparse COO or dense) from the touched rows' values, published on `link` too."""
     if link is not None:
         link.grad = (index, w_values, b_values)
     if not ctx.sparse_grad:

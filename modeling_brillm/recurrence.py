@@ -103,9 +103,8 @@ class without_onednn:
         torch.backends.mkldnn.enabled = self.onednn
 
 
-# ------------------------------------------------------------------------------------- signal dropout masks
-# A pure function of (seed, row, position, dimension): a counter-based hash (splitmix64's increment, murmur3's fmix64)
-# in int64 torch ops, which wrap as unsigned arithmetic does; a row's mask depends on its global index, not its process.
+# Signal dropout masks: a counter-based hash of (seed, row, position, dimension) (splitmix64's increment, murmur3's
+# fmix64) in int64 torch ops, which wrap as unsigned ones do; a row's mask depends on its global index, not its process.
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment (2^64 / golden ratio, odd)
 _FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)  # murmur3's fmix64 multipliers
 _MASK64 = (1 << 64) - 1

@@ -103,8 +103,7 @@ class Positions:
 
 @dataclass
 class ReadOut:
-    """What every node adds to its energy: ⟨x, node_readout[v]⟩ (config.node_readout) and the count prior's
-    log p(v | u) (config.count_prior: `(dense (V, V) table,)`, or its CSR parts and largest degree)."""
+    """What every node adds to its energy: ⟨x, node_readout[v]⟩ and the count prior (`(dense table,)` or CSR parts)."""
 
     node_readout: torch.Tensor | None = None
     prior: tuple | None = None

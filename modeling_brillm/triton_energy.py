@@ -81,8 +81,7 @@ if triton is not None:
     def _energy_forward_kernel(
         x_ptr, pe_ptr, w_ptr, b_ptr,
         tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
-        part_ptr, out_ptr, out_row_ptr,
-        d, T, V,
+        part_ptr, out_ptr, out_row_ptr, d, T, V,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, LOGITS: tl.constexpr, HAS_INDICES: tl.constexpr, OUT_ROWS: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -143,8 +142,7 @@ if triton is not None:
         x_ptr, pe_ptr, w_ptr, b_ptr,
         tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
         peak_ptr, lse_scale_ptr, grad_target_ptr, target_within_ptr, grad_logits_ptr, logit_row_ptr,
-        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr, grad_pe_ptr,
-        d, T, V,
+        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr, grad_pe_ptr, d, T, V,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, TARGET: tl.constexpr, LOGITS: tl.constexpr, LOGIT_ROWS: tl.constexpr,
         HAS_INDICES: tl.constexpr, CLEAR_SUCCESSORS: tl.constexpr, SLOTS: tl.constexpr,
@@ -237,8 +235,7 @@ if triton is not None:
 
     @triton.jit
     def _decode_successors_kernel(
-        x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr,
-        d, V,
+        x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr, d, V,
         D: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, HAS_INDICES: tl.constexpr,
     ):
         """Energies of position program_id(0)'s successors in tile program_id(1), written into its row of logits."""
@@ -448,8 +445,7 @@ class KernelEnergies(torch.autograd.Function):
 
 
 class KernelLogPartition(torch.autograd.Function):
-    """log Z per sorted position from the tile partials and the shared term, as energy.exact_log_partition; the
-    backward gives the shared term's share to `shared` (and `log_mass`), the successors' to the kernel."""
+    """log Z per sorted position from the tile partials and the shared term (as energy.exact_log_partition)."""
 
     @staticmethod
     def forward(ctx, part, shared, plan, vocab_size: int, log_mass=None):
