@@ -138,9 +138,8 @@ class BriLLMConfig(PreTrainedConfig):
         if self.loss_type == "sampled":
             _need(self.num_negatives < self.vocab_size,
                   f"num_negatives={self.num_negatives} must be smaller than vocab_size={self.vocab_size}.")
-            _need(not (self.negative_sampling == "frequency" and self.graph == "dense"),
-                  "frequency negatives need the bigram counts of a sparse graph; use negative_sampling='uniform' "
-                  "with a dense graph.")
+            _need(not (self.negative_sampling == "frequency" and self.graph == "dense"), "frequency negatives "
+                  "need the bigram counts of a sparse graph; use negative_sampling='uniform' with a dense graph.")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
             value = getattr(self, name, None)
             for token_id in value if isinstance(value, (list, tuple)) else [value]:

@@ -211,8 +211,7 @@ def _position_sums(plan, groups, gh, x) -> torch.Tensor:
 
 
 def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block_grad: bool, gh_shared, dtype, device):
-    """Where each block's rows go in a sparse gradient: (index, w_values, b_values, first_slots); `index` the sorted
-    rows (the shared row, the blocks, the rows the recurrence read), buffers from the workspace."""
+    """(index, w_values, b_values, first_slots) of a sparse gradient, `index` the sorted rows (workspace buffers)."""
     base, ns = int(plan.has_shared), [n for *_, n in groups]
     n_t, r0_t = torch.tensor(ns, dtype=torch.long), torch.tensor([r0 for _, _, r0, _ in groups], dtype=torch.long)
     slots_t = base + torch.cumsum(n_t, 0) - n_t  # each block's first slot

@@ -119,9 +119,8 @@ def _signature(model, device) -> tuple:
         tensors += [model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values]
         if model.prior_table() is not None:
             tensors.append(model.prior_table())
-    return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
-            cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
-            model.graph_view().max_degree)
+    return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(), cfg.vocab_size,
+            cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding, model.graph_view().max_degree)
 
 
 class _Graph:

@@ -25,9 +25,8 @@ def shift_labels(labels: torch.Tensor, attention_mask, column: torch.Tensor, voc
 
 def sampled_loss(logits, shared, sources, targets, num_negatives: int, negative_sampling: str,
                  successors_by_count=None) -> torch.Tensor:
-    """Per-position cross-entropy over the true target (first) and K negatives: "uniform", K distinct nodes other than
-    the target; "frequency", the source's K most frequent successors but the target (`successors_by_count`, the model's
-    `frequency_table(K + 1)`), then non-successors (the shared energy)."""
+    """Per-position cross-entropy over the target (first) and K negatives: "uniform", K nodes other than the target;
+    "frequency", the source's K most frequent successors but the target (`successors_by_count`), then non-successors."""
     K = num_negatives
     if negative_sampling == "uniform":
         noise = torch.rand(logits.shape, device=logits.device)

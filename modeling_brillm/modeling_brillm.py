@@ -123,7 +123,6 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
         self.config.auto_map = auto_map
         return super().save_pretrained(save_directory, *args, **kwargs)
 
-    # ----------------------------------------------------------------------------------- inputs and options
     @property
     def input_device(self) -> torch.device:
         """Where every input goes: the parameters' device (as accelerate's device hooks), so mixed inputs work."""
@@ -185,7 +184,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         self.reset_caches()
         self.post_init()
 
-    # ------------------------------------------------------------------------------ what the steps read
     def edge_table(self) -> EdgeTable:
         return EdgeTable(self.weights, self.biases, self.edge_base, self.non_edge_bias, self._sparse_gradients)
 
@@ -246,7 +244,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         """Position weight logits p of the edges entering positions `index` (past the range: the last one)."""
         return self.positions_view(index.device).weight(index)
 
-    # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
                     edge_fetch=None, dropout_rows=None, dropout_seed: int | None = None) -> Signals:
         """The recurrence over a batch from `state` (if any): 1. the rows' real tokens, 2. the start signal, 3. the scan
@@ -324,7 +321,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             return checkpointed(self._gradient_checkpointing_func, signal_scan, (mix, columns, edges), link)
         return signal_scan(mix, columns, edges, link)
 
-    # ------------------------------------------------------------------------------ one token, fixed shapes
     def step_tables(self) -> StepTables:
         """What the one-token step reads, gathered once (per decoding loop; the config's values included)."""
         return StepTables(self.edge_table(), self.graph_view(), self.positions_view(self.biases.device),
@@ -355,7 +351,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         """A part of the logits differs across non-successors (readout, count prior): the loss builds all V logits."""
         return self.node_readout is not None or self.config.count_prior
 
-    # ------------------------------------------------------------------------------------- the energies
     def score(self, x, sources, next_index, targets=None, *, want_logits=False, loss_type=None, link=None,
               csr=None, row_offset=None):
         """Energies of positions with signals `x` (N, d) on `sources` (N,), next token at `next_index`: (order,
@@ -424,20 +419,17 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
                 **kwargs) -> BriLLMCausalLMOutput:
         r"""
         input_ids (`torch.LongTensor` of shape `(batch, length)`): node ids.
-        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side); a padded row gets
-            exactly the logits of the row alone at its real positions, zero logits at padding.
+        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side; no logit changes).
         labels (`torch.LongTensor`, *optional*): like `input_ids`, shifted inside (`logits[:, t]` is scored against
             `labels[:, t + 1]`); -100 and padding are ignored.
         cache (`BriLLMState`, *optional*): the state a previous call returned (`output.state`); `input_ids` then
             holds only the new tokens. `past_key_values` is the same argument under its name before transformers 5.24.
         logits_to_keep (`int`): compute logits for the last this many columns only (0 = all).
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
-        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's learned start signal
-            (`start_signal="learned"`; default 0), ignored with a `cache`.
+        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's learned start signal (default 0).
         generation_step (`bool`): set by the decoding loop for its one-token steps (the new mask column is all ones,
             the ids its own picks), which skip the checks that read the device and may replay a CUDA graph.
-        dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's index in the global batch, for
-            signal dropout (docs/training.md); default 0..batch-1.
+        dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): global batch indices (signal dropout).
         dropout_seed (`int`, *optional*): the masks' seed, one per step on every process; default: drawn from torch.
 
         Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
@@ -497,7 +489,6 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             out = out.index_put((b_idx[keep], column[keep] - keep_from), logits[keep])
         return loss, out
 
-    # ------------------------------------------------------------------------------ BriLLM's own tools
     def energy_generate(self, input_ids, attention_mask=None, **kwargs):
         """BriLLM's own decoding with its energy path recorded (`modeling_brillm.energy_generate`, a package tool)."""
         return package_tool("decoding", "energy_generate").energy_generate(self, input_ids,

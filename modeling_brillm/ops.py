@@ -90,9 +90,8 @@ def _torch_plan(plan) -> CandidatePlan:
 
 def candidate_energies(x, pe, weights, biases, plan, sparse_grad: bool = False, link: EdgeGradLink | None = None,
                        non_edge_bias=None):
-    """Energies of every real successor and the shared energy of every position (`energy.candidate_energies`); on a
-    `KernelPlan` the first result is the (N, T, 2) tile partials: pass it on unchanged. `non_edge_bias`: the tensor
-    later given to `scatter_logits` (on the kernel path its logits' gradient comes back through this call)."""
+    """`energy.candidate_energies`; on a `KernelPlan` the first result is the (N, T, 2) tile partials (pass it on
+    unchanged), and `non_edge_bias` the tensor given to `scatter_logits` later (its gradient comes back here)."""
     if _runs_kernels(plan, weights, x):
         return KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
     return ref_candidate_energies(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)

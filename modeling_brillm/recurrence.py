@@ -29,8 +29,7 @@ def plus_edge_base(pe, x, edge_base):
 
 
 def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
-    """One edge step of every row, the one place it is written: GeLU(x·W + b + PE) of the edges `w` (B, d, d) (float32
-    for 16-bit tables), plus the entered node's vector `node_add` (B, d) where given, mixed into `mix`."""
+    """One edge step of every row (the one place it is written): GeLU(x·W + b + PE) (+ `node_add`) mixed into `mix`."""
     ct = torch.promote_types(w.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
     if w.dtype != ct:
         w, b = w.to(ct), b.to(ct)
@@ -168,8 +167,7 @@ def draw_dropout_seed() -> int:
 
 
 def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -> torch.Tensor:
-    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns: entry j on the signal entering column j, hashed
-    at position start + j; `rows` (B,) global batch indices (None: 0..B−1), `start` (B,) (None: 0)."""
+    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns (entry j: column j's input, at start + j)."""
     B, L = shape
     rows = torch.arange(B, device=device) if rows is None else rows.to(device)
     start = torch.zeros(B, dtype=torch.long, device=device) if start is None else start.to(device)

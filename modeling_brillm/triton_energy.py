@@ -362,8 +362,7 @@ def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values
 
 
 class KernelCall:
-    """One `candidate_energies` call on a `KernelPlan` (`plan.call`, replaced by the next): its inputs, whether the
-    forward filled the partials, and the gradients the log Z, target and logits functions hand to its backward."""
+    """One `candidate_energies` call on a `KernelPlan` (`plan.call`): its inputs, the gradients for its backward."""
 
     def __init__(self, inputs, partials_filled: bool, non_edge_bias=None):
         self.inputs = inputs
