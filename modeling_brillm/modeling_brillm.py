@@ -419,7 +419,7 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
                 **kwargs) -> BriLLMCausalLMOutput:
         r"""
         input_ids (`torch.LongTensor` of shape `(batch, length)`): node ids.
-        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side; no logit changes).
+        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side): logits as unpadded.
         labels (`torch.LongTensor`, *optional*): like `input_ids`, shifted inside (`logits[:, t]` is scored against
             `labels[:, t + 1]`); -100 and padding are ignored.
         cache (`BriLLMState`, *optional*): the state a previous call returned (`output.state`); `input_ids` then

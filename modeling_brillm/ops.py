@@ -43,7 +43,7 @@ def device_key(device: torch.device) -> str:
 
 
 def kernel_enabled(name: str, tensor: torch.Tensor) -> bool:
-    """Whether the Triton kernel `name` runs for `tensor` (on, and picked there); a device's first call self-checks."""
+    """Whether the Triton kernel `name` runs for `tensor` (picked there, not switched off); a first call self-checks."""
     if not use_triton(tensor):
         return False
     key = device_key(tensor.device)
