@@ -26,8 +26,7 @@ DECODE_MODES = ("auto", "eager", "off")
 
 
 def finish_check_every(device: torch.device) -> int:
-    """How many steps the loop runs between two reads of "has every row finished?": 8 on a GPU (a read waits for
-    the queued work), 1 elsewhere (a read is free, an extra step is not)."""
+    """Steps between two reads of "has every row finished?": 8 on a GPU (a read waits for the queued work), else 1."""
     return 8 if device.type == "cuda" else 1
 
 

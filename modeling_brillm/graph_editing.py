@@ -24,8 +24,7 @@ class GraphMethods:
     @classmethod
     def from_token_sequences(cls, sequences, vocab_size: int, min_count: int = 1, dense: bool = False,
                              ignore_ids=(), **config_kwargs):
-        """A fresh model whose real edges are the bigrams of `sequences` seen `min_count` times (or dense); with
-        `count_prior=True` its count prior is every bigram of `sequences`."""
+        """A fresh model on the bigrams of `sequences` seen `min_count` times (or dense), a count prior on all."""
         return package_tool("graph", "from_token_sequences").from_token_sequences(
             cls, sequences, vocab_size, min_count, dense, ignore_ids, **config_kwargs)
 
