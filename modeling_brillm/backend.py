@@ -1,8 +1,6 @@
-"""Which implementation runs BriLLM's hot paths: torch (every device) or Triton kernels (CUDA tensors).
-
-`auto` (the default) runs Triton for CUDA tensors when `triton` is importable; choose with `BRILLM_BACKEND=auto|
-torch|triton` or `with kernel_backend("torch"):`. `triton` on CPU tensors needs Triton's interpreter
-(`TRITON_INTERPRET=1`), how the kernels are checked without a GPU."""
+"""Which implementation runs BriLLM's hot paths: torch (every device) or Triton kernels (CUDA tensors, when `triton`
+is importable); choose with `BRILLM_BACKEND=auto|torch|triton` or `with kernel_backend("torch"):`. `triton` on CPU
+tensors needs Triton's interpreter (`TRITON_INTERPRET=1`), how the kernels are checked without a GPU."""
 
 from __future__ import annotations
 
@@ -90,8 +88,7 @@ def launch(kernel, grid, *args, **kwargs):
 
 
 def package_tool(module: str, feature: str):
-    """The package's module `module` (`modeling_brillm.<module>`), for a model method that is one of its tools: the
-    tools work on any BriLLM, a saved model's code included, but that code does not carry them."""
+    """`modeling_brillm.<module>`, for a model method that is a tool of the package (not in saved code)."""
     try:
         return importlib.import_module(f"modeling_brillm.{module}")
     except ImportError:
@@ -103,9 +100,8 @@ AUTOCAST_DEVICES = tuple(kind for kind in ("cpu", "cuda", "xpu", "mps") if torch
 
 
 def exact_precision(forward):
-    """Run `forward` with autocast off: BriLLM computes in its parameters' dtype whatever autocast asks. Autocast
-    would cast each gathered edge row again at every use (more bytes, not fewer) and, on the Triton path, put a
-    16-bit shared energy beside float32 ones in every softmax; docs/gpu.md ("Mixed precision") says what 16 bits buy."""
+    """Run `forward` with autocast off: autocast would cast each gathered edge row again at every use and, on the Triton
+    path, put a 16-bit shared energy beside float32 ones in every softmax (docs/gpu.md, "Mixed precision")."""
 
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):

@@ -28,34 +28,27 @@ EXACT_ONLY = {  # the extensions the sampled loss cannot train, and why
 
 class BriLLMConfig(PreTrainedConfig):
     r"""
-    Configuration of [`BriLLMForCausalLM`]: every token is a node of a directed graph, every edge u→v a
-    `node_size × node_size` matrix plus a bias. docs/model.md explains each field; `naive.py` marks where each
-    extension acts. `BriLLMConfig()` with every extension off is the released BriLLM0.5.
+    Configuration of [`BriLLMForCausalLM`]; docs/model.md explains each field, `naive.py` marks where each extension
+    acts. `BriLLMConfig()` with every extension off is the released BriLLM0.5.
 
     Args:
         vocab_size (`int`, defaults to 4000): nodes V, one per token of the tokenizer.
         node_size (`int`, defaults to 32): neurons per node, d.
         max_position_embeddings (`int`, defaults to 512): learned position weights of the mix (the trained range).
-        position_overflow (`str`, defaults to `"error"`): past the trained range `"error"` refuses, `"extend"` reads
-            on (the last position weight, the positional encoding's formula).
-        graph (`str`, defaults to `"sparse"`): `"sparse"`: `num_edges` real edges (the bigrams seen in training,
-            CSR by source), every other pair shares edge row 0; `"dense"`: every pair is a real edge.
+        position_overflow (`str`, defaults to `"error"`): past the trained range `"error"` refuses, `"extend"` reads on.
+        graph (`str`, defaults to `"sparse"`): `"sparse"`: `num_edges` real edges (the bigrams seen in training), every
+            other pair shares edge row 0; `"dense"`: every pair is a real edge.
         num_edges (`int`, *optional*): real edges of a sparse graph (V² when dense); a model needs it.
-        position_encoding (`str`, defaults to `"released"`): `"released"` multiplies by 10000^(2j/d) (the release);
-            `"sinusoidal"` divides (the textbook).
+        position_encoding (`str`, defaults to `"released"`): multiplies by 10000^(2j/d); `"sinusoidal"` divides.
         initializer_range (`float`, defaults to 0.5): edges and node biases start uniform in [−r, r].
         loss_type (`str`, defaults to `"exact"`): cross-entropy over all V nodes, or the release's `"sampled"` one
             over the target and `num_negatives` negatives (`negative_sampling`: `"frequency"` or `"uniform"`).
-        start_signal (`str`, defaults to `"uniform"`): the first node starts from 1/d (the release) or from a
-            `"learned"` vector per task (`num_start_signals`; prompt tuning).
+        start_signal (`str`, defaults to `"uniform"`): 1/d (the release), or `"learned"` (`num_start_signals`).
         signal_dropout (`float`, defaults to 0.0): training only, dropout on the signal leaving every token.
         non_edge_bias, node_readout, edge_backoff, node_embedding, count_prior (`bool`, default False): the
-            extensions: a non-successor's learned offset, every node's readout of the signal, a matrix every edge
-            adds to its own, every node's vector added to what it passes on, a fixed bigram model of the training
-            text added to every logit (`count_prior_bigrams` entries). Each starts at the release's energies.
+            extensions, each starting at the release's energies (`count_prior_bigrams`: the prior's size).
         position_recency (`float`, defaults to 0.0): the position weights start at 1 + position_recency·k.
-        edge_rank (`int`, defaults to 0): 0 gives every edge its own d×d matrix (the release); r > 0 makes each
-            edge_base + A·Bᵀ with d×r factors A, B (low_rank.py).
+        edge_rank (`int`, defaults to 0): r > 0 makes each edge edge_base + A·Bᵀ with d×r factors (low_rank.py).
         bos_token_id, eos_token_id, pad_token_id, unk_token_id (`int`, *optional*): the tokenizer's special ids.
     """
 
@@ -117,8 +110,7 @@ class BriLLMConfig(PreTrainedConfig):
         return self.num_edge_rows * edge + self.vocab_size * d + self.max_position_embeddings + learned
 
     def check(self):
-        """Raise a `ValueError` naming the first invalid field and how to fix it. Checks what the config can be
-        judged on by itself; `check_graph_size` adds the graph's size, which a model needs."""
+        """Raise a `ValueError` naming the first invalid field and the fix (the graph's size: `check_graph_size`)."""
         for name in ("vocab_size", "node_size", "max_position_embeddings", "num_negatives", "num_start_signals") + \
                 (("num_edges",) if self.num_edges is not None else ()):
             value = getattr(self, name)
@@ -146,9 +138,8 @@ class BriLLMConfig(PreTrainedConfig):
         if self.loss_type == "sampled":
             _need(self.num_negatives < self.vocab_size,
                   f"num_negatives={self.num_negatives} must be smaller than vocab_size={self.vocab_size}.")
-            _need(not (self.negative_sampling == "frequency" and self.graph == "dense"),
-                  "frequency negatives need the bigram counts of a sparse graph; use negative_sampling='uniform' "
-                  "with a dense graph.")
+            _need(not (self.negative_sampling == "frequency" and self.graph == "dense"), "frequency negatives "
+                  "need the bigram counts of a sparse graph; use negative_sampling='uniform' with a dense graph.")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
             value = getattr(self, name, None)
             for token_id in value if isinstance(value, (list, tuple)) else [value]:
@@ -156,8 +147,7 @@ class BriLLMConfig(PreTrainedConfig):
                       f"{name}={value!r} is not a node id in [0, {self.vocab_size}).")
 
     def check_graph_size(self):
-        """Raise a `ValueError` unless the config gives the size of a graph a model can be built on (a sparse graph's
-        `num_edges`, at most V²; a dense graph's V²): a model needs it, a bare `BriLLMConfig()` may lack it."""
+        """Raise a `ValueError` unless the config sizes a graph a model can be built on (a bare config may not)."""
         V, E = self.vocab_size, self.num_edges
         if self.graph == "sparse":
             _need(E is not None, "a sparse graph needs num_edges (build one with "

@@ -1,10 +1,7 @@
-"""The count prior: a fixed bigram model of the training text that every logit adds (`config.count_prior`).
-
-    logit(v | u, x) = BriLLM's logit + log p(v | u),   p(v | u) = max(c(u, v) − D, 0) / c(u) + λ(u) · p_uni(v)
-
-the interpolated absolute-discount bigram model of the training bigrams (graph.count_prior builds it). Stored
-without a V×V table: `node` (V,) = log p_uni and, CSR by source, every seen bigram's log p(v|u) − log λ(u) −
-log p_uni(v): log p(·|u) up to one constant per row, which softmax and argmax ignore."""
+"""The count prior (`config.count_prior`): a fixed interpolated absolute-discount bigram model of the training text
+whose log p(v | u) every logit adds (docs/model.md; graph.count_prior builds it). Stored without a V×V table: `node`
+(V,) = log p_uni and, CSR by source, every seen bigram's log p(v|u) − log λ(u) − log p_uni(v): log p(·|u) up to one
+constant per row, which softmax and argmax ignore."""
 
 from dataclasses import dataclass
 
@@ -45,8 +42,7 @@ def dense_table(node: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
 
 def add_count_prior(logits: torch.Tensor, sources: torch.Tensor, node: torch.Tensor, indptr: torch.Tensor,
                     indices: torch.Tensor, values: torch.Tensor, max_degree: int) -> torch.Tensor:
-    """`logits` (N, V) of the successors of `sources` (N,) plus the prior, shapes fixed by (N, max_degree) (no device
-    read): each row gathers `max_degree` entries from its source's block, zero past its end."""
+    """`logits` (N, V) of the successors of `sources` (N,) plus the prior, its shapes fixed by (N, max_degree)."""
     out = logits + node.to(logits.dtype)
     if max_degree == 0:
         return out

@@ -1,8 +1,5 @@
-"""The BriLLM graph as the model reads it: which edges u→v are real, stored as CSR by source.
-
-Edge table row of the j-th real edge (in (source, target) order) is j + 1; every pair u→v that is not a real edge
-uses row 0, the shared edge. A dense graph has every pair real: the row of u→v is 1 + u·V + v. Building and growing
-graphs is the package's (graph.py)."""
+"""The BriLLM graph as the model reads it, CSR by source: the j-th real edge (in (source, target) order) is edge-table
+row j + 1, every other pair row 0 (the shared edge); dense: u→v is row 1 + u·V + v. Building graphs: graph.py."""
 
 from dataclasses import dataclass
 
@@ -70,8 +67,7 @@ def edge_rows_from_keys(keys: torch.Tensor | None, sources: torch.Tensor, target
 
 
 def edge_row(csr: tuple[list[int], np.ndarray] | None, source: int, target: int, vocab_size: int) -> int:
-    """`edge_rows_from_keys` for one pair, on the host: `csr` (indptr list, indices array sorted within each
-    source's block) of a sparse graph, None for a dense one. One binary search over the source's block."""
+    """`edge_rows_from_keys` of one pair, on the host: a binary search in `csr` (indptr list, indices; None: dense)."""
     if csr is None:
         return 1 + source * vocab_size + target
     indptr, indices = csr

@@ -1,9 +1,6 @@
-"""Energies of every candidate edge in torch: the costly part of BriLLM, computed block by block (naive.py defines it).
-
-For a signal x on node u, every real successor v gets E_v = ‖GeLU(x·W[u→v] + b[u→v] + PE)‖₂, every other node the shared
-edge's (row 0; plus `non_edge_bias[v]`). Grouped by source, each block of edge matrices (CSR order) is read in place
-once a call: m positions × n successors are one (n, m, d) `baddbmm` forward, two products backward, the gradients going
-to the touched rows only (dense or sparse COO, the recurrence's joining them via an `EdgeGradLink`)."""
+"""Energies of every candidate edge in torch, the costly part of BriLLM (naive.py defines them): grouped by source,
+each block of edge matrices (CSR order) is read in place once a call, m positions × n successors one (n, m, d)
+`baddbmm` forward, two products backward, the gradients going to the touched rows only (`EdgeGradLink`)."""
 
 from __future__ import annotations
 
@@ -44,7 +41,6 @@ def _energy_backward(h: torch.Tensor, y: torch.Tensor, e: torch.Tensor, grad_e: 
     return torch.ops.aten.gelu_backward(grad_y, h)
 
 
-# ------------------------------------------------------------------------------------- buffer reuse
 _WORKSPACES: dict = {}
 _CACHE_MIN_BYTES = 1 << 20  # smaller buffers come from malloc's free lists anyway
 
@@ -121,12 +117,10 @@ class _GatherEdges(torch.autograd.Function):
 
 
 def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGradLink | None = None):
-    """`weights[rows]` (..., d, d) and `biases[rows]` (..., d) for the recurrence, their gradients sparse over the
-    distinct rows with `sparse_grad`, or added into the candidate backward's with the `link` it got too."""
+    """`weights[rows]`, `biases[rows]` for the scan, gradients sparse (`sparse_grad`) or added into the `link`'s."""
     return _GatherEdges.apply(weights, biases, rows, sparse_grad, link)
 
 
-# ------------------------------------------------------------------------------------- candidate energies
 class _CandidateEnergies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
@@ -216,10 +210,8 @@ def _position_sums(plan, groups, gh, x) -> torch.Tensor:
     return out
 
 
-def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block_grad: bool, gh_shared, dtype,
-                   device):
-    """Where each block's rows go in a sparse gradient: (index, w_values, b_values, first_slots); `index` the sorted
-    rows (the shared row, the blocks, the rows the recurrence read), buffers from the workspace."""
+def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block_grad: bool, gh_shared, dtype, device):
+    """(index, w_values, b_values, first_slots) of a sparse gradient, `index` the sorted rows (workspace buffers)."""
     base, ns = int(plan.has_shared), [n for *_, n in groups]
     n_t, r0_t = torch.tensor(ns, dtype=torch.long), torch.tensor([r0 for _, _, r0, _ in groups], dtype=torch.long)
     slots_t = base + torch.cumsum(n_t, 0) - n_t  # each block's first slot
@@ -249,8 +241,7 @@ def _sparse_layout(ctx, plan, groups, link, need_w: bool, need_b: bool, no_block
 
 
 def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, grad_x, need_w: bool, need_b: bool):
-    """The blocks' share of the backward: x ⊗ dE/dh into the weight rows, W·dE/dh into dE/dx, dE/dh into the
-    bias rows (one product per group over its block read in place)."""
+    """The blocks' share of the backward (weight rows, dE/dx, bias rows): one product per group, its block in place."""
     d, M = x.shape[1], gh.shape[0]
     ms, ns = [m for _, m, _, _ in groups], [n for *_, n in groups]
     sizes = [m * n for m, n in zip(ms, ns)]
@@ -275,15 +266,13 @@ def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, 
         row_slot = (torch.repeat_interleave(torch.tensor(first_slots, dtype=torch.long) - block_first_entry, n_t,
                                             output_size=total) + torch.arange(total))
         if plan.grouped_position is not None:
-            row_slot = torch.repeat_interleave(row_slot, torch.repeat_interleave(torch.tensor(ms), n_t),
-                                               output_size=M)
+            row_slot = torch.repeat_interleave(row_slot, torch.repeat_interleave(torch.tensor(ms), n_t), output_size=M)
         b_values.index_add_(0, row_slot.to(x.device), gh)
 
 
 def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False,
                        link: EdgeGradLink | None = None, non_edge_bias=None):
-    """Energies of every real successor (packed, see `CandidatePlan`) and the shared energy of every
-    position; `x`, `pe` (N, d) in the plan's order. `non_edge_bias`: the kernels' signature (unused here)."""
+    """Packed real-successor and shared energies of `x`, `pe` (N, d) in plan order; `non_edge_bias` unused here."""
     return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
 
 
@@ -371,8 +360,7 @@ def _capturing(x: torch.Tensor) -> bool:
 
 
 def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.Tensor:
-    """log Σ_{v not a real successor} exp(non_edge_bias[v]) per sorted position (N,), in float64: all
-    nodes' sum minus the position's successors'. On a `KernelPlan` summed per node over the CSR (no host read)."""
+    """log Σ exp(non_edge_bias[v]) over each sorted position's non-successors (N,), in float64."""
     b = non_edge_bias.double()
     top = b.max().detach()
     w = torch.exp(b - top)
@@ -393,8 +381,7 @@ def non_edge_log_mass(non_edge_bias, plan: CandidatePlan | KernelPlan) -> torch.
 
 
 def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:
-    """log Σ_v exp(E_v) over all V nodes per position, the V − degree non-successors sharing one energy
-    (each plus its own `non_edge_bias[v]`): the cost follows the real successors, not N·V."""
+    """log Σ_v exp(E_v) over all V nodes per position, the non-successors one shared term: O(real successors)."""
     has_shared = plan.degree < vocab_size
     if non_edge_bias is not None and plan.has_shared:  # the non-successors' total weight, in log
         shared = shared + non_edge_log_mass(non_edge_bias, plan).to(shared.dtype)
@@ -412,8 +399,7 @@ def exact_log_partition(energies, shared, plan: CandidatePlan, vocab_size: int, 
 
 def target_energies(energies, shared, plan: CandidatePlan, targets: torch.Tensor, target_rows, block_first_row,
                     non_edge_bias=None):
-    """Energy each sorted position gives its target: the real edge's or the shared one (+ its bias);
-    `target_rows` (N,) the rows of source→target (0 = shared), `block_first_row` each block's first row."""
+    """Each sorted position's energy of its target: its real edge's (`target_rows` > 0) or the shared one (+ bias)."""
     real = target_rows > 0
     entry = plan.entry_start + (target_rows - block_first_row).clamp_min(0)
     picked = energies[entry.clamp_max(max(plan.num_entries - 1, 0))] if plan.num_entries else shared

@@ -1,17 +1,7 @@
 """BriLLM in transformers' generation loop: `generate()`, pipelines, beam search, and the one-token step.
 
-BriLLM carries an O(d) state (`BriLLMState`) where a Transformer carries key/value caches: fed only the new columns,
-reordered by beams, its length checked in real tokens. Greedy decoding and sampling run in one loop (`decode_loop`),
-shared by `generate()` and `energy_generate`, on one of two paths (`model.decode_mode` says which):
-
-    the general path    `forward` over any number of new tokens: the scan, then the energies ("off")
-    the one-token step  `BriLLMModel.decode_step`, fixed shapes (torch or Triton, replayed from a CUDA graph on a
-                        GPU in "auto"; one row on the CPU makes its lookups on the host); "eager": never captured
-
-A one-token step (~60 small kernels: ~0.1 ms of GPU work, ~1.7 ms of host time launched one by one) reads nothing from
-the device at a fixed width (the position check uses a host-side bound), so `DecodeGraphs` records it once per batch
-size and replays it in one launch; the state it returns lives in the graph's buffers, advanced in place by the next
-replay (`generate()` hands out a copy), and a re-allocated table (growing, `.to()`, loading) is captured again."""
+`decode_loop` (greedy decoding and sampling, shared by `generate()` and `energy_generate`) runs the general path or
+the one-token step, which on a GPU `DecodeGraphs` records into a CUDA graph per batch size (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -36,8 +26,7 @@ DECODE_MODES = ("auto", "eager", "off")
 
 
 def finish_check_every(device: torch.device) -> int:
-    """How many steps the loop runs between two reads of "has every row finished?": 8 on a GPU (a read waits for
-    the queued work), 1 elsewhere (a read is free, an extra step is not)."""
+    """Steps between two reads of "has every row finished?": 8 on a GPU (a read waits for the queued work), else 1."""
     return 8 if device.type == "cuda" else 1
 
 
@@ -80,9 +69,8 @@ class Decoding:
 
 
 def decode_loop(input_ids, logits, state, step, run: Decoding):
-    """Greedy decoding or sampling from `logits` (B, V) float32 after `input_ids` (B, T), with `state` the model's,
-    `step(tokens (B,), state) -> (logits, state)` the next token's. Returns (the sequences, the final state, the
-    number of steps kept): the steps run after every row had finished, up to `run.check_every - 1`, are dropped."""
+    """Greedy decoding or sampling from `logits` (B, V) float32 after `input_ids` (B, T), `step(tokens, state)` the next
+    token's: (sequences, final state, steps kept), dropping the steps run after every row had finished."""
     run.one_row_on_the_host(input_ids)
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     alive, steps = [], 0  # per step since the last read: did any row still generate after it (device flags)
@@ -130,9 +118,8 @@ def _signature(model, device) -> tuple:
         tensors += [model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values]
         if model.prior_table() is not None:
             tensors.append(model.prior_table())
-    return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(),
-            cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
-            model.graph_view().max_degree)
+    return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(), cfg.vocab_size,
+            cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding, model.graph_view().max_degree)
 
 
 class _Graph:
@@ -175,8 +162,7 @@ class DecodeGraphs:
         self.tables = self.signature = None  # the decoding loop's step tables, and the signature read with them
 
     def step(self, model, tokens: torch.Tensor, state, tables):
-        """Logits (B, V) and the new state (its tensors the graph's buffers) for `tokens` (B,) on top of `state`.
-        `tables`: the loop's `step_tables()`; the signature is read once per loop (it reads the config)."""
+        """Logits (B, V) and the new state (in the graph's buffers) of `tokens` (B,) on `state`, `tables` the loop's."""
         if tables is not self.tables:
             self.tables, self.signature = tables, _signature(model, tokens.device)
         signature = self.signature
@@ -205,9 +191,8 @@ class BriLLMGenerationMixin(GenerationMixin):
     # without Triton a one-token step gathers rows × largest degree matrices: past this many bytes, the general path
     padded_decode_bytes = 512 * 2**20
 
-    # ------------------------------------------------------------------------------- the one-token step
     def steps_one_token(self, input_ids) -> bool:
-        """Whether one new column `input_ids` (B, 1) takes the one-token step (see the module docstring)."""
+        """Whether one new column `input_ids` (B, 1) takes the one-token step (docs/gpu.md, "Decoding")."""
         mode = self.decode_mode
         if mode not in DECODE_MODES:
             raise ValueError(f"decode_mode must be one of {DECODE_MODES}, got {mode!r}.")
@@ -224,8 +209,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return input_ids.shape[0] * width * d * d * base.weights.element_size() <= self.padded_decode_bytes
 
     def generation_step(self, input_ids, attention_mask, state: BriLLMState, trusted: bool, tables=None):
-        """One token per row: (logits (B, V), new state), or None for the general path (a padded new column). `trusted`:
-        the ids are the loop's own picks (a finished row's pad id clamped); `tables`: the loop's `step_tables()`."""
+        """One token per row: (logits (B, V), new state), or None: the general path (`trusted`: the loop's ids)."""
         if not isinstance(state, BriLLMState):
             raise TypeError("the cache must be the BriLLMState a previous call returned (output.state), got "
                             f"{type(state).__name__}.")
@@ -261,8 +245,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return input_ids[:, 0] if bool(mask.all()) else None
 
     def _replay_decode_graph(self, tokens, state, tables):
-        """The step from its CUDA graph (`DecodeGraphs`): (logits, new state); None where capturing fails, said
-        once: this model then decodes with the same step uncaptured (decode_mode becomes "eager")."""
+        """The step from its CUDA graph: (logits, new state), or None where capture fails (decode_mode -> "eager")."""
         if getattr(self, "_decode_graphs", None) is None:
             self._decode_graphs = DecodeGraphs()
         try:
@@ -292,7 +275,6 @@ class BriLLMGenerationMixin(GenerationMixin):
             return out.logits[:, -1].float(), out.state
         return general
 
-    # ------------------------------------------------------------------------- transformers' hooks
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # BriLLM carries its own O(d) state (`BriLLMState`), not attention key/value caches
@@ -327,9 +309,7 @@ class BriLLMGenerationMixin(GenerationMixin):
         return out
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
-        """transformers' greedy / sampling loop as `decode_loop` on BriLLM's state and one-token step (its processors,
-        criteria, draws, streamer calls and outputs, without the per-token output object and mask update); hidden
-        states, attentions, synced GPUs, assistants, a given cache or `use_cache=False` go to transformers' loop."""
+        """transformers' greedy / sampling loop as `decode_loop` on the one-token step (the rest: transformers')."""
         config = generation_config
         if (kwargs.get("synced_gpus") or config.output_hidden_states or config.output_attentions
                 or getattr(config, "is_assistant", False) or kwargs.get(CACHE) is not None

@@ -16,7 +16,6 @@ NODE_ROWS = ("non_edge_bias", "node_readout", "node_embedding")
 class GraphMethods:
     """The graph's public methods, shared by `BriLLMModel` and `BriLLMForCausalLM` (they act on `base_model`)."""
 
-    # ------------------------------------------------------------------------------------------- building
     @classmethod
     def from_graph(cls, graph: BigramGraph | None, config=None, **config_kwargs):
         """A freshly initialised model on `graph` (a sparse `BigramGraph`, or None for a dense graph)."""
@@ -25,12 +24,10 @@ class GraphMethods:
     @classmethod
     def from_token_sequences(cls, sequences, vocab_size: int, min_count: int = 1, dense: bool = False,
                              ignore_ids=(), **config_kwargs):
-        """A fresh model whose real edges are the bigrams of `sequences` seen `min_count` times (or dense); with
-        `count_prior=True` its count prior is every bigram of `sequences`."""
+        """A fresh model on the bigrams of `sequences` seen `min_count` times (or dense), a count prior on all."""
         return package_tool("graph", "from_token_sequences").from_token_sequences(
             cls, sequences, vocab_size, min_count, dense, ignore_ids, **config_kwargs)
 
-    # -------------------------------------------------------------------------------------------- the graph
     def set_graph(self, graph: BigramGraph):
         """Store a sparse graph's edge list (its size must be the config's)."""
         package_tool("graph", "set_graph").set_graph(self, graph)

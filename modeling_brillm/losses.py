@@ -1,7 +1,4 @@
-"""BriLLM's training objectives over candidate energies, shared by the model and the edge-sharded trainer.
-
-The exact loss is log Z − E_target over all V nodes (Z: the real successors' exp(energy) and, in a sparse graph, every
-other node's at the shared energy); the sampled loss (the release's) a cross-entropy over the target and K negatives."""
+"""BriLLM's training objectives (exact, sampled) over candidate energies: the model's and the sharded trainer's."""
 
 from __future__ import annotations
 
@@ -28,9 +25,8 @@ def shift_labels(labels: torch.Tensor, attention_mask, column: torch.Tensor, voc
 
 def sampled_loss(logits, shared, sources, targets, num_negatives: int, negative_sampling: str,
                  successors_by_count=None) -> torch.Tensor:
-    """Per-position cross-entropy over the true target (first) and K negatives: "uniform", K distinct nodes other than
-    the target; "frequency", the source's K most frequent successors but the target (`successors_by_count`, the model's
-    `frequency_table(K + 1)`), then non-successors (the shared energy)."""
+    """Per-position cross-entropy over the target (first) and K negatives: "uniform", K nodes other than the target;
+    "frequency", the source's K most frequent successors but the target (`successors_by_count`), then non-successors."""
     K = num_negatives
     if negative_sampling == "uniform":
         noise = torch.rand(logits.shape, device=logits.device)
@@ -48,8 +44,7 @@ def sampled_loss(logits, shared, sources, targets, num_negatives: int, negative_
 
 def position_losses(energies, shared, plan, sources, targets, target_rows, block_first_row, config,
                     non_edge_bias=None, logits=None, successors_by_count=None, loss_type=None) -> torch.Tensor:
-    """Loss of every planned position (sorted as `plan`): exact (log Z − E_target) or sampled (`config.loss_type`,
-    or `loss_type`). `logits`, the scattered (N, V) logits, are needed by the sampled loss (built when absent)."""
+    """Loss of every planned position (sorted as `plan`): exact or sampled (`loss_type`, else `config.loss_type`)."""
     V = config.vocab_size
     true_energy = target_energies(energies, shared, plan, targets, target_rows, block_first_row, non_edge_bias)
     if (loss_type or config.loss_type) == "exact":

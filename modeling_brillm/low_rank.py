@@ -1,9 +1,6 @@
-"""Low-rank edges (`config.edge_rank` = r > 0): every edge's matrix is the shared `edge_base` plus a product of two
-d×r factors, W[u→v] = edge_base + A[u→v]·B[u→v]ᵀ, 2·d·r numbers an edge instead of d² (8× fewer at d = 32, r = 2).
-
-An edge kind (`modeling_brillm.EDGE_KINDS`): its row parameters and how an edge's own matrix is made of their rows.
-No kernel reads it in place; the model materialises the rows a call reads (the crossed edges, the scored blocks)
-and runs the same torch and Triton paths on them, so every way of training and decoding works unchanged."""
+"""Low-rank edges (`config.edge_rank` = r > 0): W[u→v] = edge_base + A[u→v]·B[u→v]ᵀ with d×r factors, 2·d·r numbers an
+edge instead of d². An edge kind (`modeling_brillm.EDGE_KINDS`): no kernel reads it in place; the model materialises
+the rows a call reads and runs the same torch and Triton paths on them."""
 
 import torch
 from torch import nn

@@ -1,16 +1,6 @@
-"""BriLLM: a language model that is a directed graph of tokens (its equations: naive.py, which this computes fast).
-
-Every token u is a node; every edge u→v is a d×d matrix W[u→v] plus a bias b[u→v]. A signal (a d-vector) flows
-along the path of the input tokens u_0, u_1, ...:
-
-    e_0     = GeLU(s + b_node[u_0] + PE_0)                               the start signal s (1/d, or learned)
-    c_i     = GeLU(x_{i-1} · W[u_{i-1}→u_i] + b[u_{i-1}→u_i] + PE_i)     the edge u_{i-1}→u_i carries the signal
-    x_i     = Σ_{k≤i} softmax_k(p_k) · c_k                               a softmax(position weights p) mix of edges
-    E_i(v)  = ‖GeLU(x_i · W[u_i→v] + b[u_i→v] + PE_{i+1})‖₂              the energy every candidate v receives
-
-(x_0 = e_0.) The energies are the logits. A sparse graph keeps real edges for the bigrams seen in training; every
-other pair shares edge row 0. `BriLLMModel` runs the recurrence, `BriLLMForCausalLM` adds the energies and the loss;
-the hot operations run in ops.py (Triton kernels or torch)."""
+"""BriLLM: a language model that is a directed graph of tokens (its equations: docs/model.md, naive.py, which this
+computes fast). `BriLLMModel` runs the signal recurrence, `BriLLMForCausalLM` adds the candidates' energies (the
+logits) and the loss; the hot operations run in ops.py (Triton kernels or torch)."""
 
 import dataclasses
 
@@ -42,8 +32,7 @@ from .triton_recurrence import unsupported_reason  # noqa: F401
 
 
 class FullEdges:
-    """The release's edges: each row its own matrix, `weights` (P, d, d), and bias, `biases` (P, 1, d), which every
-    path reads in place (`fused`); another kind (`EDGE_KINDS`) makes its rows, materialised where a call reads them."""
+    """The release's edges: each row its own matrix and bias, which every path reads in place (`fused`)."""
 
     fused = True
     row_parameters = ("weights", "biases")  # the parameters indexed by edge row (what sharding splits by source)
@@ -134,7 +123,6 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
         self.config.auto_map = auto_map
         return super().save_pretrained(save_directory, *args, **kwargs)
 
-    # ----------------------------------------------------------------------------------- inputs and options
     @property
     def input_device(self) -> torch.device:
         """Where every input goes: the parameters' device (as accelerate's device hooks), so mixed inputs work."""
@@ -161,9 +149,7 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
 
 
 class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
-    """The parameters (the release's names and shapes) and the recurrence: `node_bias` (V, 1, d); `weights` (P, d, d)
-    and `biases` (P, 1, d), row 0 the shared edge, rows 1.. the real edges in CSR order by source; `positions`
-    (1, M, 1) the mix's weights; a sparse graph's edge list `graph_indptr`, `graph_indices`, `graph_counts`."""
+    """The parameters (the release's names and shapes, docs/model.md) and the recurrence."""
 
     def __init__(self, config: BriLLMConfig):
         super().__init__(config)
@@ -198,7 +184,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         self.reset_caches()
         self.post_init()
 
-    # ------------------------------------------------------------------------------ what the steps read
     def edge_table(self) -> EdgeTable:
         return EdgeTable(self.weights, self.biases, self.edge_base, self.non_edge_bias, self._sparse_gradients)
 
@@ -207,13 +192,11 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         return self.biases.dtype
 
     def edge_parameters(self, rows: torch.Tensor):
-        """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows`, as the edge kind defines them
-        (`weights[rows]` for the release's edges; every edge also adds `edge_base` where the model has one)."""
+        """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows` (`edge_base` not added)."""
         return self.edges.compose(*self._fetch_rows(rows))
 
     def _fetch_rows(self, rows: torch.Tensor):
-        """`edge_fetch` of an edge kind the paths cannot read in place: the rows of its row parameters, with sparse
-        row gradients under `sparse_gradients` (as nn.Embedding(sparse=True); the optimizers read only those rows)."""
+        """`edge_fetch` of a kind not read in place: its row parameters' rows (sparse under `sparse_gradients`)."""
         if not self._sparse_gradients:
             return tuple(getattr(self, name)[rows] for name in self.edges.row_parameters)
         tables = (getattr(self, name) for name in self.edges.row_parameters)
@@ -261,7 +244,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         """Position weight logits p of the edges entering positions `index` (past the range: the last one)."""
         return self.positions_view(index.device).weight(index)
 
-    # ------------------------------------------------------------------------------------- the recurrence
     def run_signals(self, input_ids, attention_mask=None, state: BriLLMState | None = None, signal_ids=None,
                     edge_fetch=None, dropout_rows=None, dropout_seed: int | None = None) -> Signals:
         """The recurrence over a batch from `state` (if any): 1. the rows' real tokens, 2. the start signal, 3. the scan
@@ -339,7 +321,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
             return checkpointed(self._gradient_checkpointing_func, signal_scan, (mix, columns, edges), link)
         return signal_scan(mix, columns, edges, link)
 
-    # ------------------------------------------------------------------------------ one token, fixed shapes
     def step_tables(self) -> StepTables:
         """What the one-token step reads, gathered once (per decoding loop; the config's values included)."""
         return StepTables(self.edge_table(), self.graph_view(), self.positions_view(self.biases.device),
@@ -347,9 +328,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     def decode_step(self, tokens: torch.Tensor, state: BriLLMState, width: int | None = None,
                     tables: StepTables | None = None):
-        """The one-token step, (logits (B, V) after `tokens` (B,), the new state): 1. the edge last_token → token
-        joins the mix, 2. every successor's energy (`width` a row: None reads each row's degree, the graph's largest
-        reads nothing from the device), 3. the read-out. One CPU row looks up on the host (`recurrence.row_step`)."""
+        """The one-token step: (logits (B, V) after `tokens` (B,), the new state). `width`: None reads each row's
+        degree, the graph's largest reads nothing from the device. One CPU row looks up on the host (`row_step`)."""
         tables = self.step_tables() if tables is None else tables
         if tables.graph.host is not None and tokens.numel() == 1:
             logits, new_state = row_step(tokens, state, tables)
@@ -371,7 +351,6 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         """A part of the logits differs across non-successors (readout, count prior): the loss builds all V logits."""
         return self.node_readout is not None or self.config.count_prior
 
-    # ------------------------------------------------------------------------------------- the energies
     def score(self, x, sources, next_index, targets=None, *, want_logits=False, loss_type=None, link=None,
               csr=None, row_offset=None):
         """Energies of positions with signals `x` (N, d) on `sources` (N,), next token at `next_index`: (order,
@@ -431,45 +410,27 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
         self.post_init()
 
     @exact_precision
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        cache: BriLLMState | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int = 0,
-        return_logits: bool = True,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        signal_ids: torch.LongTensor | None = None,
-        generation_step: bool = False,
-        past_key_values: BriLLMState | None = None,
-        dropout_rows: torch.LongTensor | None = None,
-        dropout_seed: int | None = None,
-        **kwargs,
-    ) -> BriLLMCausalLMOutput:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None, cache: BriLLMState | None = None, use_cache: bool | None = None,
+                logits_to_keep: int = 0, return_logits: bool = True, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, signal_ids: torch.LongTensor | None = None,
+                generation_step: bool = False, past_key_values: BriLLMState | None = None,
+                dropout_rows: torch.LongTensor | None = None, dropout_seed: int | None = None,
+                **kwargs) -> BriLLMCausalLMOutput:
         r"""
         input_ids (`torch.LongTensor` of shape `(batch, length)`): node ids.
-        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side). A padded row
-            gives exactly the logits of the row alone at its real positions; padded positions get zero logits.
-        labels (`torch.LongTensor`, *optional*): like `input_ids`; `logits[:, t]` is scored against
-            `labels[:, t + 1]` (shifted inside, as in every HF causal LM). -100 and padding are ignored.
+        attention_mask (`torch.Tensor`, *optional*): 1 for real tokens, 0 for padding (either side): logits as unpadded.
+        labels (`torch.LongTensor`, *optional*): like `input_ids`, shifted inside (`logits[:, t]` is scored against
+            `labels[:, t + 1]`); -100 and padding are ignored.
         cache (`BriLLMState`, *optional*): the state a previous call returned (`output.state`); `input_ids` then
             holds only the new tokens. `past_key_values` is the same argument under its name before transformers 5.24.
         logits_to_keep (`int`): compute logits for the last this many columns only (0 = all).
         return_logits (`bool`): set False in training to skip building the (batch, length, V) logits.
-        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): which learned start signal each row starts
-            from (`start_signal="learned"`; default 0). Ignored with a `cache` (the start is consumed).
-        generation_step (`bool`): set by the decoding loop (generate(), energy_generate) for its one-token steps:
-            the new column of `attention_mask` is all ones and the ids are the model's own picks (or a finished row's
-            pad token), so the step skips the checks that read the device and may be replayed from a CUDA graph.
-        dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's index in the global batch,
-            for signal dropout (`config.signal_dropout`, train mode); default 0..batch-1. The mask is a function of
-            (`dropout_seed`, row index, position, dimension), so a batch split over processes that passes each
-            row's global index drops what the whole batch in one process does.
-        dropout_seed (`int`, *optional*): the masks' seed, the same on every process for one step (the training
-            loops derive it from the run's seed and the optimizer step); default: drawn from torch's generator.
+        signal_ids (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's learned start signal (default 0).
+        generation_step (`bool`): set by the decoding loop for its one-token steps (the new mask column is all ones,
+            the ids its own picks), which skip the checks that read the device and may replay a CUDA graph.
+        dropout_rows (`torch.LongTensor` of shape `(batch,)`, *optional*): global batch indices (signal dropout).
+        dropout_seed (`int`, *optional*): the masks' seed, one per step on every process; default: drawn from torch.
 
         Input tensors may be on any device: they are moved to the model's (`input_device`), where the outputs are.
         """
@@ -528,10 +489,8 @@ class BriLLMForCausalLM(BriLLMPreTrainedModel, BriLLMGenerationMixin):
             out = out.index_put((b_idx[keep], column[keep] - keep_from), logits[keep])
         return loss, out
 
-    # ------------------------------------------------------------------------------ BriLLM's own tools
     def energy_generate(self, input_ids, attention_mask=None, **kwargs):
-        """BriLLM's own decoding rule with its energy path recorded (`modeling_brillm.energy_generate`, a tool of
-        the package, not of a saved model's code). The standard `generate()` is unchanged."""
+        """BriLLM's own decoding with its energy path recorded (`modeling_brillm.energy_generate`, a package tool)."""
         return package_tool("decoding", "energy_generate").energy_generate(self, input_ids,
                                                                             attention_mask=attention_mask, **kwargs)
 

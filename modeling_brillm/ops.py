@@ -1,11 +1,8 @@
 """BriLLM's hot operations, each one function: the Triton kernel where it runs, else the torch path.
 
-The one module that chooses (`backend.use_triton`: Triton for CUDA tensors by default, `BRILLM_BACKEND` or
-`kernel_backend` to choose) and the only one that imports the kernel modules: the candidate energies' functions run
-energy.py on a `CandidatePlan` or triton_energy.py on a `KernelPlan`, `successor_logits` energy.py's or
-triton_energy.py's, `signal_scan` recurrence.py's or triton_recurrence.py's; `decode_step` is the edge (the scan's math,
-one column), then `successor_logits`. With the package installed, the first time the Triton path meets a CUDA device
-every kernel runs once beside its torch path (selfcheck.py); one that fails is switched off there with one warning."""
+The one module that chooses (`backend.use_triton`) and the only one that imports the kernel modules. With the package
+installed, a CUDA device's first kernel call runs every kernel once beside its torch path (selfcheck.py); one that
+fails is switched off there with one warning."""
 
 import os
 
@@ -32,7 +29,6 @@ from .triton_energy import unsupported_reason as energy_kernel_unsupported
 from .triton_recurrence import signal_scan as kernel_signal_scan
 from .triton_recurrence import unsupported_reason as scan_kernel_unsupported
 
-# ------------------------------------------------------------------------------------- which kernels run
 CHECK_DEVICE_TYPES = {"cuda"}  # devices whose first kernel call runs the self-check (Triton's interpreter: opt-in)
 SELF_CHECK = None  # run_self_check(device): the package's (selfcheck.py registers it; a saved model's code has none)
 _checked: set = set()  # devices whose self-check has run
@@ -47,8 +43,7 @@ def device_key(device: torch.device) -> str:
 
 
 def kernel_enabled(name: str, tensor: torch.Tensor) -> bool:
-    """Whether the Triton kernel `name` runs for `tensor`: the backend picks Triton there and the kernel is not switched
-    off. A device's first call runs the self-check (not while capturing; `BRILLM_SELF_CHECK=0` skips it)."""
+    """Whether the Triton kernel `name` runs for `tensor` (picked there, not switched off); a first call self-checks."""
     if not use_triton(tensor):
         return False
     key = device_key(tensor.device)
@@ -70,11 +65,9 @@ def reset_self_check():
     _disabled.clear()
 
 
-# ------------------------------------------------------------------------------------- candidate energies
 def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
               max_degree: int | None = None) -> CandidatePlan | KernelPlan:
-    """Plan for positions whose current nodes are `sources` (N,); `indices=None` means a dense graph. A `KernelPlan`
-    (built on the device, no host read) when the kernels run these tensors, else the torch path's `CandidatePlan`."""
+    """A `KernelPlan` (no host read) where the kernels run these tensors, else the torch path's `CandidatePlan`."""
     if kernel_enabled("candidate_energies", sources):
         return make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
     return make_torch_plan(sources, indptr, indices, vocab_size)
@@ -97,10 +90,8 @@ def _torch_plan(plan) -> CandidatePlan:
 
 def candidate_energies(x, pe, weights, biases, plan, sparse_grad: bool = False, link: EdgeGradLink | None = None,
                        non_edge_bias=None):
-    """Energies of every real successor and the shared energy of every position (`energy.candidate_energies`). With a
-    `KernelPlan` the first result is the (N, T, 2) tile partials instead of the packed energies: pass it on to the
-    functions below unchanged. `non_edge_bias`: the model's (V,) offsets, the same tensor later given to
-    `scatter_logits` (on the kernel path the logits' gradient reaches it through this call's backward)."""
+    """`energy.candidate_energies`; on a `KernelPlan` the first result is the (N, T, 2) tile partials (pass it on
+    unchanged), and `non_edge_bias` the tensor given to `scatter_logits` later (its gradient comes back here)."""
     if _runs_kernels(plan, weights, x):
         return KernelEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link, non_edge_bias)
     return ref_candidate_energies(x, pe, weights, biases, _torch_plan(plan), sparse_grad, link)
@@ -139,23 +130,17 @@ def successor_logits(x, pe, edges, sources, graph, width: int | None) -> torch.T
     return ref_successor_logits(x, pe, edges, sources, graph, width)
 
 
-# ------------------------------------------------------------------------------------- recurrence
 def signal_scan(mix, columns, edges, link: EdgeGradLink | None = None):
-    """(signals (B, L, d), the `state.Mix` after the last column) as `recurrence.signal_scan`; the Triton scan (one
-    launch each way) runs for d ≤ 128 and, with gradients, float32 tables."""
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad
-        for t in (edges.weights, edges.biases, edges.edge_base, columns.weight, columns.pe, columns.node_add,
-                  *mix.tensors()))
+    """`recurrence.signal_scan`, by the Triton scan for d ≤ 128 (with gradients: float32 tables only)."""
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
+        edges.weights, edges.biases, edges.edge_base, columns.weight, columns.pe, columns.node_add, *mix.tensors()))
     if kernel_enabled("signal_scan", edges.weights) and scan_kernel_unsupported(edges.weights, grad) is None:
         return kernel_signal_scan(mix, columns, edges, link)
     return ref_signal_scan(mix, columns, edges, link)
 
 
 def decode_step(tokens, mix, at, edges, graph, width: int | None):
-    """One token per row, inference only: 1. the edge last→token joins the mix (the scan's math, one column: the Triton
-    scan or `recurrence.edge_update`), 2. every node's energy as the successor of `tokens` (B,) (`successor_logits`):
-    ((B, V) float32 logits, the new mix). A fixed `width` (the graph's largest degree) reads nothing from the device."""
+    """One token per row (inference): ((B, V) float32 logits of the successors of `tokens` (B,), the mix after them)."""
     with without_onednn(tokens):
         rows = edge_rows_from_keys(graph.keys, at.last, tokens, graph.vocab_size)
         if kernel_enabled("signal_scan", edges.weights) and scan_kernel_unsupported(edges.weights, False) is None:

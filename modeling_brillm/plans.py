@@ -44,9 +44,8 @@ KERNEL_TILE_SUCCESSORS = 32  # successors per work tile of the Triton kernels (a
 
 @dataclass
 class KernelPlan:
-    """Work tiles of the Triton kernels, built on the device with static shapes (no host synchronisation): a source
-    present in the batch owns ceil(degree / tile_successors) tiles of consecutive successors; tile t is the
-    (t − tile_first[u])-th of u = tile_source[t]; the kernels read their number `tile_total` on the device."""
+    """Work tiles of the Triton kernels, built on the device with static shapes: a present source u owns ceil(degree /
+    tile_successors) tiles of its successors; tile t is the (t − tile_first[u])-th of u = tile_source[t]."""
 
     order: torch.Tensor  # (N,) positions sorted by source node (stable), as CandidatePlan.order
     sources: torch.Tensor  # (N,) the unsorted sources (kept to build the torch plan on a fallback)
@@ -81,8 +80,7 @@ def graph_max_degree(indptr: torch.Tensor) -> int:
 
 def make_kernel_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int,
                      max_degree: int | None = None) -> KernelPlan:
-    """`KernelPlan` for positions whose current nodes are `sources` (N,), of sizes known from N and V (it runs on
-    `device="meta"` and inside a CUDA graph). `max_degree` defaults to V (dense) or `graph_max_degree(indptr)`."""
+    """`KernelPlan` of positions on `sources` (N,), its sizes from N and V alone (runs on "meta", in CUDA graphs)."""
     device, V, N = sources.device, vocab_size, sources.numel()
     tile_successors = KERNEL_TILE_SUCCESSORS  # read at call time (tests shrink it)
     if max_degree is None:
@@ -151,8 +149,7 @@ class EdgeGradLink:
 
 
 def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool, link):
-    """The edge tables' gradients from the values of the touched rows `index` (sorted, unique; None when dense):
-    published on `link`, returned as sparse COO tensors (`ctx.sparse_grad`) or as the dense values."""
+    """The edge tables' gradients (sparse COO or dense) from the touched rows' values, published on `link` too."""
     if link is not None:
         link.grad = (index, w_values, b_values)
     if not ctx.sparse_grad:

@@ -1,8 +1,6 @@
 """The signal recurrence in torch: the scan over a batch's columns, one row's step, and the signal dropout's mask.
 
-One edge step: the signal x leaving token u crosses the edge u→v (edge-table row r), with output c = GeLU(x·W[r] +
-b[r] + PE); the signal leaving v is the softmax mix of every edge output so far, kept as a running (sum S, norm N,
-max M) so it costs O(d) a token:
+An edge's output c joins the softmax mix as a running (sum S, norm N, max M), O(d) a token:
 
     M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'"""
 
@@ -31,9 +29,7 @@ def plus_edge_base(pe, x, edge_base):
 
 
 def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
-    """One edge step of every row: the output GeLU(x·W + b + PE) of the edges `w` (B, d, d), `b`, `pe` (B, d) (in
-    float32 for tables of 16 bits), plus the entered node's vector `node_add` (B, d) where given, mixed into `mix`.
-    `x` is the signal entering the edges (the mix's own, or a dropped-out copy); the one place the step is written."""
+    """One edge step of every row (the one place it is written): GeLU(x·W + b + PE) (+ `node_add`) mixed into `mix`."""
     ct = torch.promote_types(w.dtype, torch.float32)  # bfloat16 and float16 tables: float32 math
     if w.dtype != ct:
         w, b = w.to(ct), b.to(ct)
@@ -45,9 +41,8 @@ def edge_update(mix: Mix, x, w, b, pe, weight_logit, node_add=None) -> Mix:
 
 
 def signal_scan(mix: Mix, columns: Columns, edges: EdgeTable, link=None) -> tuple[torch.Tensor, Mix]:
-    """The recurrence over all columns, one column at a time: (signals (B, L, d), the mix after the last column).
-    `signals[:, j]` is the signal leaving token j, what its candidates see (dropped out with `columns.keep`, whose entry
-    j + 1 is on it); the returned mix keeps the undropped one. `link`: as `energy.gather_edges`."""
+    """The recurrence, one column at a time: (signals (B, L, d), the mix after the last column). `signals[:, j]` leaves
+    token j, dropped out with `columns.keep[:, j + 1]`; the mix keeps the undropped one. `link`: as `gather_edges`."""
     w_steps, b_steps = gather_edges(edges.weights, edges.biases, columns.rows, edges.sparse_grad, link)
     keep, node_add = columns.keep, columns.node_add
     out = []
@@ -67,8 +62,7 @@ def row_step(tokens, state: BriLLMState, tables):
     """`decode_step` of one row on the CPU, looked up on the host (`state.RowCache`): the crossed edge's output is the
     previous step's (it scored that edge), the mix's scalars host floats. (float32 logits (1, V), new state)"""
     v, edges, graph, positions = int(tokens), tables.edges, tables.graph, tables.positions
-    row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm),
-                                float(state.mix_max))
+    row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm), float(state.mix_max))
     with without_onednn(tokens):
         edge = graph.edge_row(row.node, v)
         if row.successors is not None:
@@ -108,9 +102,8 @@ class without_onednn:
         torch.backends.mkldnn.enabled = self.onednn
 
 
-# ------------------------------------------------------------------------------------- signal dropout masks
-# A pure function of (seed, row, position, dimension): a counter-based hash (splitmix64's increment, murmur3's fmix64)
-# in int64 torch ops, which wrap as unsigned arithmetic does; a row's mask depends on its global index, not its process.
+# Signal dropout masks: a counter-based hash of (seed, row, position, dimension) (splitmix64's increment, murmur3's
+# fmix64) in int64 torch ops, which wrap as unsigned ones do; a row's mask depends on its global index, not its process.
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment (2^64 / golden ratio, odd)
 _FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)  # murmur3's fmix64 multipliers
 _MASK64 = (1 << 64) - 1
@@ -141,10 +134,9 @@ def _fmix64_(x: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_mask(p: float, seed: int, rows: torch.Tensor, positions: torch.Tensor, d: int) -> torch.Tensor:
-    """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept (probability 1 − p), else 0. Entry (b, c, k) hashes
-    (`seed`, `rows[b]`, `positions[b, c]`, k): `rows` (B,) are the rows' indices in the global batch, `positions` (B, C)
-    the positions of the signals the columns carry (the signal leaving token t is at t + 1). The same arguments give the
-    same mask on any device and in any batch the row sits in."""
+    """The signal dropout mask (B, C, d) float32: 1/(1−p) where kept, else 0. Entry (b, c, k) hashes (`seed`, `rows[b]`
+    the row's index in the global batch, `positions[b, c]` its signal's (leaving token t: t + 1), k), so it is the
+    same on any device and in any batch the row sits in."""
     if not 0 < p < 1:
         raise ValueError(f"dropout_mask: p must be in (0, 1), got {p!r}.")
     key = _fmix64_(rows.long() * _int64(_GOLDEN) + _int64(seed + _GOLDEN))  # each row's own stream
@@ -175,8 +167,7 @@ def draw_dropout_seed() -> int:
 
 
 def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -> torch.Tensor:
-    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns: entry j on the signal entering column j, hashed
-    at position start + j; `rows` (B,) global batch indices (None: 0..B−1), `start` (B,) (None: 0)."""
+    """The (B, L + 1, d) mask of a scan over `shape` = (B, L) columns (entry j: column j's input, at start + j)."""
     B, L = shape
     rows = torch.arange(B, device=device) if rows is None else rows.to(device)
     start = torch.zeros(B, dtype=torch.long, device=device) if start is None else start.to(device)

@@ -1,7 +1,5 @@
-"""What BriLLM's steps pass around: the running mix (`Mix`), a sequence's state (`BriLLMState`), the columns a scan
-crosses (`Columns`), a batch after the recurrence (`Signals`), and transformers' output classes around them. The state
-needed to continue a sequence is O(d) numbers whatever its length (the mix's running sums); transformers' generation
-loop carries it where a Transformer's key/value cache goes, under the name `CACHE`."""
+"""What BriLLM's steps pass around: the running mix, a sequence's O(d) state (`BriLLMState`, which transformers'
+generation loop carries where a key/value cache goes, named `CACHE`), a scan's columns, and the output classes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The tables the steps read (`EdgeTable`, `GraphView`, ...) and those a BriLLM derives from its graph and config,
-cached per version of what they read (the edges' sorted keys, the dense count prior, the successors by count)."""
+"""The tables the steps read, and those a BriLLM derives from its graph and config (cached per version of inputs)."""
 
 from __future__ import annotations
 
@@ -54,10 +53,8 @@ class GraphView:
 
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:
-    """Sinusoidal encoding rows for integer `positions` (any shape, any non-negative values) → (..., d), float32:
-    "released" multiplies by 10000^(2j/d) (the release's formula), "sinusoidal" divides (the textbook one). In the
-    release's exact float32 steps: the angles reach pos·5.6e3, so an equal formula that rounds the frequency otherwise
-    (exp(2j·ln(10000)/d)) moves them by up to 0.25 rad, and released checkpoints would not see their trained values."""
+    """Sinusoidal rows (..., d) float32 of integer `positions`: "released" multiplies by 10000^(2j/d), "sinusoidal"
+    divides; in the release's own float32 steps, which an equal formula would not reproduce (docs/model.md)."""
     if positions.is_floating_point() or positions.is_complex():
         raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; pass e.g. torch.arange(n).")
     if variant not in ("released", "sinusoidal"):
@@ -106,8 +103,7 @@ class Positions:
 
 @dataclass
 class ReadOut:
-    """What every node adds to its energy: ⟨x, node_readout[v]⟩ (config.node_readout) and the count prior's
-    log p(v | u) (config.count_prior: `(dense (V, V) table,)`, or its CSR parts and largest degree)."""
+    """What every node adds to its energy: ⟨x, node_readout[v]⟩ and the count prior (`(dense table,)` or CSR parts)."""
 
     node_readout: torch.Tensor | None = None
     prior: tuple | None = None

@@ -1,9 +1,5 @@
-"""Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass.
-
-A persistent grid walks the plan's tiles (`plans.KernelPlan`: a source u, `tile_successors` of its successors): LSE mode
-keeps per (position, tile) the largest energy E_v and Σ exp(E − it), LOGITS mode writes E_v into rows prefilled with the
-shared energy; the backward recomputes E and writes each edge row's gradient once. The shared edge (row 0) and
-`non_edge_bias` stay in torch; 16-bit tables are read as stored, in float32 math. Design: docs/gpu.md."""
+"""Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass, a
+persistent grid over the plan's tiles; the shared edge (row 0) stays in torch. Design: docs/gpu.md."""
 
 from __future__ import annotations
 
@@ -85,8 +81,7 @@ if triton is not None:
     def _energy_forward_kernel(
         x_ptr, pe_ptr, w_ptr, b_ptr,
         tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
-        part_ptr, out_ptr, out_row_ptr,
-        d, T, V,
+        part_ptr, out_ptr, out_row_ptr, d, T, V,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, LOGITS: tl.constexpr, HAS_INDICES: tl.constexpr, OUT_ROWS: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -147,8 +142,7 @@ if triton is not None:
         x_ptr, pe_ptr, w_ptr, b_ptr,
         tile_source_ptr, tile_first_ptr, tile_total_ptr, count_ptr, group_start_ptr, indptr_ptr, indices_ptr,
         peak_ptr, lse_scale_ptr, grad_target_ptr, target_within_ptr, grad_logits_ptr, logit_row_ptr,
-        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr, grad_pe_ptr,
-        d, T, V,
+        slot_ptr, grad_w_ptr, grad_b_ptr, grad_x_ptr, grad_pe_ptr, d, T, V,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, GRID: tl.constexpr,
         LSE: tl.constexpr, TARGET: tl.constexpr, LOGITS: tl.constexpr, LOGIT_ROWS: tl.constexpr,
         HAS_INDICES: tl.constexpr, CLEAR_SUCCESSORS: tl.constexpr, SLOTS: tl.constexpr,
@@ -241,8 +235,7 @@ if triton is not None:
 
     @triton.jit
     def _decode_successors_kernel(
-        x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr,
-        d, V,
+        x_ptr, pe_ptr, w_ptr, b_ptr, sources_ptr, indptr_ptr, indices_ptr, out_ptr, d, V,
         D: tl.constexpr, BN: tl.constexpr, NSUB: tl.constexpr, HAS_INDICES: tl.constexpr,
     ):
         """Energies of position program_id(0)'s successors in tile program_id(1), written into its row of logits."""
@@ -343,8 +336,7 @@ def _row_gradients(ctx, plan, weights, link, need_w: bool, need_b: bool):
 
 
 def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values, b_values, grad_x, grad_pe):
-    """The shared edge's (row 0) share of every gradient, in torch; returns non_edge_bias's (from the logits'
-    non-successor columns, all the kernel left) when `bias_dtype` is given."""
+    """The shared edge's (row 0) share of every gradient, in torch; with `bias_dtype`, returns non_edge_bias's."""
     h, y, e = saved
     grad_bias = None
     if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
@@ -370,8 +362,7 @@ def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values
 
 
 class KernelCall:
-    """One `candidate_energies` call on a `KernelPlan` (`plan.call`, replaced by the next): its inputs, whether the
-    forward filled the partials, and the gradients the log Z, target and logits functions hand to its backward."""
+    """One `candidate_energies` call on a `KernelPlan` (`plan.call`): its inputs, the gradients for its backward."""
 
     def __init__(self, inputs, partials_filled: bool, non_edge_bias=None):
         self.inputs = inputs
@@ -381,9 +372,8 @@ class KernelCall:
 
 
 class KernelEnergies(torch.autograd.Function):
-    """Triton twin of `energy._CandidateEnergies`: the (N, T, 2) tile partials (not differentiable) and (N,) shared
-    energies. The log Z, target and logits functions take `shared` as input (so their backward runs first) and hand
-    their gradients here via `plan.call`: one kernel pass writes every edge row's gradient (and `non_edge_bias`'s)."""
+    """Triton twin of `energy._CandidateEnergies`: (N, T, 2) tile partials and (N,) shared energies. The functions below
+    take `shared` (so their backward runs first) and hand their gradients here via `plan.call`, for one kernel pass."""
 
     @staticmethod
     def forward(ctx, x, pe, weights, biases, plan, sparse_grad: bool, link, non_edge_bias=None):
@@ -454,9 +444,7 @@ class KernelEnergies(torch.autograd.Function):
 
 
 class KernelLogPartition(torch.autograd.Function):
-    """log Z = peak + log Σ_tiles sum·exp(max − peak) + (V − degree)·exp(shared − peak) per sorted position (with
-    `log_mass`, exp(shared + log_mass − peak) for the non-successors), as energy.exact_log_partition. Backward: the
-    shared term's share to `shared` (and `log_mass`), the successors' to the kernel as (peak, g/total)."""
+    """log Z per sorted position from the tile partials and the shared term (as energy.exact_log_partition)."""
 
     @staticmethod
     def forward(ctx, part, shared, plan, vocab_size: int, log_mass=None):
@@ -490,8 +478,7 @@ class KernelLogPartition(torch.autograd.Function):
 
 
 def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.Tensor:
-    """log Σ_v exp(E_v) per sorted position from the tile partials and the non-successors' shared energies (V −
-    degree of them, or `log_mass` (N,) in place of log(V − degree): energy.non_edge_log_mass)."""
+    """log Σ_v exp(E_v) per sorted position; `log_mass` (N,) in place of log(V − degree): energy.non_edge_log_mass."""
     call = plan.call
     if not call.partials_filled:  # inference: the forward left them for here
         _forward(*call.inputs, plan, part, lse=True)
@@ -500,8 +487,7 @@ def log_partition(part, shared, plan, vocab_size: int, log_mass=None) -> torch.T
 
 
 class KernelTarget(torch.autograd.Function):
-    """The energy each sorted position gives its target, a real successor (`within` its block), in torch; the
-    candidate backward's kernel adds its gradient at the target's entry (the row gets no second gradient tensor)."""
+    """Each sorted position's energy of its real-successor target, in torch; the candidate kernel takes its gradient."""
 
     @staticmethod
     def forward(ctx, shared, target_rows, within, plan):
@@ -536,8 +522,7 @@ def target_energies(part, shared, plan, target_rows, block_first_row) -> torch.T
 
 
 class KernelLogits(torch.autograd.Function):
-    """(N, V) logits in sorted order: the shared energy (+ `non_edge_bias[v]`) everywhere, the kernel writes the
-    real successors'; the gradient (shared and bias parts included) goes to the candidate backward."""
+    """(N, V) sorted logits: the shared energy (+ `non_edge_bias`), the real successors' written by the kernel."""
 
     @staticmethod
     def forward(ctx, shared, plan, non_edge_bias=None):
@@ -565,8 +550,7 @@ def scatter_logits(part, shared, plan, non_edge_bias=None) -> torch.Tensor:
 
 @torch.no_grad()
 def successor_logits(x, pe, edges, sources, graph, width: int) -> torch.Tensor:
-    """(N, V) logits in the positions' own order (inference, one token per row; `edges` a `tables.EdgeTable`, `graph`
-    a `tables.GraphView`): the real successors' by one launch over a static (N, ceil(width / 32)) grid, no host read."""
+    """(N, V) logits in the positions' order (inference): the real successors' by one launch of a static grid."""
     N, d = x.shape
     V, weights, indices = graph.vocab_size, edges.weights, graph.indices
     b2 = edges.biases.reshape(weights.shape[0], d)

@@ -1,8 +1,5 @@
-"""The signal recurrence as one Triton scan: one launch forward, one backward, whatever the sequence length.
-
-It computes `recurrence.signal_scan`: one program per batch row walks its columns, reading each crossed edge's
-matrix in place with the next column's loads prefetched, the running mix (S, N, M) in registers. The backward is
-a reverse scan; with the adjoints ḡx of the signal and ḡS, ḡN, ḡM of the state after column j,
+"""The signal recurrence (`recurrence.signal_scan`) as one Triton scan, a program per batch row, the mix (S, N, M) in
+registers. The backward is a reverse scan; with the adjoints ḡx of the signal, ḡS, ḡN, ḡM of the state after column j,
 
     ḡS' = ḡS + ḡx / N'                ḡN' = ḡN − ⟨ḡx, x⟩ / N'
     ḡp  = e^{p−M'}·(⟨ḡS', c⟩ + ḡN')  ḡc  = e^{p−M'}·ḡS'           (the mix weight and the edge output)
@@ -155,8 +152,7 @@ if triton is not None:
         gsig_ptr, gsfin_ptr, gnfin_ptr, gmfin_ptr,  # incoming gradients (zeros where none)
         gx0_ptr, gs0_ptr, gn0_ptr, gm0_ptr, gmixw_ptr,  # out: gradients of the inputs
         gw_ptr, gb_ptr, gbase_ptr, gnode_ptr,  # edge rows' (at slot_ptr's slots), (B, d, d) per batch row, (B, L, d)
-        L, d: tl.constexpr,
-        D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, HAS_BASE: tl.constexpr,
+        L, d: tl.constexpr, D: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, HAS_BASE: tl.constexpr,
         NEED_BASE: tl.constexpr, HAS_DROP: tl.constexpr, HAS_NODE: tl.constexpr,
     ):
         """One batch row's columns in reverse: the exact reverse mode of the forward's update."""
@@ -343,8 +339,7 @@ class _SignalScan(torch.autograd.Function):
 
 
 def signal_scan(mix, columns, edges, link=None):
-    """(signals (B, L, d), the `state.Mix` after the last column), as `recurrence.signal_scan`; the kernel drops out the
-    signal entering each edge and returns undropped signals, the candidates' getting the next mask."""
+    """`recurrence.signal_scan` by the kernel (it drops out each edge's input; the candidates' mask is applied here)."""
     keep = columns.keep
     signals, *rest = _SignalScan.apply(*mix.tensors(), columns.weight, edges.weights, edges.biases, columns.rows,
                                        columns.has_edge, columns.pe, edges.sparse_grad, link, edges.edge_base,

@@ -42,9 +42,8 @@ def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Ten
         raise ValueError(f"the cache holds {state.batch_size} sequences but input_ids has {B} rows.")
     if attention_mask is None:
         return torch.ones_like(input_ids, dtype=torch.bool)
-    wrong = (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2
-             or attention_mask.shape[0] != B or attention_mask.shape[1] < T
-             or (state is None and attention_mask.shape[1] != T))
+    wrong = (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or attention_mask.shape[0] != B
+             or attention_mask.shape[1] < T or (state is None and attention_mask.shape[1] != T))
     if wrong:
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else \
             type(attention_mask).__name__
