@@ -1,16 +1,12 @@
 """Source-sharded training against DDP and one process on the same synthetic batches; or (--shares CORPUS) how evenly
-8 owners share the sharded work on a real corpus's graph.
+8 owners share the sharded work on a real corpus's graph, each figure the busiest owner's over the mean (the tables:
+docs/benchmarks.md, docs/training.md).
 
     python benchmarks/sharded_throughput.py                       # both shapes
     python benchmarks/sharded_throughput.py --shares outputs/corpora/small    # benchmarks/corpora.py --corpus small
 
 Modes, each in fresh processes, the same global batch: single-sparse (SparseAdamW, 2 threads; -1t: 1), single-dense
-(fused AdamW), ddp (2 gloo processes, dense AdamW), sharded (2 processes, --edge_sharding source). Per mode: tokens/s
-over the median step, CPU seconds, bytes sent per step and process (DDP: the ring all-reduce, 2 (W-1)/W x 4 B x
-parameters), peak memory. Shapes: paper (V 4000, 227 successors, 32 x 32; DDP ~19 GB a process: --ddp-paper), text
-(V 2000, 48 successors, 64 x 64). --shares: the corpus's BPE tokenizer, blocks and bigram graph, the owners a sharded
-run chooses, --steps steps (no optimizer) on 8 gloo processes; per owner its edge rows, scored positions, candidate
-energies (the work the split balances) and bytes sent, each as largest over mean (the busiest owner sets the pace).
+(fused AdamW), ddp (2 gloo processes, dense AdamW), sharded (2 processes, --edge_sharding source).
 """
 
 import argparse
