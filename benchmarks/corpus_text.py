@@ -174,8 +174,7 @@ def fortune_groups(doc_id: str, source: str):
 
 
 # comments for tools, not readers: shebang, coding line, linters' and formatters' directives, editor settings
-_DIRECTIVE = re.compile(r"(!|-\*-|coding[:=]|noqa|type:|pragma|fmt:|pylint:|isort:|mypy:|pyright:|flake8|vim?:)",
-                        re.I)
+_DIRECTIVE = re.compile(r"(!|-\*-|coding[:=]|noqa|type:|pragma|fmt:|pylint:|isort:|mypy:|pyright:|flake8|vim?:)", re.I)
 _LICENCE = re.compile(r"copyright|licen[cs]e", re.I)
 # legal text inside docstrings and comment blocks (a vendored module's BSD or MIT terms, `License: BSD`)
 _LEGAL = re.compile(r"copyright|licen[cs]e|all rights reserved|warrant(y|ies)|redistribut|permission is hereby granted"
