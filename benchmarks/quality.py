@@ -1,11 +1,9 @@
-"""Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same training-time budget.
+"""Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same training-time budget; a
+BriLLM row IS an examples/pretrain.py run in this process (docs/benchmarks.md).
 
     python benchmarks/quality.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
         --budgets 60 600 --gpt2 4x128 4x256@1e-3
-
-A BriLLM row IS an examples/pretrain.py run in this process (its command printed and kept as `pretrain_command`);
-every model gets the same tokenizer, blocks, batch order, step, clock, schedule and evaluator (docs/benchmarks.md).
 """
 
 from __future__ import annotations
