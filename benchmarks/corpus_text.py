@@ -113,8 +113,7 @@ def _pod_inline(text: str) -> str:
 
 
 def pod_to_text(source: str) -> str:
-    """Headings and prose paragraphs (wrapped lines joined), verbatim paragraphs indented line by line; other
-    commands (=over, =item markers, =begin/=end blocks, =cut) dropped."""
+    """Headings, =item texts and prose paragraphs (lines joined), verbatim paragraphs indented; other commands go."""
     paragraphs, in_pod, skip_block = [], True, False
     for block in re.split(r"\n[ \t]*\n", source.replace("\r\n", "\n")):
         if not block.strip():

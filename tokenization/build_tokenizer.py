@@ -38,8 +38,7 @@ _BATCH_SIZE = 1000
 
 
 def _iter_file(path: Path) -> Iterator[str]:
-    """One document per line (line ending dropped), streamed; a file that is not UTF-8 raises ValueError naming the
-    line and byte of its first bad byte."""
+    """One document per line (line ending dropped), streamed; a non-UTF-8 file raises ValueError naming its bad byte."""
     with open(path, encoding="utf-8") as handle:
         try:
             for line in handle:
