@@ -238,8 +238,7 @@ def _kept(units, seen: set[str]) -> str:
 
 
 def python_text(source: bytes, seen: set[str]) -> str:
-    """The docstrings (the module's, every class's and function's) and comment blocks of a module in source order;
-    "" if it does not parse."""
+    """A module's docstrings (its own, every class's and function's) and comment blocks in order; "" if unparsable."""
     try:
         tree = _parse(source)
         tokens = list(tokenize.tokenize(io.BytesIO(source).readline))
