@@ -11,13 +11,12 @@ Standard library only: it runs before any virtual environment exists.
 """
 
 import configparser
+import itertools
 import re
 import sys
 from importlib import metadata
 
 REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
-
-
 FLOOR_EXTRAS = ("gpu",)  # extras whose requirements have floors too (the test and viz tools do not count)
 
 
@@ -55,12 +54,8 @@ def floors(setup_cfg: str) -> dict[str, str]:
 
 def same_version(installed: str, floor: str) -> bool:
     """2.13.0+cpu is the floor 2.13; 1.5.0 is 1.5.0 (trailing zeros and local labels do not count)."""
-    def parts(version):
-        numbers = [int(p) for p in version.split("+", 1)[0].split(".")]
-        while numbers and numbers[-1] == 0:
-            numbers.pop()
-        return numbers
-    return parts(installed) == parts(floor)
+    numbers = ([int(p) for p in version.split("+", 1)[0].split(".")] for version in (installed, floor))
+    return all(a == b for a, b in itertools.zip_longest(*numbers, fillvalue=0))
 
 
 def verify_newest(setup_cfg: str, name: str) -> int:
@@ -73,8 +68,7 @@ def verify_newest(setup_cfg: str, name: str) -> int:
     if len(upper) != 1:
         sys.exit(f"floor_constraints: {name} needs exactly one '<' upper bound in {setup_cfg}")
     major, minor = (int(p) for p in upper[0].split(".")[:2])
-    installed = metadata.version(name)
-    newest = f"{major}.{minor - 1}"
+    installed, newest = metadata.version(name), f"{major}.{minor - 1}"
     ok = installed.split("+", 1)[0].split(".")[:2] == newest.split(".")
     print(f"  {name:<16} newest claimed {newest}.x  installed {installed}{'' if ok else '   <-- not the newest'}")
     return 0 if ok else 1
@@ -87,10 +81,9 @@ def main(argv: list[str]) -> int:
             sys.exit("floor_constraints: --verify-newest needs a distribution name, e.g. --verify-newest torch")
         rest = argv[:at] + argv[at + 2:]
         return verify_newest(rest[0] if rest else "setup.cfg", argv[at + 1])
-    verify = "--verify" in argv
     args = [a for a in argv if a != "--verify"]
     wanted = floors(args[0] if args else "setup.cfg")
-    if not verify:
+    if "--verify" not in argv:
         print("\n".join(f"{name}=={version}" for name, version in wanted.items()))
         return 0
     wrong = []
@@ -105,8 +98,7 @@ def main(argv: list[str]) -> int:
             wrong.append(name)
     if wrong:
         print(f"floor_constraints: {', '.join(wrong)} not at setup.cfg's lower bound", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
-"""The benchmarks' shared parts: synthetic graphs (exactly `successors` successors per node, drawn uniformly, counts
-falling off as 1/rank) and Zipf token paths along their edges, the CPU load others cause, and `write_record`, which
-ends every benchmark: benchmarks/results/<benchmark>-<UTC time>.json, the command line, commit, machine, arguments and
-figures of the run.
+"""The benchmarks' shared parts: synthetic graphs and Zipf token paths along their edges, the CPU load others cause,
+and `write_record`, which ends every benchmark: benchmarks/results/<benchmark>-<UTC time>.json, the command line,
+commit, machine, arguments and figures of the run.
 """
 
 import argparse
@@ -31,8 +30,9 @@ SHAPES = {"paper": dict(vocab=4000, successors=227, batch=32, length=32),  # the
           "small": dict(vocab=1000, successors=100, batch=32, length=32)}
 
 
-def synthetic_graph(vocab: int, successors: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
+def synthetic_graph(vocab: int, successors: int):
+    """Exactly `successors` successors per node, drawn uniformly, their counts falling off as 1/rank."""
+    g = torch.Generator().manual_seed(0)
     targets = torch.rand(vocab, vocab, generator=g).topk(successors, dim=1).indices  # random order = frequency rank
     counts = (1_000_000 / torch.arange(1, successors + 1, dtype=torch.float64)).round().long().expand(vocab, -1)
     sources = torch.arange(vocab).unsqueeze(1).expand(vocab, successors)
@@ -67,10 +67,10 @@ class ZipfPaths:
         return tokens
 
 
-def make_model(vocab: int, successors: int, seed: int = 0, node_size: int = 32, **config):
-    graph = synthetic_graph(vocab, successors, seed)
-    torch.manual_seed(seed)
-    return BriLLMForCausalLM.from_graph(graph, node_size=node_size, **config), graph
+def make_model(vocab: int, successors: int, node_size: int = 32):
+    graph = synthetic_graph(vocab, successors)
+    torch.manual_seed(0)
+    return BriLLMForCausalLM.from_graph(graph, node_size=node_size), graph
 
 
 def peak_rss_gb() -> float:
@@ -105,8 +105,9 @@ def _ticks() -> tuple[int, int]:
 class CpuMonitor:
     """CPU cores used by *other* processes between start() and stop() (the machine's busy time minus ours)."""
 
-    def start(self):
+    def start(self) -> "CpuMonitor":
         self.t0, self.ticks = time.perf_counter(), _ticks()
+        return self
 
     def stop(self) -> float:
         try:
@@ -118,12 +119,10 @@ class CpuMonitor:
 
 
 def wait_for_quiet(max_wait_s: float = 300.0, window_s: float = 2.0, threshold: float = 0.15) -> float:
-    """Wait until other processes use under `threshold` cores (or `max_wait_s` passed); the load seen. On a shared
-    machine a figure taken while another process computes means nothing."""
+    """Wait until other processes use under `threshold` cores (or `max_wait_s` passed): the load seen."""
     deadline = time.perf_counter() + max_wait_s
     while True:
-        monitor = CpuMonitor()
-        monitor.start()
+        monitor = CpuMonitor().start()
         time.sleep(window_s)
         load = monitor.stop()
         if load < threshold or time.perf_counter() > deadline:
@@ -169,9 +168,8 @@ def _plain(value):
 
 
 def write_record(benchmark: str, args, figures, results_dir=None, argv=None) -> Path:
-    """Write this run's record into `results_dir` (default `args.results_dir`) whole (a temporary file renamed) and
-    return its path. `args`: the parsed arguments; `figures`: what the run printed, as data; `argv`: the arguments
-    a `main(argv)` was given (default: the process's command line)."""
+    """Write this run's record into `results_dir` (default `args.results_dir`) whole and return its path; `argv`: the
+    arguments a `main(argv)` was given (default: the process's command line)."""
     arguments = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     folder = Path(results_dir or arguments.get("results_dir") or RESULTS_DIR)
     folder.mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,9 @@
     python benchmarks/corpora.py --corpus small --output_dir outputs/corpora
 
 Package registries are the only sources reachable here: `apt-get download` fetches a `.deb` (Debian main:
-redistributable licences), `dpkg-deb -x` unpacks it, nothing is installed or committed. CORPORA lists each corpus's
-packages (joined: every one, and Python 3.11's documentation: the GPU check's corpus); the readers are corpus_text.py.
-Every 20th document by a hash of its id (its path; `#chapter` or `#group` where a file holds many) is held out, so
-train and validation never share a page, a chapter, a group of quotes or a module: <name>/train.jsonl and
+redistributable licences), `dpkg-deb -x` unpacks it, corpus_text.py reads its files; nothing is installed or
+committed. Every 20th document by a hash of its id (its path; `#chapter` or `#group` where a file holds many) is held
+out, so train and validation never share a page, a chapter, a group of quotes or a module: <name>/train.jsonl and
 validation.jsonl ({"text", "source"} a document) and <name>/stats.json (the packages, their versions, the sizes).
 """
 

@@ -113,8 +113,7 @@ def _pod_inline(text: str) -> str:
 
 
 def pod_to_text(source: str) -> str:
-    """Headings and prose paragraphs (wrapped lines joined), verbatim paragraphs indented line by line; other
-    commands (=over, =item markers, =begin/=end blocks, =cut) dropped."""
+    """Headings, =item texts and prose paragraphs (lines joined), verbatim paragraphs indented; other commands go."""
     paragraphs, in_pod, skip_block = [], True, False
     for block in re.split(r"\n[ \t]*\n", source.replace("\r\n", "\n")):
         if not block.strip():
@@ -174,8 +173,7 @@ def fortune_groups(doc_id: str, source: str):
 
 
 # comments for tools, not readers: shebang, coding line, linters' and formatters' directives, editor settings
-_DIRECTIVE = re.compile(r"(!|-\*-|coding[:=]|noqa|type:|pragma|fmt:|pylint:|isort:|mypy:|pyright:|flake8|vim?:)",
-                        re.I)
+_DIRECTIVE = re.compile(r"(!|-\*-|coding[:=]|noqa|type:|pragma|fmt:|pylint:|isort:|mypy:|pyright:|flake8|vim?:)", re.I)
 _LICENCE = re.compile(r"copyright|licen[cs]e", re.I)
 # legal text inside docstrings and comment blocks (a vendored module's BSD or MIT terms, `License: BSD`)
 _LEGAL = re.compile(r"copyright|licen[cs]e|all rights reserved|warrant(y|ies)|redistribut|permission is hereby granted"
@@ -240,8 +238,7 @@ def _kept(units, seen: set[str]) -> str:
 
 
 def python_text(source: bytes, seen: set[str]) -> str:
-    """The docstrings (the module's, every class's and function's) and comment blocks of a module in source order;
-    "" if it does not parse."""
+    """A module's docstrings (its own, every class's and function's) and comment blocks in order; "" if unparsable."""
     try:
         tree = _parse(source)
         tokens = list(tokenize.tokenize(io.BytesIO(source).readline))

@@ -2,9 +2,8 @@
 
     python benchmarks/data_prep.py --size_mb 20 --stages tokenizer tokenization graph
 
-The text: Python's documentation (the built-in corpus) and standard library, cycled to --size_mb, read as pretraining
-reads --train_file. Each stage timed once as examples/pretrain.py runs it (BPE tokenizer; sentence and contiguous
-blocks on --num_proc processes; the graph with the count prior), per second and per CPU-second (children included).
+The text: Python's documentation and standard library, cycled to --size_mb; each stage timed once as
+examples/pretrain.py runs it, per second and per CPU-second (children included).
 """
 
 from __future__ import annotations
@@ -68,12 +67,12 @@ def run_stages(args, tmp: str) -> dict:
     figures = {"text_mb": mb, "documents": len(raw["train"])}
     print(f"machine: {machine()}\ntext: {mb:.1f} MB in {len(raw['train']):,} documents")
 
-    def timed(name, work, **extra):
+    def timed(name, work):
         wall, cpu = time.perf_counter(), cpu_seconds()
         result = work()
         wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
         if name.split("_")[0] in args.stages:
-            figures[name] = dict(seconds=wall, mb_per_s=mb / wall, cpu_seconds=cpu, mb_per_cpu_s=mb / cpu, **extra)
+            figures[name] = dict(seconds=wall, mb_per_s=mb / wall, cpu_seconds=cpu, mb_per_cpu_s=mb / cpu)
             print(f"{name:<24} {wall:7.2f}s {mb / wall:7.2f} MB/s {mb / cpu:7.2f} MB/CPU-s", flush=True)
         return result
 

@@ -1,14 +1,8 @@
-"""Decoding throughput: greedy tokens/s by context length, or (--long N) per-token time and memory over N tokens.
+"""Decoding throughput: greedy tokens/s by context length, or (--long N) per-token time and memory over N tokens
+(each figure: docs/benchmarks.md).
 
     python benchmarks/decode_throughput.py --contexts 16 128 512              # both shapes
     python benchmarks/decode_throughput.py --long 20000                       # three ways, 20,000 tokens
-
-For each context c, a prompt of c - G tokens (a Zipf path), then G = min(64, c/2) tokens: the fast path (a loop of
-`model(next_token, cache=state, logits_to_keep=1)`), generate() (less the prompt's forward, with an EOS id greedy never
-picks: every step makes a user's EOS check), the same with `decode_mode = "off"` (the general path), the fast path
-with --batch rows; medians of --repeats runs. --long: one sequence from a 1-token prompt, position_overflow="extend",
-per way (generate, energy: energy_generate, loop: the fast path), the per-token median and mean of the first and last
---window tokens and the memory (RSS, or CUDA allocated) after 1,000 tokens and at the end.
 """
 
 import argparse
@@ -58,8 +52,7 @@ def context_row(args, model, paths, c) -> dict:
     eos = unused_token(model, prompt, steps)
     if args.wait_quiet:
         wait_for_quiet()
-    monitor = CpuMonitor()
-    monitor.start()
+    monitor = CpuMonitor().start()
     repeats = max(args.repeats, -(-256 // steps))
     fast = statistics.median(fast_decode(model, prompt, steps) for _ in range(repeats))
     gen = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
@@ -93,18 +86,17 @@ class Clock:
     """A streamer (`put`: the prompt, then each new token) that records the time and, every 100 tokens, the memory."""
 
     def __init__(self, device):
-        self.device, self.times, self.memory, self.t0 = device, [], {}, None
+        self.device, self.cuda, self.times, self.memory, self.t0 = device, device.type == "cuda", [], {}, None
 
     def put(self, value):
         if self.t0 is None:
             self.t0 = time.perf_counter()
             return
-        if self.device.type == "cuda":
+        if self.cuda:
             torch.cuda.synchronize(self.device)
         self.times.append(time.perf_counter())
         if len(self.times) % 100 == 0:
-            cuda = self.device.type == "cuda"
-            self.memory[len(self.times)] = torch.cuda.memory_allocated(self.device) / 1e9 if cuda else rss_gb()
+            self.memory[len(self.times)] = torch.cuda.memory_allocated(self.device) / 1e9 if self.cuda else rss_gb()
 
     def end(self):
         pass

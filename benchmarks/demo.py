@@ -1,7 +1,6 @@
 """`make demo`'s run and other recipes on its data: `examples/pretrain.py --config demo` in a subprocess once per
-variant, the variant's flags added, and each run's pretrain_summary.json (held-out perplexity before and after, the
-training time and throughput, the sampled continuations). The steps are fixed: the perplexities do not depend on the
-machine's load, the time and tokens/s do.
+variant, the variant's flags added, and the KEYS of each run's pretrain_summary.json. The steps are fixed: the
+perplexities do not depend on the machine's load, the time and tokens/s do.
 
     python benchmarks/demo.py                                  # the demo, then each --variants entry
     python benchmarks/demo.py --variants "" "--edge_backoff"   # only these

@@ -7,6 +7,7 @@ dropout 0, tied embeddings. The rate: the size's `@lr`, else --gpt2_lr (3e-3 was
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -62,12 +63,10 @@ class BatchOrder:
         self.n, self.batch_size, self.seed = n, batch_size, seed
 
     def __iter__(self):
-        epoch = 0
-        while True:
+        for epoch in itertools.count():
             order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
-            for start in range(0, self.n - self.batch_size + 1, self.batch_size):
-                yield order[start:start + self.batch_size]
-            epoch += 1
+            starts = range(0, self.n - self.batch_size + 1, self.batch_size)
+            yield from (order[start:start + self.batch_size] for start in starts)
 
 
 def make_gpt2(data, size, seed: int):
@@ -154,8 +153,7 @@ class BudgetRun:
             raise RuntimeError(f"{self.label}: the training loss is {loss} at step {self.steps}; lower its rate.")
 
     def train(self) -> dict:
-        monitor, wall = CpuMonitor(), time.perf_counter()
-        monitor.start()
+        monitor, wall = CpuMonitor().start(), time.perf_counter()
         while self.pending and self.steps < (self.args.max_train_steps or math.inf):
             self.step()
             if self.clock.seconds >= self.pending[0]:

@@ -1,19 +1,11 @@
 """GPU throughput, the torch path and the Triton kernels side by side: training steps and decoding; or
-(--default_batch SECONDS) pretrain.py's default step on the device.
+(--default_batch SECONDS) pretrain.py's default step on the device (each figure: docs/gpu.md).
 
     python benchmarks/gpu_throughput.py                                  # on a GPU: the whole table
     python benchmarks/gpu_throughput.py --shape paper --batches 32x32,1024x64 --objective exact --optimizer sparse_adamw
     python benchmarks/gpu_throughput.py --shape paper --parts decode --decode_modes off,eager,auto
     python benchmarks/gpu_throughput.py --default_batch 60               # pretrain.py's default step, 60 s
     python benchmarks/gpu_throughput.py --device cpu --shape tiny        # without a GPU: the kernels interpreted
-
-Shapes: paper (V 4000, 227 successors, d 32), small (V 1000, 100), tiny (V 64, 8, d 8), on common.py's Zipf paths.
-train: tokens/s over the median step, launches, busy (kernel over step time), peak GB, the bandwidth floor (bytes a
-step must move over the copy bandwidth measured here; R touched and P all edge rows of (d² + d)·4 bytes: sparse_adamw
-10·R, bf16 moments 8·R, adamw 3·R + 8·P). decode: generate() tokens/s per batch, greedy and sampled, backend and
-decode mode (a long generation: decode_throughput.py --long --device cuda). --default_batch: pretrain.py without a
-batch flag on a corpus of the shape's graph (a character a node): its batch, tokens/s, peak memory, estimate, beside
-the newest training rows.
 """
 
 from __future__ import annotations
@@ -45,11 +37,10 @@ import common
 SHAPES = {"paper": dict(vocab=4000, successors=227, node_size=32),
           "small": dict(vocab=1000, successors=100, node_size=32), "tiny": dict(vocab=64, successors=8, node_size=8)}
 OPTIMIZERS, OBJECTIVES = ("sparse_adamw", "sparse_adamw_bf16", "adamw"), ("exact", "sampled")
-_NO_KERNEL = {"view", "slice", "select", "as_strided", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute",
-              "reshape", "_reshape_alias", "unbind", "split", "split_with_sizes", "chunk", "narrow", "detach", "alias",
-              "lift_fresh", "empty", "empty_like", "empty_strided", "resize_", "to", "_to_copy_noop", "numpy_T",
-              "_unsafe_view", "contiguous", "result_type", "is_nonzero", "item", "_local_scalar_dense", "size",
-              "stride", "dim", "set_"}  # aten ops that launch no kernel
+_NO_KERNEL = set("view slice select as_strided unsqueeze squeeze expand t transpose permute reshape _reshape_alias "
+                 "unbind split split_with_sizes chunk narrow detach alias lift_fresh empty empty_like empty_strided "
+                 "resize_ to _to_copy_noop numpy_T _unsafe_view contiguous result_type is_nonzero item "
+                 "_local_scalar_dense size stride dim set_".split())  # aten ops that launch no kernel
 
 
 def parse_batches(text: str) -> list[tuple[int, int]]:
@@ -102,7 +93,7 @@ def train_row(args, model, batches, device, objective, optimizer_name, backend) 
     from modeling_brillm.backend import kernel_backend
     from modeling_brillm.optimization import SparseAdamW
 
-    model.config.loss_type = "exact" if objective == "exact" else "sampled"
+    model.config.loss_type = objective
     model.config.num_negatives, model.config.negative_sampling = min(400, model.config.vocab_size // 2), "frequency"
     model.sparse_gradients = optimizer_name.startswith("sparse_adamw")
     optimizer = SparseAdamW(model.parameters(), lr=1e-3, moment_dtype="bfloat16" if "bf16" in optimizer_name else
@@ -130,6 +121,7 @@ def train_row(args, model, batches, device, objective, optimizer_name, backend) 
 
 
 def floor_bytes(model, batch: torch.Tensor, optimizer: str) -> int:
+    """Bytes a step must move (docs/gpu.md): R edge rows touched, P in all, each (d² + d)·4 bytes."""
     d, (indptr, _) = model.config.node_size, model.csr()
     R = int(indptr.diff().cpu()[torch.unique(batch[:, :-1].cpu())].sum()) + (model.config.graph == "sparse")
     P = model.base_model.weights.shape[0]

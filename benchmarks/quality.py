@@ -1,15 +1,9 @@
-"""Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same training-time budget.
+"""Quality against a Transformer: BriLLM and small GPT-2 models, the same data, the same training-time budget; a
+BriLLM row IS an examples/pretrain.py run in this process (docs/benchmarks.md).
 
     python benchmarks/quality.py --train_file outputs/corpora/small/train.jsonl \
         --validation_file outputs/corpora/small/validation.jsonl --vocab_size 2000 --block_size 64 \
         --budgets 60 600 --gpt2 4x128 4x256@1e-3
-    python benchmarks/quality.py --node_sizes 32 64 128 --gpt2 4x256@1e-3 6x384@1e-3 --gpt2_batch 1024 ...  # a GPU
-
-A BriLLM row IS an examples/pretrain.py run (in this process, on data prepared once; the largest budget its
---max_train_time, the curve points its --eval_seconds), its command printed and kept (`pretrain_command`). Every
-model gets pretrain.py's tokenizer, blocks and seeded batch order, the pretraining code's step, clock (forward,
-backward, optimizer step), schedule (--schedule over the clock, to zero at the largest budget) and evaluator (the full
-softmax, the same targets). Writes <output_dir>/quality.json (after every model) and quality.png, and the record.
 """
 
 from __future__ import annotations
@@ -109,18 +103,22 @@ def curve_points(budgets, extra: int) -> list[float]:
     return sorted(set(budgets) | {top / 64 * 64 ** (i / extra) for i in range(extra)})
 
 
+def data_argv(args, seed: int) -> list[str]:
+    """pretrain.py's flags for the seed, the preset and the data, the same in quality.py and recipe_sweep.py."""
+    argv = ["--seed", str(seed), "--text_column", args.text_column] + (["--config", args.config] if args.config else [])
+    return argv + [x for flag in ("train_file", "validation_file", "tokenizer_name", "vocab_size", "block_size")
+                   if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
+
+
 def brillm_argv(args, points, name: str = "brillm", node_size=None) -> list[str]:
     """pretrain.py's flags for one BriLLM row, its folder `name` under --output_dir."""
     top = max(args.budgets)
-    argv = ["--seed", str(args.seed), "--text_column", args.text_column] + (["--config", args.config] if args.config
-                                                                           else [])
-    argv += [x for flag in ("train_file", "validation_file", "tokenizer_name", "vocab_size", "block_size")
-             if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
+    evals = [f"{p:.6g}" for p in points if p < top]
+    argv = data_argv(args, args.seed)
     argv += ["--per_device_train_batch_size", str(args.batch_size)] if args.batch_size else []
     argv += ["--per_device_eval_batch_size", str(args.eval_batch_size)]
     argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
-    argv += ["--max_train_time", f"{top:g}"]
-    argv += ["--eval_seconds", *(f"{p:.6g}" for p in points if p < top)] if any(p < top for p in points) else []
+    argv += ["--max_train_time", f"{top:g}"] + (["--eval_seconds", *evals] if evals else [])
     argv += ["--max_train_steps", str(args.max_train_steps)] if args.max_train_steps else []
     if args.schedule != "linear" or args.config:  # linear is pretrain.py's default; a preset may name another
         argv += ["--lr_scheduler_type", SCHEDULERS[args.schedule]]

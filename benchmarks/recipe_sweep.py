@@ -6,20 +6,20 @@
         --max_train_steps 900 --eval_steps 300 --noise 0.015 --variant base= prior=prior:0 wd=wd:0
     python benchmarks/recipe_sweep.py --train_file ... --max_train_steps 900 --eval_steps 300 --seeds 1 2 3
 
-A variant IS an examples/pretrain.py run, as a quality.py BriLLM row is (its command printed and kept as
-`pretrain_command`, its folder <output_dir>/<NAME>), of --max_train_steps steps evaluated every --eval_steps (no time
-budget: the machine's load does not enter): NAME=key:value,... over pretrain.py's recipe or --config's (NAME= alone:
-the recipe). The keys (KEYS) are pretrain.py flags (a 0/1 key turns a flag on or off; `schedule`: constant, cosine or
-linear) and the probe's numbers (`recurrence`, `probe_runs` (`blocks`: every block a run), `probe_every`), whose
-chosen count and dropout are passed on as numbers. Each final perplexity is compared with the base's (the variant
-named base, else the first, or --base_perplexity), in % and in units of --noise; a change counts past twice the
-noise. --seeds: each variant once per seed (NAME-sSEED) and, at each evaluation, the spread (max - min) / mean.
-Variants with the same flags train once (`same_run_as`). Writes <output_dir>/recipe_sweep.{json,png} and the record.
+A variant NAME=key:value,... (NAME= alone: the recipe) IS an examples/pretrain.py run over pretrain.py's recipe or
+--config's, as a quality.py BriLLM row is, in <output_dir>/<NAME>: --max_train_steps steps evaluated every
+--eval_steps (no time budget: the machine's load does not enter). The keys (KEYS) are pretrain.py flags (a 0/1 key
+turns a flag on or off; `schedule`: constant, cosine or linear) and the probe's numbers (`recurrence`, `probe_runs`
+(`blocks`: every block a run), `probe_every`), whose chosen count and dropout are passed on as numbers. Each final
+perplexity is compared with the base's (the variant named base, else the first, or --base_perplexity), in % and in
+units of --noise; a change counts past twice the noise. --seeds: each variant once per seed (NAME-sSEED) and, at each
+evaluation, the spread (max - min) / mean. Variants with the same flags train once (`same_run_as`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import statistics
@@ -97,12 +97,8 @@ def parse_variant(spec: str) -> tuple[str, dict]:
 
 
 def variant_argv(args, name: str, settings: dict) -> list[str]:
-    """The pretrain.py flags of one variant: --max_train_steps evaluated every --eval_steps with pretrain.py's schedule
-    and evaluation batch, then its own flags; it keeps its last model."""
-    seed = settings.get("seed", args.seed)
-    argv = ["--seed", str(seed), "--text_column", args.text_column] + (["--config", args.config] if args.config else [])
-    argv += [x for flag in ("train_file", "validation_file", "tokenizer_name", "vocab_size", "block_size")
-             if getattr(args, flag) is not None for x in (f"--{flag}", str(getattr(args, flag)))]
+    """The pretrain.py flags of one variant: fixed steps, pretrain.py's schedule, then its own flags; no best model."""
+    argv = quality.data_argv(args, settings.get("seed", args.seed))
     argv += ["--per_device_train_batch_size", str(args.batch_size), "--max_train_steps", str(args.max_train_steps),
              "--eval_steps", str(args.eval_steps)]
     argv += ["--max_eval_samples", str(args.max_eval_blocks)] if args.max_eval_blocks else []
@@ -122,15 +118,13 @@ class Prober:
     """`pruning.probe_bigrams` of the training blocks for given probe numbers, each set of numbers probed once."""
 
     def __init__(self, data):
-        self.data, self._sequences, self._probes = data, None, {}
+        self.data, self._probes = data, {}
 
-    @property
+    @functools.cached_property
     def sequences(self) -> list:
-        if self._sequences is None:
-            from modeling_brillm.training.data import block_sequences
+        from modeling_brillm.training.data import block_sequences
 
-            self._sequences = list(block_sequences(self.data.train, self.data.tokenizer.pad_token_id))
-        return self._sequences
+        return list(block_sequences(self.data.train, self.data.tokenizer.pad_token_id))
 
     def __call__(self, **numbers):
         from modeling_brillm.training.pruning import probe_bigrams
@@ -273,8 +267,7 @@ def run(args) -> dict:
                     started_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
                     **{k: getattr(args, k) for k in ("batch_size", "threads", "max_train_steps", "eval_steps", "seed",
                                                      "config", "seeds")})
-    results = dict(settings=settings, data=data["fields"], models=models,
-                   comparison=compare(models, args))
+    results = dict(settings=settings, data=data["fields"], models=models, comparison=compare(models, args))
     if args.seeds:
         names = dict.fromkeys(name.rsplit("-s", 1)[0] for name, _ in variants)
         results["seed_noise"] = seed_spread(models, {n: [f"{n}-s{s}" for s in args.seeds] for n in names})

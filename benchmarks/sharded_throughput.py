@@ -1,16 +1,9 @@
-"""Source-sharded training against DDP and one process on the same synthetic batches; or (--shares CORPUS) how evenly
-8 owners share the sharded work on a real corpus's graph.
+"""Source-sharded training against DDP and one process on the same synthetic batches, each mode in fresh processes;
+or (--shares CORPUS) how evenly 8 owners share the sharded work on a real corpus's graph, each figure the busiest
+owner's over the mean (the modes and figures: docs/benchmarks.md, docs/training.md).
 
     python benchmarks/sharded_throughput.py                       # both shapes
     python benchmarks/sharded_throughput.py --shares outputs/corpora/small    # benchmarks/corpora.py --corpus small
-
-Modes, each in fresh processes, the same global batch: single-sparse (SparseAdamW, 2 threads; -1t: 1), single-dense
-(fused AdamW), ddp (2 gloo processes, dense AdamW), sharded (2 processes, --edge_sharding source). Per mode: tokens/s
-over the median step, CPU seconds, bytes sent per step and process (DDP: the ring all-reduce, 2 (W-1)/W x 4 B x
-parameters), peak memory. Shapes: paper (V 4000, 227 successors, 32 x 32; DDP ~19 GB a process: --ddp-paper), text
-(V 2000, 48 successors, 64 x 64). --shares: the corpus's BPE tokenizer, blocks and bigram graph, the owners a sharded
-run chooses, --steps steps (no optimizer) on 8 gloo processes; per owner its edge rows, scored positions, candidate
-energies (the work the split balances) and bytes sent, each as largest over mean (the busiest owner sets the pace).
 """
 
 import argparse
@@ -185,7 +178,8 @@ def shares(args) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=list(SHAPES), nargs="+", default=["text", "paper"])
-    p.add_argument("--modes", nargs="+", default=["single-sparse", "single-dense", "ddp", "sharded"])
+    p.add_argument("--modes", nargs="+", default=["single-sparse", "single-dense", "ddp", "sharded"],
+                   help="single-sparse (SparseAdamW; -1t: 1 thread), single-dense (AdamW), ddp, sharded")
     p.add_argument("--steps", type=int, help="timed steps (default 6; --shares: 4)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--ddp-paper", action="store_true", help="also DDP at the paper shape (~38 GB of RAM)")

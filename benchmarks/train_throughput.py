@@ -1,14 +1,9 @@
 """Training throughput: tokens/s of forward + backward + optimizer step and peak memory, or (--checkpointing) the
-activation memory gradient checkpointing saves.
+activation memory gradient checkpointing saves (each figure: docs/benchmarks.md).
 
     python benchmarks/train_throughput.py                      # both shapes, every objective
     python benchmarks/train_throughput.py --shape small --grads dense   # dense gradients + torch AdamW
     python benchmarks/train_throughput.py --checkpointing --shape paper --batch 8 --length 256
-
-Shapes: common.py's paper (V 4000, 227 successors, d 32) and small (V 1000, 100) at 32 x 32. Objectives: exact, freq /
-uniform (K=400 negatives by frequency / uniformly). A shape runs in a subprocess of its own (its peak memory, the
-resident high-water mark, its own); tokens/s is B x L over the median step. --checkpointing: the bytes autograd keeps
-for the backward (distinct storages, parameters excluded) and the step time, gradient checkpointing off and on.
 """
 
 import argparse
@@ -29,14 +24,8 @@ OBJECTIVES = {"exact": dict(loss_type="exact"),
               "uniform": dict(loss_type="sampled", num_negatives=400, negative_sampling="uniform")}
 
 
-def set_objective(model, name):
-    for key, value in OBJECTIVES[name].items():
-        setattr(model.config, key, value)
-
-
 def timed_steps(model, optimizer, paths, B, L, args):
-    """((step, forward, backward, optimizer) seconds of each timed step, the load others put on the CPUs, the last
-    loss)."""
+    """((step, forward, backward, optimizer) seconds of each timed step, the others' CPU load, the last loss)."""
     times, monitor = [], common.CpuMonitor()
     for step in range(args.warmup + args.steps):
         batch = paths.batch(B, L)
@@ -64,7 +53,7 @@ def run_shape(args, shape_name) -> list[dict]:
     paths, B, L = common.ZipfPaths(graph, seed=1), args.batch or shape["batch"], args.length or shape["length"]
     rows = []
     for objective in args.objective:
-        set_objective(model, objective)
+        model.config.update(OBJECTIVES[objective])
         if args.wait_quiet:
             common.wait_for_quiet()
         times, load, loss = timed_steps(model, optimizer, paths, B, L, args)

@@ -1,20 +1,11 @@
 """Build and load BriLLM tokenizers with the Hugging Face ``tokenizers`` library.
 
-BriLLM gives every vocabulary entry its own graph node, so the vocabulary is small (the paper uses about 4000 tokens)
-and two styles are needed: ``kind="bpe"``, byte-level BPE for English like the released BriLLM0.5 English tokenizer
-(NFKC normaliser, ByteLevel pre-tokenizer and decoder, the full 256-symbol byte alphabet, so *any* text encodes
-without ``<unk>``); ``kind="char"``, one token per character for Chinese (the corpus's most frequent characters plus
-``<unk>``).
-
-The special tokens of the tokenizers built here have fixed ids, ``0 <pad>  1 <unk>  2 <s> (bos)  3 </s> (eos)``.
-With ``add_special_tokens=True`` (the ``transformers`` default) the post-processor prepends ``<s>`` to every
-sequence; ``</s>`` is never appended automatically (add it yourself where a sequence must end).
-
-The released BriLLM0.5 files keep their own conventions and ids: :func:`load_released_tokenizer` (English BPE JSON,
-``[PAD] [UNK] [CLS] [SEP] [MASK]`` = 0..4) and :func:`load_released_char_vocab` (Chinese ``character -> id`` JSON,
-only ``<unk>`` special).
-
-Command line::
+Every vocabulary entry is a graph node, so the vocabulary is small (the paper: about 4000 tokens). ``kind="bpe"``:
+byte-level BPE for English like the released BriLLM0.5 tokenizer (NFKC, the full 256-symbol byte alphabet: any text
+encodes without ``<unk>``); ``kind="char"``: one token per character for Chinese (the most frequent ones and
+``<unk>``). Their special tokens have fixed ids, ``0 <pad>  1 <unk>  2 <s> (bos)  3 </s> (eos)``; ``<s>`` is
+prepended to every sequence, ``</s>`` never appended. The released BriLLM0.5 files keep their own ids:
+:func:`load_released_tokenizer` and :func:`load_released_char_vocab`.
 
     python -m tokenization.build_tokenizer --kind bpe --vocab_size 4000 --output_dir out/tok --train_file corpus.txt
 """
@@ -46,14 +37,8 @@ _TEXT_FILE_SUFFIXES = (".txt", ".text")
 _BATCH_SIZE = 1000
 
 
-def _is_dataset(obj: Any) -> bool:
-    """A ``datasets.Dataset``/``IterableDataset``, duck-typed (this module does not import ``datasets``)."""
-    return hasattr(obj, "column_names") and (hasattr(obj, "iter") or hasattr(obj, "__iter__"))
-
-
 def _iter_file(path: Path) -> Iterator[str]:
-    """One document per line (line ending dropped), streamed; a file that is not UTF-8 raises ValueError naming the
-    line and byte of its first bad byte."""
+    """One document per line (line ending dropped), streamed; a non-UTF-8 file raises ValueError naming its bad byte."""
     with open(path, encoding="utf-8") as handle:
         try:
             for line in handle:
@@ -89,7 +74,7 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
     becoming the corpus."""
     if data is None:
         raise ValueError("No training input: pass texts, text file paths or a datasets.Dataset.")
-    if _is_dataset(data):
+    if hasattr(data, "column_names") and (hasattr(data, "iter") or hasattr(data, "__iter__")):  # a Dataset, duck-typed
         return _iter_dataset(data, text_column)
     if isinstance(data, (str, os.PathLike)):
         return _iter_files([Path(data)])
@@ -180,29 +165,20 @@ def build_tokenizer(texts_or_files_or_dataset: Any, kind: str = "bpe", vocab_siz
             them (each line a document, line endings dropped; a lone str is always a path), or a
             ``datasets.Dataset``/``IterableDataset`` (``text_column``, read in batches). Empty strings and ``None``
             are skipped.
-        kind: ``"bpe"`` (byte-level BPE, English) or ``"char"`` (one token per character, Chinese).
         vocab_size: the whole vocabulary *including* the 4 special tokens: ``bpe`` needs at least 4 + 256 (the byte
             alphabet), ``char`` keeps the ``vocab_size - 4`` most frequent characters. A small corpus may give fewer.
         output_dir: if given, ``save_pretrained`` there (loads with ``AutoTokenizer.from_pretrained``, no custom code).
-        text_column: the column holding the text when a dataset is given.
         min_frequency: how often a BPE merge / a character must occur to enter the vocabulary.
-        model_max_length: None (default): no limit (transformers' very large integer), right for a tokenizer on its
-            own, whose texts BriLLM callers split into blocks. A tokenizer saved beside a model records the model's
-            position limit, ``config.max_position_embeddings``, as every Hugging Face model folder does:
-            ``truncation=True`` and pipelines then cut at it, and a longer text warns unless tokenized with
-            ``verbose=False``. For a ``position_overflow="extend"`` model it is the trained range; the model reads on.
+        model_max_length: None (default): no limit, right for a tokenizer on its own; one saved beside a model
+            records the model's ``config.max_position_embeddings`` (docs/integrations.md).
 
-    Returns the tokenizer: ``<pad> <unk> <s> </s>`` with ids 0..3, ``<s>`` prepended when ``add_special_tokens=True``
-    by the post-processor saved in ``tokenizer.json`` (its ``add_bos_token`` attribute reads ``False``: do not set
-    ``add_bos_token``/``add_eos_token``, which makes transformers rebuild the template).
+    ``<s>`` is prepended by the post-processor saved in ``tokenizer.json`` (its ``add_bos_token`` attribute reads
+    ``False``: do not set ``add_bos_token``/``add_eos_token``, which makes transformers rebuild the template).
 
     BPE normalises with NFKC first, so decode(encode(x)) == x holds for NFKC-normalised text ("\ufb01" comes back
     as "fi"). Char: every character, whitespace included, is its own token, so a space (tab, U+00A0, ...) frequent
     enough to be kept round-trips and a rarer one encodes to ``<unk>``, which ``decode(..., skip_special_tokens=True)``
     drops; files are read a document a line, so "\\n" enters the vocabulary only from texts passed in.
-
-    Raises ValueError (unknown ``kind``, too small ``vocab_size``, no or empty input, missing ``text_column``) and
-    FileNotFoundError (a training file that does not exist).
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, "
@@ -288,9 +264,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--dataset_split", default="train", help="Dataset split to train on (default: train).")
     add("--text_column", default="text", help="Dataset column holding the text (default: text).")
     add("--min_frequency", type=int, default=2, help="Minimum count of a merge/character (default: 2).")
-    add("--model_max_length", type=int, default=None, help="Stored max sequence length: the model's "
-        "max_position_embeddings when the tokenizer goes beside a model (default: none, so long texts tokenize "
-        "without warnings).")
+    add("--model_max_length", type=int, help="Stored max sequence length: the model's max_position_embeddings "
+        "when the tokenizer goes beside a model (default: none, so long texts tokenize without warnings).")
     args = parser.parse_args(argv)
     # the mistakes found before a dataset is downloaded or a file read
     if args.train_file is None and args.dataset_name is None:
