@@ -1,6 +1,5 @@
-"""Publishing: the model card of a training run's final save, the upload to the Hub, and `push_main`, the command line
-of examples/push_to_hub.py (the folder checked Hub-ready, a card written where it has none, uploaded; offline: exit 2).
-The token is huggingface_hub's: `hf auth login` or HF_TOKEN, unless a flag gives one."""
+"""Publishing: a training run's model card, the upload to the Hub, and `push_main` (examples/push_to_hub.py: the folder
+checked Hub-ready, a card written where it has none, uploaded). The token: huggingface_hub's unless a flag gives one."""
 
 from __future__ import annotations
 
