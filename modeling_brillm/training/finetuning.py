@@ -433,32 +433,26 @@ def load_records(path) -> list[dict]:
                            "{\"prompt\": ..., \"completion\": ...} object per line), .json (a list of them) "
                            "or .txt (one plain text per line).")
     with open(path, encoding="utf-8") as f:
-        if extension in (".txt", ".text"):
-            return check_records([{"text": line.rstrip("\n")} for line in f if line.strip()], path)
-        return check_records(_jsonl_records(f, path) if extension == ".jsonl" else _json_records(f, path), path)
+        text = f.read()
+    if extension in (".txt", ".text"):
+        records = [{"text": line} for line in text.split("\n") if line.strip()]
+    elif extension == ".jsonl":
+        records = [_parse_json(line, f"{path}, line {number}", "; a .jsonl file holds one JSON object per line.")
+                   for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+    else:
+        records = _parse_json(text, path)
+        if isinstance(records, dict) and isinstance(records.get("data"), list):
+            records = records["data"]
+        if not isinstance(records, list):
+            raise SFTDataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}).")
+    return check_records(records, path)
 
 
-def _jsonl_records(f, path) -> list[dict]:
-    records = []
-    for number, line in enumerate(f, 1):
-        try:
-            records += [json.loads(line)] if line.strip() else []
-        except json.JSONDecodeError as err:
-            raise SFTDataError(f"{path}, line {number}: not valid JSON ({err.msg}); a .jsonl file holds one "
-                               "JSON object per line.") from None
-    return records
-
-
-def _json_records(f, path) -> list[dict]:
+def _parse_json(text: str, where: str, hint: str = "."):
     try:
-        records = json.load(f)
+        return json.loads(text)
     except json.JSONDecodeError as err:
-        raise SFTDataError(f"{path}: not valid JSON ({err.msg}).") from None
-    if isinstance(records, dict) and isinstance(records.get("data"), list):
-        records = records["data"]
-    if not isinstance(records, list):
-        raise SFTDataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}).")
-    return records
+        raise SFTDataError(f"{where}: not valid JSON ({err.msg}){hint}") from None
 
 
 def check_records(records, source: str = "the data") -> list[dict]:
@@ -467,8 +461,7 @@ def check_records(records, source: str = "the data") -> list[dict]:
         raise SFTDataError(f"{source} holds no records: give at least one {{\"prompt\": ..., \"completion\": ...}} "
                            "(or {\"text\": ...}) record.")
     for number, record in enumerate(records, 1):
-        problem = _record_problem(record)
-        if problem:
+        if problem := _record_problem(record):
             raise SFTDataError(f"{source}, record {number}{problem}")
     return list(records)
 

@@ -134,6 +134,5 @@ def prepare_folder(args):
         write_model_card(folder, load_model(folder), tokenizer, datasets=args.dataset, repo_id=args.repo_id,
                          metrics=parse_metrics(args.metric) or None)
         print(f"wrote the model card {readme}")
-    problems = check_hub_ready(folder)
-    if problems:
+    if problems := check_hub_ready(folder):
         raise ValueError("the folder is not Hub-ready:\n  - " + "\n  - ".join(problems))
