@@ -57,14 +57,12 @@ class BriLLMSFTTrainer(SFTTrainer):
         logits = logits[:, :-1][scored].float()
         targets = labels[:, 1:].to(scored.device)[scored]
         log_probs = torch.log_softmax(logits, dim=-1)
-        entropy_sum = -(log_probs.exp() * log_probs).sum()
-        correct = (logits.argmax(dim=-1) == targets).sum()
         gather = self.accelerator.gather_for_metrics
+        entropy_sum = gather(-(log_probs.exp() * log_probs).sum()).sum()
+        correct = gather((logits.argmax(dim=-1) == targets).sum()).sum()
         num_valid = gather(scored.sum()).sum()
-        entropy_sum, correct = gather(entropy_sum).sum(), gather(correct).sum()
         self._metrics[mode]["entropy"].append((entropy_sum / num_valid).item() if num_valid > 0 else 0.0)
         self._metrics[mode]["mean_token_accuracy"].append((correct / num_valid).item() if num_valid > 0 else 0.0)
         if mode == "train" and "attention_mask" in inputs:
-            tokens = gather(inputs["attention_mask"].sum()).sum().item()
-            self._total_train_tokens += tokens // self._tp_size
+            self._total_train_tokens += gather(inputs["attention_mask"].sum()).sum().item() // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
