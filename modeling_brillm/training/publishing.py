@@ -37,8 +37,7 @@ def data_facts(args, description: str) -> tuple[list[str], str | None, str]:
 
 def write_training_card(out_dir, model, tokenizer, args, summary: dict, description: str, repo_id: str | None = None,
                         optimizer: str | None = None, name: str | None = None) -> str:
-    """README.md of a trained folder (named `name`): metadata (library, pipeline, tags, datasets, the final validation
-    perplexity as a model-index metric), the run's facts and a usage snippet. Returns its path."""
+    """README.md of a trained folder (named `name`): metadata, the run's facts, a usage snippet; returns its path."""
     ids, text, held = data_facts(args, description)
     metrics = {"perplexity": round(summary["perplexity"], 4)} if "perplexity" in summary else None
     training = {
