@@ -1,6 +1,5 @@
-"""Keep the best model by held-out loss, as `Trainer(load_best_model_at_end=True)` does: a better evaluation writes the
-weights to `<output_dir>/best_model.safetensors`, every checkpoint carries them (a resumed run knows the same best),
-and they go back into the model before the final save. Step 0 never counts."""
+"""Keep the best model by held-out loss, as `Trainer(load_best_model_at_end=True)` does: its weights in BEST_FILE and in
+every checkpoint (a resumed run knows the same best), back in the model before the final save. Step 0 never counts."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ class BestModel:
 
     def __init__(self, output_dir, accelerator, enabled: bool = True):
         self.path = Path(output_dir) / BEST_FILE
+        self.tmp = self.path.with_name(TMP_PREFIX + BEST_FILE)  # written, then renamed: never a half-written best
         self.accelerator, self.enabled = accelerator, enabled
         self.step, self.eval_loss = None, math.inf
 
@@ -35,13 +35,12 @@ class BestModel:
         gather = getattr(model, "full_state_dict", None)  # a source-sharded model gathers its own table
         state_dict = gather() if gather is not None else full_state_dict(self.accelerator, model)
         if self.accelerator.is_main_process:
-            tmp = self.path.with_name(TMP_PREFIX + BEST_FILE)
             tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
             need = sum(t.numel() * t.element_size() for t in tensors.values())
             with writing(self.path.parent, "the best model", "the checkpoints are intact; " + RESUME, need,
-                         cleanup=lambda: tmp.unlink(missing_ok=True)):
-                save_file(tensors, str(tmp), metadata={"step": str(step), "eval_loss": repr(eval_loss)})
-            os.replace(tmp, self.path)
+                         cleanup=lambda: self.tmp.unlink(missing_ok=True)):
+                save_file(tensors, str(self.tmp), metadata={"step": str(step), "eval_loss": repr(eval_loss)})
+            os.replace(self.tmp, self.path)
         self.accelerator.wait_for_everyone()
         self.step, self.eval_loss = step, eval_loss
         return True
@@ -60,9 +59,8 @@ class BestModel:
             return
         source = Path(checkpoint) / BEST_FILE
         if self.accelerator.is_main_process and source.is_file():
-            tmp = self.path.with_name(TMP_PREFIX + BEST_FILE)
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, self.path)
+            shutil.copyfile(source, self.tmp)
+            os.replace(self.tmp, self.path)
         self.accelerator.wait_for_everyone()
         self.step, self.eval_loss = int(state["step"]), float(state["eval_loss"])
 

@@ -1,10 +1,5 @@
-"""Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: examples/finetune.py).
-`--train_only` trains every parameter, the edges the data crosses, the node biases or the start signal (prompt tuning);
-frozen parameters stay bit for bit as they were. The output folder is the run's own, as pretraining's.
-
-The data: {"prompt", "completion"} records (TRL's SFT convention; the loss on the completion and EOS) or {"text"}
-records, in .jsonl, .json or .txt files, each optionally with a "signal_id", or a built-in set from Python's
-documentation. Prompt and completion are tokenized apart: the prompt gives the tokens a user's prompt gives."""
+"""Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: examples/finetune.py;
+docs/training.md). Frozen parameters stay bit for bit as they were; the output folder is the run's own."""
 
 from __future__ import annotations
 
@@ -24,6 +19,7 @@ from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.model_card import write_model_card
 
 from .checkpoints import open_folder, write_json, writing
+from .data import held_out_indices
 from .errors import UsageError, load_model, load_tokenizer, run_cli
 from .launch import make_accelerator
 from .loop import TrainStep, evaluate
@@ -109,8 +105,8 @@ def run(args) -> int:
     with open_folder(args.output_dir, accelerator, args.overwrite_output_dir, resumable=False) as folder:
         data = load_everything(args, accelerator)
         sample_records = [r for r in data.val_records if "prompt" in r][: args.num_samples]
-        samples_before = complete(data.model, data.tokenizer, sample_records, args.signal_id, args.max_new_tokens) \
-            if accelerator.is_main_process else []
+        samples_before = complete(data.model, data.tokenizer, sample_records, args) if accelerator.is_main_process \
+            else []
         job = prepare_training(args, data, accelerator)
 
         before = evaluate_completions(job.model, job.val_loader, accelerator)
@@ -122,13 +118,12 @@ def run(args) -> int:
             f"{before['perplexity']:,.2f}; {completed} steps in {seconds:.1f}s")
 
         samples = compare_samples(args, data, job, sample_records, samples_before, accelerator)
-        results = {
-            "base_model": args.model_name_or_path, "train_only": args.train_only, "trainable_parameters": job.trainable,
-            "total_parameters": job.total, "signal_id": args.signal_id if data.learned else None,
-            "learning_rate": job.lr, "steps": completed, "train_seconds": round(seconds, 2),
-            "train_sequences": len(data.train_rows), "validation_sequences": len(data.val_rows), "before": before,
-            "after": after, "final_train_loss": losses[-1] if losses else None, "samples": samples,
-        }
+        results = {"base_model": args.model_name_or_path, "train_only": args.train_only,
+                   "trainable_parameters": job.trainable, "total_parameters": job.total,
+                   "signal_id": args.signal_id if data.learned else None, "learning_rate": job.lr, "steps": completed,
+                   "train_seconds": round(seconds, 2), "train_sequences": len(data.train_rows),
+                   "validation_sequences": len(data.val_rows), "before": before, "after": after,
+                   "final_train_loss": losses[-1] if losses else None, "samples": samples}
         save_folder(accelerator, job.model, data.tokenizer, folder, results, data.line)
         say(f"saved to {folder.path} (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
     if args.with_tracking:
@@ -155,8 +150,11 @@ def load_model_and_tokenizer(args, signal_ids: set[int]):
         # the release's uniform start as learned signals initialised to 1/d: the same model, now trainable
         overrides = {"start_signal": "learned", "num_start_signals": needed}
     model = load_model(path, BriLLMForCausalLM, **overrides)
-    if model.base_model.start_signals is not None and model.config.num_start_signals < needed:
-        grow_start_signals(model, needed)
+    signals = model.base_model.start_signals
+    if signals is not None and model.config.num_start_signals < needed:  # more signals, each the uniform start 1/d
+        extra = signals.new_full((needed - signals.shape[0], signals.shape[1]), 1.0 / model.config.node_size)
+        model.base_model.start_signals = torch.nn.Parameter(torch.cat([signals.data, extra]))
+        model.config.num_start_signals = needed
     tokenizer = load_tokenizer(args.tokenizer_name or path)
     if len(tokenizer) > model.config.vocab_size:
         raise UsageError(f"the tokenizer has {len(tokenizer)} tokens but the model {model.config.vocab_size} nodes: "
@@ -164,22 +162,12 @@ def load_model_and_tokenizer(args, signal_ids: set[int]):
     return model, tokenizer
 
 
-def grow_start_signals(model, count: int):
-    """Add learned start signals (initialised to 1/d, the uniform start) up to `count`."""
-    old = model.base_model.start_signals.data
-    new = torch.cat([old, old.new_full((count - old.shape[0], old.shape[1]), 1.0 / model.config.node_size)])
-    model.base_model.start_signals = torch.nn.Parameter(new)
-    model.config.num_start_signals = count
-
-
 def touched_edge_rows(model, rows: list[dict]):
     """Sorted edge-table rows of every real edge the sequences cross (consecutive pairs; the shared row 0 left out)."""
-    found = []
-    for r in rows:
-        ids = torch.tensor(r["input_ids"], device=model.input_device)
-        if ids.numel() > 1:
-            found.append(model.edge_rows(ids[:-1], ids[1:]))
-    touched = torch.cat(found).unique() if found else torch.zeros(0, dtype=torch.long)
+    seqs = [torch.tensor(r["input_ids"], device=model.input_device) for r in rows if len(r["input_ids"]) > 1]
+    if not seqs:
+        return torch.zeros(0, dtype=torch.long)
+    touched = model.edge_rows(torch.cat([s[:-1] for s in seqs]), torch.cat([s[1:] for s in seqs])).unique()
     return touched[touched > 0]
 
 
@@ -317,7 +305,7 @@ def train(args, data, job, accelerator) -> tuple[int, list[float], float]:
     return completed, losses, time.perf_counter() - started
 
 
-def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
+def complete(model, tokenizer, records, args) -> list[str]:
     """Greedy completions of the prompts of `records`, computed where the model is: its inputs follow it."""
     device, out = model.input_device, []
     model.eval()
@@ -325,9 +313,9 @@ def complete(model, tokenizer, records, signal_id, max_new_tokens) -> list[str]:
         enc = tokenizer(record.get("prompt", ""), return_tensors="pt").to(device)
         room = model.config.max_position_embeddings - enc["input_ids"].shape[1]
         extra = {} if model.base_model.start_signals is None else {
-            "signal_ids": torch.tensor([record.get("signal_id", signal_id)], device=device)}
+            "signal_ids": torch.tensor([record.get("signal_id", args.signal_id)], device=device)}
         with torch.no_grad():
-            ids = model.generate(**enc, max_new_tokens=max(0, min(max_new_tokens, room)), do_sample=False,
+            ids = model.generate(**enc, max_new_tokens=max(0, min(args.max_new_tokens, room)), do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
         out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
     model.train()
@@ -343,8 +331,7 @@ def compare_samples(args, data, job, sample_records, samples_before, accelerator
     """Greedy completions of validation prompts after training, beside those before and the references."""
     samples = []
     if accelerator.is_main_process and sample_records:
-        after_texts = complete(accelerator.unwrap_model(job.model), data.tokenizer, sample_records, args.signal_id,
-                               args.max_new_tokens)
+        after_texts = complete(accelerator.unwrap_model(job.model), data.tokenizer, sample_records, args)
         accelerator.print("greedy completions of validation prompts (before | after | reference):")
         for record, old, new in zip(sample_records, samples_before, after_texts):
             accelerator.print(f"  {record['prompt']!r}\n    before: {old!r}\n    after : {new!r}\n"
@@ -446,32 +433,26 @@ def load_records(path) -> list[dict]:
                            "{\"prompt\": ..., \"completion\": ...} object per line), .json (a list of them) "
                            "or .txt (one plain text per line).")
     with open(path, encoding="utf-8") as f:
-        if extension in (".txt", ".text"):
-            return check_records([{"text": line.rstrip("\n")} for line in f if line.strip()], path)
-        return check_records(_jsonl_records(f, path) if extension == ".jsonl" else _json_records(f, path), path)
+        text = f.read()
+    if extension in (".txt", ".text"):
+        records = [{"text": line} for line in text.split("\n") if line.strip()]
+    elif extension == ".jsonl":
+        records = [_parse_json(line, f"{path}, line {number}", "; a .jsonl file holds one JSON object per line.")
+                   for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+    else:
+        records = _parse_json(text, path)
+        if isinstance(records, dict) and isinstance(records.get("data"), list):
+            records = records["data"]
+        if not isinstance(records, list):
+            raise SFTDataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}).")
+    return check_records(records, path)
 
 
-def _jsonl_records(f, path) -> list[dict]:
-    records = []
-    for number, line in enumerate(f, 1):
-        try:
-            records += [json.loads(line)] if line.strip() else []
-        except json.JSONDecodeError as err:
-            raise SFTDataError(f"{path}, line {number}: not valid JSON ({err.msg}); a .jsonl file holds one "
-                               "JSON object per line.") from None
-    return records
-
-
-def _json_records(f, path) -> list[dict]:
+def _parse_json(text: str, where: str, hint: str = "."):
     try:
-        records = json.load(f)
+        return json.loads(text)
     except json.JSONDecodeError as err:
-        raise SFTDataError(f"{path}: not valid JSON ({err.msg}).") from None
-    if isinstance(records, dict) and isinstance(records.get("data"), list):
-        records = records["data"]
-    if not isinstance(records, list):
-        raise SFTDataError(f"{path}: expected a JSON list of records (or {{\"data\": [...]}}).")
-    return records
+        raise SFTDataError(f"{where}: not valid JSON ({err.msg}){hint}") from None
 
 
 def check_records(records, source: str = "the data") -> list[dict]:
@@ -480,8 +461,7 @@ def check_records(records, source: str = "the data") -> list[dict]:
         raise SFTDataError(f"{source} holds no records: give at least one {{\"prompt\": ..., \"completion\": ...}} "
                            "(or {\"text\": ...}) record.")
     for number, record in enumerate(records, 1):
-        problem = _record_problem(record)
-        if problem:
+        if problem := _record_problem(record):
             raise SFTDataError(f"{source}, record {number}{problem}")
     return list(records)
 
@@ -511,7 +491,7 @@ def _record_problem(record) -> str | None:
 
 def split_records(records: list[dict], percentage: float) -> tuple[list[dict], list[dict]]:
     """(train, validation): every k-th record held out, `percentage` % of them, deterministically."""
-    held = {i for i in range(len(records)) if int((i + 1) * percentage / 100) > int(i * percentage / 100)}
+    held = set(held_out_indices(len(records), percentage))
     return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
 
 
@@ -534,18 +514,18 @@ def tokenize_records(records: list[dict], tokenizer, max_length: int, default_si
     return rows, len(records) - len(rows)
 
 
+def pad_batch(seqs: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids right-padded with `pad_id`, attention mask) of 1-D id tensors."""
+    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    mask = (torch.arange(ids.shape[1]) < torch.tensor([len(s) for s in seqs]).unsqueeze(1)).long()
+    return ids, mask
+
+
 def collate_sft(rows: list[dict], pad_id: int, with_signal_ids: bool = False) -> dict:
     """Right-padded batch: input_ids, attention_mask, labels (-100 on prompt and padding), optionally signal_ids."""
-    width = max(len(r["input_ids"]) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        n = len(r["input_ids"])
-        input_ids[i, :n] = torch.tensor(r["input_ids"])
-        labels[i, :n] = torch.tensor(r["labels"])
-        attention_mask[i, :n] = 1
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    input_ids, attention_mask = pad_batch([torch.tensor(r["input_ids"], dtype=torch.long) for r in rows], pad_id)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask,
+             "labels": pad_batch([torch.tensor(r["labels"], dtype=torch.long) for r in rows], -100)[0]}
     if with_signal_ids:
         batch["signal_ids"] = torch.tensor([r["signal_id"] for r in rows], dtype=torch.long)
     return batch

@@ -1,7 +1,5 @@
 """The command line of `examples/generate.py`: BriLLM's energy decoding, transformers' generate(), or the pipeline.
-Inputs that do not fit are refused before any computation (exit code 2): a prompt past max_position_embeddings is an
-error and --max_new_tokens past it is lowered, unless the model reads past its trained range (position_overflow
-"extend", saved or --extend)."""
+Inputs that do not fit are refused before any computation (exit code 2)."""
 
 from __future__ import annotations
 
@@ -55,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        model, tokenizer = load_for_run(args)
+        model, tokenizer = load_saved(args.model, args.extend, args.seed)
         if args.benchmark:
             torch.set_num_threads(1)
             print(json.dumps(benchmark(model, tokenizer, args.prompt[0], args.max_new_tokens)))
@@ -74,16 +72,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def load_for_run(args):
+def load_saved(path, extend: bool, seed: int | None = None):
     """The model and tokenizer (the installed package answers for the brillm type), with --extend and --seed."""
-    tokenizer = load_tokenizer(args.model, "save the tokenizer beside the model")
-    model = load_model(args.model).eval()
-    if args.extend:
+    tokenizer = load_tokenizer(path, "save the tokenizer beside the model")
+    model = load_model(path).eval()
+    if extend:
         model.config.position_overflow = "extend"
     if reads_past_range(model):  # the tokenizer's model_max_length (the trained range) would warn falsely
         tokenizer.model_max_length = int(1e30)
-    if args.seed is not None:
-        torch.manual_seed(args.seed)
+    if seed is not None:
+        torch.manual_seed(seed)
     return model, tokenizer
 
 

@@ -1,7 +1,5 @@
-"""Growing a trained BriLLM without retraining it (examples/grow_graph.py): new tokens become nodes and the new text's
-bigrams edges, both starting from the shared edge so that no old logit moves (checked exactly); a short fine-tune of
-what is new (or of everything) with a replay of old training text; perplexity before and after on held-out new and old
-text; the folder saved and reloaded, as remote code too, with the same logits."""
+"""Growing a trained BriLLM without retraining it (examples/grow_graph.py, docs/training.md): nodes and edges that move
+no old logit (checked), a fine-tune of what is new with old text replayed, perplexity before and after, a save."""
 
 from __future__ import annotations
 
@@ -21,6 +19,7 @@ from modeling_brillm.graph_editing import NODE_ROWS
 
 from .data import embedded_corpus, held_out_indices, split_sentences
 from .errors import UsageError, load_model, load_tokenizer
+from .finetuning import pad_batch
 
 
 def parse_args(argv=None):  # a flag list: exempt from the function length
@@ -117,7 +116,7 @@ def load_texts(args, tokenizer, pad_id):
     replay = encode(tokenizer, old_train, args.max_length) if args.replay else []
     return SimpleNamespace(new=new, new_train=[t for i, t in enumerate(new) if i % 4 != 3],
                            new_held=[t for i, t in enumerate(new) if i % 4 == 3], old=old, old_train=old_train,
-                           old_seqs=old_seqs, replay=replay, probe=batch_of(old_seqs[:32], pad_id))
+                           old_seqs=old_seqs, replay=replay, probe=pad_batch(old_seqs[:32], pad_id))
 
 
 def pick_new_tokens(tokenizer, texts, count, old_texts):
@@ -135,12 +134,6 @@ def encode(tokenizer, texts, max_length):
     return [torch.tensor(ids) for ids in seqs if len(ids) >= 2]
 
 
-def batch_of(seqs, pad_id):
-    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
-    mask = (torch.arange(ids.shape[1]) < torch.tensor([len(s) for s in seqs]).unsqueeze(1)).long()
-    return ids, mask
-
-
 @torch.no_grad()
 def logits_of(model, ids, mask):
     return model(ids, attention_mask=mask).logits
@@ -152,7 +145,7 @@ def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
     total = count = focus_total = focus_count = 0.0
     focus_t = torch.tensor(sorted(focus)) if focus else torch.zeros(0, dtype=torch.long)
     for i in range(0, len(seqs), batch_size):
-        ids, mask = batch_of(seqs[i:i + batch_size], pad_id)
+        ids, mask = pad_batch(seqs[i:i + batch_size], pad_id)
         logp = torch.log_softmax(model(ids, attention_mask=mask).logits[:, :-1], -1)
         target, real = ids[:, 1:], mask[:, 1:].bool()
         nll = -logp.gather(2, target.unsqueeze(2)).squeeze(2)
@@ -225,7 +218,7 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
     for _ in range(args.steps):
         replay = [texts.replay[i] for i in torch.randperm(len(texts.replay))[:args.replay].tolist()] \
             if texts.replay else []
-        ids, mask = batch_of(list(grown["train_seqs"]) + replay, pad_id)
+        ids, mask = pad_batch(list(grown["train_seqs"]) + replay, pad_id)
         loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
         optimizer.zero_grad()
         loss.backward()
@@ -255,7 +248,7 @@ def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
     model.save_pretrained(output_dir)
     tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(output_dir)
-    ids, mask = batch_of(held_seqs, pad_id)
+    ids, mask = pad_batch(held_seqs, pad_id)
     expected = logits_of(model, ids, mask)
     reload_ok = torch.equal(logits_of(BriLLMForCausalLM.from_pretrained(output_dir).eval(), ids, mask), expected)
     remote = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()

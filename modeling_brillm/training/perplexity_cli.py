@@ -13,7 +13,8 @@ from transformers import AutoConfig
 
 from modeling_brillm.evaluation import per_text_perplexity, perplexity
 
-from .errors import UsageError, load_model, load_tokenizer
+from .errors import UsageError
+from .generate_cli import load_saved, reads_past_range
 
 
 def read_texts(args) -> list[str]:
@@ -88,16 +89,10 @@ def main(argv=None) -> int:
 
 def score(args) -> dict:
     """Both perplexities of the texts, printed; the --json record."""
-    tokenizer = load_tokenizer(args.model, "save the tokenizer beside the model")
-    model = load_model(args.model).eval()
+    model, tokenizer = load_saved(args.model, args.extend)
     texts = read_texts(args)
-    if args.extend:
-        model.config.position_overflow = "extend"
-    # a model that reads past its trained range is scored on whole texts by the metric (no cut)
-    extends = getattr(model.config, "position_overflow", "error") == "extend"
-    max_positions = None if extends else model.config.max_position_embeddings
-    if extends:  # the tokenizer's model_max_length (the trained range) would warn of indexing errors falsely
-        tokenizer.model_max_length = int(1e30)
+    extends = reads_past_range(model)
+    max_positions = None if extends else model.config.max_position_embeddings  # extends: the metric reads whole texts
     built_in = perplexity(model, tokenizer, texts, block_size=args.block_size, batch_size=args.batch_size)
     out = {"texts": len(texts), "built_in": built_in.to_dict()}
     print(f"built-in perplexity: {built_in.perplexity:.4f} over {built_in.num_tokens} predicted tokens "

@@ -1,6 +1,5 @@
-"""The data probe behind the "auto" values: which bigrams get their own edge (`--min_bigram_count auto`) and how much
-of the signal drops (`--signal_dropout auto`), from held-out runs of the training blocks and the run's planned epochs.
-The numbers and formulas are rows of recipe.RULES (docs/training.md's rule table, with a worked example)."""
+"""The data probe behind `--min_bigram_count auto` and `--signal_dropout auto`, from held-out runs of the training
+blocks and the run's planned epochs; its numbers and formulas are rows of recipe.RULES (docs/training.md's table)."""
 
 from __future__ import annotations
 
@@ -42,11 +41,19 @@ class PruningChoice:
                 f"times in the planned {self.epochs:.3g} epoch(s)")
 
 
-def _bigram_keys(sequences, V: int) -> torch.Tensor:
-    keys = [seq[:-1] * V + seq[1:] for seq in sequences if len(seq) > 1]
-    if not keys:
-        return torch.zeros(0, dtype=torch.long)
-    return torch.cat(keys)
+def _bigram_keys(sequences: list, vocab_size: int, runs: int, probe_every: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fit, probe) bigram keys u·V + v of the sequences, every `probe_every`-th of `runs` runs of them the probe's
+    (other documents, as a validation set is): one pass over all the tokens, not one per sequence."""
+    if not sequences:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    tokens, lengths = torch.cat(sequences), torch.tensor([len(s) for s in sequences])
+    run = torch.arange(len(sequences)) // max(1, -(-len(sequences) // runs))
+    held = (run % probe_every == probe_every - 1).repeat_interleave(lengths)[:-1]  # by the bigram's first token
+    starts = torch.zeros(len(tokens) + 1, dtype=torch.bool)
+    starts[lengths.cumsum(0)] = True  # where each sequence after the first begins, and the end
+    inside = ~starts[1:-1]  # tokens t and t + 1 lie in one sequence
+    keys = tokens[:-1] * vocab_size + tokens[1:]
+    return keys[inside & ~held], keys[inside & held]
 
 
 @dataclass
@@ -71,10 +78,10 @@ def probe_bigrams(sequences, vocab_size: int, runs: int = RUNS, probe_every: int
                   recurrence: float = RECURRENCE) -> BigramProbe:
     """The held-out estimate and bigram counts of these training sequences (int64 tensors in data order); an
     ablation varies the probe's numbers, the recipe keeps recipe.py's."""
-    sequences = list(sequences)
-    keys, counts = _bigram_keys(sequences, vocab_size).unique(return_counts=True)
-    held_out = _held_out_choice(sequences, vocab_size, runs, probe_every, recurrence)
-    return BigramProbe(held_out, keys, counts, vocab_size)
+    fit, probe = (k.unique(return_counts=True) for k in _bigram_keys(list(sequences), vocab_size, runs, probe_every))
+    keys, inverse = torch.cat([fit[0], probe[0]]).unique(return_inverse=True)  # merged: no sort of every bigram
+    counts = torch.zeros(len(keys), dtype=torch.long).index_add_(0, inverse, torch.cat([fit[1], probe[1]]))
+    return BigramProbe(_held_out_choice(*fit, *probe, recurrence), keys, counts, vocab_size)
 
 
 def choose_min_count(sequences, vocab_size: int, planned_epochs: float | None = None,
@@ -125,20 +132,13 @@ def _scored_successors(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int
     return lambda c: max(float(per_edge[counts >= c].sum()) / total, 1.0)
 
 
-def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: int,
-                     recurrence: float) -> PruningChoice:
-    """The held-out estimate: every PROBE_EVERY-th of `runs` runs of the sequences held out (other documents, as a
-    validation set is); the data count c0 (the smallest c whose class c..2c-1 comes back at `recurrence` of its
-    expected rate), each class's recurrence, the novelty (held-out bigram occurrences without an edge) at c0."""
-    n = len(sequences)
-    run = max(1, -(-n // runs))
-    fit = [s for i, s in enumerate(sequences) if (i // run) % probe_every != probe_every - 1]
-    probe = [s for i, s in enumerate(sequences) if (i // run) % probe_every == probe_every - 1]
-    fit_keys, probe_keys = _bigram_keys(fit, vocab_size), _bigram_keys(probe, vocab_size)
-    if fit_keys.numel() == 0 or probe_keys.numel() == 0:
-        return PruningChoice(1, {}, int(probe_keys.numel()), 1)  # too little text to estimate: keep every bigram
-    keys, counts = fit_keys.unique(return_counts=True)
-    probe_unique, probe_counts = probe_keys.unique(return_counts=True)
+def _held_out_choice(keys, counts, probe_unique, probe_counts, recurrence: float) -> PruningChoice:
+    """The held-out estimate from the fit's and the probe's bigrams (sorted keys, counts): the data count c0 (the
+    smallest c whose class c..2c-1 comes back at `recurrence` of its expected rate), each class's recurrence, the
+    novelty (held-out bigram occurrences without an edge) at c0."""
+    fit_tokens, probe_tokens = int(counts.sum()), int(probe_counts.sum())
+    if fit_tokens == 0 or probe_tokens == 0:
+        return PruningChoice(1, {}, probe_tokens, 1)  # too little text to estimate: keep every bigram
     position = torch.searchsorted(probe_unique, keys).clamp_max(len(probe_unique) - 1)
     held = torch.where(probe_unique[position] == keys, probe_counts[position], 0)  # held-out count per bigram
     # every class c..2c-1 at once: prefix sums over the counts of the fit's occurrences and their held-out ones
@@ -146,7 +146,7 @@ def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: i
     seen = torch.zeros(2 * most + 1, dtype=torch.float64).index_add_(0, counts, counts.double()).cumsum(0)
     back = torch.zeros(2 * most + 1, dtype=torch.float64).index_add_(0, counts, held.double()).cumsum(0)
     c = torch.arange(1, most + 1)
-    expected = (seen[2 * c - 1] - seen[c - 1]) * (probe_keys.numel() / fit_keys.numel())
+    expected = (seen[2 * c - 1] - seen[c - 1]) * (probe_tokens / fit_tokens)
     returned = back[2 * c - 1] - back[c - 1]
     ratio = returned / expected.clamp_min(1e-300)
     looked = expected > 0  # a class with no bigram has nothing to decide
@@ -160,9 +160,9 @@ def _held_out_choice(sequences: list, vocab_size: int, runs: int, probe_every: i
     position = torch.searchsorted(keys, probe_unique).clamp_max(len(keys) - 1)
     fit_count = torch.where(keys[position] == probe_unique, counts[position], 0)
     def novelty(count: int) -> float:
-        return float(probe_counts[fit_count < count].sum()) / probe_keys.numel()
+        return float(probe_counts[fit_count < count].sum()) / probe_tokens
 
-    return PruningChoice(data_count, rates, int(probe_keys.numel()), data_count, novelty=novelty(data_count),
+    return PruningChoice(data_count, rates, probe_tokens, data_count, novelty=novelty(data_count),
                          novelty_at={k: novelty(k) for k in sorted({1, 2, 3, 4, data_count})})
 
 

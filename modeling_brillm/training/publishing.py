@@ -1,6 +1,5 @@
-"""Publishing: the model card of a training run's final save, the upload to the Hub, and `push_main`, the command line
-of examples/push_to_hub.py (the folder checked Hub-ready, a card written where it has none, uploaded; offline: exit 2).
-The token is huggingface_hub's: `hf auth login` or HF_TOKEN, unless a flag gives one."""
+"""Publishing: a training run's model card, the upload to the Hub, and `push_main` (examples/push_to_hub.py: the folder
+checked Hub-ready, a card written where it has none, uploaded). The token: huggingface_hub's unless a flag gives one."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def data_facts(args, description: str) -> tuple[list[str], str | None, str]:
 
 def write_training_card(out_dir, model, tokenizer, args, summary: dict, description: str, repo_id: str | None = None,
                         optimizer: str | None = None, name: str | None = None) -> str:
-    """README.md of a trained folder (named `name`): metadata (library, pipeline, tags, datasets, the final validation
-    perplexity as a model-index metric), the run's facts and a usage snippet. Returns its path."""
+    """README.md of a trained folder (named `name`): metadata, the run's facts, a usage snippet; returns its path."""
     ids, text, held = data_facts(args, description)
     metrics = {"perplexity": round(summary["perplexity"], 4)} if "perplexity" in summary else None
     training = {
@@ -135,6 +133,5 @@ def prepare_folder(args):
         write_model_card(folder, load_model(folder), tokenizer, datasets=args.dataset, repo_id=args.repo_id,
                          metrics=parse_metrics(args.metric) or None)
         print(f"wrote the model card {readme}")
-    problems = check_hub_ready(folder)
-    if problems:
+    if problems := check_hub_ready(folder):
         raise ValueError("the folder is not Hub-ready:\n  - " + "\n  - ".join(problems))

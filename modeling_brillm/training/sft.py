@@ -38,21 +38,18 @@ class BriLLMSFTTrainer(SFTTrainer):
             del patched.forward
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        mode = "train" if model.training else "eval"
         labels = inputs["labels"]
-        attention_mask = inputs.get("attention_mask")
         model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
         outputs = model(**model_inputs, labels=labels, use_cache=False)
-        scored = scored_positions(labels, attention_mask).to(outputs.logits.device)
-        count = scored.sum()
+        scored = scored_positions(labels, inputs.get("attention_mask")).to(outputs.logits.device)
         if num_items_in_batch is None:
             loss = outputs.loss
         else:
             # BriLLM's loss is the mean over this batch's scored positions; TRL's is a sum over num_items_in_batch
-            loss = outputs.loss * count / torch.as_tensor(num_items_in_batch, device=count.device).clamp(min=1)
+            loss = outputs.loss * scored.sum() / torch.as_tensor(num_items_in_batch, device=scored.device).clamp(min=1)
             if self.args.average_tokens_across_devices:
                 loss = loss * (self.accelerator.num_processes // self._tp_size)
-        self._log_token_metrics(mode, outputs.logits.detach(), labels, scored, inputs)
+        self._log_token_metrics("train" if model.training else "eval", outputs.logits.detach(), labels, scored, inputs)
         return (loss, outputs) if return_outputs else loss
 
     def _log_token_metrics(self, mode, logits, labels, scored, inputs):
@@ -60,14 +57,12 @@ class BriLLMSFTTrainer(SFTTrainer):
         logits = logits[:, :-1][scored].float()
         targets = labels[:, 1:].to(scored.device)[scored]
         log_probs = torch.log_softmax(logits, dim=-1)
-        entropy_sum = -(log_probs.exp() * log_probs).sum()
-        correct = (logits.argmax(dim=-1) == targets).sum()
         gather = self.accelerator.gather_for_metrics
+        entropy_sum = gather(-(log_probs.exp() * log_probs).sum()).sum()
+        correct = gather((logits.argmax(dim=-1) == targets).sum()).sum()
         num_valid = gather(scored.sum()).sum()
-        entropy_sum, correct = gather(entropy_sum).sum(), gather(correct).sum()
         self._metrics[mode]["entropy"].append((entropy_sum / num_valid).item() if num_valid > 0 else 0.0)
         self._metrics[mode]["mean_token_accuracy"].append((correct / num_valid).item() if num_valid > 0 else 0.0)
         if mode == "train" and "attention_mask" in inputs:
-            tokens = gather(inputs["attention_mask"].sum()).sum().item()
-            self._total_train_tokens += tokens // self._tp_size
+            self._total_train_tokens += gather(inputs["attention_mask"].sum()).sum().item() // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
