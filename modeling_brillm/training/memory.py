@@ -4,20 +4,18 @@ allocated, the step's memory on a GPU, and glibc malloc tuning for the CPU path.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import sys
 from typing import Callable
 
 import psutil
 import torch
-from accelerate.utils import DistributedType
 
 from modeling_brillm.backend import HAVE_TRITON, current_backend
 from modeling_brillm.sharding import sharded_memory
 
 from .errors import UsageError
-from .fsdp import fsdp_on_cpu
+from .fsdp import is_fsdp
 
 MEMORY_ENV = "BRILLM_AVAILABLE_MEMORY_GB"  # pretend this much memory is available (tests, containers)
 # Upper estimates of a step's activations: the recipe's step on the torch path (readout and count prior on) stays below
@@ -91,10 +89,8 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
 
 
 def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
-    """`training_memory` (or `sharded_training_memory`, over `tokens` per process: by default batch x block) for this
-    run's processes, strategy and moments: {"total", "parts"}."""
-    fsdp = accelerator.distributed_type == DistributedType.FSDP or fsdp_on_cpu(accelerator)  # CPU: the script shards
-    strategy = "fsdp" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
+    """This run's `training_memory` or `sharded_training_memory` (over `tokens` per process, default batch x block)."""
+    strategy = "fsdp" if is_fsdp(accelerator) else ("ddp" if accelerator.num_processes > 1 else "single")
     moment_bytes = 4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8
     if getattr(args, "edge_sharding", "none") == "source":
         tokens = args.per_device_train_batch_size * args.block_size if tokens is None else tokens
@@ -107,8 +103,7 @@ def check_memory(config, accelerator, args) -> str:
     """Refuse (UsageError) a model whose training state cannot fit; return a line describing the estimate."""
     need = state_memory(config, accelerator, args)
     have, source = available_memory(accelerator, args.available_memory_gb)
-    if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
-        have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
+    have = agreed_free(accelerator, have)
     parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in need["parts"].items())
     if need["total"] > have:
         what = "dense" if config.graph == "dense" else f"sparse ({config.num_edges:,} real edges)"
@@ -165,7 +160,7 @@ def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
 
 
 def agreed_free(accelerator, free: float | None) -> float | None:
-    """The least free memory over the processes, so that every process chooses the same batch."""
+    """The least free memory over the processes, so that every process decides the same (the batch, the path)."""
     if free is None or accelerator.num_processes == 1:
         return free
     return float(accelerator.gather(torch.tensor([free], dtype=torch.float64, device=accelerator.device)).min())
