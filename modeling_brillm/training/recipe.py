@@ -49,10 +49,6 @@ class Rule:
         tuned = self.tuned and self.evidence != PAPER
         return tuned * sum(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
-    @property
-    def shown(self) -> str:
-        return f"`{self.value!r}`" + (f": {self.formula}" if self.formula else "")
-
 
 ABLATION = '§"Rule ablation"'  # § names a section of docs/ablations.md
 LONG = '§"Long runs"'
@@ -211,7 +207,8 @@ def recipe_table_markdown() -> str:
             grouped[rule.evidence].append(f"`{rule.name}` {rule.value!r}")
             continue
         name = f"`{rule.name}`" + (f" (`{rule.sets}`)" if rule.sets and rule.sets.split(".")[1] != rule.name else "")
-        rows.append(f"| {name} | {rule.shown} | {rule.why} | {rule.evidence} |")
+        shown = f"`{rule.value!r}`" + (f": {rule.formula}" if rule.formula else "")
+        rows.append(f"| {name} | {shown} | {rule.why} | {rule.evidence} |")
     rows.append(f"| the paper's shape | {', '.join(grouped[PAPER])} | as published | {PAPER} |")
     rows.append(f"| the run | {', '.join(grouped[RUN])} | not the recipe: `recipe.json` leaves them out | {RUN} |")
     return "\n".join(rows) + "\n"
