@@ -458,8 +458,7 @@ def show_generations(args, job: Job, unwrapped, data, summary: dict):
     prompts = choose_prompts(args, data.raw["validation"] if "validation" in data.raw else None,
                              not (args.train_file or args.dataset_name))
     if prompts and args.num_generations > 0 and (accelerator.is_main_process or fsdp):
-        samples = generate_samples(job.model if fsdp else unwrapped, data.tokenizer, prompts, args,
-                                   accelerator.device)
+        samples = generate_samples(job.model if fsdp else unwrapped, data.tokenizer, prompts, args, accelerator.device)
         accelerator.print("generations (greedy | sampled, top-k 40, temperature 0.8):")
         for s in samples:
             accelerator.print(f"  {s['prompt']!r}\n    greedy : {s['prompt']}{s['greedy']}\n"
