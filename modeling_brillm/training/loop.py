@@ -1,6 +1,5 @@
 """The training step, evaluation and sample generation. A step's loss and gradient are those of the mean over the
-whole global batch, whatever the process count; the signal dropout masks are keyed by each row's index in the step's
-global batch and the step's seed, so one process, DDP, FSDP and source sharding drop the same entries."""
+whole global batch, its dropout masks keyed by global row and step: the same at any process count (docs/training.md)."""
 
 from __future__ import annotations
 

@@ -33,9 +33,8 @@ def human_bytes(n: float) -> str:
 
 def training_memory(num_params: int, strategy: str = "single", world_size: int = 1,
                     mixed_precision: str = "no", moment_bytes: int = 8) -> dict:
-    """Bytes one process needs to train `num_params` fp32 parameters with AdamW, +10%: parameters, gradients and
-    moments (`moment_bytes`: 8, or 4 in bfloat16); DDP adds its buckets; FSDP shards those over `world_size` and
-    gathers the whole table's parameters and gradients (BriLLM is one module) in the compute dtype."""
+    """Bytes one process needs to train `num_params` fp32 parameters with AdamW, +10%; FSDP shards them over
+    `world_size` and gathers the whole table's parameters and gradients (BriLLM is one module) in the compute dtype."""
     if strategy == "fsdp":
         width = 2 if mixed_precision in ("fp16", "bf16") else 4
         parts = {"sharded params+grads+AdamW": (8 + moment_bytes) * num_params / max(world_size, 1),
@@ -142,10 +141,8 @@ def successors_per_token(config, graph=None) -> float:
 
 
 def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
-    """blocks -> the bytes one process needs to train a batch of `blocks`: the state, and per token (an upper
-    estimate of the exact loss) LOGIT_COPIES rows of V logits, its source's candidate energies (CANDIDATE_COPIES
-    (successors, d) buffers on the torch path, an energy and its gradient with the kernels) and the edge row it
-    crosses with its gradient."""
+    """blocks -> the bytes one process needs to train a batch of `blocks`: the state, plus per token (an upper estimate
+    of the exact loss) its logits, its source's candidate energies and the edge row it crosses, with their gradients."""
     kernels = accelerator.device.type == "cuda" and HAVE_TRITON and current_backend() != "torch"
     d, candidates = config.node_size, successors_per_token(config, graph)
     per_token = 4 * LOGIT_COPIES * config.vocab_size + 4 * candidates * (2 if kernels else CANDIDATE_COPIES * d) \

@@ -250,9 +250,8 @@ def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
 
 
 def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], free: float | None) -> str | None:
-    """The memory check of the step on a CUDA device (`free`: its free bytes; None elsewhere: nothing to check).
-    A batch GPU_STEP_TOKENS chose is halved until `need(batch)` (bytes) fits FREE_SHARE of `free`; a batch given
-    otherwise (or a resumed run's) is kept, with a warning where it would not fit. Returns the start-up line."""
+    """The step's memory check on CUDA (`free` bytes; None elsewhere): a GPU_STEP_TOKENS batch is halved until it fits
+    FREE_SHARE of `free`, any other is kept (with a warning where it would not fit); returns the start-up line."""
     if free is None:
         return None
     batch, L, size = args.per_device_train_batch_size, args.block_size, human_bytes

@@ -19,9 +19,7 @@ _EVAL_KEYS = ("input_ids", "attention_mask", "labels", "signal_ids")
 
 
 def resolve_optimizer(edge_sharding: str, optimizer: str | None) -> str:
-    """The optimizer name for this sharding: lazy AdamW is the only one a sharded table can use."""
-    if edge_sharding not in EDGE_SHARDINGS:
-        raise UsageError(f"--edge_sharding {edge_sharding!r}: choose one of {', '.join(EDGE_SHARDINGS)}.")
+    """The optimizer for `--edge_sharding` (argparse checked it): lazy AdamW is the only one a sharded table can use."""
     if edge_sharding == "none":
         return optimizer or "auto"
     if optimizer not in (None, "auto", "sparse_adamw"):
