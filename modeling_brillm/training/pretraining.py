@@ -342,8 +342,7 @@ def init_tracking(args, accelerator):
     if args.with_tracking:
         plain = (int, float, str, bool)
         hparams = {k: v for k, v in vars(args).items() if isinstance(v, plain) and not SECRET.search(k)}
-        fields = args.recipe_choice.section("model")
-        model = {f"model_{k}": v for k, v in fields.items() if isinstance(v, plain)}
+        model = {f"model_{k}": v for k, v in args.recipe_choice.section("model").items() if isinstance(v, plain)}
         accelerator.init_trackers("brillm_pretrain", {**hparams, **model})
 
 
