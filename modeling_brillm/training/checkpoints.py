@@ -16,7 +16,7 @@ from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
 
-from .errors import UsageError
+from .errors import UsageError, first_line
 from .memory import human_bytes
 
 LOG_NAME, STATE_NAME, LOCK_NAME, BEST_FILE = "train_log.jsonl", "train_state.json", ".lock", "best_model.safetensors"
@@ -207,7 +207,7 @@ def read_train_state(checkpoint) -> dict:
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        state = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        state = first_line(err)
     if not isinstance(state, dict) or "completed_steps" not in state:
         raise UsageError(f"{path} is corrupt ({state if isinstance(state, str) else 'no completed_steps'}): resume "
                          "from another checkpoint, or start over.")
@@ -270,8 +270,8 @@ def load_checkpoint(accelerator, checkpoint: Path) -> dict:
     try:
         accelerator.load_state(str(checkpoint))
     except Exception as err:
-        raise UsageError(f"could not restore {checkpoint}: {type(err).__name__}: {str(err).splitlines()[0]}. Was it "
-                         "saved by a run with the same data, tokenizer and graph?") from None
+        raise UsageError(f"could not restore {checkpoint}: {first_line(err)}. Was it saved by a run with the same "
+                         "data, tokenizer and graph?") from None
     return state
 
 

@@ -28,6 +28,11 @@ from .errors import load_tokenizer as load_saved_tokenizer
 
 HELD_OUT = "held out for validation"  # in load_raw_data's description when the validation texts were split off
 FILE_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+# A line of documentation text that holds no language: a reST adornment (one of reST's 32 punctuation characters
+# repeated), a rule mixing the usual ones (=-=-), or the ~~^~~ markers under a traceback's code line (newer Pythons).
+_NO_LANGUAGE = re.compile(r"([!-/:-@\[-`{-~])\1{3,}|[-=~^*#]{4,}|[~^]{2,}")
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|(?<=[。！？])")
+BYTES_PER_WORKER = 2_000_000  # text per datasets.map process: below it, starting a process costs more than it saves
 
 
 def file_builder(path: str, flag: str) -> str:
@@ -36,11 +41,6 @@ def file_builder(path: str, flag: str) -> str:
         raise UsageError(f"--{flag} {path}: unknown file extension {extension or '(none)'!r}; use .txt/.text (one text "
                          "per line), .json/.jsonl (records with a text field) or .csv (a text column).")
     return FILE_BUILDERS[extension]
-
-
-# A line of documentation text that holds no language: a reST adornment (one of reST's 32 punctuation characters
-# repeated), a rule mixing the usual ones (=-=-), or the ~~^~~ markers under a traceback's code line (newer Pythons).
-_NO_LANGUAGE = re.compile(r"([!-/:-@\[-`{-~])\1{3,}|[-=~^*#]{4,}|[~^]{2,}")
 
 
 def doc_paragraphs(text: str) -> list[str]:
@@ -140,9 +140,6 @@ def _builtin():
                  f"{sum(map(len, texts)):,} characters, Python {sys.version.split()[0]})")
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|(?<=[。！？])")
-
-
 def split_sentences(text: str) -> list[str]:
     """Paragraphs with their wrapped lines joined, cut after . ! ? (and white space) or 。！？; a paragraph whose lines
     are all indented (code, grammar listings) gives one sentence per line."""
@@ -182,12 +179,6 @@ class TokenIds:
         return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
 
 
-def _ragged_arange(lengths):
-    """0..n-1 for every n of `lengths`, concatenated (numpy)."""
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
-
-
 class SentenceBlocks:
     """datasets.map function: every sentence of two tokens or more as one block `<s> tokens </s>`, cut to `block_size`
     and right-padded (attention_mask 0); with `arrays`, one int64 array per column."""
@@ -209,7 +200,8 @@ class SentenceBlocks:
         used = np.minimum(lengths + head + tail, T)  # real tokens of each block
         ids = np.full((len(encoded), T), self.pad if self.pad is not None else 0, dtype=np.int64)
         rows = np.repeat(np.arange(len(encoded)), kept)
-        ids[rows, head + _ragged_arange(kept)] = cut
+        within = np.arange(len(cut)) - np.repeat(np.cumsum(kept) - kept, kept)  # 0..k-1 along each sentence's k tokens
+        ids[rows, head + within] = cut
         if head:
             ids[:, 0] = self.bos
         if tail:
@@ -251,10 +243,6 @@ class ContiguousBlocks:
             flat = np.fromiter(itertools.chain.from_iterable(column), dtype=np.int64)
         n = len(flat) // T
         return {"input_ids": flat[:n * T].reshape(n, T), "attention_mask": np.ones((n, T), dtype=np.int64)}
-
-
-# Text per datasets.map process: below it, starting a process costs more than it saves.
-BYTES_PER_WORKER = 2_000_000
 
 
 def map_workers(dataset, requested: int | None) -> int | None:
@@ -325,7 +313,6 @@ def count_targets(batch):
     return ((labels[:, 1:] != -100) & (mask[:, 1:] != 0) & (mask[:, :-1] != 0)).sum()
 
 
-
 def load_tokenizer(args, tok_settings: dict, raw, out_dir, checkpoint, accelerator):
     """`--tokenizer_name`, else the resumed checkpoint's, else one trained on the training texts (main process; with
     several processes shared through a temporary folder in `out_dir`). Returns (tokenizer, line)."""
@@ -362,8 +349,7 @@ def scored_tokens(blocks) -> int:
 
 
 def prepare_blocks(raw, tokenizer, args, accelerator):
-    """(training blocks, validation blocks or None, a line describing them); nothing to train on is refused, and a
-    --validation_file that gives no block; the validation set is cut to `--max_eval_samples`."""
+    """(training blocks, validation blocks or None, a line describing them); data that gives no block is refused."""
     blocks = tokenize_splits(raw, tokenizer, args, accelerator)
     train_blocks = blocks["train"]
     if len(train_blocks) == 0 and args.block_mode == "contiguous":

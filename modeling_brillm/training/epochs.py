@@ -141,9 +141,7 @@ def evaluate_now(job: Job, stats: TrainStats, write=print):
 
 def checkpoint_now(job: Job, args, position: Position, write=print):
     """Save the training state (the best model so far, the clock, the planned epochs) as `<output_dir>/step_N`."""
-    state = {"completed_steps": position.completed_steps, "epoch": position.epoch,
-             "batches_in_epoch": position.batches_in_epoch, "train_seconds": position.train_seconds,
-             "train_tokens": position.train_tokens, "planned_epochs": getattr(args, "planned_epochs", None),
+    state = {**dataclasses.asdict(position), "planned_epochs": getattr(args, "planned_epochs", None),
              "signature": job.signature, "best": job.best.state()}
 
     def extra(tmp):

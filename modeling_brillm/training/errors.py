@@ -55,20 +55,16 @@ def check_tokenizer_files(folder: Path, fix: str):
             raise UsageError(f"{path} is truncated or corrupt (not JSON: {err}): save the tokenizer again.") from None
 
 
-def check_finite(model):
-    """Refuse a model whose weights hold NaN or infinity (it would generate padding), naming the first such tensor."""
+def load_model(path, model_class=AutoModelForCausalLM, **kwargs):
+    """`model_class.from_pretrained(path)` (the installed package answers for the brillm type), refused where its
+    weights hold NaN or infinity (it would generate padding), naming the first such tensor."""
+    try:
+        model = model_class.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"could not load the model {path}: {first_line(err)}") from None
     for name, param in model.named_parameters():
         if param.is_floating_point() and not bool(torch.isfinite(param).all()):
             bad = int((~torch.isfinite(param)).sum())
             raise UsageError(f"the weights are broken: {name} holds {bad:,} NaN or infinite value(s) of "
                              f"{param.numel():,}; load an earlier checkpoint or retrain.")
     return model
-
-
-def load_model(path, model_class=AutoModelForCausalLM, **kwargs):
-    """`model_class.from_pretrained(path)` (the installed package answers for the brillm type), its weights checked."""
-    try:
-        model = model_class.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"could not load the model {path}: {first_line(err)}") from None
-    return check_finite(model)

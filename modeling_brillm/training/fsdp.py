@@ -1,12 +1,5 @@
-"""FSDP2 for pretraining: accelerate's on GPUs, torch's `fully_shard` applied by the script on the CPU.
-
-accelerate forms FSDP only on GPUs; on the CPU an FSDP launch (configuration/accelerate/cpu_2_fsdp.yaml) gets a
-MULTI_CPU run and `prepare_on_cpu` shards the model with the pieces accelerate's FSDP2 is made of: the launch's
-`fsdp_config` (accelerate's plugin), torch's `fully_shard` over a CPU mesh (parameters sharded on dim 0, padded
-where it does not divide by the process count), the optimizer in an `AcceleratedOptimizer`, and checkpoints through
-accelerate's `save_fsdp_model` / `save_fsdp_optimizer` hooked into `save_state` / `load_state`. After preparation
-the path is the GPU one: `is_fsdp` tells either kind, `full_state_dict` gathers the weights on the main process.
-"""
+"""FSDP2 for pretraining: accelerate's on GPUs; on the CPU, where accelerate forms a MULTI_CPU run, `prepare_on_cpu`
+shards the model with the pieces accelerate's FSDP2 is made of (configuration/README.md, "FSDP on the CPU")."""
 
 from __future__ import annotations
 
@@ -25,14 +18,14 @@ def truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def fsdp_on_cpu(accelerator, environ=os.environ) -> bool:
+def fsdp_on_cpu(accelerator) -> bool:
     """The launch asked for FSDP and accelerate formed a multi-process CPU run: the script shards the model."""
-    return truthy(environ.get(FSDP_ENV)) and accelerator.distributed_type.value == "MULTI_CPU"
+    return truthy(os.environ.get(FSDP_ENV)) and accelerator.distributed_type.value == "MULTI_CPU"
 
 
-def is_fsdp(accelerator, environ=os.environ) -> bool:
+def is_fsdp(accelerator) -> bool:
     """The model is (or will be) sharded with FSDP: by accelerate (GPUs) or by `prepare_on_cpu`."""
-    return accelerator.distributed_type.value == "FSDP" or fsdp_on_cpu(accelerator, environ)
+    return accelerator.distributed_type.value == "FSDP" or fsdp_on_cpu(accelerator)
 
 
 def shard_model(model, plugin, num_processes: int):
@@ -54,8 +47,7 @@ def shard_model(model, plugin, num_processes: int):
 
 
 def prepare_on_cpu(accelerator, model, make_optimizer, train_loader, eval_loader=None):
-    """Shard `model` with FSDP2 on the CPU, build its optimizer (`make_optimizer(model)`) over the shards, prepare
-    the loaders, hook both into the accelerator's checkpoints: (model, optimizer, train_loader, eval_loader)."""
+    """(model sharded with FSDP2 on the CPU, `make_optimizer(model)` over its shards, the prepared loaders)."""
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.utils import FullyShardedDataParallelPlugin
 
@@ -74,8 +66,7 @@ def prepare_on_cpu(accelerator, model, make_optimizer, train_loader, eval_loader
 
 
 def hook_checkpoints(accelerator, plugin, model, optimizer):
-    """`accelerator.save_state` / `load_state` also save / restore the sharded model and optimizer on every
-    process, with accelerate's own FSDP functions (torch.distributed.checkpoint)."""
+    """`save_state` / `load_state` also save / restore the sharded model and optimizer (accelerate's FSDP functions)."""
     from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 
     def save(_models, _weights, output_dir):

@@ -12,7 +12,7 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
 
 from .errors import UsageError
-from .fsdp import fsdp_on_cpu, is_fsdp, truthy
+from .fsdp import FSDP_ENV, fsdp_on_cpu, is_fsdp, truthy
 from .memory import keep_freed_memory
 
 
@@ -21,9 +21,8 @@ def launch_on_cpu(environ=os.environ, gpus: int | None = None) -> bool:
     (cpu_2.yaml). A GPU launch of more processes on this machine than visible GPUs is refused before any work."""
     if truthy(environ.get("ACCELERATE_USE_CPU")):
         return True
-    if gpus is None:  # torch's current accelerator type (torch >= 2.6), else CUDA
-        device = getattr(torch, "accelerator", None)
-        gpus = device.device_count() if device is not None and device.is_available() else torch.cuda.device_count()
+    if gpus is None:  # torch's current accelerator type
+        gpus = torch.accelerator.device_count() if torch.accelerator.is_available() else 0
     hidden = environ.get("CUDA_VISIBLE_DEVICES")
     if gpus == 0 and hidden is not None:
         return True  # the launch hid the GPUs on purpose
@@ -57,7 +56,7 @@ def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False
     devices; on the CPU a script that shards the model itself (`shards_on_cpu`: pretraining, fsdp.py) runs FSDP2 where
     the config allows it, any other would silently train as DDP."""
     kind = accelerator.distributed_type.value
-    if not truthy(environ.get("ACCELERATE_USE_FSDP")) or kind == "FSDP":
+    if not truthy(environ.get(FSDP_ENV)) or kind == "FSDP":
         return None
     formed = (f"this launch asks for FSDP (distributed_type: FSDP) but accelerate {accelerate.__version__} formed a "
               f"{kind} run on {accelerator.device.type}")
@@ -80,8 +79,7 @@ def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False
 
 
 def make_accelerator(args, shards_on_cpu: bool = False):
-    """The Accelerator of a training script, the launch checked, logging quieted on other processes, the seed set and
-    the CPU tuned (`shards_on_cpu`: the script applies FSDP itself on the CPU). Returns (it, a line)."""
+    """(the Accelerator of a training script, its start-up line); `shards_on_cpu`: the script runs FSDP on the CPU."""
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # a CPU launch of several needs cpu=True, else independent runs
     accelerator = Accelerator(
         cpu=multi and launch_on_cpu(),

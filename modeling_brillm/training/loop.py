@@ -1,6 +1,5 @@
 """The training step, evaluation and sample generation. A step's loss and gradient are those of the mean over the
-whole global batch, whatever the process count; the signal dropout masks are keyed by each row's index in the step's
-global batch and the step's seed, so one process, DDP, FSDP and source sharding drop the same entries."""
+whole global batch, its dropout masks keyed by global row and step: the same at any process count (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -24,11 +23,6 @@ def _extra_inputs(batch) -> dict:
     return {"signal_ids": batch["signal_ids"]} if "signal_ids" in batch else {}
 
 
-def step_seed(seed: int, step: int) -> int:
-    """The dropout masks' seed of optimizer step `step` (0-based) of a run seeded `seed`, on every process."""
-    return mix64(seed, step)
-
-
 class StepKeys:
     """Where a training step object stands, for the dropout masks: `steps` optimizer steps completed, `micro`
     micro-batches into the next; `seed` the run's (None: torch's initial seed, read so a run keeps its stream)."""
@@ -45,7 +39,7 @@ class StepKeys:
         acc, rows = self.keys_accelerator, batch["input_ids"].shape[0]
         first = (self.micro * acc.num_processes + acc.process_index) * self.per_device_batch_size
         return {"dropout_rows": torch.arange(first, first + rows, device=acc.device),
-                "dropout_seed": step_seed(self.seed, self.steps if step is None else step)}
+                "dropout_seed": mix64(self.seed, self.steps if step is None else step)}  # the same on every process
 
     def advance(self, stepped: bool):
         """Count a micro-batch, and the optimizer step it completed."""
@@ -110,8 +104,7 @@ class TrainStep(StepKeys):
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
 
     def __call__(self, batch, step: int | None = None) -> StepResult | None:
-        """One micro-batch of optimizer step `step` (the steps completed before it, which key its dropout masks); a
-        StepResult when it completed that step, else None."""
+        """One micro-batch of optimizer step `step` (0-based: it keys the dropout masks); a StepResult once it steps."""
         acc, model = self.accelerator, self.model
         totals = None
         with acc.accumulate(model):

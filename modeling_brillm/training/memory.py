@@ -4,20 +4,18 @@ allocated, the step's memory on a GPU, and glibc malloc tuning for the CPU path.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import sys
 from typing import Callable
 
 import psutil
 import torch
-from accelerate.utils import DistributedType
 
 from modeling_brillm.backend import HAVE_TRITON, current_backend
 from modeling_brillm.sharding import sharded_memory
 
 from .errors import UsageError
-from .fsdp import fsdp_on_cpu
+from .fsdp import is_fsdp
 
 MEMORY_ENV = "BRILLM_AVAILABLE_MEMORY_GB"  # pretend this much memory is available (tests, containers)
 # Upper estimates of a step's activations: the recipe's step on the torch path (readout and count prior on) stays below
@@ -35,9 +33,8 @@ def human_bytes(n: float) -> str:
 
 def training_memory(num_params: int, strategy: str = "single", world_size: int = 1,
                     mixed_precision: str = "no", moment_bytes: int = 8) -> dict:
-    """Bytes one process needs to train `num_params` fp32 parameters with AdamW, +10%: parameters, gradients and
-    moments (`moment_bytes`: 8, or 4 in bfloat16); DDP adds its buckets; FSDP shards those over `world_size` and
-    gathers the whole table's parameters and gradients (BriLLM is one module) in the compute dtype."""
+    """Bytes one process needs to train `num_params` fp32 parameters with AdamW, +10%; FSDP shards them over
+    `world_size` and gathers the whole table's parameters and gradients (BriLLM is one module) in the compute dtype."""
     if strategy == "fsdp":
         width = 2 if mixed_precision in ("fp16", "bf16") else 4
         parts = {"sharded params+grads+AdamW": (8 + moment_bytes) * num_params / max(world_size, 1),
@@ -91,10 +88,8 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
 
 
 def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
-    """`training_memory` (or `sharded_training_memory`, over `tokens` per process: by default batch x block) for this
-    run's processes, strategy and moments: {"total", "parts"}."""
-    fsdp = accelerator.distributed_type == DistributedType.FSDP or fsdp_on_cpu(accelerator)  # CPU: the script shards
-    strategy = "fsdp" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
+    """This run's `training_memory` or `sharded_training_memory` (over `tokens` per process, default batch x block)."""
+    strategy = "fsdp" if is_fsdp(accelerator) else ("ddp" if accelerator.num_processes > 1 else "single")
     moment_bytes = 4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8
     if getattr(args, "edge_sharding", "none") == "source":
         tokens = args.per_device_train_batch_size * args.block_size if tokens is None else tokens
@@ -107,8 +102,7 @@ def check_memory(config, accelerator, args) -> str:
     """Refuse (UsageError) a model whose training state cannot fit; return a line describing the estimate."""
     need = state_memory(config, accelerator, args)
     have, source = available_memory(accelerator, args.available_memory_gb)
-    if accelerator.num_processes > 1 and math.isfinite(have):  # every process must agree
-        have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
+    have = agreed_free(accelerator, have)
     parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in need["parts"].items())
     if need["total"] > have:
         what = "dense" if config.graph == "dense" else f"sparse ({config.num_edges:,} real edges)"
@@ -147,10 +141,8 @@ def successors_per_token(config, graph=None) -> float:
 
 
 def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
-    """blocks -> the bytes one process needs to train a batch of `blocks`: the state, and per token (an upper
-    estimate of the exact loss) LOGIT_COPIES rows of V logits, its source's candidate energies (CANDIDATE_COPIES
-    (successors, d) buffers on the torch path, an energy and its gradient with the kernels) and the edge row it
-    crosses with its gradient."""
+    """blocks -> the bytes one process needs to train a batch of `blocks`: the state, plus per token (an upper estimate
+    of the exact loss) its logits, its source's candidate energies and the edge row it crosses, with their gradients."""
     kernels = accelerator.device.type == "cuda" and HAVE_TRITON and current_backend() != "torch"
     d, candidates = config.node_size, successors_per_token(config, graph)
     per_token = 4 * LOGIT_COPIES * config.vocab_size + 4 * candidates * (2 if kernels else CANDIDATE_COPIES * d) \
@@ -165,7 +157,7 @@ def step_memory(config, graph, accelerator, args) -> Callable[[int], float]:
 
 
 def agreed_free(accelerator, free: float | None) -> float | None:
-    """The least free memory over the processes, so that every process chooses the same batch."""
+    """The least free memory over the processes, so that every process decides the same (the batch, the path)."""
     if free is None or accelerator.num_processes == 1:
         return free
     return float(accelerator.gather(torch.tensor([free], dtype=torch.float64, device=accelerator.device)).min())

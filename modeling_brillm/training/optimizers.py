@@ -13,6 +13,7 @@ from modeling_brillm.optimization import SparseAdamW, parameter_groups
 from .errors import UsageError
 
 OPTIMIZERS = ("auto", "adamw", "sparse_adamw")
+MOMENT_DTYPES = ("float32", "bfloat16")
 BETAS, EPS = (0.9, 0.999), 1e-8  # the paper's AdamW
 
 
@@ -26,8 +27,7 @@ class OptimizerPlan:
 
 def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | None,
                      fsdp: bool = False) -> OptimizerPlan:
-    """The optimizer for `--optimizer requested` with `num_processes` processes (FSDP shards dense gradients only,
-    with any process count); UsageError if it cannot run."""
+    """The optimizer for `--optimizer requested` (FSDP shards dense gradients only); UsageError if it cannot run."""
     clip = bool(max_grad_norm)
     if requested not in OPTIMIZERS:
         raise UsageError(f"--optimizer {requested!r}: choose one of {', '.join(OPTIMIZERS)}.")
@@ -49,9 +49,6 @@ def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | 
                              "all-reduce")
     return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches are read "
                          "and updated")
-
-
-MOMENT_DTYPES = ("float32", "bfloat16")
 
 
 def resolve_moment_dtype(requested: str | None, plan: OptimizerPlan, mixed_precision: str,

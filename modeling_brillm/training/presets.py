@@ -1,8 +1,6 @@
-"""A run's settings: the default preset (recipe.DEFAULT_PRESET) with a preset file's changes or a saved recipe, then
-the flags, resolved in one function (`resolve_settings`); the "auto" values the data probe and the run's length choose
-(`choose_auto`); the config and graph they give; the batch on a GPU. A preset file (configuration/models/*.json) has
-the sections "model" (BriLLMConfig fields), "tokenizer" and "training" (flag values) and states only what it changes,
-with the reason in each section's "_why" object (keys starting with "_" are comments)."""
+"""A run's settings: the default preset (recipe.DEFAULT_PRESET) with a preset's changes (configuration/README.md)
+or a saved recipe, then the flags (`resolve_settings`); the "auto" values (`choose_auto`); the config and graph they
+give; the batch on a GPU."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ def known_presets() -> list[str]:
 
 
 def load_preset(name_or_path: str | None) -> dict:
-    """The preset's sections {"model", "tokenizer", "training"}: what it changes in the default preset.
-    `name_or_path`: a name in configuration/models/ or the path of a JSON file."""
+    """What a preset (a name in configuration/models/ or a JSON file's path) changes in the default, by section."""
     preset = {section: {} for section in SECTIONS}
     if name_or_path is None:
         return preset
@@ -70,9 +67,8 @@ def load_preset(name_or_path: str | None) -> dict:
 
 
 def resolve_settings(args) -> RecipeChoice:
-    """Every setting of the run: the default preset < a preset's changes (or `--recipe FILE`) < the flags; a default
-    the setup cannot train gives way (recipe.GIVES_WAY). Fills the training flags on `args` and sets
-    `args.recipe_choice`; returns it ("auto" values still to choose)."""
+    """Every setting: the default preset < a preset's changes (or `--recipe FILE`) < the flags, then recipe.GIVES_WAY;
+    the training ones set on `args`, the choice as `args.recipe_choice` and returned ("auto" values still to choose)."""
     choice = _preset_or_recipe(args)
     for key in list(choice.settings):
         value = getattr(args, flag_of(key), None)
@@ -159,8 +155,7 @@ def _auto_count(choice) -> bool:
 
 
 def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
-    """A copy of `choice` with the count and the dropout decided where they are "auto": `probe` is
-    `pruning.probe_bigrams` of the training blocks, `plan` the run's length."""
+    """A copy of `choice` with the "auto" count and dropout decided from `probe` (pruning.probe_bigrams) and `plan`."""
     plan = plan or RunPlan()
     out = RecipeChoice(dict(choice.settings), {"plan": asdict(plan), "probe": probe.summary() if probe else None},
                        given=set(choice.given))
@@ -175,8 +170,7 @@ def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -
 
 
 def choose_recipe(requested: dict, rules: dict, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
-    """`choose_auto` over settings given as {"model": ..., "tokenizer": ..., "training": ...}, each set by
-    `rules["section.name"]` (default: its rule of the default preset)."""
+    """`choose_auto` over {"model": {...}, ...} settings, each with rule `rules["section.name"]` or the default's."""
     choice = RecipeChoice()
     for section, values in requested.items():
         for name, value in values.items():
@@ -227,19 +221,6 @@ def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=N
         raise UsageError(str(err)) from None
 
 
-def build_config_and_graph(choice: RecipeChoice, tokenizer, train_blocks, min_bigram_count=None,
-                           planned_epochs: float | None = None, epochs_grow_with_pruning: bool = False, say=None):
-    """(BriLLMConfig, the sparse graph or None for a dense one, the count used: the `PruningChoice` where it was
-    "auto"): `plan_recipe` and `build_from_recipe` with the count `min_bigram_count` (default: the choice's)."""
-    if min_bigram_count is not None:
-        choice = RecipeChoice(dict(choice.settings), given=set(choice.given))
-        _set(choice, "training.min_bigram_count", min_bigram_count, "given")
-    chosen, sequences = plan_recipe(choice, tokenizer, train_blocks, RunPlan(planned_epochs, epochs_grow_with_pruning),
-                                    say=say)
-    config, graph = build_from_recipe(chosen, tokenizer, train_blocks, sequences)
-    return config, graph, None if graph is None else chosen.pruning or chosen.value("training", "min_bigram_count")
-
-
 # ------------------------------------------------------------------------------------- the step on a GPU
 @dataclass
 class StepBatch:
@@ -253,9 +234,8 @@ class StepBatch:
 
 def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
                       checkpoint_global_batch: int | None = None) -> StepBatch | None:
-    """GPU_STEP_TOKENS on a CUDA device where no preset, recipe file or flag gave the batch: the blocks per process
-    that make GPU_STEP_TOKENS tokens a step, at most the training blocks per process; a resumed run keeps its
-    checkpoint's. Sets the batch on `args` and in its choice; None (nothing changed) elsewhere."""
+    """On CUDA where nothing gave the batch: GPU_STEP_TOKENS tokens a step, at most the training blocks per process (a
+    resumed run: its checkpoint's), set on `args` and in its choice; None (nothing changed) elsewhere."""
     if device_type != "cuda" or STEP_BATCH in args.recipe_choice.given:
         return None
     per_step = processes * args.gradient_accumulation_steps
@@ -270,9 +250,8 @@ def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
 
 
 def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], free: float | None) -> str | None:
-    """The memory check of the step on a CUDA device (`free`: its free bytes; None elsewhere: nothing to check).
-    A batch GPU_STEP_TOKENS chose is halved until `need(batch)` (bytes) fits FREE_SHARE of `free`; a batch given
-    otherwise (or a resumed run's) is kept, with a warning where it would not fit. Returns the start-up line."""
+    """The step's memory check on CUDA (`free` bytes; None elsewhere): a GPU_STEP_TOKENS batch is halved until it fits
+    FREE_SHARE of `free`, any other is kept (with a warning where it would not fit); returns the start-up line."""
     if free is None:
         return None
     batch, L, size = args.per_device_train_batch_size, args.block_size, human_bytes

@@ -91,8 +91,8 @@ def start_run(args):
         say("warning: --hub_token puts the token on the command line, where the process list and a failing launch "
             "show it; set HF_TOKEN or run `hf auth login` instead")
     checkpoint = resolve_checkpoint(args, say)
-    if checkpoint is not None and sharded.checkpoint_kind_error(checkpoint, args.sharding):
-        raise sharded.checkpoint_kind_error(checkpoint, args.sharding)
+    if checkpoint is not None:
+        sharded.check_checkpoint_kind(checkpoint, args.sharding)
     here = checkpoint is not None and checkpoint.resolve().parent == Path(args.output_dir).resolve()
     folder = open_folder(args.output_dir, accelerator, args.overwrite_output_dir, resuming_here=here)
     return accelerator, checkpoint, folder
@@ -103,8 +103,7 @@ def load_data(args, resolved, accelerator, out_dir, checkpoint):
     raw, description = load_raw_data(args)
     accelerator.print(f"data: {description}")
     tokenizer, line = load_tokenizer(args, resolved.section("tokenizer"), raw, out_dir, checkpoint, accelerator)
-    if line:
-        accelerator.print(line)
+    accelerator.print(line)
     train_blocks, eval_blocks, line = prepare_blocks(raw, tokenizer, args, accelerator)
     accelerator.print(line)
     eval_tokens = scored_tokens(eval_blocks) if eval_blocks is not None else 0
@@ -122,8 +121,7 @@ def global_batch(args, accelerator) -> int:
 
 
 def plan_model(args, resolved, data, accelerator, checkpoint=None):
-    """The optimizer (its moments count in the memory check), the batch on a GPU, the config and graph of the
-    training blocks for the run's length, the memory check; returns (config, graph, optimizer plan)."""
+    """The optimizer (its moments count in the memory check), the GPU batch, the config and graph, the memory check."""
     say = accelerator.print
     plan = choose_optimizer(args.optimizer, 1 if args.sharding else accelerator.num_processes, args.max_grad_norm,
                             fsdp=is_fsdp(accelerator))
@@ -208,7 +206,8 @@ def epochs_in_budget(args, resolved, data, accelerator, step=None, free=None) ->
     throwaway model of the data's graph at no planned length (the slowest process's pace), without touching the
     run's random state. A batch the device chose (`step`) is first fitted to the device's `free` memory."""
     device = accelerator.device
-    config, graph, _ = presets.build_config_and_graph(resolved, data.tokenizer, data.train)
+    recipe, sequences = presets.plan_recipe(resolved, data.tokenizer, data.train)
+    config, graph = presets.build_from_recipe(recipe, data.tokenizer, data.train, sequences)
     presets.fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         pace = time_steps(args, config, graph, data, accelerator)
@@ -230,8 +229,7 @@ def time_steps(args, config, graph, data, accelerator) -> float:
     model = BriLLMForCausalLM.from_graph(graph, config=config).to(device)
     optimizer = build_optimizer(
         model, plan, args.learning_rate, args.weight_decay, accelerator, lazy_weight_decay=args.lazy_weight_decay,
-        node_lr_scale=args.node_lr_scale, moment_dtype=resolve_moment_dtype(
-            args.moment_dtype, plan, accelerator.mixed_precision, device.type),
+        node_lr_scale=args.node_lr_scale, moment_dtype=args.moment_dtype,  # plan_model resolved it for this plan
         shared_edge_lr_scale=args.shared_edge_lr_scale if plan.name == "sparse_adamw" else 1.0)
     step = TrainStep(accelerator, model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
                      per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
@@ -249,8 +247,7 @@ def time_steps(args, config, graph, data, accelerator) -> float:
 
 # --------------------------------------------------------------------------------------- the model and job
 def prepare(args, config, graph, plan, data, accelerator, checkpoint):
-    """The model, the loaders (training: shuffled, whole batches) and the optimizer, handed to accelerate or sharded
-    by source node (each process builds only its own sources where the whole model does not fit one)."""
+    """The model, the loaders (training: shuffled, whole batches) and the optimizer, prepared or sharded by source."""
     W = accelerator.num_processes
     if len(data.train) < args.per_device_train_batch_size * W:
         raise UsageError(f"{len(data.train)} training blocks cannot fill one global batch of "
@@ -341,13 +338,11 @@ def claim_folder(args, job: Job, config, folder, checkpoint):
 
 
 def init_tracking(args, accelerator):
-    """Experiment trackers (--with_tracking) with the run's flags (never a token, key or password) and the model's
-    fields as hyperparameters."""
+    """Experiment trackers with the run's flags (never a token, key or password) and the model's fields."""
     if args.with_tracking:
         plain = (int, float, str, bool)
         hparams = {k: v for k, v in vars(args).items() if isinstance(v, plain) and not SECRET.search(k)}
-        fields = args.recipe_choice.section("model")
-        model = {f"model_{k}": v for k, v in fields.items() if isinstance(v, plain)}
+        model = {f"model_{k}": v for k, v in args.recipe_choice.section("model").items() if isinstance(v, plain)}
         accelerator.init_trackers("brillm_pretrain", {**hparams, **model})
 
 
@@ -431,8 +426,7 @@ def final_fix(args, folder) -> str:
 
 
 def save_final(args, job: Job, tokenizer, folder):
-    """The Hugging Face folder, staged beside the old model (a sharded run's table gathered on the main process);
-    returns the plain model."""
+    """The Hugging Face folder, staged beside the old model; returns the plain model."""
     accelerator, model, staged = job.accelerator, job.model, folder.staged
     if accelerator.is_main_process:
         folder.stage()
@@ -463,8 +457,7 @@ def show_generations(args, job: Job, unwrapped, data, summary: dict):
     prompts = choose_prompts(args, data.raw["validation"] if "validation" in data.raw else None,
                              not (args.train_file or args.dataset_name))
     if prompts and args.num_generations > 0 and (accelerator.is_main_process or fsdp):
-        samples = generate_samples(job.model if fsdp else unwrapped, data.tokenizer, prompts, args,
-                                   accelerator.device)
+        samples = generate_samples(job.model if fsdp else unwrapped, data.tokenizer, prompts, args, accelerator.device)
         accelerator.print("generations (greedy | sampled, top-k 40, temperature 0.8):")
         for s in samples:
             accelerator.print(f"  {s['prompt']!r}\n    greedy : {s['prompt']}{s['greedy']}\n"

@@ -49,10 +49,6 @@ class Rule:
         tuned = self.tuned and self.evidence != PAPER
         return tuned * sum(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
-    @property
-    def shown(self) -> str:
-        return f"`{self.value!r}`" + (f": {self.formula}" if self.formula else "")
-
 
 ABLATION = '§"Rule ablation"'  # § names a section of docs/ablations.md
 LONG = '§"Long runs"'
@@ -118,8 +114,7 @@ RULES = (
          sets="training.moment_dtype", formula="bfloat16 under bf16 with SparseAdamW on a GPU, else float32"),
     # the model: the paper's shape, plus the extensions
     Rule("node_size", 32, "the paper's d", PAPER, sets="model.node_size"),
-    Rule("max_position_embeddings", 512, "the paper's position weights", PAPER,
-         sets="model.max_position_embeddings"),
+    Rule("max_position_embeddings", 512, "the paper's position weights", PAPER, sets="model.max_position_embeddings"),
     Rule("graph", "sparse", "a dense graph is V² edges (16.9B parameters at V=4000)", "docs/model.md",
          sets="model.graph"),
     Rule("loss_type", "exact", "the paper's loss: a softmax over every node's energy; the extensions below need "
@@ -132,14 +127,12 @@ RULES = (
     Rule("edge_backoff", False, "off: never worth twice the noise on six corpora, 4.3% lower without it on "
          "`small`", ABLATION, sets="model.edge_backoff", formula="on: x·(edge_base + W[u→v])", tuned=False),
     Rule("node_embedding", True, "the mix carries which tokens came last, learned from every occurrence: without it "
-         "15-23% higher on six corpora", ABLATION, sets="model.node_embedding",
-         formula="edge output + e_v"),
+         "15-23% higher on six corpora", ABLATION, sets="model.node_embedding", formula="edge output + e_v"),
     Rule("count_prior", True, "the counts read every training token at once; the edges learn what they miss "
          "(without it 2-10% higher)", ABLATION, sets="model.count_prior",
          formula="logit + log p(v \\| u), fixed, built from every training bigram"),
     Rule("count_prior.DISCOUNT", DISCOUNT, "the usual absolute discount", "Ney, Essen & Kneser 1994",
-         formula="p(v \\| u) interpolates max(c − D, 0)/c(u) with an add-one unigram",
-         tuned=False),
+         formula="p(v \\| u) interpolates max(c − D, 0)/c(u) with an add-one unigram", tuned=False),
     Rule("position_recency", 0.2, "left at one, training did not find recency: 3-9% higher", ABLATION,
          sets="model.position_recency", formula="position weights start at 1 + 0.2·k (~the last 5 edges)"),
     Rule("position_encoding", "released", "the release's position weights", PAPER, sets="model.position_encoding"),
@@ -153,16 +146,13 @@ RULES = (
          "4.4-19.8% higher on four of six corpora", SHAPE, sets="training.block_size",
          formula="tokens per block: `<s>`, the sentence, `</s>`, padding"),
     Rule("per_device_train_batch_size", 32, "the paper's: at the same epochs within the noise of batch 64 on four "
-         "of six corpora, 3.8-4.4% lower on two", SHAPE, sets="training.per_device_train_batch_size",
-         tuned=False),
+         "of six corpora, 3.8-4.4% lower on two", SHAPE, sets="training.per_device_train_batch_size", tuned=False),
     Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "32 × 32 tokens leave a GPU idle: 76,494 tokens/s at the paper's "
          "shape, 1,526,444 at 1024 × 64 (20×)", GPU_RECORD,
          formula=f"on CUDA, unless set: batch = {GPU_STEP_TOKENS:,} // block_size, halved until the step fits "
          f"{FREE_SHARE} of the free memory"),
-    Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", PAPER,
-         sets="tokenizer.kind"),
-    Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", PAPER,
-         sets="tokenizer.vocab_size"),
+    Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", PAPER, sets="tokenizer.kind"),
+    Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", PAPER, sets="tokenizer.vocab_size"),
     Rule("tokenizer min_frequency", 2, "the paper's tokenizer", PAPER, sets="tokenizer.min_frequency"),
     # a setup that cannot train a default turns it off (a preset's or a flag's value stays and is refused)
     Rule("sampled loss: no node_readout", False, "the sampled loss scores a few nodes, the readout all",
@@ -211,7 +201,8 @@ def recipe_table_markdown() -> str:
             grouped[rule.evidence].append(f"`{rule.name}` {rule.value!r}")
             continue
         name = f"`{rule.name}`" + (f" (`{rule.sets}`)" if rule.sets and rule.sets.split(".")[1] != rule.name else "")
-        rows.append(f"| {name} | {rule.shown} | {rule.why} | {rule.evidence} |")
+        shown = f"`{rule.value!r}`" + (f": {rule.formula}" if rule.formula else "")
+        rows.append(f"| {name} | {shown} | {rule.why} | {rule.evidence} |")
     rows.append(f"| the paper's shape | {', '.join(grouped[PAPER])} | as published | {PAPER} |")
     rows.append(f"| the run | {', '.join(grouped[RUN])} | not the recipe: `recipe.json` leaves them out | {RUN} |")
     return "\n".join(rows) + "\n"

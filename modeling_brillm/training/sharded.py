@@ -11,7 +11,7 @@ from ..optimization import SparseAdamW
 from ..sharding import SHARED_FILE, ShardedBriLLM
 from .errors import UsageError
 from .loop import StepKeys, StepResult, _extra_inputs
-from .memory import available_memory, sharded_training_memory
+from .memory import agreed_free, available_memory, sharded_training_memory
 from .optimizers import BETAS, EPS
 
 EDGE_SHARDINGS = ("none", "source")
@@ -19,40 +19,32 @@ _EVAL_KEYS = ("input_ids", "attention_mask", "labels", "signal_ids")
 
 
 def resolve_optimizer(edge_sharding: str, optimizer: str | None) -> str:
-    """The optimizer name for this sharding: lazy AdamW is the only one a sharded table can use."""
-    if edge_sharding not in EDGE_SHARDINGS:
-        raise UsageError(f"--edge_sharding {edge_sharding!r}: choose one of {', '.join(EDGE_SHARDINGS)}.")
+    """The optimizer for `--edge_sharding` (argparse checked it): lazy AdamW is the only one a sharded table can use."""
     if edge_sharding == "none":
         return optimizer or "auto"
     if optimizer not in (None, "auto", "sparse_adamw"):
-        raise UsageError(
-            f"--edge_sharding source updates each process's own rows with lazy AdamW and never forms the dense "
-            f"gradient that --optimizer {optimizer} needs; use --optimizer sparse_adamw (or auto, the default)."
-        )
+        raise UsageError(f"--edge_sharding source updates each process's own rows with lazy AdamW and never forms "
+                         f"the dense gradient that --optimizer {optimizer} needs; use --optimizer sparse_adamw (or "
+                         "auto, the default).")
     return "sparse_adamw"
 
 
-def checkpoint_kind_error(checkpoint, sharded: bool) -> UsageError | None:
-    """A clear error when a checkpoint was saved by the other kind of run (sharded or not)."""
+def check_checkpoint_kind(checkpoint, sharded: bool):
+    """Refuse a checkpoint saved by the other kind of run (sharded or not), with a clear error."""
     is_sharded = (checkpoint / SHARED_FILE).is_file()
     if is_sharded and not sharded:
-        return UsageError(f"{checkpoint} was saved by a run with --edge_sharding source: resume it with "
-                          "--edge_sharding source (any number of processes).")
+        raise UsageError(f"{checkpoint} was saved by a run with --edge_sharding source: resume it with "
+                         "--edge_sharding source (any number of processes).")
     if sharded and not is_sharded:
-        return UsageError(f"{checkpoint} was saved without --edge_sharding source (it holds the whole model, not "
-                          "edge shards): resume it the way it was trained.")
-    return None
+        raise UsageError(f"{checkpoint} was saved without --edge_sharding source (it holds the whole model, not "
+                         "edge shards): resume it the way it was trained.")
 
 
 def whole_model_fits(config, accelerator, args) -> bool:
-    """Whether every process can build the whole model before sharding it (one process's initialisation); else
-    each initialises only its own sources' blocks. The same answer on every process."""
+    """Whether every process can build the whole model before sharding it (the same answer on every process)."""
     need = sharded_training_memory(config, accelerator.num_processes,
                                    args.per_device_train_batch_size * args.block_size)["whole_model"]
-    have, _ = available_memory(accelerator, args.available_memory_gb)
-    if accelerator.num_processes > 1 and math.isfinite(have):  # every process must take the same path
-        have = float(accelerator.gather(torch.tensor([have], dtype=torch.float64, device=accelerator.device)).min())
-    return need <= have
+    return need <= agreed_free(accelerator, available_memory(accelerator, args.available_memory_gb)[0])
 
 
 def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, seed: int = 0):
@@ -94,12 +86,11 @@ class ShardedTrainStep(StepKeys):
     last one's step all-reduces the replicated gradients, rescales every gradient to the mean over the global batch
     (x ref / the accumulation's targets) and clips them by the global norm (`max_grad_norm`; None or 0: no)."""
 
-    def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int,
-                 block_size: int, learning_rate: float, max_grad_norm: float | None = None,
-                 seed: int | None = None):
+    def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
+                 learning_rate: float, max_grad_norm: float | None = None, seed: int | None = None):
         self.accelerator, self.sharded = accelerator, sharded
-        self.keys_from(accelerator, per_device_batch_size, seed)
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.keys_from(accelerator, per_device_batch_size, seed)
         self.ref, self.lr_used = float(per_device_batch_size * block_size), learning_rate
         self.max_grad_norm = max_grad_norm
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, own tokens
@@ -144,11 +135,10 @@ class ShardedTrainStep(StepKeys):
 def evaluate_sharded(sharded, dataloader, accelerator) -> tuple[float, float, int]:
     """(mean loss, perplexity, scored tokens) as `loop.evaluate`, from an unprepared `dataloader`: each process scores
     its share of every batch's rows (with none, where a batch has fewer rows than processes, a row with no target)."""
-    total, count, dev = 0.0, 0, accelerator.device
+    total, count, dev, W = 0.0, 0, accelerator.device, accelerator.num_processes
     sharded.eval()
     for batch in dataloader:
-        rows = torch.arange(batch["input_ids"].shape[0]).tensor_split(accelerator.num_processes)
-        rows = rows[accelerator.process_index]
+        rows = torch.arange(batch["input_ids"].shape[0]).tensor_split(W)[accelerator.process_index]
         part = {k: v[rows] for k, v in batch.items() if k in _EVAL_KEYS}  # the model's inputs (`_extra_inputs`)
         if rows.numel() == 0:
             part = {k: v[:1, :1] if v.dim() > 1 else v[:1] for k, v in batch.items() if k in _EVAL_KEYS}

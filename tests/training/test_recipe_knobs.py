@@ -239,7 +239,8 @@ def test_dropout_rows_are_the_blocks_places_in_the_global_batch_as_accelerate_de
     from accelerate.data_loader import prepare_data_loader
     from torch.utils.data import DataLoader
 
-    from modeling_brillm.training.loop import StepKeys, step_seed
+    from modeling_brillm.recurrence import mix64
+    from modeling_brillm.training.loop import StepKeys
 
     blocks = list(range(96))
 
@@ -257,7 +258,7 @@ def test_dropout_rows_are_the_blocks_places_in_the_global_batch_as_accelerate_de
                 keys.steps = keys.micro = 0
                 for got in loader:
                     inputs = keys.dropout_inputs({"input_ids": got}, None)
-                    assert inputs["dropout_seed"] == step_seed(0, keys.steps)
+                    assert inputs["dropout_seed"] == mix64(0, keys.steps)
                     for row, block in zip(inputs["dropout_rows"].tolist(), got.tolist()):
                         seen[keys.steps, row] = block
                     keys.advance(keys.micro + 1 == accumulation)
