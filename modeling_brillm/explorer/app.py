@@ -104,9 +104,7 @@ def build(models=(), extend: bool = False, allow_any: bool = False):
         status = gr.Textbox(label="status", interactive=False, elem_id="status")
         view = gr.HTML(elem_id="view", js_on_load=None)
         inputs = [name, prompt, new_tokens, sample, temperature, seed, extended]
-        handler = lambda *values: explore_prompt(served, *values)
-        run.click(handler, inputs, [view, status])
-        prompt.submit(handler, inputs, [view, status])
+        gr.on([run.click, prompt.submit], lambda *values: explore_prompt(served, *values), inputs, [view, status])
     return app
 
 
