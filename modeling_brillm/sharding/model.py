@@ -1,7 +1,6 @@
-"""`ShardedBriLLM`: the model's own code through `BriLLMModel.run_signals(..., edge_fetch=...)` (rows fetched from
-their owners) and `BriLLMModel.score(...)` (on the owner of a position's source). Owned rows' gradients stay there; the
-replicated ones are summed in one all-reduce with a flag each of whether a process had one (lazy AdamW steps a row
-iff the global batch touched it)."""
+"""`ShardedBriLLM`: the model's own `run_signals` (rows fetched from their owners) and `score` (on the owner of a
+position's source). Owned rows' gradients stay there; the replicated ones are summed in one all-reduce with a flag
+each of whether a process had one (lazy AdamW steps a row iff the global batch touched it)."""
 
 from __future__ import annotations
 
@@ -142,8 +141,7 @@ class ShardedBriLLM(nn.Module):
         self._unreduced = False
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """`torch.nn.utils.clip_grad_norm_` of one process, after `reduce_gradients()`: each owner's rows' squared
-        norms and rank 0's replicated ones (the same everywhere once reduced) in one all-reduce; returns the norm."""
+        """`clip_grad_norm_` as one process: owned rows' squares, and rank 0's replicated ones (equal everywhere)."""
         if self._unreduced:
             raise RuntimeError("ShardedBriLLM.clip_grad_norm_: call reduce_gradients() first (after backward): the "
                                "replicated gradients are still this process's share, not the global sum.")
