@@ -169,8 +169,7 @@ def _copy_blocks(targets, slices, blocks):  # rows [first, first + n) of each sl
 
 
 def load_full_state_dict(sharded, path):
-    """This process's rows and the replicated parameters from a whole model's safetensors file (`full_state_dict`'s
-    keys, or a saved model's with the `brillm.` prefix), read by slice: how a sharded run's best model returns."""
+    """This process's part of a whole model's file (`full_state_dict`'s keys, or `brillm.`-prefixed), read by slice."""
     m, table = sharded.model.base_model, sharded.table
     indptr, local = table.global_indptr.tolist(), table.local_indptr.tolist()
     blocks = [(0, 1, 0)] + [(indptr[u] + 1, indptr[u + 1] - indptr[u], local[u] + 1)

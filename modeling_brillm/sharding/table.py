@@ -34,14 +34,12 @@ def source_costs(model) -> torch.Tensor:
     return (uses + 1) * (degree.double() + 1)
 
 
-def balance_sources(costs: torch.Tensor, num_shards: int, degree: torch.Tensor | None = None) -> torch.Tensor:
+def balance_sources(costs: torch.Tensor, num_shards: int, degree: torch.Tensor) -> torch.Tensor:
     """Owner (V,) of every source: longest-processing-time greedy, the sources without successors spread last."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
-    order = torch.argsort(costs, descending=True, stable=True).tolist()
-    if degree is not None:  # row-holding sources first, so every shard gets some when there are enough
-        has_rows = (degree > 0).tolist()
-        order = [u for u in order if has_rows[u]] + [u for u in order if not has_rows[u]]
+    order, has_rows = torch.argsort(costs, descending=True, stable=True).tolist(), (degree > 0).tolist()
+    order = [u for u in order if has_rows[u]] + [u for u in order if not has_rows[u]]  # rows for every shard
     owners, cost = torch.empty(costs.numel(), dtype=torch.long), costs.tolist()
     heap = [(0.0, shard) for shard in range(num_shards)]
     for u in order:
