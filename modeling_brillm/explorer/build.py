@@ -62,8 +62,7 @@ def folder_problem(name: str) -> str | None:
     if os.path.isfile(name):
         return f"{name!r} is a file, not a model folder: {SAVED}"
     if not os.path.isdir(name):
-        local = (os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1
-                 or not _HUB_ID.match(name) or ("/" in name and os.path.isdir(name.split("/", 1)[0])))
+        local = not _HUB_ID.match(name) or ("/" in name and os.path.isdir(name.split("/", 1)[0]))
         return f"no such folder: {name!r}." if local else None
     if not os.path.isfile(os.path.join(name, "config.json")):
         return f"{name!r} is not a BriLLM model folder (it holds no config.json): {SAVED}"
