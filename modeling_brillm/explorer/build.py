@@ -129,8 +129,7 @@ class Explorer:
                 f'{int(height)}px;border:1px solid #ddd;border-radius:6px" '
                 f'srcdoc="{html.escape(self.to_html(), quote=True)}"></iframe>')
 
-    def _repr_html_(self) -> str:
-        return self.iframe()
+    _repr_html_ = iframe  # a notebook cell shows the page in its iframe
 
 
 class TooLong(ValueError):
