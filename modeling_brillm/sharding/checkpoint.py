@@ -1,5 +1,5 @@
 """Sharded checkpoints: `edge_shard_<rank>_of_<world>.safetensors` per process (its sources' rows with AdamW state) and
-`edge_shared.safetensors` (owners, replicated parameters, row 0, their state), on any process count; the whole model."""
+`edge_shared.safetensors` (owners, replicated parameters, row 0, their state): read on any process count."""
 
 from __future__ import annotations
 
