@@ -28,14 +28,13 @@ def resolve(name: str) -> str:
 
 
 class Models:
-    """The models served (`listed`, or any when `allow_any`), loaded on first use into a least-recently-used cache of
-    `size` by resolved folder; `lock` serialises the requests, each setting the position overflow it asks for."""
+    """The models served (`listed`, or any with `allow_any`), loaded on first use into an LRU cache of `size`."""
 
     def __init__(self, listed=(), allow_any: bool = False, size: int = 2):
         self.listed = {resolve(n): n for n in listed}
         self.allow_any, self.size = bool(allow_any), max(1, int(size))
         self.loaded: OrderedDict = OrderedDict()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one request at a time: each sets the position overflow it asks for
 
     def get(self, name: str):
         """(model, tokenizer, its own overflow), or a one-line ValueError that tells nothing of the server's files."""
@@ -104,9 +103,7 @@ def build(models=(), extend: bool = False, allow_any: bool = False):
         status = gr.Textbox(label="status", interactive=False, elem_id="status")
         view = gr.HTML(elem_id="view", js_on_load=None)
         inputs = [name, prompt, new_tokens, sample, temperature, seed, extended]
-        handler = lambda *values: explore_prompt(served, *values)
-        run.click(handler, inputs, [view, status])
-        prompt.submit(handler, inputs, [view, status])
+        gr.on([run.click, prompt.submit], lambda *values: explore_prompt(served, *values), inputs, [view, status])
     return app
 
 

@@ -1,6 +1,5 @@
 """A saved BriLLM loaded quietly by this package's code (never the folder's own), and the page of a text through one
-model (`explore`) or two (`compare`): the input checked, the paths, the nodes and every token's text gathered into
-the `Explorer` that writes it as one self-contained HTML file (docs/explorer.md). Every mistake: one line."""
+model (`explore`) or two (`compare`) as one self-contained HTML file (docs/explorer.md). Every mistake: one line."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ CHANGED = 10  # steps listed in the diff view as those whose rank changed most
 PYTHON_FIX = ('; load the model with load_model(name, extend=True), or set model.config.position_overflow = '
               '"extend", to read past them.')
 _STATIC = Path(__file__).resolve().parent / "static"
-# the page's script in the order it runs: helpers, the energy chart, the path, Node and diff views, the start
-SCRIPTS = ("base.js", "chart.js", "path.js", "node.js", "diff.js", "main.js")
+SCRIPTS = ("base.js", "chart.js", "path.js", "node.js", "diff.js", "main.js")  # the page's script, in the order it runs
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # a Hub id: a name, or a namespace and a name
 SAVED = "give the folder save_pretrained wrote."
 
@@ -58,15 +56,13 @@ def one_line(error: BaseException, fix: str = "") -> str:
 
 
 def folder_problem(name: str) -> str | None:
-    """What is wrong with `name` as a saved folder (none, a file, missing, no config.json), or None: may be a model.
-    A name that can only be a path (not a Hub id), or reads "folder/name" with the folder here, is missing."""
+    """What is wrong with `name` as a saved folder, or None: it may be a model (a folder, or a Hub id)."""
     if not name:
         return "no model given: name a saved BriLLM folder or a Hub id."
     if os.path.isfile(name):
         return f"{name!r} is a file, not a model folder: {SAVED}"
     if not os.path.isdir(name):
-        local = (os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1
-                 or not _HUB_ID.match(name) or ("/" in name and os.path.isdir(name.split("/", 1)[0])))
+        local = not _HUB_ID.match(name) or ("/" in name and os.path.isdir(name.split("/", 1)[0]))
         return f"no such folder: {name!r}." if local else None
     if not os.path.isfile(os.path.join(name, "config.json")):
         return f"{name!r} is not a BriLLM model folder (it holds no config.json): {SAVED}"
@@ -74,8 +70,7 @@ def folder_problem(name: str) -> str | None:
 
 
 def load_model(name_or_path: str, extend: bool = False):
-    """(model, tokenizer) of a saved folder or Hub id in eval mode, by this package's BriLLM, or a one-line ValueError;
-    `extend`: read past the trained positions."""
+    """(model, tokenizer) of a folder or Hub id in eval mode, by this package's BriLLM; `extend`: past its positions."""
     name = os.path.expanduser(str(name_or_path).strip())
     with quiet():
         if problem := folder_problem(name):
@@ -134,8 +129,7 @@ class Explorer:
                 f'{int(height)}px;border:1px solid #ddd;border-radius:6px" '
                 f'srcdoc="{html.escape(self.to_html(), quote=True)}"></iframe>')
 
-    def _repr_html_(self) -> str:
-        return self.iframe()
+    _repr_html_ = iframe  # a notebook cell shows the page in its iframe
 
 
 class TooLong(ValueError):
@@ -206,8 +200,7 @@ def _node_id(node, tokenizer) -> int:
     if tokenizer is None:
         raise ValueError(f"the node {node!r} is a token text: pass the tokenizer, or give its id.")
     unk, entry = tokenizer.unk_token_id if node != tokenizer.unk_token else None, tokenizer.convert_tokens_to_ids(node)
-    with quiet():
-        ids = [entry] if entry not in (None, unk) else tokenizer(node, add_special_tokens=False)["input_ids"]
+    ids = [entry] if entry not in (None, unk) else tokenizer(node, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise ValueError(f"{node!r} is not one token of this tokenizer (it reads as {len(ids)} tokens): give a single "
                          "token, or its id.")
@@ -242,8 +235,7 @@ def _token_data(texts: TokenText, paths: list[dict], hoods: dict) -> dict:
 
 def explore(model, text=None, tokenizer=None, *, prompt=None, max_new_tokens: int = 20, top_k: int = 5,
             neighbours: int = 10, nodes=(), **generate_kwargs) -> Explorer:
-    """The page of `text` (a string with `tokenizer`, or token ids) and, with `prompt`, of the continuation
-    `energy_generate` writes (`generate_kwargs`: greedy unless they say otherwise); bad input: a one-line ValueError."""
+    """The page of `text` (a string with `tokenizer`, or ids) and of `prompt`'s continuation by `energy_generate`."""
     if text is None and prompt is None:
         raise ValueError("nothing to show: give a text to trace, a prompt to continue, or both.")
     _check_model(model)
@@ -257,7 +249,7 @@ def explore(model, text=None, tokenizer=None, *, prompt=None, max_new_tokens: in
             out = energy_generate(model, _prompt_ids(prompt, tokenizer, model, max_new_tokens), tokenizer=tokenizer,
                                   max_new_tokens=max_new_tokens, num_alternatives=top_k, **generate_kwargs)
             paths.append(generation_path(model, out, texts))
-    extra = [_node_id(n, tokenizer) for n in nodes]
+        extra = [_node_id(n, tokenizer) for n in nodes]  # under quiet(): a text may be tokenized
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else model.config.bos_token_id
     hoods = neighbourhoods(model, [p["tokens"] for p in paths], extra, neighbours, bos, follow=FOLLOW)
     facts = _model_facts(model)
@@ -283,8 +275,7 @@ def _check_pair(model_a, model_b, text, tokenizer, tokenizer_b) -> list[int]:
 
 
 def compare(model_a, model_b, text, tokenizer=None, tokenizer_b=None, *, names=None, top_k: int = 5) -> Explorer:
-    """The diff page of one text through two BriLLMs: both energies and ranks a step, and the `CHANGED` steps whose
-    rank changed most (by the factor between the ranks); `tokenizer_b` (default `tokenizer`) reads the same tokens."""
+    """The diff page of one text through two BriLLMs; `tokenizer_b` (default `tokenizer`) must read the same tokens."""
     tokenizer_b = tokenizer if tokenizer_b is None else tokenizer_b
     ids = _check_pair(model_a, model_b, text, tokenizer, tokenizer_b)
     facts = [_model_facts(model_a), _model_facts(model_b)]

@@ -13,25 +13,6 @@ from .build import check_text, compare, explore, load_model, one_line, quiet
 EXTEND_FIX = ": pass --extend to read past them."
 
 
-def parse(argv, description=None):
-    p = argparse.ArgumentParser(description=description or __doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="saved model folder or Hub id")
-    p.add_argument("--text", required=True, help="the text to trace (the tokenizer's BOS is prepended)")
-    p.add_argument("--output", default=None, help="image file: .png, .svg or .pdf")
-    p.add_argument("--html", default=None, help="write the interactive page (one self-contained HTML file) here")
-    p.add_argument("--generate", type=int, default=0, metavar="N", help="with --html: continue the text by N tokens")
-    p.add_argument("--node", action="append", default=[], metavar="TOKEN_OR_ID", help="with --html: add this "
-                   "node's edges to the Node view: a token's text, or its id in digits (repeatable)")
-    p.add_argument("--compare", default=None, metavar="MODEL", help="with --html: a second saved model (the same "
-                   "tokenizer): the page compares the text's path through both, step by step")
-    p.add_argument("--top_k", type=int, default=3, help="alternatives drawn per step (default 3; the page shows 5+)")
-    p.add_argument("--max_steps", type=int, default=80, help="draw at most this many steps")
-    p.add_argument("--json", default=None, help="also write the per-step trace records to this JSON file")
-    p.add_argument("--extend", action="store_true", help="trace texts past the positions the model was trained on")
-    return p.parse_args(argv)
-
-
 def check(args) -> str | None:
     """The command line's own mistakes, found before anything is loaded."""
     if args.output is None and args.html is None and args.json is None:
@@ -83,9 +64,25 @@ def run(args) -> None:
             print(f"  step {i:3d}: rank {a['steps'][i]['rank']} -> {b['steps'][i]['rank']}")
 
 
+
 def main(argv=None, description=None) -> int:
     """Run the command line `argv`: 0, or 2 after one `error:` line on stderr (`description`: the --help text)."""
-    args = parse(argv, description)
+    p = argparse.ArgumentParser(description=description or __doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="saved model folder or Hub id")
+    p.add_argument("--text", required=True, help="the text to trace (the tokenizer's BOS is prepended)")
+    p.add_argument("--output", default=None, help="image file: .png, .svg or .pdf")
+    p.add_argument("--html", default=None, help="write the interactive page (one self-contained HTML file) here")
+    p.add_argument("--generate", type=int, default=0, metavar="N", help="with --html: continue the text by N tokens")
+    p.add_argument("--node", action="append", default=[], metavar="TOKEN_OR_ID", help="with --html: add this "
+                   "node's edges to the Node view: a token's text, or its id in digits (repeatable)")
+    p.add_argument("--compare", default=None, metavar="MODEL", help="with --html: a second saved model (the same "
+                   "tokenizer): the page compares the text's path through both, step by step")
+    p.add_argument("--top_k", type=int, default=3, help="alternatives drawn per step (default 3; the page shows 5+)")
+    p.add_argument("--max_steps", type=int, default=80, help="draw at most this many steps")
+    p.add_argument("--json", default=None, help="also write the per-step trace records to this JSON file")
+    p.add_argument("--extend", action="store_true", help="trace texts past the positions the model was trained on")
+    args = p.parse_args(argv)
     try:
         if problem := check(args):
             raise ValueError(problem)

@@ -1,5 +1,4 @@
-"""The page's records: a path (a traced text or a generated continuation) with the characters its tokens make together
-and the signal's mix weights, and a node's outgoing edges for the Node view (docs/explorer.md, "A node's edges")."""
+"""The page's records: a path (traced or generated) with the characters its tokens make together, a node's edges."""
 
 from __future__ import annotations
 
@@ -9,16 +8,15 @@ import os
 
 import torch
 
-from .text import TokenText, char_groups, label, pending, prose
+from .text import TokenText, char_groups, label, prose, unfinished
 
 SHARED_ROWS = 3  # distinct shared-edge energies listed per node (each row one tie)
 EXAMPLES = 6  # targets named per shared-edge row
 
 
-def rounded(x: float, digits: int = 6) -> float | None:
+def rounded(x: float) -> float | None:
     """Six significant digits keep a 2,000-step page small; non-finite values become null (JSON has no NaN)."""
-    x = float(x)
-    return float(f"{x:.{digits}g}") if math.isfinite(x) else None
+    return float(f"{float(x):.6g}") if math.isfinite(x) else None
 
 
 def _positions(model) -> torch.Tensor:
@@ -26,8 +24,7 @@ def _positions(model) -> torch.Tensor:
 
 
 def mix_weights(model, position: int) -> torch.Tensor:
-    """(i,) float32 weights of the signal's mix at position i: entry k-1 softmax_k(p_k), that of the edge entering
-    token k (k = 1..i), past the trained positions the last logit's, as the model does (docs/explorer.md)."""
+    """(i,) float32 weights of the signal's mix at position i, as the model mixes them (docs/explorer.md)."""
     logits = _positions(model)
     return torch.softmax(logits[torch.arange(position).clamp_max(len(logits) - 1)], 0)
 
@@ -41,14 +38,8 @@ def successors(model):
     base, V = getattr(model, "base_model", model), int(model.config.vocab_size)
     if getattr(model.config, "graph", "sparse") != "sparse" or not hasattr(base, "graph_indptr"):
         return None
-    indptr, indices = base.graph_indptr.detach().long().cpu(), base.graph_indices.detach().long().cpu()
-
-    def mask(u: int) -> torch.Tensor:
-        out = torch.zeros(V, dtype=torch.bool)
-        out[indices[int(indptr[u]):int(indptr[u + 1])]] = True
-        return out
-
-    return mask
+    indptr, indices = base.graph_indptr.tolist(), base.graph_indices.detach().long().cpu()
+    return lambda u: torch.zeros(V, dtype=torch.bool).index_fill_(0, indices[indptr[u]:indptr[u + 1]], True)
 
 
 def _after(waiting: bytes, data: bytes | None) -> str:
@@ -66,10 +57,9 @@ def _after(waiting: bytes, data: bytes | None) -> str:
 
 
 def _path(kind: str, tokens: list[int], prompt_length: int, steps: list[tuple], texts: TokenText) -> dict:
-    """The record of a path: its `steps` (i, source, target, energy, rank, probability, real, alternatives, more),
-    with what each candidate makes after a character left unfinished ("ctx"), and its character groups."""
+    """A path's record: its steps, what each candidate makes inside a character ("ctx"), its character groups."""
     pieces = [texts.bytes(t) for t in tokens]
-    waiting, records = pending(pieces), []
+    waiting, records = list(unfinished(pieces)), []
     groups = [[first, last, label(joined), prose(joined)] for first, last in char_groups(pieces)
               for joined in [b"".join(pieces[first:last + 1]).decode("utf-8", errors="backslashreplace")]]
     for i, src, tgt, e, rank, p, real, alts, more in steps:
@@ -142,8 +132,7 @@ def _hood(row: torch.Tensor, u: int, visits: int, graph, top_k: int, after: str)
 def neighbourhoods(model, paths: list[list[int]], extra_nodes=(), top_k: int = 10, bos_token_id=None,
                    follow: int = 0) -> dict:
     """{u: {"real": [[v, energy, rank among all V], ...], "shared": [[energy, ties, rank, [v, ...]], ...], "count",
-    "measure", "degree"}} for every node the `paths` visit (mean energies over the visits), every one of
-    `extra_nodes` and up to `follow` more that those tables lead to (energies after the path <BOS> u)."""
+    "measure", "degree"}} of the nodes `paths` visit, `extra_nodes` and up to `follow` that those tables lead to."""
     V, extra = int(model.config.vocab_size), list(dict.fromkeys(int(u) for u in extra_nodes))
     if bad := [u for u in extra if not 0 <= u < V]:
         raise ValueError(f"node {bad[0]} is outside the vocabulary [0, {V}) of this model.")

@@ -1,5 +1,4 @@
-"""Token texts as a reader sees them: the characters byte-level tokens make together (`char_groups`), every invisible
-character as a mark (docs/explorer.md, "Characters, not bytes")."""
+"""Token texts as a reader sees them: the characters byte-level tokens make together, invisible ones as marks."""
 
 from __future__ import annotations
 
@@ -80,8 +79,8 @@ class TokenText:
             return False
 
 
-def _states(pieces: list[bytes | None]):
-    """For each token, the bytes of a character begun and not finished once it is read (None: a special token)."""
+def unfinished(pieces: list[bytes | None]):
+    """For each token, the bytes of a character begun and not finished once it is read (b"" if none, None: special)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for data in pieces:
         if data is None:
@@ -95,7 +94,7 @@ def _states(pieces: list[bytes | None]):
 def char_groups(pieces: list[bytes | None]) -> list[tuple[int, int]]:
     """(first, last) of every run of two or more tokens whose bytes make whole characters only together."""
     groups, start = [], 0
-    for i, waiting in enumerate(_states(pieces)):
+    for i, waiting in enumerate(unfinished(pieces)):
         if waiting:
             continue
         if (last := i - 1 if waiting is None else i) > start:
@@ -104,8 +103,3 @@ def char_groups(pieces: list[bytes | None]) -> list[tuple[int, int]]:
     if len(pieces) - 1 > start:
         groups.append((start, len(pieces) - 1))
     return groups
-
-
-def pending(pieces: list[bytes | None]) -> list[bytes]:
-    """For each token, the bytes of a character it leaves unfinished (b"" at a boundary): what the next completes."""
-    return [waiting or b"" for waiting in _states(pieces)]

@@ -1,6 +1,5 @@
-"""Checkpoints of the sharded trainer: one `edge_shard_<rank>_of_<world>.safetensors` per process (its sources' rows
-with their AdamW state) and `edge_shared.safetensors` (the assignment, the replicated parameters and row 0 with theirs,
-the step counts), read on any process count; and the whole model gathered from the shards."""
+"""Sharded checkpoints: `edge_shard_<rank>_of_<world>.safetensors` per process (its sources' rows with AdamW state) and
+`edge_shared.safetensors` (owners, replicated parameters, row 0, their state): read on any process count."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def _shared_tensors(sharded, optimizer) -> dict:
     shared = {"owners": sharded.owners.cpu(), **{f"{n}.row0": getattr(m, n).detach()[0] for n in names},
               **{n: p.detach() for n, p in replicated}}
     for name, p in replicated + [(n, getattr(m, n)) for n in names]:
-        st = _state(optimizer, p)
-        if not st:
+        if not (st := _state(optimizer, p)):
             continue
         for key in MOMENTS:  # the table's row 0, the others whole
             shared[f"{name}.{key}"] = st[key][0] if name in names else st[key]
@@ -84,8 +82,7 @@ def saved_assignment(directory) -> tuple[torch.Tensor, int] | None:
 
 
 def load_shard(sharded, directory, optimizer=None):
-    """The rows of the sources this process owns now and the replicated parameters (with `optimizer`, a SparseAdamW
-    over `sharded`'s parameters, their AdamW state), from a checkpoint of any process count."""
+    """This process's rows, the replicated parameters and `optimizer`'s state from a checkpoint of any process count."""
     m, names = sharded.model.base_model, sharded.table.names
     shared, saved_world = _read_shared(sharded, directory)
     files = [os.path.join(directory, SHARD_PATTERN.format(rank=r, world=saved_world)) for r in range(saved_world)]
@@ -172,8 +169,7 @@ def _copy_blocks(targets, slices, blocks):  # rows [first, first + n) of each sl
 
 
 def load_full_state_dict(sharded, path):
-    """This process's rows and the replicated parameters from a whole model's safetensors file (`full_state_dict`'s
-    keys, or a saved model's with the `brillm.` prefix), read by slice: how a sharded run's best model returns."""
+    """This process's part of a whole model's file (`full_state_dict`'s keys, or `brillm.`-prefixed), read by slice."""
     m, table = sharded.model.base_model, sharded.table
     indptr, local = table.global_indptr.tolist(), table.local_indptr.tolist()
     blocks = [(0, 1, 0)] + [(indptr[u] + 1, indptr[u + 1] - indptr[u], local[u] + 1)
@@ -187,8 +183,7 @@ def load_full_state_dict(sharded, path):
 
 
 def full_state_dict(sharded) -> dict | None:
-    """The whole `BriLLMForCausalLM`'s state dict on rank 0 (None elsewhere; call on every process). Rank 0 needs
-    host memory for the full table: 4·P·(d² + d) bytes in fp32 (67.6 GB for the dense V=4000, d=32 graph)."""
+    """The whole model's state dict on rank 0, None elsewhere (call on every process; rank 0 holds the whole table)."""
     m, table, transport = sharded.model.base_model, sharded.table, sharded.transport
     params, main = [getattr(m, n).detach() for n in table.names], transport.rank == 0
     full = [torch.empty(sharded.config.num_edge_rows, *p.shape[1:], dtype=p.dtype) for p in params] if main else []

@@ -1,7 +1,6 @@
-"""`ShardedBriLLM`: the model's own code through `BriLLMModel.run_signals(..., edge_fetch=...)` (rows fetched from
-their owners) and `BriLLMModel.score(...)` (on the owner of a position's source). Owned rows' gradients stay there; the
-replicated ones are summed in one all-reduce with a flag each of whether a process had one (lazy AdamW steps a row
-iff the global batch touched it)."""
+"""`ShardedBriLLM`: the model's own `run_signals` (rows fetched from their owners) and `score` (on the owner of a
+position's source). Owned rows' gradients stay there; the replicated ones are summed in one all-reduce with a flag
+each of whether a process had one (lazy AdamW steps a row iff the global batch touched it)."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class ShardedBriLLM(nn.Module):
 
     @classmethod
     def from_config(cls, config, graph=None, owners=None, seed: int = 0, device=None) -> ShardedBriLLM:
-        """A fresh sharded model that never builds the whole edge table: each source's block drawn from a generator
-        seeded by (seed, source), the same for any process count (not `BriLLMForCausalLM(config)`'s)."""
+        """A fresh model that never builds the whole table: blocks seeded per source, alike on any process count."""
         with torch.device("meta"):
             model = BriLLMForCausalLM(config)
         m, device, r, d = model.base_model, torch.device(device or "cpu"), config.initializer_range, config.node_size
@@ -118,8 +116,7 @@ class ShardedBriLLM(nn.Module):
         # each position's signal to the owner of its source, which scores it with the model's own code
         order, send, recv = self.transport.route(self.owners[sources])
         meta = self.transport.exchange(meta[order], send, recv, differentiable=False)
-        dtype = getattr(m, self.table.names[0]).dtype
-        x = self.transport.exchange(run.signals[b_idx, j_idx].to(dtype)[order], send, recv, differentiable=True)
+        x = self.transport.exchange(run.signals[b_idx, j_idx].to(m.edge_dtype)[order], send, recv, differentiable=True)
         local_sum = sum((t.sum() * 0 for t in anchors), x.sum() * 0)  # keeps every exchange in the graph
         if meta.shape[0]:
             src, tgt, next_index = meta.unbind(1)
@@ -142,8 +139,7 @@ class ShardedBriLLM(nn.Module):
         self._unreduced = False
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """`torch.nn.utils.clip_grad_norm_` of one process, after `reduce_gradients()`: each owner's rows' squared
-        norms and rank 0's replicated ones (the same everywhere once reduced) in one all-reduce; returns the norm."""
+        """`clip_grad_norm_` as one process: owned rows' squares, and rank 0's replicated ones (equal everywhere)."""
         if self._unreduced:
             raise RuntimeError("ShardedBriLLM.clip_grad_norm_: call reduce_gradients() first (after backward): the "
                                "replicated gradients are still this process's share, not the global sum.")

@@ -1,6 +1,5 @@
-"""What each process holds: the owner of every source node (balanced by expected work), the bytes that costs, the
-local table of the model's row-indexed parameters (`BriLLMModel.edge_row_parameters`: row 0, the shared edge, and the
-owned sources' rows, local row = global row + `local_offset[source]`), and the collectives that move rows."""
+"""What each process holds: the owner of every source (balanced by expected work) and its bytes, the local table of
+the row-indexed parameters (row 0, then owned sources' rows at global row + `local_offset[source]`), the transport."""
 
 from __future__ import annotations
 
@@ -10,8 +9,10 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
+from ..energy import RowView
 from ..ops import gather_edges
 
 
@@ -33,14 +34,12 @@ def source_costs(model) -> torch.Tensor:
     return (uses + 1) * (degree.double() + 1)
 
 
-def balance_sources(costs: torch.Tensor, num_shards: int, degree: torch.Tensor | None = None) -> torch.Tensor:
+def balance_sources(costs: torch.Tensor, num_shards: int, degree: torch.Tensor) -> torch.Tensor:
     """Owner (V,) of every source: longest-processing-time greedy, the sources without successors spread last."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
-    order = torch.argsort(costs, descending=True, stable=True).tolist()
-    if degree is not None:  # row-holding sources first, so every shard gets some when there are enough
-        has_rows = (degree > 0).tolist()
-        order = [u for u in order if has_rows[u]] + [u for u in order if not has_rows[u]]
+    order, has_rows = torch.argsort(costs, descending=True, stable=True).tolist(), (degree > 0).tolist()
+    order = [u for u in order if has_rows[u]] + [u for u in order if not has_rows[u]]  # rows for every shard
     owners, cost = torch.empty(costs.numel(), dtype=torch.long), costs.tolist()
     heap = [(0.0, shard) for shard in range(num_shards)]
     for u in order:
@@ -51,8 +50,7 @@ def balance_sources(costs: torch.Tensor, num_shards: int, degree: torch.Tensor |
 
 
 def check_assignment(owners: torch.Tensor, degree: torch.Tensor, world_size: int):
-    """A clear error when `owners` does not fit this graph and process count (the same on every process: it reads
-    only what all of them hold, so none is left waiting in a collective)."""
+    """A clear error when `owners` does not fit this graph and process count, the same on every process (none waits)."""
     V = degree.numel()
     if owners.shape != (V,):
         raise ValueError(f"the source assignment has shape {tuple(owners.shape)}, expected ({V},) "
@@ -99,20 +97,6 @@ def global_rows_of(sources: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
     return first + torch.arange(total)
 
 
-class _Rows(torch.autograd.Function):
-    """`table[rows]` with a sparse COO gradient over the rows (as nn.Embedding(sparse=True)), any row shape."""
-
-    @staticmethod
-    def forward(ctx, table, rows):
-        ctx.shape = table.shape
-        ctx.save_for_backward(rows)
-        return table.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.sparse_coo_tensor(ctx.saved_tensors[0].unsqueeze(0), grad, ctx.shape, check_invariants=False), None
-
-
 class Transport:
     """The collectives (none with one process), counting the bytes sent to others."""
 
@@ -127,9 +111,8 @@ class Transport:
     def route(self, dest: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
         """The order grouping items bound for processes `dest` by destination, the counts sent to and from each."""
         order, send = torch.argsort(dest, stable=True), torch.bincount(dest, minlength=self.world)
-        recv = send
+        recv = send if self.world == 1 else torch.empty_like(send)
         if self.world > 1:
-            recv = torch.empty_like(send)
             dist.all_to_all_single(recv, send)
             self._count([1] * self.world, send.element_size())
         return order, send.tolist(), recv.tolist()
@@ -187,14 +170,12 @@ class LocalTable(nn.Module):
         self.names, device = tuple(base_model.edge_row_parameters), base_model.node_bias.device
         self.rank, owned = rank, owners == rank
         local_indptr = torch.cat([torch.zeros_like(indptr[:1]), torch.cumsum(torch.where(owned, indptr.diff(), 0), 0)])
-        self.register_buffer("owners", owners.to(device), persistent=False)
-        self.register_buffer("local_offset", (local_indptr[:-1] - indptr[:-1]).to(device), persistent=False)
-        self.register_buffer("local_indptr", local_indptr.to(device), persistent=False)
-        self.register_buffer("global_indptr", indptr.to(device), persistent=False)
-        self.local_rows = global_rows_of(owned.nonzero().flatten(), indptr)  # (R,) global rows, ascending
-        self.register_buffer("local_indices", None if indices is None else indices[self.local_rows - 1].to(device),
-                             persistent=False)
-        keep = torch.cat([torch.zeros(1, dtype=torch.long), self.local_rows])
+        local_rows = global_rows_of(owned.nonzero().flatten(), indptr)  # (R,) global rows, ascending
+        buffers = {"owners": owners, "local_offset": local_indptr[:-1] - indptr[:-1], "local_indptr": local_indptr,
+                   "global_indptr": indptr, "local_indices": None if indices is None else indices[local_rows - 1]}
+        for name, value in buffers.items():
+            self.register_buffer(name, None if value is None else value.to(device), persistent=False)
+        keep = torch.cat([torch.zeros(1, dtype=torch.long), local_rows])
         for name in self.names:
             p = getattr(base_model, name).detach()
             rows = (torch.empty(len(keep), *p.shape[1:], device=device) if p.device.type == "meta"
@@ -221,9 +202,9 @@ class LocalTable(nn.Module):
         wanted = transport.exchange(uniq[order], send, recv, differentiable=False)  # global rows of owned sources
         src = self.source_of_rows(wanted.clamp_min(1))
         wanted = torch.where(wanted > 0, wanted + self.local_offset[src], torch.zeros_like(wanted))  # local; 0 stays
-        # the model's own table: gather_edges, so the rows' gradient joins the candidate gradient (`link`)
-        served = (gather_edges(*params, wanted, True, link) if self.names == ("weights", "biases")
-                  else [_Rows.apply(p, wanted) for p in params])
+        # gather_edges: their gradient joins the candidate gradient (`link`); other tables as the model's _fetch_rows
+        served = (gather_edges(*params, wanted, True, link) if self.names == ("weights", "biases") else
+                  [F.embedding(wanted, RowView.apply(p, (p.shape[0], -1)), sparse=True) for p in params])
         widths = [math.prod(p.shape[1:]) for p in params]
         payload = torch.cat([t.reshape(wanted.numel(), n) for t, n in zip(served, widths)], 1)
         got = transport.exchange(payload, recv, send, differentiable=True)
