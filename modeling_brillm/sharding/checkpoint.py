@@ -102,7 +102,7 @@ def load_shard(sharded, directory, optimizer=None):
         p = getattr(m, name)
         group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
         st["step"] = st["step"].to(p.device if group.get("fused") else "cpu")
-        optimizer.state[p] = {k: (v.to(p.device, group_moment_dtype(group)) if k in MOMENTS else v)
+        optimizer.state[p] = {k: (v.to(p.device, group_moment_dtype(group, p)) if k in MOMENTS else v)
                               for k, v in st.items()}
 
 
