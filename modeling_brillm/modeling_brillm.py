@@ -25,6 +25,7 @@ from .validation import check_inputs, check_labels, check_signal_ids, compact_re
 
 # isort: split
 # transformers 5.4 copies remote code one import deep: naming the others' imports here makes every file travel.
+from .count_prior import CountPrior  # noqa: F401
 from .csr import edge_keys  # noqa: F401
 from .plans import KernelPlan  # noqa: F401
 from .triton_energy import KernelEnergies  # noqa: F401

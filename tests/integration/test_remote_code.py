@@ -77,6 +77,20 @@ def saved_tiny(tmp_path):
     return model, model.generate(ids, max_new_tokens=5, do_sample=False).tolist()
 
 
+def test_every_file_a_saved_model_carries_is_imported_by_its_two_entry_modules(tmp_path):
+    """transformers 5.4 copies remote code one import deep from the auto_map's modules (the configuration and the
+    model): a file only another carried file imports is missing from the loaded copy there."""
+    import re
+
+    saved_tiny(tmp_path)
+    carried = {p.stem for p in (tmp_path / "saved").glob("*.py")}
+    direct = set()
+    for entry in ("modeling_brillm", "configuration_brillm"):
+        text = (tmp_path / "saved" / f"{entry}.py").read_text(encoding="utf-8")
+        direct |= set(re.findall(r"^\s*from\s+\.(\w+)\s+import", text, re.M)) | {entry}
+    assert "count_prior" in carried and carried <= direct, sorted(carried - direct)
+
+
 def test_saved_folder_loads_generates_and_saves_in_a_fresh_process(tmp_path):
     model, expected = saved_tiny(tmp_path)
     result, log = run_fresh(tmp_path, "saved", "resaved")
