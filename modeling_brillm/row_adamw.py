@@ -57,7 +57,7 @@ def update_entries(P2, M2, V2, rows, values, positions, step, hyper):
     n = r.numel()
     if n == 0:
         return
-    if M2.dtype != P2.dtype:  # bfloat16 moments
+    if M2.dtype != P2.dtype:  # bfloat16 moments, or a half-precision parameter's float32 ones
         _update_rows_rounded(P2, M2, V2, r, values if e is None else values[e], step, hyper)
         return
     # runs: consecutive entries that are also consecutive rows → views of p, m, v and of the values
@@ -86,7 +86,8 @@ def update_entries(P2, M2, V2, rows, values, positions, step, hyper):
 
 
 def _update_rows_rounded(P2, M2, V2, rows, grads, step, hyper):
-    """AdamW on `rows` (unique) from bfloat16 moments, stochastically rounded back: the kernel's arithmetic."""
+    """AdamW on `rows` (unique) in float32 from moments of another dtype than the parameter, written back in each
+    one's dtype (bfloat16 moments stochastically rounded): the kernel's arithmetic."""
     lr, beta1, beta2, eps, wd = hyper
     t = float(step)
     step_size, bc2_sqrt = lr / (1 - beta1 ** t), (1 - beta2 ** t) ** 0.5
@@ -96,13 +97,15 @@ def _update_rows_rounded(P2, M2, V2, rows, grads, step, hyper):
     for c in range(0, rows.numel(), chunk):
         rr = rows[c:c + chunk]
         g = grads[c:c + chunk].float()
-        p = P2.index_select(0, rr) * (1 - lr * wd)
+        p = P2.index_select(0, rr).float() * (1 - lr * wd)
         m = M2.index_select(0, rr).float() * beta1 + g * (1 - beta1)
         v = V2.index_select(0, rr).float() * beta2 + g * g * (1 - beta2)
         p = p - step_size * m / (v.sqrt() / bc2_sqrt + eps)
         P2.index_copy_(0, rr, p.to(P2.dtype))
-        M2.index_copy_(0, rr, stochastic_round_bf16(m, rounding_bits(rr, columns, int(t), 0)))
-        V2.index_copy_(0, rr, stochastic_round_bf16(v, rounding_bits(rr, columns, int(t), 1)))
+        if M2.dtype == torch.bfloat16:
+            m, v = (stochastic_round_bf16(x, rounding_bits(rr, columns, int(t), k)) for k, x in enumerate((m, v)))
+        M2.index_copy_(0, rr, m.to(M2.dtype))
+        V2.index_copy_(0, rr, v.to(V2.dtype))
 
 
 def coalesce_rows(rows: torch.Tensor, values: torch.Tensor):

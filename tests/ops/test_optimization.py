@@ -56,6 +56,24 @@ def test_float64_parameters_keep_float64_moments_and_follow_adamw(sparse):
         assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float64
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_parameters_step_in_float32_from_float32_moments(dtype):
+    """A model loaded in bfloat16 or float16 trains with float32 moments (the default; the step crashed): each step
+    is the float32 step from the stored values, rounded once into the parameter's dtype."""
+    torch.manual_seed(3)
+    rows, shape = [1, 4, 5], (6, 2, 2)
+    p = torch.nn.Parameter(torch.randn(shape).to(dtype))
+    q = torch.nn.Parameter(p.detach().float())
+    opt, ref = SparseAdamW([p], **HYPER), SparseAdamW([q], **HYPER)
+    values = torch.randn(len(rows), 2, 2).to(dtype)
+    p.grad, q.grad = sparse_rows(rows, values, shape), sparse_rows(rows, values.float(), shape)
+    opt.step()
+    ref.step()
+    assert p.dtype == dtype and opt.state[p]["exp_avg"].dtype == torch.float32
+    torch.testing.assert_close(p.detach(), q.detach().to(dtype), rtol=0, atol=0)
+    torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"])
+
+
 @pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 25, 30], [3, 17, 4, 29]])
 def test_first_sparse_step_equals_adamw_on_touched_rows(rows):
     torch.manual_seed(1)
