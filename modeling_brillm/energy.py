@@ -29,6 +29,12 @@ class RowView(torch.autograd.Function):
         return grad.reshape(ctx.shape), None
 
 
+def sparse_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`table[rows]` (any row shape) with a sparse row gradient, as nn.Embedding(sparse=True)."""
+    flat = F.embedding(rows.reshape(-1), RowView.apply(table, (table.shape[0], -1)), sparse=True)
+    return flat.view(*rows.shape, *table.shape[1:])
+
+
 def _energy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GeLU(h) and its L2 norm over the last dimension: an edge's output and energy."""
     y = F.gelu(h)

@@ -12,7 +12,7 @@ from transformers import initialization as init
 
 from .backend import exact_precision, package_tool
 from .configuration_brillm import BriLLMConfig
-from .energy import RowView
+from .energy import RowView, sparse_rows
 from .generation import BriLLMGenerationMixin
 from .graph_editing import GraphMethods
 from .losses import position_losses, shift_labels
@@ -198,11 +198,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
 
     def _fetch_rows(self, rows: torch.Tensor):
         """`edge_fetch` of a kind not read in place: its row parameters' rows (sparse under `sparse_gradients`)."""
-        if not self._sparse_gradients:
-            return tuple(getattr(self, name)[rows] for name in self.edges.row_parameters)
-        tables = (getattr(self, name) for name in self.edges.row_parameters)
-        return tuple(F.embedding(rows.reshape(-1), RowView.apply(p, (p.shape[0], -1)), sparse=True).view(
-            *rows.shape, *p.shape[1:]) for p in tables)
+        take = sparse_rows if self._sparse_gradients else (lambda table, rows: table[rows])
+        return tuple(take(getattr(self, name), rows) for name in self.edges.row_parameters)
 
     def _block_table(self, sources, indptr, indices):
         """A table of the blocks of `sources`' nodes only, materialised (an edge kind the paths cannot read in place):

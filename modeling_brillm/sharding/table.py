@@ -9,10 +9,9 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from ..energy import RowView
+from ..energy import sparse_rows
 from ..ops import gather_edges
 
 
@@ -204,7 +203,7 @@ class LocalTable(nn.Module):
         wanted = torch.where(wanted > 0, wanted + self.local_offset[src], torch.zeros_like(wanted))  # local; 0 stays
         # gather_edges: their gradient joins the candidate gradient (`link`); other tables as the model's _fetch_rows
         served = (gather_edges(*params, wanted, True, link) if self.names == ("weights", "biases") else
-                  [F.embedding(wanted, RowView.apply(p, (p.shape[0], -1)), sparse=True) for p in params])
+                  [sparse_rows(p, wanted) for p in params])
         widths = [math.prod(p.shape[1:]) for p in params]
         payload = torch.cat([t.reshape(wanted.numel(), n) for t, n in zip(served, widths)], 1)
         got = transport.exchange(payload, recv, send, differentiable=True)
