@@ -16,12 +16,15 @@ class UsageError(Exception):
     """A problem the user can fix (bad flag, missing data, a model too big): printed as one line, no traceback."""
 
 
-def run_cli(parse_args, run, argv=None) -> int:
-    """`run(parse_args(argv))`; a UsageError is one `error:` line on stderr (from the first process) and status 2."""
+CLI_ERRORS = (UsageError, ValueError, TypeError, OSError)  # what the generate and perplexity scripts print as a line
+
+
+def run_cli(parse_args, run, argv=None, catch=(UsageError,)) -> int:
+    """`run(parse_args(argv))`; an error of `catch` is one `error:` line on stderr (from the first process), status 2."""
     args = parse_args(argv)
     try:
         return run(args)
-    except UsageError as err:
+    except catch as err:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -13,7 +13,7 @@ from transformers import TextStreamer, pipeline
 
 from modeling_brillm.decoding import energy_generate
 
-from .errors import UsageError, load_model, load_tokenizer
+from .errors import CLI_ERRORS, load_model, load_tokenizer, run_cli
 
 
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
@@ -51,24 +51,22 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        model, tokenizer = load_saved(args.model, args.extend, args.seed)
-        if args.benchmark:
-            torch.set_num_threads(1)
-            print(json.dumps(benchmark(model, tokenizer, args.prompt[0], args.max_new_tokens)))
-            return 0
-        enc, lengths = encode(tokenizer, args.prompt)
-        max_new = fit_new_tokens(lengths, args.max_new_tokens, model.config.max_position_embeddings,
-                                 reads_past_range(model))
-        if args.stream and len(args.prompt) != 1:
-            raise ValueError("--stream prints one sequence: give a single prompt.")
-        streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True) if args.stream else None
-        (run_energy if args.mode == "energy" else run_transformers)(args, model, tokenizer, enc, max_new, streamer,
-                                                                    decoding_options(args))
-    except (UsageError, ValueError, TypeError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_cli(parse_args, run, argv, CLI_ERRORS)
+
+
+def run(args) -> int:
+    """The prompts' continuations in --mode (with --benchmark, the timing record instead)."""
+    model, tokenizer = load_saved(args.model, args.extend, args.seed)
+    if args.benchmark:
+        torch.set_num_threads(1)
+        print(json.dumps(benchmark(model, tokenizer, args.prompt[0], args.max_new_tokens)))
+        return 0
+    enc, max_new = encode(model, tokenizer, args.prompt, args.max_new_tokens)
+    if args.stream and len(args.prompt) != 1:
+        raise ValueError("--stream prints one sequence: give a single prompt.")
+    streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True) if args.stream else None
+    (run_energy if args.mode == "energy" else run_transformers)(args, model, tokenizer, enc, max_new, streamer,
+                                                                decoding_options(args))
     return 0
 
 
@@ -89,22 +87,9 @@ def reads_past_range(model) -> bool:
     return getattr(model.config, "position_overflow", "error") == "extend"
 
 
-def fit_new_tokens(prompt_lengths: list[int], max_new_tokens: int, max_positions: int, extends: bool = False) -> int:
-    """max_new_tokens, lowered to what fits in max_positions; unchanged for a model that reads past its range."""
-    longest = max(prompt_lengths)
-    if extends:
-        return max_new_tokens
-    if longest > max_positions:
-        raise ValueError(f"the prompt holds {longest} tokens but this model reads at most max_position_embeddings="
-                         f"{max_positions}; shorten the prompt, or pass --extend to read past the trained range.")
-    room = max_positions - longest
-    if max_new_tokens > room:
-        print(f"note: max_new_tokens={max_new_tokens} lowered to {room}: a prompt of {longest} tokens leaves room for "
-              f"{room} new ones (max_position_embeddings={max_positions}).", file=sys.stderr)
-    return min(max_new_tokens, room)
-
-
-def encode(tokenizer, prompts: list[str]):
+def encode(model, tokenizer, prompts: list[str], max_new_tokens: int):
+    """(the left-padded prompts, max_new_tokens lowered to what fits in max_position_embeddings unless the model
+    reads past its range)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
@@ -112,13 +97,23 @@ def encode(tokenizer, prompts: list[str]):
     lengths = enc["attention_mask"].sum(1).tolist()
     if min(lengths) == 0:
         raise ValueError("an empty prompt tokenizes to no token and this tokenizer adds no BOS token: give some text.")
-    return enc, lengths
+    longest, max_positions = max(lengths), model.config.max_position_embeddings
+    if reads_past_range(model):
+        return enc, max_new_tokens
+    if longest > max_positions:
+        raise ValueError(f"the prompt holds {longest} tokens but this model reads at most max_position_embeddings="
+                         f"{max_positions}; shorten the prompt, or pass --extend to read past the trained range.")
+    room = max_positions - longest
+    if max_new_tokens > room:
+        print(f"note: max_new_tokens={max_new_tokens} lowered to {room}: a prompt of {longest} tokens leaves room for "
+              f"{room} new ones (max_position_embeddings={max_positions}).", file=sys.stderr)
+    return enc, min(max_new_tokens, room)
 
 
 def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
     """Tokens per second of energy_generate and of generate() (best of 3 after a warm-up), and whether they agree."""
-    enc, lengths = encode(tokenizer, [prompt])
-    n, ids = fit_new_tokens(lengths, n, model.config.max_position_embeddings, reads_past_range(model)), enc["input_ids"]
+    enc, n = encode(model, tokenizer, [prompt], n)
+    ids = enc["input_ids"]
     runs = {"energy_generate": lambda: energy_generate(model, ids, max_new_tokens=n, eos_token_id=[],
                                                        exclude_self_loops=False).sequences,
             "generate": lambda: model.generate(ids, attention_mask=enc["attention_mask"], max_new_tokens=n,
@@ -143,8 +138,8 @@ def decoding_options(args) -> dict:
     if args.do_sample:
         options.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     if args.num_beams > 1:
-        early_stopping = {"true": True, "false": False, "never": "never"}[args.early_stopping]
-        options.update(length_penalty=args.length_penalty, early_stopping=early_stopping)
+        options.update(length_penalty=args.length_penalty,
+                       early_stopping={"true": True, "false": False}.get(args.early_stopping, args.early_stopping))
     return options
 
 

@@ -13,7 +13,7 @@ from transformers import AutoConfig
 
 from modeling_brillm.evaluation import per_text_perplexity, perplexity
 
-from .errors import UsageError
+from .errors import CLI_ERRORS, first_line, run_cli
 from .generate_cli import load_saved, reads_past_range
 
 
@@ -41,9 +41,9 @@ def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer
 
         metric = evaluate.load("perplexity", module_type="metric")
     except Exception as error:  # offline, hub unreachable, or evaluate missing
-        print(f"note: the `evaluate` perplexity metric could not be loaded ({type(error).__name__}: "
-              f"{str(error).splitlines()[0] if str(error) else ''}); it is downloaded from the Hub at run time. "
-              "Running the metric's steps in-process instead (same numbers).", file=sys.stderr)
+        print(f"note: the `evaluate` perplexity metric could not be loaded ({first_line(error)}); it is downloaded "
+              "from the Hub at run time. Running the metric's steps in-process instead (same numbers).",
+              file=sys.stderr)
         return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,15 +75,14 @@ def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        out = score(args)
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(out, f, indent=1)
-    except (UsageError, ValueError, TypeError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_cli(parse_args, run, argv, CLI_ERRORS)
+
+
+def run(args) -> int:
+    out = score(args)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
     return 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import huggingface_hub  # read at call time: HfApi and HF_HUB_OFFLINE as they are then
 
@@ -13,7 +12,7 @@ from modeling_brillm.model_card import check_hub_ready, write_model_card
 
 from .checkpoints import LOCK_NAME, TMP_PREFIX
 from .data import HELD_OUT
-from .errors import UsageError, load_model, load_tokenizer
+from .errors import UsageError, load_model, load_tokenizer, run_cli
 
 # what an upload of a saved folder leaves out: training checkpoints, half-written files, the run's lock, bytecode
 HUB_IGNORE = ["step_*", "step_*/**", TMP_PREFIX + "*", LOCK_NAME, "__pycache__/*", "*.pyc"]
@@ -101,20 +100,19 @@ def parse_metrics(items) -> dict:
 
 
 def push_main(argv=None) -> int:
-    args = parse_push_args(argv)
-    try:
-        prepare_folder(args)
-        if args.dry_run:
-            print(f"{args.model} is Hub-ready; dry run, nothing uploaded.")
-            return 0
-        if huggingface_hub.constants.HF_HUB_OFFLINE:
-            raise ValueError("offline (HF_HUB_OFFLINE is set): nothing uploaded. The folder is Hub-ready; run again "
-                             "with network access.")
-        repo_id = push_folder(args.model, args.repo_id, args.token, args.commit_message, private=args.private,
-                              ignore=["*.bin", ".git/*"])
-    except (UsageError, ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_cli(parse_push_args, push, argv, (UsageError, ValueError, OSError))
+
+
+def push(args) -> int:
+    prepare_folder(args)
+    if args.dry_run:
+        print(f"{args.model} is Hub-ready; dry run, nothing uploaded.")
+        return 0
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise ValueError("offline (HF_HUB_OFFLINE is set): nothing uploaded. The folder is Hub-ready; run again "
+                         "with network access.")
+    repo_id = push_folder(args.model, args.repo_id, args.token, args.commit_message, private=args.private,
+                          ignore=["*.bin", ".git/*"])
     print(f"uploaded {args.model} to https://huggingface.co/{repo_id}")
     return 0
 
