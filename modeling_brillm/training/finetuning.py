@@ -9,6 +9,7 @@ import math
 import os
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -32,7 +33,8 @@ DEFAULT_LR = {"all": 1e-2, "touched_edges": 1e-2, "node_bias": 5e-2, "start_sign
 RESULTS_NAME = "finetune_results.json"
 HOW = {"node_bias": "Only the node biases were trained.",
        "touched_edges": "Only the edges the fine-tuning data crosses were trained.",
-       "all": "Every parameter was trained."}
+       "all": "Every parameter was trained.",
+       "start_signal": "Only the learned start signal was trained (prompt tuning, d numbers per task){signal}"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
@@ -171,7 +173,7 @@ def touched_edge_rows(model, rows: list[dict]):
     return touched[touched > 0]
 
 
-def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=None) -> tuple[int, str]:
+def restrict_training(model, train_only: str, train_rows: list[dict], optimizer) -> tuple[int, str]:
     """Freeze what `train_only` leaves out; returns (trainable numbers, a line saying what is trained)."""
     d = model.config.node_size
     for p in model.parameters():
@@ -193,7 +195,7 @@ def restrict_training(model, train_only: str, train_rows: list[dict], optimizer=
                    f"({touched.numel() / max(model.config.num_edges, 1):.1%})")
 
 
-def mask_untouched_rows(model, touched, optimizer=None):
+def mask_untouched_rows(model, touched, optimizer):
     """Train only the edge rows `touched`: their gradients are masked as each is accumulated (clipping sees the
     masked gradient) and again before every `optimizer` step (DDP's all-reduce in between cannot move a row)."""
     base = model.base_model
@@ -216,12 +218,12 @@ def mask_untouched_rows(model, touched, optimizer=None):
     for param in rows:
         param.requires_grad_(True)
         param.register_post_accumulate_grad_hook(mask)
-    if optimizer is not None:
-        def before_step(*_):  # returns None: a pre-hook's return value would replace the step's arguments
-            for param in rows:
-                mask(param)
 
-        optimizer.register_step_pre_hook(before_step)
+    def before_step(*_):  # returns None: a pre-hook's return value would replace the step's arguments
+        for param in rows:
+            mask(param)
+
+    optimizer.register_step_pre_hook(before_step)
 
 
 # -------------------------------------------------------------------------------------------------- data
@@ -368,11 +370,9 @@ def write_card(folder, model, tokenizer, results: dict, data_line: str, name: st
     """The fine-tuned folder's model card: what was trained, on what, the completion perplexity before and after."""
     before, after = results["before"]["perplexity"], results["after"]["perplexity"]
     signal = f"; generate with `signal_ids=torch.tensor([{results['signal_id']}])`." if results["signal_id"] else "."
-    how = HOW.get(results["train_only"], "Only the learned start signal was trained (prompt tuning, d numbers per "
-                  f"task){signal}")
     description = (f"A **BriLLM** model fine-tuned from `{results['base_model']}` on {data_line}, with the loss "
-                   f"on the completions only. {how} Completion perplexity of the held-out pairs: "
-                   f"{before:,.2f} before, {after:,.2f} after.")
+                   f"on the completions only. {HOW[results['train_only']].format(signal=signal)} Completion "
+                   f"perplexity of the held-out pairs: {before:,.2f} before, {after:,.2f} after.")
     write_model_card(folder, model, tokenizer, metrics={"completion_perplexity": after,
                                                         "completion_perplexity_before": before},
                      description=description, tags=["fine-tuned"], model_name=name)
@@ -427,13 +427,12 @@ def load_records(path) -> list[dict]:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise SFTDataError(f"{path}: no such file.")
-    extension = os.path.splitext(path)[1].lower()
+    extension = Path(path).suffix.lower()
     if extension not in (".txt", ".text", ".jsonl", ".json"):
         raise SFTDataError(f"{path}: unknown file extension {extension or '(none)'!r}; use .jsonl (one "
                            "{\"prompt\": ..., \"completion\": ...} object per line), .json (a list of them) "
                            "or .txt (one plain text per line).")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = Path(path).read_text(encoding="utf-8")
     if extension in (".txt", ".text"):
         records = [{"text": line} for line in text.split("\n") if line.strip()]
     elif extension == ".jsonl":
