@@ -20,7 +20,7 @@ CLI_ERRORS = (UsageError, ValueError, TypeError, OSError)  # what the generate a
 
 
 def run_cli(parse_args, run, argv=None, catch=(UsageError,)) -> int:
-    """`run(parse_args(argv))`; an error of `catch` is one `error:` line on stderr (from the first process), status 2."""
+    """`run(parse_args(argv))`; an exception of `catch` is one `error:` line on stderr (first process) and status 2."""
     args = parse_args(argv)
     try:
         return run(args)
@@ -49,11 +49,9 @@ def check_tokenizer_files(folder: Path, fix: str):
     if not (folder / "tokenizer.json").is_file() and not vocabularies:
         raise UsageError(f"{folder} has no tokenizer (no tokenizer.json): save the model's tokenizer there "
                          f"(tokenizer.save_pretrained), or {fix}.")
-    for path in (folder / "tokenizer.json", folder / "tokenizer_config.json"):
+    for path in (p for p in (folder / "tokenizer.json", folder / "tokenizer_config.json") if p.is_file()):
         try:
             json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            continue
         except ValueError as err:
             raise UsageError(f"{path} is truncated or corrupt (not JSON: {err}): save the tokenizer again.") from None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+import timeit
 
 import torch
 from transformers import TextStreamer, pipeline
@@ -122,12 +122,7 @@ def benchmark(model, tokenizer, prompt: str, n: int) -> dict:
     result, outputs = {"new_tokens": n}, {}
     for name, run in runs.items():
         outputs[name] = run()  # warm-up
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - start)
-        result[f"{name}_tokens_per_s"] = round(n / best, 1)
+        result[f"{name}_tokens_per_s"] = round(n / min(timeit.repeat(run, number=1, repeat=3)), 1)
     result["same_tokens"] = bool(torch.equal(outputs["energy_generate"], outputs["generate"]))
     return result
 

@@ -143,7 +143,7 @@ def logits_of(model, ids, mask):
 def perplexity(model, seqs, pad_id, focus=None, batch_size=64):
     """exp(mean NLL) over every next token, and over the next tokens whose id is in `focus` (or None)."""
     total = count = focus_total = focus_count = 0.0
-    focus_t = torch.tensor(sorted(focus)) if focus else torch.zeros(0, dtype=torch.long)
+    focus_t = torch.tensor(sorted(focus or ()), dtype=torch.long)
     for i in range(0, len(seqs), batch_size):
         ids, mask = pad_batch(seqs[i:i + batch_size], pad_id)
         logp = torch.log_softmax(model(ids, attention_mask=mask).logits[:, :-1], -1)
@@ -216,8 +216,7 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
     optimizer, losses = torch.optim.AdamW(trained.values(), lr=args.lr, weight_decay=0.0), []
     model.train()
     for _ in range(args.steps):
-        replay = [texts.replay[i] for i in torch.randperm(len(texts.replay))[:args.replay].tolist()] \
-            if texts.replay else []
+        replay = [texts.replay[i] for i in torch.randperm(len(texts.replay))[:args.replay].tolist()]
         ids, mask = pad_batch(list(grown["train_seqs"]) + replay, pad_id)
         loss = model(ids, attention_mask=mask, labels=ids, return_logits=False).loss
         optimizer.zero_grad()

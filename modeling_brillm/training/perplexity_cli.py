@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig
 
-from modeling_brillm.evaluation import per_text_perplexity, perplexity
+from modeling_brillm.evaluation import load_texts, per_text_perplexity, perplexity
 
 from .errors import CLI_ERRORS, first_line, run_cli
 from .generate_cli import load_saved, reads_past_range
@@ -20,8 +21,7 @@ from .generate_cli import load_saved, reads_past_range
 def read_texts(args) -> list[str]:
     texts = list(args.text or [])
     if args.texts:
-        with open(args.texts, encoding="utf-8") as f:
-            texts += [line.rstrip("\r\n") for line in f]
+        texts += load_texts(Path(args.texts))  # a path, never a text to score
     if args.dataset:
         import datasets
 

@@ -33,8 +33,7 @@ class PruningChoice:
             return (f"{text}, raised to {self.min_count}: a run of {self.epochs:.3g} planned epochs (past "
                     f"{FIT_EPOCHS:g}) on text that strays ({self.novelty:.1%} of the held-out tenth's bigrams have no "
                     "edge) keeps the data count's occurrences per pass")
-        floor = self.novelty >= NOVEL and self.min_count == MIN_VISITS and (self.epochs or 1) >= 1
-        if floor:  # the count where text strays, not the visits
+        if self.novelty >= NOVEL and self.min_count == MIN_VISITS and (self.epochs or 1) >= 1:  # where text strays
             return (f"{text}; on text that strays ({self.novelty:.1%} of the held-out tenth's bigrams have no edge) a "
                     f"bigram seen once keeps no edge: {self.min_count}")
         return (f"{text}, raised to {self.min_count} so that every edge is a training target at least {MIN_VISITS} "
