@@ -61,25 +61,24 @@ def main(argv=None, default_new_text=None) -> dict:
 
 def grow(args, model, tokenizer) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    old = {"vocab": model.config.vocab_size, "edges": model.config.num_edges}
+    old_vocab, old_edges = model.config.vocab_size, model.config.num_edges
     texts = load_texts(args, tokenizer, pad_id)
     probe_before, ppl_old_before = logits_of(model, *texts.probe), perplexity(model, texts.old_seqs, pad_id)[0]
     nodes = add_nodes(args, model, tokenizer, texts, probe_before)  # 1. nodes
     grown = add_edges(args, model, tokenizer, texts, pad_id, nodes["probe"])  # 2. edges
-    before = {**measure(model, grown, texts, pad_id, nodes["new_ids"]), "old": ppl_old_before}
-    tuned = fine_tune_new(args, model, texts, grown, pad_id, old["vocab"])  # 3. fine-tune
+    before = {**measure(model, grown, texts, pad_id, nodes["new_ids"]), "old_held": ppl_old_before}
+    tuned = fine_tune_new(args, model, texts, grown, pad_id, old_vocab)  # 3. fine-tune
     after = measure(model, grown, texts, pad_id, nodes["new_ids"])  # 4. measure
-    old_change = report(args, before, after, nodes, grown, tuned, texts, model, old)
-    saved = save_and_reload(args, model, tokenizer, grown["held_seqs"], pad_id)  # 5. save, reload
     result = {
-        "new_tokens": nodes["new_tokens"], "vocab": [old["vocab"], model.config.vocab_size],
-        "edges": [old["edges"], model.config.num_edges], "nodes_exact": nodes["nodes_exact"],
+        "new_tokens": nodes["new_tokens"], "vocab": [old_vocab, model.config.vocab_size],
+        "edges": [old_edges, model.config.num_edges], "nodes_exact": nodes["nodes_exact"],
         "edges_exact": grown["edges_exact"], "edges_max_diff": grown["edges_diff"],
         "edges_same_argmax": grown["same_argmax"], "train": args.train, "steps": args.steps,
         "loss": [tuned["losses"][0], tuned["losses"][-1]], "old_rows_unchanged": tuned["old_rows_unchanged"],
-        "ppl_new_held": [before["new"], after["new"]], "ppl_new_tokens_held": [before["focus"], after["focus"]],
-        "ppl_new_train": [before["train"], after["train"]], "ppl_old_held": [before["old"], after["old"]],
-        "old_change": old_change, **saved}
+        **{f"ppl_{key}": [before[key], after[key]] for key in before},
+        "old_change": after["old_held"] / before["old_held"] - 1}
+    report(args, result, nodes["added"], grown, texts)
+    result.update(save_and_reload(args, model, tokenizer, grown["held_seqs"], pad_id))  # 5. save, reload
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -237,8 +236,8 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
 def measure(model, grown, texts, pad_id, new_ids) -> dict:
     """Step 4: perplexity of the held-out new text (and of its new tokens), its training lines, the old text."""
     new, focus = perplexity(model, grown["held_seqs"], pad_id, new_ids)
-    return {"new": new, "focus": focus, "train": perplexity(model, grown["train_seqs"], pad_id)[0],
-            "old": perplexity(model, texts.old_seqs, pad_id)[0]}
+    return {"new_held": new, "new_tokens_held": focus, "new_train": perplexity(model, grown["train_seqs"], pad_id)[0],
+            "old_held": perplexity(model, texts.old_seqs, pad_id)[0]}
 
 
 def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
@@ -257,23 +256,20 @@ def save_and_reload(args, model, tokenizer, held_seqs, pad_id) -> dict:
     return {"reload_ok": reload_ok, "remote_ok": remote_ok, "output_dir": output_dir}
 
 
-def report(args, before: dict, after: dict, nodes: dict, grown: dict, tuned: dict, texts, model, old):
-    """The lines the run prints about steps 1-4; returns the held-out old text's relative change."""
-    losses, old_change = tuned["losses"], after["old"] / before["old"] - 1
-    print(f"added {nodes['added']} tokens ({', '.join(nodes['new_tokens'])}): V {old['vocab']} -> "
-          f"{model.config.vocab_size}; {len(grown['rows'])} edges: {old['edges']:,} -> {model.config.num_edges:,} "
-          "real edges")
-    print(f"old nodes' logits unchanged after adding nodes: {nodes['nodes_exact']}; after adding edges: logits equal "
-          f"{grown['edges_exact']} (largest difference {grown['edges_diff']:.2e}), greedy predictions equal "
-          f"{grown['same_argmax']}")
+def report(args, r: dict, added: int, grown: dict, texts):
+    """The lines the run prints about steps 1-4, from their figures `r`."""
+    print(f"added {added} tokens ({', '.join(r['new_tokens'])}): V {r['vocab'][0]} -> {r['vocab'][1]}; "
+          f"{len(grown['rows'])} edges: {r['edges'][0]:,} -> {r['edges'][1]:,} real edges")
+    print(f"old nodes' logits unchanged after adding nodes: {r['nodes_exact']}; after adding edges: logits equal "
+          f"{r['edges_exact']} (largest difference {r['edges_max_diff']:.2e}), greedy predictions equal "
+          f"{r['edges_same_argmax']}")
     print(f"fine-tune ({args.train} parameters, {args.steps} steps of AdamW lr {args.lr} on {len(grown['train_seqs'])}"
-          f" new lines + {min(args.replay, len(texts.replay))} old ones per step): loss {losses[0]:.3f} -> "
-          f"{losses[-1]:.3f}; old rows unchanged: {tuned['old_rows_unchanged']}")
-    print(f"new text, held out ({len(grown['held_seqs'])} lines): perplexity {before['new']:.1f} -> "
-          f"{after['new']:.1f}")
-    if before["focus"] is not None:
-        print(f"new tokens as targets, held out: perplexity {before['focus']:.1f} -> {after['focus']:.1f}")
-    print(f"new text, training lines: perplexity {before['train']:.1f} -> {after['train']:.1f}")
-    print(f"old text, held out ({len(texts.old_seqs)} texts): perplexity {before['old']:.3f} -> {after['old']:.3f} "
-          f"({100 * old_change:+.2f}%)")
-    return old_change
+          f" new lines + {min(args.replay, len(texts.replay))} old ones per step): loss {r['loss'][0]:.3f} -> "
+          f"{r['loss'][1]:.3f}; old rows unchanged: {r['old_rows_unchanged']}")
+    new, focus, train, old = (r[f"ppl_{key}"] for key in ("new_held", "new_tokens_held", "new_train", "old_held"))
+    print(f"new text, held out ({len(grown['held_seqs'])} lines): perplexity {new[0]:.1f} -> {new[1]:.1f}")
+    if focus[0] is not None:
+        print(f"new tokens as targets, held out: perplexity {focus[0]:.1f} -> {focus[1]:.1f}")
+    print(f"new text, training lines: perplexity {train[0]:.1f} -> {train[1]:.1f}")
+    print(f"old text, held out ({len(texts.old_seqs)} texts): perplexity {old[0]:.3f} -> {old[1]:.3f} "
+          f"({100 * r['old_change']:+.2f}%)")
