@@ -9,6 +9,7 @@ import math
 import os
 import re
 import time
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from transformers import get_scheduler
 from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.model_card import write_model_card
 
+from .arguments import positive
 from .checkpoints import open_folder, write_json, writing
 from .data import held_out_indices
 from .errors import UsageError, load_model, load_tokenizer, run_cli
@@ -81,8 +83,8 @@ def check_args(args):
         raise UsageError(f"--train_only {args.train_only!r} is unknown: choose one of {', '.join(TRAIN_ONLY)}.")
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs",
                  "gradient_accumulation_steps", "logging_steps", "max_train_steps"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise UsageError(f"--{name} must be a positive integer, got {getattr(args, name)}.")
+        if getattr(args, name) is not None:
+            positive(name, getattr(args, name))
     if args.max_length is not None and args.max_length < 2:
         raise UsageError("--max_length must be at least 2 (a prompt token and a completion token).")
     if args.signal_id < 0:
@@ -147,10 +149,9 @@ def load_model_and_tokenizer(args, signal_ids: set[int]):
         raise UsageError(f"--model_name_or_path {path}: not a BriLLM model folder ({str(err).splitlines()[0]}).") \
             from None
     needed = max(signal_ids) + 1
-    overrides = {}
-    if (args.train_only == "start_signal" or needed > 1) and config.start_signal == "uniform":
-        # the release's uniform start as learned signals initialised to 1/d: the same model, now trainable
-        overrides = {"start_signal": "learned", "num_start_signals": needed}
+    learn = (args.train_only == "start_signal" or needed > 1) and config.start_signal == "uniform"
+    # the release's uniform start as learned signals initialised to 1/d: the same model, now trainable
+    overrides = {"start_signal": "learned", "num_start_signals": needed} if learn else {}
     model = load_model(path, BriLLMForCausalLM, **overrides)
     signals = model.base_model.start_signals
     if signals is not None and model.config.num_start_signals < needed:  # more signals, each the uniform start 1/d
@@ -269,12 +270,11 @@ def prepare_training(args, data, accelerator):
     accelerator.print(f"model: {args.model_name_or_path}, {total:,} parameters; training {what}: {trainable:,} "
                       f"numbers ({trainable / total:.4%})")
 
-    def loader(rows, batch_size, shuffle):
-        return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, collate_fn=lambda batch: collate_sft(
-            batch, data.pad_id, data.learned), generator=torch.Generator().manual_seed(args.seed))
-
-    train_loader = loader(data.train_rows, args.per_device_train_batch_size, True)
-    val_loader = loader(data.val_rows, args.per_device_eval_batch_size, False) if data.val_rows else None
+    collate = partial(collate_sft, pad_id=data.pad_id, with_signal_ids=data.learned)
+    train_loader = DataLoader(data.train_rows, args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
+                              generator=torch.Generator().manual_seed(args.seed))
+    val_loader = DataLoader(data.val_rows, args.per_device_eval_batch_size, collate_fn=collate,
+                            generator=torch.Generator().manual_seed(args.seed)) if data.val_rows else None
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps,
@@ -307,6 +307,7 @@ def train(args, data, job, accelerator) -> tuple[int, list[float], float]:
     return completed, losses, time.perf_counter() - started
 
 
+@torch.no_grad()
 def complete(model, tokenizer, records, args) -> list[str]:
     """Greedy completions of the prompts of `records`, computed where the model is: its inputs follow it."""
     device, out = model.input_device, []
@@ -316,9 +317,8 @@ def complete(model, tokenizer, records, args) -> list[str]:
         room = model.config.max_position_embeddings - enc["input_ids"].shape[1]
         extra = {} if model.base_model.start_signals is None else {
             "signal_ids": torch.tensor([record.get("signal_id", args.signal_id)], device=device)}
-        with torch.no_grad():
-            ids = model.generate(**enc, max_new_tokens=max(0, min(args.max_new_tokens, room)), do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
+        ids = model.generate(**enc, max_new_tokens=max(0, min(args.max_new_tokens, room)), do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
         out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
     model.train()
     return out
@@ -331,15 +331,15 @@ def evaluate_completions(model, loader, accelerator) -> dict:
 
 def compare_samples(args, data, job, sample_records, samples_before, accelerator) -> list[dict]:
     """Greedy completions of validation prompts after training, beside those before and the references."""
-    samples = []
-    if accelerator.is_main_process and sample_records:
-        after_texts = complete(accelerator.unwrap_model(job.model), data.tokenizer, sample_records, args)
-        accelerator.print("greedy completions of validation prompts (before | after | reference):")
-        for record, old, new in zip(sample_records, samples_before, after_texts):
-            accelerator.print(f"  {record['prompt']!r}\n    before: {old!r}\n    after : {new!r}\n"
-                              f"    ref   : {record['completion']!r}")
-            samples.append({"prompt": record["prompt"], "before": old, "after": new,
-                            "reference": record["completion"]})
+    if not (accelerator.is_main_process and sample_records):
+        return []
+    after = complete(accelerator.unwrap_model(job.model), data.tokenizer, sample_records, args)
+    samples = [{"prompt": record["prompt"], "before": old, "after": new, "reference": record["completion"]}
+               for record, old, new in zip(sample_records, samples_before, after)]
+    accelerator.print("greedy completions of validation prompts (before | after | reference):")
+    for s in samples:
+        accelerator.print(f"  {s['prompt']!r}\n    before: {s['before']!r}\n    after : {s['after']!r}\n"
+                          f"    ref   : {s['reference']!r}")
     return samples
 
 

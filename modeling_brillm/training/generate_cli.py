@@ -88,8 +88,7 @@ def reads_past_range(model) -> bool:
 
 
 def encode(model, tokenizer, prompts: list[str], max_new_tokens: int):
-    """(the left-padded prompts, max_new_tokens lowered to what fits in max_position_embeddings unless the model
-    reads past its range)."""
+    """(the left-padded prompts, max_new_tokens lowered to what fits unless the model reads past its range)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token

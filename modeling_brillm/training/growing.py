@@ -209,8 +209,9 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
     """Step 3: AdamW on the new text (and `--replay` old lines a step); with --train new only the rows growing added
     get gradients, and weight decay 0 and Adam's zero moments leave every old row as it was (checked)."""
     params = dict(model.base_model.named_parameters())
-    before = {name: p.detach().clone() for name, p in params.items()}
     masks = new_rows(model, grown["rows"], old_vocab)
+    old = {name: ~masks[name] if name in masks else slice(None) for name in params}  # each parameter's old rows
+    before = {name: p.detach()[old[name]].clone() for name, p in params.items()}
     trained = params if args.train == "all" else {name: params[name] for name in masks}
     optimizer, losses = torch.optim.AdamW(trained.values(), lr=args.lr, weight_decay=0.0), []
     model.train()
@@ -221,15 +222,11 @@ def fine_tune_new(args, model, texts, grown, pad_id, old_vocab) -> dict:
         optimizer.zero_grad()
         loss.backward()
         for name in masks if args.train != "all" else ():
-            params[name].grad[~masks[name]] = 0
+            params[name].grad[old[name]] = 0
         optimizer.step()
         losses.append(float(loss.detach()))
     model.eval()
-
-    def old_rows(name, tensor):
-        return tensor[~masks[name]] if name in masks else tensor
-
-    unchanged = all(torch.equal(old_rows(name, p.detach()), old_rows(name, before[name])) for name, p in params.items())
+    unchanged = all(torch.equal(p.detach()[old[name]], before[name]) for name, p in params.items())
     return {"losses": losses, "old_rows_unchanged": unchanged}
 
 
