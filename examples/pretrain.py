@@ -6,8 +6,7 @@
     accelerate launch --config_file configuration/accelerate/gpu8_ddp.yaml examples/pretrain.py \\
         --config brillm-en --train_file wiki_en.txt --output_dir outputs/brillm-en
 
-The run is `run` in modeling_brillm/training/pretraining.py, its named steps in order: the settings, the output folder,
-the data and tokenizer, the plan, the model, training with validation and checkpoints, the saved folder.
+The code: `run` in modeling_brillm/training/pretraining.py, its steps in order.
 """
 
 import sys

@@ -36,24 +36,20 @@ def first_line(err: Exception) -> str:
 
 def load_tokenizer(path, fix: str = "pass --tokenizer_name"):
     """`AutoTokenizer.from_pretrained(path)`; a folder without its tokenizer.json, or with a truncated one, is named."""
-    if Path(path).is_dir():
-        check_tokenizer_files(Path(path), fix)
+    folder = Path(path)
+    if folder.is_dir() and not (folder / "tokenizer.json").is_file() and not any(
+            p.name in ("vocab.json", "vocab.txt") or p.suffix == ".model" for p in folder.iterdir()):
+        raise UsageError(f"{folder} has no tokenizer (no tokenizer.json): save the model's tokenizer there "
+                         f"(tokenizer.save_pretrained), or {fix}.")
+    for file in (p for p in (folder / "tokenizer.json", folder / "tokenizer_config.json") if p.is_file()):
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise UsageError(f"{file} is truncated or corrupt (not JSON: {err}): save the tokenizer again.") from None
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as err:  # a Hub id that is not there, offline, ...
         raise UsageError(f"could not load the tokenizer of {path}: {first_line(err)}; {fix}.") from None
-
-
-def check_tokenizer_files(folder: Path, fix: str):
-    vocabularies = [p for p in folder.iterdir() if p.name in ("vocab.json", "vocab.txt") or p.suffix == ".model"]
-    if not (folder / "tokenizer.json").is_file() and not vocabularies:
-        raise UsageError(f"{folder} has no tokenizer (no tokenizer.json): save the model's tokenizer there "
-                         f"(tokenizer.save_pretrained), or {fix}.")
-    for path in (p for p in (folder / "tokenizer.json", folder / "tokenizer_config.json") if p.is_file()):
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as err:
-            raise UsageError(f"{path} is truncated or corrupt (not JSON: {err}): save the tokenizer again.") from None
 
 
 def load_model(path, model_class=AutoModelForCausalLM, **kwargs):

@@ -1,6 +1,5 @@
 """The command line of `examples/perplexity.py`: the built-in, token-weighted perplexity and the `evaluate` metric's
-mean of per-text perplexities (its script comes from the Hub at run time; offline the same steps run in-process). The
-imported package registers the brillm type, so the metric loads the model without trust_remote_code."""
+mean of per-text perplexities. The imported package registers the brillm type: no trust_remote_code for the metric."""
 
 from __future__ import annotations
 

@@ -113,8 +113,7 @@ def decide_min_count(probe: BigramProbe, planned_epochs: float | None = None,
     while c < most and c * epochs(c) < MIN_VISITS:
         c = c + 1 if c < 128 else math.ceil(c * 1.1)  # past 128, 10% steps suffice
     c = min(c, most)
-    return PruningChoice(c, held.recurrence, held.probe_tokens, held.data_count, epochs(c), held.novelty,
-                         grown > least and c == grown, held.novelty_at)
+    return replace(held, min_count=c, epochs=epochs(c), grown=grown > least and c == grown)
 
 
 def straying(novelty: float) -> float:
