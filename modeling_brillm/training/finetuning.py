@@ -4,6 +4,7 @@ docs/training.md). Frozen parameters stay bit for bit as they were; the output f
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -295,16 +296,13 @@ def train(args, data, job, accelerator) -> tuple[int, list[float], float]:
     accelerator.print(f"training: {job.max_steps} steps ({job.steps_per_epoch} per epoch), lr {job.lr:g} "
                       f"({args.lr_scheduler_type}), optimizer {job.plan.name}")
     job.model.train()
-    completed, started, losses = 0, time.perf_counter(), []
-    while completed < job.max_steps:
-        for result in filter(None, map(step, job.train_loader)):  # None: a micro-batch of an accumulation
-            completed += 1
-            losses.append(result.loss)
-            if completed % args.logging_steps == 0 or completed == job.max_steps:
-                accelerator.print(f"step {completed}: loss {result.loss:.4f}, lr {result.lr:.3g}")
-            if completed >= job.max_steps:
-                break
-    return completed, losses, time.perf_counter() - started
+    started, losses = time.perf_counter(), []
+    epochs = itertools.chain.from_iterable(map(step, job.train_loader) for _ in itertools.count())  # None: accumulating
+    for completed, result in enumerate(itertools.islice(filter(None, epochs), job.max_steps), 1):
+        losses.append(result.loss)
+        if completed % args.logging_steps == 0 or completed == job.max_steps:
+            accelerator.print(f"step {completed}: loss {result.loss:.4f}, lr {result.lr:.3g}")
+    return len(losses), losses, time.perf_counter() - started
 
 
 @torch.no_grad()
