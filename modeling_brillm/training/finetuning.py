@@ -386,8 +386,7 @@ _SENTENCE_END = re.compile(r"(?<=[a-z0-9)\"'][.!?])\s+(?=[A-Z\"'(])")
 
 
 def builtin_pairs() -> list[dict]:
-    """Topic/summary pairs from `pydoc_data.topics` (no download): the prompt names a section heading, the completion
-    is the first sentence (5 to 40 words) of the prose under it; sorted topics, repeated headings dropped."""
+    """Topic/summary pairs from `pydoc_data.topics` (no download): a section heading, the first sentence under it."""
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions strip pydoc_data

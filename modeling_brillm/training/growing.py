@@ -104,8 +104,7 @@ def builtin_old_text():
 
 
 def load_texts(args, tokenizer, pad_id):
-    """The new text (every 4th line held out), the old held-out and replay text tokenized before the tokenizer grows,
-    and a probe batch of old text."""
+    """The new text (every 4th line held out); the old text, tokenized before the tokenizer grows, and a probe of it."""
     new = read_lines(args.new_text)
     if args.old_text:
         old, old_train = read_lines(args.old_text), read_lines(args.old_train_text) if args.old_train_text else []

@@ -39,8 +39,7 @@ class BriLLMSFTTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs["labels"]
-        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
-        outputs = model(**model_inputs, labels=labels, use_cache=False)
+        outputs = model(**{k: v for k, v in inputs.items() if k != "use_cache"}, use_cache=False)
         scored = scored_positions(labels, inputs.get("attention_mask")).to(outputs.logits.device)
         if num_items_in_batch is None:
             loss = outputs.loss
