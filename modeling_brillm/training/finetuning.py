@@ -254,8 +254,7 @@ def load_everything(args, accelerator):
                          if dropped + val_dropped else ""))
     return SimpleNamespace(model=model, tokenizer=tokenizer, train_rows=train_rows, val_rows=val_rows,
                            val_records=val_records, line=data_line, max_length=max_length,
-                           learned=model.base_model.start_signals is not None,
-                           pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+                           learned=model.base_model.start_signals is not None, pad_id=tokenizer.pad_token_id or 0)
 
 
 # --------------------------------------------------------------------------------------- train, evaluate

@@ -1,5 +1,4 @@
-"""The command line of `examples/generate.py`: BriLLM's energy decoding, transformers' generate(), or the pipeline.
-Inputs that do not fit are refused before any computation (exit code 2)."""
+"""The command line of `examples/generate.py`: BriLLM's energy decoding, transformers' generate(), or the pipeline."""
 
 from __future__ import annotations
 

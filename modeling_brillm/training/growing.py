@@ -196,11 +196,10 @@ def new_rows(model, edge_rows, old_vocab: int) -> dict:
     """Parameter name -> True for its rows that growing added (the new edges' table rows, the new nodes' rows)."""
     nodes = slice(old_vocab, None)
     rows = {"weights": edge_rows, "biases": edge_rows, "node_bias": nodes, **{name: nodes for name in NODE_ROWS}}
-    masks = {}
-    for name, param in model.base_model.named_parameters():
-        if name in rows:
-            masks[name] = torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
-            masks[name][rows[name]] = True
+    masks = {name: torch.zeros(param.shape[0], dtype=torch.bool, device=param.device)
+             for name, param in model.base_model.named_parameters() if name in rows}
+    for name, mask in masks.items():
+        mask[rows[name]] = True
     return masks
 
 
