@@ -1,5 +1,4 @@
-"""The one exception of the training scripts, how a script reports it, and a saved folder loaded with one clear line
-for each way it can be broken (no tokenizer, a truncated file, weights that are not finite)."""
+"""The one exception of the training scripts, how a script reports it, and saved folders loaded with a line a fault."""
 
 from __future__ import annotations
 

@@ -492,8 +492,7 @@ def split_records(records: list[dict], percentage: float) -> tuple[list[dict], l
 
 def tokenize_records(records: list[dict], tokenizer, max_length: int, default_signal_id: int = 0
                      ) -> tuple[list[dict], int]:
-    """Token ids (prompt with its special tokens + completion without + EOS), labels (-100 on the prompt) and signal
-    id of every record, cut to `max_length`; (rows, records dropped for want of a scored transition)."""
+    """Token ids, labels (-100 on the prompt) and signal id of every record, cut to `max_length`; (rows, dropped)."""
     eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     rows = []
     for record in records:

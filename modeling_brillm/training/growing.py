@@ -1,5 +1,4 @@
-"""Growing a trained BriLLM without retraining it (examples/grow_graph.py, docs/training.md): nodes and edges that move
-no old logit (checked), a fine-tune of what is new with old text replayed, perplexity before and after, a save."""
+"""Growing a trained BriLLM without retraining it, in five checked steps (examples/grow_graph.py, docs/training.md)."""
 
 from __future__ import annotations
 

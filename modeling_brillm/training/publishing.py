@@ -1,5 +1,4 @@
-"""Publishing: a training run's model card, the upload to the Hub, and `push_main` (examples/push_to_hub.py: the folder
-checked Hub-ready, a card written where it has none, uploaded). The token: huggingface_hub's unless a flag gives one."""
+"""Publishing: a training run's model card, the upload to the Hub, and `push_main` (examples/push_to_hub.py)."""
 
 from __future__ import annotations
 
