@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Fine-tune a saved (or converted) BriLLM on prompt/completion data, the loss on the completion only; `--help` lists
 the flags, docs/training.md the `--train_only` modes. The run: modeling_brillm/training/finetuning.py.
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Pretrain a BriLLM graph language model with `accelerate launch`; `--help` lists every flag (docs/training.md).
 
     accelerate launch --config_file configuration/accelerate/cpu_1.yaml examples/pretrain.py \\
