@@ -45,6 +45,7 @@ class Job:
     signature: dict  # what must match for a resume to be an exact continuation
     clock: TrainingClock = field(default_factory=TrainingClock)  # with the time budget, if any
     write_extra: Callable | None = None  # adds files to a checkpoint's temporary folder (the edge shards)
+    load_extra: Callable | None = None  # (checkpoint) restores what write_extra added
 
 
 @dataclass
@@ -95,11 +96,11 @@ def seconds_per_step(step: Callable, sync: Callable = lambda: None, warmup: int 
     return sorted(times)[timed // 2]
 
 
-def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position:
+def resume(job: Job, checkpoint) -> Position:
     """Restore the states saved in `checkpoint` (and the best model so far); where the run continues."""
     state = load_checkpoint(job.accelerator, checkpoint)
-    if load_extra is not None:
-        load_extra()
+    if job.load_extra is not None:
+        job.load_extra(checkpoint)
     position = Position(state["completed_steps"], state["epoch"], state["batches_in_epoch"],
                         state.get("train_seconds", 0.0), state.get("train_tokens", 0))
     if position.batches_in_epoch >= len(job.train_loader):
@@ -187,7 +188,8 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
             if result is None:  # a micro-batch of an accumulation: no optimizer step yet
                 continue
             count_step(job, args, stats, result, epoch, time.time() - step_started, progress)
-            validate_and_checkpoint(job, args, stats, Position(stats.completed_steps, epoch, batches), progress)
+            at = Position(stats.completed_steps, epoch, batches, stats.train_time, stats.train_tokens)
+            validate_and_checkpoint(job, args, stats, at, progress)
             step_started = time.time()
             if done(args, stats):
                 break
@@ -225,5 +227,4 @@ def validate_and_checkpoint(job: Job, args, stats: TrainStats, at: Position, pro
         evaluate_now(job, stats, write=progress.write)
     epoch_end = at.batches_in_epoch >= len(job.train_loader)
     if isinstance(every, int) and steps % every == 0 or every == "epoch" and epoch_end:
-        position = Position(steps, at.epoch, at.batches_in_epoch, stats.train_time, stats.train_tokens)
-        checkpoint_now(job, args, position, write=progress.write)
+        checkpoint_now(job, args, at, write=progress.write)

@@ -60,9 +60,7 @@ def prepare_on_cpu(accelerator, model, make_optimizer, train_loader, eval_loader
                       f"process holds {held:,} of the {sum(p.numel() for p in model.parameters()):,} parameters")
     optimizer = AcceleratedOptimizer(make_optimizer(model), device_placement=False)
     hook_checkpoints(accelerator, plugin, model, optimizer.optimizer)
-    loaders = accelerator.prepare(train_loader, eval_loader) if eval_loader is not None else (
-        accelerator.prepare(train_loader), None)
-    return (model, optimizer, *loaders)
+    return (model, optimizer, *accelerator.prepare(train_loader, eval_loader))  # a None eval_loader stays None
 
 
 def hook_checkpoints(accelerator, plugin, model, optimizer):
@@ -84,8 +82,7 @@ def hook_checkpoints(accelerator, plugin, model, optimizer):
 
 
 def reshard(model):
-    """Shard again the parameters FSDP2 left gathered after a forward without backward (evaluation, generation),
-    where torch's state-dict functions expect shards. A no-op on other models."""
+    """Shard again what FSDP2 left gathered after a forward without backward: the state-dict functions want shards."""
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
