@@ -3,10 +3,9 @@ the one training clock and schedule every model of a time budget shares (BriLLM 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -104,7 +103,7 @@ def resume(job: Job, checkpoint) -> Position:
     position = Position(state["completed_steps"], state["epoch"], state["batches_in_epoch"],
                         state.get("train_seconds", 0.0), state.get("train_tokens", 0))
     if position.batches_in_epoch >= len(job.train_loader):
-        position = dataclasses.replace(position, epoch=position.epoch + 1, batches_in_epoch=0)
+        position = replace(position, epoch=position.epoch + 1, batches_in_epoch=0)
     saved = state.get("signature", {})
     changed = {k: (saved.get(k), v) for k, v in job.signature.items()
                if saved.get(k) != v and k not in ("max_train_steps", "max_train_time")}
@@ -142,7 +141,7 @@ def evaluate_now(job: Job, stats: TrainStats, write=print):
 
 def checkpoint_now(job: Job, args, position: Position, write=print):
     """Save the training state (the best model so far, the clock, the planned epochs) as `<output_dir>/step_N`."""
-    state = {**dataclasses.asdict(position), "planned_epochs": getattr(args, "planned_epochs", None),
+    state = {**asdict(position), "planned_epochs": getattr(args, "planned_epochs", None),
              "signature": job.signature, "best": job.best.state()}
 
     def extra(tmp):

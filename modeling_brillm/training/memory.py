@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from typing import Callable
 
 import psutil
@@ -49,10 +48,8 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
 def keep_freed_memory() -> bool:
     """Ask glibc to keep freed memory: a step frees and allocates the same large temporaries, each above the mmap
     threshold a fresh mmap page-faulted in again (~40% of the demo's wall time in the kernel). Linux only."""
-    if not sys.platform.startswith("linux"):
-        return False
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")  # glibc's: elsewhere an OSError
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
         return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
     except (OSError, AttributeError):

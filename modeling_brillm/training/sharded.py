@@ -42,9 +42,8 @@ def check_checkpoint_kind(checkpoint, sharded: bool):
 
 
 def prepare_sharded(args, config, graph, accelerator, checkpoint, train_loader, *, moment_dtype: str, **options):
-    """(the sharded model, its SparseAdamW with the recipe's `options`, the prepared training loader). The model is
-    built whole where every process can hold it, else each process builds its own sources; a checkpoint of this
-    process count keeps its assignment, another count gets a fresh balanced one."""
+    """(the sharded model, its SparseAdamW, the prepared training loader): built whole where every process can hold it,
+    else by each process's sources; a checkpoint of this process count keeps its assignment, another gets a new one."""
     free = agreed_free(accelerator, available_memory(accelerator, args.available_memory_gb)[0])
     whole = 4 * config.num_parameters_formula() * 1.1 <= free  # the whole model's float32 weights, +10%
     if not whole:
