@@ -19,7 +19,8 @@ BETAS, EPS = (0.9, 0.999), 1e-8  # the paper's AdamW
 
 @dataclass
 class OptimizerPlan:
-    name: str  # the optimizer built: adamw, or sparse_adamw on the model's sparse row gradients
+    name: str  # the optimizer built: one of OPTIMIZERS
+    sparse_gradients: bool  # the model gives sparse row gradients for its edge tables
     clip: bool  # the step clips the global gradient norm to max_grad_norm
     reason: str  # why, for the start-up summary
 
@@ -37,16 +38,16 @@ def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | 
     if requested == "sparse_adamw" and num_processes > 1:
         raise UsageError("--optimizer sparse_adamw supports a single process only; use --optimizer adamw (or auto).")
     if requested == "sparse_adamw":
-        return OptimizerPlan("sparse_adamw", clip, "--optimizer sparse_adamw")
+        return OptimizerPlan("sparse_adamw", True, clip, "--optimizer sparse_adamw")
     if requested == "adamw":
-        return OptimizerPlan("adamw", clip, f"--optimizer adamw ({num_processes} process(es))" if fsdp else
+        return OptimizerPlan("adamw", False, clip, f"--optimizer adamw ({num_processes} process(es))" if fsdp else
                              "--optimizer adamw")
     if fsdp:
-        return OptimizerPlan("adamw", clip, f"auto: FSDP shards dense gradients ({num_processes} process(es))")
+        return OptimizerPlan("adamw", False, clip, f"auto: FSDP shards dense gradients ({num_processes} process(es))")
     if num_processes > 1:
-        return OptimizerPlan("adamw", clip, f"auto: {num_processes} processes, whose dense gradients DDP/FSDP "
+        return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients DDP/FSDP "
                              "all-reduce")
-    return OptimizerPlan("sparse_adamw", clip, "auto: one process, so only the edges a step touches are read and "
+    return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches are read and "
                          "updated")
 
 
@@ -85,7 +86,7 @@ def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_dec
                     lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
                     moment_dtype: str = "float32"):
     """The optimizer of `plan` over `model` (before accelerator.prepare); sets model.sparse_gradients to match."""
-    model.sparse_gradients = sparse = plan.name == "sparse_adamw"
+    model.sparse_gradients = sparse = plan.sparse_gradients
     if not sparse and shared_edge_lr_scale != 1.0:
         raise UsageError("--shared_edge_lr_scale needs sparse edge gradients (--optimizer sparse_adamw, or auto in one "
                          "process): dense AdamW updates the table as one tensor.")
