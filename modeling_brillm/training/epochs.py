@@ -67,8 +67,7 @@ class TrainStats:
 
 def make_schedule(optimizer, name: str, warmup_steps: int, total_steps: int | None = None,
                   clock: TrainingClock | None = None):
-    """transformers' schedule `name` over `total_steps`, or past its warmup over a budgeted clock's share of the
-    budget: it then ends with the budget whatever the pace of the steps."""
+    """transformers' schedule `name` over `total_steps`, or past its warmup over the clock, ending with its budget."""
     if clock is None or clock.budget is None:
         return get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
     scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps,

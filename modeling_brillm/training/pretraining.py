@@ -39,8 +39,7 @@ MIN_EVAL_TOKENS = 100  # fewer scored validation tokens: a loss too noisy to cho
 
 
 def run(args, data=None) -> int:
-    """The whole job. `data`: what load_data returned for the same data flags (benchmarks/quality.py shares one
-    preparation between runs); by default it is loaded here."""
+    """The whole job. `data`: what load_data returned for these data flags (benchmarks/quality.py shares one)."""
     resolved = settle(args)
     accelerator, checkpoint, folder = start_run(args)
     with folder:  # the output folder is this run's until it ends
