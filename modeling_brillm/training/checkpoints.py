@@ -11,7 +11,7 @@ import re
 import shutil
 import socket
 import sys
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
@@ -63,10 +63,9 @@ def remove_dir(path: Path):
 
 
 # --------------------------------------------------------------------------------------------- the folder
-class RunFolder:
-    """`--output_dir`, this run's from `lock` to `release` (an exclusive flock on `.lock`, which names the holder's
-    PID and host; a dead run's lock is taken over). An earlier run is refused unless `--overwrite_output_dir`; its
-    model then stays in place until `install` swaps in the staged new one."""
+class RunFolder(AbstractContextManager):
+    """`--output_dir`, this run's from `lock` to `release` (a flock on `.lock`, which names its holder; a dead run's
+    is taken over). An earlier run is refused unless `--overwrite_output_dir`; its model stays until `install`."""
 
     def __init__(self, path):
         self.path, self.handle, self.created = Path(path), None, not Path(path).exists()
@@ -111,9 +110,6 @@ class RunFolder:
         if self.created and not any(self.path.iterdir()):
             self.path.rmdir()  # a run refused before it wrote anything leaves no folder behind
 
-    def __enter__(self):
-        return self
-
     def __exit__(self, *exc):
         self.release()
 
@@ -133,8 +129,8 @@ class RunFolder:
                              "another --output_dir.")
 
     def claim(self, need: float, what: str, fresh: bool = True, say=print):
-        """Everything is checked: with room for `need` bytes (`what` says of what), a `fresh` run removes the earlier
-        run's checkpoints, log and best model; its saved model stays until `install`."""
+        """With room for `need` bytes (`what` says of what), a `fresh` run removes the earlier run's checkpoints, log
+        and best model (its model stays until `install`)."""
         old = [path for _, path in list_checkpoints(self.path)] if fresh else []
         freed = sum(p.stat().st_size for folder in old for p in folder.rglob("*") if p.is_file())
         free = shutil.disk_usage(self.path).free + freed
@@ -192,13 +188,8 @@ def open_folder(path, accelerator, overwrite: bool, resuming_here: bool = False,
 # ------------------------------------------------------------------------------------------- checkpoints
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     """Complete checkpoints (step_N folders holding train_state.json), oldest first."""
-    found = []
-    if os.path.isdir(output_dir):
-        for entry in os.scandir(output_dir):
-            match = CHECKPOINT_RE.match(entry.name)
-            if match and entry.is_dir() and os.path.isfile(os.path.join(entry.path, STATE_NAME)):
-                found.append((int(match.group(1)), Path(entry.path)))
-    return sorted(found)
+    return sorted((int(match.group(1)), path) for path in Path(output_dir).glob("step_*")
+                  if (match := CHECKPOINT_RE.match(path.name)) and (path / STATE_NAME).is_file())
 
 
 def read_train_state(checkpoint) -> dict:

@@ -66,8 +66,7 @@ def held_out_indices(n: int, percentage: float) -> list[int]:
 
 
 def load_raw_data(args):
-    """(DatasetDict with "train" and maybe "validation", a sentence naming the data): the Hub, files or the built-in
-    corpus, validation texts held out of the training ones where none are given; data without text is refused."""
+    """(DatasetDict of "train" and maybe "validation", a line naming it) from the Hub, files or the built-in corpus."""
     raw, description = _hub_data(args) if args.dataset_name else _file_data(args) if args.train_file else _builtin()
     for split in list(raw):
         raw[split], skipped = records_with_text(raw[split], split, args)
@@ -180,8 +179,7 @@ class TokenIds:
 
 
 class SentenceBlocks:
-    """datasets.map function: every sentence of two tokens or more as one block `<s> tokens </s>`, cut to `block_size`
-    and right-padded (attention_mask 0); with `arrays`, one int64 array per column."""
+    """datasets.map function: every sentence of two tokens or more as one right-padded block `<s> tokens </s>`."""
 
     def __init__(self, tokenizer, text_column: str, block_size: int, arrays: bool = False):
         self.encode, self.text_column, self.block_size = TokenIds(tokenizer), text_column, block_size
@@ -228,8 +226,7 @@ class DocumentTokens:
 
 
 class ContiguousBlocks:
-    """datasets.map function: token lists (or an arrow batch) concatenated and cut into full blocks of `block_size` (a
-    map batch's tail that fills no block is dropped, as in run_clm)."""
+    """datasets.map function: token lists concatenated and cut into full blocks (a batch's tail is dropped: run_clm)."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size

@@ -3,10 +3,9 @@ the one training clock and schedule every model of a time budget shares (BriLLM 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -45,6 +44,7 @@ class Job:
     signature: dict  # what must match for a resume to be an exact continuation
     clock: TrainingClock = field(default_factory=TrainingClock)  # with the time budget, if any
     write_extra: Callable | None = None  # adds files to a checkpoint's temporary folder (the edge shards)
+    load_extra: Callable | None = None  # (checkpoint) restores what write_extra added
 
 
 @dataclass
@@ -67,8 +67,7 @@ class TrainStats:
 
 def make_schedule(optimizer, name: str, warmup_steps: int, total_steps: int | None = None,
                   clock: TrainingClock | None = None):
-    """transformers' schedule `name` over `total_steps`, or past its warmup over a budgeted clock's share of the
-    budget: it then ends with the budget whatever the pace of the steps."""
+    """transformers' schedule `name` over `total_steps`, or past its warmup over the clock, ending with its budget."""
     if clock is None or clock.budget is None:
         return get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
     scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=warmup_steps,
@@ -95,15 +94,15 @@ def seconds_per_step(step: Callable, sync: Callable = lambda: None, warmup: int 
     return sorted(times)[timed // 2]
 
 
-def resume(job: Job, checkpoint, load_extra: Callable | None = None) -> Position:
+def resume(job: Job, checkpoint) -> Position:
     """Restore the states saved in `checkpoint` (and the best model so far); where the run continues."""
     state = load_checkpoint(job.accelerator, checkpoint)
-    if load_extra is not None:
-        load_extra()
+    if job.load_extra is not None:
+        job.load_extra(checkpoint)
     position = Position(state["completed_steps"], state["epoch"], state["batches_in_epoch"],
                         state.get("train_seconds", 0.0), state.get("train_tokens", 0))
     if position.batches_in_epoch >= len(job.train_loader):
-        position = dataclasses.replace(position, epoch=position.epoch + 1, batches_in_epoch=0)
+        position = replace(position, epoch=position.epoch + 1, batches_in_epoch=0)
     saved = state.get("signature", {})
     changed = {k: (saved.get(k), v) for k, v in job.signature.items()
                if saved.get(k) != v and k not in ("max_train_steps", "max_train_time")}
@@ -141,7 +140,7 @@ def evaluate_now(job: Job, stats: TrainStats, write=print):
 
 def checkpoint_now(job: Job, args, position: Position, write=print):
     """Save the training state (the best model so far, the clock, the planned epochs) as `<output_dir>/step_N`."""
-    state = {**dataclasses.asdict(position), "planned_epochs": getattr(args, "planned_epochs", None),
+    state = {**asdict(position), "planned_epochs": getattr(args, "planned_epochs", None),
              "signature": job.signature, "best": job.best.state()}
 
     def extra(tmp):
@@ -187,7 +186,8 @@ def train_epochs(job: Job, args, start: Position) -> TrainStats:
             if result is None:  # a micro-batch of an accumulation: no optimizer step yet
                 continue
             count_step(job, args, stats, result, epoch, time.time() - step_started, progress)
-            validate_and_checkpoint(job, args, stats, Position(stats.completed_steps, epoch, batches), progress)
+            at = Position(stats.completed_steps, epoch, batches, stats.train_time, stats.train_tokens)
+            validate_and_checkpoint(job, args, stats, at, progress)
             step_started = time.time()
             if done(args, stats):
                 break
@@ -225,5 +225,4 @@ def validate_and_checkpoint(job: Job, args, stats: TrainStats, at: Position, pro
         evaluate_now(job, stats, write=progress.write)
     epoch_end = at.batches_in_epoch >= len(job.train_loader)
     if isinstance(every, int) and steps % every == 0 or every == "epoch" and epoch_end:
-        position = Position(steps, at.epoch, at.batches_in_epoch, stats.train_time, stats.train_tokens)
-        checkpoint_now(job, args, position, write=progress.write)
+        checkpoint_now(job, args, at, write=progress.write)

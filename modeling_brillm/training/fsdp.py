@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils import FullyShardedDataParallelPlugin, fsdp_utils
+from accelerate.utils.other import get_module_children_bottom_up
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -31,13 +34,10 @@ def is_fsdp(accelerator) -> bool:
 def shard_model(model, plugin, num_processes: int):
     """`fully_shard` the modules the plugin's wrap policy picks (none under NO_WRAP), then the whole model, over a
     CPU mesh of `num_processes`, as accelerate's `fsdp2_prepare_model` does on GPUs; in place."""
-    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
-    from accelerate.utils.other import get_module_children_bottom_up
-
     mesh = init_device_mesh("cpu", (num_processes,))
     kwargs = dict(mesh=mesh, mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
     plugin.set_auto_wrap_policy(model)
-    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    policy = fsdp_utils.fsdp2_prepare_auto_wrap_policy(plugin, model)
     if policy is not None:
         for module in get_module_children_bottom_up(model)[:-1]:
             if policy(module) and not isinstance(module, FSDPModule):
@@ -48,9 +48,6 @@ def shard_model(model, plugin, num_processes: int):
 
 def prepare_on_cpu(accelerator, model, make_optimizer, train_loader, eval_loader=None):
     """(model sharded with FSDP2 on the CPU, `make_optimizer(model)` over its shards, the prepared loaders)."""
-    from accelerate.optimizer import AcceleratedOptimizer
-    from accelerate.utils import FullyShardedDataParallelPlugin
-
     plugin = FullyShardedDataParallelPlugin()  # the launch's fsdp_config, from the FSDP_* variables
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
@@ -60,32 +57,27 @@ def prepare_on_cpu(accelerator, model, make_optimizer, train_loader, eval_loader
                       f"process holds {held:,} of the {sum(p.numel() for p in model.parameters()):,} parameters")
     optimizer = AcceleratedOptimizer(make_optimizer(model), device_placement=False)
     hook_checkpoints(accelerator, plugin, model, optimizer.optimizer)
-    loaders = accelerator.prepare(train_loader, eval_loader) if eval_loader is not None else (
-        accelerator.prepare(train_loader), None)
-    return (model, optimizer, *loaders)
+    return (model, optimizer, *accelerator.prepare(train_loader, eval_loader))  # a None eval_loader stays None
 
 
 def hook_checkpoints(accelerator, plugin, model, optimizer):
     """`save_state` / `load_state` also save / restore the sharded model and optimizer (accelerate's FSDP functions)."""
-    from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
-
     def save(_models, _weights, output_dir):
         reshard(model)
-        save_fsdp_model(plugin, accelerator, model, output_dir)
-        save_fsdp_optimizer(plugin, accelerator, optimizer, model, output_dir)
+        fsdp_utils.save_fsdp_model(plugin, accelerator, model, output_dir)
+        fsdp_utils.save_fsdp_optimizer(plugin, accelerator, optimizer, model, output_dir)
 
     def load(_models, input_dir):
         reshard(model)
-        load_fsdp_model(plugin, accelerator, model, input_dir)
-        load_fsdp_optimizer(plugin, accelerator, optimizer, model, input_dir)
+        fsdp_utils.load_fsdp_model(plugin, accelerator, model, input_dir)
+        fsdp_utils.load_fsdp_optimizer(plugin, accelerator, optimizer, model, input_dir)
 
     accelerator.register_save_state_pre_hook(save)
     accelerator.register_load_state_pre_hook(load)
 
 
 def reshard(model):
-    """Shard again the parameters FSDP2 left gathered after a forward without backward (evaluation, generation),
-    where torch's state-dict functions expect shards. A no-op on other models."""
+    """Shard again what FSDP2 left gathered after a forward without backward: the state-dict functions want shards."""
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()

@@ -52,9 +52,8 @@ CPU_FSDP_LIMITS = (
 
 
 def fsdp_not_formed(accelerator, environ=os.environ, shards_on_cpu: bool = False) -> str | None:
-    """The error when the launch asked for FSDP but no FSDP run can follow: accelerate forms FSDP only on GPU-type
-    devices; on the CPU a script that shards the model itself (`shards_on_cpu`: pretraining, fsdp.py) runs FSDP2 where
-    the config allows it, any other would silently train as DDP."""
+    """The error when the launch asked for FSDP but no FSDP run can follow: accelerate forms FSDP only on GPUs; on the
+    CPU a script that shards the model itself (`shards_on_cpu`) runs FSDP2, any other would silently train as DDP."""
     kind = accelerator.distributed_type.value
     if not truthy(environ.get(FSDP_ENV)) or kind == "FSDP":
         return None

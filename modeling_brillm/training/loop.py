@@ -47,6 +47,27 @@ class StepKeys:
         self.steps += stepped
 
 
+class StepBase(StepKeys):
+    """What both training steps (this TrainStep, sharded.ShardedTrainStep) hold and how they end a micro-batch."""
+
+    def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
+                 learning_rate: float, max_grad_norm: float | None = None, seed: int | None = None):
+        self.accelerator, self.model, self.optimizer, self.lr_scheduler = accelerator, model, optimizer, lr_scheduler
+        self.keys_from(accelerator, per_device_batch_size, seed)
+        self.ref, self.lr_used = float(per_device_batch_size * block_size), learning_rate
+        self.max_grad_norm = max_grad_norm
+        self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
+
+    def finish(self, totals) -> StepResult | None:
+        """Count the micro-batch; after an optimizer step, its result from `totals` (loss sum, targets, tokens)."""
+        self.advance(totals is not None)
+        if totals is None:
+            return None
+        self.sums.zero_()
+        return StepResult(loss=float(totals[0]) / max(float(totals[1]), 1.0), targets=int(totals[1]),
+                          tokens=int(totals[2]), lr=self.lr_used)
+
+
 @dataclass
 class StepResult:
     loss: float  # token-weighted mean loss over the global batch
@@ -86,22 +107,18 @@ def clip_grad_norm_(params, max_norm: float) -> float:
     return total
 
 
-class TrainStep(StepKeys):
+class TrainStep(StepBase):
     """The single-process / DDP / FSDP step over `accelerator.prepare`d model, optimizer and scheduler, one call per
     micro-batch. Every process backpropagates (sum of its token losses) / ref, ref = per-device batch x block size;
     when gradients sync they are multiplied by G x W x ref / (global targets), undoing accelerate's division by the G
     accumulation steps and DDP's average over W processes: the gradient of the mean loss over the global batch."""
 
-    def __init__(self, accelerator, model, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
-                 max_grad_norm: float | None, clip: bool, learning_rate: float, seed: int | None = None):
-        self.accelerator, self.model, self.optimizer, self.lr_scheduler = accelerator, model, optimizer, lr_scheduler
+    def __init__(self, accelerator, model, optimizer, lr_scheduler, *, max_grad_norm: float | None, clip: bool = True,
+                 **step):
+        super().__init__(accelerator, model, optimizer, lr_scheduler, max_grad_norm=max_grad_norm if clip else None,
+                         **step)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.keys_from(accelerator, per_device_batch_size, seed)
-        self.ref = float(per_device_batch_size * block_size)
-        self.max_grad_norm = max_grad_norm if clip else None
         self.sparse_gradients = bool(getattr(accelerator.unwrap_model(model), "sparse_gradients", False))
-        self.lr_used = learning_rate
-        self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
 
     def __call__(self, batch, step: int | None = None) -> StepResult | None:
         """One micro-batch of optimizer step `step` (0-based: it keys the dropout masks); a StepResult once it steps."""
@@ -124,12 +141,7 @@ class TrainStep(StepKeys):
                 self.lr_used = self.lr_scheduler.get_last_lr()[0]
                 self.lr_scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.advance(totals is not None)
-        if totals is None:
-            return None
-        self.sums.zero_()
-        return StepResult(loss=float(totals[0] / totals[1].clamp_min(1)), targets=int(totals[1]),
-                          tokens=int(totals[2]), lr=self.lr_used)
+        return self.finish(totals)
 
     def _scale_and_clip(self, scale: float):
         for p in self.params:
@@ -142,8 +154,7 @@ class TrainStep(StepKeys):
 
 
 def evaluate(model, dataloader, accelerator) -> tuple[float, float, int]:
-    """(mean loss, perplexity, scored tokens) over the validation blocks: the full softmax over all V nodes
-    (whatever the training loss), token-weighted, gathered over processes."""
+    """(mean loss, perplexity, scored tokens) of the validation blocks: the full softmax whatever the training loss."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for batch in dataloader:

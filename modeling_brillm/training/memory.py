@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from typing import Callable
 
 import psutil
@@ -46,22 +45,11 @@ def training_memory(num_params: int, strategy: str = "single", world_size: int =
     return {"total": sum(parts.values()) * 1.1, "parts": parts}
 
 
-def sharded_training_memory(config, world_size: int, tokens_per_process: int, moment_bytes: int = 8) -> dict:
-    """`--edge_sharding source`: `modeling_brillm.sharding.sharded_memory` +10%, and `whole_model`: the model built
-    whole before sharding (when that does not fit, each process builds its own)."""
-    parts = sharded_memory(config, world_size, global_tokens=tokens_per_process * world_size, moment_bytes=moment_bytes)
-    parts.pop("total")
-    whole = 4 * config.num_parameters_formula() * 1.1
-    return {"total": sum(parts.values()) * 1.1, "parts": parts, "whole_model": whole}
-
-
 def keep_freed_memory() -> bool:
     """Ask glibc to keep freed memory: a step frees and allocates the same large temporaries, each above the mmap
     threshold a fresh mmap page-faulted in again (~40% of the demo's wall time in the kernel). Linux only."""
-    if not sys.platform.startswith("linux"):
-        return False
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")  # glibc's: elsewhere an OSError
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
         return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
     except (OSError, AttributeError):
@@ -88,12 +76,15 @@ def available_memory(accelerator, override_gb: float | None) -> tuple[float, str
 
 
 def state_memory(config, accelerator, args, tokens: int | None = None) -> dict:
-    """This run's `training_memory` or `sharded_training_memory` (over `tokens` per process, default batch x block)."""
+    """This run's `training_memory`, or by source `sharding.sharded_memory` +10% (`tokens` per process: batch x T)."""
     strategy = "fsdp" if is_fsdp(accelerator) else ("ddp" if accelerator.num_processes > 1 else "single")
     moment_bytes = 4 if getattr(args, "moment_dtype", "float32") == "bfloat16" else 8
     if getattr(args, "edge_sharding", "none") == "source":
         tokens = args.per_device_train_batch_size * args.block_size if tokens is None else tokens
-        return sharded_training_memory(config, accelerator.num_processes, tokens, moment_bytes)
+        W = accelerator.num_processes
+        parts = sharded_memory(config, W, global_tokens=tokens * W, moment_bytes=moment_bytes)
+        parts.pop("total")
+        return {"total": sum(parts.values()) * 1.1, "parts": parts}
     return training_memory(config.num_parameters_formula(), strategy, accelerator.num_processes,
                            accelerator.mixed_precision, moment_bytes)
 

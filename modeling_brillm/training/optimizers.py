@@ -47,8 +47,8 @@ def choose_optimizer(requested: str, num_processes: int, max_grad_norm: float | 
     if num_processes > 1:
         return OptimizerPlan("adamw", False, clip, f"auto: {num_processes} processes, whose dense gradients DDP/FSDP "
                              "all-reduce")
-    return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches are read "
-                         "and updated")
+    return OptimizerPlan("sparse_adamw", True, clip, "auto: one process, so only the edges a step touches are read and "
+                         "updated")
 
 
 def resolve_moment_dtype(requested: str | None, plan: OptimizerPlan, mixed_precision: str,
@@ -86,14 +86,13 @@ def build_optimizer(model, plan: OptimizerPlan, learning_rate: float, weight_dec
                     lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0, node_lr_scale: float = 1.0,
                     moment_dtype: str = "float32"):
     """The optimizer of `plan` over `model` (before accelerator.prepare); sets model.sparse_gradients to match."""
-    model.sparse_gradients = plan.sparse_gradients
-    if plan.name != "sparse_adamw" and shared_edge_lr_scale != 1.0:
+    model.sparse_gradients = sparse = plan.sparse_gradients
+    if not sparse and shared_edge_lr_scale != 1.0:
         raise UsageError("--shared_edge_lr_scale needs sparse edge gradients (--optimizer sparse_adamw, or auto in one "
                          "process): dense AdamW updates the table as one tensor.")
     groups = parameter_groups(model, weight_decay, learning_rate, node_lr_scale=node_lr_scale,
-                              lazy_weight_decay=lazy_weight_decay and plan.name == "sparse_adamw",
-                              shared_edge_lr_scale=shared_edge_lr_scale)
-    if plan.name == "sparse_adamw":
+                              lazy_weight_decay=lazy_weight_decay and sparse, shared_edge_lr_scale=shared_edge_lr_scale)
+    if sparse:
         return SparseAdamW(groups, lr=learning_rate, betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
     # torch's fused kernel: one pass over parameter, gradient and moments (7x faster than the default on CPU)
     fused = accelerator.device.type in ("cpu", "cuda") and accelerator.distributed_type.value != "DEEPSPEED"

@@ -39,8 +39,7 @@ MIN_EVAL_TOKENS = 100  # fewer scored validation tokens: a loss too noisy to cho
 
 
 def run(args, data=None) -> int:
-    """The whole job. `data`: what load_data returned for the same data flags (benchmarks/quality.py shares one
-    preparation between runs); by default it is loaded here."""
+    """The whole job. `data`: what load_data returned for these data flags (benchmarks/quality.py shares one)."""
     resolved = settle(args)
     accelerator, checkpoint, folder = start_run(args)
     with folder:  # the output folder is this run's until it ends
@@ -51,7 +50,7 @@ def run(args, data=None) -> int:
         claim_folder(args, job, config, folder, checkpoint)
         init_tracking(args, accelerator)
 
-        position = resume_or_start(args, job, checkpoint)
+        position = Position() if checkpoint is None else resume(job, checkpoint)
         accelerator.print(describe_training(args, job, config))
         summary = start_summary(args, config, data, accelerator)
         if job.eval_loader is not None and checkpoint is None:
@@ -82,8 +81,7 @@ def settle(args):
 
 
 def start_run(args):
-    """The accelerator, the checkpoint to resume from, and the output folder, locked by the main process (another
-    run's, or an earlier run's without --overwrite_output_dir, is refused on every process)."""
+    """The accelerator, the checkpoint to resume from, and the output folder (checkpoints.open_folder locks it)."""
     accelerator, setup = make_accelerator(args, shards_on_cpu=True)
     say = accelerator.print
     say(f"BriLLM pretraining: {setup}, preset {args.config or '(none: built-in defaults)'}")
@@ -185,9 +183,8 @@ def plan_length_and_config(args, resolved, data, accelerator, checkpoint, step, 
 
 
 def planned_epochs(args, data, accelerator, checkpoint=None) -> float | None:
-    """The run's length in epochs of the training blocks, before the loaders exist; None for a time budget
-    (epochs_in_budget times it). A resumed run takes the length its checkpoint was planned with, so `auto` choices
-    rebuild the graph the checkpoint was trained on even when the run is extended."""
+    """The run's length in epochs, before the loaders exist (None for a time budget). A resumed run takes its
+    checkpoint's, so that `auto` choices rebuild the graph it was trained on even when the run is extended."""
     state = {} if checkpoint is None else read_train_state(checkpoint)
     saved = state.get("signature", {})
     if state.get("planned_epochs"):
@@ -202,9 +199,8 @@ def planned_epochs(args, data, accelerator, checkpoint=None) -> float | None:
 
 
 def epochs_in_budget(args, resolved, data, accelerator, step=None, free=None) -> float:
-    """The epochs --max_train_time buys (at most --max_train_steps'): a few steps of the run's batches timed on a
-    throwaway model of the data's graph at no planned length (the slowest process's pace), without touching the
-    run's random state. A batch the device chose (`step`) is first fitted to the device's `free` memory."""
+    """The epochs --max_train_time buys (at most --max_train_steps'): the slowest process's pace on a throwaway model
+    of the data's graph, the run's random state untouched; a batch the device chose (`step`) is fitted first."""
     device = accelerator.device
     recipe, sequences = presets.plan_recipe(resolved, data.tokenizer, data.train)
     config, graph = presets.build_from_recipe(recipe, data.tokenizer, data.train, sequences)
@@ -259,31 +255,18 @@ def prepare(args, config, graph, plan, data, accelerator, checkpoint):
     eval_loader = None if data.eval is None else DataLoader(data.eval, collate_fn=collate, batch_size=eval_batch)
     options = dict(lazy_weight_decay=args.lazy_weight_decay, node_lr_scale=args.node_lr_scale,
                    shared_edge_lr_scale=args.shared_edge_lr_scale, moment_dtype=args.moment_dtype)
-    whole = not args.sharding or sharded.whole_model_fits(config, accelerator, args)
-    if not whole:
-        accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
-                          "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
-                          "initialisation)")
-    model = BriLLMForCausalLM.from_graph(graph, config=config) if whole else None
-    if args.sharding:  # not prepared: no DDP wrapper
-        model = sharded.build_sharded(model, accelerator, checkpoint, config, graph, seed=args.seed)
-        optimizer = sharded.build_sharded_optimizer(model, args.learning_rate, args.weight_decay, **options)
-        rows = torch.tensor([model.model.base_model.biases.shape[0] - 1], device=accelerator.device)
-        accelerator.print(f"edge sharding by source: edge rows per process "
-                          f"{[int(r) for r in accelerator.gather(rows).tolist()]} of {config.num_edge_rows - 1:,}")
-        return model, optimizer, accelerator.prepare(train_loader), eval_loader
+    if args.sharding:  # the model is not prepared: no DDP wrapper
+        return (*sharded.prepare_sharded(args, config, graph, accelerator, checkpoint, train_loader, **options),
+                eval_loader)
+    model = BriLLMForCausalLM.from_graph(graph, config=config)
+    optimizer_of = lambda m: build_optimizer(m, plan, args.learning_rate, args.weight_decay, accelerator, **options)
     if fsdp_on_cpu(accelerator):  # accelerate does not shard on the CPU: torch's fully_shard, by the script
-        return prepare_on_cpu(accelerator, model, lambda shard: build_optimizer(
-            shard, plan, args.learning_rate, args.weight_decay, accelerator, **options), train_loader, eval_loader)
-    optimizer = build_optimizer(model, plan, args.learning_rate, args.weight_decay, accelerator, **options)
-    if eval_loader is not None:
-        return accelerator.prepare(model, optimizer, train_loader, eval_loader)
-    return (*accelerator.prepare(model, optimizer, train_loader), None)
+        return prepare_on_cpu(accelerator, model, optimizer_of, train_loader, eval_loader)
+    return accelerator.prepare(model, optimizer_of(model), train_loader, eval_loader)  # passes a None loader through
 
 
 def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
-    """The schedule, the step and evaluation functions, the log and the best-model keeper around the prepared
-    parts; fixes max_train_steps and num_train_epochs (None under a time budget without a step limit)."""
+    """The schedule, the step, the log and the best-model keeper around the prepared parts; fixes the run's length."""
     model, optimizer, train_loader, eval_loader = parts
     args.steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     if args.max_train_steps is None and args.max_train_time is None:
@@ -292,14 +275,10 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
     clock = TrainingClock(args.max_train_time)
     lr_scheduler = accelerator.prepare(make_schedule(optimizer, args.lr_scheduler_type, args.num_warmup_steps,
                                                      args.max_train_steps, clock))
-    common = dict(learning_rate=args.learning_rate, per_device_batch_size=args.per_device_train_batch_size,
-                  block_size=args.block_size, seed=args.seed)
-    if args.sharding:  # the sharded model has no logits; evaluate_sharded gives the same figures
-        train_step = sharded.ShardedTrainStep(accelerator, model, optimizer, lr_scheduler,
-                                              max_grad_norm=args.max_grad_norm if plan.clip else None, **common)
-    else:
-        train_step = TrainStep(accelerator, model, optimizer, lr_scheduler, max_grad_norm=args.max_grad_norm,
-                               clip=plan.clip, **common)
+    step_kind = sharded.ShardedTrainStep if args.sharding else TrainStep
+    train_step = step_kind(accelerator, model, optimizer, lr_scheduler, learning_rate=args.learning_rate,
+                           per_device_batch_size=args.per_device_train_batch_size, block_size=args.block_size,
+                           max_grad_norm=args.max_grad_norm if plan.clip else None, seed=args.seed)
     signature = {"global_batch": global_batch(args, accelerator), "block_size": args.block_size,
                  "block_mode": args.block_mode, "seed": args.seed, "num_edges": config.num_edges,
                  "vocab_size": config.vocab_size, "max_train_steps": args.max_train_steps,
@@ -313,17 +292,17 @@ def make_job(args, parts, plan, data, config, accelerator, out_dir) -> Job:
         if accelerator.is_main_process:
             args.recipe_choice.save(tmp)
 
+    load_shards = lambda path: sharded.load_sharded_checkpoint(model, optimizer, lr_scheduler, path)
     return Job(accelerator, model, optimizer, lr_scheduler, train_loader, eval_loader, train_step,
-               sharded.evaluate_sharded if args.sharding else evaluate_dense,
+               sharded.evaluate_sharded if args.sharding else evaluate_dense,  # the sharded model has no logits
                log=TrainLog(out_dir, accelerator, tracking=args.with_tracking),
                best=BestModel(out_dir, accelerator, enabled=keep), tokenizer=data.tokenizer, signature=signature,
-               clock=clock, write_extra=write_extra)
+               clock=clock, write_extra=write_extra, load_extra=load_shards if args.sharding else None)
 
 
 def claim_folder(args, job: Job, config, folder, checkpoint):
-    """Everything is checked: the disk must hold what the run writes (its checkpoints, best and final model), then a
-    fresh run removes the earlier run's checkpoints and log (its model stays until this run's is saved). The most
-    checkpoints on disk at once: each is written before the ones past --checkpoints_total_limit go."""
+    """The disk must hold what the run writes (its checkpoints, best and final model); then a fresh run removes the
+    earlier run's checkpoints and log. Each checkpoint is written before the ones past the limit go: limit + 1."""
     every, steps, limit = args.checkpointing_steps, args.max_train_steps, args.checkpoints_total_limit
     planned = (steps // every if isinstance(every, int) else args.num_train_epochs) if steps and every else None
     kept = 0 if every is None else (min(planned or limit + 1, limit + 1) if limit else planned or 1)
@@ -344,14 +323,6 @@ def init_tracking(args, accelerator):
         hparams = {k: v for k, v in vars(args).items() if isinstance(v, plain) and not SECRET.search(k)}
         model = {f"model_{k}": v for k, v in args.recipe_choice.section("model").items() if isinstance(v, plain)}
         accelerator.init_trackers("brillm_pretrain", {**hparams, **model})
-
-
-def resume_or_start(args, job: Job, checkpoint) -> Position:
-    """Where training starts: the checkpoint's position (its states restored), or the beginning."""
-    if checkpoint is None:
-        return Position()
-    shards = lambda: sharded.load_sharded_checkpoint(job.model, job.optimizer, job.lr_scheduler, checkpoint)
-    return resume(job, checkpoint, shards if args.sharding else None)
 
 
 def describe_training(args, job: Job, config) -> str:

@@ -7,11 +7,12 @@ import math
 
 import torch
 
+from ..modeling_brillm import BriLLMForCausalLM
 from ..optimization import SparseAdamW
 from ..sharding import SHARED_FILE, ShardedBriLLM
 from .errors import UsageError
-from .loop import StepKeys, StepResult, _extra_inputs
-from .memory import agreed_free, available_memory, sharded_training_memory
+from .loop import StepBase, StepResult, _extra_inputs
+from .memory import agreed_free, available_memory
 from .optimizers import BETAS, EPS
 
 EDGE_SHARDINGS = ("none", "source")
@@ -40,39 +41,35 @@ def check_checkpoint_kind(checkpoint, sharded: bool):
                          "edge shards): resume it the way it was trained.")
 
 
-def whole_model_fits(config, accelerator, args) -> bool:
-    """Whether every process can build the whole model before sharding it (the same answer on every process)."""
-    need = sharded_training_memory(config, accelerator.num_processes,
-                                   args.per_device_train_batch_size * args.block_size)["whole_model"]
-    return need <= agreed_free(accelerator, available_memory(accelerator, args.available_memory_gb)[0])
-
-
-def build_sharded(model, accelerator, checkpoint=None, config=None, graph=None, seed: int = 0):
-    """Shard `model` (the same on every process), or with `model=None` build the shards from `config` / `graph`; a
-    checkpoint of this process count keeps its assignment, another count gets a fresh balanced one."""
-    owners = None
-    if checkpoint is not None:
-        saved = ShardedBriLLM.saved_assignment(checkpoint)
-        if saved is not None and saved[1] == accelerator.num_processes:
-            owners = saved[0]
+def prepare_sharded(args, config, graph, accelerator, checkpoint, train_loader, *, moment_dtype: str, **options):
+    """(the sharded model, its SparseAdamW, the prepared training loader): built whole where every process can hold it,
+    else by each process's sources; a checkpoint of this process count keeps its assignment, another gets a new one."""
+    free = agreed_free(accelerator, available_memory(accelerator, args.available_memory_gb)[0])
+    whole = 4 * config.num_parameters_formula() * 1.1 <= free  # the whole model's float32 weights, +10%
+    if not whole:
+        accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
+                          "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
+                          "initialisation)")
+    model = BriLLMForCausalLM.from_graph(graph, config=config) if whole else None
+    saved = ShardedBriLLM.saved_assignment(checkpoint) if checkpoint is not None else None
+    owners = saved[0] if saved is not None and saved[1] == accelerator.num_processes else None
     try:
         if model is None:
-            return ShardedBriLLM.from_config(config, graph, owners=owners, seed=seed, device=accelerator.device)
-        return ShardedBriLLM(model.to(accelerator.device), owners=owners)
+            model = ShardedBriLLM.from_config(config, graph, owners=owners, seed=args.seed, device=accelerator.device)
+        else:
+            model = ShardedBriLLM(model.to(accelerator.device), owners=owners)
     except ValueError as err:
         raise UsageError(f"--edge_sharding source: {err}") from None
-
-
-def build_sharded_optimizer(sharded, learning_rate: float, weight_decay: float, *, moment_dtype: str = "float32",
-                            **options):
-    """SparseAdamW over the shards with one process's groups and recipe options (`parameter_groups`)."""
-    return SparseAdamW(sharded.parameter_groups(weight_decay, learning_rate, **options), lr=learning_rate,
-                       betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
+    optimizer = SparseAdamW(model.parameter_groups(args.weight_decay, args.learning_rate, **options),
+                            lr=args.learning_rate, betas=BETAS, eps=EPS, moment_dtype=moment_dtype)
+    rows = torch.tensor([model.model.base_model.biases.shape[0] - 1], device=accelerator.device)
+    accelerator.print(f"edge sharding by source: edge rows per process "
+                      f"{[int(r) for r in accelerator.gather(rows).tolist()]} of {config.num_edge_rows - 1:,}")
+    return model, optimizer, accelerator.prepare(train_loader)
 
 
 def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
-    """Rows, moments and step counts from the shards; the learning rate from the restored scheduler (accelerate
-    does not know this optimizer)."""
+    """Rows, moments and step counts from the shards; the rates from the scheduler (accelerate knows no shards)."""
     try:
         sharded.load_shard(checkpoint, optimizer)
     except ValueError as err:
@@ -81,23 +78,13 @@ def load_sharded_checkpoint(sharded, optimizer, lr_scheduler, checkpoint):
         group["lr"] = lr
 
 
-class ShardedTrainStep(StepKeys):
-    """`loop.TrainStep` for a `ShardedBriLLM`: each micro-batch backpropagates its global mean x its targets / ref; the
-    last one's step all-reduces the replicated gradients, rescales every gradient to the mean over the global batch
-    (x ref / the accumulation's targets) and clips them by the global norm (`max_grad_norm`; None or 0: no)."""
-
-    def __init__(self, accelerator, sharded, optimizer, lr_scheduler, *, per_device_batch_size: int, block_size: int,
-                 learning_rate: float, max_grad_norm: float | None = None, seed: int | None = None):
-        self.accelerator, self.sharded = accelerator, sharded
-        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self.keys_from(accelerator, per_device_batch_size, seed)
-        self.ref, self.lr_used = float(per_device_batch_size * block_size), learning_rate
-        self.max_grad_norm = max_grad_norm
-        self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, own tokens
+class ShardedTrainStep(StepBase):
+    """`loop.TrainStep` for a `ShardedBriLLM`: the last micro-batch's step all-reduces the replicated gradients,
+    rescales every gradient to the mean over the global batch and clips them by the global norm."""
 
     def __call__(self, batch, step: int | None = None) -> StepResult | None:
         """As `TrainStep.__call__`."""
-        acc, sharded = self.accelerator, self.sharded
+        acc, sharded = self.accelerator, self.model
         totals = None
         with acc.accumulate(sharded):
             out = sharded(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], **_extra_inputs(batch),
@@ -108,22 +95,17 @@ class ShardedTrainStep(StepKeys):
                                       device=self.sums.device)
             if acc.sync_gradients:
                 totals = self._optimizer_step()
-        self.advance(totals is not None)
-        if totals is None:
-            return None
-        self.sums.zero_()
-        return StepResult(loss=totals[0] / max(totals[1], 1.0), targets=int(totals[1]), tokens=totals[2],
-                          lr=self.lr_used)
+        return self.finish(totals)
 
     def _optimizer_step(self) -> tuple[float, float, int]:
         """Reduce, rescale, clip and step; (loss sum, targets, real tokens) of the global batch."""
-        self.sharded.reduce_gradients()
+        self.model.reduce_gradients()
         scale = self.ref / max(float(self.sums[1]), 1.0)
-        for p in self.sharded.parameters():
+        for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.mul_(scale)
         if self.max_grad_norm:
-            self.sharded.clip_grad_norm_(self.max_grad_norm)
+            self.model.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.step()
         self.lr_used = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
