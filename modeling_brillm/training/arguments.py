@@ -24,13 +24,11 @@ def number_in(valid, expected: str, auto: bool = False, kind=float):
         if auto and value == "auto":
             return value
         try:
-            number = kind(value)
+            if valid(number := kind(value)):
+                return number
         except ValueError:
-            number = None
-        if number is None or not valid(number):
-            raise argparse.ArgumentTypeError(f"expected {expected}{' or ' + repr('auto') if auto else ''}, "
-                                             f"got {value!r}")
-        return number
+            pass
+        raise argparse.ArgumentTypeError(f"expected {expected}{' or ' + repr('auto') if auto else ''}, got {value!r}")
     return parse
 
 
@@ -190,12 +188,6 @@ def check_args(args, max_positions: int):
     for name in ("shared_edge_lr_scale", "node_lr_scale"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name} must be a positive number, got {getattr(args, name)}.")
-    check_graph_and_dropout(args)
-    check_time_budget(args)
-    check_data_flags(args)
-
-
-def check_graph_and_dropout(args):
     count, warmup = args.min_bigram_count, args.signal_dropout_warmup_epochs
     if count != "auto" and not isinstance(count, int):
         raise UsageError(f"--min_bigram_count must be a positive integer or 'auto', got {count!r} (check the preset's "
@@ -205,6 +197,8 @@ def check_graph_and_dropout(args):
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < float("inf"):
         raise UsageError(f"--signal_dropout_warmup_epochs must be a number of epochs >= 0 (0: the full dropout from "
                          f"the first step), got {warmup!r}.")
+    check_time_budget(args)
+    check_data_flags(args)
 
 
 def check_time_budget(args):

@@ -59,10 +59,9 @@ def load_preset(name_or_path: str | None) -> dict:
             raise UsageError(f"preset {path}: section {key!r} is not one of {sorted(preset)} holding a JSON object.")
         allowed = {name.split(".", 1)[1] for name in DEFAULT_PRESET if name.startswith(key + ".")}
         allowed |= set(MODEL_FIELDS) if key == "model" else set()
-        unknown = sorted(k for k in value if not k.startswith("_") and k not in allowed)
-        if unknown:
-            raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed)}.")
         preset[key] = {k: v for k, v in value.items() if not k.startswith("_")}
+        if unknown := sorted(set(preset[key]) - allowed):
+            raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed)}.")
     return preset
 
 
@@ -95,8 +94,7 @@ def resolve_settings(args) -> RecipeChoice:
 
 
 def config_overrides(text: str | None) -> dict:
-    """`--config_overrides "edge_rank=4,node_readout=true"` (as transformers' run_clm.py) as {field: value}, each
-    value read as JSON (a bare word as a string)."""
+    """`--config_overrides "edge_rank=4,node_readout=true"` (as transformers' run_clm.py) as {field: value}."""
     overrides = {}
     for item in filter(None, (text or "").split(",")):
         name, sep, raw = item.strip().partition("=")
@@ -198,9 +196,8 @@ def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | N
 
 
 def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=None):
-    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary and
-    special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count (a fixed count
-    streams the blocks: a large corpus is never held in memory)."""
+    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): its edges the bigrams
+    seen at least the recipe's count (a fixed count streams the blocks: a large corpus is never held in memory)."""
     V, graph, extra = len(tokenizer), None, {}
     fields = {k: v for k, v in choice.section("model").items() if k != "graph"}
     if choice.value("model", "graph") != "dense":
@@ -224,18 +221,15 @@ def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=N
 # ------------------------------------------------------------------------------------- the step on a GPU
 @dataclass
 class StepBatch:
-    """The batch GPU_STEP_TOKENS chose for a CUDA device: `rule_batch` blocks per process before the memory check;
-    `capped`: fewer training blocks per process than the rule's; `resumed`: the checkpoint's batch, kept so that the
-    run continues it exactly."""
-    rule_batch: int
-    capped: bool = False
-    resumed: bool = False
+    """The batch GPU_STEP_TOKENS chose for a CUDA device."""
+    rule_batch: int  # blocks per process before the memory check
+    capped: bool = False  # fewer training blocks per process than the rule's
+    resumed: bool = False  # the checkpoint's batch, kept so that the run continues it exactly
 
 
 def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
                       checkpoint_global_batch: int | None = None) -> StepBatch | None:
-    """On CUDA where nothing gave the batch: GPU_STEP_TOKENS tokens a step, at most the training blocks per process (a
-    resumed run: its checkpoint's), set on `args` and in its choice; None (nothing changed) elsewhere."""
+    """On CUDA where nothing gave the batch: GPU_STEP_TOKENS tokens a step (a resumed run: its checkpoint's batch)."""
     if device_type != "cuda" or STEP_BATCH in args.recipe_choice.given:
         return None
     per_step = processes * args.gradient_accumulation_steps
@@ -250,8 +244,7 @@ def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
 
 
 def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], free: float | None) -> str | None:
-    """The step's memory check on CUDA (`free` bytes; None elsewhere): a GPU_STEP_TOKENS batch is halved until it fits
-    FREE_SHARE of `free`, any other is kept (with a warning where it would not fit); returns the start-up line."""
+    """The step's memory check on CUDA: a GPU_STEP_TOKENS batch is halved until it fits, any other kept (warned)."""
     if free is None:
         return None
     batch, L, size = args.per_device_train_batch_size, args.block_size, human_bytes
