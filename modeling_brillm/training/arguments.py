@@ -197,13 +197,7 @@ def check_args(args, max_positions: int):
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < float("inf"):
         raise UsageError(f"--signal_dropout_warmup_epochs must be a number of epochs >= 0 (0: the full dropout from "
                          f"the first step), got {warmup!r}.")
-    check_time_budget(args)
-    check_data_flags(args)
-
-
-def check_time_budget(args):
-    """--max_train_time and --eval_seconds: positive finite seconds, and a setup the timing probe can plan."""
-    budget, points = args.max_train_time, args.eval_seconds or []
+    budget, points = args.max_train_time, args.eval_seconds or []  # a setup the timing probe can plan
     if budget is not None and not 0 < budget < float("inf"):
         raise UsageError(f"--max_train_time must be a positive number of seconds, got {budget}.")
     if any(not 0 < s < float("inf") for s in points):
@@ -214,6 +208,7 @@ def check_time_budget(args):
     if budget is not None and args.lr_scheduler_type == "inverse_sqrt":
         raise UsageError("--lr_scheduler_type inverse_sqrt has no end to follow the training clock to; with "
                          "--max_train_time choose another (e.g. linear, cosine, constant_with_warmup).")
+    check_data_flags(args)
 
 
 def check_data_flags(args):

@@ -144,12 +144,8 @@ def _preset_or_recipe(args) -> RecipeChoice:
 
 
 # ------------------------------------------------------------------------------------------ the auto values
-def _get(choice: RecipeChoice, key: str):
-    return choice.settings[key].value if key in choice.settings else None
-
-
 def _auto_count(choice) -> bool:
-    return _get(choice, "model.graph") != "dense" and _get(choice, "training.min_bigram_count") == "auto"
+    return choice.value("model", "graph") != "dense" and choice.value("training", "min_bigram_count") == "auto"
 
 
 def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
@@ -161,7 +157,7 @@ def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -
         pruned = out.pruning = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
         rule = "RECURRENCE" if pruned.min_count <= pruned.data_count else "FIT_EPOCHS" if pruned.grown else "MIN_VISITS"
         out.add(Setting("training", "min_bigram_count", pruned.min_count, rule, pruned.describe()))
-    if _get(choice, "model.signal_dropout") == "auto":
+    if choice.value("model", "signal_dropout") == "auto":
         p, why = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
         out.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "FIT_EPOCHS", why))
     return out
@@ -182,7 +178,7 @@ def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | N
     """(the choice with its auto values, the blocks' token sequences or None): the probe runs where a count or a
     dropout is "auto" (the sequences it read then come back for the graph). `say` gets what the data chose."""
     probe = sequences = None
-    if _auto_count(choice) or _get(choice, "model.signal_dropout") == "auto":
+    if _auto_count(choice) or choice.value("model", "signal_dropout") == "auto":
         sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))  # the graph below reuses them
         probe = probe_bigrams(sequences, len(tokenizer))
     try:

@@ -238,8 +238,9 @@ class RecipeChoice:
     def add(self, setting: Setting):
         self.settings[f"{setting.section}.{setting.name}"] = setting
 
-    def value(self, section: str, name: str):
-        return self.settings[f"{section}.{name}"].value
+    def value(self, section: str, name: str):  # None where the choice has no such setting
+        setting = self.settings.get(f"{section}.{name}")
+        return None if setting is None else setting.value
 
     def rule(self, key: str) -> str:
         return self.settings[key].rule
