@@ -86,9 +86,7 @@ def resolve_settings(args) -> RecipeChoice:
         field, value = rule.when
         if choice.value("model", field) == value and rule.sets not in choice.given:
             _set(choice, rule.sets, rule.value, rule.name, given=False)
-    for setting in choice.settings.values():
-        if setting.section == "training":
-            setattr(args, setting.name, setting.value)
+    vars(args).update({s.name: s.value for s in choice.settings.values() if s.section == "training"})
     args.recipe_choice = choice
     return choice
 
@@ -228,15 +226,12 @@ def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
     """On CUDA where nothing gave the batch: GPU_STEP_TOKENS tokens a step (a resumed run: its checkpoint's batch)."""
     if device_type != "cuda" or STEP_BATCH in args.recipe_choice.given:
         return None
-    per_step = processes * args.gradient_accumulation_steps
-    if checkpoint_global_batch and checkpoint_global_batch % per_step == 0:
-        args.per_device_train_batch_size = checkpoint_global_batch // per_step
-        _set(args.recipe_choice, STEP_BATCH, args.per_device_train_batch_size, "the checkpoint's batch")
-        return StepBatch(args.per_device_train_batch_size, resumed=True)
-    rule = GPU_STEP_TOKENS // args.block_size
-    args.per_device_train_batch_size = batch = max(1, min(rule, train_blocks // max(processes, 1)))
-    _set(args.recipe_choice, STEP_BATCH, batch, "GPU_STEP_TOKENS")
-    return StepBatch(batch, capped=batch < rule)
+    per_step, rule = processes * args.gradient_accumulation_steps, GPU_STEP_TOKENS // args.block_size
+    resumed = bool(checkpoint_global_batch) and checkpoint_global_batch % per_step == 0
+    batch = checkpoint_global_batch // per_step if resumed else max(1, min(rule, train_blocks // max(processes, 1)))
+    args.per_device_train_batch_size = batch
+    _set(args.recipe_choice, STEP_BATCH, batch, "the checkpoint's batch" if resumed else "GPU_STEP_TOKENS")
+    return StepBatch(batch, capped=not resumed and batch < rule, resumed=resumed)
 
 
 def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], free: float | None) -> str | None:

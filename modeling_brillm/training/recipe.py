@@ -239,8 +239,7 @@ class RecipeChoice:
         self.settings[f"{setting.section}.{setting.name}"] = setting
 
     def value(self, section: str, name: str):  # None where the choice has no such setting
-        setting = self.settings.get(f"{section}.{name}")
-        return None if setting is None else setting.value
+        return getattr(self.settings.get(f"{section}.{name}"), "value", None)
 
     def rule(self, key: str) -> str:
         return self.settings[key].rule
