@@ -9,12 +9,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..optimization import group_moment_dtype
+from ..optimization import MOMENTS, group_moment_dtype
 from .table import global_rows_of, replicated_parameters
 
 SHARED_FILE = "edge_shared.safetensors"
 SHARD_PATTERN = "edge_shard_{rank:05d}_of_{world:05d}.safetensors"
-MOMENTS = ("exp_avg", "exp_avg_sq")
 ROW_STATE = (*MOMENTS, "decayed_at")  # per-row optimizer state (decayed_at: how far lazy decay has gone)
 EXTENSIONS = ("non_edge_bias", "node_readout", "edge_base", "node_embedding")  # replicated, when the model has them
 # checkpoints saved before a replicated parameter trained sharded lack its key: it was absent then
@@ -24,12 +23,11 @@ ABSENT = dict.fromkeys(("start_signals", *EXTENSIONS, "count_prior"), "0")
 def shape_meta(sharded) -> dict:
     """What a checkpoint must match: the shapes, and which replicated parameters the model has."""
     cfg, m = sharded.config, sharded.model.base_model
-    learned = getattr(cfg, "start_signal", "uniform") == "learned"
+    learned = cfg.num_start_signals if cfg.start_signal == "learned" else 0
     return {"vocab_size": str(cfg.vocab_size), "node_size": str(cfg.node_size), "num_edge_rows": str(cfg.num_edge_rows),
             "graph": cfg.graph, "max_position_embeddings": str(cfg.max_position_embeddings),
-            "start_signals": str(cfg.num_start_signals if learned else 0),
-            **{name: str(int(getattr(m, name) is not None)) for name in EXTENSIONS},
-            "count_prior": str(int(bool(getattr(cfg, "count_prior", False))))}
+            "start_signals": str(learned), **{name: str(int(getattr(m, name) is not None)) for name in EXTENSIONS},
+            "count_prior": str(int(cfg.count_prior))}
 
 
 def _state(optimizer, p) -> dict:

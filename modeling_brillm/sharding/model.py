@@ -63,14 +63,11 @@ class ShardedBriLLM(nn.Module):
     def _initialise_rows(self, seed: int) -> ShardedBriLLM:
         """Uniform(±initializer_range): row 0 from the generator of (seed, V), each source's block from (seed, u)."""
         cfg, params = self.config, [getattr(self.model.base_model, n) for n in self.table.names]
-        r, shared = cfg.initializer_range, torch.Generator().manual_seed(seed * 1_000_003 + cfg.vocab_size)
-        for p in params:
-            p[0].copy_(torch.empty(p.shape[1:]).uniform_(-r, r, generator=shared))
-        local = self.table.local_indptr.tolist()
-        for u in self.table.owned_sources().tolist():
-            a, e = local[u] + 1, local[u + 1] + 1
+        r, local = cfg.initializer_range, self.table.local_indptr.tolist()
+        owned = [(u, local[u] + 1, local[u + 1] + 1) for u in self.table.owned_sources().tolist()]
+        for key, a, e in [(cfg.vocab_size, 0, 1), *owned]:  # (generator key, first row, end): row 0, then the blocks
             if e > a:  # a source without successors has no rows
-                g = torch.Generator().manual_seed(seed * 1_000_003 + u)
+                g = torch.Generator().manual_seed(seed * 1_000_003 + key)
                 for p in params:
                     p[a:e].copy_(torch.empty(e - a, *p.shape[1:]).uniform_(-r, r, generator=g))
         return self

@@ -69,17 +69,17 @@ def sharded_memory(config, world_size: int, global_tokens: int = 8192, moment_by
     V, d, P, sparse = config.vocab_size, config.node_size, config.num_edge_rows, config.graph == "sparse"
     row, degree = 4 * (d * d + d), V if not sparse else max(1, (P - 1) // max(V, 1))
     rows, scored = (P - 1 + world_size - 1) // world_size + degree, math.ceil(global_tokens / world_size * 1.25)
-    every_node = getattr(config, "node_readout", False) or getattr(config, "count_prior", False)
-    extra = (V * (getattr(config, "non_edge_bias", False) and sparse) + V * d * getattr(config, "node_readout", False)
-             + d * d * getattr(config, "edge_backoff", False) + V * d * getattr(config, "node_embedding", False))
+    every_node = config.node_readout or config.count_prior
+    extra = (V * (config.non_edge_bias and sparse) + V * d * config.node_readout + d * d * config.edge_backoff
+             + V * d * config.node_embedding)
     parts = {"edge rows (weights + biases)": rows * row, "AdamW moments": moment_bytes * rows * row // 4,
              "row gradients (touched rows, at most the share)": rows * row,
              "candidate workspace": 5 * 4 * scored * degree * d + (2 * 4 * scored * V if every_node else 0),
              "fetched rows + their gradients": 2 * math.ceil(global_tokens / world_size) * row,
              "replicated (node_bias, positions, shared edge, extensions) + moments": (4 + moment_bytes) * (
                  V * d + config.max_position_embeddings + d * d + d + extra)}
-    if getattr(config, "count_prior", False):  # fixed tables: V node values, K bigrams (index + value)
-        parts["count prior"] = 4 * V + 12 * getattr(config, "count_prior_bigrams", 0)
+    if config.count_prior:  # fixed tables: V node values, K bigrams (index + value)
+        parts["count prior"] = 4 * V + 12 * config.count_prior_bigrams
     parts["total"] = sum(parts.values())
     return parts
 

@@ -24,13 +24,11 @@ def number_in(valid, expected: str, auto: bool = False, kind=float):
         if auto and value == "auto":
             return value
         try:
-            number = kind(value)
+            if valid(number := kind(value)):
+                return number
         except ValueError:
-            number = None
-        if number is None or not valid(number):
-            raise argparse.ArgumentTypeError(f"expected {expected}{' or ' + repr('auto') if auto else ''}, "
-                                             f"got {value!r}")
-        return number
+            pass
+        raise argparse.ArgumentTypeError(f"expected {expected}{' or ' + repr('auto') if auto else ''}, got {value!r}")
     return parse
 
 
@@ -190,12 +188,6 @@ def check_args(args, max_positions: int):
     for name in ("shared_edge_lr_scale", "node_lr_scale"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name} must be a positive number, got {getattr(args, name)}.")
-    check_graph_and_dropout(args)
-    check_time_budget(args)
-    check_data_flags(args)
-
-
-def check_graph_and_dropout(args):
     count, warmup = args.min_bigram_count, args.signal_dropout_warmup_epochs
     if count != "auto" and not isinstance(count, int):
         raise UsageError(f"--min_bigram_count must be a positive integer or 'auto', got {count!r} (check the preset's "
@@ -205,11 +197,7 @@ def check_graph_and_dropout(args):
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < float("inf"):
         raise UsageError(f"--signal_dropout_warmup_epochs must be a number of epochs >= 0 (0: the full dropout from "
                          f"the first step), got {warmup!r}.")
-
-
-def check_time_budget(args):
-    """--max_train_time and --eval_seconds: positive finite seconds, and a setup the timing probe can plan."""
-    budget, points = args.max_train_time, args.eval_seconds or []
+    budget, points = args.max_train_time, args.eval_seconds or []  # a setup the timing probe can plan
     if budget is not None and not 0 < budget < float("inf"):
         raise UsageError(f"--max_train_time must be a positive number of seconds, got {budget}.")
     if any(not 0 < s < float("inf") for s in points):
@@ -220,6 +208,7 @@ def check_time_budget(args):
     if budget is not None and args.lr_scheduler_type == "inverse_sqrt":
         raise UsageError("--lr_scheduler_type inverse_sqrt has no end to follow the training clock to; with "
                          "--max_train_time choose another (e.g. linear, cosine, constant_with_warmup).")
+    check_data_flags(args)
 
 
 def check_data_flags(args):

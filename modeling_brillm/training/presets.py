@@ -59,10 +59,9 @@ def load_preset(name_or_path: str | None) -> dict:
             raise UsageError(f"preset {path}: section {key!r} is not one of {sorted(preset)} holding a JSON object.")
         allowed = {name.split(".", 1)[1] for name in DEFAULT_PRESET if name.startswith(key + ".")}
         allowed |= set(MODEL_FIELDS) if key == "model" else set()
-        unknown = sorted(k for k in value if not k.startswith("_") and k not in allowed)
-        if unknown:
-            raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed)}.")
         preset[key] = {k: v for k, v in value.items() if not k.startswith("_")}
+        if unknown := sorted(set(preset[key]) - allowed):
+            raise UsageError(f"preset {path}: unknown {key} field(s) {unknown}; allowed: {sorted(allowed)}.")
     return preset
 
 
@@ -87,16 +86,13 @@ def resolve_settings(args) -> RecipeChoice:
         field, value = rule.when
         if choice.value("model", field) == value and rule.sets not in choice.given:
             _set(choice, rule.sets, rule.value, rule.name, given=False)
-    for setting in choice.settings.values():
-        if setting.section == "training":
-            setattr(args, setting.name, setting.value)
+    vars(args).update({s.name: s.value for s in choice.settings.values() if s.section == "training"})
     args.recipe_choice = choice
     return choice
 
 
 def config_overrides(text: str | None) -> dict:
-    """`--config_overrides "edge_rank=4,node_readout=true"` (as transformers' run_clm.py) as {field: value}, each
-    value read as JSON (a bare word as a string)."""
+    """`--config_overrides "edge_rank=4,node_readout=true"` (as transformers' run_clm.py) as {field: value}."""
     overrides = {}
     for item in filter(None, (text or "").split(",")):
         name, sep, raw = item.strip().partition("=")
@@ -146,12 +142,8 @@ def _preset_or_recipe(args) -> RecipeChoice:
 
 
 # ------------------------------------------------------------------------------------------ the auto values
-def _get(choice: RecipeChoice, key: str):
-    return choice.settings[key].value if key in choice.settings else None
-
-
 def _auto_count(choice) -> bool:
-    return _get(choice, "model.graph") != "dense" and _get(choice, "training.min_bigram_count") == "auto"
+    return choice.value("model", "graph") != "dense" and choice.value("training", "min_bigram_count") == "auto"
 
 
 def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -> RecipeChoice:
@@ -163,7 +155,7 @@ def choose_auto(choice: RecipeChoice, probe=None, plan: RunPlan | None = None) -
         pruned = out.pruning = decide_min_count(probe, plan.planned_epochs, plan.epochs_grow_with_pruning)
         rule = "RECURRENCE" if pruned.min_count <= pruned.data_count else "FIT_EPOCHS" if pruned.grown else "MIN_VISITS"
         out.add(Setting("training", "min_bigram_count", pruned.min_count, rule, pruned.describe()))
-    if _get(choice, "model.signal_dropout") == "auto":
+    if choice.value("model", "signal_dropout") == "auto":
         p, why = choose_signal_dropout(probe.held_out.novelty, plan.planned_epochs)
         out.add(Setting("model", "signal_dropout", p, "MAX_DROPOUT" if p else "FIT_EPOCHS", why))
     return out
@@ -184,7 +176,7 @@ def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | N
     """(the choice with its auto values, the blocks' token sequences or None): the probe runs where a count or a
     dropout is "auto" (the sequences it read then come back for the graph). `say` gets what the data chose."""
     probe = sequences = None
-    if _auto_count(choice) or _get(choice, "model.signal_dropout") == "auto":
+    if _auto_count(choice) or choice.value("model", "signal_dropout") == "auto":
         sequences = list(block_sequences(train_blocks, tokenizer.pad_token_id))  # the graph below reuses them
         probe = probe_bigrams(sequences, len(tokenizer))
     try:
@@ -198,9 +190,8 @@ def plan_recipe(choice: RecipeChoice, tokenizer, train_blocks, plan: RunPlan | N
 
 
 def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=None):
-    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): the vocabulary and
-    special ids come from the tokenizer, the edges from the bigrams seen at least the recipe's count (a fixed count
-    streams the blocks: a large corpus is never held in memory)."""
+    """(BriLLMConfig, the sparse BigramGraph of the training blocks or None for a dense graph): its edges the bigrams
+    seen at least the recipe's count (a fixed count streams the blocks: a large corpus is never held in memory)."""
     V, graph, extra = len(tokenizer), None, {}
     fields = {k: v for k, v in choice.section("model").items() if k != "graph"}
     if choice.value("model", "graph") != "dense":
@@ -224,34 +215,27 @@ def build_from_recipe(choice: RecipeChoice, tokenizer, train_blocks, sequences=N
 # ------------------------------------------------------------------------------------- the step on a GPU
 @dataclass
 class StepBatch:
-    """The batch GPU_STEP_TOKENS chose for a CUDA device: `rule_batch` blocks per process before the memory check;
-    `capped`: fewer training blocks per process than the rule's; `resumed`: the checkpoint's batch, kept so that the
-    run continues it exactly."""
-    rule_batch: int
-    capped: bool = False
-    resumed: bool = False
+    """The batch GPU_STEP_TOKENS chose for a CUDA device."""
+    rule_batch: int  # blocks per process before the memory check
+    capped: bool = False  # fewer training blocks per process than the rule's
+    resumed: bool = False  # the checkpoint's batch, kept so that the run continues it exactly
 
 
 def choose_step_batch(args, device_type: str, train_blocks: int, processes: int,
                       checkpoint_global_batch: int | None = None) -> StepBatch | None:
-    """On CUDA where nothing gave the batch: GPU_STEP_TOKENS tokens a step, at most the training blocks per process (a
-    resumed run: its checkpoint's), set on `args` and in its choice; None (nothing changed) elsewhere."""
+    """On CUDA where nothing gave the batch: GPU_STEP_TOKENS tokens a step (a resumed run: its checkpoint's batch)."""
     if device_type != "cuda" or STEP_BATCH in args.recipe_choice.given:
         return None
-    per_step = processes * args.gradient_accumulation_steps
-    if checkpoint_global_batch and checkpoint_global_batch % per_step == 0:
-        args.per_device_train_batch_size = checkpoint_global_batch // per_step
-        _set(args.recipe_choice, STEP_BATCH, args.per_device_train_batch_size, "the checkpoint's batch")
-        return StepBatch(args.per_device_train_batch_size, resumed=True)
-    rule = GPU_STEP_TOKENS // args.block_size
-    args.per_device_train_batch_size = batch = max(1, min(rule, train_blocks // max(processes, 1)))
-    _set(args.recipe_choice, STEP_BATCH, batch, "GPU_STEP_TOKENS")
-    return StepBatch(batch, capped=batch < rule)
+    per_step, rule = processes * args.gradient_accumulation_steps, GPU_STEP_TOKENS // args.block_size
+    resumed = bool(checkpoint_global_batch) and checkpoint_global_batch % per_step == 0
+    batch = checkpoint_global_batch // per_step if resumed else max(1, min(rule, train_blocks // max(processes, 1)))
+    args.per_device_train_batch_size = batch
+    _set(args.recipe_choice, STEP_BATCH, batch, "the checkpoint's batch" if resumed else "GPU_STEP_TOKENS")
+    return StepBatch(batch, capped=not resumed and batch < rule, resumed=resumed)
 
 
 def fit_step_batch(args, step: StepBatch | None, need: Callable[[int], float], free: float | None) -> str | None:
-    """The step's memory check on CUDA (`free` bytes; None elsewhere): a GPU_STEP_TOKENS batch is halved until it fits
-    FREE_SHARE of `free`, any other is kept (with a warning where it would not fit); returns the start-up line."""
+    """The step's memory check on CUDA: a GPU_STEP_TOKENS batch is halved until it fits, any other kept (warned)."""
     if free is None:
         return None
     batch, L, size = args.per_device_train_batch_size, args.block_size, human_bytes

@@ -59,15 +59,19 @@ LIBRARY = "the library's default (transformers, torch)"
 RUN = "the run's own (run_clm_no_trainer's flags)"
 
 
+def _default(key, value, why, evidence, **kwargs):  # the rule that is setting `key`'s default, named as the setting
+    return Rule(key.split(".", 1)[1], value, why, evidence, sets=key, **kwargs)
+
+
 def _run(name, value, why):
-    return Rule(name, value, why, RUN, sets=f"training.{name}", tuned=False, run=True)
+    return _default(f"training.{name}", value, why, RUN, tuned=False, run=True)
 
 
 RULES = (
     # the graph: which bigrams get an edge (--min_bigram_count auto)
-    Rule("min_bigram_count", "auto", "an edge is d²+d parameters trained only on its bigram, and a rare bigram of one "
-         "document does not come back (every bigram an edge: 13-22% higher)", f"{ABLATION}; {PROBE}",
-         sets="training.min_bigram_count", formula="chosen by the probe and the run's length (below)"),
+    _default("training.min_bigram_count", "auto", "an edge is d²+d parameters trained only on its bigram, and a rare "
+             "bigram of one document does not come back (every bigram an edge: 13-22% higher)", f"{ABLATION}; {PROBE}",
+             formula="chosen by the probe and the run's length (below)"),
     Rule("RUNS, PROBE_EVERY", (RUNS, PROBE_EVERY), "a tenth held out in runs of blocks, so the probe is other "
          "documents; single blocks, 50 or 200 runs, every 5th or 20th: within the noise on five corpora", PROBE,
          formula="100 runs of the training blocks, every 10th the probe", tuned=False),
@@ -76,81 +80,74 @@ RULES = (
          "c₀ = 1: 3.6% higher in a long run", PROBE,
          formula="c₀: the smallest c whose class c..2c−1 comes back at this share of its expected rate"),
     Rule("MIN_VISITS", MIN_VISITS, "an edge that was a target once is little more than its random start; where text "
-         "strays, one document's occurrence is too little", ABLATION,
-         formula="smallest c ≥ c₀ with c · E(c) ≥ 2 (a sparser graph trains more epochs in a time budget); c ≥ 2 "
-         "where ν ≥ NOVEL"),
+         "strays, one document's occurrence is too little", ABLATION, formula="smallest c ≥ c₀ with c · E(c) ≥ 2 (a "
+         "sparser graph trains more epochs in a time budget); c ≥ 2 where ν ≥ NOVEL"),
     Rule("NOVEL", NOVEL, "on familiar text a document's particulars come back: the demo's manual (3.7%) was 5-26% "
          "higher with the floor, the growth or the dropout", LONG, formula="the novelty ν past which text strays; "
          "s = clamp(ν / NOVEL − 1, 0, 1)"),
     Rule("FIT_EPOCHS", FIT_EPOCHS, "past the first passes a run learns its documents' particulars: at 6-8 planned "
          "epochs 32-74% higher without the dropout, 5-9% without the growth", LONG,
          formula="past it the count grows, c ≥ c₀ · (1 + s · (E / 2 − 1)), and the signal drops"),
-    Rule("signal_dropout", "auto", "the longer the run and the more the text strays, the more of the signal is "
-         "particular to the training documents", LONG, sets="model.signal_dropout",
-         formula="MAX_DROPOUT · s · (1 − FIT_EPOCHS / E), 0 up to FIT_EPOCHS"),
+    _default("model.signal_dropout", "auto", "the longer the run and the more the text strays, the more of the signal "
+             "is particular to the training documents", LONG, formula="MAX_DROPOUT · s · (1 − FIT_EPOCHS / E), 0 up to "
+             "FIT_EPOCHS"),
     Rule("MAX_DROPOUT", MAX_DROPOUT, "the dropout a very long run on straying text tends to", LONG),
-    Rule("signal_dropout_warmup_epochs", 0.0, "none: grown over the first epoch, it stayed within the noise", LONG,
-         sets="training.signal_dropout_warmup_epochs", formula="the dropout grows from 0 over these epochs",
-         tuned=False),
-    Rule("learning_rate", RATE, "one rate, with or without dropout; half of it was 2.6-16.6% higher on six corpora, "
-         "twice it 4.3% higher on one and 4.5% lower on another", f"{ABLATION}; {LONG}", sets="training.learning_rate"),
+    _default("training.signal_dropout_warmup_epochs", 0.0, "none: grown over the first epoch, it stayed within the "
+             "noise", LONG, formula="the dropout grows from 0 over these epochs", tuned=False),
+    _default("training.learning_rate", RATE, "one rate, with or without dropout; half of it was 2.6-16.6% higher on "
+             "six corpora, twice it 4.3% higher on one and 4.5% lower on another", f"{ABLATION}; {LONG}"),
     # rates per parameter, schedule, regularisation
-    Rule("node_lr_scale", 1.0, "one rate for every parameter: ×2 here or ×0.5 on the shared edge stayed within "
-         "the noise", ABLATION, sets="training.node_lr_scale", formula="the per-node parameters' rate multiplier",
-         tuned=False),
-    Rule("shared_edge_lr_scale", 1.0, "as node_lr_scale", ABLATION, sets="training.shared_edge_lr_scale",
-         formula="the shared edge's (SparseAdamW)", tuned=False),
-    Rule("num_warmup_steps", 0, "transformers' default; a warm-up of 10 steps stayed within the noise", ABLATION,
-         sets="training.num_warmup_steps", tuned=False),
-    Rule("lr_scheduler_type", "linear", "the rate falls to zero at the run's end (or its time budget); held constant: "
-         "3-28% higher on six corpora", SHAPE, sets="training.lr_scheduler_type", tuned=False),
-    Rule("weight_decay", 0.1, "the usual decay of LM pretraining (GPT-3, LLaMA); without it 1.9-3.9% higher in "
-         "all six runs on four corpora", f"{ABLATION}; {LONG}", sets="training.weight_decay", tuned=False),
-    Rule("lazy_weight_decay", False, "a step decays only the rows it updates, as SparseAdam updates only those",
-         LIBRARY, sets="training.lazy_weight_decay", tuned=False),
-    Rule("max_grad_norm", 1.0, "transformers' default; with no clipping the run ended within the noise",
-         ABLATION, sets="training.max_grad_norm", tuned=False),
-    Rule("moment_dtype", None, "16-bit moments pay on a GPU, not on a CPU", 'docs/gpu.md §"Mixed precision"',
-         sets="training.moment_dtype", formula="bfloat16 under bf16 with SparseAdamW on a GPU, else float32"),
+    _default("training.node_lr_scale", 1.0, "one rate for every parameter: ×2 here or ×0.5 on the shared edge stayed "
+             "within the noise", ABLATION, formula="the per-node parameters' rate multiplier", tuned=False),
+    _default("training.shared_edge_lr_scale", 1.0, "as node_lr_scale", ABLATION,
+             formula="the shared edge's (SparseAdamW)", tuned=False),
+    _default("training.num_warmup_steps", 0, "transformers' default; a warm-up of 10 steps stayed within the noise",
+             ABLATION, tuned=False),
+    _default("training.lr_scheduler_type", "linear", "the rate falls to zero at the run's end (or its time budget); "
+             "held constant: 3-28% higher on six corpora", SHAPE, tuned=False),
+    _default("training.weight_decay", 0.1, "the usual decay of LM pretraining (GPT-3, LLaMA); without it 1.9-3.9% "
+             "higher in all six runs on four corpora", f"{ABLATION}; {LONG}", tuned=False),
+    _default("training.lazy_weight_decay", False, "a step decays only the rows it updates, as SparseAdam updates only "
+             "those", LIBRARY, tuned=False),
+    _default("training.max_grad_norm", 1.0, "transformers' default; with no clipping the run ended within the noise",
+             ABLATION, tuned=False),
+    _default("training.moment_dtype", None, "16-bit moments pay on a GPU, not on a CPU", 'docs/gpu.md §"Mixed '
+             'precision"', formula="bfloat16 under bf16 with SparseAdamW on a GPU, else float32"),
     # the model: the paper's shape, plus the extensions
-    Rule("node_size", 32, "the paper's d", PAPER, sets="model.node_size"),
-    Rule("max_position_embeddings", 512, "the paper's position weights", PAPER, sets="model.max_position_embeddings"),
-    Rule("graph", "sparse", "a dense graph is V² edges (16.9B parameters at V=4000)", "docs/model.md",
-         sets="model.graph"),
-    Rule("loss_type", "exact", "the paper's loss: a softmax over every node's energy; the extensions below need "
-         "it", PAPER, sets="model.loss_type", tuned=False),
-    Rule("non_edge_bias", False, "off: within the noise on six corpora (±0.3%) and at 8.2-8.4 passes", ABLATION,
-         sets="model.non_edge_bias", formula="on: shared edge + a learned offset per node for pairs without an edge",
-         tuned=False),
-    Rule("node_readout", True, "r_v learns from every occurrence of v, an edge only from its bigram's: without it "
-         "6.8-15% higher on six corpora", ABLATION, sets="model.node_readout", formula="logit + ⟨x, r_v⟩"),
-    Rule("edge_backoff", False, "off: never worth twice the noise on six corpora, 4.3% lower without it on "
-         "`small`", ABLATION, sets="model.edge_backoff", formula="on: x·(edge_base + W[u→v])", tuned=False),
-    Rule("node_embedding", True, "the mix carries which tokens came last, learned from every occurrence: without it "
-         "15-23% higher on six corpora", ABLATION, sets="model.node_embedding", formula="edge output + e_v"),
-    Rule("count_prior", True, "the counts read every training token at once; the edges learn what they miss "
-         "(without it 2-10% higher)", ABLATION, sets="model.count_prior",
-         formula="logit + log p(v \\| u), fixed, built from every training bigram"),
+    _default("model.node_size", 32, "the paper's d", PAPER),
+    _default("model.max_position_embeddings", 512, "the paper's position weights", PAPER),
+    _default("model.graph", "sparse", "a dense graph is V² edges (16.9B parameters at V=4000)", "docs/model.md"),
+    _default("model.loss_type", "exact", "the paper's loss: a softmax over every node's energy; the extensions below "
+             "need it", PAPER, tuned=False),
+    _default("model.non_edge_bias", False, "off: within the noise on six corpora (±0.3%) and at 8.2-8.4 passes",
+             ABLATION, formula="on: shared edge + a learned offset per node for pairs without an edge", tuned=False),
+    _default("model.node_readout", True, "r_v learns from every occurrence of v, an edge only from its bigram's: "
+             "without it 6.8-15% higher on six corpora", ABLATION, formula="logit + ⟨x, r_v⟩"),
+    _default("model.edge_backoff", False, "off: never worth twice the noise on six corpora, 4.3% lower without it on "
+             "`small`", ABLATION, formula="on: x·(edge_base + W[u→v])", tuned=False),
+    _default("model.node_embedding", True, "the mix carries which tokens came last, learned from every occurrence: "
+             "without it 15-23% higher on six corpora", ABLATION, formula="edge output + e_v"),
+    _default("model.count_prior", True, "the counts read every training token at once; the edges learn what they "
+             "miss (without it 2-10% higher)", ABLATION, formula="logit + log p(v \\| u), fixed, built from every "
+             "training bigram"),
     Rule("count_prior.DISCOUNT", DISCOUNT, "the usual absolute discount", "Ney, Essen & Kneser 1994",
          formula="p(v \\| u) interpolates max(c − D, 0)/c(u) with an add-one unigram", tuned=False),
-    Rule("position_recency", 0.2, "left at one, training did not find recency: 3-9% higher", ABLATION,
-         sets="model.position_recency", formula="position weights start at 1 + 0.2·k (~the last 5 edges)"),
-    Rule("position_encoding", "released", "the release's position weights", PAPER, sets="model.position_encoding"),
-    Rule("initializer_range", 0.5, "the release's initialisation", PAPER, sets="model.initializer_range"),
-    Rule("num_negatives", 400, "the release's sampled loss (--loss sampled)", PAPER, sets="model.num_negatives"),
-    Rule("negative_sampling", "frequency", "the release's negatives: the most frequent successors", PAPER,
-         sets="model.negative_sampling"),
+    _default("model.position_recency", 0.2, "left at one, training did not find recency: 3-9% higher", ABLATION,
+             formula="position weights start at 1 + 0.2·k (~the last 5 edges)"),
+    _default("model.position_encoding", "released", "the release's position weights", PAPER),
+    _default("model.initializer_range", 0.5, "the release's initialisation", PAPER),
+    _default("model.num_negatives", 400, "the release's sampled loss (--loss sampled)", PAPER),
+    _default("model.negative_sampling", "frequency", "the release's negatives: the most frequent successors", PAPER),
     # the data: one sentence per block, the paper's batch and tokenizer
-    Rule("block_mode", "sentence", "the paper's: one sentence per block", PAPER, sets="training.block_mode"),
-    Rule("block_size", 64, "a sentence is cut at block_size − 1 tokens: cut at 31 (the paper's blocks of 32), "
-         "4.4-19.8% higher on four of six corpora", SHAPE, sets="training.block_size",
-         formula="tokens per block: `<s>`, the sentence, `</s>`, padding"),
-    Rule("per_device_train_batch_size", 32, "the paper's: at the same epochs within the noise of batch 64 on four "
-         "of six corpora, 3.8-4.4% lower on two", SHAPE, sets="training.per_device_train_batch_size", tuned=False),
+    _default("training.block_mode", "sentence", "the paper's: one sentence per block", PAPER),
+    _default("training.block_size", 64, "a sentence is cut at block_size − 1 tokens: cut at 31 (the paper's blocks "
+             "of 32), 4.4-19.8% higher on four of six corpora", SHAPE,
+             formula="tokens per block: `<s>`, the sentence, `</s>`, padding"),
+    _default("training.per_device_train_batch_size", 32, "the paper's: at the same epochs within the noise of batch "
+             "64 on four of six corpora, 3.8-4.4% lower on two", SHAPE, tuned=False),
     Rule("GPU_STEP_TOKENS", GPU_STEP_TOKENS, "32 × 32 tokens leave a GPU idle: 76,494 tokens/s at the paper's "
-         "shape, 1,526,444 at 1024 × 64 (20×)", GPU_RECORD,
-         formula=f"on CUDA, unless set: batch = {GPU_STEP_TOKENS:,} // block_size, halved until the step fits "
-         f"{FREE_SHARE} of the free memory"),
+         "shape, 1,526,444 at 1024 × 64 (20×)", GPU_RECORD, formula=f"on CUDA, unless set: batch = "
+         f"{GPU_STEP_TOKENS:,} // block_size, halved until the step fits {FREE_SHARE} of the free memory"),
     Rule("tokenizer kind", "bpe", "byte-level BPE for English (characters for Chinese)", PAPER, sets="tokenizer.kind"),
     Rule("tokenizer vocab_size", 4000, "the paper's vocabulary (= graph nodes)", PAPER, sets="tokenizer.vocab_size"),
     Rule("tokenizer min_frequency", 2, "the paper's tokenizer", PAPER, sets="tokenizer.min_frequency"),
@@ -241,8 +238,8 @@ class RecipeChoice:
     def add(self, setting: Setting):
         self.settings[f"{setting.section}.{setting.name}"] = setting
 
-    def value(self, section: str, name: str):
-        return self.settings[f"{section}.{name}"].value
+    def value(self, section: str, name: str):  # None where the choice has no such setting
+        return getattr(self.settings.get(f"{section}.{name}"), "value", None)
 
     def rule(self, key: str) -> str:
         return self.settings[key].rule
@@ -258,21 +255,17 @@ class RecipeChoice:
             lines[key in RUN_SETTINGS].append(f"  {key:<{width}} = {s.value!r:<8} [{s.rule}]")
         return "\n".join(lines[False] + (lines[True] if len(lines[True]) > 1 else []))
 
-    def to_json(self) -> dict:
-        saved = [asdict(s) for key, s in self.settings.items() if key not in RUN_SETTINGS]
-        return {"format": RECIPE_FORMAT, "settings": saved, "inputs": self.inputs}
-
     def save(self, folder) -> Path:
+        saved = [asdict(s) for key, s in self.settings.items() if key not in RUN_SETTINGS]
         path = Path(folder) / RECIPE_NAME
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+        data = {"format": RECIPE_FORMAT, "settings": saved, "inputs": self.inputs}
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         return path
 
 
 def load_recipe(path) -> RecipeChoice:
     """A saved recipe.json (a file, or a folder holding one): clear errors for anything else."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / RECIPE_NAME
+    path = Path(path) / RECIPE_NAME if Path(path).is_dir() else Path(path)
     fix = f"pass the {RECIPE_NAME} a pretraining run saved (in its output folder or a checkpoint)"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
