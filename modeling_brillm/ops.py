@@ -1,8 +1,6 @@
-"""BriLLM's hot operations, each one function: the Triton kernel where it runs, else the torch path.
-
-The one module that chooses (`backend.use_triton`) and the only one that imports the kernel modules. With the package
-installed, a CUDA device's first kernel call runs every kernel once beside its torch path (selfcheck.py); one that
-fails is switched off there with one warning."""
+"""BriLLM's hot operations, each one function: the Triton kernel where it runs (`backend.use_triton`), else the torch
+path. With the package installed, a CUDA device's first kernel call runs every kernel once beside its torch path
+(selfcheck.py); one that fails is switched off there with one warning."""
 
 import os
 

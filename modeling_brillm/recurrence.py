@@ -1,8 +1,5 @@
 """The signal recurrence in torch: the scan over a batch's columns, one row's step, and the signal dropout's mask.
-
-An edge's output c joins the softmax mix as a running (sum S, norm N, max M), O(d) a token:
-
-    M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'"""
+An edge's output joins the softmax mix as a running (sum, norm, max), O(d) a token (docs/model.md, "O(d) state")."""
 
 import math
 
@@ -15,7 +12,8 @@ from .tables import EdgeTable
 
 
 def mix_in(mix: Mix, out: torch.Tensor, weight_logit: torch.Tensor) -> Mix:
-    """`mix` with edge output `out` (B, d) of position weight logit `weight_logit` (B,) added."""
+    """`mix` with edge output c = `out` (B, d) of position weight logit p = `weight_logit` (B,) added:
+    M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'."""
     new_max = torch.maximum(mix.mix_max, weight_logit)
     decay, weight = torch.exp(mix.mix_max - new_max), torch.exp(weight_logit - new_max)
     total = torch.addcmul(mix.mix_sum * decay.unsqueeze(1), weight.unsqueeze(1), out)
