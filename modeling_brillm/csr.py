@@ -40,8 +40,7 @@ def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name
     if indices.numel():
         if int(indices.min()) < 0 or int(indices.max()) >= vocab_size:
             return f"{name}_indices hold node ids outside [0, {vocab_size})"
-        sources = torch.repeat_interleave(torch.arange(vocab_size), indptr.diff())
-        keys = sources * vocab_size + indices
+        keys = edge_keys(indptr, indices, vocab_size)
         if bool((keys[1:] <= keys[:-1]).any()):
             return f"{name}_indices are not sorted and unique within each source"
     return None

@@ -18,7 +18,7 @@ from .graph_editing import GraphMethods
 from .losses import position_losses, shift_labels
 from .low_rank import LowRankEdges
 from .ops import EdgeGradLink, candidate_energies, decode_step, graph_max_degree, make_plan, scatter_logits, signal_scan
-from .recurrence import check_dropout_rows, draw_dropout_seed, plus_edge_base, row_step, scan_dropout_mask
+from .recurrence import check_dropout_rows, plus_edge_base, row_step, scan_dropout_mask
 from .state import CACHE, BriLLMCausalLMOutput, BriLLMModelOutput, BriLLMState, Columns, Mix, Signals, given_state
 from .tables import DerivedTables, EdgeTable, GraphView, Positions, ReadOut, StepTables, positional_encoding
 from .validation import check_inputs, check_labels, check_signal_ids, compact_real_tokens, too_long
@@ -301,7 +301,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         p = self.config.signal_dropout * self.signal_dropout_scale if self.training else 0.0
         if not p:
             return None
-        seed = draw_dropout_seed() if dropout_seed is None else int(dropout_seed)
+        # a call that names no seed draws one from torch's generator (reproducible under manual_seed)
+        seed = int(torch.randint(-(1 << 63), (1 << 63) - 1, ())) if dropout_seed is None else int(dropout_seed)
         rows = check_dropout_rows(dropout_rows, index.shape[0], index.device)
         return scan_dropout_mask(p, seed, rows, index[:, 0], index.shape, self.config.node_size, index.device)
 
