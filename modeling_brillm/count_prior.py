@@ -19,10 +19,7 @@ class CountPrior:
     indices: torch.Tensor  # (K,) int64, target of every seen bigram (sorted within a source)
     values: torch.Tensor  # (K,) float32, log p(v|u) − log λ(u) − log p_uni(v) of every seen bigram
 
-    @property
-    def num_bigrams(self) -> int:
-        """Number of seen bigrams K."""
-        return self.indices.numel()
+    num_bigrams = property(lambda self: self.indices.numel())  # seen bigrams K
 
     def table(self) -> torch.Tensor:
         """The dense (V, V) prior, node + seen entries."""

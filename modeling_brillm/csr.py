@@ -18,15 +18,8 @@ class BigramGraph:
     counts: torch.Tensor  # (E,) int64 bigram count of every real edge (0 when unknown)
     prior: CountPrior | None = None  # the count prior of every bigram seen, edge or not (config.count_prior)
 
-    @property
-    def vocab_size(self) -> int:
-        """Number of nodes V."""
-        return self.indptr.numel() - 1
-
-    @property
-    def num_edges(self) -> int:
-        """Number of real edges E."""
-        return self.indices.numel()
+    vocab_size = property(lambda self: self.indptr.numel() - 1)  # nodes V
+    num_edges = property(lambda self: self.indices.numel())  # real edges E
 
 
 def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name: str = "graph") -> str | None:

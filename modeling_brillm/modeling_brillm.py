@@ -188,9 +188,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     def edge_table(self) -> EdgeTable:
         return EdgeTable(self.weights, self.biases, self.edge_base, self.non_edge_bias, self._sparse_gradients)
 
-    @property
-    def edge_dtype(self) -> torch.dtype:
-        return self.biases.dtype
+    edge_dtype = property(lambda self: self.biases.dtype)
 
     def edge_parameters(self, rows: torch.Tensor):
         """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows` (`edge_base` not added)."""

@@ -25,10 +25,7 @@ class CandidatePlan:
     grouped_position: torch.Tensor | None = None  # (M,) sorted position of every grouped-order entry
     entry_row: torch.Tensor | None = None  # (M,) edge row of every packed energy
 
-    @property
-    def num_entries(self) -> int:
-        """Number of packed (position, real successor) energies M."""
-        return self.entry_target.numel()
+    num_entries = property(lambda self: self.entry_target.numel())  # packed (position, real successor) energies M
 
     def grouped_positions(self) -> torch.Tensor:
         """Sorted position of every entry in the grouped (successor-major) order."""

@@ -53,6 +53,7 @@ class BriLLMState:
     mix_sum = property(lambda self: self.mix.mix_sum)
     mix_norm = property(lambda self: self.mix.mix_norm)
     mix_max = property(lambda self: self.mix.mix_max)
+    batch_size = property(lambda self: self.length.shape[0])
 
     @classmethod
     def of(cls, tensors, seen: int, longest: int | None = None) -> BriLLMState:
@@ -87,10 +88,6 @@ class BriLLMState:
     def clone(self) -> BriLLMState:
         """A copy that owns its tensors (a captured step's state lives in buffers the next replay overwrites)."""
         return self.map(torch.Tensor.clone)
-
-    @property
-    def batch_size(self) -> int:
-        return self.length.shape[0]
 
 
 @dataclass
@@ -150,9 +147,7 @@ class Signals:
 class _CarriesState:
     """transformers' output classes with the cache read as `.state` on every version."""
 
-    @property
-    def state(self) -> BriLLMState | None:
-        return getattr(self, CACHE)
+    state = property(lambda self: getattr(self, CACHE))
 
 
 @dataclass
