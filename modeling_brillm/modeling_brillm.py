@@ -134,10 +134,7 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
         device = self.input_device
         return tuple(x.to(device) if isinstance(x, torch.Tensor) and x.device != device else x for x in inputs)
 
-    @property
-    def extends_positions(self) -> bool:
-        """config.position_overflow == "extend": the model reads any length."""
-        return self.config.position_overflow == "extend"
+    extends_positions = property(lambda self: self.config.position_overflow == "extend")  # the model reads any length
 
     @property
     def sparse_gradients(self) -> bool:
