@@ -154,8 +154,7 @@ class DecodeGraphs:
 
     def __init__(self):
         self.graphs: dict[int, _Graph] = {}
-        self.pool = None
-        self.tables = self.signature = None  # the decoding loop's step tables, and the signature read with them
+        self.clear()
 
     def step(self, model, tokens: torch.Tensor, state, tables):
         """Logits (B, V) and the new state (in the graph's buffers) of `tokens` (B,) on `state`, `tables` the loop's."""
@@ -174,7 +173,7 @@ class DecodeGraphs:
 
     def clear(self):
         self.graphs.clear()
-        self.pool = self.tables = self.signature = None
+        self.pool = self.tables = self.signature = None  # tables: the decoding loop's, signature: read with them
 
 
 class BriLLMGenerationMixin(GenerationMixin):

@@ -51,10 +51,8 @@ class FullEdges:
         init.uniform_(model.weights, -r, r)
         init.uniform_(model.biases, -r, r)
 
-    @staticmethod
-    def compose(weights, biases):
-        """The edges' own matrices (…, d, d) and biases (…, 1, d) from their rows of the row parameters."""
-        return weights, biases
+    # the edges' own matrices (…, d, d) and biases (…, 1, d) from their rows of the row parameters: the rows themselves
+    compose = staticmethod(lambda weights, biases: (weights, biases))
 
 
 EDGE_KINDS = [LowRankEdges, FullEdges]  # the first kind whose `uses(config)` holds makes a model's edges
