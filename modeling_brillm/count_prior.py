@@ -1,7 +1,5 @@
-"""The count prior (`config.count_prior`): a fixed interpolated absolute-discount bigram model of the training text
-whose log p(v | u) every logit adds (docs/model.md; graph.count_prior builds it). Stored without a V×V table: `node`
-(V,) = log p_uni and, CSR by source, every seen bigram's log p(v|u) − log λ(u) − log p_uni(v): log p(·|u) up to one
-constant per row, which softmax and argmax ignore."""
+"""The count prior (`config.count_prior`): a fixed bigram model of the training text whose log p(v | u) every logit
+adds, stored without a V×V table (docs/model.md, "The count prior"; graph.count_prior builds it)."""
 
 from dataclasses import dataclass
 
@@ -14,17 +12,14 @@ DENSE_TABLE_MAX = 1 << 24
 
 @dataclass
 class CountPrior:
-    """A count prior in the form the model stores it (see the module's docstring)."""
+    """A count prior in the form the model stores it: log p(·|u) up to one constant per row."""
 
     node: torch.Tensor  # (V,) float32, log p_uni(v)
     indptr: torch.Tensor  # (V + 1,) int64
     indices: torch.Tensor  # (K,) int64, target of every seen bigram (sorted within a source)
     values: torch.Tensor  # (K,) float32, log p(v|u) − log λ(u) − log p_uni(v) of every seen bigram
 
-    @property
-    def num_bigrams(self) -> int:
-        """Number of seen bigrams K."""
-        return self.indices.numel()
+    num_bigrams = property(lambda self: self.indices.numel())  # seen bigrams K
 
     def table(self) -> torch.Tensor:
         """The dense (V, V) prior, node + seen entries."""

@@ -18,15 +18,8 @@ class BigramGraph:
     counts: torch.Tensor  # (E,) int64 bigram count of every real edge (0 when unknown)
     prior: CountPrior | None = None  # the count prior of every bigram seen, edge or not (config.count_prior)
 
-    @property
-    def vocab_size(self) -> int:
-        """Number of nodes V."""
-        return self.indptr.numel() - 1
-
-    @property
-    def num_edges(self) -> int:
-        """Number of real edges E."""
-        return self.indices.numel()
+    vocab_size = property(lambda self: self.indptr.numel() - 1)  # nodes V
+    num_edges = property(lambda self: self.indices.numel())  # real edges E
 
 
 def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name: str = "graph") -> str | None:
@@ -40,8 +33,7 @@ def check_csr(indptr: torch.Tensor, indices: torch.Tensor, vocab_size: int, name
     if indices.numel():
         if int(indices.min()) < 0 or int(indices.max()) >= vocab_size:
             return f"{name}_indices hold node ids outside [0, {vocab_size})"
-        sources = torch.repeat_interleave(torch.arange(vocab_size), indptr.diff())
-        keys = sources * vocab_size + indices
+        keys = edge_keys(indptr, indices, vocab_size)
         if bool((keys[1:] <= keys[:-1]).any()):
             return f"{name}_indices are not sorted and unique within each source"
     return None

@@ -78,8 +78,10 @@ def release_workspaces():
 
 
 class _GatherEdges(torch.autograd.Function):
+    """`weights[rows]`, `biases[rows]` for the scan, gradients sparse (`sparse_grad`) or added into the `link`'s."""
+
     @staticmethod
-    def forward(ctx, weights, biases, rows, sparse_grad: bool, link):
+    def forward(ctx, weights, biases, rows, sparse_grad: bool = False, link: EdgeGradLink | None = None):
         P = weights.shape[0]
         flat = rows.reshape(-1)
         w = weights.view(P, -1).index_select(0, flat).view(*rows.shape, *weights.shape[1:])
@@ -122,15 +124,15 @@ class _GatherEdges(torch.autograd.Function):
         return (*edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, None), None, None, None)
 
 
-def gather_edges(weights, biases, rows, sparse_grad: bool = False, link: EdgeGradLink | None = None):
-    """`weights[rows]`, `biases[rows]` for the scan, gradients sparse (`sparse_grad`) or added into the `link`'s."""
-    return _GatherEdges.apply(weights, biases, rows, sparse_grad, link)
+gather_edges = _GatherEdges.apply
 
 
 class _CandidateEnergies(torch.autograd.Function):
+    """Packed real-successor energies (M,) and shared energies (N,) of `x`, `pe` (N, d) in plan order."""
+
     @staticmethod
-    def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool, link):
-        # x, pe: (N, d) in sorted order. Returns packed real-successor energies (M,) and shared energies (N,).
+    def forward(ctx, x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False,
+                link: EdgeGradLink | None = None):
         (N, d), M = x.shape, plan.num_entries
         b2 = biases.reshape(weights.shape[0], d)
         groups = [(i, m, r0, n) for i, (m, r0, n) in
@@ -276,10 +278,7 @@ def _block_grads(plan, groups, x, weights, gh, first_slots, w_values, b_values, 
         b_values.index_add_(0, row_slot.to(x.device), gh)
 
 
-def candidate_energies(x, pe, weights, biases, plan: CandidatePlan, sparse_grad: bool = False,
-                       link: EdgeGradLink | None = None, non_edge_bias=None):
-    """Packed real-successor and shared energies of `x`, `pe` (N, d) in plan order; `non_edge_bias` unused here."""
-    return _CandidateEnergies.apply(x, pe, weights, biases, plan, sparse_grad, link)
+candidate_energies = _CandidateEnergies.apply
 
 
 def scatter_logits(energies, shared, plan: CandidatePlan, vocab_size: int, non_edge_bias=None) -> torch.Tensor:

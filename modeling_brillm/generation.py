@@ -108,18 +108,15 @@ def _signature(model, device) -> tuple:
     """Everything a captured step depends on by address or by value (`model` is a `BriLLMModel`); the lazily built
     tables (positions, prior) are built here, before their addresses are read."""
     cfg = model.config
-    tensors = [model.weights, model.biases, model.positions, model.position_table(device)]
-    if cfg.graph == "sparse":
-        tensors += [model.graph_indptr, model.graph_indices, model.edge_keys()]
+    graph = (model.graph_indptr, model.graph_indices, model.edge_keys()) if cfg.graph == "sparse" else ()
+    prior = (model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values, model.prior_table()) \
+        if cfg.count_prior else ()  # the step adds the prior's row of every token
     # the extensions the step reads: the non-successors' offsets, edge_base, the nodes' vectors and readout
-    extensions = (model.non_edge_bias, model.edge_base, model.node_embedding, model.node_readout)
-    tensors += [t for t in extensions if t is not None]
-    if cfg.count_prior:  # the step adds the prior's row of every token
-        tensors += [model.prior_node, model.prior_indptr, model.prior_indices, model.prior_values]
-        if model.prior_table() is not None:
-            tensors.append(model.prior_table())
-    return (tuple(t.data_ptr() for t in tensors), model.weights.dtype, str(device), current_backend(), cfg.vocab_size,
-            cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding, model.graph_view().max_degree)
+    tensors = (model.weights, model.biases, model.positions, model.position_table(device), *graph,
+               model.non_edge_bias, model.edge_base, model.node_embedding, model.node_readout, *prior)
+    return (tuple(t.data_ptr() for t in tensors if t is not None), model.weights.dtype, str(device), current_backend(),
+            cfg.vocab_size, cfg.max_position_embeddings, cfg.position_overflow, cfg.position_encoding,
+            model.graph_view().max_degree)
 
 
 class _Graph:
@@ -144,9 +141,8 @@ class _Graph:
 
     def step(self, tokens, state):
         self.tokens.copy_(tokens)
-        pairs = list(zip(state.tensors(), self.state.tensors()))
-        if not all(t is buffer for t, buffer in pairs):  # a state this graph did not advance: copy it in
-            for t, buffer in pairs:
+        for t, buffer in zip(state.tensors(), self.state.tensors()):
+            if t is not buffer:  # a state this graph did not advance: copy it in
                 buffer.copy_(t)
         self.graph.replay()
         longest = None if state.longest is None else state.longest + 1
@@ -158,30 +154,26 @@ class DecodeGraphs:
 
     def __init__(self):
         self.graphs: dict[int, _Graph] = {}
-        self.pool = None
-        self.tables = self.signature = None  # the decoding loop's step tables, and the signature read with them
+        self.clear()
 
     def step(self, model, tokens: torch.Tensor, state, tables):
         """Logits (B, V) and the new state (in the graph's buffers) of `tokens` (B,) on `state`, `tables` the loop's."""
         if tables is not self.tables:
             self.tables, self.signature = tables, _signature(model, tokens.device)
-        signature = self.signature
         B = tokens.shape[0]
         graph = self.graphs.get(B)
-        if graph is None or graph.signature != signature:
-            if graph is not None:  # tables moved: every graph of this model is stale
+        if graph is None or graph.signature != self.signature:
+            if graph is not None or self.pool is None:  # tables moved: every graph of this model is stale
                 self.graphs.clear()
-                self.pool = None
-            if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            graph = self.graphs[B] = _Graph(model, tokens, state, signature, self.pool)
+            graph = self.graphs[B] = _Graph(model, tokens, state, self.signature, self.pool)
         logits, new_state = graph.step(tokens, state)
         new_state.graph_owned = True
         return logits, new_state
 
     def clear(self):
         self.graphs.clear()
-        self.pool = self.tables = self.signature = None
+        self.pool = self.tables = self.signature = None  # tables: the decoding loop's, signature: read with them
 
 
 class BriLLMGenerationMixin(GenerationMixin):

@@ -10,10 +10,7 @@ from transformers import initialization as init
 class LowRankEdges:
     fused = False  # the paths read materialised rows (modeling_brillm.FullEdges: the tables in place)
     row_parameters = ("edge_a", "edge_b", "biases")
-
-    @staticmethod
-    def uses(config) -> bool:
-        return bool(config.edge_rank)
+    uses = staticmethod(lambda config: bool(config.edge_rank))
 
     @staticmethod
     def create(model, config):

@@ -18,7 +18,7 @@ from .graph_editing import GraphMethods
 from .losses import position_losses, shift_labels
 from .low_rank import LowRankEdges
 from .ops import EdgeGradLink, candidate_energies, decode_step, graph_max_degree, make_plan, scatter_logits, signal_scan
-from .recurrence import check_dropout_rows, draw_dropout_seed, plus_edge_base, row_step, scan_dropout_mask
+from .recurrence import check_dropout_rows, plus_edge_base, row_step, scan_dropout_mask
 from .state import CACHE, BriLLMCausalLMOutput, BriLLMModelOutput, BriLLMState, Columns, Mix, Signals, given_state
 from .tables import DerivedTables, EdgeTable, GraphView, Positions, ReadOut, StepTables, positional_encoding
 from .validation import check_inputs, check_labels, check_signal_ids, compact_real_tokens, too_long
@@ -51,10 +51,8 @@ class FullEdges:
         init.uniform_(model.weights, -r, r)
         init.uniform_(model.biases, -r, r)
 
-    @staticmethod
-    def compose(weights, biases):
-        """The edges' own matrices (…, d, d) and biases (…, 1, d) from their rows of the row parameters."""
-        return weights, biases
+    # the edges' own matrices (…, d, d) and biases (…, 1, d) from their rows of the row parameters: the rows themselves
+    compose = staticmethod(lambda weights, biases: (weights, biases))
 
 
 EDGE_KINDS = [LowRankEdges, FullEdges]  # the first kind whose `uses(config)` holds makes a model's edges
@@ -134,10 +132,7 @@ class BriLLMPreTrainedModel(GraphMethods, PreTrainedModel):
         device = self.input_device
         return tuple(x.to(device) if isinstance(x, torch.Tensor) and x.device != device else x for x in inputs)
 
-    @property
-    def extends_positions(self) -> bool:
-        """config.position_overflow == "extend": the model reads any length."""
-        return self.config.position_overflow == "extend"
+    extends_positions = property(lambda self: self.config.position_overflow == "extend")  # the model reads any length
 
     @property
     def sparse_gradients(self) -> bool:
@@ -188,9 +183,7 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
     def edge_table(self) -> EdgeTable:
         return EdgeTable(self.weights, self.biases, self.edge_base, self.non_edge_bias, self._sparse_gradients)
 
-    @property
-    def edge_dtype(self) -> torch.dtype:
-        return self.biases.dtype
+    edge_dtype = property(lambda self: self.biases.dtype)
 
     def edge_parameters(self, rows: torch.Tensor):
         """The own matrices (…, d, d) and biases (…, 1, d) of edge-table rows `rows` (`edge_base` not added)."""
@@ -301,7 +294,8 @@ class BriLLMModel(DerivedTables, BriLLMPreTrainedModel):
         p = self.config.signal_dropout * self.signal_dropout_scale if self.training else 0.0
         if not p:
             return None
-        seed = draw_dropout_seed() if dropout_seed is None else int(dropout_seed)
+        # a call that names no seed draws one from torch's generator (reproducible under manual_seed)
+        seed = int(torch.randint(-(1 << 63), (1 << 63) - 1, ())) if dropout_seed is None else int(dropout_seed)
         rows = check_dropout_rows(dropout_rows, index.shape[0], index.device)
         return scan_dropout_mask(p, seed, rows, index[:, 0], index.shape, self.config.node_size, index.device)
 

@@ -1,8 +1,6 @@
-"""BriLLM's hot operations, each one function: the Triton kernel where it runs, else the torch path.
-
-The one module that chooses (`backend.use_triton`) and the only one that imports the kernel modules. With the package
-installed, a CUDA device's first kernel call runs every kernel once beside its torch path (selfcheck.py); one that
-fails is switched off there with one warning."""
+"""BriLLM's hot operations, each one function: the Triton kernel where it runs (`backend.use_triton`), else the torch
+path. With the package installed, a CUDA device's first kernel call runs every kernel once beside its torch path
+(selfcheck.py); one that fails is switched off there with one warning."""
 
 import os
 
@@ -65,11 +63,11 @@ def reset_self_check():
     _disabled.clear()
 
 
-def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None, vocab_size: int, *,
-              max_degree: int | None = None) -> CandidatePlan | KernelPlan:
+def make_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor | None,
+              vocab_size: int) -> CandidatePlan | KernelPlan:
     """A `KernelPlan` (no host read) where the kernels run these tensors, else the torch path's `CandidatePlan`."""
     if kernel_enabled("candidate_energies", sources):
-        return make_kernel_plan(sources, indptr, indices, vocab_size, max_degree)
+        return make_kernel_plan(sources, indptr, indices, vocab_size)
     return make_torch_plan(sources, indptr, indices, vocab_size)
 
 

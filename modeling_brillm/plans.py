@@ -25,10 +25,7 @@ class CandidatePlan:
     grouped_position: torch.Tensor | None = None  # (M,) sorted position of every grouped-order entry
     entry_row: torch.Tensor | None = None  # (M,) edge row of every packed energy
 
-    @property
-    def num_entries(self) -> int:
-        """Number of packed (position, real successor) energies M."""
-        return self.entry_target.numel()
+    num_entries = property(lambda self: self.entry_target.numel())  # packed (position, real successor) energies M
 
     def grouped_positions(self) -> torch.Tensor:
         """Sorted position of every entry in the grouped (successor-major) order."""
@@ -139,13 +136,13 @@ def make_torch_plan(sources: torch.Tensor, indptr: torch.Tensor, indices: torch.
     return plan
 
 
+@dataclass(eq=False)
 class EdgeGradLink:
     """Made per forward call: the recurrence records the rows it read, the candidate backward makes room for them
     in its gradient and publishes its buffers here, the recurrence's backward adds into them and clears."""
 
-    def __init__(self):
-        self.rows = None  # sorted rows the recurrence read
-        self.grad = None  # (row index or None for dense, weight grad values, bias grad values) of this pass
+    rows: torch.Tensor | None = None  # sorted rows the recurrence read
+    grad: tuple | None = None  # (row index or None for dense, weight grad values, bias grad values) of this pass
 
 
 def edge_table_grads(ctx, index, w_values, b_values, need_w: bool, need_b: bool, link):

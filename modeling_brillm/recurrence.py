@@ -1,21 +1,20 @@
 """The signal recurrence in torch: the scan over a batch's columns, one row's step, and the signal dropout's mask.
-
-An edge's output c joins the softmax mix as a running (sum S, norm N, max M), O(d) a token:
-
-    M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'"""
+An edge's output joins the softmax mix as a running (sum, norm, max), O(d) a token (docs/model.md, "O(d) state")."""
 
 import math
 
 import torch
 import torch.nn.functional as F
 
+from .csr import edge_row
 from .energy import gather_edges, row_energies
 from .state import BriLLMState, Columns, Mix, RowCache
 from .tables import EdgeTable
 
 
 def mix_in(mix: Mix, out: torch.Tensor, weight_logit: torch.Tensor) -> Mix:
-    """`mix` with edge output `out` (B, d) of position weight logit `weight_logit` (B,) added."""
+    """`mix` with edge output c = `out` (B, d) of position weight logit p = `weight_logit` (B,) added:
+    M' = max(M, p);  S' = S·e^{M−M'} + e^{p−M'}·c;  N' = N·e^{M−M'} + e^{p−M'};  x = S' / N'."""
     new_max = torch.maximum(mix.mix_max, weight_logit)
     decay, weight = torch.exp(mix.mix_max - new_max), torch.exp(weight_logit - new_max)
     total = torch.addcmul(mix.mix_sum * decay.unsqueeze(1), weight.unsqueeze(1), out)
@@ -64,7 +63,7 @@ def row_step(tokens, state: BriLLMState, tables):
     v, edges, graph, positions = int(tokens), tables.edges, tables.graph, tables.positions
     row = state.row or RowCache(int(state.last_token), int(state.length), float(state.mix_norm), float(state.mix_max))
     with without_onednn(tokens):
-        edge = graph.edge_row(row.node, v)
+        edge = edge_row(None if graph.host[0] is None else graph.host, row.node, v, graph.vocab_size)
         if row.successors is not None:
             out = row.successors[edge - 1 - row.first:edge - row.first] if edge else row.shared
         else:  # the first step after the general path
@@ -159,11 +158,6 @@ def check_dropout_rows(rows, batch: int, device) -> torch.Tensor | None:
         raise ValueError(f"dropout_rows must be integer row indices of shape (batch,) = ({batch},), got "
                          f"{tuple(rows.shape)} {rows.dtype}: pass each row's index in the global batch.")
     return rows.long()
-
-
-def draw_dropout_seed() -> int:
-    """A mask seed from torch's generator: what a call that names none uses (reproducible under manual_seed)."""
-    return int(torch.randint(-(1 << 63), (1 << 63) - 1, ()))
 
 
 def scan_dropout_mask(p: float, seed: int, rows, start, shape, d: int, device) -> torch.Tensor:

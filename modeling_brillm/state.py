@@ -3,7 +3,7 @@ generation loop carries where a key/value cache goes, named `CACHE`), a scan's c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -53,6 +53,7 @@ class BriLLMState:
     mix_sum = property(lambda self: self.mix.mix_sum)
     mix_norm = property(lambda self: self.mix.mix_norm)
     mix_max = property(lambda self: self.mix.mix_max)
+    batch_size = property(lambda self: self.length.shape[0])
 
     @classmethod
     def of(cls, tensors, seen: int, longest: int | None = None) -> BriLLMState:
@@ -63,10 +64,10 @@ class BriLLMState:
         """The state's tensors in `TENSORS` order (what a decode step reads and returns)."""
         return (*self.mix.tensors(), self.length, self.last_token)
 
-    def advanced(self, mix: Mix, tokens: torch.Tensor, row: RowCache | None = None) -> BriLLMState:
+    def advanced(self, mix: Mix, tokens: torch.Tensor) -> BriLLMState:
         """The state after one more token per row, `tokens` (B,), with `mix` the new mix."""
         longest = None if self.longest is None else self.longest + 1
-        return BriLLMState(mix, self.length + 1, tokens, self.seen + 1, longest, row=row)
+        return BriLLMState(mix, self.length + 1, tokens, self.seen + 1, longest)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
@@ -79,7 +80,7 @@ class BriLLMState:
 
     def map(self, fn) -> BriLLMState:
         """A state whose tensors are `fn` of these (detach, clone)."""
-        return replace(BriLLMState.of([fn(t) for t in self.tensors()], self.seen, self.longest), graph_owned=False)
+        return BriLLMState.of([fn(t) for t in self.tensors()], self.seen, self.longest)
 
     def detach(self) -> BriLLMState:
         return self.map(torch.Tensor.detach)
@@ -87,10 +88,6 @@ class BriLLMState:
     def clone(self) -> BriLLMState:
         """A copy that owns its tensors (a captured step's state lives in buffers the next replay overwrites)."""
         return self.map(torch.Tensor.clone)
-
-    @property
-    def batch_size(self) -> int:
-        return self.length.shape[0]
 
 
 @dataclass
@@ -150,9 +147,7 @@ class Signals:
 class _CarriesState:
     """transformers' output classes with the cache read as `.state` on every version."""
 
-    @property
-    def state(self) -> BriLLMState | None:
-        return getattr(self, CACHE)
+    state = property(lambda self: getattr(self, CACHE))
 
 
 @dataclass

@@ -9,7 +9,7 @@ from functools import cached_property
 import torch
 
 from .count_prior import DENSE_TABLE_MAX, add_count_prior, dense_table
-from .csr import edge_keys, edge_row
+from .csr import edge_keys
 from .energy import RowTables
 from .plans import graph_max_degree
 
@@ -46,10 +46,6 @@ class GraphView:
         if self.indices is None:
             return u * self.vocab_size, (u + 1) * self.vocab_size
         return (self.host[0][u], self.host[0][u + 1]) if self.host else (int(self.indptr[u]), int(self.indptr[u + 1]))
-
-    def edge_row(self, u: int, v: int) -> int:
-        """The edge table's row of u→v, on the host (0: the shared edge): one binary search in u's block."""
-        return edge_row(None if self.host[0] is None else self.host, u, v, self.vocab_size)
 
 
 def positional_encoding(positions: torch.Tensor, d: int, variant: str = "released") -> torch.Tensor:

@@ -13,7 +13,8 @@ def too_long(longest: int, max_positions: int) -> ValueError:
                       "range.")
 
 
-def _check_ids(input_ids, vocab_size: int):
+def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Tensor:
+    """Validate a forward call's ids, mask and state; returns the boolean mask of real tokens (B, T)."""
     if input_ids is None:
         raise ValueError("input_ids is required: BriLLM reads token ids (it has no input embeddings).")
     if not isinstance(input_ids, torch.Tensor):
@@ -32,11 +33,6 @@ def _check_ids(input_ids, vocab_size: int):
         bad = low if low < 0 else high
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}) of this model; use the tokenizer "
                          "the model was trained with.")
-
-
-def check_inputs(input_ids, attention_mask, state, vocab_size: int) -> torch.Tensor:
-    """Validate a forward call's ids, mask and state; returns the boolean mask of real tokens (B, T)."""
-    _check_ids(input_ids, vocab_size)
     B, T = input_ids.shape
     if state is not None and state.batch_size != B:
         raise ValueError(f"the cache holds {state.batch_size} sequences but input_ids has {B} rows.")
