@@ -285,13 +285,15 @@ def _beam_search(model, input_ids, mask, start, config, exclude_self_loops, toke
     return fields, out.beam_indices >= 0, out.sequences_scores
 
 
-def _output(fields, step_mask, prompt, mask, pad_token_id, tokenizer, sequences_scores=None):
-    """`EnergyGenerateOutput` with the steps after a row finished masked: pad tokens, NaN energies, rank 0."""
+def _output(fields, step_mask, prompt, mask, copies: int, pad_token_id, tokenizer, sequences_scores=None):
+    """`EnergyGenerateOutput` of each prompt row `copies` times; steps after a row finished: pad, NaN, rank 0."""
     fills = {"tokens": pad_token_id, "sources": pad_token_id, "energies": float("nan"), "probabilities": float("nan"),
              "ranks": 0, "alternative_tokens": -1, "alternative_energies": float("nan")}
     blank = ~step_mask
     fields = {name: t.masked_fill(blank if t.dim() == 2 else blank[..., None], fills[name])
               for name, t in fields.items()}
+    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
+    prompt, mask = prompt[rows], mask[rows]
     steps = torch.arange(step_mask.shape[1], device=step_mask.device)
     return EnergyGenerateOutput(
         sequences=torch.cat([prompt, fields["tokens"]], 1), prompt_length=prompt.shape[1], step_mask=step_mask,
@@ -301,10 +303,10 @@ def _output(fields, step_mask, prompt, mask, pad_token_id, tokenizer, sequences_
 
 def _no_steps(prompt, mask, copies: int, beams: bool, pad_token_id, tokenizer, V: int, k: int):
     """The output of `max_new_tokens=0`: every prompt row (`copies` times) and an empty energy path."""
-    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
-    none, ids = torch.zeros(len(rows), 0, V, device=prompt.device), prompt[rows, :0]
-    return _output(path_fields(none, none, ids, ids, k), torch.zeros_like(ids, dtype=torch.bool), prompt[rows],
-                   mask[rows], pad_token_id, tokenizer, torch.zeros(len(rows), device=prompt.device) if beams else None)
+    n = prompt.shape[0] * copies
+    none, ids = torch.zeros(n, 0, V, device=prompt.device), prompt.new_zeros(n, 0)
+    return _output(path_fields(none, none, ids, ids, k), torch.zeros_like(ids, dtype=torch.bool), prompt, mask, copies,
+                   pad_token_id, tokenizer, torch.zeros(n, device=prompt.device) if beams else None)
 
 
 @torch.no_grad()
@@ -337,11 +339,10 @@ def energy_generate(model, input_ids, attention_mask: torch.Tensor | None = None
     if num_beams > 1:
         fields, step_mask, scores = _beam_search(model, input_ids, mask, start, config, exclude_self_loops,
                                                  tokenizer, streamer, k)
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device).repeat_interleave(num_return_sequences)
-        return _output(fields, step_mask, input_ids[rows], mask[rows], config.pad_token_id, tokenizer, scores)
+        return _output(fields, step_mask, input_ids, mask, num_return_sequences, config.pad_token_id, tokenizer, scores)
     fields, step_mask = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator,
                                 streamer, k)
-    return _output(fields, step_mask, input_ids, mask, config.pad_token_id, tokenizer)
+    return _output(fields, step_mask, input_ids, mask, 1, config.pad_token_id, tokenizer)
 
 
 _CUSTOM_GENERATE_README = (
@@ -356,17 +357,18 @@ def save_custom_generate(output_dir) -> str:
     """Write this module, `generate` its entry point, as a transformers `custom_generate` repository (its own Hub repo,
     never a model's, where it would replace `model.generate`). Returns the path of its generate.py."""
     root = Path(output_dir)
-    (root / "custom_generate").mkdir(parents=True, exist_ok=True)
+    folder = root / "custom_generate"
+    folder.mkdir(parents=True, exist_ok=True)
     # a standalone file: the decoding loop it shares with the model's generate() goes in by its source
     loop = "\n\n".join(inspect.getsource(obj) for obj in (finish_check_every, Decoding, decode_loop))
     source = inspect.getsource(inspect.getmodule(energy_generate)).replace(
         "from .generation import Decoding, decode_loop, finish_check_every\n",
         "import torch.nn.functional as F\nfrom transformers import MaxLengthCriteria\n\n" + loop + "\n")
-    (root / "custom_generate" / "generate.py").write_text(source, encoding="utf-8")
-    (root / "custom_generate" / "requirements.txt").write_text("torch\ntransformers\n", encoding="utf-8")
+    (folder / "generate.py").write_text(source, encoding="utf-8")
+    (folder / "requirements.txt").write_text("torch\ntransformers\n", encoding="utf-8")
     if not (root / "README.md").exists():
         (root / "README.md").write_text(_CUSTOM_GENERATE_README, encoding="utf-8")
-    return str(root / "custom_generate" / "generate.py")
+    return str(folder / "generate.py")
 
 
 def generate(model, input_ids=None, attention_mask=None, generation_config=None, inputs=None, streamer=None,

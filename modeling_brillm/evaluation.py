@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -27,7 +27,7 @@ class PerplexityResult:
     block_size: int
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return asdict(self)
 
 
 def load_texts(data, text_column: str = "text") -> list:
@@ -43,10 +43,8 @@ def load_texts(data, text_column: str = "text") -> list:
     if isinstance(data, str):
         return [data]
     if isinstance(data, torch.Tensor):
-        if data.dim() == 1:
-            return [data]
-        if data.dim() == 2:
-            return list(data)
+        if data.dim() in (1, 2):
+            return list(data if data.dim() == 2 else data.unsqueeze(0))
         raise ValueError(f"a tensor of token ids must be 1-D or 2-D, got shape {tuple(data.shape)}.")
     column_names = getattr(data, "column_names", None)
     if column_names is not None:  # a datasets.Dataset / IterableDataset (duck-typed)
@@ -152,7 +150,7 @@ def _block_size(config, block_size: int | None) -> tuple[int, bool]:
 def _summed_nll(model, blocks, batch_size: int, device) -> float:
     """The exact loss's summed NLL over the blocks' next tokens (the model in eval mode, its loss type exact)."""
     config = model.config
-    pad_id = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
+    pad_id = getattr(config, "pad_token_id", None) or 0
     was_training, loss_type = model.training, getattr(config, "loss_type", "exact")
     model.eval()
     total = torch.zeros((), dtype=torch.float64)

@@ -156,10 +156,8 @@ def _front_matter(readme: str) -> dict | None:
     match = re.match(r"^---\s*\n(.*?)\n---\s*\n", readme, flags=re.DOTALL)
     if not match:
         return None
-    try:
-        import yaml  # pyyaml comes with huggingface_hub
-    except ImportError:
-        return {}
+    import yaml  # pyyaml comes with huggingface_hub
+
     return yaml.safe_load(match.group(1)) or {}
 
 

@@ -248,19 +248,6 @@ def report_checks(device) -> bool:
 
 
 # ------------------------------------------------------------------------------------- speed
-def _timed(fn, device) -> float:
-    """Median milliseconds of 10 calls of `fn()` after a warm-up call."""
-    def once() -> float:
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) * 1e3
-
-    once()
-    return statistics.median([once() for _ in range(10)])
-
-
 def _loss_step(device, V=2048, degree=32, d=32, N=2048):
     """One exact-loss forward and backward of the candidate energies (a training step's costly part)."""
     g = torch.Generator().manual_seed(0)
@@ -331,10 +318,20 @@ SPEED = {
 
 
 def _time_on(backend: str, name: str, make, device) -> float:
-    """Median milliseconds of workload `name` on `backend`; NaN, said, when it fails (the report goes on)."""
+    """Median milliseconds of 10 calls of workload `name` on `backend` after a warm-up call; NaN, said, when it fails
+    (the report goes on)."""
+    def once(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
     with kernel_backend(backend):
         try:
-            return _timed(make(device), device)
+            fn = make(device)
+            once(fn)
+            return statistics.median([once(fn) for _ in range(10)])
         except Exception as error:
             print(f"  {name}: {backend} failed ({type(error).__name__}: {error})")
             return float("nan")
