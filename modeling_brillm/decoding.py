@@ -36,20 +36,23 @@ def token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def step_record(step, texts_known: bool) -> dict:
-    """A step dataclass as a JSON-ready dict: alternatives as {"token", "energy"[, "text"]}, texts when known."""
-    record = {f.name: getattr(step, f.name) for f in fields(step)}
-    texts = record.pop("alternative_texts") or []
-    record["alternatives"] = [{"token": t, "energy": e} for t, e in step.alternatives]
-    if not texts_known:
-        return {name: value for name, value in record.items() if not name.endswith("_text")}
-    for alternative, text in zip(record["alternatives"], texts):
-        alternative["text"] = text
-    return record
+class PathStep:
+    """A step of an energy path (a dataclass with `alternatives`, `source_text` and `alternative_texts`)."""
+
+    def to_record(self) -> dict:
+        """The step as a JSON-ready dict: alternatives as {"token", "energy"[, "text"]}, texts when known."""
+        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        texts = record.pop("alternative_texts") or []
+        record["alternatives"] = [{"token": t, "energy": e} for t, e in self.alternatives]
+        if self.source_text is None:
+            return {name: value for name, value in record.items() if not name.endswith("_text")}
+        for alternative, text in zip(record["alternatives"], texts):
+            alternative["text"] = text
+        return record
 
 
 @dataclass
-class EnergyStep:
+class EnergyStep(PathStep):
     """One decoding step of one row: the signal sits on `source` and moves to `token`."""
 
     step: int  # 0-based index of the new token
@@ -63,9 +66,6 @@ class EnergyStep:
     source_text: str | None = None
     token_text: str | None = None
     alternative_texts: list[str] | None = None
-
-    def to_record(self) -> dict:
-        return step_record(self, self.token_text is not None)
 
 
 @dataclass
@@ -356,8 +356,7 @@ _CUSTOM_GENERATE_README = (
 def save_custom_generate(output_dir) -> str:
     """Write this module, `generate` its entry point, as a transformers `custom_generate` repository (its own Hub repo,
     never a model's, where it would replace `model.generate`). Returns the path of its generate.py."""
-    root = Path(output_dir)
-    folder = root / "custom_generate"
+    folder = Path(output_dir) / "custom_generate"
     folder.mkdir(parents=True, exist_ok=True)
     # a standalone file: the decoding loop it shares with the model's generate() goes in by its source
     loop = "\n\n".join(inspect.getsource(obj) for obj in (finish_check_every, Decoding, decode_loop))
@@ -366,8 +365,8 @@ def save_custom_generate(output_dir) -> str:
         "import torch.nn.functional as F\nfrom transformers import MaxLengthCriteria\n\n" + loop + "\n")
     (folder / "generate.py").write_text(source, encoding="utf-8")
     (folder / "requirements.txt").write_text("torch\ntransformers\n", encoding="utf-8")
-    if not (root / "README.md").exists():
-        (root / "README.md").write_text(_CUSTOM_GENERATE_README, encoding="utf-8")
+    if not (folder.parent / "README.md").exists():
+        (folder.parent / "README.md").write_text(_CUSTOM_GENERATE_README, encoding="utf-8")
     return str(folder / "generate.py")
 
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .decoding import path_fields, step_record, token_text
+from .decoding import PathStep, path_fields, token_text
 
 
 @dataclass
-class TraceStep:
+class TraceStep(PathStep):
     """Edge `position` → `position + 1` of the text: from node `source` to the true next node `target`."""
 
     position: int
@@ -30,9 +30,6 @@ class TraceStep:
     target_text: str | None = None
     predicted_text: str | None = None
     alternative_texts: list[str] | None = None
-
-    def to_record(self) -> dict:
-        return step_record(self, self.source_text is not None)
 
 
 @dataclass
