@@ -301,14 +301,6 @@ def _output(fields, step_mask, prompt, mask, copies: int, pad_token_id, tokenize
         tokenizer=tokenizer, sequences_scores=sequences_scores, **fields)
 
 
-def _no_steps(prompt, mask, copies: int, beams: bool, pad_token_id, tokenizer, V: int, k: int):
-    """The output of `max_new_tokens=0`: every prompt row (`copies` times) and an empty energy path."""
-    n = prompt.shape[0] * copies
-    none, ids = torch.zeros(n, 0, V, device=prompt.device), prompt.new_zeros(n, 0)
-    return _output(path_fields(none, none, ids, ids, k), torch.zeros_like(ids, dtype=torch.bool), prompt, mask, copies,
-                   pad_token_id, tokenizer, torch.zeros(n, device=prompt.device) if beams else None)
-
-
 @torch.no_grad()
 def energy_generate(model, input_ids, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 20,
                     do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
@@ -333,16 +325,21 @@ def energy_generate(model, input_ids, attention_mask: torch.Tensor | None = None
     V = int(model.config.vocab_size)
     k = max(0, min(int(num_alternatives), V - 1))
     start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the prompt's call starts the signal
-    if max_new_tokens == 0:
+    scores = None  # (sequences,) with beams
+    if max_new_tokens == 0:  # every prompt row and an empty energy path
         model(input_ids, attention_mask=mask.long(), logits_to_keep=1, **start)  # the model checks the prompt
-        return _no_steps(input_ids, mask, num_return_sequences, num_beams > 1, config.pad_token_id, tokenizer, V, k)
-    if num_beams > 1:
+        n = input_ids.shape[0] * num_return_sequences
+        none, ids = torch.zeros(n, 0, V, device=input_ids.device), input_ids.new_zeros(n, 0)
+        fields, step_mask = path_fields(none, none, ids, ids, k), torch.zeros_like(ids, dtype=torch.bool)
+        scores = torch.zeros(n, device=input_ids.device) if num_beams > 1 else None
+    elif num_beams > 1:
         fields, step_mask, scores = _beam_search(model, input_ids, mask, start, config, exclude_self_loops,
                                                  tokenizer, streamer, k)
-        return _output(fields, step_mask, input_ids, mask, num_return_sequences, config.pad_token_id, tokenizer, scores)
-    fields, step_mask = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator,
-                                streamer, k)
-    return _output(fields, step_mask, input_ids, mask, 1, config.pad_token_id, tokenizer)
+    else:
+        fields, step_mask = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator,
+                                    streamer, k)
+    # num_return_sequences > 1 only with beams (_settings)
+    return _output(fields, step_mask, input_ids, mask, num_return_sequences, config.pad_token_id, tokenizer, scores)
 
 
 _CUSTOM_GENERATE_README = (

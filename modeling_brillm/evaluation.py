@@ -114,12 +114,9 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
         if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= V):
             bad = int(seq.min()) if int(seq.min()) < 0 else int(seq.max())
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}) of this model.")
+    blocks = [b for seq in sequences for b in ([seq] if whole else seq.split(block_size)) if b.numel() >= 2]
     if whole:
-        blocks = [seq for seq in sequences if seq.numel() >= 2]
         block_size = max((b.numel() for b in blocks), default=0)  # reported: the longest block scored
-    else:
-        blocks = [seq[i:i + block_size] for seq in sequences for i in range(0, seq.numel(), block_size)]
-        blocks = [b for b in blocks if b.numel() >= 2]
     num_tokens = sum(b.numel() - 1 for b in blocks)
     if num_tokens == 0:
         raise ValueError("nothing to score: every text is empty or a single token (perplexity needs at least two "
