@@ -167,11 +167,10 @@ def _check_length(config, mask: torch.Tensor, max_new_tokens) -> None:
         raise ValueError(f"the prompt holds {longest} tokens, more than max_position_embeddings={limit} of this "
                          f"model; shorten it to at most {limit - 1} tokens to leave room for new ones.")
     if longest + max_new_tokens > limit:
-        raise ValueError(
-            f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds max_position_embeddings="
-            f"{limit} of this model: at most {limit - longest} new tokens fit (BriLLM has one learned position "
-            "weight per position, so it cannot read past the last one; config.position_overflow=\"extend\" lifts "
-            "the limit).")
+        raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds "
+                         f"max_position_embeddings={limit} of this model: at most {limit - longest} new tokens fit "
+                         "(BriLLM has one learned position weight per position, so it cannot read past the last one; "
+                         "config.position_overflow=\"extend\" lifts the limit).")
 
 
 def _settings(model, options: dict, tokenizer) -> GenerationConfig:

@@ -192,15 +192,14 @@ def per_text_perplexity(model, tokenizer, texts, batch_size: int = 16, add_start
     need = 1 if add_start_token else 2
     if bool((masks.sum(1) < need).any()):
         raise ValueError(f"every text needs at least {need} token(s) (with add_start_token={add_start_token}).")
+    if add_start_token:
+        bos = torch.full((encoded.shape[0], 1), tokenizer.bos_token_id, dtype=encoded.dtype)
+        encoded, masks = torch.cat([bos, encoded], 1), torch.cat([torch.ones_like(bos), masks], 1)
     device = torch.device(device) if device is not None else getattr(model, "device", torch.device("cpu"))
     loss_fct = torch.nn.CrossEntropyLoss(reduction="none")
     ppls = []
     for start in range(0, len(encoded), batch_size):
         batch, mask = encoded[start:start + batch_size], masks[start:start + batch_size]
-        if add_start_token:
-            bos = torch.full((batch.shape[0], 1), tokenizer.bos_token_id, dtype=batch.dtype)
-            batch = torch.cat([bos, batch], 1)
-            mask = torch.cat([torch.ones_like(bos), mask], 1)
         logits = model(batch.to(device), attention_mask=mask.to(device)).logits.float().cpu()
         shift_logits, shift_labels, shift_mask = logits[:, :-1], batch[:, 1:], mask[:, 1:]
         nll = (loss_fct(shift_logits.transpose(1, 2), shift_labels) * shift_mask).sum(1) / shift_mask.sum(1)
