@@ -340,16 +340,14 @@ def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values
     h, y, e = saved
     grad_bias = None
     if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
-        from_logits = grad_logits.sum(1)
-        g = from_logits if g is None else g + from_logits
+        g = g + grad_logits.sum(1)
         if bias_dtype is not None:  # logits[p, v] = shared[p] + bias[v] in those columns
             grad_bias = grad_logits.sum(0).to(bias_dtype)
     for values in (w_values, b_values):
         if values is not None:
             values[0].zero_()
-    if g is not None and x.shape[0]:
-        g = g.float()
-        gh = _energy_backward(h, y, e, g)
+    if x.shape[0]:
+        gh = _energy_backward(h, y, e, g.float())
         if w_values is not None:
             w_values[0] = (x.float().t() @ gh).to(w_values.dtype)
         if b_values is not None:
@@ -432,8 +430,7 @@ class KernelEnergies(torch.autograd.Function):
                    NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, NEED_PE=need_pe, **meta, num_warps=8)
         grad_bias = None
         if plan.has_shared:
-            grad_bias = _shared_row_backward(x, weights, (h_shared, y_shared, shared),
-                                             None if grad_shared is None else grad_shared.float(), grad_logits,
+            grad_bias = _shared_row_backward(x, weights, (h_shared, y_shared, shared), grad_shared.float(), grad_logits,
                                              ctx.non_edge_dtype if need_bias else None, w_values, b_values, grad_x,
                                              grad_pe)
         grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link) if need_w or need_b \

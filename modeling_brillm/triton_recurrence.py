@@ -306,12 +306,8 @@ class _SignalScan(torch.autograd.Function):
         (B, L), d = rows.shape, w.shape[-1]
         need_w, need_b, need_base = ctx.needs_input_grad[5], ctx.needs_input_grad[6], ctx.needs_input_grad[12]
         f32 = dict(dtype=torch.float32, device=x0.device)
-
-        def given(g, *shape):  # autograd passes None for an unused output
-            return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
-
-        g_signals, g_sum = given(g_signals, B, L, d), given(g_sum, B, d)
-        g_norm, g_max = given(g_norm, B), given(g_max, B)
+        # an unused output's gradient comes as zeros (autograd materialises it)
+        g_signals, g_sum, g_norm, g_max = (g.float().contiguous() for g in (g_signals, g_sum, g_norm, g_max))
         w_buf, b_buf, slot, own = _edge_gradient_buffers(ctx, need_w, need_b, rows)
         g_x0, g_s0, g_n0, g_m0, g_mix = (torch.empty(*shape, **f32) for shape in ((B, d), (B, d), (B,), (B,), (B, L)))
         g_base = torch.zeros(B, d, d, **f32) if need_base else None
