@@ -150,8 +150,6 @@ def _prompt(model, input_ids, attention_mask) -> tuple[torch.Tensor, torch.Tenso
     mask = attention_mask.to(input_ids.device) != 0
     if not bool(mask.any(1).all()):
         raise _empty_prompt(model.config, " (a row of attention_mask is all zeros)")
-    if bool(mask[:, -1].all()):
-        return input_ids, mask
     order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)  # padding first, then the real tokens
     return input_ids.gather(1, order), mask.gather(1, order)
 

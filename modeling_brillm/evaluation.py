@@ -50,10 +50,9 @@ def load_texts(data, text_column: str = "text") -> list:
     if column_names is not None:  # a datasets.Dataset / IterableDataset (duck-typed)
         if isinstance(column_names, dict):  # DatasetDict
             raise ValueError(f"pick a split of the DatasetDict first (one of {list(column_names)}).")
-        if text_column in column_names:
-            return [row[text_column] for row in data]
-        if "input_ids" in column_names:
-            return [row["input_ids"] for row in data]
+        for column in (text_column, "input_ids"):
+            if column in column_names:
+                return [row[column] for row in data]
         raise ValueError(f"the dataset has no {text_column!r} column (columns: {list(column_names)}); "
                          "pass text_column=...")
     try:
@@ -165,8 +164,7 @@ def _summed_nll(model, blocks, batch_size: int, device) -> float:
             total += out.loss.double().cpu() * int((lengths - 1).sum())
     finally:
         config.loss_type = loss_type
-        if was_training:
-            model.train()
+        model.train(was_training)
     return float(total)
 
 

@@ -100,8 +100,7 @@ def merge_edges(graph: BigramGraph, sources, targets, counts=None) -> tuple[Bigr
     old_sources = torch.repeat_interleave(torch.arange(V, device=device), graph.indptr.diff())
     keys = torch.cat([old_sources * V + graph.indices, sources * V + targets])
     order = torch.argsort(keys, stable=True)
-    position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel(), device=device)  # merged index of every concatenated edge
+    position = torch.argsort(order)  # merged index of every concatenated edge (the inverse permutation)
     degree = torch.bincount(torch.cat([old_sources, sources]), minlength=V)
     merged = BigramGraph(indptr=torch.cat([degree.new_zeros(1), degree.cumsum(0)]), indices=keys[order] % V,
                          counts=torch.cat([graph.counts, counts])[order])
@@ -171,12 +170,9 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
         return None
     d, r = model.config.node_size, model.config.initializer_range
     with torch.no_grad():
-        bias = model.node_bias.new_empty(new_V, 1, d)
-        bias[:V] = model.node_bias
-        if mean_resizing:
-            bias[V:] = model.node_bias.mean(0, keepdim=True)
-        else:
-            bias[V:].uniform_(-r, r)
+        fill = (model.node_bias.mean(0, keepdim=True).expand(new_V - V, 1, d) if mean_resizing
+                else model.node_bias.new_empty(new_V - V, 1, d).uniform_(-r, r))
+        bias = torch.cat([model.node_bias, fill])
         if model.config.graph == "dense":
             _grow_dense_edges(model, V, new_V)
         else:  # new nodes have no real successors yet: their CSR rows are empty

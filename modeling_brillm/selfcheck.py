@@ -250,15 +250,14 @@ def report_checks(device) -> bool:
 # ------------------------------------------------------------------------------------- speed
 def _loss_step(device, V=2048, degree=32, d=32, N=2048):
     """One exact-loss forward and backward of the candidate energies (a training step's costly part)."""
-    g = torch.Generator().manual_seed(0)
+    g, randn = _random(device, 0)
     tgt = torch.stack([torch.randperm(V, generator=g)[:degree] for _ in range(V)]).view(-1)
     graph = graph_from_edges(torch.arange(V).repeat_interleave(degree), tgt, V)
-    indptr, indices = graph.indptr.to(device), graph.indices.to(device)
-    weights = (torch.randn(graph.num_edges + 1, d, d, generator=g) * 0.2).to(device).requires_grad_()
-    biases = (torch.randn(graph.num_edges + 1, 1, d, generator=g) * 0.2).to(device)
+    indptr, indices, E = graph.indptr.to(device), graph.indices.to(device), graph.num_edges
+    weights, biases = randn(E + 1, d, d, scale=0.2).requires_grad_(), randn(E + 1, 1, d, scale=0.2)
     sources = torch.randint(0, V, (N,), generator=g).to(device)
     targets = indices[indptr[sources]]  # each position's first real successor
-    x, pe = (torch.randn(N, d, generator=g).to(device) for _ in range(2))
+    x, pe = randn(N, d), randn(N, d)
     ops.graph_max_degree(indptr)
 
     def step():
@@ -275,8 +274,8 @@ def _loss_step(device, V=2048, degree=32, d=32, N=2048):
 
 def _scan_step(device, B=32, L=64, d=32, P=4096):
     """The recurrence forward and backward over a (B, L) batch."""
-    g = torch.Generator().manual_seed(1)
-    edges = EdgeTable((torch.randn(P, d, d, generator=g) * 0.2).to(device).requires_grad_(),
+    g, randn = _random(device, 1)
+    edges = EdgeTable(randn(P, d, d, scale=0.2).requires_grad_(),
                       torch.zeros(P, 1, d, device=device, requires_grad=True))
     columns = Columns(torch.randint(0, P, (B, L), generator=g).to(device), torch.ones(B, L, dtype=torch.bool,
                       device=device), torch.randn(B, L, d, device=device), torch.randn(B, L, device=device))
