@@ -3,8 +3,7 @@
 sampled loss being no likelihood). Perplexity here is token-weighted over the whole corpus, exp(total NLL / predicted
 tokens), every token of a text but the first predicted (the tokenizer's BOS is prepended when it adds one); the
 `evaluate` metric instead averages per-text perplexities (`per_text_perplexity`, `examples/perplexity.py`). This
-module imports nothing beyond torch (datasets are used duck-typed).
-"""
+module imports nothing beyond torch (datasets are used duck-typed)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Building and growing BriLLM graphs: count the bigrams of token-id sequences, build the sparse graph and its count
 prior, add nodes for added tokens and real edges for new bigrams (docs/training.md, "Growing the graph"). Tools of
 the package: a saved model's code carries only what reading a graph needs (csr.py); the models' methods
-(`from_token_sequences`, `add_edges`, `resize_token_embeddings`) call these.
-"""
+(`from_token_sequences`, `add_edges`, `resize_token_embeddings`) call these."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def _bigrams_seen(sequences, vocab_size: int, min_count: int, ignore_ids):
 
 def build_sparse_graph(sequences: Iterable, vocab_size: int, min_count: int = 1, ignore_ids: Iterable[int] = (),
                        with_prior: bool = False) -> BigramGraph:
-    """The sparse graph of the bigrams seen at least `min_count` times in `sequences` (token-id lists), with the
-    count prior of all of them when `with_prior` (`count_prior.py`)."""
+    """The sparse graph of the bigrams seen `min_count` times or more, with the count prior of all when `with_prior`."""
     all_keys, all_counts, keep = _bigrams_seen(sequences, vocab_size, min_count, ignore_ids)
     keys, counts = all_keys[keep], all_counts[keep]
     if keys.numel() == 0:
@@ -296,8 +294,7 @@ def from_graph(cls, graph: BigramGraph | None, config=None, **config_kwargs):
 
 def from_token_sequences(cls, sequences, vocab_size: int, min_count: int = 1, dense: bool = False,
                          ignore_ids=(), **config_kwargs):
-    """A fresh model whose real edges are the bigrams of `sequences` seen `min_count` times (or dense); with
-    `count_prior=True` its count prior is every bigram of `sequences`."""
+    """A fresh model on the bigrams seen `min_count` times (or dense); `count_prior=True`: the prior of all of them."""
     if dense:
         return from_graph(cls, None, vocab_size=vocab_size, **config_kwargs)
     graph = build_sparse_graph(sequences, vocab_size, min_count=min_count, ignore_ids=ignore_ids,

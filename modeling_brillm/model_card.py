@@ -1,7 +1,6 @@
 """Make a saved BriLLM folder Hub-ready: `write_model_card` (README.md with YAML metadata: library_name, pipeline_tag,
 tags, datasets, metrics and their model-index) and `check_hub_ready` ([] when the folder loads from the Hub with
-trust_remote_code=True). Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers).
-"""
+trust_remote_code=True). Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers)."""
 
 from __future__ import annotations
 

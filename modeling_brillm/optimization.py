@@ -7,8 +7,7 @@ bias correction counts the parameter's steps. Group options: `lazy_weight_decay`
 decay AdamW gave every row at every step (`decay_log` = Σ log(1 − lr_s·wd) over the steps, `decayed_at` = the
 `decay_log` each row was decayed up to, float64 on the CPU; `apply_pending_weight_decay()` brings every row up to
 date); `first_row_lr_scale` steps row 0 (the shared edge) with lr·scale, its decay staying lr·wd;
-`moment_dtype="bfloat16"` keeps both moments in bfloat16 with stochastic rounding (docs/gpu.md, "Mixed precision").
-"""
+`moment_dtype="bfloat16"` keeps both moments in bfloat16 with stochastic rounding (docs/gpu.md, "Mixed precision")."""
 
 import math
 

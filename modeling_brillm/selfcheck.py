@@ -317,8 +317,7 @@ SPEED = {
 
 
 def _time_on(backend: str, name: str, make, device) -> float:
-    """Median milliseconds of 10 calls of workload `name` on `backend` after a warm-up call; NaN, said, when it fails
-    (the report goes on)."""
+    """Median ms of 10 calls of workload `name` on `backend` after a warm-up; NaN, said, when it fails."""
     def once(fn) -> float:
         start = time.perf_counter()
         fn()
