@@ -96,9 +96,7 @@ class EnergyGenerateOutput:
         """The energy path of one row as a list of `EnergyStep` (real steps only)."""
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         steps = []
-        for s in range(self.num_steps):
-            if not bool(self.step_mask[row, s]):
-                break
+        for s in range(int(self.step_mask[row].sum())):  # a row's real steps come first, its finished ones after
             alt_t = self.alternative_tokens[row, s].tolist()
             step = EnergyStep(s, int(self.positions[row, s]), int(self.sources[row, s]), int(self.tokens[row, s]),
                               float(self.energies[row, s]), int(self.ranks[row, s]), float(self.probabilities[row, s]),
