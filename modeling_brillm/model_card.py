@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
+
+from transformers.dynamic_module_utils import get_relative_imports  # what loading with remote code reads
 
 __all__ = ["write_model_card", "check_hub_ready", "model_card_text"]
 
@@ -187,8 +188,7 @@ def _config_problems(directory: str, files: set) -> list[str]:
         if module not in files:
             problems.append(f"remote-code file {module} (named by auto_map or imported) is missing.")
             continue
-        source = Path(directory, module).read_text(encoding="utf-8")
-        pending += [rel + ".py" for rel in re.findall(r"^\s*from\s+\.(\w+)\s+import", source, flags=re.MULTILINE)]
+        pending += [rel + ".py" for rel in get_relative_imports(Path(directory, module))]
     return problems
 
 
