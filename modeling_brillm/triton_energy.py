@@ -27,17 +27,14 @@ def padded_width(d: int) -> int:
 
 def unsupported_reason(weights: torch.Tensor, x: torch.Tensor) -> str | None:
     """Why the kernels cannot run these tensors (None when they can); the caller then takes the torch path."""
-    if triton is None:
-        return "triton is not installed"
-    if weights.dtype not in SUPPORTED_DTYPES:
-        return f"edge tables of dtype {weights.dtype} (the kernels read float32, bfloat16 or float16 rows)"
-    if x.dtype not in SUPPORTED_DTYPES:
-        return f"signals of dtype {x.dtype}"
-    if weights.dim() != 3 or weights.shape[1] != weights.shape[2]:
-        return f"edge table of shape {tuple(weights.shape)}"
-    if not weights.is_contiguous():
-        return "a non-contiguous edge table"
-    return None
+    reasons = ((triton is None, "triton is not installed"),
+               (weights.dtype not in SUPPORTED_DTYPES,
+                f"edge tables of dtype {weights.dtype} (the kernels read float32, bfloat16 or float16 rows)"),
+               (x.dtype not in SUPPORTED_DTYPES, f"signals of dtype {x.dtype}"),
+               (weights.dim() != 3 or weights.shape[1] != weights.shape[2],
+                f"edge table of shape {tuple(weights.shape)}"),
+               (not weights.is_contiguous(), "a non-contiguous edge table"))
+    return next((why for failed, why in reasons if failed), None)
 
 
 if triton is not None:

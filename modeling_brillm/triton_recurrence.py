@@ -23,15 +23,12 @@ triton, tl = triton_modules()
 
 def unsupported_reason(weights: torch.Tensor, needs_grad: bool) -> str | None:
     """Why the scan cannot run these weights (None when it can); the caller then runs the torch loop."""
-    if triton is None:
-        return "triton is not importable"
-    if weights.shape[-1] > MAX_NODE_SIZE:
-        return f"node_size {weights.shape[-1]} > {MAX_NODE_SIZE}"
-    if weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return f"weights dtype {weights.dtype}"
-    if needs_grad and weights.dtype != torch.float32:
-        return "training with non-float32 weights (the atomics accumulate float32 gradients)"
-    return None
+    reasons = ((triton is None, "triton is not importable"),
+               (weights.shape[-1] > MAX_NODE_SIZE, f"node_size {weights.shape[-1]} > {MAX_NODE_SIZE}"),
+               (weights.dtype not in (torch.float32, torch.bfloat16, torch.float16), f"weights dtype {weights.dtype}"),
+               (needs_grad and weights.dtype != torch.float32,
+                "training with non-float32 weights (the atomics accumulate float32 gradients)"))
+    return next((why for failed, why in reasons if failed), None)
 
 
 def _meta(d: int) -> dict:
