@@ -66,14 +66,13 @@ def released_graph(vocab: dict[str, int], word_frequency: dict | None) -> Bigram
     if word_frequency is None:
         return None
     V = len(vocab)
-    shared = torch.zeros(V, V, dtype=torch.bool)
+    real = torch.ones(V, V, dtype=torch.bool)
     counts = torch.zeros(V, V, dtype=torch.long)
     for source, targets in word_frequency.items():
         u = _vocab_index(vocab, source, "source")
         for target, count in targets.items():
             v = _vocab_index(vocab, target, "target")
-            shared[u, v], counts[u, v] = count == 0, int(count)
-    real = ~shared
+            real[u, v], counts[u, v] = count != 0, int(count)
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), real.sum(1).cumsum(0)])
     return BigramGraph(indptr=indptr, indices=real.nonzero()[:, 1].contiguous(), counts=counts[real])
 

@@ -36,20 +36,23 @@ def token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def step_record(step, texts_known: bool) -> dict:
-    """A step dataclass as a JSON-ready dict: alternatives as {"token", "energy"[, "text"]}, texts when known."""
-    record = {f.name: getattr(step, f.name) for f in fields(step)}
-    texts = record.pop("alternative_texts") or []
-    record["alternatives"] = [{"token": t, "energy": e} for t, e in step.alternatives]
-    if not texts_known:
-        return {name: value for name, value in record.items() if not name.endswith("_text")}
-    for alternative, text in zip(record["alternatives"], texts):
-        alternative["text"] = text
-    return record
+class PathStep:
+    """A step of an energy path (a dataclass with `alternatives`, `source_text` and `alternative_texts`)."""
+
+    def to_record(self) -> dict:
+        """The step as a JSON-ready dict: alternatives as {"token", "energy"[, "text"]}, texts when known."""
+        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        texts = record.pop("alternative_texts") or []
+        record["alternatives"] = [{"token": t, "energy": e} for t, e in self.alternatives]
+        if self.source_text is None:
+            return {name: value for name, value in record.items() if not name.endswith("_text")}
+        for alternative, text in zip(record["alternatives"], texts):
+            alternative["text"] = text
+        return record
 
 
 @dataclass
-class EnergyStep:
+class EnergyStep(PathStep):
     """One decoding step of one row: the signal sits on `source` and moves to `token`."""
 
     step: int  # 0-based index of the new token
@@ -63,9 +66,6 @@ class EnergyStep:
     source_text: str | None = None
     token_text: str | None = None
     alternative_texts: list[str] | None = None
-
-    def to_record(self) -> dict:
-        return step_record(self, self.token_text is not None)
 
 
 @dataclass
@@ -96,9 +96,7 @@ class EnergyGenerateOutput:
         """The energy path of one row as a list of `EnergyStep` (real steps only)."""
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         steps = []
-        for s in range(self.num_steps):
-            if not bool(self.step_mask[row, s]):
-                break
+        for s in range(int(self.step_mask[row].sum())):  # a row's real steps come first, its finished ones after
             alt_t = self.alternative_tokens[row, s].tolist()
             step = EnergyStep(s, int(self.positions[row, s]), int(self.sources[row, s]), int(self.tokens[row, s]),
                               float(self.energies[row, s]), int(self.ranks[row, s]), float(self.probabilities[row, s]),
@@ -150,8 +148,6 @@ def _prompt(model, input_ids, attention_mask) -> tuple[torch.Tensor, torch.Tenso
     mask = attention_mask.to(input_ids.device) != 0
     if not bool(mask.any(1).all()):
         raise _empty_prompt(model.config, " (a row of attention_mask is all zeros)")
-    if bool(mask[:, -1].all()):
-        return input_ids, mask
     order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)  # padding first, then the real tokens
     return input_ids.gather(1, order), mask.gather(1, order)
 
@@ -167,11 +163,10 @@ def _check_length(config, mask: torch.Tensor, max_new_tokens) -> None:
         raise ValueError(f"the prompt holds {longest} tokens, more than max_position_embeddings={limit} of this "
                          f"model; shorten it to at most {limit - 1} tokens to leave room for new ones.")
     if longest + max_new_tokens > limit:
-        raise ValueError(
-            f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds max_position_embeddings="
-            f"{limit} of this model: at most {limit - longest} new tokens fit (BriLLM has one learned position "
-            "weight per position, so it cannot read past the last one; config.position_overflow=\"extend\" lifts "
-            "the limit).")
+        raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds "
+                         f"max_position_embeddings={limit} of this model: at most {limit - longest} new tokens fit "
+                         "(BriLLM has one learned position weight per position, so it cannot read past the last one; "
+                         "config.position_overflow=\"extend\" lifts the limit).")
 
 
 def _settings(model, options: dict, tokenizer) -> GenerationConfig:
@@ -285,26 +280,20 @@ def _beam_search(model, input_ids, mask, start, config, exclude_self_loops, toke
     return fields, out.beam_indices >= 0, out.sequences_scores
 
 
-def _output(fields, step_mask, prompt, mask, pad_token_id, tokenizer, sequences_scores=None):
-    """`EnergyGenerateOutput` with the steps after a row finished masked: pad tokens, NaN energies, rank 0."""
+def _output(fields, step_mask, prompt, mask, copies: int, pad_token_id, tokenizer, sequences_scores=None):
+    """`EnergyGenerateOutput` of each prompt row `copies` times; steps after a row finished: pad, NaN, rank 0."""
     fills = {"tokens": pad_token_id, "sources": pad_token_id, "energies": float("nan"), "probabilities": float("nan"),
              "ranks": 0, "alternative_tokens": -1, "alternative_energies": float("nan")}
     blank = ~step_mask
     fields = {name: t.masked_fill(blank if t.dim() == 2 else blank[..., None], fills[name])
               for name, t in fields.items()}
+    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
+    prompt, mask = prompt[rows], mask[rows]
     steps = torch.arange(step_mask.shape[1], device=step_mask.device)
     return EnergyGenerateOutput(
         sequences=torch.cat([prompt, fields["tokens"]], 1), prompt_length=prompt.shape[1], step_mask=step_mask,
         positions=mask.sum(1, keepdim=True) + steps, attention_mask=torch.cat([mask.long(), step_mask.long()], 1),
         tokenizer=tokenizer, sequences_scores=sequences_scores, **fields)
-
-
-def _no_steps(prompt, mask, copies: int, beams: bool, pad_token_id, tokenizer, V: int, k: int):
-    """The output of `max_new_tokens=0`: every prompt row (`copies` times) and an empty energy path."""
-    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
-    none, ids = torch.zeros(len(rows), 0, V, device=prompt.device), prompt[rows, :0]
-    return _output(path_fields(none, none, ids, ids, k), torch.zeros_like(ids, dtype=torch.bool), prompt[rows],
-                   mask[rows], pad_token_id, tokenizer, torch.zeros(len(rows), device=prompt.device) if beams else None)
 
 
 @torch.no_grad()
@@ -331,17 +320,21 @@ def energy_generate(model, input_ids, attention_mask: torch.Tensor | None = None
     V = int(model.config.vocab_size)
     k = max(0, min(int(num_alternatives), V - 1))
     start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the prompt's call starts the signal
-    if max_new_tokens == 0:
+    scores = None  # (sequences,) with beams
+    if max_new_tokens == 0:  # every prompt row and an empty energy path
         model(input_ids, attention_mask=mask.long(), logits_to_keep=1, **start)  # the model checks the prompt
-        return _no_steps(input_ids, mask, num_return_sequences, num_beams > 1, config.pad_token_id, tokenizer, V, k)
-    if num_beams > 1:
+        n = input_ids.shape[0] * num_return_sequences
+        none, ids = torch.zeros(n, 0, V, device=input_ids.device), input_ids.new_zeros(n, 0)
+        fields, step_mask = path_fields(none, none, ids, ids, k), torch.zeros_like(ids, dtype=torch.bool)
+        scores = torch.zeros(n, device=input_ids.device) if num_beams > 1 else None
+    elif num_beams > 1:
         fields, step_mask, scores = _beam_search(model, input_ids, mask, start, config, exclude_self_loops,
                                                  tokenizer, streamer, k)
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device).repeat_interleave(num_return_sequences)
-        return _output(fields, step_mask, input_ids[rows], mask[rows], config.pad_token_id, tokenizer, scores)
-    fields, step_mask = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator,
-                                streamer, k)
-    return _output(fields, step_mask, input_ids, mask, config.pad_token_id, tokenizer)
+    else:
+        fields, step_mask = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator,
+                                    streamer, k)
+    # num_return_sequences > 1 only with beams (_settings)
+    return _output(fields, step_mask, input_ids, mask, num_return_sequences, config.pad_token_id, tokenizer, scores)
 
 
 _CUSTOM_GENERATE_README = (
@@ -355,18 +348,18 @@ _CUSTOM_GENERATE_README = (
 def save_custom_generate(output_dir) -> str:
     """Write this module, `generate` its entry point, as a transformers `custom_generate` repository (its own Hub repo,
     never a model's, where it would replace `model.generate`). Returns the path of its generate.py."""
-    root = Path(output_dir)
-    (root / "custom_generate").mkdir(parents=True, exist_ok=True)
+    folder = Path(output_dir) / "custom_generate"
+    folder.mkdir(parents=True, exist_ok=True)
     # a standalone file: the decoding loop it shares with the model's generate() goes in by its source
     loop = "\n\n".join(inspect.getsource(obj) for obj in (finish_check_every, Decoding, decode_loop))
     source = inspect.getsource(inspect.getmodule(energy_generate)).replace(
         "from .generation import Decoding, decode_loop, finish_check_every\n",
         "import torch.nn.functional as F\nfrom transformers import MaxLengthCriteria\n\n" + loop + "\n")
-    (root / "custom_generate" / "generate.py").write_text(source, encoding="utf-8")
-    (root / "custom_generate" / "requirements.txt").write_text("torch\ntransformers\n", encoding="utf-8")
-    if not (root / "README.md").exists():
-        (root / "README.md").write_text(_CUSTOM_GENERATE_README, encoding="utf-8")
-    return str(root / "custom_generate" / "generate.py")
+    (folder / "generate.py").write_text(source, encoding="utf-8")
+    (folder / "requirements.txt").write_text("torch\ntransformers\n", encoding="utf-8")
+    if not (folder.parent / "README.md").exists():
+        (folder.parent / "README.md").write_text(_CUSTOM_GENERATE_README, encoding="utf-8")
+    return str(folder / "generate.py")
 
 
 def generate(model, input_ids=None, attention_mask=None, generation_config=None, inputs=None, streamer=None,

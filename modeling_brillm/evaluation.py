@@ -3,14 +3,13 @@
 sampled loss being no likelihood). Perplexity here is token-weighted over the whole corpus, exp(total NLL / predicted
 tokens), every token of a text but the first predicted (the tokenizer's BOS is prepended when it adds one); the
 `evaluate` metric instead averages per-text perplexities (`per_text_perplexity`, `examples/perplexity.py`). This
-module imports nothing beyond torch (datasets are used duck-typed).
-"""
+module imports nothing beyond torch (datasets are used duck-typed)."""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -27,7 +26,7 @@ class PerplexityResult:
     block_size: int
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return asdict(self)
 
 
 def load_texts(data, text_column: str = "text") -> list:
@@ -43,19 +42,16 @@ def load_texts(data, text_column: str = "text") -> list:
     if isinstance(data, str):
         return [data]
     if isinstance(data, torch.Tensor):
-        if data.dim() == 1:
-            return [data]
-        if data.dim() == 2:
-            return list(data)
+        if data.dim() in (1, 2):
+            return list(data if data.dim() == 2 else data.unsqueeze(0))
         raise ValueError(f"a tensor of token ids must be 1-D or 2-D, got shape {tuple(data.shape)}.")
     column_names = getattr(data, "column_names", None)
     if column_names is not None:  # a datasets.Dataset / IterableDataset (duck-typed)
         if isinstance(column_names, dict):  # DatasetDict
             raise ValueError(f"pick a split of the DatasetDict first (one of {list(column_names)}).")
-        if text_column in column_names:
-            return [row[text_column] for row in data]
-        if "input_ids" in column_names:
-            return [row["input_ids"] for row in data]
+        for column in (text_column, "input_ids"):
+            if column in column_names:
+                return [row[column] for row in data]
         raise ValueError(f"the dataset has no {text_column!r} column (columns: {list(column_names)}); "
                          "pass text_column=...")
     try:
@@ -116,12 +112,9 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
         if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= V):
             bad = int(seq.min()) if int(seq.min()) < 0 else int(seq.max())
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}) of this model.")
+    blocks = [b for seq in sequences for b in ([seq] if whole else seq.split(block_size)) if b.numel() >= 2]
     if whole:
-        blocks = [seq for seq in sequences if seq.numel() >= 2]
         block_size = max((b.numel() for b in blocks), default=0)  # reported: the longest block scored
-    else:
-        blocks = [seq[i:i + block_size] for seq in sequences for i in range(0, seq.numel(), block_size)]
-        blocks = [b for b in blocks if b.numel() >= 2]
     num_tokens = sum(b.numel() - 1 for b in blocks)
     if num_tokens == 0:
         raise ValueError("nothing to score: every text is empty or a single token (perplexity needs at least two "
@@ -152,7 +145,7 @@ def _block_size(config, block_size: int | None) -> tuple[int, bool]:
 def _summed_nll(model, blocks, batch_size: int, device) -> float:
     """The exact loss's summed NLL over the blocks' next tokens (the model in eval mode, its loss type exact)."""
     config = model.config
-    pad_id = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
+    pad_id = getattr(config, "pad_token_id", None) or 0
     was_training, loss_type = model.training, getattr(config, "loss_type", "exact")
     model.eval()
     total = torch.zeros((), dtype=torch.float64)
@@ -170,8 +163,7 @@ def _summed_nll(model, blocks, batch_size: int, device) -> float:
             total += out.loss.double().cpu() * int((lengths - 1).sum())
     finally:
         config.loss_type = loss_type
-        if was_training:
-            model.train()
+        model.train(was_training)
     return float(total)
 
 
@@ -197,15 +189,14 @@ def per_text_perplexity(model, tokenizer, texts, batch_size: int = 16, add_start
     need = 1 if add_start_token else 2
     if bool((masks.sum(1) < need).any()):
         raise ValueError(f"every text needs at least {need} token(s) (with add_start_token={add_start_token}).")
+    if add_start_token:
+        bos = torch.full((encoded.shape[0], 1), tokenizer.bos_token_id, dtype=encoded.dtype)
+        encoded, masks = torch.cat([bos, encoded], 1), torch.cat([torch.ones_like(bos), masks], 1)
     device = torch.device(device) if device is not None else getattr(model, "device", torch.device("cpu"))
     loss_fct = torch.nn.CrossEntropyLoss(reduction="none")
     ppls = []
     for start in range(0, len(encoded), batch_size):
         batch, mask = encoded[start:start + batch_size], masks[start:start + batch_size]
-        if add_start_token:
-            bos = torch.full((batch.shape[0], 1), tokenizer.bos_token_id, dtype=batch.dtype)
-            batch = torch.cat([bos, batch], 1)
-            mask = torch.cat([torch.ones_like(bos), mask], 1)
         logits = model(batch.to(device), attention_mask=mask.to(device)).logits.float().cpu()
         shift_logits, shift_labels, shift_mask = logits[:, :-1], batch[:, 1:], mask[:, 1:]
         nll = (loss_fct(shift_logits.transpose(1, 2), shift_labels) * shift_mask).sum(1) / shift_mask.sum(1)

@@ -1,8 +1,7 @@
 """Building and growing BriLLM graphs: count the bigrams of token-id sequences, build the sparse graph and its count
 prior, add nodes for added tokens and real edges for new bigrams (docs/training.md, "Growing the graph"). Tools of
 the package: a saved model's code carries only what reading a graph needs (csr.py); the models' methods
-(`from_token_sequences`, `add_edges`, `resize_token_embeddings`) call these.
-"""
+(`from_token_sequences`, `add_edges`, `resize_token_embeddings`) call these."""
 
 from __future__ import annotations
 
@@ -16,51 +15,43 @@ from .csr import BigramGraph, check_csr, edge_keys, edge_row, edge_rows_from_key
 from .graph_editing import NODE_ROWS
 
 
-def count_bigrams(
-    sequences: Iterable, vocab_size: int, ignore_ids: Iterable[int] = (), chunk_tokens: int = 1 << 22
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _sequence_chunks(sequences: Iterable, chunk_tokens: int):
+    """The sequences of two tokens or more as long tensors, in lists of about `chunk_tokens` tokens."""
+    chunk, tokens = [], 0
+    for seq in sequences:
+        seq = torch.as_tensor(seq, dtype=torch.long).reshape(-1)
+        if seq.numel() < 2:
+            continue  # no bigram, and (as before) never checked
+        chunk.append(seq)
+        tokens += seq.numel()
+        if tokens >= chunk_tokens:
+            yield chunk
+            chunk, tokens = [], 0
+    if chunk:
+        yield chunk
+
+
+def count_bigrams(sequences: Iterable, vocab_size: int, ignore_ids: Iterable[int] = (),
+                  chunk_tokens: int = 1 << 22) -> tuple[torch.Tensor, torch.Tensor]:
     """Count every bigram u→v of the token-id sequences (`ignore_ids`, padding say, never form one); returns sorted
     keys u·V+v and their counts. Counted per chunk of sequences and merged, so memory follows the distinct bigrams."""
     ignore = torch.tensor(sorted(set(int(i) for i in ignore_ids)), dtype=torch.long)
-    keys = torch.empty(0, dtype=torch.long)
-    counts = torch.empty(0, dtype=torch.long)
-    pending, lengths = [], []
-
-    def flush():
-        """Count the pending chunk and merge its bigrams into the running (keys, counts)."""
-        nonlocal keys, counts, pending, lengths
-        if not pending:
-            return
-        flat = torch.cat(pending)
+    keys, counts = torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+    for chunk in _sequence_chunks(sequences, chunk_tokens):
+        flat = torch.cat(chunk)
         low, high = torch.aminmax(flat)
         if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"token id out of range: sequences must hold ids in [0, {vocab_size}), found "
-                f"{int(low)}..{int(high)}. Use the tokenizer the graph is built for."
-            )
+            raise ValueError(f"token id out of range: sequences must hold ids in [0, {vocab_size}), found "
+                             f"{int(low)}..{int(high)}. Use the tokenizer the graph is built for.")
         keep = torch.ones(flat.numel() - 1, dtype=torch.bool)
-        keep[torch.tensor(lengths[:-1], dtype=torch.long).cumsum(0) - 1] = False  # last token → next's first
+        ends = torch.tensor([seq.numel() for seq in chunk[:-1]], dtype=torch.long).cumsum(0) - 1
+        keep[ends] = False  # a sequence's last token → the next one's first
         if ignore.numel():
             ignored = torch.isin(flat, ignore)
             keep &= ~(ignored[:-1] | ignored[1:])
         new_keys, new_counts = torch.unique((flat[:-1] * vocab_size + flat[1:])[keep], return_counts=True)
-        merged, inverse = torch.unique(torch.cat([keys, new_keys]), return_inverse=True)
-        counts = torch.zeros(merged.numel(), dtype=torch.long).index_add_(0, inverse, torch.cat([counts, new_counts]))
-        keys, pending, lengths = merged, [], []
-
-    pending_tokens = 0
-    for seq in sequences:
-        seq = torch.as_tensor(seq, dtype=torch.long).reshape(-1)
-        n = seq.numel()
-        if n < 2:
-            continue  # no bigram, and (as before) never checked
-        pending.append(seq)
-        lengths.append(n)
-        pending_tokens += n
-        if pending_tokens >= chunk_tokens:
-            flush()
-            pending_tokens = 0
-    flush()
+        keys, inverse = torch.unique(torch.cat([keys, new_keys]), return_inverse=True)
+        counts = torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, torch.cat([counts, new_counts]))
     return keys, counts
 
 
@@ -72,19 +63,15 @@ def _bigrams_seen(sequences, vocab_size: int, min_count: int, ignore_ids):
     return keys, counts, counts >= min_count
 
 
-def build_sparse_graph(
-    sequences: Iterable, vocab_size: int, min_count: int = 1, ignore_ids: Iterable[int] = (), with_prior: bool = False
-) -> BigramGraph:
-    """The sparse graph of the bigrams seen at least `min_count` times in `sequences` (token-id lists), with the
-    count prior of all of them when `with_prior` (`count_prior.py`)."""
+def build_sparse_graph(sequences: Iterable, vocab_size: int, min_count: int = 1, ignore_ids: Iterable[int] = (),
+                       with_prior: bool = False) -> BigramGraph:
+    """The sparse graph of the bigrams seen `min_count` times or more, with the count prior of all when `with_prior`."""
     all_keys, all_counts, keep = _bigrams_seen(sequences, vocab_size, min_count, ignore_ids)
     keys, counts = all_keys[keep], all_counts[keep]
     if keys.numel() == 0:
-        raise ValueError(
-            "no bigram was seen "
-            + (f"{min_count} times or more" if min_count > 1 else "at all")
-            + ": the training sequences need at least two tokens each (or lower min_count)."
-        )
+        seen = f"{min_count} times or more" if min_count > 1 else "at all"
+        raise ValueError(f"no bigram was seen {seen}: the training sequences need at least two tokens each (or lower "
+                         "min_count).")
     graph = graph_from_edges(keys // vocab_size, keys % vocab_size, vocab_size, counts)
     if with_prior:
         graph.prior = count_prior(all_keys, all_counts, vocab_size)
@@ -111,8 +98,7 @@ def merge_edges(graph: BigramGraph, sources, targets, counts=None) -> tuple[Bigr
     old_sources = torch.repeat_interleave(torch.arange(V, device=device), graph.indptr.diff())
     keys = torch.cat([old_sources * V + graph.indices, sources * V + targets])
     order = torch.argsort(keys, stable=True)
-    position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel(), device=device)  # merged index of every concatenated edge
+    position = torch.argsort(order)  # merged index of every concatenated edge (the inverse permutation)
     degree = torch.bincount(torch.cat([old_sources, sources]), minlength=V)
     merged = BigramGraph(indptr=torch.cat([degree.new_zeros(1), degree.cumsum(0)]), indices=keys[order] % V,
                          counts=torch.cat([graph.counts, counts])[order])
@@ -150,11 +136,9 @@ def _check_new_size(new_num_tokens, pad_to_multiple_of, V: int) -> int:
             raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}.")
         new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
     if new_num_tokens < V:
-        raise ValueError(
-            f"resize_token_embeddings({new_num_tokens}) would drop nodes {new_num_tokens}..{V - 1} of this "
-            f"{V}-node graph with their edges; BriLLM can only add nodes. Pass at least {V} (len(tokenizer) of "
-            "the tokenizer the model was trained with, plus any added tokens)."
-        )
+        raise ValueError(f"resize_token_embeddings({new_num_tokens}) would drop nodes {new_num_tokens}..{V - 1} of "
+                         f"this {V}-node graph with their edges; BriLLM can only add nodes. Pass at least {V} "
+                         "(len(tokenizer) of the tokenizer the model was trained with, plus any added tokens).")
     return new_num_tokens
 
 
@@ -184,12 +168,9 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
         return None
     d, r = model.config.node_size, model.config.initializer_range
     with torch.no_grad():
-        bias = model.node_bias.new_empty(new_V, 1, d)
-        bias[:V] = model.node_bias
-        if mean_resizing:
-            bias[V:] = model.node_bias.mean(0, keepdim=True)
-        else:
-            bias[V:].uniform_(-r, r)
+        fill = (model.node_bias.mean(0, keepdim=True).expand(new_V - V, 1, d) if mean_resizing
+                else model.node_bias.new_empty(new_V - V, 1, d).uniform_(-r, r))
+        bias = torch.cat([model.node_bias, fill])
         if model.config.graph == "dense":
             _grow_dense_edges(model, V, new_V)
         else:  # new nodes have no real successors yet: their CSR rows are empty
@@ -230,10 +211,8 @@ def _check_new_pairs(model, pairs: torch.Tensor):
     outside = (pairs < 0) | (pairs >= V)
     if bool(outside.any()):
         u, v = pairs[int(outside.any(1).nonzero()[0])].tolist()
-        raise ValueError(
-            f"add_edges: pair ({u}, {v}) names a node outside [0, {V}) of this graph; add the node first "
-            "(tokenizer.add_tokens([...]); model.resize_token_embeddings(len(tokenizer)))."
-        )
+        raise ValueError(f"add_edges: pair ({u}, {v}) names a node outside [0, {V}) of this graph; add the node first "
+                         "(tokenizer.add_tokens([...]); model.resize_token_embeddings(len(tokenizer))).")
     unique_keys, counts_of_key = torch.unique(pairs[:, 0] * V + pairs[:, 1], return_counts=True)
     if bool((counts_of_key > 1).any()):
         key = int(unique_keys[counts_of_key > 1][0])
@@ -241,10 +220,9 @@ def _check_new_pairs(model, pairs: torch.Tensor):
     real = model.edge_rows(pairs[:, 0], pairs[:, 1]) > 0
     if bool(real.any()):
         shown = ", ".join(f"({u}, {v})" for u, v in pairs[real][:5].tolist())
-        raise ValueError(
-            f"add_edges: {int(real.sum())} pair(s) already are real edges: {shown}"
-            f"{' ...' if int(real.sum()) > 5 else ''}. Drop them, or use add_edges_from_sequences, which skips them."
-        )
+        raise ValueError(f"add_edges: {int(real.sum())} pair(s) already are real edges: {shown}"
+                         f"{' ...' if int(real.sum()) > 5 else ''}. Drop them, or use add_edges_from_sequences, which "
+                         "skips them.")
 
 
 def add_edges(model, pairs, counts=None) -> torch.Tensor:
@@ -316,8 +294,7 @@ def from_graph(cls, graph: BigramGraph | None, config=None, **config_kwargs):
 
 def from_token_sequences(cls, sequences, vocab_size: int, min_count: int = 1, dense: bool = False,
                          ignore_ids=(), **config_kwargs):
-    """A fresh model whose real edges are the bigrams of `sequences` seen `min_count` times (or dense); with
-    `count_prior=True` its count prior is every bigram of `sequences`."""
+    """A fresh model on the bigrams seen `min_count` times (or dense); `count_prior=True`: the prior of all of them."""
     if dense:
         return from_graph(cls, None, vocab_size=vocab_size, **config_kwargs)
     graph = build_sparse_graph(sequences, vocab_size, min_count=min_count, ignore_ids=ignore_ids,

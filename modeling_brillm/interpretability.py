@@ -9,11 +9,11 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .decoding import path_fields, step_record, token_text
+from .decoding import PathStep, path_fields, token_text
 
 
 @dataclass
-class TraceStep:
+class TraceStep(PathStep):
     """Edge `position` → `position + 1` of the text: from node `source` to the true next node `target`."""
 
     position: int
@@ -30,9 +30,6 @@ class TraceStep:
     target_text: str | None = None
     predicted_text: str | None = None
     alternative_texts: list[str] | None = None
-
-    def to_record(self) -> dict:
-        return step_record(self, self.source_text is not None)
 
 
 @dataclass
@@ -59,17 +56,17 @@ class EnergyTrace:
 
     @property
     def nll(self) -> float:
-        """Mean negative log-likelihood of the path's next tokens (nats per token)."""
-        return float(-self.probabilities.double().clamp_min(1e-300).log().mean()) if len(self) else float("nan")
+        """Mean negative log-likelihood of the path's next tokens (nats per token; NaN without steps, as the rest)."""
+        return float(-self.probabilities.double().clamp_min(1e-300).log().mean())
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.nll) if len(self) else float("nan")
+        return math.exp(self.nll)
 
     @property
     def accuracy(self) -> float:
         """Share of steps where the true next node received the most energy (rank 1)."""
-        return float((self.ranks == 1).float().mean()) if len(self) else float("nan")
+        return float((self.ranks == 1).float().mean())
 
     def steps(self) -> list[TraceStep]:
         out = []
@@ -95,9 +92,8 @@ class EnergyTrace:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("text", *texts)}
 
     def summary(self) -> dict:
-        return {"tokens": int(self.tokens.numel()), "steps": len(self), "perplexity": self.perplexity,
-                "nll": self.nll, "top1_accuracy": self.accuracy,
-                "mean_rank": float(self.ranks.float().mean()) if len(self) else float("nan")}
+        return {"tokens": int(self.tokens.numel()), "steps": len(self), "perplexity": self.perplexity, "nll": self.nll,
+                "top1_accuracy": self.accuracy, "mean_rank": float(self.ranks.float().mean())}
 
 
 def _trace_ids(config, text_or_ids, tokenizer) -> torch.Tensor:

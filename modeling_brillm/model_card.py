@@ -1,14 +1,14 @@
 """Make a saved BriLLM folder Hub-ready: `write_model_card` (README.md with YAML metadata: library_name, pipeline_tag,
 tags, datasets, metrics and their model-index) and `check_hub_ready` ([] when the folder loads from the Hub with
-trust_remote_code=True). Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers).
-"""
+trust_remote_code=True). Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
+
+from transformers.dynamic_module_utils import get_relative_imports  # what loading with remote code reads
 
 __all__ = ["write_model_card", "check_hub_ready", "model_card_text"]
 
@@ -29,24 +29,19 @@ def _cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def _model_facts(model, tokenizer=None) -> list[tuple[str, str]]:
+def _model_facts(model, tokenizer=None) -> dict[str, str]:
+    """The card's model table: fact → value."""
     cfg = model.config
-    d, V = cfg.node_size, cfg.vocab_size
-    facts = [
-        ("nodes (vocabulary) V", f"{V:,}"),
-        ("node size d", str(d)),
-        ("graph", cfg.graph),
-        ("real edges", f"{cfg.num_edges:,}" + (" (every ordered pair)" if cfg.graph == "dense" else
-                                               f" (avg. {cfg.num_edges / V:.1f} successors per node; "
-                                               "the rest share one edge)")),
-        ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
-        ("max sequence length", f"unbounded (position_overflow=\"extend\"; {cfg.max_position_embeddings} learned "
-         "positions)" if getattr(cfg, "position_overflow", "error") == "extend" else str(cfg.max_position_embeddings)),
-        ("positional encoding", cfg.position_encoding),
-        ("training loss", cfg.loss_type),
-    ]
+    edges = (" (every ordered pair)" if cfg.graph == "dense" else
+             f" (avg. {cfg.num_edges / cfg.vocab_size:.1f} successors per node; the rest share one edge)")
+    length = (f"unbounded (position_overflow=\"extend\"; {cfg.max_position_embeddings} learned positions)"
+              if getattr(cfg, "position_overflow", "error") == "extend" else str(cfg.max_position_embeddings))
+    parameters = sum(p.numel() for p in model.parameters())
+    facts = {"nodes (vocabulary) V": f"{cfg.vocab_size:,}", "node size d": str(cfg.node_size), "graph": cfg.graph,
+             "real edges": f"{cfg.num_edges:,}{edges}", "parameters": f"{parameters:,}", "max sequence length": length,
+             "positional encoding": cfg.position_encoding, "training loss": cfg.loss_type}
     if tokenizer is not None:
-        facts.append(("tokenizer", f"{type(tokenizer).__name__}, {len(tokenizer):,} tokens"))
+        facts["tokenizer"] = f"{type(tokenizer).__name__}, {len(tokenizer):,} tokens"
     return facts
 
 
@@ -63,7 +58,7 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
         "attention and no layer stack; the model's size follows the vocabulary and the edges, not the sequence "
         f"length. Architecture from *{PAPER}*; implementation for 🤗 transformers."), ""]
     lines += ["## Model", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in _model_facts(model, tokenizer)] + [""]
+    lines += [f"| {k} | {v} |" for k, v in _model_facts(model, tokenizer).items()] + [""]
     ds = _as_list(datasets)
     if ds or training_data:
         lines += ["## Training data", ""] + [f"- `{d}`" for d in ds]
@@ -152,17 +147,6 @@ def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=N
     return path
 
 
-def _front_matter(readme: str) -> dict | None:
-    match = re.match(r"^---\s*\n(.*?)\n---\s*\n", readme, flags=re.DOTALL)
-    if not match:
-        return None
-    try:
-        import yaml  # pyyaml comes with huggingface_hub
-    except ImportError:
-        return {}
-    return yaml.safe_load(match.group(1)) or {}
-
-
 def check_hub_ready(directory) -> list[str]:
     """What keeps `directory` from loading from the Hub as a BriLLM repo ([] when it is ready): its safetensors
     weights, config.json and the code files its auto_map names, tokenizer, generation config and card metadata."""
@@ -204,8 +188,7 @@ def _config_problems(directory: str, files: set) -> list[str]:
         if module not in files:
             problems.append(f"remote-code file {module} (named by auto_map or imported) is missing.")
             continue
-        source = Path(directory, module).read_text(encoding="utf-8")
-        pending += [rel + ".py" for rel in re.findall(r"^\s*from\s+\.(\w+)\s+import", source, flags=re.MULTILINE)]
+        pending += [rel + ".py" for rel in get_relative_imports(Path(directory, module))]
     return problems
 
 
@@ -221,7 +204,9 @@ def _tokenizer_problems(directory: str, files: set) -> list[str]:
 def _card_problems(directory: str, files: set) -> list[str]:
     if "README.md" not in files:
         return ["no README.md model card (modeling_brillm.model_card.write_model_card)."]
-    meta = _front_matter(Path(directory, "README.md").read_text(encoding="utf-8"))
+    from huggingface_hub import metadata_load  # the Hub's own reading of a card's YAML header
+
+    meta = metadata_load(Path(directory, "README.md"))
     if meta is None:
         return ["README.md has no YAML metadata header."]
     expected = {"library_name": "transformers", "pipeline_tag": "text-generation"}

@@ -7,8 +7,7 @@ bias correction counts the parameter's steps. Group options: `lazy_weight_decay`
 decay AdamW gave every row at every step (`decay_log` = Σ log(1 − lr_s·wd) over the steps, `decayed_at` = the
 `decay_log` each row was decayed up to, float64 on the CPU; `apply_pending_weight_decay()` brings every row up to
 date); `first_row_lr_scale` steps row 0 (the shared edge) with lr·scale, its decay staying lr·wd;
-`moment_dtype="bfloat16"` keeps both moments in bfloat16 with stochastic rounding (docs/gpu.md, "Mixed precision").
-"""
+`moment_dtype="bfloat16"` keeps both moments in bfloat16 with stochastic rounding (docs/gpu.md, "Mixed precision")."""
 
 import math
 
@@ -32,12 +31,9 @@ def adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, *, unique:
     update(param, exp_avg, exp_avg_sq, rows, values, step, hyper, unique=unique, first_row_scale=first_row_scale)
 
 
-def group_moment_dtype(group, param=None) -> torch.dtype:
-    """The dtype of the AdamW moments of `param` in a SparseAdamW parameter group: float64 for a float64 parameter
-    (as torch.optim.AdamW), else the group's `moment_dtype`."""
-    if param is not None and param.dtype == torch.float64:
-        return torch.float64
-    return MOMENT_DTYPES[group.get("moment_dtype", "float32")]
+def group_moment_dtype(group, param) -> torch.dtype:
+    """The dtype of `param`'s AdamW moments in a SparseAdamW group: float64 for a float64 parameter (as AdamW)."""
+    return torch.float64 if param.dtype == torch.float64 else MOMENT_DTYPES[group.get("moment_dtype", "float32")]
 
 
 class SparseAdamW(Optimizer):
@@ -103,14 +99,12 @@ class SparseAdamW(Optimizer):
         state = {k: {n: x for n, x in v.items() if n != "decayed_at"} if k in kept else v
                  for k, v in state_dict["state"].items()}
         super().load_state_dict({**state_dict, "state": state})
-        params = [p for g in self.param_groups for p in g["params"]]
-        for saved_id, p in zip(saved_ids, params):
+        params = [(group, p) for group in self.param_groups for p in group["params"]]
+        for saved_id, (group, p) in zip(saved_ids, params):
             if saved_id in kept:
                 self.state[p]["decayed_at"] = kept[saved_id].to(dtype=torch.float64, device="cpu").clone()
-        for group in self.param_groups:  # bfloat16 moments were cast to float32 on the way in: exactly back
-            for p in group["params"]:
-                state = self.state.get(p, {})
-                state.update({key: state[key].to(group_moment_dtype(group, p)) for key in MOMENTS if key in state})
+            state = self.state.get(p, {})  # bfloat16 moments were cast to float32 on the way in: exactly back
+            state.update({key: state[key].to(group_moment_dtype(group, p)) for key in MOMENTS if key in state})
 
     @torch.no_grad()
     def step(self, closure=None):

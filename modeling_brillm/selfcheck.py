@@ -248,30 +248,16 @@ def report_checks(device) -> bool:
 
 
 # ------------------------------------------------------------------------------------- speed
-def _timed(fn, device) -> float:
-    """Median milliseconds of 10 calls of `fn()` after a warm-up call."""
-    def once() -> float:
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) * 1e3
-
-    once()
-    return statistics.median([once() for _ in range(10)])
-
-
 def _loss_step(device, V=2048, degree=32, d=32, N=2048):
     """One exact-loss forward and backward of the candidate energies (a training step's costly part)."""
-    g = torch.Generator().manual_seed(0)
+    g, randn = _random(device, 0)
     tgt = torch.stack([torch.randperm(V, generator=g)[:degree] for _ in range(V)]).view(-1)
     graph = graph_from_edges(torch.arange(V).repeat_interleave(degree), tgt, V)
-    indptr, indices = graph.indptr.to(device), graph.indices.to(device)
-    weights = (torch.randn(graph.num_edges + 1, d, d, generator=g) * 0.2).to(device).requires_grad_()
-    biases = (torch.randn(graph.num_edges + 1, 1, d, generator=g) * 0.2).to(device)
+    indptr, indices, E = graph.indptr.to(device), graph.indices.to(device), graph.num_edges
+    weights, biases = randn(E + 1, d, d, scale=0.2).requires_grad_(), randn(E + 1, 1, d, scale=0.2)
     sources = torch.randint(0, V, (N,), generator=g).to(device)
     targets = indices[indptr[sources]]  # each position's first real successor
-    x, pe = (torch.randn(N, d, generator=g).to(device) for _ in range(2))
+    x, pe = randn(N, d), randn(N, d)
     ops.graph_max_degree(indptr)
 
     def step():
@@ -288,8 +274,8 @@ def _loss_step(device, V=2048, degree=32, d=32, N=2048):
 
 def _scan_step(device, B=32, L=64, d=32, P=4096):
     """The recurrence forward and backward over a (B, L) batch."""
-    g = torch.Generator().manual_seed(1)
-    edges = EdgeTable((torch.randn(P, d, d, generator=g) * 0.2).to(device).requires_grad_(),
+    g, randn = _random(device, 1)
+    edges = EdgeTable(randn(P, d, d, scale=0.2).requires_grad_(),
                       torch.zeros(P, 1, d, device=device, requires_grad=True))
     columns = Columns(torch.randint(0, P, (B, L), generator=g).to(device), torch.ones(B, L, dtype=torch.bool,
                       device=device), torch.randn(B, L, d, device=device), torch.randn(B, L, device=device))
@@ -331,10 +317,19 @@ SPEED = {
 
 
 def _time_on(backend: str, name: str, make, device) -> float:
-    """Median milliseconds of workload `name` on `backend`; NaN, said, when it fails (the report goes on)."""
+    """Median ms of 10 calls of workload `name` on `backend` after a warm-up; NaN, said, when it fails."""
+    def once(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
     with kernel_backend(backend):
         try:
-            return _timed(make(device), device)
+            fn = make(device)
+            once(fn)
+            return statistics.median([once(fn) for _ in range(10)])
         except Exception as error:
             print(f"  {name}: {backend} failed ({type(error).__name__}: {error})")
             return float("nan")

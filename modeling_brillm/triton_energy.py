@@ -27,17 +27,14 @@ def padded_width(d: int) -> int:
 
 def unsupported_reason(weights: torch.Tensor, x: torch.Tensor) -> str | None:
     """Why the kernels cannot run these tensors (None when they can); the caller then takes the torch path."""
-    if triton is None:
-        return "triton is not installed"
-    if weights.dtype not in SUPPORTED_DTYPES:
-        return f"edge tables of dtype {weights.dtype} (the kernels read float32, bfloat16 or float16 rows)"
-    if x.dtype not in SUPPORTED_DTYPES:
-        return f"signals of dtype {x.dtype}"
-    if weights.dim() != 3 or weights.shape[1] != weights.shape[2]:
-        return f"edge table of shape {tuple(weights.shape)}"
-    if not weights.is_contiguous():
-        return "a non-contiguous edge table"
-    return None
+    reasons = ((triton is None, "triton is not installed"),
+               (weights.dtype not in SUPPORTED_DTYPES,
+                f"edge tables of dtype {weights.dtype} (the kernels read float32, bfloat16 or float16 rows)"),
+               (x.dtype not in SUPPORTED_DTYPES, f"signals of dtype {x.dtype}"),
+               (weights.dim() != 3 or weights.shape[1] != weights.shape[2],
+                f"edge table of shape {tuple(weights.shape)}"),
+               (not weights.is_contiguous(), "a non-contiguous edge table"))
+    return next((why for failed, why in reasons if failed), None)
 
 
 if triton is not None:
@@ -340,16 +337,14 @@ def _shared_row_backward(x, weights, saved, g, grad_logits, bias_dtype, w_values
     h, y, e = saved
     grad_bias = None
     if grad_logits is not None:  # the shared energy fills every non-successor column of the logits
-        from_logits = grad_logits.sum(1)
-        g = from_logits if g is None else g + from_logits
+        g = g + grad_logits.sum(1)
         if bias_dtype is not None:  # logits[p, v] = shared[p] + bias[v] in those columns
             grad_bias = grad_logits.sum(0).to(bias_dtype)
     for values in (w_values, b_values):
         if values is not None:
             values[0].zero_()
-    if g is not None and x.shape[0]:
-        g = g.float()
-        gh = _energy_backward(h, y, e, g)
+    if x.shape[0]:
+        gh = _energy_backward(h, y, e, g.float())
         if w_values is not None:
             w_values[0] = (x.float().t() @ gh).to(w_values.dtype)
         if b_values is not None:
@@ -432,8 +427,7 @@ class KernelEnergies(torch.autograd.Function):
                    NEED_W=need_w, NEED_B=need_b, NEED_X=need_x, NEED_PE=need_pe, **meta, num_warps=8)
         grad_bias = None
         if plan.has_shared:
-            grad_bias = _shared_row_backward(x, weights, (h_shared, y_shared, shared),
-                                             None if grad_shared is None else grad_shared.float(), grad_logits,
+            grad_bias = _shared_row_backward(x, weights, (h_shared, y_shared, shared), grad_shared.float(), grad_logits,
                                              ctx.non_edge_dtype if need_bias else None, w_values, b_values, grad_x,
                                              grad_pe)
         grad_w, grad_b = edge_table_grads(ctx, index, w_values, b_values, need_w, need_b, link) if need_w or need_b \

@@ -125,10 +125,9 @@ def sparse_adamw_rows(param, exp_avg, exp_avg_sq, rows, values, step, hyper, ent
     BLOCK_W = min(triton.next_power_of_2(W), _TILE)
     BLOCK_R = max(1, _TILE // BLOCK_W)
     grid = (triton.cdiv(n, BLOCK_R), triton.cdiv(W, BLOCK_W))
-    launch(_sparse_adamw_kernel, grid,
-           param, exp_avg, exp_avg_sq, values, rows, entries if entries is not None else rows,
-           step if on_device else rows, n, W,
+    launch(_sparse_adamw_kernel, grid, param, exp_avg, exp_avg_sq, values, rows,
+           entries if entries is not None else rows, step if on_device else rows, n, W,
            lr, beta1, beta2, eps, 1.0 - lr * wd, step_size, bc2_sqrt, log_beta1, log_beta2, float(first_row_scale),
            int(t), HAS_ENTRIES=entries is not None, UNIQUE=unique or n == 1, STEP_ON_DEVICE=on_device,
-           ROUNDED=exp_avg.dtype == torch.bfloat16 and param.dtype != torch.bfloat16,
-           BLOCK_R=BLOCK_R, BLOCK_W=BLOCK_W, num_warps=4)
+           ROUNDED=exp_avg.dtype == torch.bfloat16 and param.dtype != torch.bfloat16, BLOCK_R=BLOCK_R, BLOCK_W=BLOCK_W,
+           num_warps=4)

@@ -23,15 +23,12 @@ triton, tl = triton_modules()
 
 def unsupported_reason(weights: torch.Tensor, needs_grad: bool) -> str | None:
     """Why the scan cannot run these weights (None when it can); the caller then runs the torch loop."""
-    if triton is None:
-        return "triton is not importable"
-    if weights.shape[-1] > MAX_NODE_SIZE:
-        return f"node_size {weights.shape[-1]} > {MAX_NODE_SIZE}"
-    if weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return f"weights dtype {weights.dtype}"
-    if needs_grad and weights.dtype != torch.float32:
-        return "training with non-float32 weights (the atomics accumulate float32 gradients)"
-    return None
+    reasons = ((triton is None, "triton is not importable"),
+               (weights.shape[-1] > MAX_NODE_SIZE, f"node_size {weights.shape[-1]} > {MAX_NODE_SIZE}"),
+               (weights.dtype not in (torch.float32, torch.bfloat16, torch.float16), f"weights dtype {weights.dtype}"),
+               (needs_grad and weights.dtype != torch.float32,
+                "training with non-float32 weights (the atomics accumulate float32 gradients)"))
+    return next((why for failed, why in reasons if failed), None)
 
 
 def _meta(d: int) -> dict:
@@ -306,12 +303,8 @@ class _SignalScan(torch.autograd.Function):
         (B, L), d = rows.shape, w.shape[-1]
         need_w, need_b, need_base = ctx.needs_input_grad[5], ctx.needs_input_grad[6], ctx.needs_input_grad[12]
         f32 = dict(dtype=torch.float32, device=x0.device)
-
-        def given(g, *shape):  # autograd passes None for an unused output
-            return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
-
-        g_signals, g_sum = given(g_signals, B, L, d), given(g_sum, B, d)
-        g_norm, g_max = given(g_norm, B), given(g_max, B)
+        # an unused output's gradient comes as zeros (autograd materialises it)
+        g_signals, g_sum, g_norm, g_max = (g.float().contiguous() for g in (g_signals, g_sum, g_norm, g_max))
         w_buf, b_buf, slot, own = _edge_gradient_buffers(ctx, need_w, need_b, rows)
         g_x0, g_s0, g_n0, g_m0, g_mix = (torch.empty(*shape, **f32) for shape in ((B, d), (B, d), (B,), (B,), (B, L)))
         g_base = torch.zeros(B, d, d, **f32) if need_base else None
