@@ -12,7 +12,6 @@ import platform
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -129,8 +128,12 @@ def wait_for_quiet(max_wait_s: float = 300.0, window_s: float = 2.0, threshold: 
             return load
 
 
-def add_results_dir(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_results_dir(parser: argparse.ArgumentParser, wait_quiet: bool = False) -> argparse.ArgumentParser:
+    """--results_dir (every benchmark's) and, with `wait_quiet`, --no-wait-quiet (args.wait_quiet)."""
     parser.add_argument("--results_dir", default=str(RESULTS_DIR), help="where this run's record goes")
+    if wait_quiet:
+        parser.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
+                            help="do not wait for other processes to leave the CPUs")
     return parser
 
 
@@ -185,14 +188,8 @@ def write_record(benchmark: str, args, figures, results_dir=None, argv=None) -> 
     while path.exists():  # two runs in one second keep both records
         n += 1
         path = folder / f"{benchmark}-{stamp}-{n}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{benchmark}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(_plain(record), handle, indent=1, allow_nan=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    tmp = path.with_name(f".tmp-{path.name}")  # the record whole or not at all
+    tmp.write_text(json.dumps(_plain(record), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
     print(f"# record: {path}", flush=True)
     return path

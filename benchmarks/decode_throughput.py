@@ -145,8 +145,6 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 with --long)")
-    parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false",
-                        help="do not wait (up to 5 min) for other processes to leave the CPUs")
     parser.add_argument("--long", type=int, default=0, metavar="N", help="one N-token generation instead")
     parser.add_argument("--window", type=int, default=1000, help="--long: tokens at each end compared")
     ways = ["generate", "energy", "loop"]
@@ -154,7 +152,7 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=4000)
     parser.add_argument("--successors", type=int, default=32)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="--long's")
-    args = add_results_dir(parser).parse_args(argv)
+    args = add_results_dir(parser, wait_quiet=True).parse_args(argv)
     threads = args.threads or (1 if args.long else None)
     if threads:
         torch.set_num_threads(threads)

@@ -26,9 +26,9 @@ from gpt2 import row as gpt2_row
 from gpt2 import sizes as gpt2_sizes
 
 from modeling_brillm.training import pretraining as pretrain
-from modeling_brillm.training.checkpoints import LOG_NAME, read_log
+from modeling_brillm.training.checkpoints import LOG_NAME, read_log, write_json
 from modeling_brillm.training.epochs import TrainingClock, make_schedule  # noqa: F401  (the one clock)
-from modeling_brillm.training.errors import UsageError
+from modeling_brillm.training.errors import UsageError, run_cli
 
 GPT2_BATCH = 64
 CONFIG_KEYS = ("node_size", "num_edges", "signal_dropout", "non_edge_bias", "node_readout", "edge_backoff",
@@ -49,9 +49,7 @@ def shared_arguments(p, **defaults) -> argparse.ArgumentParser:
                  "threads", "seed"):
         p.add_argument(f"--{name}", type=int, default=defaults.get(name))
     p.add_argument("--output_dir", default=defaults["output_dir"])
-    p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
-                   help="do not wait for other processes to leave the CPUs")
-    return add_results_dir(p)
+    return add_results_dir(p, wait_quiet=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -245,7 +243,7 @@ def run(args) -> dict:
 
     def keep(row):  # quality.json after every model: a run cut off by its time limit keeps the rows it finished
         models.append(row)
-        write_json_atomic(out / "quality.json", dict(partial=True, models=models))
+        write_json(out / "quality.json", dict(partial=True, models=models))
 
     for argv, suffix in [] if args.no_brillm else rows:
         keep(brillm_row(argv, pretrain_data, suffix))
@@ -262,15 +260,10 @@ def run(args) -> dict:
                    bigram_add_0_1_perplexity=round(bigram_reference(data), 3),
                    perplexity_at_budget={str(b): {m["label"]: round(at_budget(m["curve"], b)["perplexity"], 3)
                                                   for m in models} for b in budgets})
-    write_json_atomic(out / "quality.json", results)
+    write_json(out / "quality.json", results)
     plot(results, out / "quality.png")
     report(results)
     return results
-
-
-def write_json_atomic(path: Path, obj):
-    path.with_name(f".tmp-{path.name}").write_text(json.dumps(obj, indent=1), encoding="utf-8")
-    os.replace(path.with_name(f".tmp-{path.name}"), path)
 
 
 def plot(results: dict, path: Path, title: str = "BriLLM vs GPT-2"):
@@ -319,14 +312,11 @@ def report(results):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        results = run(args)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
-    write_record("quality", args, results, argv=argv)
-    return 0
+    def recorded(args) -> int:
+        write_record("quality", args, run(args), argv=argv)
+        return 0
+
+    return run_cli(parse_args, recorded, argv)
 
 
 if __name__ == "__main__":

@@ -127,10 +127,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false",
-                        help="do not wait (up to 5 min) for other processes to leave the CPUs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = common.add_results_dir(parser).parse_args(argv)
+    args = common.add_results_dir(parser, wait_quiet=True).parse_args(argv)
     torch.set_num_threads(args.threads)
     args.objective = list(OBJECTIVES) if args.objective == "all" else [args.objective]
     if args.child:
