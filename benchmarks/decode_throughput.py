@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, CpuMonitor, ZipfPaths, add_results_dir, make_model, rss_gb, wait_for_quiet, write_record
+from common import SHAPES, ZipfPaths, add_results_dir, make_model, other_cpu_load, rss_gb, wait_for_quiet, write_record
 
 
 def fast_decode(model, prompt, steps, put=lambda token: None):
@@ -52,7 +52,7 @@ def context_row(args, model, paths, c) -> dict:
     eos = unused_token(model, prompt, steps)
     if args.wait_quiet:
         wait_for_quiet()
-    monitor = CpuMonitor().start()
+    others = other_cpu_load()
     repeats = max(args.repeats, -(-256 // steps))
     fast = statistics.median(fast_decode(model, prompt, steps) for _ in range(repeats))
     gen = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
@@ -62,7 +62,7 @@ def context_row(args, model, paths, c) -> dict:
     batched = statistics.median(fast_decode(model, batch_prompt, steps) for _ in range(args.repeats))
     return dict(context=c, decoded=steps, fast_tokens_per_s=steps / fast, generate_tokens_per_s=steps / gen,
                 general_path_generate_tokens_per_s=steps / general, batch=args.batch,
-                batched_tokens_per_s=args.batch * steps / batched, other_cpu_load=monitor.stop())
+                batched_tokens_per_s=args.batch * steps / batched, other_cpu_load=others())
 
 
 def context_rows(args) -> dict:
@@ -86,17 +86,15 @@ class Clock:
     """A streamer (`put`: the prompt, then each new token) that records the time and, every 100 tokens, the memory."""
 
     def __init__(self, device):
-        self.device, self.cuda, self.times, self.memory, self.t0 = device, device.type == "cuda", [], {}, None
+        self.device, self.cuda, self.times, self.memory = device, device.type == "cuda", [], {}
 
     def put(self, value):
-        if self.t0 is None:
-            self.t0 = time.perf_counter()
-            return
-        if self.cuda:
+        if self.cuda and self.times:
             torch.cuda.synchronize(self.device)
         self.times.append(time.perf_counter())
-        if len(self.times) % 100 == 0:
-            self.memory[len(self.times)] = torch.cuda.memory_allocated(self.device) / 1e9 if self.cuda else rss_gb()
+        tokens = len(self.times) - 1
+        if tokens and tokens % 100 == 0:
+            self.memory[tokens] = torch.cuda.memory_allocated(self.device) / 1e9 if self.cuda else rss_gb()
 
     def end(self):
         pass
@@ -113,9 +111,9 @@ def measure_long(model, way: str, steps: int, window: int) -> dict:
         else:
             clock.put(prompt)
             fast_decode(model, prompt, steps, clock.put)
-    assert len(clock.times) == steps, len(clock.times)
-    times = [clock.t0] + clock.times
-    gaps, memory = [b - a for a, b in zip(times, times[1:])], clock.memory
+    times, memory = clock.times, clock.memory
+    assert len(times) == steps + 1, len(times)  # the prompt's, then every token's
+    gaps = [b - a for a, b in zip(times, times[1:])]
     ms = {f"{end}_{kind}ms": f(part) * 1e3 for end, part in (("first", gaps[:window]), ("last", gaps[-window:]))
           for kind, f in (("", statistics.median), ("mean_", statistics.fmean))}
     return {"way": way, "tokens": len(gaps), "total_s": times[-1] - times[0], **ms,

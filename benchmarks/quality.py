@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from common import CpuMonitor, add_results_dir, machine, wait_for_quiet, write_record
+from common import add_results_dir, machine, other_cpu_load, wait_for_quiet, write_record
 from gpt2 import SCHEDULERS, BatchOrder, bigram_reference, heldout_nll, labels_of, make_gpt2, target_mask  # noqa: F401
 from gpt2 import row as gpt2_row
 from gpt2 import sizes as gpt2_sizes
@@ -185,13 +185,12 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
     import torch
 
     print(f"\nBriLLM{label_suffix}: {command_line(argv)}", flush=True)
-    pargs, monitor, wall, cuda = parse_pretrain(argv), CpuMonitor(), time.perf_counter(), torch.cuda.is_available()
-    monitor.start()
+    pargs, others, wall, cuda = parse_pretrain(argv), other_cpu_load(), time.perf_counter(), torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if pretrain.run(pargs, data=data) != 0:
         raise RuntimeError(f"the pretraining run failed: {command_line(argv)}")
-    load, wall = monitor.stop(), time.perf_counter() - wall
+    load, wall = others(), time.perf_counter() - wall
     peak = round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None
     if cuda:
         torch.cuda.empty_cache()  # the next row's model is as large again
