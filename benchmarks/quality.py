@@ -135,7 +135,7 @@ def brillm_rows(args, points) -> list[tuple[list[str], str]]:
 
 
 def command_line(argv) -> str:
-    return "python examples/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
+    return "python examples/pretrain.py " + shlex.join(argv)
 
 
 def parse_pretrain(argv):

@@ -170,13 +170,12 @@ def verdict(units: float) -> str:
 
 
 def compare(models, args) -> dict | None:
-    """Each BriLLM variant's final perplexity against the base's: the change in % and, with --noise, in its units."""
-    brillm = [m for m in models if m["kind"] == "brillm"]
+    """Each variant's final perplexity against the base's: the change in % and, with --noise, in its units."""
     if args.base_perplexity is None and args.noise is None:
         return None
-    base_row = next((m for m in brillm if m["label"] == "base"), brillm[0])
+    base_row = next((m for m in models if m["label"] == "base"), models[0])
     base = args.base_perplexity or base_row["curve"][-1]["perplexity"]
-    for m in brillm:
+    for m in models:
         change = m["curve"][-1]["perplexity"] / base - 1
         m["vs_base_percent"] = 100 * change
         if args.noise:
@@ -197,10 +196,8 @@ def seed_spread(models, groups: dict) -> dict:
     for name, labels in groups.items():
         curves = [{p["steps"]: p["perplexity"] for p in m["curve"] if p["steps"]} for m in models
                   if m["label"] in labels]
-        out[name] = {step: dict(perplexity=[c[step] for c in curves],
-                                spread=(max(c[step] for c in curves) - min(c[step] for c in curves))
-                                / statistics.fmean(c[step] for c in curves))
-                     for step in sorted(set.intersection(*map(set, curves)))}
+        at_step = {step: [c[step] for c in curves] for step in sorted(set.intersection(*map(set, curves)))}
+        out[name] = {s: dict(perplexity=v, spread=(max(v) - min(v)) / statistics.fmean(v)) for s, v in at_step.items()}
         for step, row in out[name].items():
             print(f"{name} step {step}: " + "  ".join(f"{v:.3f}" for v in row["perplexity"])
                   + f"   spread {row['spread']:.2%}")
