@@ -192,8 +192,7 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
         raise RuntimeError(f"the pretraining run failed: {command_line(argv)}")
     load, wall = others(), time.perf_counter() - wall
     peak = round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None
-    if cuda:
-        torch.cuda.empty_cache()  # the next row's model is as large again
+    torch.cuda.empty_cache()  # the next row's model is as large again (nothing where CUDA never started)
     out = Path(pargs.output_dir)
     summary, config = (json.loads((out / name).read_text()) for name in (pretrain.SUMMARY_NAME, "config.json"))
     batch = next(s for s in json.loads((out / "recipe.json").read_text())["settings"]
