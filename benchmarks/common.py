@@ -12,7 +12,6 @@ import platform
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -95,42 +94,42 @@ def machine() -> str:
 
 def _ticks() -> tuple[int, int]:
     """(busy ticks of the whole machine, ticks of this process and its finished children)."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    with open("/proc/self/stat") as f:
-        own = f.read().rsplit(")", 1)[1].split()
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     return sum(fields[:8]) - fields[3] - fields[4], sum(int(v) for v in own[11:15])
 
 
-class CpuMonitor:
-    """CPU cores used by *other* processes between start() and stop() (the machine's busy time minus ours)."""
+def other_cpu_load():
+    """A function giving the CPU cores *other* processes used since this call (the machine's busy time minus ours)."""
+    t0, (busy0, own0) = time.perf_counter(), _ticks()
 
-    def start(self) -> "CpuMonitor":
-        self.t0, self.ticks = time.perf_counter(), _ticks()
-        return self
-
-    def stop(self) -> float:
+    def since() -> float:
         try:
-            (busy, own), (busy0, own0) = _ticks(), self.ticks
-            elapsed = max(time.perf_counter() - self.t0, 1e-9)
+            (busy, own), elapsed = _ticks(), max(time.perf_counter() - t0, 1e-9)
             return max(0.0, ((busy - busy0) - (own - own0)) / os.sysconf("SC_CLK_TCK") / elapsed)
-        except (OSError, AttributeError, ValueError):
+        except (OSError, ValueError):
             return float("nan")
+
+    return since
 
 
 def wait_for_quiet(max_wait_s: float = 300.0, window_s: float = 2.0, threshold: float = 0.15) -> float:
     """Wait until other processes use under `threshold` cores (or `max_wait_s` passed): the load seen."""
     deadline = time.perf_counter() + max_wait_s
     while True:
-        monitor = CpuMonitor().start()
+        others = other_cpu_load()
         time.sleep(window_s)
-        load = monitor.stop()
+        load = others()
         if load < threshold or time.perf_counter() > deadline:
             return load
 
 
-def add_results_dir(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_results_dir(parser: argparse.ArgumentParser, wait_quiet: bool = False) -> argparse.ArgumentParser:
+    """--results_dir (every benchmark's) and, with `wait_quiet`, --no-wait-quiet (args.wait_quiet)."""
     parser.add_argument("--results_dir", default=str(RESULTS_DIR), help="where this run's record goes")
+    if wait_quiet:
+        parser.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
+                            help="do not wait for other processes to leave the CPUs")
     return parser
 
 
@@ -185,14 +184,8 @@ def write_record(benchmark: str, args, figures, results_dir=None, argv=None) -> 
     while path.exists():  # two runs in one second keep both records
         n += 1
         path = folder / f"{benchmark}-{stamp}-{n}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{benchmark}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(_plain(record), handle, indent=1, allow_nan=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    tmp = path.with_name(f".tmp-{path.name}")  # the record whole or not at all
+    tmp.write_text(json.dumps(_plain(record), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
     print(f"# record: {path}", flush=True)
     return path

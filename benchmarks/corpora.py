@@ -59,13 +59,12 @@ CODE_PACKAGES = {**{package: ["usr/lib/python3.11/**/*.py"] for package in STDLI
                  **{f"python3-{name}": [SITE + f"{name}/**/*.py"] for name in ("sympy", "numpy", "scipy", "pandas")},
                  "python3-matplotlib": [SITE + "matplotlib/**/*.py", SITE + "mpl_toolkits/**/*.py"],
                  **{f"python3-{name}": [SITE + f"{name}/**/*.py"] for name in ("django", "sklearn", "networkx")}}
-GO_PACKAGES = {"golang-1.19-src": ["usr/share/go-1.19/src/**/*.go"]}
-KERNEL_PACKAGES = {"linux-doc-6.1": ["usr/share/doc/linux-doc-6.1/html/**/*.html"]}
-REFERENCE_PACKAGES = {"cmake-doc": ["usr/share/doc/cmake-data/html/**/*.html"]}
-GERMAN_PACKAGES = {"debian-handbook": ["usr/share/doc/debian-handbook/html/de-DE/*.html"]}
-PYTHON_DOC = {"python3.11-doc": ["usr/share/doc/python3.11/html/**/*.html"]}
-PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES, **GO_PACKAGES,
-            **KERNEL_PACKAGES, **REFERENCE_PACKAGES, **GERMAN_PACKAGES, **PYTHON_DOC}
+PACKAGES = {**DOC_PACKAGES, **BOOK_PACKAGES, **LITERATURE_PACKAGES, **CODE_PACKAGES,
+            "golang-1.19-src": ["usr/share/go-1.19/src/**/*.go"],
+            "linux-doc-6.1": ["usr/share/doc/linux-doc-6.1/html/**/*.html"],
+            "cmake-doc": ["usr/share/doc/cmake-data/html/**/*.html"],
+            "debian-handbook": ["usr/share/doc/debian-handbook/html/de-DE/*.html"],
+            "python3.11-doc": ["usr/share/doc/python3.11/html/**/*.html"]}
 # matched files that are no document of their own: mdBook's page that repeats a whole book (it would put every
 # held-out chapter in the training text), Go's tests, test data, vendored modules and the toolchain's commands, the
 # kernel documentation's translations, and Sphinx's index and search pages and its copies of the sources
@@ -73,12 +72,12 @@ LEFT_OUT = re.compile(r"/print\.html$|_test\.go$|/testdata/|/vendor/|/go-1\.19/s
                       r"|/linux-doc-6\.1/html/(translations/|_sources/|_static/|genindex\.html$|search\.html$)"
                       r"|/(cmake-data|python3\.11)/html/(_sources/|_static/|genindex\.html$|search\.html$)")
 CORPORA = {"small": ["git-doc"], "large": list(DOC_PACKAGES), "literature": list(LITERATURE_PACKAGES),
-           "code": STDLIB_PACKAGES, "code-large": list(CODE_PACKAGES), "code-django": ["python3-django",
-                                                                                    "python3-networkx"],
-           "code-plots": ["python3-matplotlib", "python3-networkx"],
-           "rust-books": list(BOOK_PACKAGES), "code-go": list(GO_PACKAGES), "linux-docs": list(KERNEL_PACKAGES),
-           "cmake-docs": list(REFERENCE_PACKAGES), "handbook-de": list(GERMAN_PACKAGES)}
-CORPORA["joined"] = [*dict.fromkeys(p for packages in CORPORA.values() for p in packages), *PYTHON_DOC]
+           "code": STDLIB_PACKAGES, "code-large": list(CODE_PACKAGES),
+           "code-django": ["python3-django", "python3-networkx"], "code-plots": ["python3-matplotlib",
+                                                                                "python3-networkx"],
+           "rust-books": list(BOOK_PACKAGES), "code-go": ["golang-1.19-src"], "linux-docs": ["linux-doc-6.1"],
+           "cmake-docs": ["cmake-doc"], "handbook-de": ["debian-handbook"]}
+CORPORA["joined"] = [*dict.fromkeys(p for packages in CORPORA.values() for p in packages), "python3.11-doc"]
 HOLD_OUT_EVERY = 20
 MIN_DOCUMENT_CHARS = 200  # index pages, redirects and empty stubs carry no language
 

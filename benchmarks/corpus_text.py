@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import html
 import io
+import itertools
 import re
 import struct
 import subprocess
@@ -161,10 +162,9 @@ def fortune_groups(doc_id: str, source: str):
     paragraph, its blank lines kept, its lines unindented and their tabs made spaces (the sentence splitter reads an
     all-indented paragraph as code). Old files' terminal overstrikes go: `____\b\b\b\bword` (underlined) and `I\bI`
     (bold) keep what was struck over, `'\be` (an accent) the letter."""
-    while True:
-        source, before = re.sub(r"[^\x08\n]\x08", "", source), source
-        if source == before:
-            break
+    struck = True
+    while struck:
+        source, struck = re.subn(r"[^\x08\n]\x08", "", source)
     quotes = [re.sub(r"\n{3,}", "\n\n", "\n".join(" ".join(line.split()) for line in quote.splitlines())).strip()
               for quote in re.split(r"^%[ \t]*$", source.replace("\x08", ""), flags=re.M)]
     quotes = [quote for quote in quotes if quote]
@@ -261,14 +261,10 @@ _GO_DIRECTIVE = re.compile(r"(go:|line |export |sys |\s*\+build)")
 def _go_blocks(source: str):
     """Each run of whole-line `//` comments of a Go file, its lines without the `//` (a directive ends a run and is
     dropped; `/* */` comments, in the standard library mostly licences and commented-out code, are left out)."""
-    block = []
-    for line in source.splitlines() + [""]:
-        comment = line.strip()
-        if comment.startswith("//") and not _GO_DIRECTIVE.match(comment[2:]):
-            block.append(comment[2:])
-        elif block:
-            yield block
-            block = []
+    lines = (line.strip() for line in source.splitlines())
+    for is_comment, run in itertools.groupby(lines, lambda c: c.startswith("//") and not _GO_DIRECTIVE.match(c[2:])):
+        if is_comment:
+            yield [comment[2:] for comment in run]
 
 
 def _go_paragraphs(block: list[str]):

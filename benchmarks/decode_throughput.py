@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, CpuMonitor, ZipfPaths, add_results_dir, make_model, rss_gb, wait_for_quiet, write_record
+from common import SHAPES, ZipfPaths, add_results_dir, make_model, other_cpu_load, rss_gb, wait_for_quiet, write_record
 
 
 def fast_decode(model, prompt, steps, put=lambda token: None):
@@ -52,7 +52,7 @@ def context_row(args, model, paths, c) -> dict:
     eos = unused_token(model, prompt, steps)
     if args.wait_quiet:
         wait_for_quiet()
-    monitor = CpuMonitor().start()
+    others = other_cpu_load()
     repeats = max(args.repeats, -(-256 // steps))
     fast = statistics.median(fast_decode(model, prompt, steps) for _ in range(repeats))
     gen = statistics.median(generate_decode(model, prompt, steps, eos) for _ in range(repeats))
@@ -62,7 +62,7 @@ def context_row(args, model, paths, c) -> dict:
     batched = statistics.median(fast_decode(model, batch_prompt, steps) for _ in range(args.repeats))
     return dict(context=c, decoded=steps, fast_tokens_per_s=steps / fast, generate_tokens_per_s=steps / gen,
                 general_path_generate_tokens_per_s=steps / general, batch=args.batch,
-                batched_tokens_per_s=args.batch * steps / batched, other_cpu_load=monitor.stop())
+                batched_tokens_per_s=args.batch * steps / batched, other_cpu_load=others())
 
 
 def context_rows(args) -> dict:
@@ -86,17 +86,15 @@ class Clock:
     """A streamer (`put`: the prompt, then each new token) that records the time and, every 100 tokens, the memory."""
 
     def __init__(self, device):
-        self.device, self.cuda, self.times, self.memory, self.t0 = device, device.type == "cuda", [], {}, None
+        self.device, self.cuda, self.times, self.memory = device, device.type == "cuda", [], {}
 
     def put(self, value):
-        if self.t0 is None:
-            self.t0 = time.perf_counter()
-            return
-        if self.cuda:
+        if self.cuda and self.times:
             torch.cuda.synchronize(self.device)
         self.times.append(time.perf_counter())
-        if len(self.times) % 100 == 0:
-            self.memory[len(self.times)] = torch.cuda.memory_allocated(self.device) / 1e9 if self.cuda else rss_gb()
+        tokens = len(self.times) - 1
+        if tokens and tokens % 100 == 0:
+            self.memory[tokens] = torch.cuda.memory_allocated(self.device) / 1e9 if self.cuda else rss_gb()
 
     def end(self):
         pass
@@ -113,9 +111,9 @@ def measure_long(model, way: str, steps: int, window: int) -> dict:
         else:
             clock.put(prompt)
             fast_decode(model, prompt, steps, clock.put)
-    assert len(clock.times) == steps, len(clock.times)
-    times = [clock.t0] + clock.times
-    gaps, memory = [b - a for a, b in zip(times, times[1:])], clock.memory
+    times, memory = clock.times, clock.memory
+    assert len(times) == steps + 1, len(times)  # the prompt's, then every token's
+    gaps = [b - a for a, b in zip(times, times[1:])]
     ms = {f"{end}_{kind}ms": f(part) * 1e3 for end, part in (("first", gaps[:window]), ("last", gaps[-window:]))
           for kind, f in (("", statistics.median), ("mean_", statistics.fmean))}
     return {"way": way, "tokens": len(gaps), "total_s": times[-1] - times[0], **ms,
@@ -145,8 +143,6 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 with --long)")
-    parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false",
-                        help="do not wait (up to 5 min) for other processes to leave the CPUs")
     parser.add_argument("--long", type=int, default=0, metavar="N", help="one N-token generation instead")
     parser.add_argument("--window", type=int, default=1000, help="--long: tokens at each end compared")
     ways = ["generate", "energy", "loop"]
@@ -154,7 +150,7 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=4000)
     parser.add_argument("--successors", type=int, default=32)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="--long's")
-    args = add_results_dir(parser).parse_args(argv)
+    args = add_results_dir(parser, wait_quiet=True).parse_args(argv)
     threads = args.threads or (1 if args.long else None)
     if threads:
         torch.set_num_threads(threads)

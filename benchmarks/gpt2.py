@@ -13,7 +13,7 @@ import re
 import time
 
 import torch
-from common import CpuMonitor
+from common import other_cpu_load
 
 from modeling_brillm.training.epochs import TrainingClock, make_schedule
 from modeling_brillm.training.errors import UsageError
@@ -153,7 +153,7 @@ class BudgetRun:
             raise RuntimeError(f"{self.label}: the training loss is {loss} at step {self.steps}; lower its rate.")
 
     def train(self) -> dict:
-        monitor, wall = CpuMonitor().start(), time.perf_counter()
+        others, wall = other_cpu_load(), time.perf_counter()
         while self.pending and self.steps < (self.args.max_train_steps or math.inf):
             self.step()
             if self.clock.seconds >= self.pending[0]:
@@ -163,7 +163,7 @@ class BudgetRun:
             self.curve.append(self.evaluate())
         return dict(curve=self.curve, steps=self.steps, train_seconds=round(self.clock.seconds, 3),
                     tokens_per_second=round(self.tokens / max(self.clock.seconds, 1e-9), 1),
-                    other_cpu_load=round(monitor.stop(), 3), wall_seconds=round(time.perf_counter() - wall, 1))
+                    other_cpu_load=round(others(), 3), wall_seconds=round(time.perf_counter() - wall, 1))
 
 
 def row(size, data, points, args, batch_size: int) -> dict:

@@ -157,7 +157,6 @@ def decode_rows(args, model, paths, device, backend) -> list[dict]:
 
 def run_shape(args, name, device) -> list[dict]:
     shape = SHAPES[name]
-    torch.manual_seed(0)
     model, graph = common.make_model(shape["vocab"], shape["successors"], node_size=shape["node_size"])
     model.generation_config.pad_token_id = 0
     model.to(device)
@@ -255,8 +254,8 @@ def settle(args, gpu: bool):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[_pre])
     parser.add_argument("--shape", choices=list(SHAPES) + ["all"], help="default: paper and small (a CPU: tiny)")
     parser.add_argument("--parts", nargs="+", choices=["train", "decode"], default=["train", "decode"])
     parser.add_argument("--batches", help="BxL list (default 32x32,256x64,1024x64; a CPU: 2x8)")

@@ -20,15 +20,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from common import CpuMonitor, add_results_dir, machine, wait_for_quiet, write_record
+from common import add_results_dir, machine, other_cpu_load, wait_for_quiet, write_record
 from gpt2 import SCHEDULERS, BatchOrder, bigram_reference, heldout_nll, labels_of, make_gpt2, target_mask  # noqa: F401
 from gpt2 import row as gpt2_row
 from gpt2 import sizes as gpt2_sizes
 
 from modeling_brillm.training import pretraining as pretrain
-from modeling_brillm.training.checkpoints import LOG_NAME, read_log
+from modeling_brillm.training.checkpoints import LOG_NAME, read_log, write_json
 from modeling_brillm.training.epochs import TrainingClock, make_schedule  # noqa: F401  (the one clock)
-from modeling_brillm.training.errors import UsageError
+from modeling_brillm.training.errors import UsageError, run_cli
 
 GPT2_BATCH = 64
 CONFIG_KEYS = ("node_size", "num_edges", "signal_dropout", "non_edge_bias", "node_readout", "edge_backoff",
@@ -49,9 +49,7 @@ def shared_arguments(p, **defaults) -> argparse.ArgumentParser:
                  "threads", "seed"):
         p.add_argument(f"--{name}", type=int, default=defaults.get(name))
     p.add_argument("--output_dir", default=defaults["output_dir"])
-    p.add_argument("--no-wait-quiet", "--no_wait_quiet", dest="wait_quiet", action="store_false",
-                   help="do not wait for other processes to leave the CPUs")
-    return add_results_dir(p)
+    return add_results_dir(p, wait_quiet=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -137,7 +135,7 @@ def brillm_rows(args, points) -> list[tuple[list[str], str]]:
 
 
 def command_line(argv) -> str:
-    return "python examples/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
+    return "python examples/pretrain.py " + shlex.join(argv)
 
 
 def parse_pretrain(argv):
@@ -187,16 +185,14 @@ def brillm_row(argv, data, label_suffix: str) -> dict:
     import torch
 
     print(f"\nBriLLM{label_suffix}: {command_line(argv)}", flush=True)
-    pargs, monitor, wall, cuda = parse_pretrain(argv), CpuMonitor(), time.perf_counter(), torch.cuda.is_available()
-    monitor.start()
+    pargs, others, wall, cuda = parse_pretrain(argv), other_cpu_load(), time.perf_counter(), torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if pretrain.run(pargs, data=data) != 0:
         raise RuntimeError(f"the pretraining run failed: {command_line(argv)}")
-    load, wall = monitor.stop(), time.perf_counter() - wall
+    load, wall = others(), time.perf_counter() - wall
     peak = round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None
-    if cuda:
-        torch.cuda.empty_cache()  # the next row's model is as large again
+    torch.cuda.empty_cache()  # the next row's model is as large again (nothing where CUDA never started)
     out = Path(pargs.output_dir)
     summary, config = (json.loads((out / name).read_text()) for name in (pretrain.SUMMARY_NAME, "config.json"))
     batch = next(s for s in json.loads((out / "recipe.json").read_text())["settings"]
@@ -245,7 +241,7 @@ def run(args) -> dict:
 
     def keep(row):  # quality.json after every model: a run cut off by its time limit keeps the rows it finished
         models.append(row)
-        write_json_atomic(out / "quality.json", dict(partial=True, models=models))
+        write_json(out / "quality.json", dict(partial=True, models=models))
 
     for argv, suffix in [] if args.no_brillm else rows:
         keep(brillm_row(argv, pretrain_data, suffix))
@@ -262,15 +258,10 @@ def run(args) -> dict:
                    bigram_add_0_1_perplexity=round(bigram_reference(data), 3),
                    perplexity_at_budget={str(b): {m["label"]: round(at_budget(m["curve"], b)["perplexity"], 3)
                                                   for m in models} for b in budgets})
-    write_json_atomic(out / "quality.json", results)
+    write_json(out / "quality.json", results)
     plot(results, out / "quality.png")
     report(results)
     return results
-
-
-def write_json_atomic(path: Path, obj):
-    path.with_name(f".tmp-{path.name}").write_text(json.dumps(obj, indent=1), encoding="utf-8")
-    os.replace(path.with_name(f".tmp-{path.name}"), path)
 
 
 def plot(results: dict, path: Path, title: str = "BriLLM vs GPT-2"):
@@ -319,14 +310,11 @@ def report(results):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        results = run(args)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
-    write_record("quality", args, results, argv=argv)
-    return 0
+    def recorded(args) -> int:
+        write_record("quality", args, run(args), argv=argv)
+        return 0
+
+    return run_cli(parse_args, recorded, argv)
 
 
 if __name__ == "__main__":

@@ -38,12 +38,12 @@ KEYS = {"lr": ("--learning_rate", float), "wd": ("--weight_decay", float),
         "lazy_wd": ("--lazy_weight_decay", SWITCH), "warmup": ("--num_warmup_steps", int),
         "schedule": (None, ("constant", "cosine", "linear")), "shared_lr": ("--shared_edge_lr_scale", float),
         "node_lr": ("--node_lr_scale", float), "clip": ("--max_grad_norm", float), "d": ("--node_size", int),
-        "min_count": ("--min_bigram_count", "auto"), "dropout": ("--signal_dropout", "auto"),
+        "min_count": ("--min_bigram_count", int, "auto"), "dropout": ("--signal_dropout", float, "auto"),
         "dropout_warmup": ("--signal_dropout_warmup_epochs", float), "non_edge": ("--non_edge_bias", SWITCH),
         "readout": ("--node_readout", SWITCH), "recency": ("--position_recency", float),
         "backoff": ("--edge_backoff", SWITCH), "embed": ("--node_embedding", SWITCH),
         "prior": ("--count_prior", SWITCH), "seed": (None, int),
-        "recurrence": (None, float), "probe_runs": (None, "blocks"), "probe_every": (None, int)}
+        "recurrence": (None, float), "probe_runs": (None, int, "blocks"), "probe_every": (None, int)}
 PROBE = {"recurrence": "recurrence", "probe_runs": "runs", "probe_every": "probe_every"}  # key -> probe_bigrams'
 LEAST = {"probe_runs": 1, "probe_every": 2, "recurrence": 0}
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -62,23 +62,21 @@ def parse_args(argv=None):
 
 
 def parse_value(spec: str, key: str, value: str):
-    kind = KEYS[key][1]
+    kind, word = KEYS[key][1], KEYS[key][2:]  # word: the one text a numeric key also takes ("auto", "blocks")
     if isinstance(kind, tuple):
         if value not in kind:
             raise UsageError(f"--variant {spec!r}: {key} is one of {', '.join(kind)}, got {value!r}.")
         return value
-    if kind in ("auto", "blocks") and value == kind:
+    if value in word:
         return value
-    convert = int if key in ("min_count", "probe_runs") else (float if kind == "auto" else kind)
     try:
-        number = convert(value)
+        number = kind(value)
     except ValueError:
         number = None
     least = LEAST.get(key)
     if number is None or (least is not None and not number >= least):
-        what = ("an integer" if convert is int else "a number") + (f" >= {least}" if least is not None else "")
-        raise UsageError(f"--variant {spec!r}: {key} needs {what}{f' or {kind}' if isinstance(kind, str) else ''}, "
-                         f"got {value!r}.")
+        what = ("an integer" if kind is int else "a number") + (f" >= {least}" if least is not None else "")
+        raise UsageError(f"--variant {spec!r}: {key} needs {what}{''.join(' or ' + w for w in word)}, got {value!r}.")
     return number
 
 
@@ -172,13 +170,12 @@ def verdict(units: float) -> str:
 
 
 def compare(models, args) -> dict | None:
-    """Each BriLLM variant's final perplexity against the base's: the change in % and, with --noise, in its units."""
-    brillm = [m for m in models if m["kind"] == "brillm"]
+    """Each variant's final perplexity against the base's: the change in % and, with --noise, in its units."""
     if args.base_perplexity is None and args.noise is None:
         return None
-    base_row = next((m for m in brillm if m["label"] == "base"), brillm[0])
+    base_row = next((m for m in models if m["label"] == "base"), models[0])
     base = args.base_perplexity or base_row["curve"][-1]["perplexity"]
-    for m in brillm:
+    for m in models:
         change = m["curve"][-1]["perplexity"] / base - 1
         m["vs_base_percent"] = 100 * change
         if args.noise:
@@ -199,10 +196,8 @@ def seed_spread(models, groups: dict) -> dict:
     for name, labels in groups.items():
         curves = [{p["steps"]: p["perplexity"] for p in m["curve"] if p["steps"]} for m in models
                   if m["label"] in labels]
-        out[name] = {step: dict(perplexity=[c[step] for c in curves],
-                                spread=(max(c[step] for c in curves) - min(c[step] for c in curves))
-                                / statistics.fmean(c[step] for c in curves))
-                     for step in sorted(set.intersection(*map(set, curves)))}
+        at_step = {step: [c[step] for c in curves] for step in sorted(set.intersection(*map(set, curves)))}
+        out[name] = {s: dict(perplexity=v, spread=(max(v) - min(v)) / statistics.fmean(v)) for s, v in at_step.items()}
         for step, row in out[name].items():
             print(f"{name} step {step}: " + "  ".join(f"{v:.3f}" for v in row["perplexity"])
                   + f"   spread {row['spread']:.2%}")
@@ -272,7 +267,7 @@ def run(args) -> dict:
         names = dict.fromkeys(name.rsplit("-s", 1)[0] for name, _ in variants)
         results["seed_noise"] = seed_spread(models, {n: [f"{n}-s{s}" for s in args.seeds] for n in names})
     out.mkdir(parents=True, exist_ok=True)
-    quality.write_json_atomic(out / "recipe_sweep.json", results)
+    quality.write_json(out / "recipe_sweep.json", results)
     quality.plot(results, out / "recipe_sweep.png", "BriLLM recipes")
     print("\n" + markdown(results))
     for m in (m for m in models if "vs_base" in m):
@@ -281,14 +276,11 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        results = run(args)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
-    write_record("recipe_sweep", args, results, argv=argv)
-    return 0
+    def recorded(args) -> int:
+        write_record("recipe_sweep", args, run(args), argv=argv)
+        return 0
+
+    return quality.run_cli(parse_args, recorded, argv)
 
 
 if __name__ == "__main__":

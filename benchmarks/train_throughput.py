@@ -26,11 +26,11 @@ OBJECTIVES = {"exact": dict(loss_type="exact"),
 
 def timed_steps(model, optimizer, paths, B, L, args):
     """((step, forward, backward, optimizer) seconds of each timed step, the others' CPU load, the last loss)."""
-    times, monitor = [], common.CpuMonitor()
+    times = []
     for step in range(args.warmup + args.steps):
         batch = paths.batch(B, L)
         if step == args.warmup:
-            monitor.start()
+            others = common.other_cpu_load()
         t0 = time.perf_counter()
         out = model(input_ids=batch, labels=batch, return_logits=False)
         t1 = time.perf_counter()
@@ -40,7 +40,7 @@ def timed_steps(model, optimizer, paths, B, L, args):
         optimizer.zero_grad(set_to_none=True)
         if step >= args.warmup:
             times.append((time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2))
-    return times, monitor.stop(), float(out.loss.detach())
+    return times, others(), float(out.loss.detach())
 
 
 def run_shape(args, shape_name) -> list[dict]:
@@ -127,10 +127,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-wait-quiet", dest="wait_quiet", action="store_false",
-                        help="do not wait (up to 5 min) for other processes to leave the CPUs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = common.add_results_dir(parser).parse_args(argv)
+    args = common.add_results_dir(parser, wait_quiet=True).parse_args(argv)
     torch.set_num_threads(args.threads)
     args.objective = list(OBJECTIVES) if args.objective == "all" else [args.objective]
     if args.child:
