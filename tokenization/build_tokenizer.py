@@ -33,8 +33,6 @@ BYTE_ALPHABET_SIZE = 256
 KINDS = ("bpe", "char")
 _RELEASED_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "[CLS]", "eos_token": "[SEP]",
                       "mask_token": "[MASK]"}  # ids 0..4 in the released English JSON
-# a str in a list with one of these endings is meant as a file: a missing one is an error, never a document
-_TEXT_FILE_SUFFIXES = (".txt", ".text")
 
 
 def _iter_file(path: Path) -> Iterator[str]:
@@ -67,9 +65,9 @@ def _iter_dataset(dataset: Any, text_column: str) -> Iterator[str]:
 
 
 def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
-    """The raw texts of any supported input (see `build_tokenizer`). A lone str is always a path and a list is read
-    as paths when every item is an ``os.PathLike`` or an existing file, so a mistyped file name fails instead of
-    becoming the corpus."""
+    """The raw texts of any supported input (see `build_tokenizer`). A lone str is always a path, a list is read as
+    paths when every item is an ``os.PathLike`` or an existing file, and an item named like a text file (.txt, .text)
+    that is none fails, so a mistyped file name never becomes the corpus."""
     if data is None:
         raise ValueError("No training input: pass texts, text file paths or a datasets.Dataset.")
     if hasattr(data, "column_names") and (hasattr(data, "iter") or hasattr(data, "__iter__")):  # a Dataset, duck-typed
@@ -77,12 +75,10 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
     if isinstance(data, (str, os.PathLike)):
         return _iter_files([Path(data)])
     if isinstance(data, (list, tuple)):
-        if not data:
-            raise ValueError("Empty training input: the list of texts/files is empty.")
         if all(isinstance(item, os.PathLike) or (isinstance(item, str) and os.path.isfile(item)) for item in data):
             return _iter_files([Path(item) for item in data])
         named = [item for item in data if isinstance(item, os.PathLike) or (
-            isinstance(item, str) and "\n" not in item and item.lower().endswith(_TEXT_FILE_SUFFIXES))]
+            isinstance(item, str) and "\n" not in item and item.lower().endswith((".txt", ".text")))]
         if named and os.path.isfile(named[0]):
             raise ValueError("The input mixes file paths and raw texts; pass only paths or only texts.")
         if named:
@@ -152,18 +148,16 @@ def build_tokenizer(texts_or_files_or_dataset: Any, kind: str = "bpe", vocab_siz
                     model_max_length: int | None = None) -> PreTrainedTokenizerFast:
     """Train a BriLLM tokenizer (the module's docstring) and wrap it as a ``PreTrainedTokenizerFast``.
 
-    `texts_or_files_or_dataset`: a list/iterator of strings (one document each), one text-file path or a list of them
-    (each line a document; a lone str is always a path), or a ``datasets.Dataset``/``IterableDataset`` (its
-    `text_column`, read in batches); empty strings and ``None`` are skipped. `vocab_size` counts the 4 special tokens
-    (``char`` keeps the ``vocab_size - 4`` most frequent characters; a small corpus may give fewer). `output_dir`:
-    ``save_pretrained`` there (it loads with ``AutoTokenizer``, no custom code). `min_frequency`: how often a merge /
-    a character must occur. `model_max_length`: None, no limit; one saved beside a model records the model's
-    ``max_position_embeddings`` (docs/integrations.md).
+    `texts_or_files_or_dataset`: strings (one document each), one text-file path or a list of them (a document a
+    line; a lone str is always a path), or a ``datasets.Dataset``/``IterableDataset`` (its `text_column`, read in
+    batches); empty strings and ``None`` are skipped. `vocab_size` counts the 4 special tokens (a small corpus may
+    give fewer); `min_frequency`: the least count of a merge / a character; `model_max_length` (None: no limit) is
+    the model's ``max_position_embeddings`` for one saved beside a model (docs/integrations.md).
 
-    ``<s>`` is prepended by the post-processor saved in ``tokenizer.json`` (its ``add_bos_token`` attribute reads
-    ``False``: do not set ``add_bos_token``/``add_eos_token``, which makes transformers rebuild the template). BPE
-    round-trips NFKC-normalised text ("\ufb01" comes back as "fi"). Char: a whitespace character (tab, U+00A0, ...)
-    frequent enough round-trips, a rarer one is ``<unk>``; "\\n" enters the vocabulary only from texts passed in.
+    ``<s>`` is prepended by the post-processor saved in ``tokenizer.json`` (``add_bos_token`` reads ``False``: do not
+    set ``add_bos_token``/``add_eos_token``, which makes transformers rebuild the template). BPE round-trips
+    NFKC-normalised text ("\ufb01" comes back as "fi"); char keeps a whitespace character (tab, U+00A0, ...) only
+    when frequent enough (else ``<unk>``), and "\\n" only from texts passed in (a file is read a document a line).
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, "
@@ -229,7 +223,8 @@ def load_released_char_vocab(path_to_vocab_json: str | os.PathLike,
                  unk_token=UNK_TOKEN)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (2 after one ``error:`` line)."""
     parser = argparse.ArgumentParser(
         prog="python -m tokenization.build_tokenizer",
         description="Train a BriLLM tokenizer (byte-level BPE for English or character-level for Chinese) and save it "
@@ -258,12 +253,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         _check_sizes(args.kind, args.vocab_size, args.min_frequency)
     except ValueError as err:
         parser.error(str(err))
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit status (2 after one ``error:`` line)."""
-    args = _parse_args(argv)
     data: Any = args.train_file
     if data is None:
         import datasets  # only --dataset_name needs it

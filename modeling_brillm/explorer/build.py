@@ -8,7 +8,7 @@ import json
 import math
 import os
 import re
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +34,14 @@ SAVED = "give the folder save_pretrained wrote."
 @contextmanager
 def quiet():
     """transformers' and the Hub's warnings and progress bars off for the block (lengths are checked here)."""
-    level, hub_level = hf_logging.get_verbosity(), hub_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hub_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
+    with ExitStack() as restore:  # each change registers its undo
+        for log in (hf_logging, hub_logging):
+            restore.callback(log.set_verbosity, log.get_verbosity())
+            log.set_verbosity_error()
+        if hf_logging.is_progress_bar_enabled():
+            restore.callback(hf_logging.enable_progress_bar)
+        hf_logging.disable_progress_bar()
         yield
-    finally:
-        hf_logging.set_verbosity(level)
-        hub_logging.set_verbosity(hub_level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def one_line(error: BaseException, fix: str = "") -> str:

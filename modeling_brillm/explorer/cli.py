@@ -64,7 +64,6 @@ def run(args) -> None:
             print(f"  step {i:3d}: rank {a['steps'][i]['rank']} -> {b['steps'][i]['rank']}")
 
 
-
 def main(argv=None, description=None) -> int:
     """Run the command line `argv`: 0, or 2 after one `error:` line on stderr (`description`: the --help text)."""
     p = argparse.ArgumentParser(description=description or __doc__,
