@@ -24,9 +24,6 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "PAD_TOKEN", "UNK_TOKEN", "BOS_TOKEN", "EOS_TOKEN", "BYTE_ALPHABET_SIZE", "KINDS",
-           "build_tokenizer", "load_released_tokenizer", "load_released_char_vocab", "main"]
-
 PAD_TOKEN, UNK_TOKEN, BOS_TOKEN, EOS_TOKEN = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, BOS_TOKEN, EOS_TOKEN]  # trainers assign ids in this order: 0..3
 BYTE_ALPHABET_SIZE = 256
@@ -83,8 +80,7 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
             raise ValueError("The input mixes file paths and raw texts; pass only paths or only texts.")
         if named:
             raise FileNotFoundError(f"Training file not found: {os.fspath(named[0])!r}")
-        return iter(data)
-    if isinstance(data, Iterable):
+    if isinstance(data, Iterable):  # a list of texts too
         return iter(data)
     raise TypeError(f"Unsupported training input of type {type(data).__name__}: pass a list/iterator of strings, "
                     "a list of text file paths or a datasets.Dataset.")
@@ -194,9 +190,8 @@ def _released_file(path, what: str) -> Path:
 def load_released_tokenizer(path_to_tokenizer_json: str | os.PathLike,
                             model_max_length: int | None = None) -> PreTrainedTokenizerFast:
     """The released BriLLM0.5 English tokenizer (``wiki_bpe_tokenizer_4000_bytelevel.json``: NFKC, byte-level BPE
-    with ``add_prefix_space=True``, 4000 tokens) unchanged: its ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (ids 0..4) as
-    pad/unk/bos/eos/mask, and, as the release has no post-processor, no special tokens added when encoding (the ids
-    of ``tokenizers.Tokenizer.from_file(path).encode``). ``model_max_length``: as in ``build_tokenizer``."""
+    with ``add_prefix_space=True``, 4000 tokens) unchanged: ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (ids 0..4) as
+    pad/unk/bos/eos/mask, and no special tokens added when encoding (the release has no post-processor)."""
     path = _released_file(path_to_tokenizer_json, "tokenizer")
     backend = Tokenizer.from_file(os.fspath(path))
     missing = [tok for tok in _RELEASED_SPECIALS.values() if backend.token_to_id(tok) is None]

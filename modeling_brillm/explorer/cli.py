@@ -10,8 +10,6 @@ import sys
 from .. import energy_trace, plot_energy_path
 from .build import check_text, compare, explore, load_model, one_line, quiet
 
-EXTEND_FIX = ": pass --extend to read past them."
-
 
 def check(args) -> str | None:
     """The command line's own mistakes, found before anything is loaded."""
@@ -88,6 +86,6 @@ def main(argv=None, description=None) -> int:
         with quiet():  # no library warnings or progress bars: the lengths are checked here and said in one line
             run(args)
     except (ValueError, TypeError, OSError, ImportError) as error:
-        print(f"error: {one_line(error, EXTEND_FIX)}", file=sys.stderr)
+        print(f"error: {one_line(error, ': pass --extend to read past them.')}", file=sys.stderr)
         return 2
     return 0
