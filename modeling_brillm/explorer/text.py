@@ -10,7 +10,8 @@ import unicodedata
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-_MARKS = {"\n": "\u21b5", "\t": "\u21e5", "\x7f": "\u2421"}  # else a control's picture: ␀ ... ␟
+# the control characters as their pictures (␀ ... ␟, ␡), but newline as ↵ and tab as ⇥
+_MARKS = {chr(c): chr(0x2400 + c) for c in range(0x20)} | {"\x7f": "\u2421", "\n": "\u21b5", "\t": "\u21e5"}
 _INVISIBLE = ("Cc", "Cf", "Cs", "Co", "Zl", "Zp")  # controls, bidi and zero-width formats, surrogates, private use
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _BYTES_OF = {ch: b for b, ch in bytes_to_unicode().items()}  # the byte-level alphabet: character -> its byte
@@ -18,9 +19,7 @@ _BYTES_OF = {ch: b for b, ch in bytes_to_unicode().items()}  # the byte-level al
 
 def _mark(ch: str) -> str:
     """A character that would be invisible (or turn the text's direction) as a visible mark; others unchanged."""
-    if ch in _MARKS or ord(ch) < 0x20:
-        return _MARKS.get(ch) or chr(0x2400 + ord(ch))
-    return f"\\u{ord(ch):04x}" if unicodedata.category(ch) in _INVISIBLE else ch
+    return _MARKS.get(ch) or (f"\\u{ord(ch):04x}" if unicodedata.category(ch) in _INVISIBLE else ch)
 
 
 def label(text: str | None, token: int | None = None) -> str:
