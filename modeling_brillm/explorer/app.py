@@ -30,7 +30,7 @@ class Models:
     """The models served (`listed`, or any with `allow_any`), loaded on first use into an LRU cache of `size`."""
 
     def __init__(self, listed=(), allow_any: bool = False, size: int = 2):
-        self.listed = {resolve(n): n for n in listed}
+        self.listed = {resolve(n) for n in listed}
         self.allow_any, self.size = bool(allow_any), max(1, int(size))
         self.loaded: OrderedDict = OrderedDict()
         self.lock = threading.Lock()  # one request at a time: each sets the position overflow it asks for
