@@ -1,5 +1,4 @@
-"""BriLLM tokenizers: train byte-level BPE / character tokenizers and load the BriLLM0.5 releases (ids and options:
-:mod:`tokenization.build_tokenizer`)."""
+"""BriLLM tokenizers, byte-level BPE or characters, and the BriLLM0.5 releases (:mod:`tokenization.build_tokenizer`)."""
 
 import sys
 

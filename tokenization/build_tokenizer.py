@@ -13,6 +13,7 @@ prepended to every sequence, ``</s>`` never appended. The released BriLLM0.5 fil
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -23,18 +24,12 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "PAD_TOKEN", "UNK_TOKEN", "BOS_TOKEN", "EOS_TOKEN", "BYTE_ALPHABET_SIZE", "KINDS",
-           "build_tokenizer", "load_released_tokenizer", "load_released_char_vocab", "main"]
-
 PAD_TOKEN, UNK_TOKEN, BOS_TOKEN, EOS_TOKEN = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, BOS_TOKEN, EOS_TOKEN]  # trainers assign ids in this order: 0..3
 BYTE_ALPHABET_SIZE = 256
 KINDS = ("bpe", "char")
 _RELEASED_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "[CLS]", "eos_token": "[SEP]",
                       "mask_token": "[MASK]"}  # ids 0..4 in the released English JSON
-# a str in a list with one of these endings is meant as a file: a missing one is an error, never a document
-_TEXT_FILE_SUFFIXES = (".txt", ".text")
-_BATCH_SIZE = 1000
 
 
 def _iter_file(path: Path) -> Iterator[str]:
@@ -51,27 +46,25 @@ def _iter_file(path: Path) -> Iterator[str]:
 
 def _iter_files(paths: list[Path]) -> Iterator[str]:
     """The documents of all files in order, every file checked to exist first (before training)."""
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"Training file not found: {str(path)!r}")
+    if missing := [path for path in paths if not path.is_file()]:
+        raise FileNotFoundError(f"Training file not found: {str(missing[0])!r}")
     return (doc for path in paths for doc in _iter_file(path))
 
 
 def _iter_dataset(dataset: Any, text_column: str) -> Iterator[str]:
     """The ``text_column`` of a dataset, read in batches; the column checked now, not inside the trainer."""
-    columns = dataset.column_names
-    if columns is not None and text_column not in columns:
+    if (columns := dataset.column_names) is not None and text_column not in columns:
         raise ValueError(f"text_column={text_column!r} is not a column of the dataset (columns: {list(columns)}); "
                          "pass text_column=<name of the text column>.")
     if hasattr(dataset, "iter"):  # batches: much faster than rows for Arrow-backed datasets
-        return (text for batch in dataset.iter(batch_size=_BATCH_SIZE) for text in batch[text_column])
+        return (text for batch in dataset.iter(batch_size=1000) for text in batch[text_column])
     return (row[text_column] for row in dataset)
 
 
 def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
-    """The raw texts of any supported input (see `build_tokenizer`). A lone str is always a path and a list is read
-    as paths when every item is an ``os.PathLike`` or an existing file, so a mistyped file name fails instead of
-    becoming the corpus."""
+    """The raw texts of any supported input (see `build_tokenizer`). A lone str is always a path, a list is read as
+    paths when every item is an ``os.PathLike`` or an existing file, and an item named like a text file (.txt, .text)
+    that is none fails, so a mistyped file name never becomes the corpus."""
     if data is None:
         raise ValueError("No training input: pass texts, text file paths or a datasets.Dataset.")
     if hasattr(data, "column_names") and (hasattr(data, "iter") or hasattr(data, "__iter__")):  # a Dataset, duck-typed
@@ -79,39 +72,27 @@ def _resolve_input(data: Any, text_column: str) -> Iterator[str]:
     if isinstance(data, (str, os.PathLike)):
         return _iter_files([Path(data)])
     if isinstance(data, (list, tuple)):
-        if not data:
-            raise ValueError("Empty training input: the list of texts/files is empty.")
         if all(isinstance(item, os.PathLike) or (isinstance(item, str) and os.path.isfile(item)) for item in data):
             return _iter_files([Path(item) for item in data])
         named = [item for item in data if isinstance(item, os.PathLike) or (
-            isinstance(item, str) and "\n" not in item and item.lower().endswith(_TEXT_FILE_SUFFIXES))]
+            isinstance(item, str) and "\n" not in item and item.lower().endswith((".txt", ".text")))]
         if named and os.path.isfile(named[0]):
             raise ValueError("The input mixes file paths and raw texts; pass only paths or only texts.")
         if named:
             raise FileNotFoundError(f"Training file not found: {os.fspath(named[0])!r}")
-        return iter(data)
-    if isinstance(data, Iterable):
+    if isinstance(data, Iterable):  # a list of texts too
         return iter(data)
     raise TypeError(f"Unsupported training input of type {type(data).__name__}: pass a list/iterator of strings, "
                     "a list of text file paths or a datasets.Dataset.")
 
 
-class _CountingTexts:
-    """The texts as the trainer reads them: each checked to be a str (None, a dataset's missing value, skipped) and
-    the non-empty ones counted (a one-shot iterator shows it was empty only once the trainer has read it)."""
-
-    def __init__(self, texts: Iterator[str]):
-        self._texts, self.n_docs = texts, 0
-
-    def __iter__(self) -> Iterator[str]:
-        for text in self._texts:
-            if text is None:
-                continue
-            if not isinstance(text, str):
-                raise TypeError(f"Training texts must be str, got {type(text).__name__}: {text!r:.80}")
-            if text:
-                self.n_docs += 1
-                yield text
+def _documents(texts: Iterator[str]) -> Iterator[str]:
+    """The non-empty texts, each checked to be a str (None, a dataset's missing value, skipped)."""
+    for text in texts:
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"Training texts must be str, got {type(text).__name__}: {text!r:.80}")
+        if text:
+            yield text
 
 
 def _char_backend(model) -> Tokenizer:
@@ -142,7 +123,8 @@ def _wrap(backend: Tokenizer, model_max_length: int | None, **specials) -> PreTr
                                    clean_up_tokenization_spaces=False)
 
 
-def _check_vocab_size(kind: str, vocab_size: int) -> None:
+def _check_sizes(kind: str, vocab_size: int, min_frequency: int) -> None:
+    """The vocabulary size and minimum count checked against `kind`, before any text is read."""
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
     n = len(SPECIAL_TOKENS)
@@ -153,45 +135,36 @@ def _check_vocab_size(kind: str, vocab_size: int) -> None:
     if kind != "bpe" and vocab_size <= n:
         raise ValueError(f"vocab_size={vocab_size} is too small for kind='char': it counts the {n} special tokens, "
                          f"so use vocab_size >= {n + 1} to keep at least one character.")
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
 
 
 def build_tokenizer(texts_or_files_or_dataset: Any, kind: str = "bpe", vocab_size: int = 4000,
                     output_dir: str | os.PathLike | None = None, text_column: str = "text", min_frequency: int = 2,
                     model_max_length: int | None = None) -> PreTrainedTokenizerFast:
-    """Train a BriLLM tokenizer and wrap it as a ``PreTrainedTokenizerFast``.
+    """Train a BriLLM tokenizer (the module's docstring) and wrap it as a ``PreTrainedTokenizerFast``.
 
-    Args:
-        texts_or_files_or_dataset: a list/iterator of strings (one document each), one text-file path or a list of
-            them (each line a document, line endings dropped; a lone str is always a path), or a
-            ``datasets.Dataset``/``IterableDataset`` (``text_column``, read in batches). Empty strings and ``None``
-            are skipped.
-        vocab_size: the whole vocabulary *including* the 4 special tokens: ``bpe`` needs at least 4 + 256 (the byte
-            alphabet), ``char`` keeps the ``vocab_size - 4`` most frequent characters. A small corpus may give fewer.
-        output_dir: if given, ``save_pretrained`` there (loads with ``AutoTokenizer.from_pretrained``, no custom code).
-        min_frequency: how often a BPE merge / a character must occur to enter the vocabulary.
-        model_max_length: None (default): no limit, right for a tokenizer on its own; one saved beside a model
-            records the model's ``config.max_position_embeddings`` (docs/integrations.md).
+    `texts_or_files_or_dataset`: strings (one document each), one text-file path or a list of them (a document a
+    line; a lone str is always a path), or a ``datasets.Dataset``/``IterableDataset`` (its `text_column`, read in
+    batches); empty strings and ``None`` are skipped. `vocab_size` counts the 4 special tokens (a small corpus may
+    give fewer); `min_frequency`: the least count of a merge / a character; `model_max_length` (None: no limit) is
+    the model's ``max_position_embeddings`` for one saved beside a model (docs/integrations.md).
 
-    ``<s>`` is prepended by the post-processor saved in ``tokenizer.json`` (its ``add_bos_token`` attribute reads
-    ``False``: do not set ``add_bos_token``/``add_eos_token``, which makes transformers rebuild the template).
-
-    BPE normalises with NFKC first, so decode(encode(x)) == x holds for NFKC-normalised text ("\ufb01" comes back
-    as "fi"). Char: every character, whitespace included, is its own token, so a space (tab, U+00A0, ...) frequent
-    enough to be kept round-trips and a rarer one encodes to ``<unk>``, which ``decode(..., skip_special_tokens=True)``
-    drops; files are read a document a line, so "\\n" enters the vocabulary only from texts passed in.
+    ``<s>`` is prepended by the post-processor saved in ``tokenizer.json`` (``add_bos_token`` reads ``False``: do not
+    set ``add_bos_token``/``add_eos_token``, which makes transformers rebuild the template). BPE round-trips
+    NFKC-normalised text ("\ufb01" comes back as "fi"); char keeps a whitespace character (tab, U+00A0, ...) only
+    when frequent enough (else ``<unk>``), and "\\n" only from texts passed in (a file is read a document a line).
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown tokenizer kind {kind!r}; use one of {list(KINDS)} ('bpe' for English, "
                          "'char' for Chinese).")
-    _check_vocab_size(kind, vocab_size)
-    if min_frequency < 1:
-        raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
-    texts = _CountingTexts(_resolve_input(texts_or_files_or_dataset, text_column))
-    tokenizer, trainer = _new_tokenizer(kind, vocab_size, min_frequency)
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    if texts.n_docs == 0:
+    _check_sizes(kind, vocab_size, min_frequency)
+    texts = _documents(_resolve_input(texts_or_files_or_dataset, text_column))
+    if (first := next(texts, None)) is None:  # a one-shot iterator shows it is empty only once read
         raise ValueError("Empty corpus: the training input contains no text (all documents/lines are empty); "
                          "pass non-empty texts, files or a dataset with a non-empty text column.")
+    tokenizer, trainer = _new_tokenizer(kind, vocab_size, min_frequency)
+    tokenizer.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
     for expected_id, token in enumerate(SPECIAL_TOKENS):  # the documented ids, whatever a trainer version does
         if (actual := tokenizer.token_to_id(token)) != expected_id:
             raise RuntimeError(f"special token {token!r} got id {actual}, expected {expected_id}")
@@ -217,9 +190,8 @@ def _released_file(path, what: str) -> Path:
 def load_released_tokenizer(path_to_tokenizer_json: str | os.PathLike,
                             model_max_length: int | None = None) -> PreTrainedTokenizerFast:
     """The released BriLLM0.5 English tokenizer (``wiki_bpe_tokenizer_4000_bytelevel.json``: NFKC, byte-level BPE
-    with ``add_prefix_space=True``, 4000 tokens) unchanged: its ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (ids 0..4) as
-    pad/unk/bos/eos/mask, and, as the release has no post-processor, no special tokens added when encoding (the ids
-    of ``tokenizers.Tokenizer.from_file(path).encode``). ``model_max_length``: as in ``build_tokenizer``."""
+    with ``add_prefix_space=True``, 4000 tokens) unchanged: ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (ids 0..4) as
+    pad/unk/bos/eos/mask, and no special tokens added when encoding (the release has no post-processor)."""
     path = _released_file(path_to_tokenizer_json, "tokenizer")
     backend = Tokenizer.from_file(os.fspath(path))
     missing = [tok for tok in _RELEASED_SPECIALS.values() if backend.token_to_id(tok) is None]
@@ -235,8 +207,7 @@ def load_released_char_vocab(path_to_vocab_json: str | os.PathLike,
     The release has no pad/bos/eos, so they stay ``None`` (adding them would change a converted checkpoint's
     vocabulary) and encoding adds no special tokens; set ``tokenizer.pad_token`` (e.g. ``"<unk>"``) to pad batches."""
     path = _released_file(path_to_vocab_json, "vocab")
-    with open(path, encoding="utf-8") as handle:
-        vocab = json.load(handle)
+    vocab = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
         raise ValueError(f"{str(path)!r} must be a JSON object mapping token -> integer id.")
     if UNK_TOKEN not in vocab:
@@ -247,7 +218,8 @@ def load_released_char_vocab(path_to_vocab_json: str | os.PathLike,
                  unk_token=UNK_TOKEN)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (2 after one ``error:`` line)."""
     parser = argparse.ArgumentParser(
         prog="python -m tokenization.build_tokenizer",
         description="Train a BriLLM tokenizer (byte-level BPE for English or character-level for Chinese) and save it "
@@ -273,20 +245,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     if missing := [f for f in args.train_file or [] if not os.path.isfile(f)]:
         parser.error(f"--train_file not found: {', '.join(missing)}")
     try:
-        _check_vocab_size(args.kind, args.vocab_size)
+        _check_sizes(args.kind, args.vocab_size, args.min_frequency)
     except ValueError as err:
         parser.error(str(err))
-    if args.min_frequency < 1:
-        parser.error("--min_frequency must be >= 1.")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit status (2 after one ``error:`` line)."""
-    args = _parse_args(argv)
-    if args.train_file is not None:
-        data: Any = list(args.train_file)
-    else:
+    data: Any = args.train_file
+    if data is None:
         import datasets  # only --dataset_name needs it
 
         data = datasets.load_dataset(args.dataset_name, args.dataset_config_name, split=args.dataset_split)

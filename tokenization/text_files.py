@@ -40,6 +40,3 @@ def utf8_problem(path) -> str | None:
         byte = handle.read(1)[0]
     return (f"{where}: byte 0x{byte:02x} is not valid UTF-8; re-encode the file as UTF-8 (iconv -f <its encoding> "
             f"-t utf-8 {path} > fixed.txt) or remove the bad bytes.")
-
-
-__all__ = ["first_invalid_utf8", "utf8_problem"]

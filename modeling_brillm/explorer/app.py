@@ -14,7 +14,6 @@ import torch
 from .build import Explorer, explore, folder_problem, load_model, one_line, quiet
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from a local tool, set before Gradio loads
-HOST = "127.0.0.1"
 EXTEND_FIX = ": tick \u201cread past the trained positions\u201d to read past them."
 HEIGHT = 760
 NOT_LISTED = "this app opens only the models it was started with: pick one from the list."
@@ -31,7 +30,7 @@ class Models:
     """The models served (`listed`, or any with `allow_any`), loaded on first use into an LRU cache of `size`."""
 
     def __init__(self, listed=(), allow_any: bool = False, size: int = 2):
-        self.listed = {resolve(n): n for n in listed}
+        self.listed = {resolve(n) for n in listed}
         self.allow_any, self.size = bool(allow_any), max(1, int(size))
         self.loaded: OrderedDict = OrderedDict()
         self.lock = threading.Lock()  # one request at a time: each sets the position overflow it asks for
@@ -109,7 +108,7 @@ def build(models=(), extend: bool = False, allow_any: bool = False):
 
 def serve(app, port: int | None = None, block: bool = True):
     """Launch on 127.0.0.1 only (`port` None: Gradio's default or the first free one after it)."""
-    return app.launch(server_name=HOST, server_port=port, prevent_thread_lock=not block, ssr_mode=False,
+    return app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=not block, ssr_mode=False,
                       quiet=not block, footer_links=[])
 
 

@@ -8,7 +8,7 @@ import json
 import math
 import os
 import re
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +34,14 @@ SAVED = "give the folder save_pretrained wrote."
 @contextmanager
 def quiet():
     """transformers' and the Hub's warnings and progress bars off for the block (lengths are checked here)."""
-    level, hub_level = hf_logging.get_verbosity(), hub_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hub_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
+    with ExitStack() as restore:  # each change registers its undo
+        for log in (hf_logging, hub_logging):
+            restore.callback(log.set_verbosity, log.get_verbosity())
+            log.set_verbosity_error()
+        if hf_logging.is_progress_bar_enabled():
+            restore.callback(hf_logging.enable_progress_bar)
+        hf_logging.disable_progress_bar()
         yield
-    finally:
-        hf_logging.set_verbosity(level)
-        hub_logging.set_verbosity(hub_level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def one_line(error: BaseException, fix: str = "") -> str:
@@ -224,11 +220,9 @@ def _token_data(texts: TokenText, paths: list[dict], hoods: dict) -> dict:
     used = set(in_paths) | set(hoods) | {v for p in paths for s in p["steps"] for v in
                                          [s["tgt"], s.get("pred", s["tgt"])] + [a for a, _ in s["alts"]]}
     used |= {v for h in hoods.values() for v in [e[0] for e in h["real"]] + [x for r in h["shared"] for x in r[3]]}
-    if texts.tokenizer is None:
-        return {"labels": {str(i): label(None, i) for i in sorted(used)}, "prose": {}, "bytes": {}, "specials": []}
-    pieces = {t: texts.bytes(t) for t in in_paths if not texts.whole(t)}
-    return {"labels": {str(i): label(texts.text(i)) for i in sorted(used)},
-            "prose": {str(t): prose(texts.text(t)) for t in in_paths},
+    pieces = {t: texts.bytes(t) for t in in_paths if not texts.whole(t)}  # none without a tokenizer
+    return {"labels": {str(i): label(texts.text(i), i) for i in sorted(used)},
+            "prose": {str(t): prose(texts.text(t)) for t in in_paths} if texts.tokenizer is not None else {},
             "bytes": {str(t): data.hex(" ") for t, data in pieces.items()},
             "specials": sorted(i for i in used if i in texts.special)}
 
@@ -258,8 +252,9 @@ def explore(model, text=None, tokenizer=None, *, prompt=None, max_new_tokens: in
                      "nodes": {str(u): h for u, h in hoods.items()}, "added": extra, "focus": (extra or [None])[0]})
 
 
-def _check_pair(model_a, model_b, text, tokenizer, tokenizer_b) -> list[int]:
-    """The text's ids, the same for both models: both BriLLMs, one token path, within both vocabularies and ranges."""
+def compare(model_a, model_b, text, tokenizer=None, tokenizer_b=None, *, names=None, top_k: int = 5) -> Explorer:
+    """The diff page of one text through two BriLLMs; `tokenizer_b` (default `tokenizer`) must read the same tokens."""
+    tokenizer_b = tokenizer if tokenizer_b is None else tokenizer_b
     _check_model(model_a, "the first model")
     _check_model(model_b, "the second model")
     ids = _text_ids(text, tokenizer)
@@ -271,13 +266,6 @@ def _check_pair(model_a, model_b, text, tokenizer, tokenizer_b) -> list[int]:
             raise ValueError(f"the text holds token {max(ids)}, past the {model.config.vocab_size} nodes of the "
                              f"{which} model: the two models do not share a vocabulary.")
         _check_length(model, len(ids), f"the text (for the {which} model) holds {len(ids)} tokens, more than")
-    return ids
-
-
-def compare(model_a, model_b, text, tokenizer=None, tokenizer_b=None, *, names=None, top_k: int = 5) -> Explorer:
-    """The diff page of one text through two BriLLMs; `tokenizer_b` (default `tokenizer`) must read the same tokens."""
-    tokenizer_b = tokenizer if tokenizer_b is None else tokenizer_b
-    ids = _check_pair(model_a, model_b, text, tokenizer, tokenizer_b)
     facts = [_model_facts(model_a), _model_facts(model_b)]
     names = list(names) if names is not None else [f["name"] for f in facts]
     if names[0] == names[1]:

@@ -10,8 +10,6 @@ import sys
 from .. import energy_trace, plot_energy_path
 from .build import check_text, compare, explore, load_model, one_line, quiet
 
-EXTEND_FIX = ": pass --extend to read past them."
-
 
 def check(args) -> str | None:
     """The command line's own mistakes, found before anything is loaded."""
@@ -64,7 +62,6 @@ def run(args) -> None:
             print(f"  step {i:3d}: rank {a['steps'][i]['rank']} -> {b['steps'][i]['rank']}")
 
 
-
 def main(argv=None, description=None) -> int:
     """Run the command line `argv`: 0, or 2 after one `error:` line on stderr (`description`: the --help text)."""
     p = argparse.ArgumentParser(description=description or __doc__,
@@ -89,6 +86,6 @@ def main(argv=None, description=None) -> int:
         with quiet():  # no library warnings or progress bars: the lengths are checked here and said in one line
             run(args)
     except (ValueError, TypeError, OSError, ImportError) as error:
-        print(f"error: {one_line(error, EXTEND_FIX)}", file=sys.stderr)
+        print(f"error: {one_line(error, ': pass --extend to read past them.')}", file=sys.stderr)
         return 2
     return 0

@@ -34,10 +34,10 @@ def position_logits(model) -> list[float]:
 
 
 def successors(model):
-    """u -> the (V,) mask of u's real successors, read from the model's CSR edge list; None for a dense graph."""
+    """u -> the (V,) mask of u's real successors, read from the model's CSR edge list (all V in a dense graph)."""
     base, V = getattr(model, "base_model", model), int(model.config.vocab_size)
     if getattr(model.config, "graph", "sparse") != "sparse" or not hasattr(base, "graph_indptr"):
-        return None
+        return lambda u: torch.ones(V, dtype=torch.bool)
     indptr, indices = base.graph_indptr.tolist(), base.graph_indices.detach().long().cpu()
     return lambda u: torch.zeros(V, dtype=torch.bool).index_fill_(0, indices[indptr[u]:indptr[u + 1]], True)
 
@@ -83,8 +83,8 @@ def generation_path(model, out, texts: TokenText) -> dict:
     if out.attention_mask is not None:
         prompt = prompt[out.attention_mask[0, :out.prompt_length].bool().cpu()]
     real = successors(model)
-    steps = [(s.position - 1, s.source, s.token, s.energy, s.rank, s.probability,
-              real is None or bool(real(s.source)[s.token]), s.alternatives, {}) for s in generated]
+    steps = [(s.position - 1, s.source, s.token, s.energy, s.rank, s.probability, bool(real(s.source)[s.token]),
+              s.alternatives, {}) for s in generated]
     return _path("generation", prompt.tolist() + [s.token for s in generated], len(prompt), steps, texts)
 
 
@@ -116,7 +116,7 @@ def _start_means(model, nodes: list[int], bos_token_id) -> torch.Tensor:
 
 def _hood(row: torch.Tensor, u: int, visits: int, graph, top_k: int, after: str) -> dict:
     """Node u's strongest real edges and the shared edge's strongest energies, [energy, ties, rank, a few ties]."""
-    real = graph(u) if graph else torch.ones(len(row), dtype=torch.bool)
+    real = graph(u)
     ids, others = real.nonzero().squeeze(1), (~real).nonzero().squeeze(1)
     top = torch.topk(row[ids], min(top_k, len(ids)))
     ranks = 1 + (row.unsqueeze(0) > top.values.unsqueeze(1)).sum(1)

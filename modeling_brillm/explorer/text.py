@@ -10,17 +10,16 @@ import unicodedata
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-_WHITESPACE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": "\u240d"}
+# the control characters as their pictures (␀ ... ␟, ␡), but newline as ↵ and tab as ⇥
+_MARKS = {chr(c): chr(0x2400 + c) for c in range(0x20)} | {"\x7f": "\u2421", "\n": "\u21b5", "\t": "\u21e5"}
 _INVISIBLE = ("Cc", "Cf", "Cs", "Co", "Zl", "Zp")  # controls, bidi and zero-width formats, surrogates, private use
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _BYTES_OF = {ch: b for b, ch in bytes_to_unicode().items()}  # the byte-level alphabet: character -> its byte
 
 
-def _escape(ch: str) -> str:
+def _mark(ch: str) -> str:
     """A character that would be invisible (or turn the text's direction) as a visible mark; others unchanged."""
-    if ord(ch) < 0x20 or ch == "\x7f":  # the control pictures: ␀ ... ␟, ␡
-        return chr(0x2400 + ord(ch)) if ch != "\x7f" else "\u2421"
-    return f"\\u{ord(ch):04x}" if unicodedata.category(ch) in _INVISIBLE else ch
+    return _MARKS.get(ch) or (f"\\u{ord(ch):04x}" if unicodedata.category(ch) in _INVISIBLE else ch)
 
 
 def label(text: str | None, token: int | None = None) -> str:
@@ -28,13 +27,12 @@ def label(text: str | None, token: int | None = None) -> str:
     if not text:
         return f"#{token}" if text is None else "\u2205"
     core, lead = text.strip(" "), len(text) - len(text.lstrip(" "))
-    inner = "".join(" " if ch == " " else _WHITESPACE.get(ch) or _escape(ch) for ch in core)
-    return "\u2423" * lead + inner + "\u2423" * (len(text) - lead - len(core))
+    return "\u2423" * lead + "".join(map(_mark, core)) + "\u2423" * (len(text) - lead - len(core))
 
 
 def prose(text: str) -> str:
     """A text as running prose shows it: spaces, tabs and newlines as themselves, other invisible characters marked."""
-    return "".join(ch if ch in " \n\t" else _WHITESPACE.get(ch) or _escape(ch) for ch in text)
+    return "".join(ch if ch in " \n\t" else _mark(ch) for ch in text)
 
 
 class TokenText:
@@ -94,12 +92,10 @@ def unfinished(pieces: list[bytes | None]):
 def char_groups(pieces: list[bytes | None]) -> list[tuple[int, int]]:
     """(first, last) of every run of two or more tokens whose bytes make whole characters only together."""
     groups, start = [], 0
-    for i, waiting in enumerate(unfinished(pieces)):
+    for i, waiting in enumerate([*unfinished(pieces), None]):  # a special token after the end closes the last run
         if waiting:
             continue
         if (last := i - 1 if waiting is None else i) > start:
             groups.append((start, last))
         start = i + 1
-    if len(pieces) - 1 > start:
-        groups.append((start, len(pieces) - 1))
     return groups
