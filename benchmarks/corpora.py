@@ -10,8 +10,6 @@ out, so train and validation never share a page, a chapter, a group of quotes or
 validation.jsonl ({"text", "source"} a document) and <name>/stats.json (the packages, their versions, the sizes).
 """
 
-from __future__ import annotations
-
 import argparse
 import functools
 import hashlib

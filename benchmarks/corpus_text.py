@@ -3,8 +3,6 @@ Python modules (docstrings and whole-line comments), Go files (comments). Code (
 Go's tab-indented comment lines) stays indented, so that the pretraining code's sentence splitter reads prose as
 sentences and code a line at a time; paragraphs are separated by a blank line."""
 
-from __future__ import annotations
-
 import ast
 import html
 import io

@@ -6,8 +6,6 @@ The text: Python's documentation and standard library, cycled to --size_mb; each
 examples/pretrain.py runs it, per second and per CPU-second (children included).
 """
 
-from __future__ import annotations
-
 import argparse
 import functools
 import glob

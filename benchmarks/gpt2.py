@@ -5,8 +5,6 @@ dropout 0, tied embeddings. The rate: the size's `@lr`, else --gpt2_lr (3e-3 was
 1.2e-2 for 2x64 and 4x128 at 100 and 300 steps of batch 64 on the embedded corpus; 4x256 does better at 1e-3).
 """
 
-from __future__ import annotations
-
 import itertools
 import math
 import re

@@ -8,8 +8,6 @@
     python benchmarks/gpu_throughput.py --device cpu --shape tiny        # without a GPU: the kernels interpreted
 """
 
-from __future__ import annotations
-
 import argparse
 import gc
 import itertools

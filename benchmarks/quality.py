@@ -6,8 +6,6 @@ BriLLM row IS an examples/pretrain.py run in this process (docs/benchmarks.md).
         --budgets 60 600 --gpt2 4x128 4x256@1e-3
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import math

@@ -16,8 +16,6 @@ units of --noise; a change counts past twice the noise. --seeds: each variant on
 evaluation, the spread (max - min) / mean. Variants with the same flags train once (`same_run_as`).
 """
 
-from __future__ import annotations
-
 import argparse
 import functools
 import math

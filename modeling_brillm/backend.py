@@ -2,8 +2,6 @@
 is importable); choose with `BRILLM_BACKEND=auto|torch|triton` or `with kernel_backend("torch"):`. `triton` on CPU
 tensors needs Triton's interpreter (`TRITON_INTERPRET=1`), how the kernels are checked without a GPU."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import importlib.util

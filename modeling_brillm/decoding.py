@@ -3,8 +3,6 @@ with the energy path recorded (every step's source, choice, energy, rank, probab
 `generate()`'s loop (`generation.decode_loop`); beam search is `generate()`'s own, read back from its logits.
 `save_custom_generate` writes it as a standalone transformers `custom_generate` repository."""
 
-from __future__ import annotations
-
 import inspect
 from dataclasses import dataclass, field, fields
 from pathlib import Path

@@ -5,8 +5,6 @@ tokens), every token of a text but the first predicted (the tokenizer's BOS is p
 `evaluate` metric instead averages per-text perplexities (`per_text_perplexity`, `examples/perplexity.py`). This
 module imports nothing beyond torch (datasets are used duck-typed)."""
 
-from __future__ import annotations
-
 import math
 import os
 from dataclasses import asdict, dataclass

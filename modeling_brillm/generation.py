@@ -3,8 +3,6 @@
 `decode_loop` (greedy decoding and sampling, shared by `generate()` and `energy_generate`) runs the general path or
 the one-token step, which on a GPU `DecodeGraphs` records into a CUDA graph per batch size (docs/gpu.md)."""
 
-from __future__ import annotations
-
 import inspect
 from dataclasses import dataclass
 

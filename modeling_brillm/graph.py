@@ -3,8 +3,6 @@ prior, add nodes for added tokens and real edges for new bigrams (docs/training.
 the package: a saved model's code carries only what reading a graph needs (csr.py); the models' methods
 (`from_token_sequences`, `add_edges`, `resize_token_embeddings`) call these."""
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 
 import torch

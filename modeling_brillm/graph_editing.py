@@ -1,8 +1,6 @@
 """The graph's methods of the models: reading the graph and its count prior. Building a model on a graph, storing
 one and growing one (new nodes, new real edges) are tools of the package (graph.py), which the methods call."""
 
-from __future__ import annotations
-
 import torch
 
 from .backend import package_tool

@@ -1,8 +1,6 @@
 """Look inside a BriLLM: `energy_trace` records the energy each step of a text's path delivers to the true next
 node (rank, probability, the model's pick, the runner-ups), `plot_energy_path` draws it (docs/explorer.md)."""
 
-from __future__ import annotations
-
 import math
 import os
 from dataclasses import dataclass, field, fields

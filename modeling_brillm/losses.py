@@ -1,7 +1,5 @@
 """BriLLM's training objectives (exact, sampled) over candidate energies: the model's and the sharded trainer's."""
 
-from __future__ import annotations
-
 import torch
 
 from .ops import exact_log_partition, scatter_logits, target_energies

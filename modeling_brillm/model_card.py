@@ -2,8 +2,6 @@
 tags, datasets, metrics and their model-index) and `check_hub_ready` ([] when the folder loads from the Hub with
 trust_remote_code=True). Uses `huggingface_hub.ModelCard` / `ModelCardData` (installed with transformers)."""
 
-from __future__ import annotations
-
 import json
 import os
 from pathlib import Path

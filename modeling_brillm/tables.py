@@ -1,7 +1,5 @@
 """The tables the steps read, and those a BriLLM derives from its graph and config (cached per version of inputs)."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property

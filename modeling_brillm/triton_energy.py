@@ -1,8 +1,6 @@
 """Triton kernels for the candidate energies and the one-token successors: energy.py's math, one launch per pass, a
 persistent grid over the plan's tiles; the shared edge (row 0) stays in torch. Design: docs/gpu.md."""
 
-from __future__ import annotations
-
 import torch
 
 from .backend import launch, triton_modules

@@ -3,8 +3,6 @@ optimization.py's semantics: a program updates a tile of rows × columns, readin
 once and writing p, m, v once; the first entry of each run of equal rows (sorted on the device) sums the run's
 values inside the kernel, and nothing is read back to the host (docs/gpu.md)."""
 
-from __future__ import annotations
-
 import math
 
 import torch

@@ -9,8 +9,6 @@ registers. The backward is a reverse scan; with the adjoints ḡx of the signal,
 
 The forward saves x, N and M per column (S = x·N). Design and register counts: docs/gpu.md."""
 
-from __future__ import annotations
-
 import torch
 
 from .backend import launch, triton_modules

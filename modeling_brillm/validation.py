@@ -1,7 +1,5 @@
 """Input checks: bad input gets an error that names the problem and the fix, before any tensor math runs."""
 
-from __future__ import annotations
-
 import torch
 
 

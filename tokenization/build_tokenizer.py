@@ -10,8 +10,6 @@ prepended to every sequence, ``</s>`` never appended. The released BriLLM0.5 fil
     python -m tokenization.build_tokenizer --kind bpe --vocab_size 4000 --output_dir out/tok --train_file corpus.txt
 """
 
-from __future__ import annotations
-
 import argparse
 import itertools
 import json

@@ -1,8 +1,6 @@
 """Training text files: where a file stops being UTF-8, named so a user can fix it (the datasets library and the
 tokenizers trainer only say that some read buffer failed to decode)."""
 
-from __future__ import annotations
-
 
 def first_invalid_utf8(path, chunk_bytes: int = 1 << 24) -> tuple[int, int, bool] | None:
     """(line, byte offset, whether the file ends there) of the first byte of `path` that is not valid UTF-8, or

@@ -1,8 +1,6 @@
 """examples/app.py: a Gradio app that serves the explorer's page of a prompt and its continuation, on 127.0.0.1 only,
 for the models of its command line (any folder or Hub id only with --allow_any_model)."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys

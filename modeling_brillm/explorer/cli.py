@@ -1,8 +1,6 @@
 """examples/visualize.py: a text's energy path as a picture (--output), its trace records (--json) and the explorer's
 page (--html, with --generate, --node and --compare); every mistake one `error:` line and status 2."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys

@@ -1,7 +1,5 @@
 """The page's records: a path (traced or generated) with the characters its tokens make together, a node's edges."""
 
-from __future__ import annotations
-
 import codecs
 import math
 import os

@@ -1,7 +1,5 @@
 """Token texts as a reader sees them: the characters byte-level tokens make together, invisible ones as marks."""
 
-from __future__ import annotations
-
 import codecs
 import functools
 import json

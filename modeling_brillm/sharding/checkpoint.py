@@ -1,8 +1,6 @@
 """Sharded checkpoints: `edge_shard_<rank>_of_<world>.safetensors` per process (its sources' rows with AdamW state) and
 `edge_shared.safetensors` (owners, replicated parameters, row 0, their state): read on any process count."""
 
-from __future__ import annotations
-
 import os
 
 import torch

@@ -1,8 +1,6 @@
 """What each process holds: the owner of every source (balanced by expected work) and its bytes, the local table of
 the row-indexed parameters (row 0, then owned sources' rows at global row + `local_offset[source]`), the transport."""
 
-from __future__ import annotations
-
 import heapq
 import math
 import warnings

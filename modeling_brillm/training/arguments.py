@@ -2,8 +2,6 @@
 the same, plus BriLLM's own) and the checks that need no data. A flag left out takes the preset's value, or the default
 preset's (shown in brackets: recipe.RULES)."""
 
-from __future__ import annotations
-
 import argparse
 import os
 

@@ -1,8 +1,6 @@
 """Keep the best model by held-out loss, as `Trainer(load_best_model_at_end=True)` does: its weights in BEST_FILE and in
 every checkpoint (a resumed run knows the same best), back in the model before the final save. Step 0 never counts."""
 
-from __future__ import annotations
-
 import math
 import os
 import shutil

@@ -1,8 +1,6 @@
 """A run's output folder (`RunFolder`: its lock, the earlier run it may replace, the final model staged and swapped
 in), its checkpoints (`step_N`: a temporary folder renamed whole) and its train log (every line whole or absent)."""
 
-from __future__ import annotations
-
 import errno
 import fcntl
 import json

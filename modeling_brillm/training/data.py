@@ -1,8 +1,6 @@
 """Training data: files, the Hub or the embedded corpus, the validation split, sentences, the `datasets.map` functions
 that cut blocks, the tokenizer, and the collate and target-count helpers of the loop."""
 
-from __future__ import annotations
-
 import copy
 import itertools
 import math

@@ -1,8 +1,6 @@
 """The epoch loop of a pretraining run (`train_epochs` over a `Job` from a `Position`, what a checkpoint stores), and
 the one training clock and schedule every model of a time budget shares (BriLLM here, GPT-2 in benchmarks/gpt2.py)."""
 
-from __future__ import annotations
-
 import itertools
 import time
 from dataclasses import asdict, dataclass, field, replace

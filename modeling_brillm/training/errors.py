@@ -1,7 +1,5 @@
 """The one exception of the training scripts, how a script reports it, and saved folders loaded with a line a fault."""
 
-from __future__ import annotations
-
 import json
 import os
 import sys

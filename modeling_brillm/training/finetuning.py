@@ -1,8 +1,6 @@
 """Fine-tuning a saved BriLLM on prompt/completion data, the loss on the completion only (`run`: examples/finetune.py;
 docs/training.md). Frozen parameters stay bit for bit as they were; the output folder is the run's own."""
 
-from __future__ import annotations
-
 import argparse
 import itertools
 import json

@@ -1,8 +1,6 @@
 """FSDP2 for pretraining: accelerate's on GPUs; on the CPU, where accelerate forms a MULTI_CPU run, `prepare_on_cpu`
 shards the model with the pieces accelerate's FSDP2 is made of (configuration/README.md, "FSDP on the CPU")."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 

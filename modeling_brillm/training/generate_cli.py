@@ -1,7 +1,5 @@
 """The command line of `examples/generate.py`: BriLLM's energy decoding, transformers' generate(), or the pipeline."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys

@@ -1,7 +1,5 @@
 """Growing a trained BriLLM without retraining it, in five checked steps (examples/grow_graph.py, docs/training.md)."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import math

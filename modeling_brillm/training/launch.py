@@ -1,7 +1,5 @@
 """The accelerator of a training run and the checks on how it was launched."""
 
-from __future__ import annotations
-
 import os
 
 import accelerate

@@ -1,8 +1,6 @@
 """Training memory: the estimate of what one process needs, what is available, the check run before the model is
 allocated, the step's memory on a GPU, and glibc malloc tuning for the CPU path."""
 
-from __future__ import annotations
-
 import ctypes
 import os
 from typing import Callable

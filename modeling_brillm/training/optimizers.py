@@ -2,8 +2,6 @@
 SparseAdamW (only the edge rows a step touches are read and updated) in one process, torch's fused AdamW on dense
 gradients with several processes and under FSDP."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

@@ -1,8 +1,6 @@
 """The command line of `examples/perplexity.py`: the built-in, token-weighted perplexity and the `evaluate` metric's
 mean of per-text perplexities. The imported package registers the brillm type: no trust_remote_code for the metric."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys

@@ -2,8 +2,6 @@
 or a saved recipe, then the flags (`resolve_settings`); the "auto" values (`choose_auto`); the config and graph they
 give; the batch on a GPU."""
 
-from __future__ import annotations
-
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path

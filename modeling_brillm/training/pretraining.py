@@ -1,8 +1,6 @@
 """Pretraining BriLLM with accelerate: what examples/pretrain.py runs, as one sequence of named steps (`run`). Nothing
 in the output folder changes before the data, tokenizer, graph, memory and disk space are checked."""
 
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import math

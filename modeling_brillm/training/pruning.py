@@ -1,8 +1,6 @@
 """The data probe behind `--min_bigram_count auto` and `--signal_dropout auto`, from held-out runs of the training
 blocks and the run's planned epochs; its numbers and formulas are rows of recipe.RULES (docs/training.md's table)."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, replace
 

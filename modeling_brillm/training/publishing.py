@@ -1,7 +1,5 @@
 """Publishing: a training run's model card, the upload to the Hub, and `push_main` (examples/push_to_hub.py)."""
 
-from __future__ import annotations
-
 import argparse
 import os
 

@@ -2,8 +2,6 @@
 a `benchmarks/results/*.json` record, a §section of docs/ablations.md or another source), the default preset generated
 from it, and what a run chose (`RecipeChoice`, saved as `recipe.json`, which does not replay the run's own settings)."""
 
-from __future__ import annotations
-
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

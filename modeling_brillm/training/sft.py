@@ -2,8 +2,6 @@
 fused linear LM head, which BriLLM (its logits are edge energies) does not have; the rest (datasets, tokenization,
 collation, logging, saving) is TRL's. Packing is refused: BriLLM's signal runs through a whole row."""
 
-from __future__ import annotations
-
 import torch
 
 try:

@@ -1,8 +1,6 @@
 """Training with the source-sharded edge table (`--edge_sharding source`, see modeling_brillm/sharding/): the model
 is not handed to `accelerator.prepare` (no DDP); accelerate prepares the training loader and the scheduler."""
 
-from __future__ import annotations
-
 import math
 
 import torch
