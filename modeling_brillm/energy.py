@@ -2,8 +2,6 @@
 each block of edge matrices (CSR order) is read in place once a call, m positions × n successors one (n, m, d)
 `baddbmm` forward, two products backward, the gradients going to the touched rows only (`EdgeGradLink`)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
@@ -353,7 +351,7 @@ class RowTables:
     non_edge_bias: torch.Tensor | None  # (V,)
 
     @classmethod
-    def of(cls, edges) -> RowTables:
+    def of(cls, edges) -> "RowTables":
         ct = torch.promote_types(edges.weights.dtype, torch.float32)
         bias = None if edges.non_edge_bias is None else edges.non_edge_bias.to(ct)
         return cls(edges.weights, edges.biases, ct, edges.weights[0].to(ct), edges.biases[0].to(ct), bias)

@@ -1,8 +1,6 @@
 """A saved BriLLM loaded quietly by this package's code (never the folder's own), and the page of a text through one
 model (`explore`) or two (`compare`) as one self-contained HTML file (docs/explorer.md). Every mistake: one line."""
 
-from __future__ import annotations
-
 import html
 import json
 import math
@@ -98,7 +96,7 @@ class Explorer:
     data: dict
 
     @classmethod
-    def error(cls, message: str) -> Explorer:
+    def error(cls, message: str) -> "Explorer":
         """A page that shows `message` in place of the views (bad input, a model that would not load, ...)."""
         return cls({"title": "BriLLM explorer", "error": str(message)})
 

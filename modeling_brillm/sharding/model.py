@@ -2,8 +2,6 @@
 position's source). Owned rows' gradients stay there; the replicated ones are summed in one all-reduce with a flag
 each of whether a process had one (lazy AdamW steps a row iff the global batch touched it)."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 
@@ -38,7 +36,7 @@ class ShardedBriLLM(nn.Module):
         self._link, self._unreduced = None, False  # _unreduced: a backward ran since the last reduce_gradients
 
     @classmethod
-    def from_config(cls, config, graph=None, owners=None, seed: int = 0, device=None) -> ShardedBriLLM:
+    def from_config(cls, config, graph=None, owners=None, seed: int = 0, device=None) -> "ShardedBriLLM":
         """A fresh model that never builds the whole table: blocks seeded per source, alike on any process count."""
         with torch.device("meta"):
             model = BriLLMForCausalLM(config)
@@ -60,7 +58,7 @@ class ShardedBriLLM(nn.Module):
         return cls(model, owners=owners)._initialise_rows(seed)
 
     @torch.no_grad()
-    def _initialise_rows(self, seed: int) -> ShardedBriLLM:
+    def _initialise_rows(self, seed: int) -> "ShardedBriLLM":
         """Uniform(±initializer_range): row 0 from the generator of (seed, V), each source's block from (seed, u)."""
         cfg, params = self.config, [getattr(self.model.base_model, n) for n in self.table.names]
         r, local = cfg.initializer_range, self.table.local_indptr.tolist()

@@ -1,8 +1,6 @@
 """The training step, evaluation and sample generation. A step's loss and gradient are those of the mean over the
 whole global batch, its dropout masks keyed by global row and step: the same at any process count (docs/training.md)."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 
@@ -58,7 +56,7 @@ class StepBase(StepKeys):
         self.max_grad_norm = max_grad_norm
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss sum, targets, real tokens
 
-    def finish(self, totals) -> StepResult | None:
+    def finish(self, totals) -> "StepResult | None":
         """Count the micro-batch; after an optimizer step, its result from `totals` (loss sum, targets, tokens)."""
         self.advance(totals is not None)
         if totals is None:
