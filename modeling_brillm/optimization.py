@@ -179,11 +179,14 @@ class SparseAdamW(Optimizer):
             state["decay_log"] += math.log1p(-lr * wd)
 
 
-def parameter_groups(model, weight_decay: float, learning_rate: float | None = None, *,
+def parameter_groups(model, weight_decay: float = 0.0, learning_rate: float | None = None, *,
                      lazy_weight_decay: bool = False, shared_edge_lr_scale: float = 1.0,
                      node_lr_scale: float = 1.0) -> list[dict]:
     """Weight decay on the edge matrices (`...weights`) only; `shared_edge_lr_scale` scales the rate of row 0 of the
     edge tables, `node_lr_scale` that of `node_bias` and `non_edge_bias` (SparseAdamW's group options)."""
+    if node_lr_scale != 1.0 and learning_rate is None:
+        raise ValueError("parameter_groups: node_lr_scale scales learning_rate; pass learning_rate (the "
+                         "optimizer's lr) too.")
     named = list(model.named_parameters())
     edge = [p for n, p in named if n.endswith("weights")]
     if not lazy_weight_decay and shared_edge_lr_scale == 1.0 and node_lr_scale == 1.0:

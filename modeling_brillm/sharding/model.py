@@ -76,12 +76,7 @@ class ShardedBriLLM(nn.Module):
     owners = property(lambda self: self.table.owners, doc="The owner (V,) of every source node.")
     bytes_sent = property(lambda self: self.transport.bytes_sent, doc="Bytes sent to other processes so far.")
 
-    def parameter_groups(self, weight_decay: float = 0.0, learning_rate: float | None = None, **options) -> list:
-        """`optimization.parameter_groups` as one process makes them (local row 0 is the shared edge, as it expects)."""
-        if options.get("node_lr_scale", 1.0) != 1.0 and learning_rate is None:
-            raise ValueError("parameter_groups: node_lr_scale scales learning_rate; pass learning_rate (the "
-                             "optimizer's lr) too.")
-        return parameter_groups(self, weight_decay, learning_rate, **options)
+    parameter_groups = parameter_groups  # as one process makes them: local row 0 is the shared edge, as it expects
 
     @exact_precision
     def forward(self, input_ids, attention_mask=None, labels=None, loss_type: str | None = None,
