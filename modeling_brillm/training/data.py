@@ -223,21 +223,15 @@ class DocumentTokens:
         return {"input_ids": [head + tokens + tail for tokens in encoded if len(tokens) >= 2]}
 
 
-class ContiguousBlocks:
+def contiguous_blocks(batch, block_size: int):
     """datasets.map function: token lists concatenated and cut into full blocks (a batch's tail is dropped: run_clm)."""
-
-    def __init__(self, block_size: int):
-        self.block_size = block_size
-
-    def __call__(self, batch):
-        T = self.block_size
-        column = batch["input_ids"]
-        if hasattr(column, "type"):  # arrow: flattened without a Python int per token
-            flat = np.asarray(pc.list_flatten(column), dtype=np.int64)
-        else:
-            flat = np.fromiter(itertools.chain.from_iterable(column), dtype=np.int64)
-        n = len(flat) // T
-        return {"input_ids": flat[:n * T].reshape(n, T), "attention_mask": np.ones((n, T), dtype=np.int64)}
+    column, T = batch["input_ids"], block_size
+    if hasattr(column, "type"):  # arrow: flattened without a Python int per token
+        flat = np.asarray(pc.list_flatten(column), dtype=np.int64)
+    else:
+        flat = np.fromiter(itertools.chain.from_iterable(column), dtype=np.int64)
+    n = len(flat) // T
+    return {"input_ids": flat[:n * T].reshape(n, T), "attention_mask": np.ones((n, T), dtype=np.int64)}
 
 
 def map_workers(dataset, requested: int | None) -> int | None:
@@ -282,8 +276,9 @@ def tokenize_splits(raw, tokenizer, args, accelerator):
                 blocks[split] = _map(dataset, cut, workers, args, "Sentence blocks")
             else:
                 docs = _map(dataset, DocumentTokens(tokenizer, args.text_column), workers, args, "Tokenizing")
-                blocks[split] = _map(docs.with_format("arrow"), ContiguousBlocks(args.block_size), None, args,
-                                     f"Blocks of {args.block_size}").with_format(None)
+                full = _map(docs.with_format("arrow"), contiguous_blocks, None, args, f"Blocks of {args.block_size}",
+                            fn_kwargs={"block_size": args.block_size})
+                blocks[split] = full.with_format(None)
     return datasets.DatasetDict(blocks)
 
 

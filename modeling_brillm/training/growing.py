@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM
 from modeling_brillm import BriLLMForCausalLM
 from modeling_brillm.graph_editing import NODE_ROWS
 
-from .data import embedded_corpus, held_out_indices, split_sentences
+from .data import embedded_corpus, split_sentences
 from .errors import UsageError, load_model, load_tokenizer
-from .finetuning import pad_batch
+from .finetuning import pad_batch, split_records
 
 
 def parse_args(argv=None):  # a flag list: exempt from the function length
@@ -93,11 +93,8 @@ def read_lines(path):
 
 def builtin_old_text():
     """The demo's (validation, training) sentences: every 20th paragraph of the built-in corpus, and the rest."""
-    corpus = embedded_corpus()
-    held = set(held_out_indices(len(corpus), 5))
-    validation = [s for i in sorted(held) for s in split_sentences(corpus[i])]
-    training = [s for i in range(len(corpus)) if i not in held for s in split_sentences(corpus[i])]
-    return validation, training
+    training, validation = split_records(embedded_corpus(), 5)
+    return [s for p in validation for s in split_sentences(p)], [s for p in training for s in split_sentences(p)]
 
 
 def load_texts(args, tokenizer, pad_id):
@@ -109,8 +106,8 @@ def load_texts(args, tokenizer, pad_id):
         old, old_train = builtin_old_text()
     old_seqs = encode(tokenizer, old, args.max_length)
     replay = encode(tokenizer, old_train, args.max_length) if args.replay else []
-    return SimpleNamespace(new=new, new_train=[t for i, t in enumerate(new) if i % 4 != 3],
-                           new_held=[t for i, t in enumerate(new) if i % 4 == 3], old=old, old_train=old_train,
+    new_train, new_held = split_records(new, 25)
+    return SimpleNamespace(new=new, new_train=new_train, new_held=new_held, old=old, old_train=old_train,
                            old_seqs=old_seqs, replay=replay, probe=pad_batch(old_seqs[:32], pad_id))
 
 

@@ -157,7 +157,7 @@ def test_contiguous_blocks_from_lists_and_arrow_equal_the_per_token_blocks():
     for T in (2, 3, 5, 13):
         expected = reference_contiguous_blocks(rows, T)
         for batch in ({"input_ids": rows}, pa.table({"input_ids": pa.array(rows, pa.list_(pa.int64()))})):
-            out = data.ContiguousBlocks(T)(batch)
+            out = data.contiguous_blocks(batch, T)
             assert out["input_ids"].tolist() == expected
             assert out["attention_mask"].tolist() == [[1] * T] * len(expected)
 
