@@ -27,10 +27,10 @@ from .launch import make_accelerator
 from .loop import TrainStep, evaluate
 from .optimizers import build_optimizer, choose_optimizer
 
-TRAIN_ONLY = ("all", "touched_edges", "node_bias", "start_signal")
 # Peak learning rates by what is trained (--learning_rate overrides): a few d-numbers move far less per step than
 # the whole graph, so the small parameter sets get larger steps.
 DEFAULT_LR = {"all": 1e-2, "touched_edges": 1e-2, "node_bias": 5e-2, "start_signal": 1e-1}
+TRAIN_ONLY = tuple(DEFAULT_LR)
 RESULTS_NAME = "finetune_results.json"
 HOW = {"node_bias": "Only the node biases were trained.",
        "touched_edges": "Only the edges the fine-tuning data crosses were trained.",
@@ -176,8 +176,7 @@ def touched_edge_rows(model, rows: list[dict]):
 def restrict_training(model, train_only: str, train_rows: list[dict], optimizer) -> tuple[int, str]:
     """Freeze what `train_only` leaves out; returns (trainable numbers, a line saying what is trained)."""
     d = model.config.node_size
-    for p in model.parameters():
-        p.requires_grad_(train_only == "all")
+    model.requires_grad_(train_only == "all")
     if train_only == "all":
         return sum(p.numel() for p in model.parameters()), "every parameter"
     if train_only == "node_bias":
@@ -277,9 +276,8 @@ def prepare_training(args, data, accelerator):
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps,
                               num_training_steps=max_steps)
-    model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
-    if val_loader is not None:
-        val_loader = accelerator.prepare(val_loader)
+    model, optimizer, train_loader, val_loader, scheduler = accelerator.prepare(  # passes a None loader through
+        model, optimizer, train_loader, val_loader, scheduler)
     return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, train_loader=train_loader,
                            val_loader=val_loader, plan=plan, lr=lr, max_steps=max_steps,
                            steps_per_epoch=steps_per_epoch, trainable=trainable, total=total)
