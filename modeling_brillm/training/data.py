@@ -143,8 +143,6 @@ def split_sentences(text: str) -> list[str]:
     sentences = []
     for paragraph in re.split(r"\n[ \t]*\n", text):
         lines = [line for line in paragraph.splitlines() if line.strip()]
-        if not lines:
-            continue
         if len(lines) > 1 and all(line[:1].isspace() for line in lines):
             sentences.extend(line.strip() for line in lines)
             continue
@@ -209,18 +207,12 @@ class SentenceBlocks:
         return {"input_ids": ids.tolist(), "attention_mask": mask.tolist()}
 
 
-class DocumentTokens:
+def document_tokens(batch, encode: TokenIds, text_column: str):
     """datasets.map function: every text of at least two tokens as `<s> tokens </s>`."""
-
-    def __init__(self, tokenizer, text_column: str):
-        self.encode, self.text_column = TokenIds(tokenizer), text_column
-        self.bos, self.eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-
-    def __call__(self, batch):
-        encoded = self.encode([t for t in batch[self.text_column] if t and t.strip()])
-        head = [self.bos] if self.bos is not None else []
-        tail = [self.eos] if self.eos is not None else []
-        return {"input_ids": [head + tokens + tail for tokens in encoded if len(tokens) >= 2]}
+    bos, eos = encode.tokenizer.bos_token_id, encode.tokenizer.eos_token_id
+    head, tail = ([bos] if bos is not None else []), ([eos] if eos is not None else [])
+    encoded = encode([t for t in batch[text_column] if t and t.strip()])
+    return {"input_ids": [head + tokens + tail for tokens in encoded if len(tokens) >= 2]}
 
 
 def contiguous_blocks(batch, block_size: int):
@@ -275,7 +267,8 @@ def tokenize_splits(raw, tokenizer, args, accelerator):
                 cut = SentenceBlocks(tokenizer, args.text_column, args.block_size, arrays=True)
                 blocks[split] = _map(dataset, cut, workers, args, "Sentence blocks")
             else:
-                docs = _map(dataset, DocumentTokens(tokenizer, args.text_column), workers, args, "Tokenizing")
+                docs = _map(dataset, document_tokens, workers, args, "Tokenizing",
+                            fn_kwargs={"encode": TokenIds(tokenizer), "text_column": args.text_column})
                 full = _map(docs.with_format("arrow"), contiguous_blocks, None, args, f"Blocks of {args.block_size}",
                             fn_kwargs={"block_size": args.block_size})
                 blocks[split] = full.with_format(None)
