@@ -87,8 +87,7 @@ class RunFolder(AbstractContextManager):
             else:  # the holder removed its lock as this process opened it: take the new one
                 handle.close()
         self.handle.seek(0)
-        left = self.handle.read().strip()
-        if left:
+        if left := self.handle.read().strip():
             say(f"taking over the lock of a run that ended without releasing it ({left})")
         self.handle.truncate(0)
         self.handle.write(f"PID {os.getpid()} on {socket.gethostname()}\n")
@@ -143,10 +142,15 @@ class RunFolder(AbstractContextManager):
         for name in (LOG_NAME, BEST_FILE) if fresh else ():
             (self.path / name).unlink(missing_ok=True)
 
-    def stage(self):
-        """An empty folder for the new model, which `install` swaps in."""
-        self.unstage()
-        self.staged.mkdir()
+    @contextmanager
+    def staging(self, accelerator, what: str, fix: str, need: float = 0.0):
+        """A `writing` of the new model into the emptied staged folder, which `install` swaps in; yields that folder."""
+        if accelerator.is_main_process:
+            self.unstage()
+            self.staged.mkdir()
+        accelerator.wait_for_everyone()
+        with writing(self.path, what, fix, need, cleanup=self.unstage):
+            yield self.staged
 
     def unstage(self):
         shutil.rmtree(self.staged, ignore_errors=True)

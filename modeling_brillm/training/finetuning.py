@@ -20,7 +20,7 @@ from modeling_brillm import BriLLMConfig, BriLLMForCausalLM
 from modeling_brillm.model_card import write_model_card
 
 from .arguments import positive
-from .checkpoints import open_folder, write_json, writing
+from .checkpoints import open_folder, write_json
 from .data import held_out_indices
 from .errors import UsageError, load_model, load_tokenizer, run_cli
 from .launch import make_accelerator
@@ -342,18 +342,15 @@ def save_folder(accelerator, model, tokenizer, folder, results: dict, data_line:
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.sparse_gradients = False
     state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        folder.stage()
-    accelerator.wait_for_everyone()
-    with writing(folder.path, "the fine-tuned model", f"the model that was in {folder.path} is intact",
-                 cleanup=folder.unstage):
-        unwrapped.save_pretrained(folder.staged, is_main_process=accelerator.is_main_process,
-                                  save_function=accelerator.save, state_dict=state_dict, safe_serialization=True)
+    fix = f"the model that was in {folder.path} is intact"
+    with folder.staging(accelerator, "the fine-tuned model", fix) as staged:
+        unwrapped.save_pretrained(staged, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
+                                  state_dict=state_dict, safe_serialization=True)
         if accelerator.is_main_process:
             tokenizer.model_max_length = unwrapped.config.max_position_embeddings
-            tokenizer.save_pretrained(folder.staged)
-            write_card(folder.staged, unwrapped, tokenizer, results, data_line, folder.path.name)
-            write_json(folder.staged / RESULTS_NAME, results)
+            tokenizer.save_pretrained(staged)
+            write_card(staged, unwrapped, tokenizer, results, data_line, folder.path.name)
+            write_json(staged / RESULTS_NAME, results)
     if accelerator.is_main_process:
         folder.install()
     accelerator.wait_for_everyone()

@@ -168,8 +168,7 @@ def plan_length_and_config(args, resolved, data, accelerator, checkpoint, step, 
         config, graph = presets.build_from_recipe(recipe, data.tokenizer, data.train, sequences)
         args.learning_rate, args.recipe_choice = recipe.value("training", "learning_rate"), recipe
         batch = args.per_device_train_batch_size
-        line = presets.fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free)
-        if line:
+        if line := presets.fit_step_batch(args, step, memory.step_memory(config, graph, accelerator, args), free):
             accelerator.print(line)
         if step is not None:  # the batch the device left, and why, in recipe.json
             recipe.add(Setting("training", "per_device_train_batch_size", args.per_device_train_batch_size,
@@ -396,11 +395,8 @@ def final_fix(args, folder) -> str:
 
 def save_final(args, job: Job, tokenizer, folder):
     """The Hugging Face folder, staged beside the old model; returns the plain model."""
-    accelerator, model, staged = job.accelerator, job.model, folder.staged
-    if accelerator.is_main_process:
-        folder.stage()
-    accelerator.wait_for_everyone()
-    with writing(folder.path, "the final model", final_fix(args, folder), args.model_bytes, cleanup=folder.unstage):
+    accelerator, model = job.accelerator, job.model
+    with folder.staging(accelerator, "the final model", final_fix(args, folder), args.model_bytes) as staged:
         if args.sharding:  # gathered on the main process (host RAM for the whole table), a plain BriLLM folder
             unwrapped = model.export_model()
             if accelerator.is_main_process:
