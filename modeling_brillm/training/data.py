@@ -341,16 +341,16 @@ def prepare_blocks(raw, tokenizer, args, accelerator):
     if len(train_blocks) == 0:
         raise UsageError("every training text is shorter than two tokens: there is no bigram to learn from. Give "
                          "longer texts.")
-    eval_blocks = blocks["validation"] if "validation" in blocks else None
+    eval_blocks = blocks.get("validation")
     if eval_blocks is not None and len(eval_blocks) == 0 and args.validation_file:
         raise UsageError(f"--validation_file {args.validation_file} gives no validation block (every text is shorter "
                          "than two tokens, or than --block_size in contiguous mode): give longer texts, or leave it "
                          "out to hold out training texts instead.")
     if eval_blocks is not None and args.max_eval_samples:
         eval_blocks = eval_blocks.select(range(min(args.max_eval_samples, len(eval_blocks))))
-    eval_blocks = eval_blocks if eval_blocks is not None and len(eval_blocks) else None
+    eval_blocks = eval_blocks or None
     real_tokens = sum(int(b["attention_mask"].sum()) for b in train_blocks.with_format("numpy").iter(batch_size=4096))
     line = (f"blocks: {len(train_blocks):,} training blocks of {args.block_size} ({args.block_mode} mode, "
             f"{real_tokens:,} real tokens, {1 - real_tokens / (len(train_blocks) * args.block_size):.0%} padding), "
-            f"{len(eval_blocks) if eval_blocks is not None else 0:,} validation blocks")
+            f"{len(eval_blocks or ()):,} validation blocks")
     return train_blocks, eval_blocks, line
