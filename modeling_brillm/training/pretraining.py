@@ -135,8 +135,7 @@ def plan_model(args, resolved, data, accelerator, checkpoint=None):
         + f"; d={config.node_size}; parameters {P:,} ({memory.human_bytes(4 * P)} fp32)"
         + (f"; count prior of all {config.count_prior_bigrams:,} bigrams seen" if config.count_prior else ""))
     if args.sharding:  # clips by the global norm too (ShardedBriLLM.clip_grad_norm_)
-        plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it "
-                                   "owns")
+        plan = dataclasses.replace(plan, reason="--edge_sharding source: each process updates the touched rows it owns")
     say(optimizers.describe_optimizer(plan, args.max_grad_norm, args.moment_dtype))
     if plan.name != "sparse_adamw" and args.shared_edge_lr_scale != 1.0 and args.shared_rate_from_preset:
         say(f"the recipe's shared-edge rate ({args.shared_edge_lr_scale}x) needs sparse edge gradients: with "
