@@ -31,23 +31,22 @@ def read_texts(args) -> list[str]:
 
 def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer, in_process=False):
     """(result, source): the Hub metric when it can be loaded, else (or with in_process) the same steps in-process."""
-    if in_process:
-        return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
-    try:
-        import evaluate
+    if not in_process:
+        try:
+            import evaluate
 
-        metric = evaluate.load("perplexity", module_type="metric")
-    except Exception as error:  # offline, hub unreachable, or evaluate missing
-        print(f"note: the `evaluate` perplexity metric could not be loaded ({first_line(error)}); it is downloaded "
-              "from the Hub at run time. Running the metric's steps in-process instead (same numbers).",
-              file=sys.stderr)
-        return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    result = metric.compute(predictions=texts, model_id=model_dir, batch_size=batch_size, add_start_token=True,
-                            max_length=max_length, device=device)
-    return {"perplexities": list(map(float, result["perplexities"])),
-            "mean_perplexity": float(result["mean_perplexity"])}, "evaluate"
+            metric = evaluate.load("perplexity", module_type="metric")
+        except Exception as error:  # offline, hub unreachable, or evaluate missing
+            print(f"note: the `evaluate` perplexity metric could not be loaded ({first_line(error)}); it is downloaded "
+                  "from the Hub at run time. Running the metric's steps in-process instead (same numbers).",
+                  file=sys.stderr)
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            result = metric.compute(predictions=texts, model_id=model_dir, batch_size=batch_size, add_start_token=True,
+                                    max_length=max_length, device=device)
+            return {"perplexities": list(map(float, result["perplexities"])),
+                    "mean_perplexity": float(result["mean_perplexity"])}, "evaluate"
+    return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
 
 
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
