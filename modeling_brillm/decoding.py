@@ -285,8 +285,7 @@ def _output(fields, step_mask, prompt, mask, copies: int, pad_token_id, tokenize
     blank = ~step_mask
     fields = {name: t.masked_fill(blank if t.dim() == 2 else blank[..., None], fills[name])
               for name, t in fields.items()}
-    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
-    prompt, mask = prompt[rows], mask[rows]
+    prompt, mask = prompt.repeat_interleave(copies, 0), mask.repeat_interleave(copies, 0)
     steps = torch.arange(step_mask.shape[1], device=step_mask.device)
     return EnergyGenerateOutput(
         sequences=torch.cat([prompt, fields["tokens"]], 1), prompt_length=prompt.shape[1], step_mask=step_mask,

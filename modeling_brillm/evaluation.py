@@ -7,7 +7,7 @@ module imports nothing beyond torch (datasets are used duck-typed)."""
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -22,9 +22,6 @@ class PerplexityResult:
     num_sequences: int  # texts (or id sequences) read
     num_blocks: int  # blocks scored (texts longer than block_size give several)
     block_size: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def load_texts(data, text_column: str = "text") -> list:

@@ -160,10 +160,10 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
     mean, else as a fresh model's (start biases) or zero (offsets, readouts, vectors)."""
     V = model.config.vocab_size
     if new_num_tokens is None:
-        return None
+        return
     new_V = _check_new_size(new_num_tokens, pad_to_multiple_of, V)
     if new_V == V:
-        return None
+        return
     d, r = model.config.node_size, model.config.initializer_range
     with torch.no_grad():
         fill = (model.node_bias.mean(0, keepdim=True).expand(new_V - V, 1, d) if mean_resizing
@@ -184,7 +184,6 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
                 _replace_parameter(model, name, torch.cat([rows, fill.expand(new_V - V, *rows.shape[1:])]))
     model.config.vocab_size = new_V
     model.reset_caches()
-    return None
 
 
 def _as_pairs(pairs, device) -> torch.Tensor:

@@ -4,6 +4,7 @@ mean of per-text perplexities. The imported package registers the brillm type: n
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -77,8 +78,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     out = score(args)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+        Path(args.json).write_text(json.dumps(out, indent=1), encoding="utf-8")
     return 0
 
 
@@ -89,7 +89,7 @@ def score(args) -> dict:
     extends = reads_past_range(model)
     max_positions = None if extends else model.config.max_position_embeddings  # extends: the metric reads whole texts
     built_in = perplexity(model, tokenizer, texts, block_size=args.block_size, batch_size=args.batch_size)
-    out = {"texts": len(texts), "built_in": built_in.to_dict()}
+    out = {"texts": len(texts), "built_in": asdict(built_in)}
     print(f"built-in perplexity: {built_in.perplexity:.4f} over {built_in.num_tokens} predicted tokens "
           f"({built_in.num_blocks} blocks of at most {built_in.block_size} tokens)")
     if args.no_metric:
