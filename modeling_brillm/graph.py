@@ -122,8 +122,7 @@ def count_prior(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, disco
 
 
 def _replace_parameter(model, name: str, value: torch.Tensor):
-    old = getattr(model, name)
-    setattr(model, name, nn.Parameter(value, requires_grad=old.requires_grad))
+    setattr(model, name, nn.Parameter(value, requires_grad=getattr(model, name).requires_grad))
 
 
 def _check_new_size(new_num_tokens, pad_to_multiple_of, V: int) -> int:
