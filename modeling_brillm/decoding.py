@@ -231,7 +231,7 @@ def path_fields(raw, probabilities, sources, tokens, k: int) -> dict:
 
 
 def _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator, streamer, k):
-    """Greedy decoding or sampling in `decode_loop`: the path fields (batch, steps[, k]) and the step mask."""
+    """Greedy decoding or sampling in `decode_loop`: the path fields (batch, steps[, k]), the step mask, no scores."""
     T, criteria = input_ids.shape[1], StoppingCriteriaList()  # the loop itself stops at the length
     if config.eos_token_id:
         criteria.append(EosTokenCriteria(config.eos_token_id))
@@ -256,7 +256,7 @@ def _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer
         streamer.end()
     steps = steps[:ran]
     fields = {name: torch.stack([f[name] for f, _ in steps], 1) for name in steps[0][0]}
-    return fields, torch.stack([a for _, a in steps], 1)
+    return fields, torch.stack([a for _, a in steps], 1), None
 
 
 def _beam_search(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, streamer, k):
@@ -285,8 +285,7 @@ def _output(fields, step_mask, prompt, mask, copies: int, pad_token_id, tokenize
     blank = ~step_mask
     fields = {name: t.masked_fill(blank if t.dim() == 2 else blank[..., None], fills[name])
               for name, t in fields.items()}
-    rows = torch.arange(prompt.shape[0], device=prompt.device).repeat_interleave(copies)
-    prompt, mask = prompt[rows], mask[rows]
+    prompt, mask = prompt.repeat_interleave(copies, 0), mask.repeat_interleave(copies, 0)
     steps = torch.arange(step_mask.shape[1], device=step_mask.device)
     return EnergyGenerateOutput(
         sequences=torch.cat([prompt, fields["tokens"]], 1), prompt_length=prompt.shape[1], step_mask=step_mask,
@@ -318,7 +317,6 @@ def energy_generate(model, input_ids, attention_mask: torch.Tensor | None = None
     V = int(model.config.vocab_size)
     k = max(0, min(int(num_alternatives), V - 1))
     start = {} if signal_ids is None else {"signal_ids": signal_ids}  # only the prompt's call starts the signal
-    scores = None  # (sequences,) with beams
     if max_new_tokens == 0:  # every prompt row and an empty energy path
         model(input_ids, attention_mask=mask.long(), logits_to_keep=1, **start)  # the model checks the prompt
         n = input_ids.shape[0] * num_return_sequences
@@ -329,8 +327,8 @@ def energy_generate(model, input_ids, attention_mask: torch.Tensor | None = None
         fields, step_mask, scores = _beam_search(model, input_ids, mask, start, config, exclude_self_loops,
                                                  tokenizer, streamer, k)
     else:
-        fields, step_mask = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer, generator,
-                                    streamer, k)
+        fields, step_mask, scores = _decode(model, input_ids, mask, start, config, exclude_self_loops, tokenizer,
+                                            generator, streamer, k)
     # num_return_sequences > 1 only with beams (_settings)
     return _output(fields, step_mask, input_ids, mask, num_return_sequences, config.pad_token_id, tokenizer, scores)
 

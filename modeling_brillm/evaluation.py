@@ -7,7 +7,7 @@ module imports nothing beyond torch (datasets are used duck-typed)."""
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -22,9 +22,6 @@ class PerplexityResult:
     num_sequences: int  # texts (or id sequences) read
     num_blocks: int  # blocks scored (texts longer than block_size give several)
     block_size: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def load_texts(data, text_column: str = "text") -> list:
@@ -65,7 +62,7 @@ def looks_like_a_path(text: str) -> bool:
                                                    in (".txt", ".text", ".json", ".jsonl", ".csv"))
 
 
-def _encode(items, tokenizer, add_special_tokens: bool, add_eos: bool) -> list[torch.Tensor]:
+def _encode(items, tokenizer, add_eos: bool) -> list[torch.Tensor]:
     texts = [i for i in items if isinstance(i, str)]
     if texts and len(texts) != len(items):
         raise TypeError("mix of texts and token ids: give one kind.")
@@ -78,7 +75,7 @@ def _encode(items, tokenizer, add_special_tokens: bool, add_eos: bool) -> list[t
         if add_eos and tokenizer.eos_token_id is None:
             raise ValueError("add_eos=True but the tokenizer has no eos token.")
         eos = [tokenizer.eos_token_id] if add_eos else []
-        encoded = tokenizer(keep, add_special_tokens=add_special_tokens)["input_ids"]
+        encoded = tokenizer(keep)["input_ids"]
         return [torch.tensor(list(e) + eos, dtype=torch.long) for e in encoded]
     seqs = []
     for item in items:
@@ -91,8 +88,7 @@ def _encode(items, tokenizer, add_special_tokens: bool, add_eos: bool) -> list[t
 
 @torch.no_grad()
 def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, batch_size: int = 16,
-               text_column: str = "text", add_special_tokens: bool = True, add_eos: bool = False,
-               device=None) -> PerplexityResult:
+               text_column: str = "text", add_eos: bool = False, device=None) -> PerplexityResult:
     """Token-weighted perplexity of `model` on `data` (texts with `tokenizer`, token ids with `tokenizer=None`; the
     forms of `load_texts`). Texts longer than `block_size` (default `config.max_position_embeddings`, at least 2) are
     cut into consecutive blocks, each scored on its own (its first token context only); a model with
@@ -104,7 +100,7 @@ def perplexity(model, tokenizer=None, data=None, block_size: int | None = None, 
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
     config = model.config
     block_size, whole = _block_size(config, block_size)
-    sequences = _encode(load_texts(data, text_column), tokenizer, add_special_tokens, add_eos)
+    sequences = _encode(load_texts(data, text_column), tokenizer, add_eos)
     V = int(config.vocab_size)
     for seq in sequences:
         if seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= V):

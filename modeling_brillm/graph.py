@@ -122,8 +122,7 @@ def count_prior(keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, disco
 
 
 def _replace_parameter(model, name: str, value: torch.Tensor):
-    old = getattr(model, name)
-    setattr(model, name, nn.Parameter(value, requires_grad=old.requires_grad))
+    setattr(model, name, nn.Parameter(value, requires_grad=getattr(model, name).requires_grad))
 
 
 def _check_new_size(new_num_tokens, pad_to_multiple_of, V: int) -> int:
@@ -154,16 +153,15 @@ def _grow_dense_edges(model, V: int, new_V: int):
 
 
 def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: bool = True):
-    """Add nodes so the graph has one per token of a grown tokenizer (`model.resize_token_embeddings`; shrinking is
-    refused). In a sparse graph a new node's pairs are non-edges, so old logits do not change; in a dense graph they
-    are real edges, initialised like a fresh model's. `mean_resizing`: the new nodes' rows start at the old nodes'
-    mean, else as a fresh model's (start biases) or zero (offsets, readouts, vectors)."""
+    """`model.resize_token_embeddings` (docs/training.md, "Growing the graph"); in a dense graph a new node's pairs are
+    real edges, initialised like a fresh model's. `mean_resizing`: the new nodes' rows start at the old nodes' mean,
+    else as a fresh model's (start biases) or zero (offsets, readouts, vectors)."""
     V = model.config.vocab_size
     if new_num_tokens is None:
-        return None
+        return
     new_V = _check_new_size(new_num_tokens, pad_to_multiple_of, V)
     if new_V == V:
-        return None
+        return
     d, r = model.config.node_size, model.config.initializer_range
     with torch.no_grad():
         fill = (model.node_bias.mean(0, keepdim=True).expand(new_V - V, 1, d) if mean_resizing
@@ -184,7 +182,6 @@ def resize_nodes(model, new_num_tokens, pad_to_multiple_of=None, mean_resizing: 
                 _replace_parameter(model, name, torch.cat([rows, fill.expand(new_V - V, *rows.shape[1:])]))
     model.config.vocab_size = new_V
     model.reset_caches()
-    return None
 
 
 def _as_pairs(pairs, device) -> torch.Tensor:
@@ -224,10 +221,8 @@ def _check_new_pairs(model, pairs: torch.Tensor):
 
 
 def add_edges(model, pairs, counts=None) -> torch.Tensor:
-    """Make the pairs u→v (a list of (u, v) or an (N, 2) tensor) real edges of a sparse graph (`model.add_edges`),
-    each starting as a copy of the shared edge that served it. `counts` (N,): their bigram counts (the sampled loss's
-    frequency negatives read them). Every pair must name existing nodes and not be a real edge yet. Returns the
-    edge-table rows of the new edges, in the order of `pairs`."""
+    """`model.add_edges`; `counts` (N,): the new edges' bigram counts (the sampled loss's frequency negatives read
+    them). Returns the edge-table rows of the new edges, in the order of `pairs`."""
     if model.config.graph != "sparse":
         raise ValueError("add_edges: this graph is dense, so every pair u→v already is a real edge; there is "
                          "nothing to add (only a sparse graph has non-edges).")

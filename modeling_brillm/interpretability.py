@@ -223,8 +223,7 @@ def _draw_step(ax, trace, t: int, alt_e, norm, cmap):
 
 def _frame(ax, trace, n: int, k: int):
     """The axes, their labels and the title."""
-    ax.set_xlim(-0.7, n + 0.7)
-    ax.set_ylim(-1.0, k + 0.7)
+    ax.set(xlim=(-0.7, n + 0.7), ylim=(-1.0, k + 0.7))
     ax.set_yticks(range(k + 1), ["path"] + [f"alt {j}" for j in range(1, k + 1)], fontsize=7)
     ax.set_xticks(range(n + 1), [str(t) for t in range(n + 1)], fontsize=6)
     ax.set_xlabel("position (edge labels: energy delivered to the true next node, #rank among all nodes)", fontsize=8)

@@ -65,7 +65,7 @@ def model_card_text(model, tokenizer=None, datasets=None, metrics=None, repo_id:
     if training:
         lines += ["## Training", "", "| | |", "|---|---|"]
         lines += [f"| {k} | {_cell(v)} |" for k, v in training.items()] + [""]
-    if isinstance(metrics, dict) and metrics:
+    if metrics:
         lines += ["## Evaluation", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()] + [""]
     return "\n".join(lines + _usage(rid, model.config))
@@ -112,29 +112,28 @@ def _usage(rid: str, config) -> list[str]:
 
 
 def write_model_card(output_dir, model, tokenizer=None, datasets=None, metrics=None, repo_id: str | None = None,
-                     language=None, license: str | None = "apache-2.0", model_name: str | None = None,
-                     tags=None, description: str | None = None, training_data: str | None = None,
-                     training: dict | None = None, eval_dataset_name: str | None = None) -> str:
+                     model_name: str | None = None, tags=None, description: str | None = None,
+                     training_data: str | None = None, training: dict | None = None,
+                     eval_dataset_name: str | None = None) -> str:
     """Write `output_dir/README.md` (metadata and a card body with a usage snippet) and return its path.
-    `datasets`: dataset ids; `metrics`: name → value (a table and `model-index`) or metric names; `training_data`: a
+    `datasets`: dataset ids; `metrics`: name → value (a table and `model-index`); `training_data`: a
     sentence on data without a dataset id; `training`: the run's facts (a table); `eval_dataset_name`: what the
     metrics were measured on, when not the first dataset. Written to a temporary name and renamed: never half a card."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     ds = _as_list(datasets)
-    metric_values = metrics if isinstance(metrics, dict) else {}
-    metric_names = list(metric_values) if metric_values else _as_list(metrics)
+    metrics = metrics or {}
     name = model_name or (repo_id.split("/")[-1] if repo_id else os.path.basename(os.path.abspath(output_dir)))
     all_tags = ["brillm", "graph-language-model", "brain-inspired", "custom_code"]
     all_tags += [t for t in _as_list(tags) if t not in all_tags]
     dataset = ds[0] if ds else "custom"
     eval_results = [EvalResult(task_type="text-generation", task_name="Text Generation", dataset_type=dataset,
                                dataset_name=eval_dataset_name or dataset, metric_type=k, metric_name=k, metric_value=v)
-                    for k, v in metric_values.items()] or None
-    data = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=all_tags, license=license,
-                         language=_as_list(language) or None, datasets=ds or None, metrics=metric_names or None,
+                    for k, v in metrics.items()] or None
+    data = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=all_tags,
+                         license="apache-2.0", datasets=ds or None, metrics=list(metrics) or None,
                          model_name=name if eval_results else None, eval_results=eval_results)
-    body = model_card_text(model, tokenizer, ds, metric_values or None, repo_id=repo_id, model_name=name,
+    body = model_card_text(model, tokenizer, ds, metrics, repo_id=repo_id, model_name=name,
                            description=description, training_data=training_data, training=training)
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
     os.makedirs(output_dir, exist_ok=True)

@@ -77,9 +77,8 @@ def trace_path(trace, texts: TokenText) -> dict:
 
 
 def generation_path(model, out, texts: TokenText) -> dict:
-    generated, prompt = out.path(0), out.sequences[0, :out.prompt_length].cpu()
-    if out.attention_mask is not None:
-        prompt = prompt[out.attention_mask[0, :out.prompt_length].bool().cpu()]
+    generated, T = out.path(0), out.prompt_length  # energy_generate's prompt rows are left-padded: drop the padding
+    prompt = out.sequences[0, :T].cpu()[out.attention_mask[0, :T].bool().cpu()]
     real = successors(model)
     steps = [(s.position - 1, s.source, s.token, s.energy, s.rank, s.probability, bool(real(s.source)[s.token]),
               s.alternatives, {}) for s in generated]

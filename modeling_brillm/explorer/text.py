@@ -8,6 +8,8 @@ import unicodedata
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from ..decoding import token_text
+
 # the control characters as their pictures (␀ ... ␟, ␡), but newline as ↵ and tab as ⇥
 _MARKS = {chr(c): chr(0x2400 + c) for c in range(0x20)} | {"\x7f": "\u2421", "\n": "\u21b5", "\t": "\u21e5"}
 _INVISIBLE = ("Cc", "Cf", "Cs", "Co", "Zl", "Zp")  # controls, bidi and zero-width formats, surrogates, private use
@@ -45,9 +47,6 @@ class TokenText:
         self.added = {int(i) for i in (getattr(tokenizer, "added_tokens_decoder", None) or {})}
         self.bytes = functools.cache(self._bytes)
 
-    def _decoded(self, token: int) -> str:
-        return self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     def _bytes(self, token: int) -> bytes | None:
         """The token's bytes as the tokenizer's decoder joins them; None for a special token or without a tokenizer."""
         token = int(token)
@@ -55,17 +54,17 @@ class TokenText:
             return None
         piece = self.tokenizer.convert_ids_to_tokens(token)
         if token in self.added or not isinstance(piece, str):
-            return self._decoded(token).encode("utf-8")
+            return token_text(self.tokenizer, token).encode("utf-8")
         if self.byte_level and all(ch in _BYTES_OF for ch in piece):
             return bytes(_BYTES_OF[ch] for ch in piece)
         match = _BYTE_FALLBACK.fullmatch(piece) if self.byte_fallback else None
-        return bytes([int(match.group(1), 16)]) if match else self._decoded(token).encode("utf-8")
+        return bytes([int(match.group(1), 16)]) if match else token_text(self.tokenizer, token).encode("utf-8")
 
     def text(self, token: int) -> str | None:
         """The token's text alone: its characters, with bytes that make no whole character as \\xNN."""
         if (data := self.bytes(token)) is not None:
             return data.decode("utf-8", errors="backslashreplace")
-        return None if self.tokenizer is None else self._decoded(int(token))
+        return None if self.tokenizer is None else token_text(self.tokenizer, token)
 
     def whole(self, token: int) -> bool:
         """Whether the token's bytes are whole characters (False for a byte piece of one)."""

@@ -62,8 +62,7 @@ def run(args) -> int:
     if args.stream and len(args.prompt) != 1:
         raise ValueError("--stream prints one sequence: give a single prompt.")
     streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True) if args.stream else None
-    (run_energy if args.mode == "energy" else run_transformers)(args, model, tokenizer, enc, max_new, streamer,
-                                                                decoding_options(args))
+    (run_energy if args.mode == "energy" else run_transformers)(args, model, tokenizer, enc, max_new, streamer)
     return 0
 
 
@@ -134,13 +133,13 @@ def decoding_options(args) -> dict:
     return options
 
 
-def run_energy(args, model, tokenizer, enc, max_new, streamer, options):
+def run_energy(args, model, tokenizer, enc, max_new, streamer):
     """--mode energy: `energy_generate`, the texts, the energy paths (--show_path) and the --json record."""
     generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
     out = energy_generate(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new,
                           repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
                           exclude_self_loops=not args.allow_self_loops, generator=generator, streamer=streamer,
-                          tokenizer=tokenizer, stop_strings=args.stop or None, **options)
+                          tokenizer=tokenizer, stop_strings=args.stop or None, **decoding_options(args))
     texts = tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
     for row, text in enumerate(texts):
         if not args.stream:
@@ -159,9 +158,9 @@ def run_energy(args, model, tokenizer, enc, max_new, streamer, options):
             json.dump(record, f, indent=1)
 
 
-def run_transformers(args, model, tokenizer, enc, max_new, streamer, options):
+def run_transformers(args, model, tokenizer, enc, max_new, streamer):
     """--mode generate (`model.generate()`) or pipeline (`pipeline("text-generation")`)."""
-    kwargs = dict(max_new_tokens=max_new, streamer=streamer, **options)
+    kwargs = dict(max_new_tokens=max_new, streamer=streamer, **decoding_options(args))
     if args.stop:
         kwargs.update(stop_strings=args.stop, tokenizer=tokenizer)
     if args.mode == "generate":

@@ -4,6 +4,7 @@ mean of per-text perplexities. The imported package registers the brillm type: n
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -31,23 +32,22 @@ def read_texts(args) -> list[str]:
 
 def metric_perplexity(model_dir, texts, batch_size, max_length, model, tokenizer, in_process=False):
     """(result, source): the Hub metric when it can be loaded, else (or with in_process) the same steps in-process."""
-    if in_process:
-        return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
-    try:
-        import evaluate
+    if not in_process:
+        try:
+            import evaluate
 
-        metric = evaluate.load("perplexity", module_type="metric")
-    except Exception as error:  # offline, hub unreachable, or evaluate missing
-        print(f"note: the `evaluate` perplexity metric could not be loaded ({first_line(error)}); it is downloaded "
-              "from the Hub at run time. Running the metric's steps in-process instead (same numbers).",
-              file=sys.stderr)
-        return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    result = metric.compute(predictions=texts, model_id=model_dir, batch_size=batch_size, add_start_token=True,
-                            max_length=max_length, device=device)
-    return {"perplexities": list(map(float, result["perplexities"])),
-            "mean_perplexity": float(result["mean_perplexity"])}, "evaluate"
+            metric = evaluate.load("perplexity", module_type="metric")
+        except Exception as error:  # offline, hub unreachable, or evaluate missing
+            print(f"note: the `evaluate` perplexity metric could not be loaded ({first_line(error)}); it is downloaded "
+                  "from the Hub at run time. Running the metric's steps in-process instead (same numbers).",
+                  file=sys.stderr)
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            result = metric.compute(predictions=texts, model_id=model_dir, batch_size=batch_size, add_start_token=True,
+                                    max_length=max_length, device=device)
+            return {"perplexities": list(map(float, result["perplexities"])),
+                    "mean_perplexity": float(result["mean_perplexity"])}, "evaluate"
+    return per_text_perplexity(model, tokenizer, texts, batch_size=batch_size, max_length=max_length), "in-process"
 
 
 def parse_args(argv=None) -> argparse.Namespace:  # a flag list: exempt from the function length
@@ -78,8 +78,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     out = score(args)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+        Path(args.json).write_text(json.dumps(out, indent=1), encoding="utf-8")
     return 0
 
 
@@ -90,7 +89,7 @@ def score(args) -> dict:
     extends = reads_past_range(model)
     max_positions = None if extends else model.config.max_position_embeddings  # extends: the metric reads whole texts
     built_in = perplexity(model, tokenizer, texts, block_size=args.block_size, batch_size=args.batch_size)
-    out = {"texts": len(texts), "built_in": built_in.to_dict()}
+    out = {"texts": len(texts), "built_in": asdict(built_in)}
     print(f"built-in perplexity: {built_in.perplexity:.4f} over {built_in.num_tokens} predicted tokens "
           f"({built_in.num_blocks} blocks of at most {built_in.block_size} tokens)")
     if args.no_metric:
