@@ -54,17 +54,11 @@ def target_mask(mask):
     return (mask[:, 1:] != 0) & (mask[:, :-1] != 0)
 
 
-class BatchOrder:
+def batch_order(n: int, batch_size: int, seed: int):
     """pretrain.py's batches: a permutation of the blocks per epoch, seeded seed + epoch; full batches only."""
-
-    def __init__(self, n: int, batch_size: int, seed: int):
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-
-    def __iter__(self):
-        for epoch in itertools.count():
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
-            starts = range(0, self.n - self.batch_size + 1, self.batch_size)
-            yield from (order[start:start + self.batch_size] for start in starts)
+    for epoch in itertools.count():
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+        yield from (order[start:start + batch_size] for start in range(0, n - batch_size + 1, batch_size))
 
 
 def make_gpt2(data, size, seed: int):
@@ -121,7 +115,7 @@ class BudgetRun:
         scheduler = make_schedule(optimizer, SCHEDULERS[args.schedule], args.gpt2_warmup, clock=self.clock)
         self.train_step = TrainStep(accelerator, model, optimizer, scheduler, per_device_batch_size=batch_size,
                                     block_size=data["pargs"].block_size, max_grad_norm=1.0, clip=True, learning_rate=lr)
-        self.batches = iter(BatchOrder(len(data["train"][0]), batch_size, args.seed))
+        self.batches = batch_order(len(data["train"][0]), batch_size, args.seed)
         self.pending, self.steps, self.tokens, self.losses = list(points), 0, 0, []
         model.to(self.device).train()
         self.curve = [self.evaluate()]
