@@ -11,7 +11,7 @@ import re
 import time
 
 import torch
-from common import other_cpu_load
+from common import other_cpu_load, sync
 
 from modeling_brillm.training.epochs import TrainingClock, make_schedule
 from modeling_brillm.training.errors import UsageError
@@ -107,7 +107,6 @@ class BudgetRun:
         self.label, self.model, self.data, self.args = label, model, data, args
         accelerator = data["accelerator"]
         self.device = accelerator.device
-        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.01},
                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(groups, lr=lr, fused=self.device.type in ("cpu", "cuda"))
@@ -133,11 +132,11 @@ class BudgetRun:
     def step(self):
         index = next(self.batches)
         ids, mask = self.data["train"][0][index], self.data["train"][1][index]
-        self.sync()
+        sync(self.device)
         started = time.perf_counter()
         ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
         loss = float(self.train_step({"input_ids": ids, "attention_mask": mask, "labels": labels_of(ids, mask)}).loss)
-        self.sync()
+        sync(self.device)
         self.clock.seconds += time.perf_counter() - started
         self.steps, self.tokens = self.steps + 1, self.tokens + int(mask.sum())
         self.losses.append(loss)

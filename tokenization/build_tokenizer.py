@@ -31,8 +31,7 @@ _RELEASED_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "
 
 
 def _iter_files(paths: list[Path]) -> Iterator[str]:
-    """The documents of all files in order, a line each (line ending dropped), streamed; every file checked to exist
-    first (before training), a non-UTF-8 file raising ValueError naming its bad byte."""
+    """The files' documents, a line each, streamed; every file checked to exist first, bad UTF-8 named by its byte."""
     if missing := [path for path in paths if not path.is_file()]:
         raise FileNotFoundError(f"Training file not found: {str(missing[0])!r}")
     for path in paths:
@@ -188,8 +187,7 @@ def load_released_tokenizer(path_to_tokenizer_json: str | os.PathLike,
     pad/unk/bos/eos/mask, and no special tokens added when encoding (the release has no post-processor)."""
     path = _released_file(path_to_tokenizer_json, "tokenizer")
     backend = Tokenizer.from_file(os.fspath(path))
-    missing = [tok for tok in _RELEASED_SPECIALS.values() if backend.token_to_id(tok) is None]
-    if missing:
+    if missing := [tok for tok in _RELEASED_SPECIALS.values() if backend.token_to_id(tok) is None]:
         raise ValueError(f"{str(path)!r} is not the BriLLM0.5 tokenizer: special tokens {missing} are missing.")
     return _wrap(backend, model_max_length, **_RELEASED_SPECIALS)
 
