@@ -72,6 +72,11 @@ def make_model(vocab: int, successors: int, node_size: int = 32):
     return BriLLMForCausalLM.from_graph(graph, node_size=node_size), graph
 
 
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
 

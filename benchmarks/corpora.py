@@ -11,6 +11,7 @@ validation.jsonl ({"text", "source"} a document) and <name>/stats.json (the pack
 """
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -142,13 +143,13 @@ def build(name: str, output_dir: Path, workdir: Path) -> dict:
     stats = dict(corpus=name, packages={}, hold_out=f"every {HOLD_OUT_EVERY}th document by sha1 of its id",
                  train_documents=0, validation_documents=0, train_chars=0, validation_chars=0)
     tmp = {split: folder / f".tmp-{split}.jsonl" for split in ("train", "validation")}
-    with open(tmp["train"], "w", encoding="utf-8") as train, open(tmp["validation"], "w", encoding="utf-8") as held:
+    with contextlib.ExitStack() as stack:
+        files = {split: stack.enter_context(open(path, "w", encoding="utf-8")) for split, path in tmp.items()}
         for package in CORPORA[name]:
             version, docs = package_documents(package, workdir)
             for doc_id, text in docs:
                 split = "validation" if held_out(doc_id) else "train"
-                (held if split == "validation" else train).write(json.dumps({"text": text, "source": doc_id},
-                                                                       ensure_ascii=False) + "\n")
+                files[split].write(json.dumps({"text": text, "source": doc_id}, ensure_ascii=False) + "\n")
                 stats[f"{split}_documents"] += 1
                 stats[f"{split}_chars"] += len(text)
             stats["packages"][package] = dict(version=version, documents=len(docs))

@@ -129,7 +129,7 @@ def pod_to_text(source: str) -> str:
             if title and title != "*" and not re.fullmatch(r"\d+\.?", title):
                 paragraphs.append(title)
         elif in_pod and not skip_block and block[:1].isspace():  # verbatim (code)
-            paragraphs.append("\n".join("    " + line.rstrip().strip("\n")
+            paragraphs.append("\n".join("    " + line.rstrip()
                                         for line in block.expandtabs(4).split("\n") if line.strip()))
         elif in_pod and not skip_block:
             paragraphs.append(" ".join(_pod_inline(block).split()))

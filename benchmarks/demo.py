@@ -27,8 +27,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=VARIANTS, help='pretrain.py flags per run; "": the demo')
     args = add_results_dir(parser).parse_args(argv)
-    figures, env = {}, {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                        "HF_DATASETS_OFFLINE": "1"}
+    figures, env = {}, dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     with tempfile.TemporaryDirectory() as tmp:
         for i, flags in enumerate(args.variants):
             cmd = [sys.executable, os.path.join(ROOT, "examples", "pretrain.py"), "--config", "demo",

@@ -11,7 +11,7 @@ import re
 import time
 
 import torch
-from common import other_cpu_load
+from common import other_cpu_load, sync
 
 from modeling_brillm.training.epochs import TrainingClock, make_schedule
 from modeling_brillm.training.errors import UsageError
@@ -54,17 +54,11 @@ def target_mask(mask):
     return (mask[:, 1:] != 0) & (mask[:, :-1] != 0)
 
 
-class BatchOrder:
+def batch_order(n: int, batch_size: int, seed: int):
     """pretrain.py's batches: a permutation of the blocks per epoch, seeded seed + epoch; full batches only."""
-
-    def __init__(self, n: int, batch_size: int, seed: int):
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-
-    def __iter__(self):
-        for epoch in itertools.count():
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
-            starts = range(0, self.n - self.batch_size + 1, self.batch_size)
-            yield from (order[start:start + self.batch_size] for start in starts)
+    for epoch in itertools.count():
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+        yield from (order[start:start + batch_size] for start in range(0, n - batch_size + 1, batch_size))
 
 
 def make_gpt2(data, size, seed: int):
@@ -113,7 +107,6 @@ class BudgetRun:
         self.label, self.model, self.data, self.args = label, model, data, args
         accelerator = data["accelerator"]
         self.device = accelerator.device
-        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.01},
                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(groups, lr=lr, fused=self.device.type in ("cpu", "cuda"))
@@ -121,7 +114,7 @@ class BudgetRun:
         scheduler = make_schedule(optimizer, SCHEDULERS[args.schedule], args.gpt2_warmup, clock=self.clock)
         self.train_step = TrainStep(accelerator, model, optimizer, scheduler, per_device_batch_size=batch_size,
                                     block_size=data["pargs"].block_size, max_grad_norm=1.0, clip=True, learning_rate=lr)
-        self.batches = iter(BatchOrder(len(data["train"][0]), batch_size, args.seed))
+        self.batches = batch_order(len(data["train"][0]), batch_size, args.seed)
         self.pending, self.steps, self.tokens, self.losses = list(points), 0, 0, []
         model.to(self.device).train()
         self.curve = [self.evaluate()]
@@ -139,11 +132,11 @@ class BudgetRun:
     def step(self):
         index = next(self.batches)
         ids, mask = self.data["train"][0][index], self.data["train"][1][index]
-        self.sync()
+        sync(self.device)
         started = time.perf_counter()
         ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
         loss = float(self.train_step({"input_ids": ids, "attention_mask": mask, "labels": labels_of(ids, mask)}).loss)
-        self.sync()
+        sync(self.device)
         self.clock.seconds += time.perf_counter() - started
         self.steps, self.tokens = self.steps + 1, self.tokens + int(mask.sum())
         self.losses.append(loss)

@@ -48,18 +48,13 @@ def parse_batches(text: str) -> list[tuple[int, int]]:
         raise SystemExit(f"--batches takes BxL items separated by commas, e.g. 32x32,1024x64; got {text!r}") from None
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, device, runs: int) -> list[float]:
     times = []
     for _ in range(runs):
-        sync(device)
+        common.sync(device)
         t0 = time.perf_counter()
         fn()
-        sync(device)
+        common.sync(device)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -78,7 +73,7 @@ def profile_step(step, device) -> tuple[int, float]:
 
     with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")) as prof:
         step()
-        sync(device)
+        common.sync(device)
     if device.type == "cuda":
         kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
         return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) * 1e-6
@@ -126,11 +121,6 @@ def floor_bytes(model, batch: torch.Tensor, optimizer: str) -> int:
     return (d * d + d) * 4 * {"sparse_adamw": 10 * R, "sparse_adamw_bf16": 8 * R}.get(optimizer, 3 * R + 8 * P)
 
 
-def generate(model, prompt, n: int, sampled: bool):
-    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=sampled, pad_token_id=0,
-                          eos_token_id=None)
-
-
 def decode_rows(args, model, paths, device, backend) -> list[dict]:
     from modeling_brillm.backend import kernel_backend
 
@@ -138,13 +128,14 @@ def decode_rows(args, model, paths, device, backend) -> list[dict]:
     with kernel_backend(backend), torch.inference_mode():
         for B, sampled in itertools.product(args.decode_batches, (False, True)):
             prompt, first = paths.batch(B, 8).to(device), None
+            options = dict(do_sample=sampled, pad_token_id=0, eos_token_id=None)
             for mode in args.decode_modes:
                 model.decode_mode = mode
-                generate(model, prompt, 2, sampled)  # warm-up: compiles the kernels, captures the step
-                sync(device)
+                model.generate(prompt, max_new_tokens=2, min_new_tokens=2, **options)  # warm-up: compiles, captures
+                common.sync(device)
                 t0 = time.perf_counter()
-                out = generate(model, prompt, N, sampled)
-                sync(device)
+                out = model.generate(prompt, max_new_tokens=N, min_new_tokens=N, **options)
+                common.sync(device)
                 seconds, first = time.perf_counter() - t0, out if first is None else first
                 same = None if sampled else torch.equal(out, first)  # greedy: every mode the same tokens
                 rows.append(dict(kind="decode", B=B, sampled=sampled, mode=mode, new_tokens=N, backend=backend,

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from common import add_results_dir, machine, other_cpu_load, wait_for_quiet, write_record
-from gpt2 import SCHEDULERS, BatchOrder, bigram_reference, heldout_nll, labels_of, make_gpt2, target_mask  # noqa: F401
+from gpt2 import SCHEDULERS, batch_order, bigram_reference, heldout_nll, labels_of, make_gpt2, target_mask  # noqa: F401
 from gpt2 import row as gpt2_row
 from gpt2 import sizes as gpt2_sizes
 

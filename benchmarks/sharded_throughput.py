@@ -21,8 +21,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
-SHAPES = {"paper": dict(vocab=4000, successors=227, batch=32, length=32),
-          "text": dict(vocab=2000, successors=48, batch=64, length=64)}
+SHAPES = {"paper": common.SHAPES["paper"], "text": dict(vocab=2000, successors=48, batch=64, length=64)}
 
 
 def _step_fn(model, mode):

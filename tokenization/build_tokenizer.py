@@ -30,23 +30,18 @@ _RELEASED_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "
                       "mask_token": "[MASK]"}  # ids 0..4 in the released English JSON
 
 
-def _iter_file(path: Path) -> Iterator[str]:
-    """One document per line (line ending dropped), streamed; a non-UTF-8 file raises ValueError naming its bad byte."""
-    with open(path, encoding="utf-8") as handle:
-        try:
-            for line in handle:
-                yield line.rstrip("\r\n")
-        except UnicodeDecodeError:
-            from .text_files import utf8_problem  # the file is scanned only when it fails
-
-            raise ValueError(utf8_problem(path)) from None
-
-
 def _iter_files(paths: list[Path]) -> Iterator[str]:
-    """The documents of all files in order, every file checked to exist first (before training)."""
+    """The files' documents, a line each, streamed; every file checked to exist first, bad UTF-8 named by its byte."""
     if missing := [path for path in paths if not path.is_file()]:
         raise FileNotFoundError(f"Training file not found: {str(missing[0])!r}")
-    return (doc for path in paths for doc in _iter_file(path))
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            try:
+                yield from (line.rstrip("\r\n") for line in handle)
+            except UnicodeDecodeError:
+                from .text_files import utf8_problem  # the file is scanned only when it fails
+
+                raise ValueError(utf8_problem(path)) from None
 
 
 def _iter_dataset(dataset: Any, text_column: str) -> Iterator[str]:
@@ -192,8 +187,7 @@ def load_released_tokenizer(path_to_tokenizer_json: str | os.PathLike,
     pad/unk/bos/eos/mask, and no special tokens added when encoding (the release has no post-processor)."""
     path = _released_file(path_to_tokenizer_json, "tokenizer")
     backend = Tokenizer.from_file(os.fspath(path))
-    missing = [tok for tok in _RELEASED_SPECIALS.values() if backend.token_to_id(tok) is None]
-    if missing:
+    if missing := [tok for tok in _RELEASED_SPECIALS.values() if backend.token_to_id(tok) is None]:
         raise ValueError(f"{str(path)!r} is not the BriLLM0.5 tokenizer: special tokens {missing} are missing.")
     return _wrap(backend, model_max_length, **_RELEASED_SPECIALS)
 

@@ -166,9 +166,9 @@ def test_heldout_score_matches_the_package_perplexity_and_gpt2_loss():
 
 
 def test_batch_order_is_shared_and_covers_each_epoch():
-    first = quality.BatchOrder(10, 3, seed=1)
+    first = quality.batch_order(10, 3, seed=1)
     a = [b.tolist() for b, _ in zip(first, range(6))]
-    b = [b.tolist() for b, _ in zip(quality.BatchOrder(10, 3, seed=1), range(6))]
+    b = [b.tolist() for b, _ in zip(quality.batch_order(10, 3, seed=1), range(6))]
     assert a == b
     epoch = sum(a[:3], [])
     assert len(set(epoch)) == 9  # three full batches of distinct blocks, the tenth dropped
@@ -189,7 +189,7 @@ def test_gpt2_batches_are_the_pretrain_loaders():
     for epoch in range(2):
         loader.set_epoch(epoch)
         seen += [batch.tolist() for batch in loader]
-    order = [b.tolist() for b, _ in zip(quality.BatchOrder(10, 3, seed=7), range(6))]
+    order = [b.tolist() for b, _ in zip(quality.batch_order(10, 3, seed=7), range(6))]
     assert seen == order
 
 
