@@ -6,7 +6,7 @@
 #
 # quality        quality.py at the device-sized step on the joined corpus (>= 100 MB of text, carried in outputs/gpu):
 #                BriLLM's defaults at node size 32, 64 and 128 beside GPT-2 4L/256 and 6L/384, 2 minutes each (~13 min)
-# selfcheck      every Triton kernel against its torch reference, and their speed-ups (~40 s)
+# selfcheck      every Triton kernel against its torch reference
 # throughput     training at the paper's shape (V 4000, 0.96B parameters), 32 x 32 and 1024 x 64, torch path and
 #                kernels side by side, and greedy and sampled generate() at batch 1 and 256
 # fsdp           a tiny pretrain.py run under gpu8_fsdp.yaml on one GPU: trains, keeps its best model, saves a folder

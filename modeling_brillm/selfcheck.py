@@ -1,6 +1,7 @@
 """`python -m modeling_brillm.selfcheck`: check BriLLM's Triton kernels on this machine against their torch paths
-(the check the model runs the first time it meets a GPU, switching a failing kernel off), and time them.
-Paste the output into a bug report (docs/gpu.md). Without a GPU, Triton's interpreter runs the correctness part:
+(the check the model runs the first time it meets a GPU, switching a failing kernel off; their speed is
+`benchmarks/gpu_throughput.py`'s). Paste the output into a bug report (docs/gpu.md). Without a GPU, Triton's
+interpreter runs it:
 
     TRITON_INTERPRET=1 BRILLM_BACKEND=triton python -m modeling_brillm.selfcheck
 """
@@ -8,8 +9,6 @@ Paste the output into a bug report (docs/gpu.md). Without a GPU, Triton's interp
 import argparse
 import importlib.metadata
 import platform
-import statistics
-import time
 import warnings
 from dataclasses import dataclass
 
@@ -46,7 +45,7 @@ def _pick_device(requested: str | None):
         return torch.device("cuda"), None
     if HAVE_TRITON and interpreting() and current_backend() == "triton":
         return torch.device("cpu"), None
-    return None, ("No CUDA GPU found: BriLLM runs its torch path on this machine, so there are no kernels to time. "
+    return None, ("No CUDA GPU found: BriLLM runs its torch path on this machine, so there are no kernels to check. "
                   "To check the kernels' arithmetic on the CPU anyway (slow), run\n"
                   "    TRITON_INTERPRET=1 BRILLM_BACKEND=triton python -m modeling_brillm.selfcheck")
 
@@ -247,107 +246,10 @@ def report_checks(device) -> bool:
     return all(r.ok for r in results)
 
 
-# ------------------------------------------------------------------------------------- speed
-def _loss_step(device, V=2048, degree=32, d=32, N=2048):
-    """One exact-loss forward and backward of the candidate energies (a training step's costly part)."""
-    g, randn = _random(device, 0)
-    tgt = torch.stack([torch.randperm(V, generator=g)[:degree] for _ in range(V)]).view(-1)
-    graph = graph_from_edges(torch.arange(V).repeat_interleave(degree), tgt, V)
-    indptr, indices, E = graph.indptr.to(device), graph.indices.to(device), graph.num_edges
-    weights, biases = randn(E + 1, d, d, scale=0.2).requires_grad_(), randn(E + 1, 1, d, scale=0.2)
-    sources = torch.randint(0, V, (N,), generator=g).to(device)
-    targets = indices[indptr[sources]]  # each position's first real successor
-    x, pe = randn(N, d), randn(N, d)
-    ops.graph_max_degree(indptr)
-
-    def step():
-        plan = ops.make_plan(sources, indptr, indices, V)
-        src, tgt = sources[plan.order], targets[plan.order]
-        energies, shared = ops.candidate_energies(x[plan.order], pe[plan.order], weights, biases, plan, True)
-        rows = indptr[src] + 1
-        true = ops.target_energies(energies, shared, plan, tgt, rows, rows)
-        (ops.exact_log_partition(energies, shared, plan, V) - true).mean().backward()
-        weights.grad = None
-
-    return step
-
-
-def _scan_step(device, B=32, L=64, d=32, P=4096):
-    """The recurrence forward and backward over a (B, L) batch."""
-    g, randn = _random(device, 1)
-    edges = EdgeTable(randn(P, d, d, scale=0.2).requires_grad_(),
-                      torch.zeros(P, 1, d, device=device, requires_grad=True))
-    columns = Columns(torch.randint(0, P, (B, L), generator=g).to(device), torch.ones(B, L, dtype=torch.bool,
-                      device=device), torch.randn(B, L, d, device=device), torch.randn(B, L, device=device))
-    mix = Mix.empty(B, d, device)
-    mix.signal += 1 / d
-
-    def step():
-        ops.signal_scan(mix, columns, edges)[0].square().sum().backward()
-        edges.weights.grad = edges.biases.grad = None
-
-    return step
-
-
-def _decode(device, B=32, V=2048, d=32):
-    """One fixed-shape decode step of B rows."""
-    _, _, graph, weights, biases = _problem(device, V=V, d=d, seed=2)
-    tokens = torch.randint(0, V, (B,), device=device)
-    mix = Mix(torch.full((B, d), 1 / d, device=device), torch.full((B, d), 1 / d, device=device),
-              torch.ones(B, device=device), torch.zeros(B, device=device))
-    pe = torch.randn(B, d, device=device)
-    at, edges = StepAt(tokens, pe, pe, torch.zeros(B, device=device)), EdgeTable(weights, biases)
-    return lambda: ops.decode_step(tokens, mix, at, edges, graph, graph.max_degree)
-
-
-def _adamw(device, rows=50_000, width=1024):
-    """SparseAdamW's update of `rows` touched rows of `width` floats (a row: one 32 x 32 edge matrix)."""
-    param, m, v = (torch.zeros(2 * rows, width, device=device) for _ in range(3))
-    touched = torch.randperm(2 * rows, device=device)[:rows]
-    values, step = torch.randn(rows, width, device=device), torch.tensor(3.0)
-    return lambda: optimization.adamw_rows(param, m, v, touched, values, step, (1e-3, 0.9, 0.999, 1e-8, 0.0))
-
-
-SPEED = {
-    "exact loss step (V=2048, 32 successors, d=32, N=2048)": _loss_step,
-    "recurrence forward+backward (32 x 64, d=32)": _scan_step,
-    "decode step (32 rows, V=2048, d=32)": _decode,
-    "SparseAdamW rows (50k rows x 1024)": _adamw,
-}
-
-
-def _time_on(backend: str, name: str, make, device) -> float:
-    """Median ms of 10 calls of workload `name` on `backend` after a warm-up; NaN, said, when it fails."""
-    def once(fn) -> float:
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) * 1e3
-
-    with kernel_backend(backend):
-        try:
-            fn = make(device)
-            once(fn)
-            return statistics.median([once(fn) for _ in range(10)])
-        except Exception as error:
-            print(f"  {name}: {backend} failed ({type(error).__name__}: {error})")
-            return float("nan")
-
-
-def report_speed(device):
-    """Print the torch path's and the kernels' median time of each workload on `device`."""
-    print(f"  {'workload':<56} {'torch ms':>10} {'triton ms':>10} {'speed-up':>9}")
-    for name, make in SPEED.items():
-        timings = [_time_on(backend, name, make, device) for backend in ("torch", "triton")]
-        print(f"  {name:<56} {timings[0]:>10.3f} {timings[1]:>10.3f} {timings[0] / timings[1]:>8.1f}x")
-
-
 def main(argv=None) -> int:
     """Print the report; exit status 1 when a kernel failed its check."""
     parser = argparse.ArgumentParser(prog="python -m modeling_brillm.selfcheck", description=__doc__.split("\n")[0])
     parser.add_argument("--device", help="device to check (default: cuda when present)")
-    parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
     args = parser.parse_args(argv)
     device, why_not = _pick_device(args.device)
     print("\n  ".join(["BriLLM kernel self-check", *_versions(device or torch.device("cpu"))]))
@@ -356,9 +258,6 @@ def main(argv=None) -> int:
         return 0
     print(f"Correctness on {device} (each kernel against its torch reference, tolerance {TOLERANCE:g}):")
     passed = report_checks(device)
-    if device.type == "cuda" and not args.no_speed:
-        print(f"Speed on {device}:")
-        report_speed(device)
     if not passed:
         print("A kernel failed: BriLLM switches it off and runs the torch path in its place. Please report this "
               "output with your GPU, torch and triton versions (BRILLM_BACKEND=torch avoids the kernels altogether).")

@@ -125,7 +125,7 @@ def test_a_failing_optimizer_kernel_leaves_the_torch_update(monkeypatch):
 
 
 def test_the_command_line_report(capsys, monkeypatch):
-    assert selfcheck.main(["--device", str(DEVICE), "--no-speed"]) == 0
+    assert selfcheck.main(["--device", str(DEVICE)]) == 0
     out = capsys.readouterr().out
     for name in selfcheck.KERNELS:
         assert f"{name} " in out
