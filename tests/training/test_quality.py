@@ -176,7 +176,7 @@ def test_batch_order_is_shared_and_covers_each_epoch():
 
 
 def test_gpt2_batches_are_the_pretrain_loaders():
-    """GPT-2's BatchOrder draws the blocks in the order of pretrain.py's loader (accelerate's seedable sampler,
+    """GPT-2's batch_order draws the blocks in the order of pretrain.py's loader (accelerate's seedable sampler,
     seed + epoch), so every model sees the same batches."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
