@@ -6,7 +6,6 @@ import os
 
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import FullyShardedDataParallelPlugin, fsdp_utils
-from accelerate.utils.other import get_module_children_bottom_up
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -32,6 +31,8 @@ def is_fsdp(accelerator) -> bool:
 def shard_model(model, plugin, num_processes: int):
     """`fully_shard` the modules the plugin's wrap policy picks (none under NO_WRAP), then the whole model, over a
     CPU mesh of `num_processes`, as accelerate's `fsdp2_prepare_model` does on GPUs; in place."""
+    from accelerate.utils.other import get_module_children_bottom_up  # here: accelerate 1.3, the floor, lacks it
+
     mesh = init_device_mesh("cpu", (num_processes,))
     kwargs = dict(mesh=mesh, mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
     plugin.set_auto_wrap_policy(model)
