@@ -28,6 +28,11 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def whole_model_bytes(config) -> float:
+    """The float32 weights of the whole model, +10%: what a process needs to build it before sharding it."""
+    return 4 * config.num_parameters_formula() * 1.1
+
+
 def training_memory(num_params: int, strategy: str = "single", world_size: int = 1,
                     mixed_precision: str = "no", moment_bytes: int = 8) -> dict:
     """Bytes one process needs to train `num_params` fp32 parameters with AdamW, +10%; FSDP shards them over

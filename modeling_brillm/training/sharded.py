@@ -10,7 +10,7 @@ from ..optimization import SparseAdamW
 from ..sharding import SHARED_FILE, ShardedBriLLM
 from .errors import UsageError
 from .loop import StepBase, StepResult, _extra_inputs
-from .memory import agreed_free, available_memory
+from .memory import agreed_free, available_memory, whole_model_bytes
 from .optimizers import BETAS, EPS
 
 EDGE_SHARDINGS = ("none", "source")
@@ -43,7 +43,7 @@ def prepare_sharded(args, config, graph, accelerator, checkpoint, train_loader, 
     """(the sharded model, its SparseAdamW, the prepared training loader): built whole where every process can hold it,
     else by each process's sources; a checkpoint of this process count keeps its assignment, another gets a new one."""
     free = agreed_free(accelerator, available_memory(accelerator, args.available_memory_gb)[0])
-    whole = 4 * config.num_parameters_formula() * 1.1 <= free  # the whole model's float32 weights, +10%
+    whole = whole_model_bytes(config) <= free
     if not whole:
         accelerator.print("the whole model does not fit one process: each process initialises only the blocks of "
                           "its own sources (ShardedBriLLM.from_config: seeded per source, not the one-process "
